@@ -1,0 +1,393 @@
+"""Grammar → byte-level pushdown automaton.
+
+Each rule that must stay a rule (recursive, or large and shared) becomes a minimal DFA
+over byte classes and *call* edges; every other rule is inlined into its callers, so a
+non-recursive constraint (most JSON Schemas, every regex) is a single DFA and its
+configurations are plain ints.
+
+A configuration of a recursive grammar is a set of stacks (nondeterminism is rare and
+bounded); a stack is a tuple of global DFA states, bottom first: every frame below the
+top is the state to return to once the frame above it accepts. Stacks in a
+configuration always have byte edges out of their top state (epsilon moves — calls and
+returns — are taken eagerly by :meth:`Automaton.closure`).
+
+Direct left recursion (``a: a x | y``) is rewritten to ``a: y x*``; other left recursion
+is a compile error naming the rules involved.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ir
+from .errors import ConstraintError, ConstraintTooComplex
+from .ir import Alt, Expr, Grammar, Ref, Seq
+from .nfa import NFA, FragmentBuilder, Limits, byte_classes, determinize, live_states, minimize
+
+MAX_STACK_DEPTH = 4_000
+MAX_STACKS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A configuration of a recursive grammar: live stacks + whether it may end here."""
+
+    stacks: frozenset[tuple[int, ...]]
+    can_end: bool
+
+
+class Automaton:
+    """The compiled byte-level automaton of a grammar (immutable, shareable)."""
+
+    def __init__(
+        self,
+        table: np.ndarray,
+        cls: np.ndarray,
+        accepting: np.ndarray,
+        calls: list[tuple[tuple[int, int], ...]],
+        start: int,
+        rule_names: list[str],
+    ) -> None:
+        self.table = table  # int32 [N, n_classes], -1 dead
+        self.cls = cls  # int32 [256] byte -> class
+        self.accepting = accepting  # bool [N]
+        self.calls = calls  # per state: ((callee start state, return state), ...)
+        self.has_calls = np.array([bool(c) for c in calls], dtype=bool)
+        self.has_bytes = (table >= 0).any(axis=1) if len(table) else np.zeros(0, bool)
+        self.start = start
+        self.rule_names = rule_names
+        self.is_regular = not self.has_calls.any()
+        self.n_states = len(accepting)
+        self._cls_list = cls.tolist()
+        self._rows: list[list[int] | None] = [None] * self.n_states
+        self._acc_list = accepting.tolist()
+        self._has_bytes_list = self.has_bytes.tolist()
+        self.initial = self.start if self.is_regular else self.closure([(self.start,)])
+
+    # ----------------------------------------------------------------- single steps
+
+    def row(self, s: int) -> list[int]:
+        r = self._rows[s]
+        if r is None:
+            r = self.table[s].tolist()
+            self._rows[s] = r
+        return r
+
+    def closure(self, stacks) -> Config | None:
+        """Take every call and return; keep stacks whose top can read a byte."""
+        out: set[tuple[int, ...]] = set()
+        seen: set[tuple[int, ...]] = set()
+        work = list(stacks)
+        can_end = False
+        acc, hb, calls = self._acc_list, self._has_bytes_list, self.calls
+        while work:
+            st = work.pop()
+            if st in seen:
+                continue
+            seen.add(st)
+            top = st[-1]
+            if hb[top]:
+                out.add(st)
+            if calls[top]:
+                if len(st) >= MAX_STACK_DEPTH:
+                    continue  # nesting bound: deeper structure is not generated
+                base = st[:-1]
+                for callee, ret in calls[top]:
+                    work.append(base + (ret, callee))
+            if acc[top]:
+                if len(st) == 1:
+                    can_end = True
+                else:
+                    work.append(st[:-1])
+            if len(seen) > 64 * MAX_STACKS:
+                raise ConstraintTooComplex("grammar is too ambiguous: too many parse stacks")
+        if not out and not can_end:
+            return None
+        if len(out) > MAX_STACKS:
+            raise ConstraintTooComplex(f"grammar is too ambiguous: more than {MAX_STACKS} parse stacks")
+        return Config(frozenset(out), can_end)
+
+    def step_byte(self, config, b: int):
+        """Advance a configuration (int state or Config) by one byte; None if dead."""
+        c = self._cls_list[b]
+        if self.is_regular:
+            t = self.row(config)[c]
+            return t if t >= 0 else None
+        moved = []
+        for st in config.stacks:
+            t = self.row(st[-1])[c]
+            if t >= 0:
+                moved.append(st[:-1] + (t,))
+        if not moved:
+            return None
+        return self.closure(moved)
+
+    def step_bytes(self, config, data: bytes):
+        if self.is_regular:
+            s = config
+            cls, rows = self._cls_list, self._rows
+            for b in data:
+                r = rows[s]
+                if r is None:
+                    r = self.row(s)
+                s = r[cls[b]]
+                if s < 0:
+                    return None
+            return s
+        for b in data:
+            config = self.step_byte(config, b)
+            if config is None:
+                return None
+        return config
+
+    def can_end(self, config) -> bool:
+        if self.is_regular:
+            return self._acc_list[config]
+        return config.can_end
+
+    def next_bytes(self, config) -> list[int]:
+        """Bytes that can come next (in increasing order)."""
+        rows = [self.row(config)] if self.is_regular else [self.row(st[-1]) for st in config.stacks]
+        return [b for b in range(256) if any(r[self._cls_list[b]] >= 0 for r in rows)]
+
+    # ------------------------------------------------------------------ whole inputs
+
+    def accepts(self, data: bytes) -> bool:
+        """Does ``data`` match the whole grammar?"""
+        cfg = self.step_bytes(self.initial, data) if self.initial is not None else None
+        return cfg is not None and self.can_end(cfg)
+
+    def is_prefix(self, data: bytes) -> bool:
+        """Can ``data`` be extended to a match?"""
+        return self.initial is not None and self.step_bytes(self.initial, data) is not None
+
+
+# --------------------------------------------------------------------- compilation
+
+
+def _rewrite_direct_left_recursion(name: str, body: Expr) -> Expr:
+    items = body.items if isinstance(body, Alt) else (body,)
+    bases: list[Expr] = []
+    rests: list[Expr] = []
+    for it in items:
+        if it == Ref(name):
+            continue  # a: a — adds nothing
+        if isinstance(it, Seq) and it.items and it.items[0] == Ref(name):
+            rests.append(ir.seq(*it.items[1:]))
+        else:
+            bases.append(it)
+    if not rests:
+        return body
+    return ir.seq(ir.alt(*bases), ir.star(ir.alt(*rests)))
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on:
+                    low[v] = min(low[v], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                out.append(comp)
+    return out
+
+
+def _collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -> set[int]:
+    masks: set[int] = set()
+    seen_rules: set[str] = set()
+    seen: set[int] = set()
+    stack: list[Expr] = [rules[r] for r in roots]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ir.ByteSet):
+            masks.add(e.mask)
+        elif isinstance(e, (Seq, Alt)):
+            stack.extend(e.items)
+        elif isinstance(e, ir.Repeat):
+            stack.append(e.item)
+        elif isinstance(e, Ref) and e.name not in seen_rules and e.name in rules:
+            seen_rules.add(e.name)
+            stack.append(rules[e.name])
+    return masks
+
+
+def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton:
+    """Compile a grammar to an :class:`Automaton` (raises ConstraintError)."""
+    limits = limits or Limits()
+    deadline = time.monotonic() + limits.max_seconds
+    rules = dict(grammar.rules)
+    if grammar.start not in rules:
+        raise ConstraintError(f"start rule {grammar.start!r} is not defined")
+    graph = {name: ir.refs(body) for name, body in rules.items()}
+    for name, deps in graph.items():
+        for d in deps:
+            if d not in rules:
+                raise ConstraintError(f"rule {name!r} refers to undefined rule {d!r}")
+    # Rules reachable from start only.
+    reach, work = {grammar.start}, [grammar.start]
+    while work:
+        for d in graph[work.pop()]:
+            if d not in reach:
+                reach.add(d)
+                work.append(d)
+    graph = {n: graph[n] for n in rules if n in reach}
+    rules = {n: rules[n] for n in graph}
+
+    recursive: set[str] = set()
+    for comp in _strongly_connected(graph):
+        if len(comp) > 1 or comp[0] in graph[comp[0]]:
+            recursive.update(comp)
+    for name in recursive:
+        rules[name] = _rewrite_direct_left_recursion(name, rules[name])
+    graph = {name: ir.refs(body) for name, body in rules.items()}
+    recursive = set()
+    for comp in _strongly_connected(graph):
+        if len(comp) > 1 or comp[0] in graph[comp[0]]:
+            recursive.update(comp)
+    # Large rules referenced more than once stay rules too (inlining would copy them).
+    ref_count: dict[str, int] = {}
+    for deps in graph.values():
+        for d in deps:
+            ref_count[d] = ref_count.get(d, 0) + 1
+    called = set(recursive) | {grammar.start}
+    for name, n in ref_count.items():
+        if n > 1 and ir.size(rules[name]) > limits.max_inline_size:
+            called.add(name)
+    order = [grammar.start] + sorted(called - {grammar.start})
+    rule_index = {name: i for i, name in enumerate(order)}
+
+    cls, reps = byte_classes(_collect_masks(rules, order, called))
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old_limit, 20_000))
+    try:
+        raw = []
+        for name in order:
+            nfa = NFA(limits, deadline)
+            builder = FragmentBuilder(nfa, rules, rule_index)
+            s0 = nfa.new()
+            end = builder.build(rules[name], s0)
+            raw.append(determinize(nfa, s0, end, cls, reps, limits))
+    except RecursionError:
+        raise ConstraintTooComplex("constraint is nested too deeply to compile") from None
+    finally:
+        sys.setrecursionlimit(old_limit)
+
+    # Productive rules: those that derive at least one finite string.
+    productive: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, dfa in enumerate(raw):
+            if i not in productive and live_states(dfa, productive)[0]:
+                productive.add(i)
+                changed = True
+    if 0 not in productive:
+        bad = [order[i] for i in range(len(order)) if i not in productive]
+        raise ConstraintError(
+            "the constraint matches no finite output (unsatisfiable, or recursion with no base case"
+            f" in {', '.join(repr(b) for b in bad)})"
+        )
+    dfas = {i: minimize(raw[i], live_states(raw[i], productive), productive) for i in productive}
+    _check_left_recursion(dfas, order)
+
+    offsets: dict[int, int] = {}
+    total = 0
+    for i in sorted(dfas):
+        offsets[i] = total
+        total += len(dfas[i].accepting)
+    if total > limits.max_dfa_states:
+        raise ConstraintTooComplex(
+            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+        )
+    n_classes = len(reps)
+    table = np.full((total, n_classes), -1, dtype=np.int32)
+    accepting = np.zeros(total, dtype=bool)
+    calls: list[tuple[tuple[int, int], ...]] = []
+    for i in sorted(dfas):
+        d, off = dfas[i], offsets[i]
+        n = len(d.accepting)
+        table[off : off + n] = np.where(d.table >= 0, d.table + off, -1)
+        accepting[off : off + n] = d.accepting
+        for s in range(n):
+            calls.append(tuple((offsets[r], t + off) for r, t in d.calls[s]))
+    return Automaton(table, cls, accepting, calls, offsets[0], order)
+
+
+def _check_left_recursion(dfas: dict, order: list[str]) -> None:
+    """Reject grammars where a rule can call itself before reading a byte."""
+    nullable: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, d in dfas.items():
+            if i in nullable:
+                continue
+            seen, work = {0}, [0]
+            while work:
+                s = work.pop()
+                if d.accepting[s]:
+                    nullable.add(i)
+                    changed = True
+                    break
+                for r, t in d.calls[s]:
+                    if r in nullable and t not in seen:
+                        seen.add(t)
+                        work.append(t)
+    left: dict[int, set[int]] = {}
+    for i, d in dfas.items():
+        callees: set[int] = set()
+        seen, work = {0}, [0]
+        while work:
+            s = work.pop()
+            for r, t in d.calls[s]:
+                callees.add(r)
+                if r in nullable and t not in seen:
+                    seen.add(t)
+                    work.append(t)
+        left[i] = callees
+    names = {str(i): i for i in dfas}
+    graph = {str(i): {str(j) for j in left[i] if j in dfas} for i in dfas}
+    for comp in _strongly_connected(graph):
+        if len(comp) > 1 or comp[0] in graph[comp[0]]:
+            cyc = " -> ".join(order[names[c]] for c in comp)
+            raise ConstraintError(f"left recursion is not supported (rules {cyc}); rewrite it with repetition")

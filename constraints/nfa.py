@@ -1,0 +1,326 @@
+"""IR expression → byte NFA (Thompson) → minimal DFA.
+
+The alphabet is bytes (grouped into equivalence classes) plus *call* symbols: a ``Ref``
+to a rule that stays a rule of its own (recursive or large) is an edge labelled with
+that rule; the pushdown matcher in :mod:`automaton` follows it. Everything else is
+inlined, so a non-recursive constraint becomes one DFA.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConstraintError, ConstraintTooComplex
+from .ir import Alt, ByteSet, Expr, Ref, Repeat, Seq
+
+
+@dataclass
+class Limits:
+    """Bounds that keep untrusted constraints from eating the machine."""
+
+    max_nfa_states: int = 400_000
+    max_dfa_states: int = 60_000
+    max_seconds: float = 10.0
+    max_inline_size: int = 4_000  # IR nodes of a shared rule above which it is not inlined
+
+
+class NFA:
+    """A Thompson NFA. ``eps[s]``: epsilon targets; ``byte_edges[s]``: (mask, target);
+    ``call_edges[s]``: (rule index, target)."""
+
+    def __init__(self, limits: Limits, deadline: float) -> None:
+        self.eps: list[list[int]] = []
+        self.byte_edges: list[list[tuple[int, int]]] = []
+        self.call_edges: list[list[tuple[int, int]]] = []
+        self.limits = limits
+        self.deadline = deadline
+
+    def new(self) -> int:
+        n = len(self.eps)
+        if n >= self.limits.max_nfa_states:
+            raise ConstraintTooComplex(
+                f"constraint is too large: its automaton exceeds {self.limits.max_nfa_states:,} NFA states"
+            )
+        self.eps.append([])
+        self.byte_edges.append([])
+        self.call_edges.append([])
+        return n
+
+
+class FragmentBuilder:
+    """Builds NFA fragments for expressions; non-rule refs are inlined."""
+
+    def __init__(self, nfa: NFA, rules: dict[str, Expr], rule_index: dict[str, int]) -> None:
+        self.nfa = nfa
+        self.rules = rules
+        self.rule_index = rule_index  # rules that are called, not inlined
+        self._inlining: list[str] = []
+
+    def build(self, e: Expr, start: int) -> int:
+        """Add ``e`` starting at ``start``; return its end state."""
+        nfa = self.nfa
+        if isinstance(e, ByteSet):
+            end = nfa.new()
+            if e.mask:
+                nfa.byte_edges[start].append((e.mask, end))
+            return end
+        if isinstance(e, Seq):
+            cur = start
+            for it in e.items:
+                cur = self.build(it, cur)
+            return cur
+        if isinstance(e, Alt):
+            end = nfa.new()
+            for it in e.items:
+                s = nfa.new()
+                nfa.eps[start].append(s)
+                nfa.eps[self.build(it, s)].append(end)
+            return end
+        if isinstance(e, Repeat):
+            return self._repeat(e, start)
+        if isinstance(e, Ref):
+            if e.name in self.rule_index:
+                end = nfa.new()
+                nfa.call_edges[start].append((self.rule_index[e.name], end))
+                return end
+            if e.name not in self.rules:
+                raise ConstraintError(f"reference to undefined rule {e.name!r}")
+            if e.name in self._inlining:  # cannot happen for a correct rule_index
+                raise ConstraintError(f"rule {e.name!r} refers to itself")
+            if time.monotonic() > nfa.deadline:
+                raise ConstraintTooComplex("constraint took too long to compile")
+            self._inlining.append(e.name)
+            try:
+                return self.build(self.rules[e.name], start)
+            finally:
+                self._inlining.pop()
+        raise TypeError(f"not an IR expression: {e!r}")
+
+    def _repeat(self, e: Repeat, start: int) -> int:
+        nfa = self.nfa
+        cur = start
+        for _ in range(e.min):
+            cur = self.build(e.item, cur)
+        if e.max is None:
+            loop = nfa.new()
+            nfa.eps[cur].append(loop)
+            body_end = self.build(e.item, loop)
+            nfa.eps[body_end].append(loop)
+            return loop
+        end = nfa.new()
+        for _ in range(e.max - e.min):
+            nfa.eps[cur].append(end)
+            cur = self.build(e.item, cur)
+        nfa.eps[cur].append(end)
+        return end
+
+
+def byte_classes(masks: set[int]) -> tuple[np.ndarray, list[int]]:
+    """Partition 0..255 by membership in every mask.
+
+    Returns ``cls`` (byte → class id, uint16 [256]) and, per mask in ``masks`` order of
+    the returned list, nothing else; use :func:`mask_classes` to map masks to class sets.
+    """
+    sig: dict[int, list[int]] = {}
+    mask_list = sorted(masks)
+    keys = [0] * 256
+    for k, m in enumerate(mask_list):
+        bit = 1 << k
+        b = 0
+        mm = m
+        while mm:
+            if mm & 1:
+                keys[b] |= bit
+            mm >>= 1
+            b += 1
+    cls = np.zeros(256, dtype=np.int32)
+    reps: list[int] = []
+    for b in range(256):
+        key = keys[b]
+        if key not in sig:
+            sig[key] = [len(reps)]
+            reps.append(b)
+        cls[b] = sig[key][0]
+    return cls, reps
+
+
+def mask_classes(mask: int, cls: np.ndarray, reps: list[int]) -> list[int]:
+    """The class ids a byte mask covers (every byte of a class behaves alike)."""
+    return [c for c, b in enumerate(reps) if (mask >> b) & 1]
+
+
+@dataclass
+class RawDFA:
+    """A DFA over byte classes with call edges; state 0 is the start; -1 is dead."""
+
+    table: np.ndarray  # int32 [n, n_classes]
+    accepting: np.ndarray  # bool [n]
+    calls: list[list[tuple[int, int]]]  # per state: (rule index, target state)
+
+
+def determinize(
+    nfa: NFA, start: int, accept: int, cls: np.ndarray, reps: list[int], limits: Limits
+) -> RawDFA:
+    """Subset construction over byte classes and call symbols."""
+    n_classes = len(reps)
+    mask_cache: dict[int, list[int]] = {}
+
+    def closure(states: frozenset[int] | set[int]) -> frozenset[int]:
+        seen = set(states)
+        work = list(states)
+        eps = nfa.eps
+        while work:
+            s = work.pop()
+            for t in eps[s]:
+                if t not in seen:
+                    seen.add(t)
+                    work.append(t)
+        # keep only states that matter: with edges out, or the accept state
+        return frozenset(
+            s for s in seen if nfa.byte_edges[s] or nfa.call_edges[s] or s == accept
+        )
+
+    start_set = closure({start})
+    index: dict[frozenset[int], int] = {start_set: 0}
+    sets = [start_set]
+    rows: list[list[int]] = []
+    accepting: list[bool] = []
+    calls: list[list[tuple[int, int]]] = []
+    i = 0
+    deadline = nfa.deadline
+    while i < len(sets):
+        if (i & 255) == 0 and time.monotonic() > deadline:
+            raise ConstraintTooComplex("constraint took too long to compile (DFA construction)")
+        cur = sets[i]
+        by_class: dict[int, set[int]] = {}
+        by_call: dict[int, set[int]] = {}
+        for s in cur:
+            for m, t in nfa.byte_edges[s]:
+                cs = mask_cache.get(m)
+                if cs is None:
+                    cs = mask_classes(m, cls, reps)
+                    mask_cache[m] = cs
+                for c in cs:
+                    tgt = by_class.get(c)
+                    if tgt is None:
+                        by_class[c] = {t}
+                    else:
+                        tgt.add(t)
+            for r, t in nfa.call_edges[s]:
+                by_call.setdefault(r, set()).add(t)
+        row = [-1] * n_classes
+        for c, tgt in by_class.items():
+            key = closure(tgt)
+            j = index.get(key)
+            if j is None:
+                j = len(sets)
+                if j >= limits.max_dfa_states:
+                    raise ConstraintTooComplex(
+                        f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+                    )
+                index[key] = j
+                sets.append(key)
+            row[c] = j
+        call_row = []
+        for r, tgt in sorted(by_call.items()):
+            key = closure(tgt)
+            j = index.get(key)
+            if j is None:
+                j = len(sets)
+                if j >= limits.max_dfa_states:
+                    raise ConstraintTooComplex(
+                        f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+                    )
+                index[key] = j
+                sets.append(key)
+            call_row.append((r, j))
+        rows.append(row)
+        accepting.append(accept in cur)
+        calls.append(call_row)
+        i += 1
+    table = np.array(rows, dtype=np.int32).reshape(len(rows), n_classes)
+    return RawDFA(table, np.array(accepting, dtype=bool), calls)
+
+
+def live_states(dfa: RawDFA, productive_rules: set[int]) -> np.ndarray:
+    """States from which an accepting state is reachable (calls only to productive rules)."""
+    n = len(dfa.accepting)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for s in range(n):
+        for t in set(dfa.table[s].tolist()):
+            if t >= 0:
+                preds[t].append(s)
+        for r, t in dfa.calls[s]:
+            if r in productive_rules:
+                preds[t].append(s)
+    live = dfa.accepting.copy()
+    work = list(np.nonzero(live)[0])
+    while work:
+        t = work.pop()
+        for s in preds[t]:
+            if not live[s]:
+                live[s] = True
+                work.append(s)
+    return live
+
+
+def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDFA:
+    """Moore partition refinement; drops dead states. Start stays state 0.
+
+    Returns a DFA whose states are all live (dead transitions are -1). If the start
+    state is dead the result has zero states.
+    """
+    n, n_classes = dfa.table.shape
+    if not live[0]:
+        return RawDFA(np.zeros((0, n_classes), np.int32), np.zeros(0, bool), [])
+    dead = n
+    table = np.where(dfa.table < 0, dead, dfa.table)
+    table = np.where(np.append(live, False)[table], table, dead)
+    table = np.vstack([table, np.full((1, n_classes), dead, dtype=table.dtype)])
+    calls = [[(r, t) for r, t in dfa.calls[s] if r in productive_rules and live[t]] for s in range(n)]
+    calls.append([])
+    acc = np.append(dfa.accepting & live, False)
+    block = acc.astype(np.int64)
+    block[:n][~live] = -1  # dead states in their own block with the sink
+    block[dead] = -1
+    n_blocks = len(np.unique(block))
+    while True:
+        call_sig = np.zeros(n + 1, dtype=np.int64)
+        for s in range(n + 1):
+            if calls[s]:
+                call_sig[s] = hash(tuple(sorted((r, int(block[t])) for r, t in calls[s]))) & 0x7FFFFFFFFFFF
+        sig = np.column_stack([block, call_sig, block[table]])
+        _, new_block = np.unique(sig, axis=0, return_inverse=True)
+        new_block = new_block.reshape(-1).astype(np.int64)
+        count = int(new_block.max()) + 1
+        if count == n_blocks:
+            break
+        block, n_blocks = new_block, count
+    # renumber: start block first, dead block removed
+    dead_block = block[dead]
+    order: dict[int, int] = {}
+    order[int(block[0])] = 0
+    # BFS from start for a stable numbering of reachable blocks
+    k = 0
+    reps = [0]
+    while k < len(reps):
+        s = reps[k]
+        k += 1
+        succ = [int(t) for t in table[s]] + [t for _, t in calls[s]]
+        for t in succ:
+            b = int(block[t])
+            if b == dead_block or b in order:
+                continue
+            order[b] = len(reps)
+            reps.append(t)
+    block_to_new = np.full(n_blocks, -1, dtype=np.int32)
+    for b, i in order.items():
+        block_to_new[b] = i
+    rep_arr = np.array(reps, dtype=np.int64)
+    new_table = block_to_new[block[table[rep_arr]]].astype(np.int32)
+    new_acc = acc[rep_arr].copy()
+    new_calls = [sorted({(r, int(block_to_new[block[t]])) for r, t in calls[s]}) for s in reps]
+    return RawDFA(new_table, new_acc, new_calls)
