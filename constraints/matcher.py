@@ -1,0 +1,165 @@
+"""Per-request cursor over a compiled constraint.
+
+State is persistent: every accepted token pushes one immutable configuration on a
+history list, so ``rollback(n)`` is a slice and ``copy()`` is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .compiled import CompiledConstraint
+
+MAX_FORCED_BYTES = 256
+
+
+class Matcher:
+    """Walks one request's output through a :class:`CompiledConstraint`."""
+
+    __slots__ = ("compiled", "_hist", "_ended")
+
+    def __init__(self, compiled: CompiledConstraint) -> None:
+        self.compiled = compiled
+        self._hist: list[Any] = [compiled.initial]
+        self._ended: list[bool] = [False]  # EOS accepted at this point of history
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def state(self):
+        return self._hist[-1]
+
+    def can_end(self) -> bool:
+        """May the output end here (is EOS allowed)?"""
+        return not self._ended[-1] and self.compiled.automaton.can_end(self._hist[-1])
+
+    def is_terminated(self) -> bool:
+        """EOS was accepted, or the constraint is complete and allows nothing more."""
+        if self._ended[-1]:
+            return True
+        a = self.compiled.automaton
+        cfg = self._hist[-1]
+        if not a.can_end(cfg):
+            return False
+        if a.is_regular:
+            return not a.has_bytes[cfg]
+        return not cfg.stacks
+
+    def num_accepted(self) -> int:
+        return len(self._hist) - 1
+
+    # ---------------------------------------------------------------- tokens
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; on False the state is unchanged."""
+        if self._ended[-1]:
+            return False
+        c = self.compiled
+        if token_id in c.vocab.eos_ids:
+            if not c.automaton.can_end(self._hist[-1]):
+                return False
+            self._hist.append(self._hist[-1])
+            self._ended.append(True)
+            return True
+        if not 0 <= token_id < c.vocab_size:
+            return False
+        data = c.vocab.token_bytes[token_id]
+        if not data:
+            return False
+        nxt = c.automaton.step_bytes(self._hist[-1], data)
+        if nxt is None:
+            return False
+        self._hist.append(nxt)
+        self._ended.append(False)
+        return True
+
+    def accept_bytes(self, data: bytes) -> bool:
+        """Advance by raw bytes (as one history entry); on False the state is unchanged."""
+        if self._ended[-1]:
+            return False
+        nxt = self.compiled.automaton.step_bytes(self._hist[-1], data)
+        if nxt is None:
+            return False
+        self._hist.append(nxt)
+        self._ended.append(False)
+        return True
+
+    def rollback(self, n: int = 1) -> None:
+        """Undo the last ``n`` accepted tokens."""
+        if n < 0 or n > len(self._hist) - 1:
+            raise ValueError(f"cannot roll back {n} tokens: {len(self._hist) - 1} accepted")
+        if n:
+            del self._hist[-n:]
+            del self._ended[-n:]
+
+    def reset(self) -> None:
+        del self._hist[1:]
+        del self._ended[1:]
+
+    def copy(self) -> Matcher:
+        m = Matcher.__new__(Matcher)
+        m.compiled = self.compiled
+        m._hist = list(self._hist)
+        m._ended = list(self._ended)
+        return m
+
+    # ----------------------------------------------------------------- masks
+
+    def mask_row(self) -> np.ndarray:
+        """This step's allowed tokens as an int32 row (shared; do not modify)."""
+        c = self.compiled
+        if self._ended[-1]:
+            return c.mask_row_eos_only()
+        return c.mask_row(self._hist[-1])
+
+    def fill_bitmask(self, bitmask, row: int = 0) -> None:
+        """Write this step's allowed tokens into ``bitmask[row]`` (int32 [B, ceil(V/32)];
+        a numpy array or a CPU torch tensor)."""
+        src = self.mask_row()
+        if isinstance(bitmask, np.ndarray):
+            bitmask[row, : src.shape[0]] = src
+        else:  # torch tensor on the CPU (pinned or not)
+            bitmask[row].numpy()[: src.shape[0]] = src
+
+    def allowed_tokens(self) -> np.ndarray:
+        row = self.mask_row().view(np.uint32)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.compiled.vocab_size]
+        return np.nonzero(bits)[0]
+
+    # -------------------------------------------------------------- jump-forward
+
+    def forced_bytes(self) -> bytes:
+        """The bytes the constraint alone determines next (empty if there is a choice)."""
+        if self._ended[-1]:
+            return b""
+        a = self.compiled.automaton
+        cfg = self._hist[-1]
+        out = bytearray()
+        while len(out) < MAX_FORCED_BYTES and not a.can_end(cfg):
+            nb = a.next_bytes(cfg)
+            if len(nb) != 1:
+                break
+            out.append(nb[0])
+            cfg = a.step_byte(cfg, nb[0])
+            if cfg is None:  # pragma: no cover - next_bytes only lists live bytes
+                break
+        return bytes(out)
+
+    def forced_tokens(self) -> list[int]:
+        """Forced bytes as tokens: the tokenizer's canonical encoding when the vocabulary
+        has one and the matcher accepts it, else a greedy longest-match tokenization."""
+        data = self.forced_bytes()
+        if not data:
+            return []
+        c = self.compiled
+        encode = getattr(c.vocab, "encode", None)
+        if encode is not None:
+            try:
+                ids = list(encode(data.decode("utf-8")))
+            except UnicodeDecodeError:
+                ids = []
+            if ids and b"".join(c.vocab.token_bytes[i] or b"\0" for i in ids) == data:
+                return ids
+        return c.index.greedy_tokenize(data, c.vocab)
