@@ -154,10 +154,6 @@ def _div4_2digits() -> Expr:
 def _date() -> Expr:
     year = alt(seq(_cls("1-9"), _d(3)), seq(lit("0"), _cls("1-9"), _d(2)), seq(lit("00"), _cls("1-9"), D),
                seq(lit("000"), _cls("1-9")))
-    leap = alt(seq(_d(2), alt(seq(_cls("02468"), _cls("48")), seq(_cls("2468"), lit("0")),
-                              seq(_cls("13579"), _cls("26")))),
-               seq(_div4_2digits(), lit("00")))
-    leap = alt(*(x for x in (leap,)))  # year 0000 is excluded below by the year rule
     d31 = seq(alt(*(lit(f"{m:02d}") for m in (1, 3, 5, 7, 8, 10, 12))), lit("-"), _two(1, 31))
     d30 = seq(alt(*(lit(f"{m:02d}") for m in (4, 6, 9, 11))), lit("-"), _two(1, 30))
     feb = seq(lit("02-"), _two(1, 28))
