@@ -1,0 +1,598 @@
+"""Regex front end: Python ``re`` syntax to the byte-level grammar IR.
+
+:func:`regex_to_ir` returns one non-recursive :class:`~.ir.Expr` that matches exactly
+the strings (as UTF-8 bytes) that ``re.fullmatch(pattern, s, flags)`` matches.
+
+The pattern is parsed by Python's own parser (``re._parser``), so the syntax is exactly
+Python's. Single-character sets follow ``re``'s Unicode semantics for ``str`` patterns:
+``\\d`` is ``str.isdecimal``, ``\\w`` is ``str.isalnum`` or ``_``, ``\\s`` is what
+``re`` treats as whitespace (ASCII versions under ``re.ASCII``). Case-insensitive sets
+are computed exactly: outside the ~3k code points whose case can matter, ignoring case
+changes nothing, and inside them ``re``'s own engine decides each code point.
+
+Refused with :class:`~.errors.ConstraintError` (naming the construct and its position):
+backreferences, lookaround, ``\\b``/``\\B``, conditional groups, atomic groups and
+possessive quantifiers (they change the language), and anchors not at the ends.
+Repeats that would expand past :data:`MAX_EXPANDED_CHARS` character positions raise
+:class:`~.errors.ConstraintTooComplex`.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import unicodedata
+import zlib
+from typing import Any
+
+try:  # Python 3.11+
+    from re import _compiler as _sre_compile
+    from re import _constants as _c
+    from re import _parser as _sre_parse
+except ImportError:  # pragma: no cover - older Pythons
+    import sre_compile as _sre_compile  # type: ignore[no-redef]
+    import sre_constants as _c  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+import _sre
+
+from .errors import ConstraintError, ConstraintTooComplex
+from .ir import (
+    ANY_CHAR,
+    EMPTY,
+    MAX_CODE_POINT,
+    NOTHING,
+    ByteSet,
+    Expr,
+    alt,
+    rep,
+    seq,
+    utf8_class,
+)
+
+__all__ = ["regex_to_ir", "MAX_EXPANDED_CHARS"]
+
+# A repeat is expanded by the automaton builder: bound the total number of character
+# positions (a literal character or a class counts as one) the pattern expands to.
+MAX_EXPANDED_CHARS = 50_000
+
+_I = re.IGNORECASE
+_S = re.DOTALL
+_A = re.ASCII
+_U = re.UNICODE
+
+_BYTE = [ByteSet(1 << b) for b in range(256)]
+Ranges = tuple[tuple[int, int], ...]
+
+# ------------------------------------------------------------------ code point tables
+# Runs of code points for \d \w \s (Unicode) and for the code points whose case can
+# matter under IGNORECASE ("cased" ones, their simple lowercase, re's extra cases).
+# Precomputed for one Unicode version; any other version recomputes them once.
+_TABLES_UNIDATA = "14.0.0"
+_TABLES_BLOB = (
+    "eNqtWFmS5UQMvJA/SkttPachgBPMB9dHmVLZ7qYDCILoeX5+di1aUqms+e3D17Uv6bPjy3jdO64uhnvZ/+G65307JS4671tZ"
+    "A+saHljjE+XEgTmctzBgzdse3FlXTh9cibPTTL0He8NVJQeKS+fPXC2d4U4jX/fbLvPHU8s4NLuvrs/97NzS5+3NHrTlZa3O"
+    "OfrlsGzsZ/7gl3OFH39k1Nel/epXuxQ38ajFI4lf7XJ+8w8XwxjvM0aLRLbi/eK8FrtitMZ4iz88mbki7+N5WHIt/BJjqsO6"
+    "WHDGYAz1uMTLESvb5SPMxY4bG8WwvXKPEb/CNOckqQ2QwGvFYw7pmCpxQ49GRJ438QT2xQTHv4UHA1lTbLECZleEpBvHhK0I"
+    "AXaH1YLowFD4prBnVHBqOAyREyqGxuhH4xL98zy5P6YVKWyFu1honXC/h/tjFUOQ2MAv/atdzwST26TNl5Kp6EyU0no56eG9"
+    "c27YrzA+EiBM3HxjgFmPl5MrNG6PDXZFpX8evh9zjt8VVYT9uOvtSem4ch7zAmsHnnsmK4Fg8cyURRpYzsXwTBoL8PaKflr9"
+    "qE0b53sCqjHy8WdlIMqHDkQR6WIwEoycOZnOzLoTi8w3MF1bTEBa6QW3YZwto20Vobz3c/PtW4GBfZw3A2EP45zfAZNOiHmw"
+    "CByQkbU7rolYCwt4EpOrZgjtZAKjyAIxg7mCH0ltJIaJQlpEtln5MTYR3ZiknaiJ0GJ/RbJjt6hoZdX1eHEWFERpO6o5rJjc"
+    "yFmv8aZ3IAhBJjmBdezi1lkU9dULmrBDtlwgjTmrvOzczArc+RhC3/VVqHlPt7IitWA2mOAs2JEpRjqbVnSMsGmE8Py8yUWP"
+    "M3Fe/BnUOMOvoJIJ0r9G1CAcFkRTF6vVHxR+wkqEZGUNZCxH2f/9ZwmsmmTAcZ2kwY51KnBtmpn4vbZxBFIp6AsBCGMLFA4H"
+    "qVpVT9zC9l4BVwkgjtgAsVbcsPqFmZ0Z7cmZSCJiF5uyHJ8y7NhPi3ZIDQABrOnZSHYigZ3Ii5LYH8BG9FHp5GA82TKwjid5"
+    "aKZ4XtmoVatEfd9tLN2v7LH3ZJ2wePt1Pq/Ae3YrQAKVlLgWkUm2URJp2OTRNWx0rtdRIQOvnVkt1tHiovbm/9AJFiYNss4g"
+    "Mg19CJ01CS/WiWs7LXoyjIoS9ZfFiKcNxikdI21K5RS2GKbRlShOeMuKjBFeJOeki+y+DIHCiwo+GbIXrzsKP2TalWzB53lB"
+    "9jojIy33fvW7L08CQyakX6W/M/OucB8cP1v1T/LMoQDG3BJvNhkV38dbNoRkJEEpkS4pJaK+7XSkhd0W4EIpE9i3pI8ANEIe"
+    "UeisEWVPHbC3YzgLbpKSOyukAztOfwHdXtoIvgiqgfGAdwQ844tOxbrJXHTuqrtEE1d1ViEFClGObAz2wlZ6wkoMGJYToq7i"
+    "29JnoY5gaaz+6imVgJ1FJNzgb+VD6g3yFaSRZkBHNXqQCJ3JIj/aOaUb85OvKVIYDtdsCRRWnRWtJAAUzBoEFlpb1Vxqi1km"
+    "KZtcSc2euhdjbB0dSNA28ttOVaq5OUDe0h9KTGfRG2NAQRXZGcXSdwhs1vxGnPfzmGRVik0oYWS3Wqax91EpwJWWb+Ep0Eog"
+    "RtGjjwZ4evgZZ5AA0gCv2ZEPc9UNDNpM8swq3pUhZTMMm4PfF5Zk10dwBpvX6Id4ccjIo5QiH2yw27IcjqMa5vtI1sgTURhs"
+    "bXNdSkZnd4mcTbiFFzh7hEVRE0DUbDeC7Zb/crifZOqlY+ZxYRYkveiZiKK40JvWGZJ/cceeGmbNTW7wRQ0ipIRTOqonnpbq"
+    "WXvWhj1UCYAPqhDHAY8YItJ2lP26m1fID/ecgeRaNmCtmNtN+nZrhVla4tEO+mX81895dxJlr/V2SriUL156bpFodK7kDRRn"
+    "nD83yCQOoJTNZLQ+BxE8fQLMLeAHDuvRi3zb+vHzozQmRKSkzA/jR2s8OllKnka+bXlU9IaBP3795efvH6PffapXMT7nxkH9"
+    "bqcfilVzKm8j1JpnoPkO6DmaPIE5bTwht+4gCrviyG2FbNSQ79zC6yT6zanUqQzvcObB4hxPwScRvRVh+qrsmZ1pR4xrIPAt"
+    "YcFp7XVABGD6aWsi/6+K1b1K59BBMtsiSeOYErdozQuHANFbhCwmeR1N+lmPth3odraUAAF4hMkaFK9oVXWCrCpkr5SUI9AW"
+    "a0hSEIRw03XLokCnP2oG7Dn5PzVHSiAy/6wgZKLdn06sO5YBvmSFNIGWCnYKjM4/AW8GfLo="
+)  # _encode_tables(_compute_tables()) on Python 3.11
+_tables: dict[str, Ranges] | None = None
+
+
+def _runs(cps: list[int]) -> Ranges:
+    out: list[list[int]] = []
+    for c in cps:
+        if out and out[-1][1] == c - 1:
+            out[-1][1] = c
+        else:
+            out.append([c, c])
+    return tuple((a, b) for a, b in out)
+
+
+def _compute_tables() -> dict[str, Ranges]:
+    """Compute the tables from the running Python (about 0.3 s)."""
+    out: dict[str, Ranges] = {}
+    # re's own engine over every code point: exactly its notion of \d \w \s
+    for name, pat in (("d", r"\d+"), ("w", r"\w+"), ("s", r"\s+")):
+        rx = re.compile(pat)
+        runs = []
+        for lo, hi in ((0, 0xD7FF), (0xE000, MAX_CODE_POINT)):
+            text = "".join(map(chr, range(lo, hi + 1)))
+            runs += [(m.start() + lo, m.end() - 1 + lo) for m in rx.finditer(text)]
+        out[name] = _merge(runs)
+    cased = [i for i in range(MAX_CODE_POINT + 1) if _sre.unicode_iscased(i)]
+    rel = set(cased) | {_sre.unicode_tolower(i) for i in cased}
+    for k, v in _extra_cases().items():
+        rel.add(k)
+        rel.update(v)
+    out["case"] = _runs(sorted(rel))
+    return out
+
+
+def _extra_cases() -> dict[int, tuple[int, ...]]:
+    extra = getattr(_sre_compile, "_EXTRA_CASES", None)
+    if extra is None:  # pragma: no cover - older Pythons
+        extra = _sre_compile._ignorecase_fixes
+    return extra
+
+
+def _encode_tables(tables: dict[str, Ranges]) -> str:
+    """Compact text for :data:`_TABLES_BLOB` (run once when Unicode changes)."""
+    parts = []
+    for name in ("d", "w", "s", "case"):
+        prev, nums = 0, []
+        for lo, hi in tables[name]:
+            nums += [lo - prev, hi - lo]
+            prev = hi
+        parts.append(name + ":" + ",".join(map(str, nums)))
+    return base64.b64encode(zlib.compress(";".join(parts).encode(), 9)).decode()
+
+
+def _decode_tables(blob: str) -> dict[str, Ranges]:
+    out: dict[str, Ranges] = {}
+    for part in zlib.decompress(base64.b64decode(blob)).decode().split(";"):
+        name, _, body = part.partition(":")
+        nums = [int(x) for x in body.split(",")] if body else []
+        prev, runs = 0, []
+        for k in range(0, len(nums), 2):
+            lo = prev + nums[k]
+            hi = lo + nums[k + 1]
+            runs.append((lo, hi))
+            prev = hi
+        out[name] = tuple(runs)
+    return out
+
+
+def _get_tables() -> dict[str, Ranges]:
+    global _tables
+    if _tables is None:
+        if _TABLES_BLOB and unicodedata.unidata_version == _TABLES_UNIDATA:
+            _tables = _decode_tables(_TABLES_BLOB)
+        else:
+            _tables = _compute_tables()
+    return _tables
+
+
+_ASCII_CATEGORY: dict[str, Ranges] = {
+    "d": ((0x30, 0x39),),
+    "w": ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)),
+    "s": ((0x09, 0x0D), (0x20, 0x20)),
+}
+
+_CATEGORY = {
+    _c.CATEGORY_DIGIT: ("d", False),
+    _c.CATEGORY_NOT_DIGIT: ("d", True),
+    _c.CATEGORY_SPACE: ("s", False),
+    _c.CATEGORY_NOT_SPACE: ("s", True),
+    _c.CATEGORY_WORD: ("w", False),
+    _c.CATEGORY_NOT_WORD: ("w", True),
+}
+
+# ------------------------------------------------------------------- range arithmetic
+
+
+def _merge(ranges: Any) -> Ranges:
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            if hi > out[-1][1]:
+                out[-1][1] = hi
+        else:
+            out.append([lo, hi])
+    return tuple((a, b) for a, b in out)
+
+
+def _complement(ranges: Ranges) -> Ranges:
+    out, prev = [], 0
+    for lo, hi in ranges:
+        if lo > prev:
+            out.append((prev, lo - 1))
+        prev = hi + 1
+    if prev <= MAX_CODE_POINT:
+        out.append((prev, MAX_CODE_POINT))
+    return tuple(out)
+
+
+def _subtract(a: Ranges, b: Ranges) -> Ranges:
+    return _complement(_merge(_complement(a) + b))
+
+
+# ------------------------------------------------------------------ character classes
+
+_CLASS_CACHE: dict[Any, Expr] = {}
+_UTF8_CACHE: dict[Ranges, Expr] = {}
+_CACHE_LIMIT = 4096
+_NOT_NEWLINE: Ranges = ((0, 9), (11, MAX_CODE_POINT))
+
+
+def _class_expr(ranges: Ranges) -> Expr:
+    e = _UTF8_CACHE.get(ranges)
+    if e is None:
+        if len(_UTF8_CACHE) >= _CACHE_LIMIT:
+            _UTF8_CACHE.clear()
+        e = _UTF8_CACHE[ranges] = utf8_class(ranges)
+    return e
+
+
+def _category(code: Any, flags: int) -> Ranges:
+    name, neg = _CATEGORY[code]
+    table = _ASCII_CATEGORY[name] if flags & _A else _get_tables()[name]
+    return _complement(table) if neg else table
+
+
+def _plain_ranges(op: Any, av: Any, flags: int) -> Ranges:
+    """Code points one character node matches, ignoring IGNORECASE."""
+    if op is _c.LITERAL:
+        return ((av, av),)
+    if op is _c.NOT_LITERAL:
+        return _complement(((av, av),))
+    if op is _c.ANY:
+        return ((0, MAX_CODE_POINT),) if flags & _S else _NOT_NEWLINE
+    if op is _c.CATEGORY:
+        return _category(av, flags)
+    # IN
+    negate, parts = False, []
+    for iop, iav in av:
+        if iop is _c.NEGATE:
+            negate = True
+        elif iop is _c.LITERAL:
+            parts.append((iav, iav))
+        elif iop is _c.RANGE:
+            parts.append(iav)
+        elif iop is _c.CATEGORY:
+            parts.extend(_category(iav, flags))
+        else:  # pragma: no cover - the parser emits nothing else in a class
+            raise ConstraintError(f"unsupported character class item {iop}")
+    merged = _merge(parts)
+    return _complement(merged) if negate else merged
+
+
+def _icase_ranges(op: Any, av: Any, flags: int) -> Ranges:
+    """Code points one character node matches under IGNORECASE, exactly as ``re``.
+
+    Outside the case-relevant code points ignoring case changes nothing (their lowercase
+    is themselves and no other code point lowercases to them); inside them, ``re``'s own
+    engine, compiled for this one node, decides.
+    """
+    relevant = _get_tables()["case"]
+    state = _sre_parse.State()
+    state.flags = flags
+    sub = _sre_parse.SubPattern(state, [(op, av)])
+    rx = _sre_compile.compile(sub, 0)
+    hits = [ord(ch) for ch in rx.findall(_relevant_text())]
+    return _merge(_subtract(_plain_ranges(op, av, flags), relevant) + tuple((c, c) for c in hits))
+
+
+_relevant_str: str | None = None
+
+
+def _relevant_text() -> str:
+    global _relevant_str
+    if _relevant_str is None:
+        _relevant_str = "".join(chr(c) for lo, hi in _get_tables()["case"] for c in range(lo, hi + 1))
+    return _relevant_str
+
+
+def _char_node(op: Any, av: Any, flags: int) -> Expr:
+    """IR for one single-character node (LITERAL, NOT_LITERAL, ANY, IN, CATEGORY)."""
+    flags &= _I | _S | _A
+    if op is _c.ANY:
+        return ANY_CHAR if flags & _S else _class_expr(_NOT_NEWLINE)
+    flags &= ~_S
+    key = (op, repr(av) if op is _c.IN else av, flags)
+    e = _CLASS_CACHE.get(key)
+    if e is None:
+        if flags & _I:
+            ranges = _icase_ranges(op, av, flags)
+        else:
+            ranges = _plain_ranges(op, av, flags)
+        if len(_CLASS_CACHE) >= _CACHE_LIMIT:
+            _CLASS_CACHE.clear()
+        e = _CLASS_CACHE[key] = _class_expr(ranges)
+    return e
+
+
+# ------------------------------------------------------------------- error positions
+
+_GROUP_PREFIXES = (
+    ("(?P=", "backreference"),
+    ("(?<=", "(?<="),
+    ("(?<!", "(?<!"),
+    ("(?=", "(?="),
+    ("(?!", "(?!"),
+    ("(?(", "(?("),
+    ("(?>", "(?>"),
+)
+_BRACE = re.compile(r"\{\d*(?:,\d*)?\}")
+
+
+def _scan(pattern: str, verbose: bool) -> list[tuple[int, str]]:
+    """(position, construct) for the constructs errors name, in text order."""
+    out: list[tuple[int, str]] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            nxt = pattern[i + 1 : i + 2]
+            if nxt in ("b", "B", "A", "Z"):
+                out.append((i, "\\" + nxt))
+            elif nxt and nxt in "123456789":
+                octal = all(c in "01234567" for c in pattern[i + 1 : i + 4]) and i + 4 <= n
+                if not octal:
+                    out.append((i, "backreference"))
+            i += 2
+            continue
+        if ch == "[":
+            j = i + 1
+            if pattern[j : j + 1] == "^":
+                j += 1
+            if pattern[j : j + 1] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+            continue
+        if verbose and ch == "#":
+            j = pattern.find("\n", i)
+            i = n if j < 0 else j + 1
+            continue
+        if ch == "(" and pattern.startswith("(?", i):
+            if pattern.startswith("(?#", i):
+                j = pattern.find(")", i)
+                i = n if j < 0 else j + 1
+                continue
+            for prefix, name in _GROUP_PREFIXES:
+                if pattern.startswith(prefix, i):
+                    out.append((i, name))
+                    break
+            i += 2
+            continue
+        if ch in "^$":
+            out.append((i, ch))
+        elif ch in "*+?{":
+            end = i + 1
+            if ch == "{":
+                m = _BRACE.match(pattern, i)
+                if m is None:
+                    i += 1
+                    continue
+                end = m.end()
+                out.append((i, "{"))
+            if pattern[end : end + 1] == "+":
+                out.append((i, "possessive"))
+                end += 1
+            elif pattern[end : end + 1] == "?":
+                end += 1
+            i = end
+            continue
+        i += 1
+    return out
+
+
+# ------------------------------------------------------------------------- translator
+
+_AT_NAMES = {
+    _c.AT_BEGINNING: "^",
+    _c.AT_BEGINNING_STRING: "\\A",
+    _c.AT_END: "$",
+    _c.AT_END_STRING: "\\Z",
+    _c.AT_BOUNDARY: "\\b",
+    _c.AT_NON_BOUNDARY: "\\B",
+}
+_AT_START = (_c.AT_BEGINNING, _c.AT_BEGINNING_STRING)
+_AT_END = (_c.AT_END, _c.AT_END_STRING)
+_CHAR_OPS = (_c.LITERAL, _c.NOT_LITERAL, _c.ANY, _c.IN, _c.CATEGORY)
+_REPEATS = (_c.MAX_REPEAT, _c.MIN_REPEAT)
+_POSSESSIVE = getattr(_c, "POSSESSIVE_REPEAT", None)
+_ATOMIC = getattr(_c, "ATOMIC_GROUP", None)
+_TYPE_FLAGS = _A | re.LOCALE | _U
+
+
+def _combine_flags(flags: int, add: int, delete: int) -> int:
+    if add & _TYPE_FLAGS:
+        flags &= ~_TYPE_FLAGS
+    return (flags | add) & ~delete
+
+
+def _empty_only(op: Any, av: Any) -> bool:
+    """Whether a node can only match the empty string without consuming (anchors)."""
+    if op is _c.AT:
+        return True
+    if op is _c.SUBPATTERN:
+        return all(_empty_only(o, a) for o, a in av[-1])
+    if op is _c.BRANCH:
+        return all(all(_empty_only(o, a) for o, a in b) for b in av[1])
+    if op in _REPEATS:
+        return av[1] == 0 or all(_empty_only(o, a) for o, a in av[2])
+    return False
+
+
+class _Translator:
+    def __init__(self, pattern: str, flags: int) -> None:
+        self.pattern = pattern
+        self.verbose = bool(flags & re.VERBOSE)
+        self.seen: dict[str, int] = {}  # construct -> occurrences met so far
+        self._tokens: list[tuple[int, str]] | None = None
+
+    # -- errors
+    def position(self, name: str, index: int) -> int | None:
+        if self._tokens is None:
+            self._tokens = _scan(self.pattern, self.verbose)
+        hits = [p for p, t in self._tokens if t == name]
+        if not hits:
+            return None
+        return hits[index] if index < len(hits) else hits[0]
+
+    def count(self, name: str) -> int:
+        k = self.seen.get(name, 0)
+        self.seen[name] = k + 1
+        return k
+
+    def unsupported(self, what: str, name: str) -> ConstraintError:
+        pos = self.position(name, self.count(name))
+        return ConstraintError(f"unsupported regex construct: {what}", position=pos)
+
+    # -- translation: each returns (expr, expanded character positions)
+    def seq(self, items: Any, flags: int, at_start: bool, at_end: bool) -> tuple[Expr, int]:
+        items = list(items)
+        n = len(items)
+        tail_empty = [True] * (n + 1)
+        if at_end:
+            for i in range(n - 1, -1, -1):
+                tail_empty[i] = tail_empty[i + 1] and _empty_only(*items[i])
+        parts: list[Expr] = []
+        cost = 0
+        run: list[int] = []  # pending literal code points (no IGNORECASE)
+        icase = flags & _I
+        for i, (op, av) in enumerate(items):
+            if op is _c.LITERAL and (not icase or not self._cased(av, flags)) and not 0xD800 <= av <= 0xDFFF:
+                run.append(av)
+                at_start = False
+                continue
+            if run:
+                parts.extend(_BYTE[b] for b in "".join(map(chr, run)).encode())
+                cost += len(run)
+                run = []
+            e, c = self.node(op, av, flags, at_start, at_end and tail_empty[i + 1])
+            parts.append(e)
+            cost += c
+            if e != EMPTY:
+                at_start = False
+        if run:
+            parts.extend(_BYTE[b] for b in "".join(map(chr, run)).encode())
+            cost += len(run)
+        return seq(*parts), cost
+
+    @staticmethod
+    def _cased(cp: int, flags: int) -> bool:
+        return bool(_sre.ascii_iscased(cp) if flags & _A else _sre.unicode_iscased(cp))
+
+    def node(self, op: Any, av: Any, flags: int, at_start: bool, at_end: bool) -> tuple[Expr, int]:
+        if op in _CHAR_OPS:
+            if op is _c.LITERAL and 0xD800 <= av <= 0xDFFF:
+                return NOTHING, 1  # a lone surrogate is never valid UTF-8 text
+            return _char_node(op, av, flags), 1
+        if op is _c.SUBPATTERN:
+            _group, add, delete, sub = av
+            return self.seq(sub, _combine_flags(flags, add, delete), at_start, at_end)
+        if op is _c.BRANCH:
+            exprs, cost = [], 0
+            for branch in av[1]:
+                e, c = self.seq(branch, flags, at_start, at_end)
+                exprs.append(e)
+                cost += c
+            return alt(*exprs), cost
+        if op in _REPEATS:
+            lo, hi, sub = av
+            hi = None if hi == _c.MAXREPEAT else hi
+            once = hi is not None and hi <= 1
+            empty = all(_empty_only(o, a) for o, a in sub)
+            e, c = self.seq(sub, flags, at_start and (once or empty), at_end and (once or empty))
+            copies = max(hi if hi is not None else lo + 1, 1)
+            cost = c * copies
+            if cost > MAX_EXPANDED_CHARS:
+                text = f"{{{lo}}}" if lo == hi else f"{{{lo},{'' if hi is None else hi}}}"
+                pos = self.position("{", self.seen.get("{", 0))
+                raise ConstraintTooComplex(
+                    f"regex repeat {text} expands to {cost:,} character positions "
+                    f"(limit {MAX_EXPANDED_CHARS:,})",
+                    position=pos,
+                )
+            return rep(e, lo, hi), cost
+        if op is _c.AT:
+            name = _AT_NAMES.get(av, str(av))
+            if av in _AT_START and at_start or av in _AT_END and at_end:
+                self.count(name)
+                return EMPTY, 0
+            if av in (_c.AT_BOUNDARY, _c.AT_NON_BOUNDARY):
+                return self._raise(f"word boundary {name}", name)
+            where = "start" if av in _AT_START else "end"
+            return self._raise(f"anchor {name} not at the {where} of the pattern", name)
+        if op is _c.GROUPREF:
+            return self._raise("backreference", "backreference")
+        if op is _c.GROUPREF_EXISTS:
+            return self._raise("conditional group (?(...)...)", "(?(")
+        if op is _c.ASSERT or op is _c.ASSERT_NOT:
+            direction, _sub = av
+            kind = "lookahead" if direction == 1 else "lookbehind"
+            neg = op is _c.ASSERT_NOT
+            name = ("(?!" if neg else "(?=") if direction == 1 else ("(?<!" if neg else "(?<=")
+            return self._raise(f"{'negative ' if neg else ''}{kind} {name}...)", name)
+        if _ATOMIC is not None and op is _ATOMIC:
+            return self._raise("atomic group (?>...)", "(?>")
+        if _POSSESSIVE is not None and op is _POSSESSIVE:
+            return self._raise("possessive quantifier (*+, ++, ?+, {m,n}+)", "possessive")
+        raise ConstraintError(f"unsupported regex construct: {op}")
+
+    def _raise(self, what: str, name: str) -> tuple[Expr, int]:
+        raise self.unsupported(what, name)
+
+
+# ----------------------------------------------------------------------------- public
+
+
+def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0) -> Expr:
+    """Compile a Python regex to an IR expression with ``re.fullmatch`` semantics.
+
+    Parameters
+    ----------
+    pattern:
+        Python ``re`` syntax (a ``str``, or a compiled ``re.Pattern`` whose flags are
+        added to ``flags``).
+    flags:
+        ``re`` flags: IGNORECASE, DOTALL, VERBOSE, ASCII, MULTILINE, UNICODE.
+
+    Returns
+    -------
+    Expr
+        Non-recursive IR matching exactly the UTF-8 encodings of the strings ``s`` for
+        which ``re.fullmatch(pattern, s, flags)`` succeeds.
+
+    Raises
+    ------
+    ConstraintError
+        Invalid syntax (with ``re``'s position) or an unsupported construct (named, with
+        its character position).
+    ConstraintTooComplex
+        Repeats expanding past :data:`MAX_EXPANDED_CHARS` character positions, or
+        nesting too deep to parse.
+    """
+    if isinstance(pattern, re.Pattern):
+        flags |= pattern.flags
+        pattern = pattern.pattern
+    if not isinstance(pattern, str):
+        raise ConstraintError(f"regex must be a str, got {type(pattern).__name__}")
+    try:
+        tree = _sre_parse.parse(pattern, int(flags))
+    except re.error as exc:
+        raise ConstraintError(f"invalid regex: {exc.msg}", position=exc.pos) from None
+    except RecursionError:
+        raise ConstraintTooComplex("regex nests too deeply to parse") from None
+    except (ValueError, TypeError) as exc:
+        raise ConstraintError(f"invalid regex flags: {exc}") from None
+    global_flags = tree.state.flags
+    tr = _Translator(pattern, global_flags)
+    try:
+        expr, _cost = tr.seq(tree, global_flags, True, True)
+    except RecursionError:
+        raise ConstraintTooComplex("regex nests too deeply") from None
+    return expr
