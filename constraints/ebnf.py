@@ -23,7 +23,10 @@ Semantics: **scannerless**. The language compiled is the language of the grammar
 every terminal read as a regular set of strings, i.e. what lark's Earley parser with
 ``lexer="dynamic_complete"`` accepts. Lark's lexers (``basic``/``contextual``, and
 ``dynamic``, which tries only each regex's own greedy match) can reject some of those
-texts because of longest match and terminal priorities; we do not model that.
+texts because of longest match and terminal priorities; we do not model that. One
+exception: ``common.ESCAPED_STRING`` (written with a lookbehind, which the regex front end
+refuses) is read as lark's lexer reads it, ending at the first unescaped quote. Other
+lookaround in a terminal is a ``ConstraintError``.
 Priorities (``rule.2``, ``TERM.2``), aliases (``-> name``) and ``?rule`` inlining shape
 lark's parse trees only and do not change the language, so they are accepted and ignored.
 """
@@ -39,6 +42,12 @@ from .ir import EMPTY, NOTHING, Alt, ByteSet, Expr, Grammar, Ref, Repeat, Seq, a
 IGNORE_RULE = "%ignore"  # lark names cannot contain '%', so this never collides
 
 _RE_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "u": re.UNICODE}
+# Terminals of lark's common.lark written with lookaround, read as lark's lexer reads them.
+# ESCAPED_STRING's regex, taken as a set of strings, also holds '"a"b"' (the lazy .*? may
+# pass a quote); the lexer ends the string at the first unescaped quote, and so do we.
+_KNOWN_PATTERNS = {
+    r'".*?(?<!\\)(\\\\)*?"': r'"(?:[^"\\\n]|\\[^\n])*"',  # common.ESCAPED_STRING
+}
 _POSITION = re.compile(r"at line (\d+) column (\d+)")
 _UNDEFINED = re.compile(r"(?:Rule|Terminal) '([^']+)' used but not defined(?: \(in rule ([^)]+)\))?")
 
@@ -244,8 +253,9 @@ def _terminal_ir(term, text: str) -> Expr:
     for f in flags:
         bits |= _RE_FLAGS[f]
     try:
-        re.compile(pattern.value, bits)
-        return regex_to_ir(pattern.value, flags=bits)
+        value = _KNOWN_PATTERNS.get(pattern.value, pattern.value)
+        re.compile(value, bits)
+        return regex_to_ir(value, flags=bits)
     except (ConstraintError, re.error) as e:
         raise ConstraintError(
             f"terminal {term.name!r} (/{pattern.value}/): {e}", **_locate_terminal(text, term)
