@@ -1,0 +1,159 @@
+"""Load a llama.cpp GGUF file: config, dequantized weights in HF names/layout, tokenizer."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig
+from .gguf_file import GGUFError, GGUFFile
+from .types import LoadedModel
+
+# GGUF tensor name -> HF name ({i} is the layer).
+_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freqs",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+# Pre-tokenizer regexes by `tokenizer.ggml.pre` (llama.cpp's llama-vocab.cpp).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_DIGIT_SPLIT_PRE = ("smollm", "starcoder", "refact", "codeshell", "smaug-bpe")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    m = _LAYER_RE.match(gguf_name)
+    if m:
+        tmpl = _NAMES.get("blk.{i}." + m.group(2))
+        return tmpl.format(i=m.group(1)) if tmpl else None
+    return _NAMES.get(gguf_name)
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's RoPE row permutation of q/k: back to the HF rotate-half layout.
+
+    w: [out, in] (or a bias [out]); out = n_head * head_dim.
+    """
+    out = w.shape[0]
+    rest = w.shape[1:]
+    return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
+
+
+def dequantize(f: GGUFFile, name: str) -> np.ndarray:
+    """float32 array of the tensor in numpy (row-major, HF) shape."""
+    from gguf import GGMLQuantizationType, quants
+
+    info = f.tensors[name]
+    qtype = GGMLQuantizationType(info.ggml_type)
+    raw = f.raw(name)
+    if qtype == GGMLQuantizationType.BF16:
+        bits = raw.view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32).reshape(info.shape)
+    try:
+        arr = quants.dequantize(raw, qtype)
+    except NotImplementedError as e:
+        raise GGUFError(f"{f.path!r}: tensor {name!r} uses {qtype.name}, which gguf cannot dequantize") from e
+    if qtype == GGMLQuantizationType.F32:
+        arr = arr.copy()  # a view of the file map otherwise
+    return np.asarray(arr, dtype=np.float32).reshape(info.shape)
+
+
+def load_gguf(path: str) -> LoadedModel:
+    f = GGUFFile(path)
+    meta = f.metadata
+    names = set(f.tensors)
+    config = ModelConfig.from_gguf(
+        meta, has_output_weight="output.weight" in names, has_qkv_bias="blk.0.attn_q.bias" in names
+    )
+    tokenizer, special = build_tokenizer(meta, path)
+    weights: dict[str, torch.Tensor] = {}
+    permute = config.architecture in ("llama", "mistral", "smollm")  # llama.cpp permutes only these
+    for name in f.tensors:
+        target = hf_name(name)
+        if target is None:
+            continue
+        w = dequantize(f, name)
+        if permute and (".attn_q." in name or ".attn_k." in name):
+            heads = config.num_heads if ".attn_q." in name else config.num_kv_heads
+            w = unpermute_qk(w, heads)
+        weights[target] = torch.from_numpy(np.require(w, requirements=['C', 'W']))
+    f.close()
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=path, **special)
+
+
+def build_tokenizer(meta: dict[str, Any], path: str):
+    """A `tokenizers.Tokenizer` (byte-level BPE) from GGUF vocab, merges and token types."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ValueError(f"{path!r} has no tokenizer: GGUF metadata lacks tokenizer.ggml.tokens")
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(
+            f"{path!r}: GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
+            "load the model from a Hugging Face folder with tokenizer.json instead"
+        )
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=False)
+    tok = Tokenizer(bpe)
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGIT_SPLIT_PRE:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
+    elif pre in ("llama3", "llama-v3", "llama-bpe", "qwen2", "deepseek-r1-qwen"):
+        split = _QWEN2_SPLIT if "qwen" in pre else _LLAMA3_SPLIT
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is not None:
+        # 3 = CONTROL (special, never split), 4 = USER_DEFINED (whole, not special)
+        control = [AddedToken(tokens[i], special=True, normalized=False) for i in np.flatnonzero(types == 3)]
+        user = [AddedToken(tokens[i], special=False, normalized=False) for i in np.flatnonzero(types == 4)]
+        tok.add_special_tokens(control)
+        if user:
+            tok.add_tokens(user)
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    eot = meta.get("tokenizer.ggml.eot_token_id")
+    eos_ids = [int(x) for x in (eos, eot) if x is not None]
+    special = {
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_ids": list(dict.fromkeys(eos_ids)),
+        "chat_template": meta.get("tokenizer.chat_template"),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    }
+    return tok, special

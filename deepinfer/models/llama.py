@@ -1,0 +1,187 @@
+"""Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2) as plain tensors + functional ops.
+
+Weights are fused at load time (q|k|v into one matrix, gate|up into one) so a layer is six
+matmuls and one attention call; the per-layer loop body touches only local tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from .kv_cache import KVCache
+
+
+@dataclass
+class ForwardBatch:
+    """One forward pass over B rows of T tokens each (right-padded when ragged).
+
+    tokens:       [B, T] int64
+    positions:    [B, T] int64, position of each token in its sequence (padding continues on)
+    slots:        [B]    int64, KV-cache slot of each row
+    kv_len:       keys attended = cache positions [0, kv_len); kv_len = max(positions) + 1
+    slot_start:   when slots == range(slot_start, slot_start + B), the cache is sliced, not gathered
+    logits_index: [B] int64 index along T of the token whose logits are wanted, or None for all T
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    kv_len: int
+    slot_start: int | None = None
+    logits_index: torch.Tensor | None = None
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor  # [H]
+    wqkv: torch.Tensor  # [(nh + 2 nkv) hd, H]
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor  # [H, nh hd]
+    ln2: torch.Tensor  # [H]
+    wgu: torch.Tensor  # [2 I, H]
+    wd: torch.Tensor  # [H, I]
+
+
+def rope_inv_freq(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+    """inv_freq [head_dim / 2] float32, with linear or llama3 scaling as transformers computes it."""
+    dim = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    s = config.rope_scaling
+    kind = (s or {}).get("rope_type", (s or {}).get("type", "default"))
+    if kind == "linear":
+        inv = inv / float(s["factor"])
+    elif kind == "llama3":
+        factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+        old_len = float(s["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old_len / lo, inv / factor, inv)
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_len / hi) & ~(wavelen > old_len / lo)
+        inv = torch.where(medium, smoothed, scaled)
+    if freq_factors is not None:  # GGUF's rope_freqs.weight (llama3 scaling baked as divisors)
+        inv = inv / freq_factors.float()
+    return inv
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        max_len: int | None = None,
+    ):
+        self.config = c = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        w = {k.removeprefix("model.") if k.startswith("model.") else k: v for k, v in weights.items()}
+
+        def take(name: str) -> torch.Tensor:
+            if name not in w:
+                raise ValueError(f"checkpoint lacks weight {name!r}")
+            return w[name].to(device=self.device, dtype=dtype)
+
+        def opt(name: str) -> torch.Tensor | None:
+            return take(name) if name in w else None
+
+        self.embed = take("embed_tokens.weight")  # [V, H]
+        if c.tie_word_embeddings or "lm_head.weight" not in w:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = take("lm_head.weight")
+        self.norm = take("norm.weight")
+        self.layers: list[_Layer] = []
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            biases = [opt(a + f"{x}_proj.bias") for x in "qkv"]
+            if any(b is not None for b in biases) and not all(b is not None for b in biases):
+                raise ValueError(f"layer {i}: q/k/v biases must be all present or all absent")
+            self.layers.append(
+                _Layer(
+                    ln1=take(p + "input_layernorm.weight"),
+                    wqkv=torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"]),
+                    bqkv=torch.cat(biases) if biases[0] is not None else None,
+                    wo=take(a + "o_proj.weight"),
+                    ln2=take(p + "post_attention_layernorm.weight"),
+                    wgu=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]),
+                    wd=take(m + "down_proj.weight"),
+                )
+            )
+        self.max_len = max_len or c.max_position_embeddings
+        inv = rope_inv_freq(c, w.get("rope_freqs"))
+        freqs = torch.outer(torch.arange(self.max_len, dtype=torch.float32), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, hd]
+        self.cos = emb.cos().to(self.device, dtype)
+        self.sin = emb.sin().to(self.device, dtype)
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        c = self.config
+        return KVCache(
+            c.num_layers, num_slots, c.num_kv_heads, min(max_len, self.max_len), c.head_dim,
+            dtype=self.dtype, device=self.device,
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Logits float32: [B, V] at `batch.logits_index`, or [B, T, V] when it is None."""
+        c = self.config
+        tokens, pos = batch.tokens, batch.positions
+        B, T = tokens.shape
+        nh, nkv, hd, L = c.num_heads, c.num_kv_heads, c.head_dim, batch.kv_len
+        if L > cache.max_len:
+            raise ValueError(f"sequence length {L} exceeds the KV cache ({cache.max_len} positions)")
+
+        x = F.embedding(tokens, self.embed)  # [B, T, H]
+        cos = self.cos[pos].unsqueeze(1)  # [B, 1, T, hd]
+        sin = self.sin[pos].unsqueeze(1)
+        # mask[b, 0, t, j]: key position j is visible to query (b, t) iff j <= pos[b, t]
+        if B == 1 and T == 1:
+            mask = None  # the single query sees all L = pos + 1 keys
+        else:
+            key_pos = torch.arange(L, device=tokens.device)
+            mask = (key_pos.view(1, 1, L) <= pos.unsqueeze(-1)).unsqueeze(1)  # [B, 1, T, L]
+        slot_idx = batch.slots.view(B, 1)
+        s0 = batch.slot_start
+        eps = c.rms_norm_eps
+        sizes = [self.q_size, self.kv_size, self.kv_size]
+
+        for i, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), layer.ln1, eps)
+            q, k, v = F.linear(h, layer.wqkv, layer.bqkv).split(sizes, dim=-1)
+            q = q.view(B, T, nh, hd).transpose(1, 2)  # [B, nh, T, hd]
+            k = k.view(B, T, nkv, hd).transpose(1, 2)  # [B, nkv, T, hd]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
+            kc[slot_idx, :, pos] = k.transpose(1, 2)  # [B, T, nkv, hd] at (slot, :, pos)
+            vc[slot_idx, :, pos] = v.view(B, T, nkv, hd)
+            if s0 is not None:
+                keys, values = kc[s0 : s0 + B, :, :L], vc[s0 : s0 + B, :, :L]
+            else:
+                keys, values = kc[batch.slots, :, :L], vc[batch.slots, :, :L]
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nkv != nh)
+            x = x + F.linear(o.transpose(1, 2).reshape(B, T, nh * hd), layer.wo)
+            h = F.rms_norm(x, (x.shape[-1],), layer.ln2, eps)
+            g, u = F.linear(h, layer.wgu).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(g) * u, layer.wd)
+
+        if batch.logits_index is not None:
+            x = x[torch.arange(B, device=x.device), batch.logits_index]  # [B, H]
+        x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
+        return F.linear(x, self.lm_head).float()
