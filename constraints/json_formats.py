@@ -119,6 +119,11 @@ def raw_except(words: list[str]) -> Expr:
     return build(trie)
 
 
+def intersect_length(raw: Expr, lo: int, hi: int | None) -> Expr | None:
+    """``raw`` restricted to strings of lo..hi characters, or None when not computed."""
+    return None
+
+
 # ------------------------------------------------------------------------- formats
 
 
