@@ -294,7 +294,7 @@ def _relevant_text() -> str:
 
 def _char_node(op: Any, av: Any, flags: int) -> Expr:
     """IR for one single-character node (LITERAL, NOT_LITERAL, ANY, IN, CATEGORY)."""
-    flags &= _I | _S | _A
+    flags &= _I | _S | _A | _U
     if op is _c.ANY:
         return ANY_CHAR if flags & _S else _class_expr(_NOT_NEWLINE)
     flags &= ~_S
