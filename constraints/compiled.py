@@ -14,6 +14,9 @@ import numpy as np
 from .automaton import Automaton, Config
 
 ROW_CACHE_SIZE = 8192
+QUOTE = 0x22
+PERMISSIVE_BYTES = 128  # states allowing at least this many bytes take the shared-row path
+MAX_CANON_STATES = 64
 
 
 class CompiledConstraint:
@@ -95,10 +98,60 @@ class CompiledConstraint:
             self._ci[key] = hit
         return hit
 
+    def _canonical_unquoted(self, state: int) -> bytes | None:
+        """A canonical form of the automaton that decides tokens without ``"`` from
+        ``state``: its part reachable over the other bytes, states numbered in BFS order
+        (by first byte), or None when that part is large. Equal forms => equal rows for
+        those tokens, so the costly walk of a permissive state ("inside a string") is
+        shared by every state and every compilation with the same form."""
+        a = self.automaton
+        seen = {state}
+        order = [state]
+        rows = []
+        k = 0
+        while k < len(order):
+            r = a.table[order[k]][a.cls]
+            r[QUOTE] = -1
+            rows.append(r)
+            tgts, first = np.unique(r, return_index=True)
+            for t in tgts[np.argsort(first)].tolist():
+                if t >= 0 and t not in seen:
+                    if len(order) >= MAX_CANON_STATES:
+                        return None
+                    seen.add(t)
+                    order.append(t)
+            k += 1
+        keys = np.array(order)
+        sorter = np.argsort(keys)
+        sub = np.stack(rows)
+        pos = np.searchsorted(keys[sorter], np.maximum(sub, 0))
+        local = np.where(sub >= 0, sorter[np.minimum(pos, len(keys) - 1)], -1).astype(np.int16)
+        return local.tobytes()
+
+    def _regular_row(self, state: int) -> np.ndarray:
+        a = self.automaton
+        row = a.table[state]
+        allowed_bytes = int((row[a.cls] >= 0).sum())
+        if allowed_bytes < PERMISSIVE_BYTES:
+            return self._context_independent(state, False)[0].copy()
+        key = self._canonical_unquoted(state)
+        no_quote, with_quote = self.vocab.split_index(QUOTE)
+        shared = self.vocab.shared_rows()
+        words = shared.get(key) if key is not None else None
+        if words is None:
+            words = np.zeros(self.n_words, dtype=np.uint32)
+            no_quote.walk(a.table, a.cls, state, self._bnd_bottom, words)
+            if key is not None:
+                words.flags.writeable = False
+                shared[key] = words
+        words = words.copy()
+        with_quote.walk(a.table, a.cls, state, self._bnd_bottom, words)
+        return words
+
     def _compute(self, config) -> np.ndarray:
         a = self.automaton
         if a.is_regular:
-            return self._context_independent(config, False)[0].copy()
+            return self._regular_row(config)
         words = np.zeros(self.n_words, dtype=np.uint32)
         for st in config.stacks:
             ci_words, nodes, states = self._context_independent(st[-1], len(st) > 1)

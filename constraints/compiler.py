@@ -27,7 +27,11 @@ class Compiler:
         self._cache: OrderedDict[tuple, CompiledConstraint] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
-        vocab.index()  # the trie is shared by every compilation: build it once, now
+        # the tries are shared by every compilation: build them once, now, and compile
+        # the numba walk (cached on disk after the first process)
+        vocab.index()
+        vocab.split_index(0x22)
+        _warm_up(vocab)
 
     def _cached(self, key: tuple, build) -> CompiledConstraint:
         with self._lock:
@@ -100,6 +104,15 @@ class Compiler:
     def from_ir(self, grammar: ir.Grammar, *, name: str = "ir") -> CompiledConstraint:
         """Compile an IR grammar directly (not cached)."""
         return CompiledConstraint(compile_grammar(grammar, self.limits), self.vocab, "ir", name, grammar.notes)
+
+
+def _warm_up(vocab) -> None:
+    import numpy as np
+
+    idx = vocab.index()
+    table = np.full((1, 1), -1, dtype=np.int32)
+    idx.walk(table, np.zeros(256, dtype=np.int32), 0, np.zeros(1, dtype=bool),
+             np.zeros(idx.n_words, dtype=np.uint32))
 
 
 def schema_key(schema: Any) -> str:

@@ -55,10 +55,10 @@ class VocabIndex:
     after ``i``'s subtree); tokens ending at ``i`` are ``tok_ids[tok_lo[i]:tok_hi[i]]``.
     """
 
-    def __init__(self, vocab) -> None:
+    def __init__(self, vocab, keep=None) -> None:
         self.vocab_size = vocab.vocab_size
         self.n_words = (self.vocab_size + 31) // 32
-        pairs = sorted((b, i) for i, b in enumerate(vocab.token_bytes) if b)
+        pairs = sorted((b, i) for i, b in enumerate(vocab.token_bytes) if b and (keep is None or keep(b)))
         node_byte: list[int] = []
         node_depth: list[int] = []
         tok_lo: list[int] = []

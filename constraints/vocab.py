@@ -159,6 +159,23 @@ class Vocabulary:
             self._fingerprint = fp
         return fp
 
+    def split_index(self, byte: int) -> tuple[Any, Any]:
+        """Two tries: tokens without ``byte`` and tokens with it (built once, cached)."""
+        cache = self.__dict__.setdefault("_split", {})
+        hit = cache.get(byte)
+        if hit is None:
+            from .index import VocabIndex
+
+            ch = bytes([byte])
+            hit = (VocabIndex(self, keep=lambda b: ch not in b), VocabIndex(self, keep=lambda b: ch in b))
+            cache[byte] = hit
+        return hit
+
+    def shared_rows(self) -> dict:
+        """Rows shared across compilations, keyed by a canonical form of the automaton
+        that decides them (e.g. "inside a JSON string"): computed once per vocabulary."""
+        return self.__dict__.setdefault("_shared_rows", {})
+
     def index(self) -> Any:
         """The shared per-vocabulary token trie (built once, on first use)."""
         if self._index is None:

@@ -82,6 +82,9 @@ REGULAR = [
     ("keyval", Grammar({"start": seq(lit('{"'), plus(LOWER), lit('":'), alt(plus(DIGIT), lit("true")), lit("}"))}),
      r'\{"[a-z]+":(\d+|true)\}'),
     ("bounded", Grammar({"start": rep(alt(lit("ab"), lit("c")), 2, 4)}), r"(ab|c){2,4}"),
+    ("string", Grammar({"start": seq(lit('["'), star(ir.utf8_class([(0x20, 0x21), (0x23, 0x10FFFF)])),
+                                     lit('","'), star(ir.utf8_class([(0x20, 0x21), (0x23, 0x10FFFF)])), lit('"]'))}),
+     '\\["[ !#-\U0010FFFF]*","[ !#-\U0010FFFF]*"\\]'),
     ("unicode", Grammar({"start": plus(ir.utf8_class([(0xE9, 0xE9), (0x65E5, 0x65E5), (0x1F600, 0x1F600)]))}),
      "[é日😀]+"),
 ]
@@ -267,3 +270,18 @@ def test_llama3_vocabulary_masks_on_sampled_states():
         for t in ids:
             assert m.accept(t), piece
     np.testing.assert_array_equal(m.allowed_tokens(), reference_allowed(compiled, m.state))
+
+
+def test_permissive_rows_are_shared_across_states_and_compilations():
+    string = star(ir.utf8_class([(0x20, 0x21), (0x23, 0x10FFFF)]))
+    g1 = Grammar({"start": seq(lit('"'), string, lit('"x'))})
+    g2 = Grammar({"start": seq(lit('["'), string, lit('"]'))})
+    c = Compiler(small_vocab())
+    c1, c2 = c.from_ir(g1), c.from_ir(g2)
+    m1, m2 = Matcher(c1), Matcher(c2)
+    m1.accept(c1.vocab.token_bytes.index(b'"'))
+    m2.accept(c1.vocab.token_bytes.index(b"["))
+    m2.accept(c1.vocab.token_bytes.index(b'"'))
+    assert c1._canonical_unquoted(m1.state) == c2._canonical_unquoted(m2.state) is not None
+    np.testing.assert_array_equal(m1.allowed_tokens(), reference_allowed(c1, m1.state))
+    np.testing.assert_array_equal(m2.allowed_tokens(), reference_allowed(c2, m2.state))
