@@ -201,7 +201,16 @@ _LABEL_MID = _cls("A-Za-z0-9-")
 
 
 def _label(max_len: int = 63) -> Expr:
-    return seq(_LABEL_CH, opt(seq(rep(_LABEL_MID, 0, max_len - 2), _LABEL_CH)))
+    """A DNS label: letters, digits, inner hyphens; never "--" at positions 3-4 (A-labels)."""
+    ch, mid = _LABEL_CH, _LABEL_MID
+    p34 = alt(seq(ch, mid), seq(lit("-"), ch))
+    return alt(
+        ch,
+        seq(ch, ch),
+        seq(ch, mid, ch),
+        seq(ch, mid, mid, ch),
+        seq(ch, mid, p34, rep(mid, 0, max_len - 5), ch),
+    )
 
 
 def _hostname() -> Expr:
