@@ -1,0 +1,186 @@
+"""Per-keyword accept/reject tables for the JSON Schema front end (byte-level automaton).
+
+Every instance whose text is its own canonical serialization is also checked against
+``jsonschema`` (the oracle, with format assertion on): our verdict must equal it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from deepinfer.constraints.automaton import compile_grammar
+from deepinfer.constraints.errors import ConstraintError, ConstraintTooComplex
+from deepinfer.constraints.json_schema import schema_to_grammar
+
+OBJ_AB = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]}
+TREE = {
+    "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+                                                         "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                       "required": ["v"], "additionalProperties": False}},
+    "$ref": "#/$defs/node",
+}
+
+# (keyword, schema, [(instance text, expected)])
+TABLE = [
+    ("true", True, [("1", True), ('{"a":[null]}', True), ('"x"', True)]),
+    ("empty", {}, [("null", True), ("[1,2.5e3]", True), ('"\\u00e9\\n"', True), ("01", False)]),
+    ("type", {"type": "integer"}, [("1", True), ("-20", True), ("1.5", False), ('"1"', False), ("01", False)]),
+    ("type list", {"type": ["string", "null"]}, [("null", True), ('"a"', True), ("1", False)]),
+    ("type number", {"type": "number"}, [("1", True), ("-1.5e-3", True), ("1.", False), (".5", False)]),
+    ("type boolean", {"type": "boolean"}, [("true", True), ("false", True), ("0", False)]),
+    ("string", {"type": "string"}, [('"a\\"b"', True), ('"\\ud83d\\ude00"', True), ('"é"', True),
+                                    ('"\x01"', False), ('"\\x"', False)]),
+    ("minLength", {"type": "string", "minLength": 2, "maxLength": 3},
+     [('"ab"', True), ('"abc"', True), ('"a"', False), ('"abcd"', False), ('"é😀"', True)]),
+    ("pattern", {"type": "string", "pattern": "^[a-z]+\\d$"}, [('"ab1"', True), ('"1"', False), ('"ab"', False)]),
+    ("pattern search", {"type": "string", "pattern": "b+"}, [('"abbc"', True), ('"ac"', False)]),
+    ("pattern quote", {"type": "string", "pattern": '^a"b$'}, [('"a\\"b"', True), ('"ab"', False)]),
+    ("format date", {"type": "string", "format": "date"},
+     [('"2024-02-29"', True), ('"2023-02-29"', False), ('"2023-13-01"', False)]),
+    ("format ipv4", {"type": "string", "format": "ipv4"}, [('"1.2.3.4"', True), ('"1.2.3.256"', False)]),
+    ("format uuid", {"type": "string", "format": "uuid"},
+     [('"123e4567-e89b-12d3-a456-426614174000"', True), ('"123e4567e89b12d3a456426614174000"', False)]),
+    ("format email", {"type": "string", "format": "email"}, [('"a.b@c.org"', True)]),
+    ("minimum", {"type": "integer", "minimum": -12, "maximum": 105},
+     [("-12", True), ("105", True), ("0", True), ("-13", False), ("106", False), ("1000", False)]),
+    ("exclusive", {"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 7},
+     [("4", True), ("6", True), ("3", False), ("7", False)]),
+    ("number range", {"type": "number", "minimum": 0.5, "maximum": 2},
+     [("0.5", True), ("1.75", True), ("2", True), ("2.0", True), ("2.01", False), ("0.49", False)]),
+    ("multipleOf int", {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 30},
+     [("0", True), ("25", True), ("26", False)]),
+    ("multipleOf 0.01", {"type": "number", "multipleOf": 0.01, "minimum": 0},
+     [("1.25", True), ("3", True), ("1.255", False), ("-1", False)]),
+    ("enum", {"enum": ["a", 1, None, [1, {"x": True}]]},
+     [('"a"', True), ("1", True), ("null", True), ('[1,{"x":true}]', True), ('"b"', False), ("2", False)]),
+    ("const", {"const": {"k": "v"}}, [('{"k":"v"}', True), ('{"k":"w"}', False)]),
+    ("properties", OBJ_AB, [('{"a":1}', True), ('{"a":1,"b":"x"}', True), ('{"b":"x"}', False),
+                            ('{"a":1,"c":[true]}', True), ('{"a":"1"}', False), ('{"a":1,"a":2}', False)]),
+    ("additionalProperties false", {**OBJ_AB, "additionalProperties": False},
+     [('{"a":1}', True), ('{"a":1,"c":2}', False)]),
+    ("additionalProperties schema", {**OBJ_AB, "additionalProperties": {"type": "boolean"}},
+     [('{"a":1,"c":true}', True), ('{"a":1,"c":2}', False)]),
+    ("patternProperties", {"type": "object", "patternProperties": {"^x-": {"type": "integer"}},
+                           "additionalProperties": False},
+     [('{"x-a":1}', True), ('{"x-a":"s"}', False), ('{"y":1}', False), ("{}", True)]),
+    ("min/maxProperties", {"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "additionalProperties": False,
+                           "minProperties": 1, "maxProperties": 2},
+     [('{"a":1}', True), ('{"a":1,"c":2}', True), ("{}", False), ('{"a":1,"b":2,"c":3}', False)]),
+    ("items", {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
+     [("[1]", True), ("[1,2,3]", True), ("[]", False), ("[1,2,3,4]", False), ('[1,"a"]', False)]),
+    ("prefixItems", {"type": "array", "prefixItems": [{"type": "string"}, {"type": "boolean"}], "items": False},
+     [('["a",true]', True), ('["a"]', True), ("[]", True), ('["a",true,1]', False), ("[true]", False)]),
+    ("anyOf", {"anyOf": [{"type": "string", "maxLength": 1}, {"type": "integer", "minimum": 5}]},
+     [('"a"', True), ("5", True), ('"ab"', False), ("4", False)]),
+    ("oneOf types", {"oneOf": [{"type": "string"}, {"type": "integer"}]}, [('"a"', True), ("1", True), ("null", False)]),
+    ("oneOf discriminator", {"oneOf": [
+        {"type": "object", "properties": {"k": {"const": "a"}, "x": {"type": "integer"}}, "required": ["k"]},
+        {"type": "object", "properties": {"k": {"const": "b"}, "y": {"type": "string"}}, "required": ["k"]}]},
+     [('{"k":"a","x":1}', True), ('{"k":"b","y":"s"}', True), ('{"k":"c"}', False)]),
+    ("allOf", {"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 10}]}, [("0", True), ("10", True), ("11", False)]),
+    ("allOf objects", {"allOf": [OBJ_AB, {"properties": {"c": {"type": "null"}}, "required": ["c"]}]},
+     [('{"a":1,"c":null}', True), ('{"a":1}', False)]),
+    ("$ref recursion", TREE, [('{"v":1}', True), ('{"v":1,"kids":[{"v":2,"kids":[]}]}', True),
+                              ('{"v":1,"kids":[{}]}', False)]),
+    ("$ref pointer", {"properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}, "type": "object"},
+     [('{"a":1,"b":2}', True), ('{"a":1,"b":"x"}', False)]),
+    ("definitions", {"definitions": {"s": {"type": "string"}}, "type": "array", "items": {"$ref": "#/definitions/s"}},
+     [('["a"]', True), ("[1]", False)]),
+]
+CASES = [(name, schema, text, exp) for name, schema, rows in TABLE for text, exp in rows]
+
+
+def _automaton(schema, **kw):
+    return compile_grammar(schema_to_grammar(schema, **kw))
+
+
+_CACHE: dict = {}
+
+
+@pytest.mark.parametrize("name,schema,text,expected", CASES, ids=[f"{c[0]}:{c[2]}" for c in CASES])
+def test_keyword_table(name, schema, text, expected):
+    key = json.dumps(schema, sort_keys=True)
+    if key not in _CACHE:
+        _CACHE[key] = _automaton(schema)
+    assert _CACHE[key].accepts(text.encode()) == expected
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        assert not expected
+        return
+    canonical = json.dumps(value, separators=(",", ":"), ensure_ascii=False) == text
+    if canonical:
+        oracle = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).is_valid(value)
+        assert oracle == expected, "table disagrees with jsonschema"
+
+
+def test_flexible_whitespace_bounded():
+    a = _automaton(OBJ_AB, whitespace="flexible")
+    assert a.accepts(json.dumps({"a": 1, "b": "x"}, indent=2).encode())
+    assert a.accepts(b'{ "a" : 1 }')
+    assert not a.accepts(b'{' + b" " * 40 + b'"a":1}')
+    assert not _automaton(OBJ_AB).accepts(b'{ "a":1}')
+
+
+def test_strict_forbids_extra_keys():
+    assert not _automaton(OBJ_AB, strict=True).accepts(b'{"a":1,"c":2}')
+
+
+def test_schema_as_text_and_pydantic():
+    pydantic = pytest.importorskip("pydantic")
+
+    class User(pydantic.BaseModel):
+        name: str
+        age: int
+
+    a = _automaton(User)
+    assert a.accepts(b'{"name":"x","age":3}')
+    assert not a.accepts(b'{"name":"x"}')
+    assert _automaton('{"type":"boolean"}').accepts(b"true")
+
+
+ERRORS = [
+    ({"type": "array", "uniqueItems": True}, r"uniqueItems.*#/uniqueItems"),
+    ({"properties": {"a": {"not": {"type": "string"}}}}, r"'not'.*#/properties/a/not"),
+    ({"if": {"type": "string"}, "then": {"minLength": 1}}, r"'if'.*at #/if"),
+    ({"type": "array", "contains": {"type": "integer"}}, r"contains.*#/contains"),
+    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, r"oneOf.*#/oneOf"),
+    ({"type": "integer", "minimum": 5, "maximum": 1}, r"unsatisfiable.*at #"),
+    ({"enum": []}, r"no enum value.*#/enum"),
+    ({"type": "object", "required": ["x"], "additionalProperties": False}, r"'x' is not allowed.*#/required"),
+    ({"$ref": "http://example.com/s.json"}, r"remote refs.*#/\$ref"),
+    ({"type": "integer", "multipleOf": 7}, r"multipleOf.*#/multipleOf"),
+]
+
+
+@pytest.mark.parametrize("schema,match", ERRORS)
+def test_errors_name_keyword_and_pointer(schema, match):
+    with pytest.raises(ConstraintError, match=match):
+        schema_to_grammar(schema)
+
+
+def test_lenient_relaxes_and_notes():
+    g = schema_to_grammar({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+                          lenient=True)
+    assert g.notes == ["uniqueItems at #/properties/tags/uniqueItems"]
+
+
+@pytest.mark.parametrize("schema", [
+    {"enum": list(range(20_000))},
+    {"type": "array", "items": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20)}},
+     "maxItems": 100_000},
+    {"type": "string", "maxLength": 10_000_000},
+])
+def test_untrusted_sizes_are_bounded(schema):
+    with pytest.raises(ConstraintTooComplex):
+        schema_to_grammar(schema)
+
+
+def test_deep_nesting_bounded():
+    s: dict = {"type": "integer"}
+    for _ in range(200):
+        s = {"type": "array", "items": s}
+    with pytest.raises(ConstraintTooComplex, match="nesting"):
+        schema_to_grammar(s)
