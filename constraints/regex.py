@@ -42,8 +42,10 @@ from .ir import (
     EMPTY,
     MAX_CODE_POINT,
     NOTHING,
+    Alt,
     ByteSet,
     Expr,
+    Seq,
     alt,
     rep,
     seq,
@@ -224,12 +226,38 @@ _CACHE_LIMIT = 4096
 _NOT_NEWLINE: Ranges = ((0, 9), (11, MAX_CODE_POINT))
 
 
+def _left_factor(paths: list[tuple[Expr, ...]]) -> Expr:
+    """Alternation of byte paths with common leading byte sets shared (a byte trie)."""
+    groups: dict[Expr, list[tuple[Expr, ...]]] = {}
+    for path in paths:
+        groups.setdefault(path[0], []).append(path[1:])
+    out = []
+    for head, rests in groups.items():
+        tails = [r for r in rests if r]
+        if len(tails) < len(rests):  # UTF-8 paths are prefix-free, but stay exact anyway
+            out.append(head)
+        if tails:
+            out.append(seq(head, _left_factor(tails)))
+    return alt(*out)
+
+
 def _class_expr(ranges: Ranges) -> Expr:
+    """One character from ``ranges`` as UTF-8, left-factored.
+
+    ``utf8_class`` lists one byte path per UTF-8 range (~1,500 for ``\\w``); sharing the
+    leading bytes cuts the IR ~3x and the automaton's subset construction far more.
+    """
     e = _UTF8_CACHE.get(ranges)
     if e is None:
+        e = utf8_class(ranges)
+        if isinstance(e, Alt) and all(
+            isinstance(it, ByteSet) or isinstance(it, Seq) and all(isinstance(b, ByteSet) for b in it.items)
+            for it in e.items
+        ):
+            e = _left_factor([it.items if isinstance(it, Seq) else (it,) for it in e.items])
         if len(_UTF8_CACHE) >= _CACHE_LIMIT:
             _UTF8_CACHE.clear()
-        e = _UTF8_CACHE[ranges] = utf8_class(ranges)
+        _UTF8_CACHE[ranges] = e
     return e
 
 
