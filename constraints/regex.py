@@ -19,7 +19,7 @@ Repeats that would expand past :data:`MAX_EXPANDED_CHARS` character positions ra
 
 from __future__ import annotations
 
-import base64
+import binascii
 import re
 import unicodedata
 import zlib
@@ -58,10 +58,11 @@ __all__ = ["regex_to_ir", "MAX_EXPANDED_CHARS"]
 # positions (a literal character or a class counts as one) the pattern expands to.
 MAX_EXPANDED_CHARS = 50_000
 
-_I = re.IGNORECASE
-_S = re.DOTALL
-_A = re.ASCII
-_U = re.UNICODE
+# plain ints: RegexFlag's enum operators cost microseconds on this path
+_I = int(re.IGNORECASE)
+_S = int(re.DOTALL)
+_A = int(re.ASCII)
+_U = int(re.UNICODE)
 
 _BYTE = [ByteSet(1 << b) for b in range(256)]
 Ranges = tuple[tuple[int, int], ...]
@@ -146,12 +147,12 @@ def _encode_tables(tables: dict[str, Ranges]) -> str:
             nums += [lo - prev, hi - lo]
             prev = hi
         parts.append(name + ":" + ",".join(map(str, nums)))
-    return base64.b64encode(zlib.compress(";".join(parts).encode(), 9)).decode()
+    return binascii.b2a_base64(zlib.compress(";".join(parts).encode(), 9), newline=False).decode()
 
 
 def _decode_tables(blob: str) -> dict[str, Ranges]:
     out: dict[str, Ranges] = {}
-    for part in zlib.decompress(base64.b64decode(blob)).decode().split(";"):
+    for part in zlib.decompress(binascii.a2b_base64(blob)).decode().split(";"):
         name, _, body = part.partition(":")
         nums = [int(x) for x in body.split(",")] if body else []
         prev, runs = 0, []
@@ -432,7 +433,7 @@ _CHAR_OPS = (_c.LITERAL, _c.NOT_LITERAL, _c.ANY, _c.IN, _c.CATEGORY)
 _REPEATS = (_c.MAX_REPEAT, _c.MIN_REPEAT)
 _POSSESSIVE = getattr(_c, "POSSESSIVE_REPEAT", None)
 _ATOMIC = getattr(_c, "ATOMIC_GROUP", None)
-_TYPE_FLAGS = _A | re.LOCALE | _U
+_TYPE_FLAGS = _A | int(re.LOCALE) | _U
 
 
 def _combine_flags(flags: int, add: int, delete: int) -> int:
@@ -521,7 +522,7 @@ class _Translator:
             return _char_node(op, av, flags), 1
         if op is _c.SUBPATTERN:
             _group, add, delete, sub = av
-            return self.seq(sub, _combine_flags(flags, add, delete), at_start, at_end)
+            return self.seq(sub, _combine_flags(flags, int(add), int(delete)), at_start, at_end)
         if op is _c.BRANCH:
             exprs, cost = [], 0
             for branch in av[1]:
@@ -617,7 +618,7 @@ def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0) -> Expr:
         raise ConstraintTooComplex("regex nests too deeply to parse") from None
     except (ValueError, TypeError) as exc:
         raise ConstraintError(f"invalid regex flags: {exc}") from None
-    global_flags = tree.state.flags
+    global_flags = int(tree.state.flags)
     tr = _Translator(pattern, global_flags)
     try:
         expr, _cost = tr.seq(tree, global_flags, True, True)
