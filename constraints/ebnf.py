@@ -37,7 +37,23 @@ import re
 from collections.abc import Iterable
 
 from .errors import ConstraintError
-from .ir import EMPTY, NOTHING, Alt, ByteSet, Expr, Grammar, Ref, Repeat, Seq, alt, lit, seq, star, utf8_class
+from .ir import (
+    EMPTY,
+    NOTHING,
+    Alt,
+    ByteSet,
+    Expr,
+    Grammar,
+    Ref,
+    Repeat,
+    Seq,
+    alt,
+    lit,
+    plus,
+    seq,
+    star,
+    utf8_class,
+)
 
 IGNORE_RULE = "%ignore"  # lark names cannot contain '%', so this never collides
 
@@ -192,19 +208,56 @@ def _locate(text: str, name: str) -> dict[str, int]:
 
 
 def _rule_ir(name: str, alts: list[list[Expr]]) -> Expr:
-    """``name: alt1 | alt2 ...`` with direct left recursion ``name: name beta | alpha``
-    rewritten as ``alpha beta*`` (same language, no recursion)."""
+    """``name: alt1 | alt2 ...`` as IR, with two rewrites that keep the language:
+
+    - direct left recursion ``name: name beta | alpha`` becomes ``alpha beta*`` (``alpha+``
+      when ``beta == alpha``, which is how lark expands ``x+`` and ``x*``);
+    - alternatives are factored (shared prefixes, then shared suffixes), undoing most of
+      lark's expansion of ``x?`` / ``[x]`` into one alternative with and one without
+      ``x``: ``a x? b`` comes back as ``a (x b | b)`` instead of ``a x b | a b``, so
+      nested rules are not copied once per alternative.
+    """
     me = Ref(name)
-    heads: list[Expr] = []
-    tails: list[Expr] = []
+    heads: list[tuple[Expr, ...]] = []
+    tails: list[tuple[Expr, ...]] = []
     for items in alts:
         if items and items[0] == me:
             if len(items) > 1:  # `r: r` adds nothing
-                tails.append(seq(*items[1:]))
+                tails.append(tuple(items[1:]))
         else:
-            heads.append(seq(*items) if items else EMPTY)
-    head = alt(*heads) if heads else NOTHING
-    return seq(head, star(alt(*tails))) if tails else head
+            heads.append(tuple(items))
+    head = _factor(heads) if heads else NOTHING
+    if not tails:
+        return head
+    tail = _factor(tails)
+    return plus(head) if tail == head else seq(head, star(tail))
+
+
+def _factor(alts: list[tuple[Expr, ...]]) -> Expr:
+    """``alt(*map(seq, alts))``, written with shared prefixes and suffixes factored out."""
+    alts = list(dict.fromkeys(alts))
+    if len(alts) == 1:
+        return seq(*alts[0]) if alts[0] else EMPTY
+    # common suffix of every alternative
+    k = 0
+    while all(len(a) > k for a in alts) and len({a[len(a) - 1 - k] for a in alts}) == 1:
+        k += 1
+    if k:
+        suffix = alts[0][len(alts[0]) - k :]
+        return seq(_factor([a[: len(a) - k] for a in alts]), *suffix)
+    # group by first item (a prefix trie), keeping the order of first appearance
+    groups: dict[Expr | None, list[tuple[Expr, ...]]] = {}
+    for a in alts:
+        groups.setdefault(a[0] if a else None, []).append(a[1:])
+    if len(groups) == len(alts):  # nothing shared at the front
+        return alt(*(seq(*a) if a else EMPTY for a in alts))
+    out = []
+    for first, rests in groups.items():
+        if first is None:
+            out.append(EMPTY)
+        else:
+            out.append(seq(first, _factor(rests)))
+    return alt(*out)
 
 
 def _unproductive(rules: dict[str, Expr]) -> set[str]:
