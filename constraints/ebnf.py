@@ -13,6 +13,10 @@ This module maps that BNF to :mod:`deepinfer.constraints.ir`:
   :func:`deepinfer.constraints.regex.regex_to_ir` with its flags;
 - direct left recursion (``r: r x | y``, which is how lark expands ``x*`` and ``x+``)
   becomes ``y x*`` here, so those helper rules stay regular;
+- a rule's alternatives are factored (shared prefixes and suffixes): lark turns each
+  ``x?`` of an alternative into two alternatives, so ``k`` of them make ``2^k``; factoring
+  gives most of that back (still, prefer a nullable rule ``_ws: WS?`` over many inline
+  ``WS?`` in one alternative);
 - ``%ignore T`` inserts ``(T1 | T2 ...)*`` after every terminal of every rule and at the
   start of the start rule, i.e. between any two terminals and at both ends of the text,
   never inside a terminal. Like lark's, the run of ignored text is unbounded (a note on

@@ -58,6 +58,12 @@ FEATURES: dict[str, tuple[str, list[tuple[str, bool]]]] = {
         'start: "a" ["b" "b"] "c"',
         [("ac", True), ("abbc", True), ("abc", False)],
     ),
+    "many_optionals": (  # lark expands these into 2^5 alternatives; the front end factors them
+        'start: "a"? "b" "c"? ("d" | "e")? "f"? "g"?',
+        [("b", True), ("abcdfg", True), ("bef", True), ("acg", False), ("bdeg", False), ("abcdefg", False)]
+        + [("".join(c for c, keep in zip("abcdfg", f"{m:06b}") if keep == "1"), m & 0b010000 != 0)
+           for m in range(64)],
+    ),
     "star": (
         'start: "a" "b"* "c"',
         [("ac", True), ("abc", True), ("abbbbc", True), ("abcb", False)],
