@@ -116,14 +116,17 @@ class Tokenizer:
         """Each id's exact bytes (None for special tokens), from deepinfer.constraints.vocab."""
         from deepinfer.constraints.vocab import token_bytes_from_tokenizer
 
-        return token_bytes_from_tokenizer(self.backend)
+        return token_bytes_from_tokenizer(self.backend)[0]
 
-    def vocabulary(self):
-        """The constraint compiler's `Vocabulary` for this tokenizer (built once, cached)."""
-        if self._vocabulary is None:
+    def vocabulary(self, vocab_size: int | None = None):
+        """The constraint compiler's `Vocabulary` (built once, cached): token bytes, our EOS ids,
+        special ids; `vocab_size` = the model's logits width when wider than the tokenizer."""
+        if self._vocabulary is None or (vocab_size and self._vocabulary.vocab_size != vocab_size):
             from deepinfer.constraints.vocab import Vocabulary
 
-            self._vocabulary = Vocabulary.from_tokenizer(self.backend)
+            self._vocabulary = Vocabulary.from_tokenizer(
+                self.backend, eos_ids=self.eos_token_ids, vocab_size=vocab_size
+            )
         return self._vocabulary
 
     _vocabulary = None

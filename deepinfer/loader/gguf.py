@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -53,33 +54,67 @@ def hf_name(gguf_name: str) -> str | None:
     return _NAMES.get(gguf_name)
 
 
-def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's RoPE row permutation of q/k: back to the HF rotate-half layout.
 
     w: [out, in] (or a bias [out]); out = n_head * head_dim.
     """
-    out = w.shape[0]
-    rest = w.shape[1:]
-    return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
+    out, rest = w.shape[0], w.shape[1:]
+    return w.reshape(n_head, out // n_head // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
 
 
-def dequantize(f: GGUFFile, name: str) -> np.ndarray:
-    """float32 array of the tensor in numpy (row-major, HF) shape."""
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """[N, 2] uint8 -> [N, 1] float32 (little-endian half)."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _dequant_fast(raw: np.ndarray, qtype: int) -> torch.Tensor | None:
+    """Whole-tensor torch dequantization of the common types; None for the others.
+
+    Block layouts (32 weights a block): Q4_0 = f16 d, 16 B nibbles: (q - 8) d;
+    Q4_1 = f16 d, f16 m, 16 B nibbles: q d + m; Q8_0 = f16 d, 32 int8: q d.
+    Nibbles: low halves are weights 0..15, high halves 16..31.
+    """
+    from gguf import GGMLQuantizationType as Q
+
+    t = torch.from_numpy(raw.reshape(-1))
+    if qtype == Q.F32:
+        return t.view(torch.float32).clone()
+    if qtype == Q.F16:
+        return t.view(torch.float16).float()
+    if qtype == Q.BF16:
+        return t.view(torch.bfloat16).float()
+    if qtype in (Q.Q4_0, Q.Q4_1):
+        head = 2 if qtype == Q.Q4_0 else 4
+        b = t.view(-1, head + 16)
+        qs = b[:, head:]
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=1).float()  # [N, 32]
+        if qtype == Q.Q4_0:
+            return ((q - 8.0) * _f16(b[:, 0:2])).view(-1)
+        return torch.addcmul(_f16(b[:, 2:4]), q, _f16(b[:, 0:2])).view(-1)
+    if qtype == Q.Q8_0:
+        b = t.view(-1, 34)
+        return (b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, 0:2])).view(-1)
+    return None
+
+
+def dequantize(f: GGUFFile, name: str) -> torch.Tensor:
+    """float32 tensor in numpy/HF shape (row-major, [out, in])."""
     from gguf import GGMLQuantizationType, quants
 
     info = f.tensors[name]
-    qtype = GGMLQuantizationType(info.ggml_type)
     raw = f.raw(name)
-    if qtype == GGMLQuantizationType.BF16:
-        bits = raw.view(np.uint16).astype(np.uint32) << 16
-        return bits.view(np.float32).reshape(info.shape)
+    with warnings.catch_warnings():  # the map is read-only; every path below copies
+        warnings.simplefilter("ignore", UserWarning)
+        fast = _dequant_fast(raw, info.ggml_type)
+    if fast is not None:
+        return fast.view(info.shape)
+    qtype = GGMLQuantizationType(info.ggml_type)
     try:
         arr = quants.dequantize(raw, qtype)
     except NotImplementedError as e:
         raise GGUFError(f"{f.path!r}: tensor {name!r} uses {qtype.name}, which gguf cannot dequantize") from e
-    if qtype == GGMLQuantizationType.F32:
-        arr = arr.copy()  # a view of the file map otherwise
-    return np.asarray(arr, dtype=np.float32).reshape(info.shape)
+    return torch.from_numpy(np.array(arr, dtype=np.float32).reshape(info.shape))
 
 
 def load_gguf(path: str) -> LoadedModel:
@@ -100,7 +135,7 @@ def load_gguf(path: str) -> LoadedModel:
         if permute and (".attn_q." in name or ".attn_k." in name):
             heads = config.num_heads if ".attn_q." in name else config.num_kv_heads
             w = unpermute_qk(w, heads)
-        weights[target] = torch.from_numpy(np.require(w, requirements=['C', 'W']))
+        weights[target] = w.contiguous()
     f.close()
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=path, **special)
 

