@@ -1,0 +1,297 @@
+"""Triton kernels: bitmask apply, and the fused mask + temperature + top-k/top-p/min-p + sampling.
+
+One program per row loops over the vocabulary in ``BLOCK`` chunks, so a row's result depends
+only on that row's inputs (batch invariance) and ``BLOCK`` depends only on V.
+
+Sampling is the Gumbel-max trick with counter-based noise (``reference.uniform_noise``, the
+same 32-bit integer hash in both backends): token = argmax over the kept set of ``s_i + g_i``.
+The kept set is ``{i : s_i >= tau}`` for an unknown threshold tau (top-k, top-p and min-p
+are all thresholds on the score s), found without sorting by candidate testing with two
+pivots (as FlashInfer's dual-pivot rejection sampling):
+
+    pass 0: m = max(s), c = argmax_i (s_i + g_i)                # the sample if nothing is cut
+    round:  p0 = s_c, p1 = (s_c + high) / 2                      # high: a score known kept
+            one pass: count / mass above p0 and p1, argmax of s+g above p0 and above p1
+            p0 kept              -> token = c                    # c is the argmax over the kept set
+            p1 cut (p1 < tau)    -> c = argmax above p1
+            else                 -> c = argmax above p0, high = p1
+
+Every candidate is the Gumbel argmax of an upper set that contains the kept set, so the first
+one that is kept is the argmax over the kept set: the same token as the reference. The
+candidate's score rises strictly each round and [s_c, high] halves, so rounds are few (one in
+the common case). No host synchronisation, no sort, no extra memory.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import reference
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _mix32(x):
+    # lowbias32 on uint32 (same bits as reference.mix32)
+    x = x ^ (x >> 16)
+    x = x * 0x21F0AAAD
+    x = x ^ (x >> 15)
+    x = x * 0x735A2D97
+    x = x ^ (x >> 15)
+    return x
+
+
+@triton.jit
+def _row_keys(seed, step):
+    # seed, step: int64 scalars -> two uint32 keys (reference.row_keys)
+    k = _mix32((step >> 32).to(tl.uint32) ^ 0x9E3779B9)
+    k = _mix32(step.to(tl.uint32) ^ k)
+    k = _mix32((seed >> 32).to(tl.uint32) ^ k)
+    k0 = _mix32(seed.to(tl.uint32) ^ k)
+    k1 = _mix32(k0 ^ 0x85EBCA6B)
+    return k0, k1
+
+
+@triton.jit
+def _gumbel(offs, k0, k1):
+    # offs: int32 [BLOCK] token ids -> Gumbel noise [BLOCK] float32 (reference.gumbel_noise)
+    r = _mix32(_mix32(offs.to(tl.uint32) + k0) ^ k1)
+    u = ((r >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK: tl.constexpr):
+    # s [BLOCK] float32 = logits * inv_t, -inf outside the vocabulary or where the bitmask forbids
+    inb = offs < V
+    x = tl.load(lrow + offs.to(tl.int64) * stride_lv, mask=inb, other=float("-inf")).to(tl.float32)
+    if HAS_MASK:
+        words = tl.load(mrow_ptr + offs // 32, mask=inb, other=-1)
+        words = tl.where(has_row_mask, words, -1)
+        x = tl.where(((words >> (offs % 32)) & 1) != 0, x, float("-inf"))
+    return x * inv_t
+
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr, stride_lb, stride_lv,  # [B, V] fp32 | bf16 | fp16
+    mask_ptr, stride_mb, mask_row_ptr,  # [*, W] int32; [B] int32 mask row of each row, -1 = none
+    temp_ptr, inv_t_ptr,  # [B] float32: temperature, 1/temperature (1 where greedy)
+    top_k_ptr, top_p_ptr, min_p_ptr,  # [B] int32, float32, float32
+    seed_ptr, step_ptr,  # [B] int64
+    tokens_ptr, empty_ptr, logprobs_ptr,  # [B] int64, int8, float32
+    V,
+    HAS_MASK: tl.constexpr,
+    RETURN_LOGPROBS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = pid.to(tl.int64)
+    lrow = logits_ptr + row * stride_lb
+    mrow_ptr = mask_ptr
+    has_row_mask = False
+    if HAS_MASK:
+        mrow = tl.load(mask_row_ptr + pid)
+        has_row_mask = mrow >= 0
+        mrow_ptr = mask_ptr + tl.maximum(mrow, 0).to(tl.int64) * stride_mb
+    greedy = tl.load(temp_ptr + pid) == 0
+    inv_t = tl.load(inv_t_ptr + pid)
+    seed = tl.load(seed_ptr + pid)
+    step = tl.load(step_ptr + pid)
+    k0, k1 = _row_keys(seed, step)
+    arange = tl.arange(0, BLOCK)
+
+    # pass 0: m = max(s); greedy: its lowest argmax; sampling: c = argmax(s + g)
+    m = float("-inf")
+    best_key = float("-inf")
+    tok = 0
+    z = 0.0
+    if greedy:
+        for start in range(0, V, BLOCK):
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+            bm = tl.max(s, 0)
+            bi = tl.argmax(s, 0)
+            tok = tl.where(bm > m, start + bi, tok)
+            if RETURN_LOGPROBS:
+                new_m = tl.maximum(m, bm)
+                safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
+                z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
+            m = tl.maximum(m, bm)
+    else:
+        for start in range(0, V, BLOCK):
+            offs = start + arange
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
+            key = s + _gumbel(offs, k0, k1)
+            bk = tl.max(key, 0)
+            bi = tl.argmax(key, 0)
+            tok = tl.where(bk > best_key, start + bi, tok)
+            best_key = tl.maximum(best_key, bk)
+            bm = tl.max(s, 0)
+            if RETURN_LOGPROBS:
+                new_m = tl.maximum(m, bm)
+                safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
+                z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
+            m = tl.maximum(m, bm)
+    empty = m == float("-inf")
+
+    # rounds: test candidate tok against top-k / top-p / min-p, propose the next one
+    top_k = tl.load(top_k_ptr + pid)
+    top_p = tl.load(top_p_ptr + pid)
+    min_p = tl.load(min_p_ptr + pid)
+    kmax = tl.where(top_k > 0, top_k, 2147483647)
+    cut_p = top_p < 1.0
+    active = ((top_k > 0) & (top_k < V)) | cut_p | (min_p > 0.0)
+    searching = active & (greedy == 0) & (empty == 0)
+    high = m
+    while searching:
+        sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
+        p0 = sc
+        p1 = sc * 0.5 + high * 0.5
+        zz = 0.0
+        mass0 = 0.0
+        mass1 = 0.0
+        cnt0 = 0
+        cnt1 = 0
+        key0 = float("-inf")
+        key1 = float("-inf")
+        i0 = 0
+        i1 = 0
+        for start in range(0, V, BLOCK):
+            offs = start + arange
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
+            e = tl.exp(s - m)
+            zz += tl.sum(e, 0)
+            a0 = s > p0
+            a1 = s > p1
+            cnt0 += tl.sum(a0.to(tl.int32), 0)
+            cnt1 += tl.sum(a1.to(tl.int32), 0)
+            mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
+            mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
+            key = s + _gumbel(offs, k0, k1)
+            k_a0 = tl.where(a0, key, float("-inf"))
+            k_a1 = tl.where(a1, key, float("-inf"))
+            bk0 = tl.max(k_a0, 0)
+            bk1 = tl.max(k_a1, 0)
+            i0 = tl.where(bk0 > key0, start + tl.argmax(k_a0, 0), i0)
+            i1 = tl.where(bk1 > key1, start + tl.argmax(k_a1, 0), i1)
+            key0 = tl.maximum(key0, bk0)
+            key1 = tl.maximum(key1, bk1)
+        cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
+        cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
+        # cut0 false: tok is kept, hence the argmax over the kept set
+        new_tok = tl.where(cut1, i1, i0)
+        high = tl.where(cut1, high, p1)
+        tok = tl.where(cut0, new_tok, tok)
+        searching = cut0
+
+    tok = tl.where(empty, -1, tok)
+    tl.store(tokens_ptr + pid, tok.to(tl.int64))
+    tl.store(empty_ptr + pid, empty.to(tl.int8))
+    if RETURN_LOGPROBS:
+        st = tl.load(lrow + tl.maximum(tok, 0).to(tl.int64) * stride_lv).to(tl.float32) * inv_t
+        lp = tl.where(empty, float("-inf"), st - m - tl.log(z))
+        tl.store(logprobs_ptr + pid, lp)
+
+
+@triton.jit
+def _apply_bitmask_kernel(
+    logits_ptr, stride_lb, stride_lv,  # [B, V]
+    mask_ptr, stride_mb,  # [B, W] int32
+    rows_ptr,  # [N] int32 rows to mask (HAS_ROWS), else program id
+    V,
+    HAS_ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if HAS_ROWS:
+        row = tl.load(rows_ptr + pid).to(tl.int64)
+    else:
+        row = pid.to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < V
+    words = tl.load(mask_ptr + row * stride_mb + offs // 32, mask=inb, other=-1)
+    forbidden = ((words >> (offs % 32)) & 1) == 0
+    ptrs = logits_ptr + row * stride_lb + offs.to(tl.int64) * stride_lv
+    tl.store(ptrs, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty), mask=inb & forbidden)
+
+
+def _block(V: int) -> int:
+    # depends on V only (batch invariance); 4096 fp32 = 16 KiB per step per program
+    return min(4096, triton.next_power_of_2(V))
+
+
+def _launch_opts() -> dict:
+    # no FMA contraction: s = x * inv_t and key = s + g round as in torch
+    return {} if _INTERPRET else {"num_warps": 8, "enable_fp_fusion": False}
+
+
+def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
+    """Triton version of :func:`reference.apply_bitmask_` (arguments already validated)."""
+    B, V = logits.shape
+    block = min(1024, triton.next_power_of_2(V))
+    rows = indices.to(device=logits.device, dtype=torch.int32) if indices is not None else None
+    n = rows.numel() if rows is not None else B
+    if n == 0:
+        return logits
+    grid = (n, triton.cdiv(V, block))
+    _apply_bitmask_kernel[grid](
+        logits, logits.stride(0), logits.stride(1),
+        bitmask, bitmask.stride(0),
+        rows if rows is not None else bitmask,
+        V, HAS_ROWS=rows is not None, BLOCK=block,
+        **({} if _INTERPRET else {"num_warps": 4}),
+    )  # fmt: skip
+    return logits
+
+
+def sample(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor | None,
+    indices: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seed: torch.Tensor,
+    step: torch.Tensor,
+    return_logprobs: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Triton version of :func:`reference.sample` (arguments already validated, on logits' device)."""
+    B, V = logits.shape
+    dev = logits.device
+    tokens = torch.empty(B, dtype=torch.int64, device=dev)
+    empty = torch.empty(B, dtype=torch.int8, device=dev)
+    logprobs = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else tokens
+    if B == 0:
+        return tokens, empty.bool(), (logprobs if return_logprobs else None)
+    temperature = temperature.float()
+    inv_t = torch.where(temperature == 0, torch.ones_like(temperature), 1.0 / temperature)
+    if bitmask is not None:
+        if indices is None:
+            mask_rows = torch.arange(B, dtype=torch.int32, device=dev)
+        else:
+            mask_rows = torch.full((B,), -1, dtype=torch.int32, device=dev)
+            idx = indices.to(device=dev, dtype=torch.int64)
+            mask_rows[idx] = idx.to(torch.int32)
+    else:
+        bitmask = mask_rows = tokens  # unused (HAS_MASK=False)
+    _sample_kernel[(B,)](
+        logits, logits.stride(0), logits.stride(1),
+        bitmask, bitmask.stride(0), mask_rows,
+        temperature, inv_t,
+        top_k.clamp(max=2**31 - 1).to(torch.int32), top_p.float(), min_p.float(),
+        seed.to(torch.int64), step.to(torch.int64),
+        tokens, empty, logprobs,
+        V,
+        HAS_MASK=mask_rows is not tokens, RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V),
+        **_launch_opts(),
+    )  # fmt: skip
+    return tokens, empty.bool(), (logprobs if return_logprobs else None)
+
+
+__all__ = ["apply_bitmask_", "sample", "reference"]
