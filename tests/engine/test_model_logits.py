@@ -75,7 +75,8 @@ def test_greedy_generation_matches_transformers(tiny_folder, tiny_llm):
     _, hf = tiny_folder
     prompt = [1, 400, 2000, 33, 34]
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+        x = torch.tensor([prompt])
+        ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
                           eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     out = tiny_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                             use_tqdm=False)[0]
