@@ -65,11 +65,13 @@ def load_hf(model: str) -> LoadedModel:
         raise FileNotFoundError(
             f"{folder!r} has no tokenizer.json: a fast (tokenizers) tokenizer file is required"
         )
-    tokenizer = Tokenizer.from_file(tok_path)
-
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"{folder!r} has no *.safetensors weights (pickled .bin files are never loaded)")
+    try:
+        tokenizer = Tokenizer.from_file(tok_path)
+    except Exception as e:  # tokenizers raises a bare Exception
+        raise ValueError(f"{tok_path!r} is not a readable tokenizer.json: {e}") from e
     weights: dict[str, torch.Tensor] = {}
     for path in files:
         with safe_open(path, framework="pt") as fh:
