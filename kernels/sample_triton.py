@@ -33,9 +33,12 @@ import triton.language as tl
 from . import reference
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Device helpers are inlined by the compiler; under the interpreter each @triton.jit call
+# re-patches triton.language (~0.4 ms), so there they are plain functions (same code).
+_helper = (lambda fn: fn) if _INTERPRET else triton.jit
 
 
-@triton.jit
+@_helper
 def _mix32(x):
     # lowbias32 on uint32 (same bits as reference.mix32)
     x = x ^ (x >> 16)
@@ -46,7 +49,7 @@ def _mix32(x):
     return x
 
 
-@triton.jit
+@_helper
 def _row_keys(seed, step):
     # seed, step: int64 scalars -> two uint32 keys (reference.row_keys)
     k = _mix32((step >> 32).to(tl.uint32) ^ 0x9E3779B9)
@@ -57,7 +60,7 @@ def _row_keys(seed, step):
     return k0, k1
 
 
-@triton.jit
+@_helper
 def _gumbel(offs, k0, k1):
     # offs: int32 [BLOCK] token ids -> Gumbel noise [BLOCK] float32 (reference.gumbel_noise)
     r = _mix32(_mix32(offs.to(tl.uint32) + k0) ^ k1)
@@ -65,7 +68,7 @@ def _gumbel(offs, k0, k1):
     return -tl.log(-tl.log(u))
 
 
-@triton.jit
+@_helper
 def _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK: tl.constexpr):
     # s [BLOCK] float32 = logits * inv_t, -inf outside the vocabulary or where the bitmask forbids
     inb = offs < V
@@ -75,6 +78,38 @@ def _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MA
         words = tl.where(has_row_mask, words, -1)
         x = tl.where(((words >> (offs % 32)) & 1) != 0, x, float("-inf"))
     return x * inv_t
+
+
+# max over u of -log(-log(u)) is 16.64 (u = 1 - 2**-24); a block whose best score plus this
+# cannot beat the best key so far needs no noise (fl(s + g) <= fl(bm + GMAX) by monotone rounding)
+
+
+
+@_helper
+def _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK: tl.constexpr,
+             WITH_Z: tl.constexpr, BLOCK: tl.constexpr):
+    # -> (argmax of s + g over {s > low}, max(s), sum(exp(s - max s)) if WITH_Z)
+    arange = tl.arange(0, BLOCK)
+    m = float("-inf")
+    best_key = float("-inf")
+    tok = 0
+    z = 0.0
+    for start in range(0, V, BLOCK):
+        offs = start + arange
+        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
+        bm = tl.max(s, 0)
+        s_up = tl.where(s > low, s, float("-inf"))
+        if tl.max(s_up, 0) + 17.0 > best_key:
+            key = s_up + _gumbel(offs, k0, k1)
+            bk = tl.max(key, 0)
+            tok = tl.where(bk > best_key, start + tl.argmax(key, 0), tok)
+            best_key = tl.maximum(best_key, bk)
+        if WITH_Z:
+            new_m = tl.maximum(m, bm)
+            safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
+            z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
+        m = tl.maximum(m, bm)
+    return tok, m, z
 
 
 @triton.jit
@@ -107,11 +142,10 @@ def _sample_kernel(
     arange = tl.arange(0, BLOCK)
 
     # pass 0: m = max(s); greedy: its lowest argmax; sampling: c = argmax(s + g)
-    m = float("-inf")
-    best_key = float("-inf")
-    tok = 0
-    z = 0.0
     if greedy:
+        m = float("-inf")
+        tok = 0
+        z = 0.0
         for start in range(0, V, BLOCK):
             s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
             bm = tl.max(s, 0)
@@ -123,23 +157,12 @@ def _sample_kernel(
                 z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
             m = tl.maximum(m, bm)
     else:
-        for start in range(0, V, BLOCK):
-            offs = start + arange
-            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
-            key = s + _gumbel(offs, k0, k1)
-            bk = tl.max(key, 0)
-            bi = tl.argmax(key, 0)
-            tok = tl.where(bk > best_key, start + bi, tok)
-            best_key = tl.maximum(best_key, bk)
-            bm = tl.max(s, 0)
-            if RETURN_LOGPROBS:
-                new_m = tl.maximum(m, bm)
-                safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
-                z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
-            m = tl.maximum(m, bm)
+        tok, m, z = _propose(
+            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, float("-inf"), HAS_MASK, RETURN_LOGPROBS, BLOCK
+        )
     empty = m == float("-inf")
 
-    # rounds: test candidate tok against top-k / top-p / min-p, propose the next one
+    # rounds: test candidate tok against top-k / top-p / min-p (cheap pass), propose the next one
     top_k = tl.load(top_k_ptr + pid)
     top_p = tl.load(top_p_ptr + pid)
     min_p = tl.load(min_p_ptr + pid)
@@ -147,7 +170,7 @@ def _sample_kernel(
     cut_p = top_p < 1.0
     active = ((top_k > 0) & (top_k < V)) | cut_p | (min_p > 0.0)
     searching = active & (greedy == 0) & (empty == 0)
-    high = m
+    high = m  # a score known to be kept
     while searching:
         sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
         p0 = sc
@@ -157,36 +180,25 @@ def _sample_kernel(
         mass1 = 0.0
         cnt0 = 0
         cnt1 = 0
-        key0 = float("-inf")
-        key1 = float("-inf")
-        i0 = 0
-        i1 = 0
         for start in range(0, V, BLOCK):
-            offs = start + arange
-            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
             e = tl.exp(s - m)
-            zz += tl.sum(e, 0)
             a0 = s > p0
             a1 = s > p1
+            zz += tl.sum(e, 0)
             cnt0 += tl.sum(a0.to(tl.int32), 0)
             cnt1 += tl.sum(a1.to(tl.int32), 0)
             mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
             mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
-            key = s + _gumbel(offs, k0, k1)
-            k_a0 = tl.where(a0, key, float("-inf"))
-            k_a1 = tl.where(a1, key, float("-inf"))
-            bk0 = tl.max(k_a0, 0)
-            bk1 = tl.max(k_a1, 0)
-            i0 = tl.where(bk0 > key0, start + tl.argmax(k_a0, 0), i0)
-            i1 = tl.where(bk1 > key1, start + tl.argmax(k_a1, 0), i1)
-            key0 = tl.maximum(key0, bk0)
-            key1 = tl.maximum(key1, bk1)
+        # cut: a token scoring exactly p would be filtered out, i.e. p < threshold
         cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
         cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
-        # cut0 false: tok is kept, hence the argmax over the kept set
-        new_tok = tl.where(cut1, i1, i0)
+        low = tl.where(cut1, p1, p0)
         high = tl.where(cut1, high, p1)
-        tok = tl.where(cut0, new_tok, tok)
+        if cut0:  # else tok is kept, hence the argmax over the kept set
+            tok, _m, _z = _propose(
+                lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, False, BLOCK
+            )
         searching = cut0
 
     tok = tl.where(empty, -1, tok)
