@@ -65,10 +65,10 @@ class SamplingParams:
             raise _bad("min_p", self.min_p, "in [0, 1]")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise _bad("seed", self.seed, "an int or None")
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if not all(isinstance(s, str) and s for s in stop):
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
             raise _bad("stop", self.stop, "a non-empty str or a list of them")
-        self.stop = stop
+        self.stop = list(stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise _bad("stop_token_ids", self.stop_token_ids, "a list of non-negative ints")

@@ -23,6 +23,7 @@ BAD = [
     ("seed", 1.5),
     ("stop", ""),
     ("stop", [1, 2]),
+    ("stop", 5),
     ("stop_token_ids", [-1]),
     ("stop_token_ids", ["a"]),
 ]
