@@ -206,7 +206,7 @@ def _sample_kernel(
     tl.store(empty_ptr + pid, empty.to(tl.int8))
     if RETURN_LOGPROBS:
         st = tl.load(lrow + tl.maximum(tok, 0).to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-        lp = tl.where(empty, float("-inf"), st - m - tl.log(z))
+        lp = tl.where(empty, float("-inf"), st - m - tl.log(tl.where(empty, 1.0, z)))
         tl.store(logprobs_ptr + pid, lp)
 
 
