@@ -115,27 +115,27 @@ def _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS
 @triton.jit
 def _sample_kernel(
     logits_ptr, stride_lb, stride_lv,  # [B, V] fp32 | bf16 | fp16
-    mask_ptr, stride_mb, mask_row_ptr,  # [*, W] int32; [B] int32 mask row of each row, -1 = none
-    temp_ptr, inv_t_ptr,  # [B] float32: temperature, 1/temperature (1 where greedy)
-    top_k_ptr, top_p_ptr, min_p_ptr,  # [B] int32, float32, float32
+    mask_ptr, stride_mb, mask_row_ptr,  # [B, W] int32; [B] int32 (HAS_ROW_MAP): 1 = row is masked
+    temp_ptr,  # [B] float32
+    top_k_ptr, top_p_ptr, min_p_ptr,  # [B] int64, float32, float32
     seed_ptr, step_ptr,  # [B] int64
-    tokens_ptr, empty_ptr, logprobs_ptr,  # [B] int64, int8, float32
+    tokens_ptr, empty_ptr, logprobs_ptr,  # [B] int64, bool, float32
     V,
     HAS_MASK: tl.constexpr,
+    HAS_ROW_MAP: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = pid.to(tl.int64)
     lrow = logits_ptr + row * stride_lb
-    mrow_ptr = mask_ptr
-    has_row_mask = False
-    if HAS_MASK:
-        mrow = tl.load(mask_row_ptr + pid)
-        has_row_mask = mrow >= 0
-        mrow_ptr = mask_ptr + tl.maximum(mrow, 0).to(tl.int64) * stride_mb
-    greedy = tl.load(temp_ptr + pid) == 0
-    inv_t = tl.load(inv_t_ptr + pid)
+    mrow_ptr = mask_ptr + row * stride_mb
+    has_row_mask = True
+    if HAS_ROW_MAP:
+        has_row_mask = tl.load(mask_row_ptr + pid) != 0
+    temp = tl.load(temp_ptr + pid)
+    greedy = temp == 0
+    inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp)))  # IEEE, as torch
     seed = tl.load(seed_ptr + pid)
     step = tl.load(step_ptr + pid)
     k0, k1 = _row_keys(seed, step)
@@ -203,7 +203,7 @@ def _sample_kernel(
 
     tok = tl.where(empty, -1, tok)
     tl.store(tokens_ptr + pid, tok.to(tl.int64))
-    tl.store(empty_ptr + pid, empty.to(tl.int8))
+    tl.store(empty_ptr + pid, empty)
     if RETURN_LOGPROBS:
         st = tl.load(lrow + tl.maximum(tok, 0).to(tl.int64) * stride_lv).to(tl.float32) * inv_t
         lp = tl.where(empty, float("-inf"), st - m - tl.log(tl.where(empty, 1.0, z)))
@@ -273,37 +273,37 @@ def sample(
     step: torch.Tensor,
     return_logprobs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Triton version of :func:`reference.sample` (arguments already validated, on logits' device)."""
+    """Triton version of :func:`reference.sample`.
+
+    Arguments are validated [B] tensors on logits' device: temperature / top_p / min_p float32,
+    top_k / seed / step int64 (``deepinfer.kernels.sample`` prepares them); one launch, plus
+    one small scatter when ``indices`` is given.
+    """
     B, V = logits.shape
     dev = logits.device
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
-    empty = torch.empty(B, dtype=torch.int8, device=dev)
+    empty = torch.empty(B, dtype=torch.bool, device=dev)
     logprobs = torch.empty(B, dtype=torch.float32, device=dev) if return_logprobs else tokens
     if B == 0:
-        return tokens, empty.bool(), (logprobs if return_logprobs else None)
-    temperature = temperature.float()
-    inv_t = torch.where(temperature == 0, torch.ones_like(temperature), 1.0 / temperature)
-    if bitmask is not None:
-        if indices is None:
-            mask_rows = torch.arange(B, dtype=torch.int32, device=dev)
-        else:
-            mask_rows = torch.full((B,), -1, dtype=torch.int32, device=dev)
-            idx = indices.to(device=dev, dtype=torch.int64)
-            mask_rows[idx] = idx.to(torch.int32)
-    else:
-        bitmask = mask_rows = tokens  # unused (HAS_MASK=False)
+        return tokens, empty, (logprobs if return_logprobs else None)
+    row_map = None
+    if bitmask is not None and indices is not None:
+        row_map = torch.zeros(B, dtype=torch.int32, device=dev)
+        row_map[indices.to(device=dev, dtype=torch.int64)] = 1
     _sample_kernel[(B,)](
         logits, logits.stride(0), logits.stride(1),
-        bitmask, bitmask.stride(0), mask_rows,
-        temperature, inv_t,
-        top_k.clamp(max=2**31 - 1).to(torch.int32), top_p.float(), min_p.float(),
-        seed.to(torch.int64), step.to(torch.int64),
+        bitmask if bitmask is not None else tokens, bitmask.stride(0) if bitmask is not None else 0,
+        row_map if row_map is not None else tokens,
+        temperature,
+        top_k, top_p, min_p,
+        seed, step,
         tokens, empty, logprobs,
         V,
-        HAS_MASK=mask_rows is not tokens, RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V),
+        HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None,
+        RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V),
         **_launch_opts(),
     )  # fmt: skip
-    return tokens, empty.bool(), (logprobs if return_logprobs else None)
+    return tokens, empty, (logprobs if return_logprobs else None)
 
 
 __all__ = ["apply_bitmask_", "sample", "reference"]
