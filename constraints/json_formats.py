@@ -70,6 +70,8 @@ _SPECIAL_MASK = ((1 << 0x20) - 1) | (1 << 0x22) | (1 << 0x5C)
 def encode_raw(e: Expr, memo: dict | None = None) -> Expr:
     """Map a raw-string language (UTF-8 bytes) to its canonical JSON-encoded language."""
     memo = {} if memo is None else memo
+    if e is ANY_RAW:
+        return _enc_any()
     key = id(e)
     if key in memo:
         return memo[key][1]
@@ -96,6 +98,15 @@ def encode_raw(e: Expr, memo: dict | None = None) -> Expr:
 
 
 ANY_RAW = star(ANY_CHAR)
+
+
+_ENC_ANY: list[Expr] = []
+
+
+def _enc_any() -> Expr:
+    if not _ENC_ANY:
+        _ENC_ANY.append(star(encode_raw(ANY_CHAR)))
+    return _ENC_ANY[0]
 
 
 def raw_except(words: list[str]) -> Expr:

@@ -202,7 +202,8 @@ class _SchemaCompiler:
             e = self.compile(target, tptr)
         finally:
             self.stack.pop()
-        if tptr in self.recursive:
+        if tptr in self.recursive or (tptr != "#" and _cost(e) > 64):
+            # a named rule: the automaton inlines it where small, keeps it a rule where shared and large
             self.rules[name] = e
             e = Ref(name)
         self.cache[tptr] = e
