@@ -37,7 +37,8 @@ class ModelRunner:
         T = max(len(c) for c in chunks)
         tokens = [c + [0] * (T - len(c)) for c in chunks]
         positions = [list(range(s.num_cached, s.num_cached + T)) for s in seqs]
-        logits = self._forward(seqs, tokens, positions, [len(c) - 1 for c in chunks])
+        from_zero = all(s.num_cached == 0 for s in seqs)
+        logits = self._forward(seqs, tokens, positions, [len(c) - 1 for c in chunks], from_zero)
         for s in seqs:
             s.num_cached = len(s)
         return logits
@@ -57,6 +58,7 @@ class ModelRunner:
         tokens: list[list[int]],
         positions: list[list[int]],
         last: list[int] | None,
+        from_zero: bool = False,
     ) -> torch.Tensor:
         assert self.cache is not None, "ensure_cache() first"
         slots = [s.slot for s in seqs]
@@ -68,6 +70,7 @@ class ModelRunner:
             kv_len=max(p[-1] for p in positions) + 1,
             slot_start=slots[0] if contiguous else None,
             logits_index=self._to([last])[0] if last is not None and len(tokens[0]) > 1 else None,
+            from_zero=from_zero,
         )
         logits = self.model.forward(batch, self.cache)
         return logits if logits.dim() == 2 else logits[:, -1]

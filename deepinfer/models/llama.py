@@ -26,6 +26,8 @@ class ForwardBatch:
     kv_len:       keys attended = cache positions [0, kv_len); kv_len = max(positions) + 1
     slot_start:   when slots == range(slot_start, slot_start + B), the cache is sliced, not gathered
     logits_index: [B] int64 index along T of the token whose logits are wanted, or None for all T
+    from_zero:    every row's positions are 0..T-1 (a fresh, right-padded prefill). Padded
+                  queries come after a row's real ones, so the causal mask is exact.
     """
 
     tokens: torch.Tensor
@@ -34,17 +36,21 @@ class ForwardBatch:
     kv_len: int
     slot_start: int | None = None
     logits_index: torch.Tensor | None = None
+    from_zero: bool = False  # every row's positions are 0..T-1 (fresh prefill): causal, no mask
 
 
 @dataclass
 class _Layer:
+    """Matrices are stored transposed, [in, out], for `x @ w`: on CPU that ran 1.4x faster than
+    F.linear's [out, in] at batch 1 (float32, 1 thread, weights beyond the caches)."""
+
     ln1: torch.Tensor  # [H]
-    wqkv: torch.Tensor  # [(nh + 2 nkv) hd, H]
+    wqkv: torch.Tensor  # [H, (nh + 2 nkv) hd]
     bqkv: torch.Tensor | None
-    wo: torch.Tensor  # [H, nh hd]
+    wo: torch.Tensor  # [nh hd, H]
     ln2: torch.Tensor  # [H]
-    wgu: torch.Tensor  # [2 I, H]
-    wd: torch.Tensor  # [H, I]
+    wgu: torch.Tensor  # [H, 2 I]
+    wd: torch.Tensor  # [I, H]
 
 
 def rope_inv_freq(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
@@ -98,10 +104,8 @@ class LlamaModel:
             return take(name) if name in w else None
 
         self.embed = take("embed_tokens.weight")  # [V, H]
-        if c.tie_word_embeddings or "lm_head.weight" not in w:
-            self.lm_head = self.embed
-        else:
-            self.lm_head = take("lm_head.weight")
+        head = self.embed if c.tie_word_embeddings or "lm_head.weight" not in w else take("lm_head.weight")
+        self.lm_head = head.t().contiguous()  # [H, V]
         self.norm = take("norm.weight")
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
@@ -113,12 +117,12 @@ class LlamaModel:
             self.layers.append(
                 _Layer(
                     ln1=take(p + "input_layernorm.weight"),
-                    wqkv=torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"]),
+                    wqkv=torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"]).t().contiguous(),
                     bqkv=torch.cat(biases) if biases[0] is not None else None,
-                    wo=take(a + "o_proj.weight"),
+                    wo=take(a + "o_proj.weight").t().contiguous(),
                     ln2=take(p + "post_attention_layernorm.weight"),
-                    wgu=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]),
-                    wd=take(m + "down_proj.weight"),
+                    wgu=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]).t().contiguous(),
+                    wd=take(m + "down_proj.weight").t().contiguous(),
                 )
             )
         self.max_len = max_len or c.max_position_embeddings
@@ -151,8 +155,11 @@ class LlamaModel:
         cos = self.cos[pos].unsqueeze(1)  # [B, 1, T, hd]
         sin = self.sin[pos].unsqueeze(1)
         # mask[b, 0, t, j]: key position j is visible to query (b, t) iff j <= pos[b, t]
+        causal = False
         if B == 1 and T == 1:
             mask = None  # the single query sees all L = pos + 1 keys
+        elif batch.from_zero and T == L:
+            mask, causal = None, True  # every row is positions 0..T-1: the plain causal mask
         else:
             key_pos = torch.arange(L, device=tokens.device)
             mask = (key_pos.view(1, 1, L) <= pos.unsqueeze(-1)).unsqueeze(1)  # [B, 1, T, L]
@@ -163,7 +170,8 @@ class LlamaModel:
 
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1, eps)
-            q, k, v = F.linear(h, layer.wqkv, layer.bqkv).split(sizes, dim=-1)
+            qkv = h @ layer.wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h.view(B * T, -1), layer.wqkv)
+            q, k, v = qkv.view(B, T, -1).split(sizes, dim=-1)
             q = q.view(B, T, nh, hd).transpose(1, 2)  # [B, nh, T, hd]
             k = k.view(B, T, nkv, hd).transpose(1, 2)  # [B, nkv, T, hd]
             q = q * cos + _rotate_half(q) * sin
@@ -175,13 +183,15 @@ class LlamaModel:
                 keys, values = kc[s0 : s0 + B, :, :L], vc[s0 : s0 + B, :, :L]
             else:
                 keys, values = kc[batch.slots, :, :L], vc[batch.slots, :, :L]
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nkv != nh)
-            x = x + F.linear(o.transpose(1, 2).reshape(B, T, nh * hd), layer.wo)
+            o = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=nkv != nh
+            )
+            x = x + o.transpose(1, 2).reshape(B, T, nh * hd) @ layer.wo
             h = F.rms_norm(x, (x.shape[-1],), layer.ln2, eps)
-            g, u = F.linear(h, layer.wgu).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(g) * u, layer.wd)
+            g, u = (h @ layer.wgu).chunk(2, dim=-1)
+            x = x + (F.silu(g) * u) @ layer.wd
 
         if batch.logits_index is not None:
             x = x[torch.arange(B, device=x.device), batch.logits_index]  # [B, H]
         x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
-        return F.linear(x, self.lm_head).float()
+        return (x @ self.lm_head).float()

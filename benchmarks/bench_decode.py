@@ -1,0 +1,228 @@
+"""Decode benchmark: prints tables, asserts nothing.
+
+CPU (default): the embedded SmolLM2-135M-Instruct, DeepInfer next to transformers' `generate`
+on the same GGUF weights, same dtype, same process:
+    .venv/bin/python benchmarks/bench_decode.py [--dtype bfloat16|float32] [--steps 32]
+
+CUDA: random weights at real model shapes, bf16, batch 1/16/64, beside the memory-bandwidth
+floor (weight bytes / measured device-to-device copy bandwidth):
+    python benchmarks/bench_decode.py --device cuda --shapes smollm2-135m,llama3-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from deepinfer import LLM, SamplingParams  # noqa: E402
+
+SHAPES = {
+    # name: (layers, hidden, intermediate, heads, kv_heads, head_dim, vocab, tied, rope_theta)
+    "smollm2-135m": (30, 576, 1536, 9, 3, 64, 49152, True, 100000.0),
+    "llama3-8b": (32, 4096, 14336, 32, 8, 128, 128256, False, 500000.0),
+}
+
+
+def _row(cells, widths):
+    return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+
+
+def _table(header, rows):
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print(_row(header, widths))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(_row(r, widths))
+
+
+def _timed(fn, repeat=1):
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+# -- CPU: ours vs transformers on the embedded model -----------------------------------------
+def bench_cpu(args) -> None:
+    from deepinfer._threads import configure_torch_threads
+
+    threads = configure_torch_threads()
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    t = time.perf_counter()
+    llm = LLM(None, dtype=dtype, device="cpu", seed=0)
+    ours_load = time.perf_counter() - t
+    words = ("the quick brown fox jumps over the lazy dog and then " * 40).split()
+    prompt_ids = llm.tokenizer.encode(" ".join(words))[: args.prompt_len]
+    assert len(prompt_ids) == args.prompt_len
+
+    def ours_gen(batch: int, n: int) -> float:
+        sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        return _timed(lambda: llm.generate([prompt_ids] * batch, sp, use_tqdm=False), args.repeat)
+
+    ours_gen(1, 2)  # warm-up
+    ours = {"load": ours_load, "prefill": args.prompt_len / ours_gen(1, 1)}
+    dec_prompt = prompt_ids[:16]
+
+    def ours_decode(batch):
+        sp1 = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        spn = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
+        t1 = _timed(lambda: llm.generate([dec_prompt] * batch, sp1, use_tqdm=False), args.repeat)
+        tn = _timed(lambda: llm.generate([dec_prompt] * batch, spn, use_tqdm=False), args.repeat)
+        return batch * args.steps / (tn - t1)
+
+    for b in (1, 8):
+        ours[f"decode b={b}"] = ours_decode(b)
+    llm.runner.cache = None  # free memory before transformers loads
+
+    hf = {}
+    if not args.no_transformers:
+        from transformers import AutoModelForCausalLM
+
+        from deepinfer.loader import default_gguf_path
+
+        folder, name = os.path.split(default_gguf_path())
+        t = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype).eval()
+        hf["load"] = time.perf_counter() - t
+
+        def hf_gen(batch, n, ids):
+            x = torch.tensor([ids] * batch)
+            kw = dict(attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                      pad_token_id=2)
+            with torch.inference_mode():
+                return _timed(lambda: model.generate(x, **kw), args.repeat)
+
+        hf_gen(1, 2, prompt_ids)
+        hf["prefill"] = args.prompt_len / hf_gen(1, 1, prompt_ids)
+        for b in (1, 8):
+            t1, tn = hf_gen(b, 1, dec_prompt), hf_gen(b, args.steps + 1, dec_prompt)
+            hf[f"decode b={b}"] = b * args.steps / (tn - t1)
+
+    print(f"\nCPU, embedded SmolLM2-135M-Instruct (Q4_1 GGUF dequantized), {args.dtype}, "
+          f"{threads} torch thread(s), load average {os.getloadavg()[0]:.1f}")
+    rows = []
+    for key, unit in [("load", "s"), ("prefill", "tok/s"), ("decode b=1", "tok/s"), ("decode b=8", "tok/s")]:
+        label = f"prefill ({args.prompt_len}-token prompt)" if key == "prefill" else key
+        o, h = ours[key], hf.get(key)
+        ratio = "" if h is None else (f"{h / o:.2f}x faster" if unit == "s" else f"{o / h:.2f}x")
+        rows.append([f"{label} [{unit}]", f"{o:.2f}" if unit == "s" else f"{o:.1f}",
+                     "-" if h is None else (f"{h:.2f}" if unit == "s" else f"{h:.1f}"), ratio])
+    _table(["metric", "deepinfer", "transformers", "deepinfer vs transformers"], rows)
+
+
+# -- CUDA: random weights at real shapes -----------------------------------------------------
+def _random_weights(shape, device, dtype):
+    L, H, I, nh, nkv, hd, V, tied, _ = shape
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*s):
+        return (torch.randn(*s, device=device, dtype=dtype, generator=g) * 0.02)
+
+    w = {"model.embed_tokens.weight": rnd(V, H), "model.norm.weight": torch.ones(H, device=device, dtype=dtype)}
+    if not tied:
+        w["lm_head.weight"] = rnd(V, H)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = torch.ones(H, device=device, dtype=dtype)
+        w[p + "post_attention_layernorm.weight"] = torch.ones(H, device=device, dtype=dtype)
+        w[p + "self_attn.q_proj.weight"] = rnd(nh * hd, H)
+        w[p + "self_attn.k_proj.weight"] = rnd(nkv * hd, H)
+        w[p + "self_attn.v_proj.weight"] = rnd(nkv * hd, H)
+        w[p + "self_attn.o_proj.weight"] = rnd(H, nh * hd)
+        w[p + "mlp.gate_proj.weight"] = rnd(I, H)
+        w[p + "mlp.up_proj.weight"] = rnd(I, H)
+        w[p + "mlp.down_proj.weight"] = rnd(H, I)
+    return w
+
+
+def _copy_bandwidth(device) -> float:
+    """Bytes/s of a large device-to-device copy (read + write counted)."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    n = 10
+    for _ in range(n):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    bw = 2 * x.numel() * n / (time.perf_counter() - t)
+    del x, y
+    return bw
+
+
+def bench_cuda(args) -> None:
+    from deepinfer.config import ModelConfig
+    from deepinfer.model_runner import ModelRunner
+    from deepinfer.models.llama import LlamaModel
+    from deepinfer.sequence import Sequence
+
+    device, dtype = torch.device(args.device), torch.bfloat16
+    bw = _copy_bandwidth(device)
+    print(f"\n{torch.cuda.get_device_name(device)}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, "
+          f"random weights, {args.steps} decode steps after a {args.prompt_len}-token prompt")
+    rows = []
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        L, H, I, nh, nkv, hd, V, tied, theta = shape
+        cfg = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
+                          num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
+                          max_position_embeddings=4096)
+        weights = _random_weights(shape, device, dtype)
+        model = LlamaModel(cfg, weights, dtype=dtype, device=device, max_len=args.prompt_len + args.steps + 8)
+        del weights
+        weight_bytes = sum(t.numel() * t.element_size() for t in
+                           [model.lm_head] + [x for ly in model.layers for x in (ly.wqkv, ly.wo, ly.wgu, ly.wd)])
+        runner = ModelRunner(model)
+        for batch in (1, 16, 64):
+            runner.ensure_cache(batch, args.prompt_len + args.steps + 8)
+            sp = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
+            seqs = [Sequence(i, None, list(range(1, args.prompt_len + 1)), sp, seed=0, eos_token_ids=(),
+                             max_len=4096) for i in range(batch)]
+            for i, s in enumerate(seqs):
+                s.slot = i
+            logits = runner.prefill(seqs)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                nxt = logits.argmax(-1).tolist()  # host sync each step, as the engine's loop does
+                for s, tok in zip(seqs, nxt):
+                    s.output_token_ids.append(tok)
+                logits = runner.decode(seqs)
+            torch.cuda.synchronize()
+            step = (time.perf_counter() - t) / args.steps
+            floor = weight_bytes / (bw / 2)  # each step reads every weight once (copy bw counts 2x)
+            rows.append([name, batch, f"{step * 1e3:.2f}", f"{batch / step:.0f}", f"{floor * 1e3:.2f}",
+                         f"{batch / floor:.0f}", f"{floor / step:.0%}"])
+        del model, runner
+        torch.cuda.empty_cache()
+    _table(["shape", "batch", "ms/step", "tok/s", "floor ms/step", "floor tok/s", "of floor"], rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--shapes", default="smollm2-135m,llama3-8b")
+    ap.add_argument("--prompt-len", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--no-transformers", action="store_true")
+    args = ap.parse_args()
+    if args.device.startswith("cuda"):
+        bench_cuda(args)
+    else:
+        bench_cpu(args)
+
+
+if __name__ == "__main__":
+    main()
