@@ -76,7 +76,9 @@ def _check_bitmask(bitmask: torch.Tensor, logits: torch.Tensor) -> None:
         raise ValueError(f"bitmask must have dtype torch.int32, got {bitmask.dtype}")
     want = (B, (V + 31) // 32)
     if tuple(bitmask.shape) != want:
-        raise ValueError(f"bitmask must have shape [batch, ceil(vocab/32)] = {list(want)}, got {list(bitmask.shape)}")
+        raise ValueError(
+            f"bitmask must have shape [batch, ceil(vocab/32)] = {list(want)}, got {list(bitmask.shape)}"
+        )
     if bitmask.device != logits.device:
         raise ValueError(f"bitmask must be on the logits' device {logits.device}, got {bitmask.device}")
     if bitmask.stride(1) != 1:
@@ -98,7 +100,9 @@ def _check_indices(indices, B: int, device: torch.device, validate: bool) -> tor
 def _per_row(name: str, value: PerRow, B: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     t = torch.as_tensor(value, device=device)
     if t.dtype == torch.bool or (dtype.is_floating_point is False and t.dtype.is_floating_point):
-        raise ValueError(f"{name} must be {'integers' if not dtype.is_floating_point else 'numbers'}, got {t.dtype}")
+        raise ValueError(
+            f"{name} must be {'integers' if not dtype.is_floating_point else 'numbers'}, got {t.dtype}"
+        )
     if t.dim() == 0:
         t = t.expand(B)
     if t.shape != (B,):

@@ -6,7 +6,7 @@ Triton kernels. Docstrings state the behaviour as a Python loop over rows and to
 Random numbers are a pure function of ``(seed, step, token id)`` computed in 32-bit integer
 arithmetic (:func:`uniform_noise`), written so that torch integer ops and Triton ``uint32`` ops
 give identical bits. A sampled token is the Gumbel-max
-``argmax_i (s_i - log(-log(u_i)))`` over the kept tokens, so the Triton kernel and this
+``argmax_i (s_i - ln2 * log2(-log2(u_i)))`` over the kept tokens, so the Triton kernel and this
 reference choose the same token for the same ``(seed, step)`` (up to float rounding of ``log``
 on near-exact ties, which the tests have never hit).
 """
@@ -22,6 +22,7 @@ _C2 = 0x735A2D97
 # salts so that the row key of (seed=0, step=0) is not mix32(0)
 _SALT_STEP = 0x9E3779B9
 _SALT_TOKEN = 0x85EBCA6B
+_LN2 = 0.6931471805599453
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -65,9 +66,12 @@ def uniform_noise(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> to
 
 
 def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """g [B, V] float32 = -log(-log(u)): standard Gumbel noise from :func:`uniform_noise`."""
+    """g [B, V] float32 = -ln2 * log2(-log2(u)) = Gumbel noise - ln2 * log2(ln2), from :func:`uniform_noise`.
+
+    The constant shift does not change an argmax; base-2 logs are one fast instruction on GPUs.
+    """
     u = uniform_noise(seed, step, vocab_size)
-    return -torch.log(-torch.log(u))
+    return -_LN2 * torch.log2(-torch.log2(u))
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -77,7 +81,9 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-def _rows_mask(bitmask: torch.Tensor, vocab_size: int, n_rows: int, indices: torch.Tensor | None) -> torch.Tensor:
+def _rows_mask(
+    bitmask: torch.Tensor, vocab_size: int, n_rows: int, indices: torch.Tensor | None
+) -> torch.Tensor:
     """allowed [B, V]: the unpacked bitmask on the rows in ``indices`` (all rows if None), True elsewhere."""
     allowed = unpack_bitmask(bitmask, vocab_size)
     if indices is None:
@@ -87,7 +93,9 @@ def _rows_mask(bitmask: torch.Tensor, vocab_size: int, n_rows: int, indices: tor
     return out
 
 
-def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+def apply_bitmask_(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
+) -> torch.Tensor:
     """Set disallowed logits to -inf, in place; returns ``logits``.
 
     ``for b in (indices if indices is not None else range(B)): for i in range(V):
@@ -126,7 +134,7 @@ def sample(
                        and count(j: s[j] > s[i]) < top_k[b]               # 0 disables
                        and (top_p[b] >= 1 or sum(e[j]: s[j] > s[i]) < top_p[b] * Z)
                        and e[i] >= min_p[b])                              # e[i] = p_i / p_max
-            g = -log(-log(u(seed[b], step[b], i)))                       # uniform_noise
+            g = -ln2 * log2(-log2(u(seed[b], step[b], i)))              # gumbel_noise
             tokens[b] = argmax over kept i of s[i] + g[i]  (lowest id on ties)
 
     The three filters are thresholds on the same score, so the kept set is an upper set of

@@ -60,12 +60,27 @@ def _row_keys(seed, step):
     return k0, k1
 
 
+if _INTERPRET:
+
+    def _log2(x):
+        return tl.log2(x)
+
+else:
+
+    @triton.jit
+    def _log2(x):
+        # MUFU lg2 (rel. error ~2**-22): tl.log2 is a ~20-instruction libdevice polynomial
+        return tl.inline_asm_elementwise(
+            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+
+
 @_helper
 def _gumbel(offs, k0, k1):
     # offs: int32 [BLOCK] token ids -> Gumbel noise [BLOCK] float32 (reference.gumbel_noise)
     r = _mix32(_mix32(offs.to(tl.uint32) + k0) ^ k1)
     u = ((r >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-    return -tl.log(-tl.log(u))
+    return -0.6931471805599453 * _log2(-_log2(u))
 
 
 @_helper
@@ -84,10 +99,21 @@ def _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MA
 # cannot beat the best key so far needs no noise (fl(s + g) <= fl(bm + GMAX) by monotone rounding)
 
 
-
 @_helper
-def _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK: tl.constexpr,
-             WITH_Z: tl.constexpr, BLOCK: tl.constexpr):
+def _propose(
+    lrow,
+    stride_lv,
+    mrow_ptr,
+    has_row_mask,
+    V,
+    inv_t,
+    k0,
+    k1,
+    low,
+    HAS_MASK: tl.constexpr,
+    WITH_Z: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     # -> (argmax of s + g over {s > low}, max(s), sum(exp(s - max s)) if WITH_Z)
     arange = tl.arange(0, BLOCK)
     m = float("-inf")
@@ -101,8 +127,8 @@ def _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS
         s_up = tl.where(s > low, s, float("-inf"))
         if tl.max(s_up, 0) + 17.0 > best_key:
             key = s_up + _gumbel(offs, k0, k1)
-            bk = tl.max(key, 0)
-            tok = tl.where(bk > best_key, start + tl.argmax(key, 0), tok)
+            bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
+            tok = tl.where(bk > best_key, start + bi, tok)
             best_key = tl.maximum(best_key, bk)
         if WITH_Z:
             new_m = tl.maximum(m, bm)
@@ -112,6 +138,7 @@ def _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS
     return tok, m, z
 
 
+# fmt: off
 @triton.jit
 def _sample_kernel(
     logits_ptr, stride_lb, stride_lv,  # [B, V] fp32 | bf16 | fp16
@@ -126,6 +153,7 @@ def _sample_kernel(
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    # fmt: on
     pid = tl.program_id(0)
     row = pid.to(tl.int64)
     lrow = logits_ptr + row * stride_lb
@@ -148,8 +176,7 @@ def _sample_kernel(
         z = 0.0
         for start in range(0, V, BLOCK):
             s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-            bm = tl.max(s, 0)
-            bi = tl.argmax(s, 0)
+            bm, bi = tl.max(s, 0, return_indices=True, return_indices_tie_break_left=True)
             tok = tl.where(bm > m, start + bi, tok)
             if RETURN_LOGPROBS:
                 new_m = tl.maximum(m, bm)
@@ -210,6 +237,7 @@ def _sample_kernel(
         tl.store(logprobs_ptr + pid, lp)
 
 
+# fmt: off
 @triton.jit
 def _apply_bitmask_kernel(
     logits_ptr, stride_lb, stride_lv,  # [B, V]
@@ -219,6 +247,7 @@ def _apply_bitmask_kernel(
     HAS_ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    # fmt: on
     pid = tl.program_id(0)
     if HAS_ROWS:
         row = tl.load(rows_ptr + pid).to(tl.int64)
@@ -232,14 +261,18 @@ def _apply_bitmask_kernel(
     tl.store(ptrs, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty), mask=inb & forbidden)
 
 
+# tuning knobs (benchmarks/bench_sampling.py --sweep sets them); BLOCK depends on V only
+BLOCK_MAX = 4096
+NUM_WARPS = 8
+
+
 def _block(V: int) -> int:
-    # depends on V only (batch invariance); 4096 fp32 = 16 KiB per step per program
-    return min(4096, triton.next_power_of_2(V))
+    return min(BLOCK_MAX, triton.next_power_of_2(V))
 
 
 def _launch_opts() -> dict:
     # no FMA contraction: s = x * inv_t and key = s + g round as in torch
-    return {} if _INTERPRET else {"num_warps": 8, "enable_fp_fusion": False}
+    return {} if _INTERPRET else {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
 
 
 def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:

@@ -34,4 +34,3 @@ IMPLS = [
 def impl(request) -> tuple[str, str]:
     """(backend, device) pairs: torch and triton, CPU and CUDA."""
     return request.param
-

@@ -76,7 +76,9 @@ def test_frequencies_match_target(impl, case):
     tokens = out.tokens.cpu()
     assert not out.empty.any()
     counts = torch.bincount(tokens, minlength=V).double()
-    assert counts[q == 0].sum() == 0, f"sampled filtered-out tokens {torch.nonzero(counts * (q == 0)).flatten()}"
+    assert counts[q == 0].sum() == 0, (
+        f"sampled filtered-out tokens {torch.nonzero(counts * (q == 0)).flatten()}"
+    )
     if (q > 0).sum() == 1:
         return
     # chi-square over bins with expected count >= 5; the rest pooled into one bin
