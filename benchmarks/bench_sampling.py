@@ -1,0 +1,166 @@
+#!/usr/bin/env python
+"""Sampling benchmark: the fused Triton kernel against plain torch and xgrammar + torch.
+
+For B in {1, 16, 128, 512}, V in {49152, 128256, 262144}, fp32 and bf16 logits, a random
+bitmask (half the tokens allowed), µs per call of
+
+- fused greedy    ``deepinfer.kernels.sample(temperature=0)`` (mask + argmax, one launch)
+- fused top-p     temperature 1, top_p 0.9
+- fused top-k     temperature 1, top_k 50, top_p 0.9
+- torch           unpack the bitmask + masked_fill, softmax, sort-based top-p, multinomial
+- xgr+torch       xgrammar's ``apply_token_bitmask_inplace``, then the same torch sampling
+                  (column left empty if xgrammar is not importable)
+
+and the bandwidth of the fused greedy call (logits read once + the bitmask) against the
+``--floor`` (4.3 TB/s: device-to-device copy measured on the H200). Each call is timed by
+``triton.testing.do_bench_cudagraph`` (CUDA-graph replay: device time without Python launch
+overhead), falling back to ``do_bench`` where capture fails (marked ``*``). Not a test: it
+prints a table and asserts nothing.
+
+Usage (from the repository root, on a CUDA machine)::
+
+    python benchmarks/bench_sampling.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "0")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+from deepinfer import kernels  # noqa: E402
+
+try:  # optional peer
+    from xgrammar import apply_token_bitmask_inplace as _xgr_apply
+except Exception:  # noqa: BLE001 - any import failure means "not available"
+    _xgr_apply = None
+
+BATCHES = (1, 16, 128, 512)
+VOCABS = (49152, 128256, 262144)
+
+
+def _bench(fn) -> tuple[float, bool]:
+    """(µs per call, True if CUDA-graph replay was used)."""
+    fn()
+    torch.cuda.synchronize()
+    try:
+        ms = triton.testing.do_bench_cudagraph(fn, rep=20)
+        return ms * 1e3, True
+    except Exception:  # noqa: BLE001 - capture unsupported by this op: time eagerly
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(fn, warmup=10, rep=20) * 1e3, False
+
+
+def torch_sample(logits: torch.Tensor, allowed: torch.Tensor | None, top_p: float) -> torch.Tensor:
+    """Plain torch: mask, softmax, sort-based top-p, multinomial."""
+    x = logits.float()
+    if allowed is not None:
+        x = x.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    cum = sorted_p.cumsum(dim=-1)
+    sorted_p = sorted_p.masked_fill(cum - sorted_p >= top_p, 0.0)
+    choice = torch.multinomial(sorted_p, 1)
+    return order.gather(1, choice).squeeze(1)
+
+
+def torch_unpack(bitmask: torch.Tensor, V: int) -> torch.Tensor:
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    return ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().view(bitmask.shape[0], -1)[:, :V]
+
+
+def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(B * V)
+    logits = (torch.randn(B, V, device="cuda", generator=gen) * 2).to(dtype)
+    W = (V + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (B, W), device="cuda", dtype=torch.int32, generator=gen)
+    f32 = lambda v: torch.full((B,), v, device="cuda", dtype=torch.float32)  # noqa: E731
+    i64 = lambda v: torch.full((B,), v, device="cuda", dtype=torch.int64)  # noqa: E731
+    seed, step = torch.arange(B, device="cuda", dtype=torch.int64), i64(3)
+    common = dict(bitmask=bitmask, seed=seed, step=step, min_p=f32(0.0), validate=False, backend="triton")
+
+    def fused(t, k, p):
+        args = dict(common, temperature=f32(t), top_k=i64(k), top_p=f32(p))
+        return lambda: kernels.sample(logits, **args)
+
+    row = {}
+    row["greedy"], g1 = _bench(fused(0.0, 0, 1.0))
+    row["top_p"], g2 = _bench(fused(1.0, 0, 0.9))
+    if not peers:
+        return row
+    row["top_k"], g3 = _bench(fused(1.0, 50, 0.9))
+    row["torch"], g4 = _bench(lambda: torch_sample(logits, torch_unpack(bitmask, V), 0.9))
+    row["graph"] = g1 and g2 and g3 and g4
+    if _xgr_apply is not None:
+        work = logits.clone()
+
+        def xgr():
+            _xgr_apply(work, bitmask)
+            return torch_sample(work, None, 0.9)
+
+        try:
+            row["xgr"], g5 = _bench(xgr)
+            row["graph"] &= g5
+        except Exception as e:  # noqa: BLE001 - a peer failing must not stop the table
+            print(f"# xgrammar failed at B={B} V={V}: {type(e).__name__}: {str(e)[:200]}")
+    nbytes = B * V * logits.element_size() + B * W * 4
+    row["floor"] = nbytes / (floor_tbs * 1e12) * 1e6  # µs
+    row["gbs"] = nbytes / (row["greedy"] * 1e-6) / 1e9
+    return row
+
+
+def sweep() -> None:
+    """Greedy / top-p µs for kernel tile sizes and warp counts (tuning; not part of the table)."""
+    from deepinfer.kernels import sample_triton
+
+    print("| dtype | B | V | BLOCK | warps | greedy | top-p |")
+    print("|---|---|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        for B, V in ((128, 128256),):
+            for block in (2048, 4096, 8192):
+                for warps in (4, 8, 16):
+                    sample_triton.BLOCK_MAX, sample_triton.NUM_WARPS = block, warps
+                    r = run(dtype, B, V, 4.3, peers=False)
+                    print(
+                        f"| {str(dtype)[6:]} | {B} | {V} | {block} | {warps} | {r['greedy']:.1f} | {r['top_p']:.1f} |"
+                    )
+    sample_triton.BLOCK_MAX, sample_triton.NUM_WARPS = 4096, 8
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--floor", type=float, default=4.3, help="bandwidth floor, TB/s")
+    ap.add_argument("--quick", action="store_true", help="B=128, V=128256 only")
+    ap.add_argument("--sweep", action="store_true", help="first time BLOCK x num_warps variants")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_sampling.py needs a CUDA device")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"xgrammar {'yes' if _xgr_apply else 'not importable'}; µs per call; floor {args.floor} TB/s")  # fmt: skip
+    head = ("| dtype | B | V | fused greedy | fused top-p | fused top-k+p | torch | xgr+torch | floor µs "
+            "| greedy GB/s | % floor | top-p/greedy | torch/top-p |")  # fmt: skip
+    if args.sweep:
+        sweep()
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    shapes = [(128, 128256)] if args.quick else [(B, V) for V in VOCABS for B in BATCHES]
+    for dtype in (torch.float32, torch.bfloat16):
+        for B, V in shapes:
+            r = run(dtype, B, V, args.floor)
+            xgr = f"{r['xgr']:.1f}" if "xgr" in r else "-"
+            mark = "" if r["graph"] else "*"
+            print(f"| {str(dtype)[6:]} | {B} | {V} | {r['greedy']:.1f}{mark} | {r['top_p']:.1f} | {r['top_k']:.1f} "
+                  f"| {r['torch']:.1f} | {xgr} | {r['floor']:.1f} | {r['gbs']:.0f} "
+                  f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p'] / r['greedy']:.2f} "
+                  f"| {r['torch'] / r['top_p']:.1f}x |", flush=True)  # fmt: skip
+            del r
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
