@@ -301,9 +301,10 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
     sys.setrecursionlimit(max(old_limit, 20_000))
     try:
         raw = []
+        dfa_memo: dict = {}
         for name in order:
             nfa = NFA(limits, deadline)
-            builder = FragmentBuilder(nfa, rules, rule_index)
+            builder = FragmentBuilder(nfa, rules, rule_index, cls, reps, dfa_memo)
             s0 = nfa.new()
             end = builder.build(rules[name], s0)
             raw.append(determinize(nfa, s0, end, cls, reps, limits))

@@ -22,14 +22,41 @@ ALL_BYTES_MASK = (1 << 256) - 1
 
 
 class Expr:
-    """Base class of IR nodes (immutable, hashable)."""
+    """Base class of IR nodes: immutable, hashable; the hash and the node count are
+    computed once at construction (big shared sub-trees are hashed often)."""
 
-    __slots__ = ()
+    __slots__ = ("_hash", "_size")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(self) is not type(other) or self._hash != other._hash:  # type: ignore[attr-defined]
+            return False
+        return self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("IR nodes are immutable")
+
+    def _init(self, key: tuple, size: int) -> None:
+        object.__setattr__(self, "_hash", hash((type(self).__name__,) + key))
+        object.__setattr__(self, "_size", size)
 
 
-@dataclass(frozen=True, slots=True)
 class ByteSet(Expr):
-    mask: int  # bit b set <=> byte b allowed
+    __slots__ = ("mask",)
+
+    def __init__(self, mask: int) -> None:
+        object.__setattr__(self, "mask", mask)  # bit b set <=> byte b allowed
+        self._init((mask,), 1)
+
+    def _key(self) -> tuple:
+        return (self.mask,)
+
+    def __repr__(self) -> str:
+        return f"ByteSet({self.mask:#x})"
 
     def bytes(self) -> list[int]:
         m, out, b = self.mask, [], 0
@@ -41,26 +68,64 @@ class ByteSet(Expr):
         return out
 
 
-@dataclass(frozen=True, slots=True)
 class Seq(Expr):
-    items: tuple[Expr, ...]
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple[Expr, ...]) -> None:
+        items = tuple(items)
+        object.__setattr__(self, "items", items)
+        self._init(items, 1 + sum(i._size for i in items))
+
+    def _key(self) -> tuple:
+        return self.items
+
+    def __repr__(self) -> str:
+        return f"Seq({self.items!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class Alt(Expr):
-    items: tuple[Expr, ...]
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple[Expr, ...]) -> None:
+        items = tuple(items)
+        object.__setattr__(self, "items", items)
+        self._init(items, 1 + sum(i._size for i in items))
+
+    def _key(self) -> tuple:
+        return self.items
+
+    def __repr__(self) -> str:
+        return f"Alt({self.items!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class Repeat(Expr):
-    item: Expr
-    min: int
-    max: int | None  # None: unbounded
+    __slots__ = ("item", "min", "max")
+
+    def __init__(self, item: Expr, min: int, max: int | None) -> None:  # noqa: A002
+        object.__setattr__(self, "item", item)
+        object.__setattr__(self, "min", min)
+        object.__setattr__(self, "max", max)  # None: unbounded
+        self._init((item, min, max), 1 + item._size)
+
+    def _key(self) -> tuple:
+        return (self.item, self.min, self.max)
+
+    def __repr__(self) -> str:
+        return f"Repeat({self.item!r}, {self.min}, {self.max})"
 
 
-@dataclass(frozen=True, slots=True)
 class Ref(Expr):
-    name: str
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        object.__setattr__(self, "name", name)
+        self._init((name,), 1)
+
+    def _key(self) -> tuple:
+        return (self.name,)
+
+    def __repr__(self) -> str:
+        return f"Ref({self.name!r})"
 
 
 EMPTY: Expr = Seq(())  # matches the empty string
@@ -257,14 +322,5 @@ def refs(expr: Expr) -> set[str]:
 
 
 def size(expr: Expr) -> int:
-    """Number of nodes (Repeat counts its item once)."""
-    n = 0
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        n += 1
-        if isinstance(e, (Seq, Alt)):
-            stack.extend(e.items)
-        elif isinstance(e, Repeat):
-            stack.append(e.item)
-    return n
+    """Number of nodes (Repeat counts its item once; shared sub-trees count each time)."""
+    return expr._size

@@ -50,18 +50,54 @@ class NFA:
         return n
 
 
-class FragmentBuilder:
-    """Builds NFA fragments for expressions; non-rule refs are inlined."""
+SPLICE_MIN_SIZE = 300  # IR nodes: larger Ref-free sub-expressions are determinised once
 
-    def __init__(self, nfa: NFA, rules: dict[str, Expr], rule_index: dict[str, int]) -> None:
+
+class FragmentBuilder:
+    """Builds NFA fragments for expressions; non-rule refs are inlined.
+
+    A large Ref-free sub-expression is compiled once to a minimal DFA (memoised by the
+    expression, which hashes in O(1)) and spliced in: repeated sub-expressions — a
+    JSON string, a key complement, a Unicode class — cost their size once, and the
+    subsets of the outer construction stay small.
+    """
+
+    def __init__(self, nfa: NFA, rules: dict[str, Expr], rule_index: dict[str, int],
+                 cls: np.ndarray | None = None, reps: list[int] | None = None,
+                 dfa_memo: dict | None = None) -> None:
         self.nfa = nfa
         self.rules = rules
         self.rule_index = rule_index  # rules that are called, not inlined
         self._inlining: list[str] = []
+        self.cls = cls
+        self.reps = reps
+        self.dfa_memo = dfa_memo if dfa_memo is not None else {}
+        self._ref_free: dict[int, bool] = {}
+        if cls is not None and reps is not None:
+            self.class_masks = [0] * len(reps)
+            for b in range(256):
+                self.class_masks[int(cls[b])] |= 1 << b
 
-    def build(self, e: Expr, start: int) -> int:
+    def ref_free(self, e: Expr) -> bool:
+        hit = self._ref_free.get(id(e))
+        if hit is None:
+            if isinstance(e, Ref):
+                hit = False
+            elif isinstance(e, (Seq, Alt)):
+                hit = all(self.ref_free(i) for i in e.items)
+            elif isinstance(e, Repeat):
+                hit = self.ref_free(e.item)
+            else:
+                hit = True
+            self._ref_free[id(e)] = hit
+        return hit
+
+    def build(self, e: Expr, start: int, splice: bool = True) -> int:
         """Add ``e`` starting at ``start``; return its end state."""
         nfa = self.nfa
+        if (splice and self.cls is not None and e._size >= SPLICE_MIN_SIZE
+                and not isinstance(e, (Ref, ByteSet)) and self.ref_free(e)):
+            return self._splice(self._sub_dfa(e), start)
         if isinstance(e, ByteSet):
             end = nfa.new()
             if e.mask:
@@ -99,9 +135,50 @@ class FragmentBuilder:
                 self._inlining.pop()
         raise TypeError(f"not an IR expression: {e!r}")
 
+    def _sub_dfa(self, e: Expr) -> RawDFA:
+        d = self.dfa_memo.get(e)
+        if d is None:
+            sub = NFA(self.nfa.limits, self.nfa.deadline)
+            fb = FragmentBuilder(sub, self.rules, self.rule_index, self.cls, self.reps, self.dfa_memo)
+            fb._ref_free = self._ref_free
+            s0 = sub.new()
+            end = fb.build(e, s0, splice=False)
+            raw = determinize(sub, s0, end, self.cls, self.reps, self.nfa.limits)
+            d = minimize(raw, live_states(raw, set()), set())
+            self.dfa_memo[e] = d
+        return d
+
+    def _splice(self, d: RawDFA, start: int) -> int:
+        nfa = self.nfa
+        end = nfa.new()
+        n = len(d.accepting)
+        if n == 0:
+            return end  # empty language: nothing reaches end
+        base = [nfa.new() for _ in range(n)]
+        nfa.eps[start].append(base[0])
+        cm = self.class_masks
+        for q in range(n):
+            by_target: dict[int, int] = {}
+            for c, t in enumerate(d.table[q].tolist()):
+                if t >= 0:
+                    by_target[t] = by_target.get(t, 0) | cm[c]
+            nfa.byte_edges[base[q]].extend((m, base[t]) for t, m in by_target.items())
+            if d.accepting[q]:
+                nfa.eps[base[q]].append(end)
+        return end
+
     def _repeat(self, e: Repeat, start: int) -> int:
         nfa = self.nfa
         cur = start
+        if e.max is None and e.min >= 1:
+            # x{m,} = x{m-1} x+, with x+ one copy of x looping back to its own start
+            for _ in range(e.min - 1):
+                cur = self.build(e.item, cur)
+            loop = nfa.new()
+            nfa.eps[cur].append(loop)
+            body_end = self.build(e.item, loop)
+            nfa.eps[body_end].append(loop)
+            return body_end
         for _ in range(e.min):
             cur = self.build(e.item, cur)
         if e.max is None:
@@ -168,20 +245,36 @@ def determinize(
     n_classes = len(reps)
     mask_cache: dict[int, list[int]] = {}
 
-    def closure(states: frozenset[int] | set[int]) -> frozenset[int]:
-        seen = set(states)
-        work = list(states)
-        eps = nfa.eps
+    eps = nfa.eps
+    important = [bool(nfa.byte_edges[s] or nfa.call_edges[s]) for s in range(len(eps))]
+    important[accept] = True
+    single: dict[int, frozenset[int]] = {}
+
+    def closure_of(s0: int) -> frozenset[int]:
+        """Important states reachable from ``s0`` by epsilon moves (memoised)."""
+        hit = single.get(s0)
+        if hit is not None:
+            return hit
+        seen = {s0}
+        work = [s0]
         while work:
             s = work.pop()
             for t in eps[s]:
                 if t not in seen:
                     seen.add(t)
                     work.append(t)
-        # keep only states that matter: with edges out, or the accept state
-        return frozenset(
-            s for s in seen if nfa.byte_edges[s] or nfa.call_edges[s] or s == accept
-        )
+        hit = frozenset(s for s in seen if important[s])
+        single[s0] = hit
+        return hit
+
+    def closure(states) -> frozenset[int]:
+        if len(states) == 1:
+            for s in states:
+                return closure_of(s)
+        out: set[int] = set()
+        for s in states:
+            out |= closure_of(s)
+        return frozenset(out)
 
     start_set = closure({start})
     index: dict[frozenset[int], int] = {start_set: 0}
@@ -286,15 +379,18 @@ def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDF
     block = acc.astype(np.int64)
     block[:n][~live] = -1  # dead states in their own block with the sink
     block[dead] = -1
-    n_blocks = len(np.unique(block))
+    _, block = np.unique(block, return_inverse=True)  # labels 0..k-1 (dead included)
+    block = block.reshape(-1).astype(np.int64)
+    n_blocks = int(block.max()) + 1
+    rng = np.random.default_rng(12345)
+    coef = rng.integers(1, 2**61, size=(2, n_classes + 2), dtype=np.int64) | 1
     while True:
         call_sig = np.zeros(n + 1, dtype=np.int64)
         for s in range(n + 1):
             if calls[s]:
                 call_sig[s] = hash(tuple(sorted((r, int(block[t])) for r, t in calls[s]))) & 0x7FFFFFFFFFFF
         sig = np.column_stack([block, call_sig, block[table]])
-        _, new_block = np.unique(sig, axis=0, return_inverse=True)
-        new_block = new_block.reshape(-1).astype(np.int64)
+        new_block = _partition(sig, coef)
         count = int(new_block.max()) + 1
         if count == n_blocks:
             break
@@ -324,3 +420,16 @@ def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDF
     new_acc = acc[rep_arr].copy()
     new_calls = [sorted({(r, int(block_to_new[block[t]])) for r, t in calls[s]}) for s in reps]
     return RawDFA(new_table, new_acc, new_calls)
+
+
+def _partition(sig: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Block ids of equal rows of ``sig``: two 64-bit row hashes, then an exact check
+    (falls back to sorting whole rows in the astronomically rare collision)."""
+    h = np.stack([(sig * c).sum(axis=1) for c in coef], axis=1)  # wrapping int64 arithmetic
+    _, first, inv = np.unique(h[:, 0] ^ (h[:, 1] * np.int64(0x9E3779B97F4A7C15 - 2**64)),
+                              return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    if (sig == sig[first[inv]]).all():
+        return inv.astype(np.int64)
+    _, inv = np.unique(sig, axis=0, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64)
