@@ -131,8 +131,6 @@ class LlamaModel:
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, hd]
         self.cos = emb.cos().to(self.device, dtype)
         self.sin = emb.sin().to(self.device, dtype)
-        self.q_size = c.num_heads * c.head_dim
-        self.kv_size = c.num_kv_heads * c.head_dim
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         c = self.config
@@ -152,8 +150,8 @@ class LlamaModel:
             raise ValueError(f"sequence length {L} exceeds the KV cache ({cache.max_len} positions)")
 
         x = F.embedding(tokens, self.embed)  # [B, T, H]
-        cos = self.cos[pos].unsqueeze(1)  # [B, 1, T, hd]
-        sin = self.sin[pos].unsqueeze(1)
+        cos = self.cos[pos].unsqueeze(2)  # [B, T, 1, hd]
+        sin = self.sin[pos].unsqueeze(2)
         # mask[b, 0, t, j]: key position j is visible to query (b, t) iff j <= pos[b, t]
         causal = False
         if B == 1 and T == 1:
@@ -166,19 +164,18 @@ class LlamaModel:
         slot_idx = batch.slots.view(B, 1)
         s0 = batch.slot_start
         eps = c.rms_norm_eps
-        sizes = [self.q_size, self.kv_size, self.kv_size]
+        nqk = nh + nkv
 
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1, eps)
             qkv = h @ layer.wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h.view(B * T, -1), layer.wqkv)
-            q, k, v = qkv.view(B, T, -1).split(sizes, dim=-1)
-            q = q.view(B, T, nh, hd).transpose(1, 2)  # [B, nh, T, hd]
-            k = k.view(B, T, nkv, hd).transpose(1, 2)  # [B, nkv, T, hd]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            qkv = qkv.view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
+            qk = qkv[:, :, :nqk]
+            qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads in one go
+            q = qk[:, :, :nh].transpose(1, 2)  # [B, nh, T, hd]
             kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
-            kc[slot_idx, :, pos] = k.transpose(1, 2)  # [B, T, nkv, hd] at (slot, :, pos)
-            vc[slot_idx, :, pos] = v.view(B, T, nkv, hd)
+            kc[slot_idx, :, pos] = qk[:, :, nh:]  # [B, T, nkv, hd] at (slot, :, pos)
+            vc[slot_idx, :, pos] = qkv[:, :, nqk:]
             if s0 is not None:
                 keys, values = kc[s0 : s0 + B, :, :L], vc[s0 : s0 + B, :, :L]
             else:
