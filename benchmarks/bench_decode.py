@@ -5,7 +5,7 @@ on the same GGUF weights, same dtype, same process:
     .venv/bin/python benchmarks/bench_decode.py [--dtype bfloat16|float32] [--steps 32]
 
 CUDA: random weights at real model shapes, bf16, batch 1/16/64, beside the memory-bandwidth
-floor (weight bytes / measured device-to-device copy bandwidth):
+floor ((weight + KV-cache bytes read per step) / measured device-to-device copy bandwidth):
     python benchmarks/bench_decode.py --device cuda --shapes smollm2-135m,llama3-8b
 """
 
@@ -26,6 +26,7 @@ SHAPES = {
     # name: (layers, hidden, intermediate, heads, kv_heads, head_dim, vocab, tied, rope_theta)
     "smollm2-135m": (30, 576, 1536, 9, 3, 64, 49152, True, 100000.0),
     "llama3-8b": (32, 4096, 14336, 32, 8, 128, 128256, False, 500000.0),
+    "tiny": (2, 64, 128, 4, 2, 16, 1024, False, 10000.0),  # checks the code path without a GPU
 }
 
 
@@ -143,18 +144,23 @@ def _random_weights(shape, device, dtype):
     return w
 
 
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _copy_bandwidth(device) -> float:
     """Bytes/s of a large device-to-device copy (read + write counted)."""
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    x = torch.empty(1 << (30 if device.type == "cuda" else 26), dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
     for _ in range(3):
         y.copy_(x)
-    torch.cuda.synchronize()
+    _sync(device)
     t = time.perf_counter()
     n = 10
     for _ in range(n):
         y.copy_(x)
-    torch.cuda.synchronize()
+    _sync(device)
     bw = 2 * x.numel() * n / (time.perf_counter() - t)
     del x, y
     return bw
@@ -168,7 +174,8 @@ def bench_cuda(args) -> None:
 
     device, dtype = torch.device(args.device), torch.bfloat16
     bw = _copy_bandwidth(device)
-    print(f"\n{torch.cuda.get_device_name(device)}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, "
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"\n{dev_name}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, "
           f"random weights, {args.steps} decode steps after a {args.prompt_len}-token prompt")
     rows = []
     for name in args.shapes.split(","):
@@ -191,18 +198,22 @@ def bench_cuda(args) -> None:
             for i, s in enumerate(seqs):
                 s.slot = i
             logits = runner.prefill(seqs)
-            torch.cuda.synchronize()
+            _sync(device)
             t = time.perf_counter()
             for _ in range(args.steps):
                 nxt = logits.argmax(-1).tolist()  # host sync each step, as the engine's loop does
                 for s, tok in zip(seqs, nxt):
                     s.output_token_ids.append(tok)
                 logits = runner.decode(seqs)
-            torch.cuda.synchronize()
+            _sync(device)
             step = (time.perf_counter() - t) / args.steps
-            floor = weight_bytes / (bw / 2)  # each step reads every weight once (copy bw counts 2x)
+            # each step reads every weight once, plus each row's K/V (mean context over the run);
+            # the copy bandwidth counts read + write, a step only reads
+            kv_bytes = batch * (args.prompt_len + args.steps / 2) * L * 2 * nkv * hd * 2
+            floor = (weight_bytes + kv_bytes) / (bw / 2)
             rows.append([name, batch, f"{step * 1e3:.2f}", f"{batch / step:.0f}", f"{floor * 1e3:.2f}",
                          f"{batch / floor:.0f}", f"{floor / step:.0%}"])
+            print("  measured", rows[-1], flush=True)
         del model, runner
         torch.cuda.empty_cache()
     _table(["shape", "batch", "ms/step", "tok/s", "floor ms/step", "floor tok/s", "of floor"], rows)
@@ -218,7 +229,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--no-transformers", action="store_true")
     args = ap.parse_args()
-    if args.device.startswith("cuda"):
+    if args.device.startswith("cuda") or args.shapes == "tiny":
         bench_cuda(args)
     else:
         bench_cpu(args)
