@@ -12,11 +12,13 @@ from collections import OrderedDict
 import numpy as np
 
 from .automaton import Automaton, Config
+from .nfa import _partition
 
 ROW_CACHE_SIZE = 8192
 QUOTE = 0x22
 PERMISSIVE_BYTES = 128  # states allowing at least this many bytes take the shared-row path
-MAX_CANON_STATES = 64
+MAX_CANON_STATES = 256
+MAX_PARTITION_STATES = 20_000
 
 
 class CompiledConstraint:
@@ -85,99 +87,146 @@ class CompiledConstraint:
 
     def _context_independent(self, state: int, inner: bool):
         """Walk the whole trie from ``state``: tokens read within the state's own rule,
-        plus the boundary pairs where a call or a return may continue the token."""
+        plus the boundary pairs where a call or a return may continue the token.
+
+        A permissive state (many bytes allowed, e.g. inside a string) takes the shared
+        path: tokens without ``"`` come from a row shared by every state — of any
+        compilation — whose unquoted sub-automaton is the same (see
+        :meth:`_canonical_unquoted`); only tokens with ``"`` are walked for this state.
+        """
         key = (state, inner)
         hit = self._ci.get(key)
-        if hit is None:
-            a = self.automaton
+        if hit is not None:
+            return hit
+        a = self.automaton
+        bnd = self._bnd_inner if inner else self._bnd_bottom
+        canon = None
+        if int((a.table[state][a.cls] >= 0).sum()) >= PERMISSIVE_BYTES:
+            canon = self._canonical_unquoted(state, inner)
+        trie = self.index
+        if canon is None:
             words = np.zeros(self.n_words, dtype=np.uint32)
-            nodes, states = self.index.walk(
-                a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, words
-            )
-            hit = (words, nodes.copy(), states.copy())
-            self._ci[key] = hit
+            nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
+        else:
+            no_quote, with_quote = self.vocab.split_index(QUOTE)
+            shared = self.vocab.shared_rows()
+            base = shared.get(canon)
+            if base is None:
+                base = np.zeros(self.n_words, dtype=np.uint32)
+                no_quote.walk(a.table, a.cls, state, bnd, base)
+                base.flags.writeable = False
+                shared[canon] = base
+            words = base.copy()
+            trie = with_quote  # boundary node ids below index this trie
+            nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
+        hit = (words, nodes.copy(), states.copy(), trie)
+        self._ci[key] = hit
         return hit
 
-    def _canonical_unquoted(self, state: int) -> bytes | None:
-        """A canonical form of the automaton that decides tokens without ``"`` from
-        ``state``: its part reachable over the other bytes, states numbered in BFS order
-        (by first byte), or None when that part is large. Equal forms => equal rows for
-        those tokens, so the costly walk of a permissive state ("inside a string") is
-        shared by every state and every compilation with the same form."""
+    def _restricted_partition(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """States grouped by the language of byte strings without ``"`` they can read
+        (definedness only; boundary states kept apart). Computed once per constraint."""
+        hit = getattr(self, "_rpart", None)
+        if hit is not None:
+            return hit
         a = self.automaton
-        seen = {state}
-        order = [state]
-        rows = []
-        k = 0
-        while k < len(order):
-            r = a.table[order[k]][a.cls]
-            r[QUOTE] = -1
-            rows.append(r)
-            tgts, first = np.unique(r, return_index=True)
-            for t in tgts[np.argsort(first)].tolist():
-                if t >= 0 and t not in seen:
-                    if len(order) >= MAX_CANON_STATES:
-                        return None
-                    seen.add(t)
-                    order.append(t)
-            k += 1
-        keys = np.array(order)
-        sorter = np.argsort(keys)
-        sub = np.stack(rows)
-        pos = np.searchsorted(keys[sorter], np.maximum(sub, 0))
-        local = np.where(sub >= 0, sorter[np.minimum(pos, len(keys) - 1)], -1).astype(np.int16)
-        return local.tobytes()
+        n = a.n_states
+        full = a.table[:, a.cls]  # [N, 256]
+        full[:, QUOTE] = -1
+        tbl = np.vstack([np.where(full >= 0, full, n), np.full((1, 256), n, dtype=full.dtype)])
+        boundary = np.append(a.has_calls | (a.accepting & ~a.is_regular), False)
+        block = boundary.astype(np.int64)
+        block[n] = 2
+        _, block = np.unique(block, return_inverse=True)
+        block = block.reshape(-1).astype(np.int64)
+        n_blocks = int(block.max()) + 1
+        coef = np.random.default_rng(7).integers(1, 2**61, size=(2, 257), dtype=np.int64) | 1
+        while True:
+            new = _partition(np.column_stack([block, block[tbl]]), coef)
+            cnt = int(new.max()) + 1
+            if cnt == n_blocks:
+                break
+            block, n_blocks = new, cnt
+        rep = np.zeros(n_blocks, dtype=np.int64)
+        rep[block[::-1]] = np.arange(n, -1, -1)  # first state of each block
+        block_boundary = boundary[rep]
+        hit = (block, tbl, rep, block_boundary)
+        self._rpart = hit
+        self._canon_memo: dict[int, bytes | None] = {}
+        return hit
 
-    def _regular_row(self, state: int) -> np.ndarray:
-        a = self.automaton
-        row = a.table[state]
-        allowed_bytes = int((row[a.cls] >= 0).sum())
-        if allowed_bytes < PERMISSIVE_BYTES:
-            return self._context_independent(state, False)[0].copy()
-        key = self._canonical_unquoted(state)
-        no_quote, with_quote = self.vocab.split_index(QUOTE)
-        shared = self.vocab.shared_rows()
-        words = shared.get(key) if key is not None else None
-        if words is None:
-            words = np.zeros(self.n_words, dtype=np.uint32)
-            no_quote.walk(a.table, a.cls, state, self._bnd_bottom, words)
-            if key is not None:
-                words.flags.writeable = False
-                shared[key] = words
-        words = words.copy()
-        with_quote.walk(a.table, a.cls, state, self._bnd_bottom, words)
-        return words
+    def _canonical_unquoted(self, state: int, inner: bool = False) -> bytes | None:
+        """A canonical form of what decides tokens without ``"`` from ``state``: the
+        minimal (definedness-only) automaton over the other bytes, its states numbered
+        in BFS order by first byte. None when it is large or reaches a boundary state
+        (a call or, in a pushdown, a return), whose tokens must be walked for real.
+        Equal forms give equal rows for those tokens, across states and compilations."""
+        if self.automaton.n_states > MAX_PARTITION_STATES:
+            return None
+        block, tbl, rep, block_boundary = self._restricted_partition()
+        b0 = int(block[state])
+        memo = self._canon_memo
+        if b0 in memo:
+            return memo[b0]
+        sink = int(block[-1])
+        ren = np.full(len(rep), -1, dtype=np.int64)
+        ren[b0] = 0
+        order = [b0]
+        parts = []
+        k = 0
+        out: bytes | None = None
+        while k < len(order):
+            b = order[k]
+            k += 1
+            if block_boundary[b] and not self.automaton.is_regular:
+                break
+            row = block[tbl[rep[b]]]
+            u, first = np.unique(row, return_index=True)
+            for nb in u[np.argsort(first)].tolist():
+                if nb != sink and ren[nb] < 0:
+                    ren[nb] = len(order)
+                    order.append(nb)
+            if len(order) > MAX_CANON_STATES:
+                break
+            mapped = np.where(row == sink, -1, ren[row]).astype(np.int16)
+            parts.append(mapped.tobytes())
+        else:
+            out = b"".join(parts)
+        memo[b0] = out
+        return out
 
     def _compute(self, config) -> np.ndarray:
         a = self.automaton
         if a.is_regular:
-            return self._regular_row(config)
+            return self._context_independent(config, False)[0].copy()
         words = np.zeros(self.n_words, dtype=np.uint32)
         for st in config.stacks:
-            ci_words, nodes, states = self._context_independent(st[-1], len(st) > 1)
+            ci_words, nodes, states, trie = self._context_independent(st[-1], len(st) > 1)
             words |= ci_words
-            for node, t in zip(nodes.tolist(), states.tolist()):
-                self._continue(st[:-1] + (t,), node, words)
+            if len(nodes):
+                self._continue(st[:-1], nodes, states, words, trie)
         return words
 
-    def _continue(self, stack: tuple[int, ...], node: int, words: np.ndarray) -> None:
-        """Tokens that pass trie ``node`` with ``stack`` and then go on through a call or
-        a return: walk the node's subtree from every *other* stack of the closure."""
-        cfg = self.automaton.closure([stack])
-        if cfg is None:
-            return
-        idx = self.index
-        lo, hi, depth = node + 1, int(idx.node_skip[node]), int(idx.node_depth[node])
-        if lo >= hi:
-            return
+    def _continue(self, base: tuple[int, ...], nodes: np.ndarray, states: np.ndarray,
+                  words: np.ndarray, trie) -> None:
+        """Tokens that pass trie ``nodes[i]`` with stack ``base + (states[i],)`` and go on
+        through a call or a return: walk those subtrees from every *other* stack of the
+        closure (the caller's walk already follows the stack itself). Boundaries that
+        share a state share one closure and one batched walk."""
         a = self.automaton
-        for st in cfg.stacks:
-            if st == stack:
-                continue  # the caller's walk already follows this stack
-            bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom
-            nodes, states = idx.walk(a.table, a.cls, st[-1], bnd, words, lo, hi, depth)
-            for n2, t2 in zip(nodes.tolist(), states.tolist()):
-                self._continue(st[:-1] + (t2,), n2, words)
+        for t in np.unique(states).tolist():
+            stack = base + (t,)
+            cfg = a.closure([stack])
+            if cfg is None:
+                continue
+            roots = nodes[states == t]
+            for st in cfg.stacks:
+                if st == stack:
+                    continue
+                bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom
+                n2, t2 = trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)
+                if len(n2):
+                    self._continue(st[:-1], n2, t2, words, trie)
 
     def allowed_tokens(self, config) -> np.ndarray:
         """Token ids allowed in ``config`` (for tests and debugging)."""

@@ -47,6 +47,21 @@ def _walk_py(table, cls, start, node_byte, node_depth, node_skip, tok_lo, tok_hi
 _walk = njit(cache=True, nogil=True)(_walk_py) if njit is not None else _walk_py
 
 
+def _walk_many_py(table, cls, start, node_byte, node_depth, node_skip, tok_lo, tok_hi, tok_ids,
+                  roots, boundary, out, bnd_nodes, bnd_states, states):
+    """``_walk_py`` over the subtrees below each node of ``roots`` (children only)."""
+    nb = 0
+    for r in range(roots.shape[0]):
+        node = roots[r]
+        nb += _walk(table, cls, start, node_byte, node_depth, node_skip, tok_lo, tok_hi, tok_ids,
+                    node + 1, node_skip[node], node_depth[node], boundary, out,
+                    bnd_nodes[nb:], bnd_states[nb:], states)
+    return nb
+
+
+_walk_many = njit(cache=True, nogil=True)(_walk_many_py) if njit is not None else _walk_many_py
+
+
 class VocabIndex:
     """The vocabulary's byte trie in DFS order (built once per vocabulary).
 
@@ -119,6 +134,17 @@ class VocabIndex:
         nb = _walk(table, cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
                    self.tok_lo, self.tok_hi, self.tok_ids, lo, hi, base_depth, boundary, out,
                    bnd_nodes, bnd_states, states)
+        return bnd_nodes[:nb], bnd_states[:nb]
+
+    def walk_below(self, table, cls, start: int, boundary, out, roots: np.ndarray):
+        """Walk the subtrees below every node of ``roots`` from DFA state ``start``."""
+        cap = int((self.node_skip[roots] - roots).sum()) if len(roots) else 0
+        bnd_nodes = np.empty(cap, dtype=np.int32)
+        bnd_states = np.empty(cap, dtype=np.int32)
+        states = np.empty(self.max_depth + 1, dtype=np.int32)
+        nb = _walk_many(table, cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
+                        self.tok_lo, self.tok_hi, self.tok_ids, roots.astype(np.int32), boundary, out,
+                        bnd_nodes, bnd_states, states)
         return bnd_nodes[:nb], bnd_states[:nb]
 
     def greedy_tokenize(self, data: bytes, vocab) -> list[int]:

@@ -283,5 +283,13 @@ def test_permissive_rows_are_shared_across_states_and_compilations():
     m2.accept(c1.vocab.token_bytes.index(b"["))
     m2.accept(c1.vocab.token_bytes.index(b'"'))
     assert c1._canonical_unquoted(m1.state) == c2._canonical_unquoted(m2.state) is not None
+    # a string state that may still complete a declared key shares the generic row
+    g3 = Grammar({"start": seq(lit('"'), alt(lit("name"), string), lit('"y'))})
+    c3 = c.from_ir(g3)
+    m3 = Matcher(c3)
+    m3.accept(c3.vocab.token_bytes.index(b'"'))
+    assert m3.accept(c3.vocab.token_bytes.index(b"n")) and m3.accept(c3.vocab.token_bytes.index(b"a"))
+    assert c3._canonical_unquoted(m3.state) == c1._canonical_unquoted(m1.state)
+    np.testing.assert_array_equal(m3.allowed_tokens(), reference_allowed(c3, m3.state))
     np.testing.assert_array_equal(m1.allowed_tokens(), reference_allowed(c1, m1.state))
     np.testing.assert_array_equal(m2.allowed_tokens(), reference_allowed(c2, m2.state))
