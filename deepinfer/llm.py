@@ -100,6 +100,9 @@ class LLM:
         self.runner = ModelRunner(self.model)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # One call per step samples every row; the fused Triton kernel (deepinfer.kernels.sample)
+        # has the same keyword signature and is swapped in here.
+        self.sample_fn = sampler.sample
         self._seed_rng = random.Random(seed)
         self._next_id = 0
         self.load_seconds = time.perf_counter() - t0
@@ -236,7 +239,7 @@ class LLM:
         if any([s.fill_bitmask(rows[i]) for i, s in enumerate(seqs)]):
             bitmask = rows
         p = [s.params for s in seqs]
-        tokens = sampler.sample(
+        tokens = self.sample_fn(
             logits,
             bitmask=bitmask,
             temperature=torch.tensor([x.temperature for x in p], dtype=torch.float32),
