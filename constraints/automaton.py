@@ -241,7 +241,7 @@ def _collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -
         seen.add(id(e))
         if isinstance(e, ir.ByteSet):
             masks.add(e.mask)
-        elif isinstance(e, (Seq, Alt)):
+        elif isinstance(e, (Seq, Alt, ir.And, ir.Diff)):
             stack.extend(e.items)
         elif isinstance(e, ir.Repeat):
             stack.append(e.item)

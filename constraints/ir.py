@@ -128,6 +128,39 @@ class Ref(Expr):
         return f"Ref({self.name!r})"
 
 
+class And(Expr):
+    """Strings every item matches (items must not refer to rules)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple[Expr, ...]) -> None:
+        items = tuple(items)
+        object.__setattr__(self, "items", items)
+        self._init(items, 1 + sum(i._size for i in items))
+
+    def _key(self) -> tuple:
+        return self.items
+
+    def __repr__(self) -> str:
+        return f"And({self.items!r})"
+
+
+class Diff(Expr):
+    """Strings ``items[0]`` matches and ``items[1]`` does not (no rule references)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, base: Expr, minus: Expr) -> None:
+        object.__setattr__(self, "items", (base, minus))
+        self._init((base, minus), 1 + base._size + minus._size)
+
+    def _key(self) -> tuple:
+        return self.items
+
+    def __repr__(self) -> str:
+        return f"Diff({self.items[0]!r}, {self.items[1]!r})"
+
+
 EMPTY: Expr = Seq(())  # matches the empty string
 NOTHING: Expr = Alt(())  # matches nothing
 
@@ -215,6 +248,22 @@ def rep(item: Expr, lo: int, hi: int | None) -> Expr:
     if item == NOTHING:
         return EMPTY if lo == 0 else NOTHING
     return Repeat(item, lo, hi)
+
+
+def intersect(*items: Expr) -> Expr:
+    """Strings all ``items`` match (regular, Ref-free operands): built as a product DFA."""
+    if any(i == NOTHING for i in items):
+        return NOTHING
+    if len(items) == 1:
+        return items[0]
+    return And(tuple(items))
+
+
+def difference(base: Expr, minus: Expr) -> Expr:
+    """Strings ``base`` matches and ``minus`` does not (regular, Ref-free operands)."""
+    if minus == NOTHING or base == NOTHING:
+        return base
+    return Diff(base, minus)
 
 
 def opt(item: Expr) -> Expr:
@@ -314,7 +363,7 @@ def refs(expr: Expr) -> set[str]:
         e = stack.pop()
         if isinstance(e, Ref):
             out.add(e.name)
-        elif isinstance(e, (Seq, Alt)):
+        elif isinstance(e, (Seq, Alt, And, Diff)):
             stack.extend(e.items)
         elif isinstance(e, Repeat):
             stack.append(e.item)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ConstraintError, ConstraintTooComplex
-from .ir import Alt, ByteSet, Expr, Ref, Repeat, Seq
+from .ir import Alt, And, ByteSet, Diff, Expr, Ref, Repeat, Seq
 
 
 @dataclass
@@ -83,7 +83,7 @@ class FragmentBuilder:
         if hit is None:
             if isinstance(e, Ref):
                 hit = False
-            elif isinstance(e, (Seq, Alt)):
+            elif isinstance(e, (Seq, Alt, And, Diff)):
                 hit = all(self.ref_free(i) for i in e.items)
             elif isinstance(e, Repeat):
                 hit = self.ref_free(e.item)
@@ -95,6 +95,10 @@ class FragmentBuilder:
     def build(self, e: Expr, start: int, splice: bool = True) -> int:
         """Add ``e`` starting at ``start``; return its end state."""
         nfa = self.nfa
+        if isinstance(e, (And, Diff)):
+            if self.cls is None or not self.ref_free(e):
+                raise ConstraintError("intersection and difference apply to regular parts only (no rule references)")
+            return self._splice(self._sub_dfa(e), start)
         if (splice and self.cls is not None and e._size >= SPLICE_MIN_SIZE
                 and not isinstance(e, (Ref, ByteSet)) and self.ref_free(e)):
             return self._splice(self._sub_dfa(e), start)
@@ -137,6 +141,13 @@ class FragmentBuilder:
 
     def _sub_dfa(self, e: Expr) -> RawDFA:
         d = self.dfa_memo.get(e)
+        if d is None and isinstance(e, (And, Diff)):
+            parts = [self._sub_dfa(i) for i in e.items]
+            d = parts[0]
+            for other in parts[1:]:
+                d = product(d, other, "diff" if isinstance(e, Diff) else "and", self.nfa.limits,
+                            self.nfa.deadline)
+            self.dfa_memo[e] = d
         if d is None:
             sub = NFA(self.nfa.limits, self.nfa.deadline)
             fb = FragmentBuilder(sub, self.rules, self.rule_index, self.cls, self.reps, self.dfa_memo)
@@ -433,3 +444,51 @@ def _partition(sig: np.ndarray, coef: np.ndarray) -> np.ndarray:
         return inv.astype(np.int64)
     _, inv = np.unique(sig, axis=0, return_inverse=True)
     return inv.reshape(-1).astype(np.int64)
+
+
+def product(d1: RawDFA, d2: RawDFA, mode: str, limits: Limits, deadline: float) -> RawDFA:
+    """Product of two call-free DFAs over the same classes: ``"and"`` (both accept) or
+    ``"diff"`` (``d1`` accepts, ``d2`` does not). Returns it minimised."""
+    n_classes = d1.table.shape[1]
+    if len(d1.accepting) == 0:
+        return d1
+    t1 = d1.table.tolist()
+    t2 = d2.table.tolist() if len(d2.accepting) else []
+    index = {(0, 0 if t2 else -1): 0}
+    pairs = [(0, 0 if t2 else -1)]
+    rows: list[list[int]] = []
+    acc: list[bool] = []
+    i = 0
+    while i < len(pairs):
+        if (i & 255) == 0 and time.monotonic() > deadline:
+            raise ConstraintTooComplex("constraint took too long to compile (intersection)")
+        p, q = pairs[i]
+        i += 1
+        row = [-1] * n_classes
+        rp = t1[p]
+        rq = t2[q] if q >= 0 else None
+        for c in range(n_classes):
+            p2 = rp[c]
+            if p2 < 0:
+                continue
+            q2 = rq[c] if rq is not None else -1
+            if q2 < 0 and mode == "and":
+                continue
+            key = (p2, q2)
+            j = index.get(key)
+            if j is None:
+                j = len(pairs)
+                if j >= limits.max_dfa_states:
+                    raise ConstraintTooComplex(
+                        f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+                    )
+                index[key] = j
+                pairs.append(key)
+            row[c] = j
+        rows.append(row)
+        a1 = bool(d1.accepting[p])
+        a2 = q >= 0 and bool(d2.accepting[q])
+        acc.append(a1 and a2 if mode == "and" else a1 and not a2)
+    raw = RawDFA(np.array(rows, dtype=np.int32).reshape(len(rows), n_classes), np.array(acc, dtype=bool),
+                 [[] for _ in rows])
+    return minimize(raw, live_states(raw, set()), set())

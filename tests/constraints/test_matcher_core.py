@@ -293,3 +293,27 @@ def test_permissive_rows_are_shared_across_states_and_compilations():
     np.testing.assert_array_equal(m3.allowed_tokens(), reference_allowed(c3, m3.state))
     np.testing.assert_array_equal(m1.allowed_tokens(), reference_allowed(c1, m1.state))
     np.testing.assert_array_equal(m2.allowed_tokens(), reference_allowed(c2, m2.state))
+
+
+SETOPS = [
+    # (expression, python predicate over the text)
+    (seq(lit('"'), ir.intersect(plus(LOWER), rep(ir.ANY_CHAR, 2, 3)), lit('"')),
+     lambda s: re.fullmatch(r'"[a-z]{2,3}"', s) is not None),
+    (ir.difference(star(alt(LOWER, DIGIT)), alt(lit("ab"), plus(DIGIT))),
+     lambda s: re.fullmatch(r"[a-z0-9]*", s) is not None and s != "ab" and re.fullmatch(r"\d+", s) is None),
+    (ir.intersect(star(ir.ANY_CHAR), ir.difference(rep(ir.ANY_CHAR, 0, 4), lit("é"))),
+     lambda s: len(s) <= 4 and s != "é"),
+]
+
+
+@pytest.mark.parametrize("k", range(len(SETOPS)))
+def test_intersection_and_difference_match_their_definition(k):
+    expr, pred = SETOPS[k]
+    a = Compiler(small_vocab()).from_ir(Grammar({"start": expr})).automaton
+    rng = random.Random(k)
+    alphabet = ['"', "a", "b", "z", "1", "9", "é", "-"]
+    for _ in range(600):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+        assert a.accepts(s.encode()) == pred(s), s
+    with pytest.raises(ConstraintError, match="regular parts only"):
+        Compiler(small_vocab()).from_ir(Grammar({"start": ir.intersect(Ref("x"), LOWER), "x": LOWER}))
