@@ -175,3 +175,23 @@ def test_llm_sized_rows_match_reference_on_gpu(dtype):
     mismatches = (got.tokens != want.tokens).sum().item()
     assert mismatches == 0, f"{mismatches} of {B} rows differ"
     torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_reference_many_chunks(impl, case, monkeypatch):
+    """Small tiles: pass 0 splits each row over several programs, rounds take many steps."""
+    backend, _ = impl
+    if backend != "triton":
+        pytest.skip("Triton tiling")
+    from deepinfer.kernels import sample_triton
+
+    monkeypatch.setattr(sample_triton, "CHUNK_MAX", 256)
+    monkeypatch.setattr(sample_triton, "BLOCK_MAX", 128)
+    monkeypatch.setattr(sample_triton, "RBLOCK_MAX", 64)
+    _, V, dtype, args = case
+    logits, bitmask = _inputs(V, dtype, seed=1)
+    want = _run(("torch", "cpu"), logits, bitmask, return_logprobs=True, **args)
+    got = _run(impl, logits, bitmask, return_logprobs=True, **args)
+    torch.testing.assert_close(got.tokens, want.tokens, rtol=0, atol=0)
+    torch.testing.assert_close(got.empty, want.empty)
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
