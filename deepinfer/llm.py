@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import _threads, sampler
+from . import _threads, kernels
 from .config import ModelConfig
 from .loader import load_model
 from .model_runner import ModelRunner
@@ -23,6 +23,7 @@ from .models.llama import LlamaModel
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .sequence import Sequence, Status
+from .structured import Structured, judge
 from .tokenizer import Message, Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -102,7 +103,9 @@ class LLM:
         self.max_num_batched_tokens = max_num_batched_tokens
         # One call per step samples every row; the fused Triton kernel (deepinfer.kernels.sample)
         # has the same keyword signature and is swapped in here.
-        self.sample_fn = sampler.sample
+        self.sample_fn = kernels.sample  # fused Triton kernel on CUDA, torch reference on CPU
+        self.structured = Structured(self.tokenizer, self.config.vocab_size)
+        self._bitmask_buf: torch.Tensor | None = None
         self._seed_rng = random.Random(seed)
         self._next_id = 0
         self.load_seconds = time.perf_counter() - t0
@@ -126,19 +129,38 @@ class LLM:
         if len(param_list) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(param_list)} SamplingParams")
         seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, param_list)]
-        self._run(seqs, use_tqdm)
-        return [
-            RequestOutput(
-                request_id=s.request_id,
-                prompt=s.prompt,
-                prompt_token_ids=s.prompt_token_ids,
-                text=s.text or "",
-                token_ids=list(s.output_token_ids),
-                finish_reason=s.finish_reason or "length",
-                stop_reason=s.stop_reason,
-            )
-            for s in seqs
-        ]
+        relaxed: dict[int, list[str]] = {}
+        for s in seqs:  # compile constraints (cached, shared); a bad one fails its request only
+            if s.params.constraint_kind is not None:
+                try:
+                    compiled = self.structured.compile(s.params)
+                except ValueError as e:  # ConstraintError: names what is wrong and where
+                    s.fail(f"{s.params.constraint_kind}: {e}", self.tokenizer)
+                    continue
+                except Exception as e:  # an internal failure still fails this request only
+                    s.fail(f"{s.params.constraint_kind}: {type(e).__name__}: {e}", self.tokenizer)
+                    continue
+                s.constraint = self.structured.matcher(compiled)
+                relaxed[s.request_id] = list(compiled.notes)
+        self._run([s for s in seqs if not s.is_finished], use_tqdm)
+        return [self._output(s, relaxed.get(s.request_id, [])) for s in seqs]
+
+    def _output(self, s: Sequence, relaxed: list[str]) -> RequestOutput:
+        parsed, error = None, s.error
+        if s.constraint is not None and error is None:
+            parsed, error = judge(s.params, s.text or "", s.finish_reason or "length")
+        return RequestOutput(
+            request_id=s.request_id,
+            prompt=s.prompt,
+            prompt_token_ids=s.prompt_token_ids,
+            text=s.text or "",
+            token_ids=list(s.output_token_ids),
+            finish_reason=s.finish_reason or "length",
+            stop_reason=s.stop_reason,
+            parsed=parsed,
+            error=error,
+            relaxed=relaxed,
+        )
 
     def chat(
         self,
@@ -232,21 +254,47 @@ class LLM:
             bar.close()
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """Per-step hook point: each sequence may write its bitmask row, then one sampler call."""
+        """Per-step hook point: constrained sequences write their bitmask rows on the host
+        (while the device may still run the forward: nothing here waits on it), the rows go
+        to the device in one copy, then one fused sampler call masks and samples."""
         B, V = logits.shape
-        bitmask = None
-        rows = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32)
-        if any([s.fill_bitmask(rows[i]) for i, s in enumerate(seqs)]):
-            bitmask = rows
+        dev = logits.device
+        W = (V + 31) // 32
+        host = self._host_bitmask(B, W)
+        rows = host.numpy()
+        constrained = [i for i, s in enumerate(seqs) if s.fill_bitmask(rows[i])]
+        bitmask = indices = None
+        if constrained:
+            bitmask = host.to(dev, non_blocking=True)
+            indices = torch.tensor(constrained, dtype=torch.int64).to(dev, non_blocking=True)
         p = [s.params for s in seqs]
-        tokens = self.sample_fn(
+
+        def per_row(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+        out = self.sample_fn(
             logits,
             bitmask=bitmask,
-            temperature=torch.tensor([x.temperature for x in p], dtype=torch.float32),
-            top_k=torch.tensor([x.top_k for x in p], dtype=torch.int64),
-            top_p=torch.tensor([x.top_p for x in p], dtype=torch.float32),
-            min_p=torch.tensor([x.min_p for x in p], dtype=torch.float32),
-            seed=torch.tensor([s.seed for s in seqs], dtype=torch.int64),
-            step=torch.tensor([len(s.output_token_ids) for s in seqs], dtype=torch.int64),
+            indices=indices,
+            temperature=per_row([x.temperature for x in p], torch.float32),
+            top_k=per_row([x.top_k for x in p], torch.int64),
+            top_p=per_row([x.top_p for x in p], torch.float32),
+            min_p=per_row([x.min_p for x in p], torch.float32),
+            seed=per_row([s.seed for s in seqs], torch.int64),
+            step=per_row([len(s.output_token_ids) for s in seqs], torch.int64),
+            validate=False,
         )
-        return tokens.tolist()
+        tokens = out.tokens.tolist()
+        if constrained:
+            for i in torch.nonzero(out.empty).flatten().tolist():
+                tokens[i] = -1  # the sequence fails in on_token (no token is allowed)
+        return tokens
+
+    def _host_bitmask(self, B: int, W: int) -> torch.Tensor:
+        """A reused host buffer for the bitmask (pinned on CUDA for an async copy)."""
+        buf = self._bitmask_buf
+        if buf is None or buf.shape[0] < B or buf.shape[1] != W:
+            pin = self.device.type == "cuda"
+            buf = torch.empty((max(B, self.max_num_seqs), W), dtype=torch.int32, pin_memory=pin)
+            self._bitmask_buf = buf
+        return buf[:B]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-FinishReason = Literal["stop", "length"]  # the structured-generation work adds "grammar_end"
+# "stop": EOS, a stop string/id, or the constraint ended; "length": max_tokens cut it
+# (a constrained output cut so is never valid); "error": the request failed (see .error)
+FinishReason = Literal["stop", "length", "error"]
 
 
 @dataclass
@@ -17,9 +19,19 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: FinishReason | str
     stop_reason: str | int | None = None  # the stop string or token id that ended it, if any
+    parsed: Any = None  # JSON Schema: the validated object (a pydantic instance for a model)
+    error: str | None = None  # why the output is not valid, or why the request failed
+    relaxed: list[str] = field(default_factory=list)  # lenient mode: keywords not enforced
+
+    @property
+    def valid(self) -> bool:
+        """The request had a constraint and its output satisfies it (or had none and ran)."""
+        return self.error is None and self.finish_reason != "error"
 
     def __repr__(self) -> str:
         return (
             f"RequestOutput(id={self.request_id}, text={self.text!r}, "
-            f"tokens={len(self.token_ids)}, finish_reason={self.finish_reason!r})"
+            f"tokens={len(self.token_ids)}, finish_reason={self.finish_reason!r}"
+            + (f", error={self.error!r}" if self.error else "")
+            + ")"
         )

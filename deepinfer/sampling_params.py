@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+CONSTRAINT_KINDS = ("json_schema", "regex", "grammar", "choice")
 
 
 def _bad(name: str, value: object, want: str) -> ValueError:
@@ -30,6 +33,26 @@ class SamplingParams:
         unless `include_stop_str_in_output`.
     stop_token_ids : list of int
         Extra ids that end generation (the model's EOS ids always do unless `ignore_eos`).
+    json_schema : dict, str, bool or pydantic model class
+        The output is a JSON document valid under this schema (`RequestOutput.parsed` holds
+        the validated object, or an instance of the pydantic model).
+    regex : str
+        The output fully matches this Python regex.
+    grammar : str
+        A Lark EBNF grammar: its text, a file path, or the name of a packaged grammar
+        (`deepinfer.grammars.available()`: "json", "sql", "arithmetic", "csv", ...).
+    choice : list of str
+        The output is exactly one of these strings.
+    whitespace : "compact" or "flexible"
+        JSON Schema only: no whitespace between tokens, or bounded JSON whitespace.
+    strict : bool
+        JSON Schema only: forbid properties the schema does not declare.
+    lenient : bool
+        JSON Schema only: relax keywords the grammar cannot enforce (listed in
+        `RequestOutput.relaxed`) instead of refusing the schema; the output is still
+        validated with jsonschema.
+    grammar_start : str
+        The start rule of `grammar`.
     """
 
     max_tokens: int | None = 16
@@ -44,9 +67,15 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
-    # -- structured generation ---------------------------------------------------------------
-    # Constraint fields (json_schema, regex, grammar, choice) are added here by the
-    # structured-generation work; `_validate_constraint` is where they are checked (at most one).
+    # -- structured generation (at most one constraint) ------------------------------------
+    json_schema: Any = None
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] | None = None
+    whitespace: str = "compact"
+    strict: bool = False
+    lenient: bool = False
+    grammar_start: str = "start"
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (
@@ -75,7 +104,39 @@ class SamplingParams:
         self._validate_constraint()
 
     def _validate_constraint(self) -> None:
-        """Check the constraint fields (none yet)."""
+        """At most one constraint, each of the right type (its content is checked when it
+        is compiled: a bad schema or regex fails its own request, not the batch)."""
+        given = [k for k in CONSTRAINT_KINDS if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"SamplingParams takes at most one constraint, got {', '.join(given)}")
+        js = self.json_schema
+        if js is not None and not (
+            isinstance(js, dict | str | bool) or (isinstance(js, type) and hasattr(js, "model_json_schema"))
+        ):
+            raise _bad("json_schema", js, "a dict, a JSON string, a bool or a pydantic model class")
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise _bad("regex", self.regex, "a str")
+        if self.grammar is not None and not (isinstance(self.grammar, str) and self.grammar.strip()):
+            raise _bad("grammar", self.grammar, "Lark grammar text, a file path or a packaged grammar name")
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not isinstance(self.choice, list | tuple) or not self.choice or not all(
+                isinstance(c, str) and c for c in self.choice
+            ):
+                raise _bad("choice", self.choice, "a non-empty list of non-empty strings")
+            self.choice = list(self.choice)
+        if self.whitespace not in ("compact", "flexible"):
+            raise _bad("whitespace", self.whitespace, "'compact' or 'flexible'")
+        for name in ("strict", "lenient"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, getattr(self, name), "a bool")
+
+    @property
+    def constraint_kind(self) -> str | None:
+        """"json_schema", "regex", "grammar", "choice" or None."""
+        for k in CONSTRAINT_KINDS:
+            if getattr(self, k) is not None:
+                return k
+        return None
 
     @property
     def greedy(self) -> bool:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    import torch
 
     from .tokenizer import Tokenizer
 
@@ -58,6 +59,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.constraint: Any = None  # a constraint matcher, set by structured generation
+        self.error: str | None = None  # why the request failed (its batch goes on)
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(eos_token_ids)
@@ -79,13 +81,34 @@ class Sequence:
         return self.status is Status.FINISHED
 
     # -- per-step hooks ----------------------------------------------------------------------
-    def fill_bitmask(self, row: torch.Tensor) -> bool:
-        """Write this step's allowed-token bits into `row`; False = no constraint this step."""
-        return False
+    def fill_bitmask(self, row: np.ndarray) -> bool:
+        """Write this step's allowed-token bits into `row` (int32 [ceil(V/32)], host memory);
+        False = no constraint this step."""
+        if self.constraint is None:
+            return False
+        src = self.constraint.mask_row()
+        row[: src.shape[0]] = src
+        return True
+
+    def fail(self, message: str, tokenizer: Tokenizer) -> None:
+        """End this request with an error; the rest of the batch goes on."""
+        self.error = message
+        self._finish("error", None, tokenizer)
 
     def on_token(self, token_id: int, tokenizer: Tokenizer) -> None:
-        """Accept a sampled token, then finish on a stop token, stop string or length."""
+        """Accept a sampled token, then finish on a stop token, stop string or length (or
+        when the constraint is complete)."""
+        m = self.constraint
+        if token_id < 0:
+            self.fail("the constraint allows no token at this point (empty mask)", tokenizer)
+            return
+        if m is not None and not m.accept(token_id):
+            self.fail(f"the constraint rejected sampled token {token_id}", tokenizer)
+            return
         self.output_token_ids.append(token_id)
+        if m is not None and token_id not in self._stop_ids and m.is_terminated():
+            self._finish("stop", None, tokenizer)
+            return
         if token_id in self._stop_ids:
             self.output_token_ids.pop()  # stop tokens are not part of the output
             self._finish("stop", token_id, tokenizer)

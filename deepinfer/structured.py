@@ -1,0 +1,117 @@
+"""Structured generation: compile a request's constraint (once, shared through the
+compiler's cache), give the request a matcher, and judge the finished output
+independently (json.loads + jsonschema, re.fullmatch, lark, membership).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import lru_cache
+from typing import Any
+
+from .sampling_params import SamplingParams
+
+
+def resolve_grammar(spec: str) -> str:
+    """Grammar text from a packaged name ("sql"), a file path, or the text itself."""
+    from . import grammars
+
+    one_line = "\n" not in spec and ":" not in spec.replace(":\\", "")
+    if one_line and (spec.removesuffix(".lark") in grammars.available() or os.path.exists(spec)):
+        return grammars.load(spec)
+    if spec.endswith(".lark") and "\n" not in spec:
+        return grammars.load(spec)  # a missing file: ValueError naming what exists
+    return spec
+
+
+def schema_dict(schema: Any) -> Any:
+    """The JSON Schema as a dict (or bool) for validation."""
+    if isinstance(schema, str):
+        return json.loads(schema)
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    return schema
+
+
+class Structured:
+    """The engine's link to the constraint compiler (one per LLM; compiler made lazily)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._compiler = None
+
+    @property
+    def compiler(self):
+        if self._compiler is None:
+            from .constraints import Compiler
+
+            self._compiler = Compiler(self._tokenizer.vocabulary(self._vocab_size))
+        return self._compiler
+
+    def compile(self, p: SamplingParams):
+        """The shared compiled constraint of ``p`` (ConstraintError / ValueError if bad)."""
+        kind = p.constraint_kind
+        c = self.compiler
+        if kind == "json_schema":
+            return c.json_schema(p.json_schema, whitespace=p.whitespace, strict=p.strict, lenient=p.lenient)
+        if kind == "regex":
+            return c.regex(p.regex)
+        if kind == "grammar":
+            return c.grammar(resolve_grammar(p.grammar), start=p.grammar_start)
+        if kind == "choice":
+            return c.choice(p.choice)
+        raise ValueError("SamplingParams has no constraint")
+
+    def matcher(self, compiled):
+        from .constraints import Matcher
+
+        return Matcher(compiled)
+
+
+def judge(p: SamplingParams, text: str, finish_reason: str) -> tuple[Any, str | None]:
+    """(parsed, error) for a finished constrained output; the check is independent of the
+    automaton that produced it."""
+    if finish_reason == "length":
+        return None, "max_tokens reached before the constraint was complete"
+    kind = p.constraint_kind
+    if kind == "json_schema":
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            return None, f"output is not JSON: {e}"
+        import jsonschema
+
+        schema = schema_dict(p.json_schema)
+        errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(obj), key=lambda e: list(e.path))
+        if errors:
+            e = errors[0]
+            where = "/".join(str(x) for x in e.absolute_path)
+            return None, f"output does not validate at /{where}: {e.message}"
+        model = p.json_schema
+        if isinstance(model, type) and hasattr(model, "model_validate"):
+            try:
+                return model.model_validate(obj), None
+            except Exception as e:  # pydantic.ValidationError
+                return None, f"output does not validate against {model.__name__}: {e}"
+        return obj, None
+    if kind == "regex":
+        return (text, None) if re.fullmatch(p.regex, text) else (None, "output does not match the regex")
+    if kind == "choice":
+        return (text, None) if text in p.choice else (None, "output is not one of the choices")
+    if kind == "grammar":
+        try:
+            _lark(resolve_grammar(p.grammar), p.grammar_start).parse(text)
+        except Exception as e:
+            return None, f"output does not parse with the grammar: {str(e).splitlines()[0]}"
+        return text, None
+    return None, None
+
+
+@lru_cache(maxsize=32)
+def _lark(text: str, start: str):
+    import lark
+
+    return lark.Lark(text, start=start, parser="earley", lexer="dynamic_complete")
