@@ -19,7 +19,9 @@ from .ir import (
     EMPTY,
     NOTHING,
     Alt,
+    And,
     ByteSet,
+    Diff,
     Expr,
     Ref,
     Repeat,
@@ -27,6 +29,8 @@ from .ir import (
     alt,
     byte_range,
     byte_set,
+    difference,
+    intersect,
     lit,
     opt,
     rep,
@@ -53,6 +57,34 @@ QUOTE = lit('"')
 
 def string_of(char: Expr, lo: int = 0, hi: int | None = None) -> Expr:
     return seq(QUOTE, rep(char, lo, hi), QUOTE)
+
+
+def byte_bounds(e: Expr, memo: dict | None = None) -> tuple[int, float]:
+    """(fewest, most) bytes of a string of the Ref-free language ``e`` (most: inf if unbounded)."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(e))
+    if hit is not None:
+        return hit[1]
+    if isinstance(e, ByteSet):
+        out = (1, 1) if e.mask else (0, 0)
+    elif isinstance(e, Seq):
+        bs = [byte_bounds(x, memo) for x in e.items]
+        out = (sum(b[0] for b in bs), sum(b[1] for b in bs))
+    elif isinstance(e, Alt):
+        bs = [byte_bounds(x, memo) for x in e.items] or [(0, 0)]
+        out = (min(b[0] for b in bs), max(b[1] for b in bs))
+    elif isinstance(e, Repeat):
+        a, b = byte_bounds(e.item, memo)
+        out = (a * e.min, float("inf") if e.max is None and b else b * (e.max or 0))
+    elif isinstance(e, And):
+        bs = [byte_bounds(x, memo) for x in e.items]
+        out = (max(b[0] for b in bs), min(b[1] for b in bs))
+    elif isinstance(e, Diff):
+        out = byte_bounds(e.items[0], memo)
+    else:
+        out = (0, float("inf"))
+    memo[id(e)] = (e, out)
+    return out
 
 
 _SHORT = {0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r", 0x22: '\\"', 0x5C: "\\\\"}
@@ -89,6 +121,11 @@ def encode_raw(e: Expr, memo: dict | None = None) -> Expr:
         out = alt(*(encode_raw(x, memo) for x in e.items))
     elif isinstance(e, Repeat):
         out = rep(encode_raw(e.item, memo), e.min, e.max)
+    elif isinstance(e, And):
+        # the canonical encoding is injective, so it commutes with intersection and difference
+        out = intersect(*(encode_raw(x, memo) for x in e.items))
+    elif isinstance(e, Diff):
+        out = difference(encode_raw(e.items[0], memo), encode_raw(e.items[1], memo))
     elif isinstance(e, Ref):
         raise ValueError("encode_raw: recursive raw languages are not supported")
     else:
@@ -109,30 +146,54 @@ def _enc_any() -> Expr:
     return _ENC_ANY[0]
 
 
-def raw_except(words: list[str]) -> Expr:
-    """Every string (raw UTF-8) except the given ones: the complement of a trie."""
-    trie: dict = {}
-    for w in words:
-        node = trie
-        for ch in w:
-            node = node.setdefault(ch, {})
-        node[None] = True
+def any_encoded() -> Expr:
+    """Canonical JSON encodings (between the quotes) of every string."""
+    return _enc_any()
 
-    def build(node: dict) -> Expr:
-        chars = [c for c in node if c is not None]
-        parts = [] if None in node else [EMPTY]
-        for c in chars:
-            parts.append(seq(lit(c), build(node[c])))
-        others = utf8_class([(ord(c), ord(c)) for c in chars], negate=True)
-        parts.append(seq(others, ANY_RAW))
-        return alt(*parts)
 
-    return build(trie)
+def keys_except(declared: list[str], raw_patterns: list[Expr] = ()) -> Expr:
+    """Canonical encodings of the strings that are neither a declared key nor match a raw
+    pattern language: a product-DFA difference, linear in the declared keys' total length.
+
+    Keys are written canonically (``json.dumps(..., ensure_ascii=False)``); a declared key
+    is one string, so excluding its canonical encoding excludes every key equal to it.
+    """
+    minus = [lit(encode_key(k)) for k in declared] + [encode_raw(p) for p in raw_patterns]
+    if not minus:
+        return _enc_any()
+    return difference(_enc_any(), alt(*minus))
+
+
+def encode_key(key: str) -> str:
+    """The canonical encoding of ``key`` between the quotes."""
+    import json
+
+    return json.dumps(key, ensure_ascii=False)[1:-1]
+
+
+# code points, raw UTF-8: a lead byte (anything but a continuation byte) and its continuations
+_RAW_UNIT = seq(alt(byte_range(0x00, 0x7F), byte_range(0xC0, 0xFF)), star(byte_range(0x80, 0xBF)))
+# the same count over encodings: an escape (\\x, \\uXXXX, a surrogate pair) is one character
+# (UTF-8 is not checked: the count is intersected with languages of valid encodings)
+_ENC_UNIT = alt(
+    seq(alt(byte_range(0x00, 0x5B), byte_range(0x5D, 0x7F), byte_range(0xC0, 0xFF)), star(byte_range(0x80, 0xBF))),
+    seq(lit("\\"), byte_set(b'"\\/bfnrt')),
+    _ESC_BMP,
+    _ESC_PAIR,
+)
 
 
 def intersect_length(raw: Expr, lo: int, hi: int | None) -> Expr | None:
-    """``raw`` restricted to strings of lo..hi characters, or None when not computed."""
-    return None
+    """``raw`` restricted to strings of lo..hi characters (code points): a product DFA."""
+    if lo == 0 and hi is None:
+        return raw
+    return intersect(raw, rep(_RAW_UNIT, lo, hi))
+
+
+def encoded_length(lo: int, hi: int | None) -> Expr:
+    """Encoded strings of lo..hi characters, counted cheaply (no UTF-8 checks): meant to
+    be intersected with a language of valid encodings (:data:`CHAR` strings)."""
+    return rep(_ENC_UNIT, lo, hi)
 
 
 # ------------------------------------------------------------------------- formats
@@ -315,4 +376,5 @@ def format_raw(name: str) -> Expr | None:
     return _CACHE[name]
 
 
-__all__ = ["CHAR", "NOTHING", "SUPPORTED_FORMATS", "encode_raw", "format_raw", "raw_except", "string_of"]
+__all__ = ["CHAR", "NOTHING", "SUPPORTED_FORMATS", "encode_raw", "encoded_length", "format_raw", "intersect_length",
+           "keys_except", "string_of"]

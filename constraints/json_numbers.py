@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from .ir import EMPTY, NOTHING, Expr, alt, byte_range, lit, opt, plus, rep, seq, star
+from .ir import EMPTY, NOTHING, Expr, alt, byte_range, intersect, lit, opt, plus, rep, seq, star
 
 DIGIT = byte_range(0x30, 0x39)
 NONZERO = byte_range(0x31, 0x39)
@@ -241,3 +241,74 @@ def decimal_range(
             p_lo, p_excl = lo, lo_excl
         parts.append(_nonneg_decimal(p_lo, hi, p_excl, hi_excl, cap))
     return alt(*parts)
+
+
+# ------------------------------------------------------------------ multipleOf (integers)
+MAX_MOD_STATES = 9  # remainder automaton states written as IR (state elimination; 11 takes ~2 s)
+MAX_SUFFIXES = 2_000  # suffix words for the 2**a * 5**b part of a divisor
+
+
+def _dfa_regex(n: int, delta) -> Expr:
+    """Strings over digits that take the DFA with states 0..n-1 (``delta(state, digit)``)
+    from state 0 back to state 0, as IR, by state elimination. Sub-expressions are shared
+    objects, so the IR is a DAG of O(n**3) nodes (the automaton determinises each shared
+    node once)."""
+    r: list[list[Expr]] = [[NOTHING] * n for _ in range(n)]
+    for i in range(n):
+        by_target: dict[int, list[int]] = {}
+        for d in range(10):
+            by_target.setdefault(delta(i, d), []).append(d)
+        for j, ds in by_target.items():
+            r[i][j] = alt(*(lit(str(d)) for d in ds))
+    for k in range(n - 1, 0, -1):
+        loop = star(r[k][k])
+        for i in range(k):
+            if r[i][k] == NOTHING:
+                continue
+            via = seq(r[i][k], loop)
+            for j in range(k):
+                if r[k][j] != NOTHING:
+                    r[i][j] = alt(r[i][j], seq(via, r[k][j]))
+    return star(r[0][0])
+
+
+def _suffix_multiples(q: int) -> Expr | None:
+    """Digit strings (leading zeros allowed) whose value is a multiple of q = 2**a * 5**b:
+    decided by the last k = max(a, b) digits. None when the suffix set is too large."""
+    k = 0
+    while 10**k % q:
+        k += 1
+    count = 10**k // q
+    if count > MAX_SUFFIXES:
+        return None
+    words = [str(v).zfill(k) for v in range(0, 10**k, q)]
+    shorts = [str(v) for v in range(0, 10 ** max(0, k - 1), q)]
+    return alt(seq(star(DIGIT), alt(*(lit(w) for w in words))),
+               seq(star(lit("0")), alt(*(lit(w) for w in shorts))) if shorts else NOTHING)
+
+
+def int_multiple(lo: int | None, hi: int | None, m: int) -> Expr | None:
+    """Canonical JSON integers in ``[lo, hi]`` that are multiples of ``m`` (``m >= 1``), or
+    None when the remainder automaton would exceed the bounds."""
+    if m == 1:
+        return int_range(lo, hi)
+    if lo is not None and hi is not None and (hi - lo) // m <= 2000:
+        first = -(-lo // m) * m
+        vals = range(first, hi + 1, m)
+        return alt(*(lit(str(v)) for v in vals)) if vals else NOTHING
+    q, rest = 1, m
+    for p in (2, 5):
+        while rest % p == 0:
+            rest //= p
+            q *= p
+    parts = [int_range(lo, hi)]
+    if q > 1:
+        suffix = _suffix_multiples(q)
+        if suffix is None:
+            return None
+        parts.append(seq(opt(MINUS), suffix))
+    if rest > 1:
+        if rest > MAX_MOD_STATES:
+            return None
+        parts.append(seq(opt(MINUS), _dfa_regex(rest, lambda r, d: (10 * r + d) % rest)))
+    return intersect(*parts)

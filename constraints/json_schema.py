@@ -22,46 +22,37 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from decimal import Decimal
 from urllib.parse import unquote
 
 from . import json_formats as jf
 from . import json_numbers as jn
 from .errors import ConstraintError, ConstraintTooComplex
-from .ir import ANY_CHAR, EMPTY, NOTHING, Alt, Expr, Grammar, Ref, Repeat, Seq, alt, lit, opt, rep, seq, star
-
-FLEX_INDENT = 20
-MAX_DEPTH = 64  # nested schema levels while compiling
-MAX_ENUM = 10_000  # enum values
-MAX_REPEAT_COST = 400_000  # IR nodes a counted repetition may expand to
-MAX_BRANCHES = 256  # anyOf x anyOf products while merging allOf
-
-ANNOTATIONS = {
-    "title", "description", "examples", "default", "$comment", "$schema", "$id", "id", "readOnly",
-    "writeOnly", "deprecated", "contentMediaType", "contentEncoding", "contentSchema", "$defs",
-    "definitions", "$anchor", "$dynamicAnchor", "$vocabulary", "format", "discriminator", "nullable",
-}
-UNSUPPORTED = (
-    "uniqueItems", "not", "if", "then", "else", "contains", "minContains", "maxContains",
-    "dependentSchemas", "dependentRequired", "dependencies", "unevaluatedProperties",
-    "unevaluatedItems", "$dynamicRef", "$recursiveRef",
+from .ir import ANY_CHAR, EMPTY, NOTHING, Expr, Grammar, Ref, alt, intersect, lit, opt, rep, seq, star
+from .json_common import (  # noqa: F401  (re-exported)
+    _ORIGIN,
+    _PATTERNS,
+    ANNOTATIONS,
+    FLEX_INDENT,
+    MAX_BRANCHES,
+    MAX_DEPTH,
+    MAX_ENUM,
+    MAX_LENGTH_COUNT,
+    MAX_REPEAT_COST,
+    SUPPORTED,
+    TYPES,
+    UNSUPPORTED,
+    _child,
+    _constraining,
+    _cost,
+    _escaped_at,
+    _is_trivial,
+    _join,
+    _split_top,
 )
-SUPPORTED = (
-    "type", "properties", "required", "additionalProperties", "patternProperties", "propertyNames",
-    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
-    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
-    "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-)
-TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
-_ORIGIN = "\x00origin"  # merged schemas remember the node they came from (for enum filtering)
-_PATTERNS = "\x00patterns"
-
-
-def _child(ptr: str, *keys: object) -> str:
-    for k in keys:
-        ptr += "/" + str(k).replace("~", "~0").replace("/", "~1")
-    return ptr
+from .json_merge import MergeMixin
+from .json_numbers import int_multiple
+from .json_objects import ObjectMixin
 
 
 def _load(schema: object) -> object:
@@ -83,16 +74,8 @@ def _load(schema: object) -> object:
     raise ConstraintError(f"expected a JSON Schema (dict, bool, JSON text or model), got {type(schema).__name__}")
 
 
-def _is_trivial(s: object) -> bool:
-    """True for schemas that accept everything (``true``, ``{}``, annotations only)."""
-    return s is True or (isinstance(s, dict) and all(k in ANNOTATIONS - {"format"} for k in s))
 
-
-def _constraining(s: dict) -> dict:
-    return {k: v for k, v in s.items() if k not in ANNOTATIONS or k == "format"}
-
-
-class _SchemaCompiler:
+class _SchemaCompiler(MergeMixin, ObjectMixin):
     def __init__(self, root: object, whitespace: str, strict: bool, lenient: bool) -> None:
         if whitespace not in ("compact", "flexible"):
             raise ConstraintError(f"whitespace must be 'compact' or 'flexible', got {whitespace!r}")
@@ -358,194 +341,6 @@ class _SchemaCompiler:
                 parts.append(self.compile({"allOf": [base, b]}, bptr))
         return alt(*parts)
 
-    # ----------------------------------------------------------------- oneOf
-    def _shallow(self, b: object, depth: int = 0) -> object:
-        """Resolve $ref / single-branch allOf chains for disjointness checks."""
-        while isinstance(b, dict) and "$ref" in b and depth < 16:
-            b, _ = self.resolve(b["$ref"], "#")
-            depth += 1
-        return b
-
-    def _type_set(self, b: object) -> set[str] | None:
-        b = self._shallow(b)
-        if not isinstance(b, dict):
-            return None if b is True else set()
-        if "const" in b or "enum" in b:
-            vals = [b["const"]] if "const" in b else b.get("enum", [])
-            return {_json_type(v) for v in vals}
-        t = b.get("type")
-        if t is None:
-            if "allOf" in b:
-                sets = [x for x in (self._type_set(y) for y in b["allOf"]) if x is not None]
-                return set.intersection(*sets) if sets else None
-            return None
-        ts = {t} if isinstance(t, str) else set(t)
-        if "number" in ts:
-            ts.add("integer")
-        return ts
-
-    def disjoint(self, branches: list, base: dict) -> bool:
-        sets = [self._type_set(b) for b in branches]
-        if all(x is not None for x in sets):
-            if all(not (sets[i] & sets[j]) for i in range(len(sets)) for j in range(i)):
-                return True
-        # all enum/const with pairwise distinct values
-        vals = []
-        for b in branches:
-            b = self._shallow(b)
-            if isinstance(b, dict) and ("const" in b or "enum" in b):
-                vals.append({_canon(v) for v in ([b["const"]] if "const" in b else b["enum"])})
-            else:
-                break
-        else:
-            if all(not (vals[i] & vals[j]) for i in range(len(vals)) for j in range(i)):
-                return True
-        # a discriminator: a property required in every branch with disjoint const/enum values
-        objs = [self._shallow(b) for b in branches]
-        if not all(isinstance(o, dict) and isinstance(o.get("properties"), dict) for o in objs):
-            return False
-        common = set(objs[0]["properties"])
-        for o in objs[1:]:
-            common &= set(o["properties"])
-        for key in common:
-            dvals = []
-            for o in objs:
-                p = self._shallow(o["properties"][key])
-                if key not in o.get("required", []) or not isinstance(p, dict) or not ("const" in p or "enum" in p):
-                    break
-                dvals.append({_canon(v) for v in ([p["const"]] if "const" in p else p["enum"])})
-            else:
-                if all(not (dvals[i] & dvals[j]) for i in range(len(dvals)) for j in range(i)):
-                    return True
-        return False
-
-    # ----------------------------------------------------------------- allOf merge
-    def merge_all(self, s: dict, ptr: str) -> dict:
-        merged: dict = {k: v for k, v in s.items() if k != "allOf"}
-        for i, b in enumerate(s["allOf"]):
-            merged = self.merge2(merged, self.flatten(b, _child(ptr, "allOf", i), 0), ptr)
-        merged[_ORIGIN] = s.get(_ORIGIN, s)
-        return merged
-
-    def flatten(self, b: object, ptr: str, depth: int) -> dict:
-        if depth > MAX_DEPTH:
-            raise ConstraintTooComplex("allOf/$ref chain too deep to merge", path=ptr)
-        if b is True:
-            return {}
-        if b is False:
-            return {"enum": []}
-        if not isinstance(b, dict):
-            raise ConstraintError("a schema must be an object or a boolean", path=ptr)
-        self.check_unsupported(b, ptr)
-        out = {k: v for k, v in b.items() if k not in ("$ref", "allOf")}
-        if "$ref" in b:
-            target, tptr = self.resolve(b["$ref"], _child(ptr, "$ref"))
-            if tptr in self.stack:
-                raise ConstraintError("a recursive $ref cannot be merged with sibling keywords or allOf", path=ptr)
-            self.stack.append(tptr)
-            try:
-                out = self.merge2(out, self.flatten(target, tptr, depth + 1), ptr)
-            finally:
-                self.stack.pop()
-        for i, x in enumerate(b.get("allOf", [])):
-            out = self.merge2(out, self.flatten(x, _child(ptr, "allOf", i), depth + 1), ptr)
-        return out
-
-    def merge2(self, a: dict, b: dict, ptr: str) -> dict:
-        out = dict(a)
-        for k, vb in b.items():
-            if k in ANNOTATIONS - {"format"} or k == _ORIGIN:
-                continue
-            if k not in out:
-                out[k] = vb
-                continue
-            va = out[k]
-            if va == vb and k not in ("anyOf", "oneOf"):
-                continue
-            if k == "type":
-                ta = {va} if isinstance(va, str) else set(va)
-                tb = {vb} if isinstance(vb, str) else set(vb)
-                both = (ta & tb) | ({"integer"} if ("integer" in ta and "number" in tb) or
-                                    ("number" in ta and "integer" in tb) else set())
-                out[k] = [t for t in TYPES if t in both]
-            elif k == "required":
-                out[k] = list(dict.fromkeys([*va, *vb]))
-            elif k in ("minimum", "minLength", "minItems", "minProperties", "exclusiveMinimum") and not isinstance(va, bool):
-                out[k] = max(va, vb)
-            elif k in ("maximum", "maxLength", "maxItems", "maxProperties", "exclusiveMaximum") and not isinstance(va, bool):
-                out[k] = min(va, vb)
-            elif k in ("enum", "const"):
-                pass  # filtered against the original node when compiled
-            elif k == "pattern":
-                out[_PATTERNS] = [*out.get(_PATTERNS, [va]), vb]
-            elif k == "multipleOf":
-                if isinstance(va, int) and isinstance(vb, int):
-                    out[k] = va * vb // math.gcd(va, vb)
-                elif Decimal(str(va)) % Decimal(str(vb)) == 0:
-                    out[k] = va
-                elif Decimal(str(vb)) % Decimal(str(va)) == 0:
-                    out[k] = vb
-                else:
-                    raise ConstraintError("cannot merge multipleOf values under allOf", path=ptr)
-            elif k in ("anyOf", "oneOf"):
-                prod = [{"allOf": [x, y]} for x in va for y in vb]
-                if len(prod) > MAX_BRANCHES:
-                    raise ConstraintTooComplex(f"allOf of {k} branches exceeds {MAX_BRANCHES} combinations", path=ptr)
-                out[k] = prod
-            elif k in ("items", "additionalProperties", "propertyNames", "additionalItems", "contains"):
-                out[k] = {"allOf": [va, vb]}
-            elif k in ("properties", "patternProperties", "prefixItems"):
-                pass  # below
-            else:
-                raise ConstraintError(f"cannot merge '{k}' under allOf", path=ptr)
-        if "properties" in a and "properties" in b or ("additionalProperties" in a or "additionalProperties" in b):
-            out.update(self._merge_props(a, b, ptr))
-        elif "patternProperties" in a and "patternProperties" in b:
-            out.update(self._merge_props(a, b, ptr))
-        if "prefixItems" in a and "prefixItems" in b:
-            pa, pb = a["prefixItems"], b["prefixItems"]
-            ia, ib = a.get("items", True), b.get("items", True)
-            n = max(len(pa), len(pb))
-            out["prefixItems"] = [
-                {"allOf": [pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib]} for i in range(n)
-            ]
-        elif "prefixItems" in a or "prefixItems" in b:
-            if "items" in a and "prefixItems" in b or "items" in b and "prefixItems" in a:
-                px, other = (b["prefixItems"], a["items"]) if "prefixItems" in b else (a["prefixItems"], b["items"])
-                out["prefixItems"] = [{"allOf": [p, other]} for p in px]
-        return out
-
-    def _merge_props(self, a: dict, b: dict, ptr: str) -> dict:
-        pa, pb = a.get("properties", {}), b.get("properties", {})
-        if ("patternProperties" in a or "patternProperties" in b) and (
-            "additionalProperties" in a or "additionalProperties" in b
-        ):
-            raise ConstraintError("cannot merge patternProperties with additionalProperties under allOf", path=ptr)
-
-        def side(x: dict, props: dict, key: str) -> object:
-            if key in props:
-                return props[key]
-            pats = [v for p, v in x.get("patternProperties", {}).items() if re.search(p, key)]
-            if pats:
-                return {"allOf": pats}
-            return x.get("additionalProperties", True)
-
-        props = {}
-        for key in dict.fromkeys([*pa, *pb]):
-            sa, sb = side(a, pa, key), side(b, pb, key)
-            props[key] = sb if _is_trivial(sa) else sa if _is_trivial(sb) else {"allOf": [sa, sb]}
-        out: dict = {"properties": props}
-        adds = [x["additionalProperties"] for x in (a, b) if "additionalProperties" in x]
-        if adds:
-            out["additionalProperties"] = adds[0] if len(adds) == 1 else {"allOf": adds}
-        pp = {}
-        for x in (a, b):
-            for p, v in x.get("patternProperties", {}).items():
-                pp[p] = {"allOf": [pp[p], v]} if p in pp else v
-        if pp:
-            out["patternProperties"] = pp
-        return out
-
     # ----------------------------------------------------------------- strings
     def pattern_raw(self, pattern: str, ptr: str) -> Expr:
         from .regex import regex_to_ir
@@ -565,37 +360,45 @@ class _SchemaCompiler:
         return alt(*parts)
 
     def compile_string(self, s: dict, ptr: str) -> Expr:
+        return seq(jf.QUOTE, self.string_content(s, ptr), jf.QUOTE)
+
+    def string_content(self, s: dict, ptr: str) -> Expr:
+        """The encoded language between the quotes: every pattern, the format and the length
+        bounds intersected (product DFAs), so none of them is dropped."""
         lo = int(s.get("minLength", 0))
         hi = s.get("maxLength")
         hi = int(hi) if hi is not None else None
         if hi is not None and hi < lo:
             return NOTHING
-        raws: list[tuple[str, Expr]] = []
+        raws: list[Expr] = []
         patterns = s.get(_PATTERNS) or ([s["pattern"]] if "pattern" in s else [])
         for p in patterns:
-            raws.append(("pattern", self.pattern_raw(p, _child(ptr, "pattern"))))
+            raws.append(self.pattern_raw(p, _child(ptr, "pattern")))
         fmt = s.get("format")
         if isinstance(fmt, str):
             f = jf.format_raw(fmt)
             if f is not None:
-                raws.append(("format", f))
-        if not raws:
-            return jf.string_of(jf.CHAR, lo, hi) if hi is None or hi <= 64 else seq(
-                jf.QUOTE, self.repeat(jf.CHAR, lo, hi, _child(ptr, "maxLength"), "maxLength"), jf.QUOTE)
-        if len(raws) > 1:
-            self.relax(raws[1][0], _child(ptr, raws[1][0]), f"only one of pattern/format per string; kept {raws[0][0]}")
-        kind, raw = raws[0]
-        if lo > 0 or hi is not None:
-            raw = self.intersect_length(raw, lo, hi, kind, ptr)
-        return seq(jf.QUOTE, jf.encode_raw(raw), jf.QUOTE)
-
-    def intersect_length(self, raw: Expr, lo: int, hi: int | None, kind: str, ptr: str) -> Expr:
-        out = jf.intersect_length(raw, lo, hi)
-        if out is not None:
-            return out
-        kw = "maxLength" if hi is not None else "minLength"
-        self.relax(kw, _child(ptr, kw), f"length bounds together with {kind}; {kind} kept, length not enforced")
-        return raw
+                raws.append(f)
+        if raws:
+            # patterns and formats are written canonically (json.dumps(ensure_ascii=False))
+            body = jf.encode_raw(intersect(*raws))
+            fewest, most = jf.byte_bounds(body)
+            if hi is not None and most <= hi:
+                hi = None  # a character is at least one byte: the bound holds already
+            if lo and fewest >= 6 * lo:
+                lo = 0  # a character is at most six bytes (an escape) in canonical form
+        else:
+            if hi is None or hi <= 16:
+                return rep(jf.CHAR, lo, hi)
+            body = star(jf.CHAR)
+        if lo == 0 and hi is None:
+            return body
+        n = hi if hi is not None else lo
+        if n > MAX_LENGTH_COUNT:
+            kw = "maxLength" if hi is not None else "minLength"
+            raise ConstraintTooComplex(f"{kw} {n} exceeds the bound on counted string lengths ({MAX_LENGTH_COUNT})",
+                                       path=_child(ptr, kw))
+        return intersect(body, jf.encoded_length(lo, hi))
 
     # ----------------------------------------------------------------- numbers
     def compile_number(self, s: dict, ptr: str, *, integer: bool) -> Expr:
@@ -634,13 +437,13 @@ class _SchemaCompiler:
                 mult = None
             if mult is None:
                 return jn.int_range(ilo, ihi)
-            m = int(mult)
-            if ilo is not None and ihi is not None and (ihi - ilo) // m <= 2000:
-                first = -(-ilo // m) * m
-                vals = range(first, ihi + 1, m)
-                return alt(*(lit(str(v)) for v in vals)) if vals else NOTHING
-            self.relax("multipleOf", _child(ptr, "multipleOf"), "integer multipleOf over an unbounded range")
-            return jn.int_range(ilo, ihi)
+            m = mult.as_integer_ratio()[0]  # an integer is a multiple of p/q (lowest terms) iff of p
+            out = int_multiple(ilo, ihi, m)
+            if out is None:
+                self.relax("multipleOf", _child(ptr, "multipleOf"),
+                           f"the remainder automaton for multipleOf {m} exceeds the bound")
+                return jn.int_range(ilo, ihi)
+            return out
         cap = None
         if mult is not None:
             inv = 1 / mult
@@ -694,235 +497,6 @@ class _SchemaCompiler:
                 cur = seq(self.comma if i > 0 else EMPTY, pexprs[i], body)
                 body = cur if i < lo else opt(cur)
         return seq(lit("["), self.ws, body, self.ws, lit("]"))
-
-    # ----------------------------------------------------------------- objects
-    def compile_object(self, s: dict, ptr: str) -> Expr:
-        props = s.get("properties", {})
-        required = list(dict.fromkeys(s.get("required", [])))
-        pats = s.get("patternProperties", {})
-        addl = s.get("additionalProperties", True)
-        if self.strict:
-            addl = False
-        names = s.get("propertyNames")
-        pnames = names if names is not None and not _is_trivial(names) else None
-        name_check = self.validator(pnames) if pnames is not None else None
-        members: list[tuple[str, object, str]] = []  # (key, schema, pointer) in schema order
-        for key, sub in props.items():
-            members.append((key, sub, _child(ptr, "properties", key)))
-        for key in required:
-            if key not in props:
-                pm = [(p, v) for p, v in pats.items() if re.search(p, key)]
-                if pm:
-                    members.append((key, {"allOf": [v for _, v in pm]}, _child(ptr, "patternProperties", pm[0][0])))
-                elif addl is False:
-                    raise ConstraintError(f"required property {key!r} is not allowed (additionalProperties is false)",
-                                          path=_child(ptr, "required"))
-                else:
-                    members.append((key, addl, _child(ptr, "additionalProperties")))
-        items: list[tuple[Expr, bool]] = []
-        for key, sub, sptr in members:
-            pm = [v for p, v in pats.items() if key in props and re.search(p, key)]
-            if pm:
-                sub = {"allOf": [sub, *pm]}
-            value = self.compile(sub, sptr)
-            ok = value != NOTHING and (name_check is None or name_check.is_valid(key))
-            if not ok:
-                if key in required:
-                    raise ConstraintError(f"required property {key!r} cannot be satisfied", path=sptr)
-                continue
-            items.append((seq(lit(json.dumps(key, ensure_ascii=False)), self.colon, value), key in required))
-        extra = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames)
-        lo = int(s.get("minProperties", 0))
-        hi = s.get("maxProperties")
-        hi = int(hi) if hi is not None else None
-        body = self.members_body(items, extra, lo, hi, ptr)
-        return seq(lit("{"), self.ws, body, self.ws, lit("}"))
-
-    def extra_member(self, s: dict, ptr: str, declared: list[str], pats: dict, addl: object,
-                     pnames: object) -> Expr | None:
-        """One member whose key is not declared, or None when no such key is allowed."""
-        parts = []
-        for p, sub in pats.items():
-            pptr = _child(ptr, "patternProperties", p)
-            raw = self.pattern_raw(p, pptr)
-            if any(re.search(p, k) for k in declared) or len(pats) > 1:
-                self.relax("patternProperties", pptr, "pattern keys may overlap declared or other pattern keys")
-            value = self.compile(sub, pptr)
-            if value != NOTHING:
-                parts.append(seq(jf.QUOTE, jf.encode_raw(raw), jf.QUOTE, self.colon, value))
-        if addl is not False:
-            aptr = _child(ptr, "additionalProperties")
-            value = self.compile(addl, aptr)
-            if value != NOTHING:
-                if pats:
-                    self.relax("additionalProperties", aptr,
-                               "keys matching no patternProperties pattern are not generated")
-                else:
-                    key = jf.raw_except(declared)
-                    if pnames is not None:
-                        if declared:
-                            self.relax("propertyNames", _child(ptr, "propertyNames"),
-                                       "enforced on declared keys only")
-                        else:
-                            return seq(self.compile_key(pnames, _child(ptr, "propertyNames")), self.colon, value)
-                    parts.append(seq(jf.QUOTE, jf.encode_raw(key), jf.QUOTE, self.colon, value))
-        return alt(*parts) if parts else None
-
-    def compile_key(self, names: object, ptr: str) -> Expr:
-        """Keys under ``propertyNames`` (only its string part matters)."""
-        if isinstance(names, dict):
-            names = {**names, "type": "string"}
-        return self.compile(names, ptr)
-
-    def members_body(self, items: list[tuple[Expr, bool]], extra: Expr | None, lo: int, hi: int | None,
-                     ptr: str) -> Expr:
-        comma = self.comma
-        n_req = sum(1 for _, r in items if r)
-        n_max = len(items) if extra is None else None
-        if hi is not None and hi < max(lo, n_req) or (n_max is not None and n_max < lo):
-            return NOTHING
-        simple = lo <= n_req and (hi is None or (n_max is not None and hi >= n_max))
-        if simple:
-            rest: list[Expr] = [EMPTY] * (len(items) + 1)
-            for j in range(len(items) - 1, -1, -1):
-                m, r = items[j]
-                rest[j] = seq(seq(comma, m) if r else opt(seq(comma, m)), rest[j + 1])
-            firsts = []
-            for f, (m, r) in enumerate(items):
-                firsts.append(seq(m, rest[f + 1]))
-                if r:
-                    break
-            decl = alt(*firsts)
-            if extra is None:
-                return decl if n_req else opt(decl)
-            tail = star(seq(comma, extra))
-            parts = [seq(decl, tail)]
-            if not n_req:
-                parts.append(opt(seq(extra, tail)))
-            return alt(*parts)
-        n_opt = len(items) - n_req
-        if n_opt > 12:
-            raise ConstraintTooComplex(
-                f"minProperties/maxProperties over {n_opt} optional properties exceeds the bound (12)",
-                path=ptr)
-        memo: dict = {}
-
-        def d(j: int, c: int, first: bool) -> Expr:
-            """Members j.. with exactly c of them present; ``first``: nothing emitted before."""
-            if (j, c, first) in memo:
-                return memo[j, c, first]
-            if j == len(items):
-                out = EMPTY if c == 0 else NOTHING
-            elif c < 0:
-                out = NOTHING
-            else:
-                m, r = items[j]
-                took = seq(EMPTY if first else comma, m, d(j + 1, c - 1, False))
-                out = took if r else alt(took, d(j + 1, c, first))
-            memo[j, c, first] = out
-            return out
-
-        parts = []
-        for c in range(n_req, len(items) + 1):
-            if hi is not None and c > hi:
-                break
-            decl = d(0, c, True)
-            if decl == NOTHING:
-                continue
-            if extra is None:
-                if c >= lo:
-                    parts.append(decl)
-                continue
-            e_lo, e_hi = max(0, lo - c), None if hi is None else hi - c
-            if c > 0:
-                parts.append(seq(decl, self.repeat(seq(comma, extra), e_lo, e_hi, _child(ptr, "maxProperties"),
-                                                   "maxProperties")))
-            elif e_hi != 0:
-                more = self.repeat(seq(comma, extra), max(0, e_lo - 1), None if e_hi is None else e_hi - 1,
-                                   _child(ptr, "maxProperties"), "maxProperties")
-                parts.append(seq(extra, more) if e_lo > 0 else opt(seq(extra, more)))
-            elif e_lo == 0:
-                parts.append(EMPTY)
-        return alt(*parts)
-
-
-def _json_type(v: object) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    return "array" if isinstance(v, list) else "object"
-
-
-def _canon(v: object) -> str:
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    return json.dumps(v, sort_keys=True)
-
-
-def _join(items: list[Expr], sep: Expr) -> list[Expr]:
-    out: list[Expr] = []
-    for i, x in enumerate(items):
-        if i:
-            out.append(sep)
-        out.append(x)
-    return out
-
-
-def _cost(e: Expr, memo: dict | None = None) -> int:
-    """Rough IR size with counted repetitions expanded (shared nodes counted once)."""
-    memo = {} if memo is None else memo
-    if id(e) in memo:
-        return 1
-    if isinstance(e, (Seq, Alt)):
-        n = 1 + sum(_cost(x, memo) for x in e.items)
-    elif isinstance(e, Repeat):
-        n = 1 + _cost(e.item, memo) * max(1, e.max if e.max is not None else e.min)
-    else:
-        n = 1
-    memo[id(e)] = (e, n)
-    return n
-
-
-def _escaped_at(p: str, i: int) -> bool:
-    n = 0
-    while i - 1 - n >= 0 and p[i - 1 - n] == "\\":
-        n += 1
-    return n % 2 == 1
-
-
-def _split_top(p: str) -> list[str]:
-    """Split a regex at its top-level ``|`` (outside groups and classes)."""
-    out, depth, cls, start, i = [], 0, False, 0, 0
-    while i < len(p):
-        c = p[i]
-        if c == "\\":
-            i += 2
-            continue
-        if cls:
-            if c == "]":
-                cls = False
-        elif c == "[":
-            cls = True
-            if p[i + 1: i + 2] == "]" or p[i + 1: i + 3] == "^]":
-                i += 2 if p[i + 1] == "]" else 3
-                continue
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            out.append(p[start:i])
-            start = i + 1
-        i += 1
-    out.append(p[start:])
-    return out
 
 
 def schema_to_grammar(

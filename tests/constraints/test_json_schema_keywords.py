@@ -88,6 +88,35 @@ TABLE = [
      [('{"a":1,"b":2}', True), ('{"a":1,"b":"x"}', False)]),
     ("definitions", {"definitions": {"s": {"type": "string"}}, "type": "array", "items": {"$ref": "#/definitions/s"}},
      [('["a"]', True), ("[1]", False)]),
+    # pattern / format / length / several patterns: all intersected (product DFAs)
+    ("pattern+length", {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 3},
+     [('"ab"', True), ('"abc"', True), ('"a"', False), ('"abcd"', False), ('"a1"', False)]),
+    ("pattern+length unicode", {"type": "string", "pattern": "^.*$", "maxLength": 2},
+     [('"é😀"', True), ('"\\t"', True), ('"abc"', False), ('"é😀x"', False)]),
+    ("format+length", {"type": "string", "format": "ipv4", "maxLength": 7},
+     [('"1.2.3.4"', True), ('"10.2.3.4"', False)]),
+    ("format+pattern", {"type": "string", "format": "date", "pattern": "^2024"},
+     [('"2024-02-29"', True), ('"2023-02-28"', False), ('"2024-02-30"', False)]),
+    ("allOf patterns", {"allOf": [{"type": "string", "pattern": "a"}, {"pattern": "b"}]},
+     [('"ab"', True), ('"ba"', True), ('"a"', False), ('"b"', False)]),
+    ("long maxLength", {"type": "string", "maxLength": 100},
+     [('"' + "x" * 100 + '"', True), ('"' + "x" * 101 + '"', False), ('"' + "\\n" * 100 + '"', True)]),
+    ("multipleOf 7", {"type": "integer", "multipleOf": 7},
+     [("0", True), ("-14", True), ("700007", True), ("15", False), ("-15", False)]),
+    ("multipleOf 16 min", {"type": "integer", "multipleOf": 16, "minimum": 20},
+     [("32", True), ("1600", True), ("16", False), ("40", False)]),
+    ("multipleOf 1.5 integer", {"type": "integer", "multipleOf": 1.5}, [("3", True), ("9", True), ("4", False)]),
+    ("patternProperties overlap", {"type": "object", "properties": {"xa": {"type": "integer", "minimum": 5}},
+                                   "patternProperties": {"^x": {"type": "integer"}, "a$": {"maximum": 10}},
+                                   "additionalProperties": {"type": "string"}},
+     [('{"xa":7}', True), ('{"xa":11}', False), ('{"xb":1}', True), ('{"xb":"s"}', False), ('{"ya":11}', False),
+      ('{"ya":"s"}', True), ('{"xya":12}', False), ('{"xya":2}', True), ('{"q":"s"}', True), ('{"q":1}', False)]),
+    ("additional keys except declared", {"type": "object", "properties": {"a": {"type": "integer"}},
+                                         "additionalProperties": {"type": "string"}},
+     [('{"a":1,"b":"x"}', True), ('{"a":1,"a":"x"}', False), ('{"a":1,"\\u0061":"x"}', False),
+      ('{"a":1,"ab":"x"}', True)]),
+    ("propertyNames with declared", {"type": "object", "properties": {"id": {}}, "propertyNames": {"maxLength": 3}},
+     [('{"id":1,"abc":1}', True), ('{"id":1,"abcd":1}', False)]),
 ]
 CASES = [(name, schema, text, exp) for name, schema, rows in TABLE for text, exp in rows]
 
@@ -151,7 +180,7 @@ ERRORS = [
     ({"enum": []}, r"no enum value.*#/enum"),
     ({"type": "object", "required": ["x"], "additionalProperties": False}, r"'x' is not allowed.*#/required"),
     ({"$ref": "http://example.com/s.json"}, r"remote refs.*#/\$ref"),
-    ({"type": "integer", "multipleOf": 7}, r"multipleOf.*#/multipleOf"),
+    ({"type": "integer", "multipleOf": 97}, r"multipleOf.*#/multipleOf"),
 ]
 
 

@@ -1,0 +1,131 @@
+"""Shared constants and helpers of the JSON Schema front end (json_schema and its mixins)."""
+
+from __future__ import annotations
+
+import json
+
+from .ir import Alt, Expr, Repeat, Seq
+
+FLEX_INDENT = 20
+MAX_DEPTH = 64  # nested schema levels while compiling
+MAX_ENUM = 10_000  # enum values
+MAX_REPEAT_COST = 400_000  # IR nodes a counted repetition may expand to
+MAX_LENGTH_COUNT = 4_096  # minLength/maxLength counted by an automaton
+MAX_PATTERN_PROPERTIES = 4  # patternProperties resolved exactly (2**n key classes)
+MAX_BRANCHES = 256  # anyOf x anyOf products while merging allOf
+
+ANNOTATIONS = {
+    "title", "description", "examples", "default", "$comment", "$schema", "$id", "id", "readOnly",
+    "writeOnly", "deprecated", "contentMediaType", "contentEncoding", "contentSchema", "$defs",
+    "definitions", "$anchor", "$dynamicAnchor", "$vocabulary", "format", "discriminator", "nullable",
+}
+UNSUPPORTED = (
+    "uniqueItems", "not", "if", "then", "else", "contains", "minContains", "maxContains",
+    "dependentSchemas", "dependentRequired", "dependencies", "unevaluatedProperties",
+    "unevaluatedItems", "$dynamicRef", "$recursiveRef",
+)
+SUPPORTED = (
+    "type", "properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
+    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
+    "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+)
+TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
+_ORIGIN = "\x00origin"  # merged schemas remember the node they came from (for enum filtering)
+_PATTERNS = "\x00patterns"
+
+
+def _child(ptr: str, *keys: object) -> str:
+    for k in keys:
+        ptr += "/" + str(k).replace("~", "~0").replace("/", "~1")
+    return ptr
+
+
+
+def _is_trivial(s: object) -> bool:
+    """True for schemas that accept everything (``true``, ``{}``, annotations only)."""
+    return s is True or (isinstance(s, dict) and all(k in ANNOTATIONS - {"format"} for k in s))
+
+
+def _constraining(s: dict) -> dict:
+    return {k: v for k, v in s.items() if k not in ANNOTATIONS or k == "format"}
+
+
+def _json_type(v: object) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def _canon(v: object) -> str:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return json.dumps(v, sort_keys=True)
+
+
+def _join(items: list[Expr], sep: Expr) -> list[Expr]:
+    out: list[Expr] = []
+    for i, x in enumerate(items):
+        if i:
+            out.append(sep)
+        out.append(x)
+    return out
+
+
+def _cost(e: Expr, memo: dict | None = None) -> int:
+    """Rough IR size with counted repetitions expanded (shared nodes counted once)."""
+    memo = {} if memo is None else memo
+    if id(e) in memo:
+        return 1
+    if isinstance(e, (Seq, Alt)):
+        n = 1 + sum(_cost(x, memo) for x in e.items)
+    elif isinstance(e, Repeat):
+        n = 1 + _cost(e.item, memo) * max(1, e.max if e.max is not None else e.min)
+    else:
+        n = 1
+    memo[id(e)] = (e, n)
+    return n
+
+
+def _escaped_at(p: str, i: int) -> bool:
+    n = 0
+    while i - 1 - n >= 0 and p[i - 1 - n] == "\\":
+        n += 1
+    return n % 2 == 1
+
+
+def _split_top(p: str) -> list[str]:
+    """Split a regex at its top-level ``|`` (outside groups and classes)."""
+    out, depth, cls, start, i = [], 0, False, 0, 0
+    while i < len(p):
+        c = p[i]
+        if c == "\\":
+            i += 2
+            continue
+        if cls:
+            if c == "]":
+                cls = False
+        elif c == "[":
+            cls = True
+            if p[i + 1: i + 2] == "]" or p[i + 1: i + 3] == "^]":
+                i += 2 if p[i + 1] == "]" else 3
+                continue
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(p[start:i])
+            start = i + 1
+        i += 1
+    out.append(p[start:])
+    return out
+
