@@ -23,7 +23,7 @@ from .models.llama import LlamaModel
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .sequence import Sequence, Status
-from .structured import Structured, judge
+from .structured import MaskFiller, Structured, judge
 from .tokenizer import Message, Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -105,7 +105,7 @@ class LLM:
         # has the same keyword signature and is swapped in here.
         self.sample_fn = kernels.sample  # fused Triton kernel on CUDA, torch reference on CPU
         self.structured = Structured(self.tokenizer, self.config.vocab_size)
-        self._bitmask_buf: torch.Tensor | None = None
+        self.masks = MaskFiller(self.config.vocab_size, pin=self.device.type == "cuda")
         self._seed_rng = random.Random(seed)
         self._next_id = 0
         self.load_seconds = time.perf_counter() - t0
@@ -233,15 +233,17 @@ class LLM:
                 free_slots.remove(s.slot)
                 budget -= len(s)
                 admitted.append(s)
-            # 2. forward
+            # 2. masks on a host thread while the device runs the forward
+            batch = admitted or running
+            masks = self.masks.start(batch)
             if admitted:
-                batch, logits = admitted, self.runner.prefill(admitted)
+                logits = self.runner.prefill(admitted)
                 running.extend(admitted)
                 running.sort(key=lambda s: s.slot)
             else:
-                batch, logits = running, self.runner.decode(running)
-            # 3.-4. per-request bitmask, sample, accept
-            tokens = self._sample(batch, logits)
+                logits = self.runner.decode(running)
+            # 3.-4. apply masks + sample in one launch, accept
+            tokens = self._sample(batch, logits, *masks.wait())
             for s, t in zip(batch, tokens):
                 s.on_token(t, self.tokenizer)
                 if s.is_finished:
@@ -253,16 +255,11 @@ class LLM:
         if bar is not None:
             bar.close()
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """Per-step hook point: constrained sequences write their bitmask rows on the host
-        (while the device may still run the forward: nothing here waits on it), the rows go
-        to the device in one copy, then one fused sampler call masks and samples."""
-        B, V = logits.shape
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, host: torch.Tensor | None,
+                constrained: list[int]) -> list[int]:
+        """One fused sampler call: the constrained rows' bitmask (filled on the host while
+        the forward ran) goes to the device in one copy; the kernel masks and samples."""
         dev = logits.device
-        W = (V + 31) // 32
-        host = self._host_bitmask(B, W)
-        rows = host.numpy()
-        constrained = [i for i, s in enumerate(seqs) if s.fill_bitmask(rows[i])]
         bitmask = indices = None
         if constrained:
             bitmask = host.to(dev, non_blocking=True)
@@ -289,12 +286,3 @@ class LLM:
             for i in torch.nonzero(out.empty).flatten().tolist():
                 tokens[i] = -1  # the sequence fails in on_token (no token is allowed)
         return tokens
-
-    def _host_bitmask(self, B: int, W: int) -> torch.Tensor:
-        """A reused host buffer for the bitmask (pinned on CUDA for an async copy)."""
-        buf = self._bitmask_buf
-        if buf is None or buf.shape[0] < B or buf.shape[1] != W:
-            pin = self.device.type == "cuda"
-            buf = torch.empty((max(B, self.max_num_seqs), W), dtype=torch.int32, pin_memory=pin)
-            self._bitmask_buf = buf
-        return buf[:B]
