@@ -101,8 +101,9 @@ class Vocabulary:
     special_ids:
         Tokens never allowed inside a constraint (their bytes are ignored).
     vocab_size:
-        The model's logits width when it exceeds ``len(token_bytes)`` (padded
-        embeddings); the extra ids are never allowed.
+        The model's logits width: when it exceeds ``len(token_bytes)`` (padded
+        embeddings) the extra ids are never allowed; when it is smaller, ids past it are
+        dropped (the model cannot produce them).
     """
 
     def __init__(
@@ -112,7 +113,12 @@ class Vocabulary:
         special_ids: Iterable[int] = (),
         vocab_size: int | None = None,
     ) -> None:
-        self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
+        eos = set(int(i) for i in eos_ids)
+        if vocab_size is not None and vocab_size < len(token_bytes):
+            # the model's logits are narrower than the tokenizer: ids past them never occur
+            token_bytes = token_bytes[:vocab_size]
+            eos = {i for i in eos if i < vocab_size}
+        self.eos_ids = tuple(sorted(eos))
         self.special_ids = frozenset(int(i) for i in special_ids) | frozenset(self.eos_ids)
         tb = [None if (i in self.special_ids or b == b"") else b for i, b in enumerate(token_bytes)]
         self.vocab_size = max(len(tb), vocab_size or 0)

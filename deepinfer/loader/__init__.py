@@ -27,8 +27,11 @@ def default_gguf_path() -> str:
     raise FileNotFoundError(f"no .gguf file inside the {DEFAULT_MODEL_PACKAGE} package")
 
 
-def load_model(model: str | os.PathLike | None = None) -> LoadedModel:
-    """Load `model`: None (embedded default), a .gguf file, a local HF folder, or a hub repo id."""
+def load_model(model: str | os.PathLike | LoadedModel | None = None) -> LoadedModel:
+    """Load `model`: None (embedded default), a .gguf file, a local HF folder, a hub repo id,
+    or an already loaded `LoadedModel` (config + weights + tokenizer built in memory)."""
+    if isinstance(model, LoadedModel):
+        return model
     if model is None:
         model = default_gguf_path()
     model = os.fspath(model)
