@@ -1,27 +1,25 @@
 """Triton kernels: bitmask apply, and the fused mask + temperature + top-k/top-p/min-p + sampling.
 
-One launch, grid (B, S): program (b, c) reads chunk c (``CHUNK`` tokens) of row b once and
-writes its partial result (max score, best key and its token); the last of the row's S
-programs to finish (an atomic counter) combines the S partials in chunk order and, for rows
-with an active filter, runs the filter rounds over the row. Tiles depend on V only and the
-combine order is fixed, so a row's result depends only on that row (batch invariance).
+One program per row loops over the vocabulary in ``BLOCK`` chunks, so a row's result depends
+only on that row's inputs (batch invariance) and ``BLOCK`` depends only on V.
 
 Sampling is the Gumbel-max trick with counter-based noise (``reference.uniform_noise``, the
 same 32-bit integer hash in both backends): token = argmax over the kept set of ``s_i + g_i``.
 The kept set is ``{i : s_i >= tau}`` for an unknown threshold tau (top-k, top-p and min-p
-are all thresholds on the score s), found without sorting by testing candidates at a few
-pivots per pass (a multi-pivot form of FlashInfer's dual-pivot rejection sampling)::
+are all thresholds on the score s), found without sorting by candidate testing with two
+pivots (as FlashInfer's dual-pivot rejection sampling):
 
-    pass 0: m = max(s), c = argmax_i (s_i + g_i)                 # the sample if nothing is cut
-    round:  pivots q_0 = s_c < q_1 < ... < q_{P-1} in [s_c, high)  # high: a score known kept
-            one pass: count and mass above each q_j, and argmax of s+g above each q_j
-            no q_j cut   -> token = c         # c is kept, hence the argmax over the kept set
-            q_J highest cut -> c = argmax above q_J, high = q_{J+1}
+    pass 0: m = max(s), c = argmax_i (s_i + g_i)                # the sample if nothing is cut
+    round:  p0 = s_c, p1 = (s_c + high) / 2                      # high: a score known kept
+            one pass: count / mass above p0 and p1, argmax of s+g above p0 and above p1
+            p0 kept              -> token = c                    # c is the argmax over the kept set
+            p1 cut (p1 < tau)    -> c = argmax above p1
+            else                 -> c = argmax above p0, high = p1
 
 Every candidate is the Gumbel argmax of an upper set that contains the kept set, so the first
 one that is kept is the argmax over the kept set: the same token as the reference. The
-candidate's score rises strictly each round and [s_c, high) shrinks P-fold, so rounds are few.
-No host synchronisation, no sort, one launch (plus a zeroed counter).
+candidate's score rises strictly each round and [s_c, high] halves, so rounds are few (one in
+the common case). No host synchronisation, no sort, no extra memory.
 """
 
 from __future__ import annotations
@@ -97,24 +95,36 @@ def _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MA
     return x * inv_t
 
 
+# max over u of -log(-log(u)) is 16.64 (u = 1 - 2**-24); a block whose best score plus this
+# cannot beat the best key so far needs no noise (fl(s + g) <= fl(bm + GMAX) by monotone rounding)
+
+
 @_helper
 def _propose(
-    lrow, stride_lv, mrow_ptr, has_row_mask, lo, hi, V, inv_t, k0, k1, low,
-    HAS_MASK: tl.constexpr, WITH_Z: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    # tokens [lo, hi) -> (argmax of s + g over {s > low}, that max, max(s), sum(exp(s - max s)) if WITH_Z)
+    lrow,
+    stride_lv,
+    mrow_ptr,
+    has_row_mask,
+    V,
+    inv_t,
+    k0,
+    k1,
+    low,
+    HAS_MASK: tl.constexpr,
+    WITH_Z: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # -> (argmax of s + g over {s > low}, max(s), sum(exp(s - max s)) if WITH_Z)
     arange = tl.arange(0, BLOCK)
     m = float("-inf")
     best_key = float("-inf")
     tok = 0
     z = 0.0
-    for start in range(lo, hi, BLOCK):
+    for start in range(0, V, BLOCK):
         offs = start + arange
         s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
         bm = tl.max(s, 0)
         s_up = tl.where(s > low, s, float("-inf"))
-        # max over u of -ln2 * log2(-log2(u)) is 16.3 (u = 1 - 2**-24): a block whose best score
-        # plus 17 cannot beat the best key so far needs no noise (rounding is monotone)
         if tl.max(s_up, 0) + 17.0 > best_key:
             key = s_up + _gumbel(offs, k0, k1)
             bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
@@ -125,7 +135,7 @@ def _propose(
             safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
             z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
         m = tl.maximum(m, bm)
-    return tok, best_key, m, z
+    return tok, m, z
 
 
 # fmt: off
@@ -137,23 +147,14 @@ def _sample_kernel(
     top_k_ptr, top_p_ptr, min_p_ptr,  # [B] int64, float32, float32
     seed_ptr, step_ptr,  # [B] int64
     tokens_ptr, empty_ptr, logprobs_ptr,  # [B] int64, bool, float32
-    part_key_ptr, part_idx_ptr, part_m_ptr, part_z_ptr,  # [B, S] per-chunk results
-    count_ptr,  # [B] int32 zeros: chunks of the row done
-    V, S,  # vocabulary size, chunks per row
+    V,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
-    CHUNK: tl.constexpr,  # tokens per program in pass 0
-    BLOCK: tl.constexpr,  # tokens per step in pass 0
-    RBLOCK: tl.constexpr,  # tokens per step in the filter rounds
-    NPIV: tl.constexpr,  # pivots tested per round
-    SP: tl.constexpr,  # next power of 2 >= S
+    BLOCK: tl.constexpr,
 ):
     # fmt: on
-    # grid (B, S): program (b, c) runs pass 0 on chunk c of row b; the last of the row's S
-    # programs to finish combines the chunks and runs the filter rounds for the row.
     pid = tl.program_id(0)
-    chunk = tl.program_id(1)
     row = pid.to(tl.int64)
     lrow = logits_ptr + row * stride_lb
     mrow_ptr = mask_ptr + row * stride_mb
@@ -163,16 +164,17 @@ def _sample_kernel(
     temp = tl.load(temp_ptr + pid)
     greedy = temp == 0
     inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp)))  # IEEE, as torch
-    k0, k1 = _row_keys(tl.load(seed_ptr + pid), tl.load(step_ptr + pid))
+    seed = tl.load(seed_ptr + pid)
+    step = tl.load(step_ptr + pid)
+    k0, k1 = _row_keys(seed, step)
     arange = tl.arange(0, BLOCK)
-    cstart = chunk * CHUNK
 
-    # pass 0 on this chunk: m = max(s); key = max(s) (greedy) or max(s + g) (sampling), its index
+    # pass 0: m = max(s); greedy: its lowest argmax; sampling: c = argmax(s + g)
     if greedy:
         m = float("-inf")
         tok = 0
         z = 0.0
-        for start in range(cstart, cstart + CHUNK, BLOCK):
+        for start in range(0, V, BLOCK):
             s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
             bm, bi = tl.max(s, 0, return_indices=True, return_indices_tie_break_left=True)
             tok = tl.where(bm > m, start + bi, tok)
@@ -181,87 +183,58 @@ def _sample_kernel(
                 safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
                 z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
             m = tl.maximum(m, bm)
-        key = m
     else:
-        tok, key, m, z = _propose(
-            lrow, stride_lv, mrow_ptr, has_row_mask, cstart, cstart + CHUNK, V, inv_t, k0, k1,
-            float("-inf"), HAS_MASK, RETURN_LOGPROBS, BLOCK,
-        )  # fmt: skip
-    part = row * S + chunk
-    tl.store(part_key_ptr + part, key)
-    tl.store(part_idx_ptr + part, tok)
-    tl.store(part_m_ptr + part, m)
+        tok, m, z = _propose(
+            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, float("-inf"), HAS_MASK, RETURN_LOGPROBS, BLOCK
+        )
+    empty = m == float("-inf")
+
+    # rounds: test candidate tok against top-k / top-p / min-p (cheap pass), propose the next one
+    top_k = tl.load(top_k_ptr + pid)
+    top_p = tl.load(top_p_ptr + pid)
+    min_p = tl.load(min_p_ptr + pid)
+    kmax = tl.where(top_k > 0, top_k, 2147483647)
+    cut_p = top_p < 1.0
+    active = ((top_k > 0) & (top_k < V)) | cut_p | (min_p > 0.0)
+    searching = active & (greedy == 0) & (empty == 0)
+    high = m  # a score known to be kept
+    while searching:
+        sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
+        p0 = sc
+        p1 = sc * 0.5 + high * 0.5
+        zz = 0.0
+        mass0 = 0.0
+        mass1 = 0.0
+        cnt0 = 0
+        cnt1 = 0
+        for start in range(0, V, BLOCK):
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+            e = tl.exp(s - m)
+            a0 = s > p0
+            a1 = s > p1
+            zz += tl.sum(e, 0)
+            cnt0 += tl.sum(a0.to(tl.int32), 0)
+            cnt1 += tl.sum(a1.to(tl.int32), 0)
+            mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
+            mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
+        # cut: a token scoring exactly p would be filtered out, i.e. p < threshold
+        cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
+        cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
+        low = tl.where(cut1, p1, p0)
+        high = tl.where(cut1, high, p1)
+        if cut0:  # else tok is kept, hence the argmax over the kept set
+            tok, _m, _z = _propose(
+                lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, False, BLOCK
+            )
+        searching = cut0
+
+    tok = tl.where(empty, -1, tok)
+    tl.store(tokens_ptr + pid, tok.to(tl.int64))
+    tl.store(empty_ptr + pid, empty)
     if RETURN_LOGPROBS:
-        tl.store(part_z_ptr + part, z)
-    tl.debug_barrier()
-    done = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")  # releases the stores above
-    if done == S - 1:
-        # combine the chunks in chunk order (deterministic; lowest id on ties)
-        c = tl.arange(0, SP)
-        cmask = c < S
-        pbase = row * S
-        keys = tl.load(part_key_ptr + pbase + c, mask=cmask, other=float("-inf"), volatile=True)
-        idxs = tl.load(part_idx_ptr + pbase + c, mask=cmask, other=0, volatile=True)
-        ms = tl.load(part_m_ptr + pbase + c, mask=cmask, other=float("-inf"), volatile=True)
-        _bk, bc = tl.max(keys, 0, return_indices=True, return_indices_tie_break_left=True)
-        tok = tl.sum(tl.where(c == bc, idxs, 0), 0)
-        m = tl.max(ms, 0)
-        empty = m == float("-inf")
-        z = 0.0
-        if RETURN_LOGPROBS:
-            zs = tl.load(part_z_ptr + pbase + c, mask=cmask, other=0.0, volatile=True)
-            safe_m = tl.where(empty, 0.0, m)
-            z = tl.sum(tl.where(ms == float("-inf"), 0.0, zs * tl.exp(ms - safe_m)), 0)
-
-        # filter rounds: test the candidate against top-k / top-p / min-p at NPIV pivots in
-        # [s_c, high); the same pass proposes the next candidate above each pivot
-        top_k = tl.load(top_k_ptr + pid)
-        top_p = tl.load(top_p_ptr + pid)
-        min_p = tl.load(min_p_ptr + pid)
-        kmax = tl.where(top_k > 0, top_k, 2147483647)
-        p_cut = tl.where(top_p < 1.0, top_p, float("inf"))  # top_p == 1 cuts nothing (zz >= 1)
-        active = ((top_k > 0) & (top_k < V)) | (top_p < 1.0) | (min_p > 0.0)
-        searching = active & (greedy == 0) & (empty == 0)
-        high = m  # a score known to be kept
-        j = tl.arange(0, NPIV)
-        rarange = tl.arange(0, RBLOCK)
-        while searching:
-            sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-            piv = sc + (high - sc) * (j.to(tl.float32) * (1.0 / NPIV))  # [NPIV], piv[0] = s_c
-            zz = 0.0
-            cnt = tl.zeros([NPIV], dtype=tl.int32)
-            mass = tl.zeros([NPIV], dtype=tl.float32)
-            bkey = tl.full([NPIV], float("-inf"), dtype=tl.float32)
-            bidx = tl.zeros([NPIV], dtype=tl.int32)
-            for start in range(0, V, RBLOCK):
-                offs = start + rarange
-                s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
-                e = tl.exp(s - m)
-                above = s[:, None] > piv[None, :]  # [RBLOCK, NPIV]
-                zz += tl.sum(e, 0)
-                cnt += tl.sum(above.to(tl.int32), 0)
-                mass += tl.sum(tl.where(above, e[:, None], 0.0), 0)
-                bm = tl.max(s, 0)
-                if tl.max(((bm > piv) & (bm + 17.0 > bkey)).to(tl.int32), 0) != 0:
-                    rkey = tl.where(above, (s + _gumbel(offs, k0, k1))[:, None], float("-inf"))
-                    rk, ri = tl.max(rkey, 0, return_indices=True, return_indices_tie_break_left=True)
-                    bidx = tl.where(rk > bkey, start + ri, bidx)
-                    bkey = tl.maximum(bkey, rk)
-            # cut: a token scoring exactly piv would be filtered out (piv < threshold); monotone in j
-            cut = (cnt >= kmax) | (mass >= p_cut * zz) | (tl.exp(piv - m) < min_p)
-            ncut = tl.sum(cut.to(tl.int32), 0)
-            # ncut == 0: the candidate is kept, hence the argmax over the kept set
-            tok = tl.where(ncut > 0, tl.sum(tl.where(j == ncut - 1, bidx, 0), 0), tok)
-            high = tl.where(ncut < NPIV, tl.sum(tl.where(j == ncut, piv, 0.0), 0), high)
-            searching = ncut > 0
-
-        tok = tl.where(empty, -1, tok)
-        tl.store(tokens_ptr + pid, tok.to(tl.int64))
-        tl.store(empty_ptr + pid, empty)
-        if RETURN_LOGPROBS:
-            st = tl.load(lrow + tl.maximum(tok, 0).to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-            lp = tl.where(empty, float("-inf"), st - m - tl.log(tl.where(empty, 1.0, z)))
-            tl.store(logprobs_ptr + pid, lp)
+        st = tl.load(lrow + tl.maximum(tok, 0).to(tl.int64) * stride_lv).to(tl.float32) * inv_t
+        lp = tl.where(empty, float("-inf"), st - m - tl.log(tl.where(empty, 1.0, z)))
+        tl.store(logprobs_ptr + pid, lp)
 
 
 # fmt: off
@@ -288,17 +261,13 @@ def _apply_bitmask_kernel(
     tl.store(ptrs, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty), mask=inb & forbidden)
 
 
-# tuning knobs (benchmarks/bench_sampling.py --sweep sets them); all depend on V only
-CHUNK_MAX = 16384  # tokens per program in pass 0
-BLOCK_MAX = 4096  # tokens per step in pass 0
-RBLOCK_MAX = 2048  # tokens per step in the filter rounds
-NPIV = 4  # pivots per filter round
-NUM_WARPS = 8
+# tuning knobs (benchmarks/bench_sampling.py --sweep sets them); BLOCK depends on V only
+BLOCK_MAX = 8192
+NUM_WARPS = 16
 
 
-def _tiles(V: int) -> tuple[int, int, int]:
-    chunk = min(CHUNK_MAX, triton.next_power_of_2(V))
-    return chunk, min(BLOCK_MAX, chunk), min(RBLOCK_MAX, triton.next_power_of_2(V))
+def _block(V: int) -> int:
+    return min(BLOCK_MAX, triton.next_power_of_2(V))
 
 
 def _launch_opts() -> dict:
@@ -354,14 +323,7 @@ def sample(
     if bitmask is not None and indices is not None:
         row_map = torch.zeros(B, dtype=torch.int32, device=dev)
         row_map[indices.to(device=dev, dtype=torch.int64)] = 1
-    chunk, block, rblock = _tiles(V)
-    S = triton.cdiv(V, chunk)
-    part_key = torch.empty(B, S, dtype=torch.float32, device=dev)
-    part_idx = torch.empty(B, S, dtype=torch.int32, device=dev)
-    part_m = torch.empty(B, S, dtype=torch.float32, device=dev)
-    part_z = torch.empty(B, S, dtype=torch.float32, device=dev) if return_logprobs else part_m
-    count = torch.zeros(B, dtype=torch.int32, device=dev)
-    _sample_kernel[(B, S)](
+    _sample_kernel[(B,)](
         logits, logits.stride(0), logits.stride(1),
         bitmask if bitmask is not None else tokens, bitmask.stride(0) if bitmask is not None else 0,
         row_map if row_map is not None else tokens,
@@ -369,11 +331,9 @@ def sample(
         top_k, top_p, min_p,
         seed, step,
         tokens, empty, logprobs,
-        part_key, part_idx, part_m, part_z,
-        count,
-        V, S,
-        HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None, RETURN_LOGPROBS=return_logprobs,
-        CHUNK=chunk, BLOCK=block, RBLOCK=rblock, NPIV=NPIV, SP=triton.next_power_of_2(S),
+        V,
+        HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None,
+        RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V),
         **_launch_opts(),
     )  # fmt: skip
     return tokens, empty, (logprobs if return_logprobs else None)
