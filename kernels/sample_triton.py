@@ -11,10 +11,11 @@ pivots (as FlashInfer's dual-pivot rejection sampling):
 
     pass 0: m = max(s), c = argmax_i (s_i + g_i)                # the sample if nothing is cut
     round:  p0 = s_c, p1 = (s_c + high) / 2                      # high: a score known kept
-            one pass: count / mass above p0 and p1, argmax of s+g above p0 and above p1
+            test pass (no noise): count and mass above p0 and above p1
             p0 kept              -> token = c                    # c is the argmax over the kept set
-            p1 cut (p1 < tau)    -> c = argmax above p1
-            else                 -> c = argmax above p0, high = p1
+            p1 cut (p1 < tau)    -> low = p1
+            else                 -> low = p0, high = p1
+            propose pass: c = argmax of s+g above low (blocks that cannot win skip the noise)
 
 Every candidate is the Gumbel argmax of an upper set that contains the kept set, so the first
 one that is kept is the argmax over the kept set: the same token as the reference. The
