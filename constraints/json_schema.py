@@ -388,9 +388,9 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
             if lo and fewest >= 6 * lo:
                 lo = 0  # a character is at most six bytes (an escape) in canonical form
         else:
-            if hi is None or hi <= 16:
-                return rep(jf.CHAR, lo, hi)
-            body = star(jf.CHAR)
+            # a counted repetition of one character determinises faster than a product
+            return self.repeat(jf.CHAR, lo, hi, _child(ptr, "maxLength" if hi is not None else "minLength"),
+                               "maxLength" if hi is not None else "minLength")
         if lo == 0 and hi is None:
             return body
         n = hi if hi is not None else lo
