@@ -69,6 +69,12 @@ class LLM:
         Context length cap (default: the model's, at most 8192).
     seed : int or None
         Draws the seeds of requests that give none.
+    deterministic : bool
+        Batch-invariant forward: a request (prompt + seed) gets bit-identical logits and tokens
+        alone, in any batch and at any batch position (prefill one request at a time, decode in
+        fixed tiles with fixed-order attention). Costs throughput: README, "Deterministic mode".
+    enforce_eager : bool
+        Never capture CUDA graphs (decode launches every kernel from Python; for debugging).
     """
 
     def __init__(
@@ -81,6 +87,8 @@ class LLM:
         max_model_len: int | None = None,
         max_num_batched_tokens: int = 8192,
         seed: int | None = None,
+        deterministic: bool = False,
+        enforce_eager: bool = False,
     ):
         _threads.configure_torch_threads()
         self.device = _resolve_device(device)
@@ -98,7 +106,10 @@ class LLM:
             loaded.config, loaded.weights, dtype=self.dtype, device=self.device, max_len=self.max_model_len
         )
         del loaded
-        self.runner = ModelRunner(self.model)
+        self.deterministic = deterministic
+        self.runner = ModelRunner(
+            self.model, cuda_graphs=False if enforce_eager else None, deterministic=deterministic
+        )
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # One call per step samples every row; the fused Triton kernel (deepinfer.kernels.sample)

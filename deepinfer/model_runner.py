@@ -2,8 +2,17 @@
 
 Prefill: ragged prompts are right-padded to the longest; each row keeps its own positions, so
 padding only writes cache rows past the prompt, which the masks never read.
-Decode: one token per running sequence, rows ordered by KV slot so contiguous slots are a
-slice of the cache rather than a gather.
+Decode, three ways:
+- eager (CPU; CUDA with cuda_graphs=False): one `forward` over the running rows, ordered by KV
+  slot so contiguous slots are a slice of the cache rather than a gather;
+- CUDA graphs (default on CUDA): the fixed-shape `decode_static`, captured once per batch bucket
+  and kv-length bucket and replayed (see cuda_graphs.py); one graph launch instead of ~25 kernel
+  launches a layer;
+- deterministic: `decode_static` over fixed tiles of slots with chunked attention (replayed as
+  graphs on CUDA), and prefill one request at a time, so a request's logits are bit-identical
+  whatever else is batched with it and wherever it sits.
+No path synchronizes with the device: inputs go through pinned memory, logits come back as a
+device tensor the caller reads when it needs to (so host work overlaps the forward).
 """
 
 from __future__ import annotations
@@ -11,28 +20,67 @@ from __future__ import annotations
 import torch
 
 from . import _threads  # noqa: F401  (OMP policy before torch)
+from .cuda_graphs import DecodeGraphs, plan_decode
 from .models.kv_cache import KVCache
-from .models.llama import ForwardBatch, LlamaModel
+from .models.llama import ATTN_CHUNK, ForwardBatch, LlamaModel
 from .sequence import Sequence
+
+# Rows of a deterministic decode tile. Every tile has this many rows whatever the batch, so a
+# row's arithmetic never changes; on CUDA a 64-row matmul reads the weights once like a 1-row one.
+DETERMINISTIC_TILE = {"cpu": 8, "cuda": 64}
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel):
+    """Runs prefill and decode steps of `model` over a slot KV cache.
+
+    Parameters
+    ----------
+    cuda_graphs : bool or None
+        Replay decode steps as CUDA graphs; None = on CUDA only.
+    deterministic : bool
+        Batch-invariant forward: a request's logits do not depend on the rest of the batch.
+        On CUDA it also turns off reduced-precision reductions in bf16/fp16 matmuls (a global
+        torch setting).
+    """
+
+    def __init__(self, model: LlamaModel, *, cuda_graphs: bool | None = None, deterministic: bool = False):
         self.model = model
         self.device = model.device
+        on_cuda = self.device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise ValueError(f"cuda_graphs=True needs a CUDA model, this one is on {self.device}")
+        self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        self.deterministic = deterministic
+        self.tile = DETERMINISTIC_TILE["cuda" if on_cuda else "cpu"] if deterministic else None
+        # decode through decode_static (graph-shaped); also settable for tests of that path on CPU
+        self.static_decode = self.cuda_graphs or deterministic
+        if deterministic and on_cuda:
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         self.cache: KVCache | None = None
+        self.graphs: DecodeGraphs | None = None
 
     def ensure_cache(self, num_slots: int, max_len: int) -> None:
         """(Re)allocate the KV cache when it is smaller than asked; only between requests."""
         if self.cache is None or not self.cache.fits(num_slots, max_len):
-            self.cache = None  # free the old one first
-            self.cache = self.model.new_cache(num_slots, max_len)
+            self.cache = self.graphs = None  # free the old one (and graphs holding it) first
+            tile = self.tile or 1
+            spare = -(-num_slots // tile) * tile - num_slots + 1  # whole tiles + the scratch slot
+            self.cache = self.model.new_cache(
+                num_slots, max_len, spare_slots=spare, len_multiple=ATTN_CHUNK if self.deterministic else 1
+            )
+            if self.cuda_graphs:
+                self.graphs = DecodeGraphs(self.model, self.cache, chunked=self.deterministic)
 
-    def _to(self, rows: list[list[int]]) -> torch.Tensor:
-        return torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+    def _to(self, rows: list) -> torch.Tensor:
+        pin = self.device.type == "cuda"  # a pinned source makes the copy truly asynchronous
+        return torch.tensor(rows, dtype=torch.int64, pin_memory=pin).to(self.device, non_blocking=True)
 
+    @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
         """Run every uncached token of each sequence; logits [B, V] of each one's last token."""
+        if self.deterministic and len(seqs) > 1:  # a request's prefill never sees its neighbours
+            return torch.cat([self.prefill([s]) for s in seqs])
         chunks = [s.all_token_ids[s.num_cached :] for s in seqs]
         T = max(len(c) for c in chunks)
         tokens = [c + [0] * (T - len(c)) for c in chunks]
@@ -43,14 +91,42 @@ class ModelRunner:
             s.num_cached = len(s)
         return logits
 
+    @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One step for sequences whose last token is not cached yet; logits [B, V]."""
-        tokens = [[s.output_token_ids[-1] if s.output_token_ids else s.prompt_token_ids[-1]] for s in seqs]
-        positions = [[len(s) - 1] for s in seqs]
-        logits = self._forward(seqs, tokens, positions, None)
+        """One step for sequences whose last token is not cached yet; logits [B, V] (not synced)."""
+        last = [s.output_token_ids[-1] if s.output_token_ids else s.prompt_token_ids[-1] for s in seqs]
+        if self.static_decode:
+            logits = self._decode_static(seqs, last)
+        else:
+            logits = self._forward(seqs, [[t] for t in last], [[len(s) - 1] for s in seqs], None)
         for s in seqs:
             s.num_cached = len(s)
         return logits
+
+    def _decode_static(self, seqs: list[Sequence], last: list[int]) -> torch.Tensor:
+        assert self.cache is not None, "ensure_cache() first"
+        cache = self.cache
+        plan = plan_decode(
+            [s.slot for s in seqs], last, [len(s) - 1 for s in seqs],
+            num_slots=cache.num_slots, scratch_slot=cache.scratch_slot, max_len=cache.max_len, tile=self.tile,
+        )
+        # one pinned host buffer: every tile's [3, rows] inputs, then the output row order
+        host = torch.tensor(plan.inputs + plan.order, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        outs, at = [], 0
+        for tile in plan.tiles:
+            inputs = host[at : at + 3 * tile.rows].view(3, tile.rows)
+            at += 3 * tile.rows
+            if self.graphs is not None:
+                outs.append(self.graphs.run(tile, inputs))
+            else:
+                x = inputs.to(self.device, non_blocking=True)
+                outs.append(self.model.decode_static(
+                    x[0], x[1], x[2], cache, slot_start=tile.slot_start, kv_len=tile.kv_len,
+                    chunked=self.deterministic,
+                ))
+        order = host[at:].to(self.device, non_blocking=True)
+        logits = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return logits.index_select(0, order)  # a fresh tensor: the graphs' outputs get reused
 
     def _forward(
         self,
@@ -66,10 +142,10 @@ class ModelRunner:
         batch = ForwardBatch(
             tokens=self._to(tokens),
             positions=self._to(positions),
-            slots=self._to([slots])[0],
+            slots=self._to(slots),
             kv_len=max(p[-1] for p in positions) + 1,
             slot_start=slots[0] if contiguous else None,
-            logits_index=self._to([last])[0] if last is not None and len(tokens[0]) > 1 else None,
+            logits_index=self._to(last) if last is not None and len(tokens[0]) > 1 else None,
             from_zero=from_zero,
         )
         logits = self.model.forward(batch, self.cache)

@@ -2,6 +2,11 @@
 
 Weights are fused at load time (q|k|v into one matrix, gate|up into one) so a layer is six
 matmuls and one attention call; the per-layer loop body touches only local tensors.
+
+Two forward passes:
+- `forward(ForwardBatch)`: any shapes (prefill, eager decode); attends over exactly the keys needed.
+- `decode_static(...)`: one token per row with shapes fixed by (rows, kv_len) alone, so a CUDA graph
+  can capture it and a batch-invariant (deterministic) decode can run it in fixed tiles.
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from .kv_cache import KVCache
+
+# Keys per block of the chunked decode attention (and the multiple a deterministic cache's
+# length is rounded to, so that every block has this one shape).
+ATTN_CHUNK = 256
 
 
 @dataclass
@@ -127,16 +136,22 @@ class LlamaModel:
             )
         self.max_len = max_len or c.max_position_embeddings
         inv = rope_inv_freq(c, w.get("rope_freqs"))
-        freqs = torch.outer(torch.arange(self.max_len, dtype=torch.float32), inv)
+        # The tables run to a whole number of attention chunks (a deterministic cache's length).
+        table_len = -(-self.max_len // ATTN_CHUNK) * ATTN_CHUNK
+        freqs = torch.outer(torch.arange(table_len, dtype=torch.float32), inv)
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, hd]
         self.cos = emb.cos().to(self.device, dtype)
         self.sin = emb.sin().to(self.device, dtype)
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+    def new_cache(self, num_slots: int, max_len: int, *, spare_slots: int = 0, len_multiple: int = 1) -> KVCache:
+        """A cache of `num_slots` usable slots (+ `spare_slots` the runner pads with, the last one
+        a scratch row that padding writes into) and max_len positions, capped at the model's and
+        rounded up to `len_multiple`."""
         c = self.config
+        n = -(-min(max_len, self.max_len) // len_multiple) * len_multiple
         return KVCache(
-            c.num_layers, num_slots, c.num_kv_heads, min(max_len, self.max_len), c.head_dim,
-            dtype=self.dtype, device=self.device,
+            c.num_layers, num_slots, c.num_kv_heads, min(n, self.cos.shape[0]), c.head_dim,
+            spare_slots=spare_slots, dtype=self.dtype, device=self.device,
         )
 
     @torch.inference_mode()
@@ -192,3 +207,96 @@ class LlamaModel:
             x = x[torch.arange(B, device=x.device), batch.logits_index]  # [B, H]
         x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
         return (x @ self.lm_head).float()
+
+    @torch.inference_mode()
+    def decode_static(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write_slots: torch.Tensor,
+        cache: KVCache,
+        *,
+        slot_start: int,
+        kv_len: int,
+        chunked: bool = False,
+    ) -> torch.Tensor:
+        """One decode token per row, shapes fixed by (B, kv_len): logits float32 [B, V].
+
+        Row b is cache slot `slot_start + b` (slot-major: keys are a slice, never a gather); it
+        writes its new K/V at (write_slots[b], positions[b]) -- its own slot, or the scratch slot
+        for a padding row -- and attends to keys [0, positions[b]] of its slot through a mask over
+        kv_len >= max(positions) + 1 keys. No host sync, no data-dependent shapes: capturable.
+
+        tokens, positions, write_slots: [B] int64 on the model's device.
+        chunked: attention in fixed ATTN_CHUNK-key blocks merged in order (online softmax); a
+        block past a row's length changes nothing bit for bit, so the row's result does not
+        depend on kv_len (nor on other rows). kv_len must then be a multiple of ATTN_CHUNK.
+        """
+        c = self.config
+        B = tokens.shape[0]
+        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        g, nqk, eps, s0 = nh // nkv, nh + nkv, c.rms_norm_eps, slot_start
+        if kv_len > cache.max_len or s0 + B > cache.k.shape[1]:
+            raise ValueError(f"decode of slots [{s0}, {s0 + B}) x {kv_len} keys exceeds the KV cache")
+        if chunked and kv_len % ATTN_CHUNK:
+            raise ValueError(f"chunked attention needs kv_len a multiple of {ATTN_CHUNK}, got {kv_len}")
+
+        x = F.embedding(tokens, self.embed)  # [B, H]
+        cos = self.cos[positions].unsqueeze(1)  # [B, 1, hd]
+        sin = self.sin[positions].unsqueeze(1)
+        visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(1)  # [B, kv_len]
+        bias = None
+        if not chunked:  # additive mask, one row per batch row: [B, 1, 1, kv_len]
+            zero = torch.zeros((), dtype=self.dtype, device=tokens.device)
+            bias = torch.where(visible, zero, float("-inf")).view(B, 1, 1, kv_len)
+        for i, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), layer.ln1, eps)
+            qkv = h @ layer.wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h, layer.wqkv)
+            qkv = qkv.view(B, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
+            qk = qkv[:, :nqk]
+            qk = qk * cos + _rotate_half(qk) * sin
+            kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
+            kc[write_slots, :, positions] = qk[:, nh:]  # [B, nkv, hd] at (slot, :, pos)
+            vc[write_slots, :, positions] = qkv[:, nqk:]
+            keys, values = kc[s0 : s0 + B, :, :kv_len], vc[s0 : s0 + B, :, :kv_len]
+            # GQA for one query token: the g query heads of a KV group act as g queries of one
+            # head (they share the row's mask), so no K/V is repeated. q: [B, nkv, g, hd]
+            q = qk[:, :nh].reshape(B, nkv, g, hd)
+            if chunked:
+                o = _chunked_attention(q, keys, values, visible)
+            else:
+                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
+            x = x + o.reshape(B, nh * hd) @ layer.wo
+            h = F.rms_norm(x, (x.shape[-1],), layer.ln2, eps)
+            gate, up = (h @ layer.wgu).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ layer.wd
+        x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
+        return (x @ self.lm_head).float()
+
+
+def _chunked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       visible: torch.Tensor) -> torch.Tensor:
+    """Softmax attention over ATTN_CHUNK-key blocks merged in order (flash-decoding's online
+    softmax, one block at a time). Every op has the same shape whatever kv_len and whatever the
+    other rows are, and a block with no visible key is an exact no-op (its scores are -inf:
+    p = 0, the running max stays, alpha = exp(0) = 1), so a row's result depends on its own
+    keys alone. Block 0 always holds the row's key 0, so the running max is finite after it.
+
+    q: [B, nkv, g, hd]; keys, values: [B, nkv, L, hd]; visible: [B, L] bool. -> [B, nkv, g, hd]
+    """
+    B, nkv, g, hd = q.shape
+    scale = 1.0 / math.sqrt(hd)
+    m = torch.full((B, nkv, g, 1), float("-inf"), dtype=torch.float32, device=q.device)
+    denom = torch.zeros((B, nkv, g, 1), dtype=torch.float32, device=q.device)
+    acc = torch.zeros((B, nkv, g, hd), dtype=torch.float32, device=q.device)
+    for c0 in range(0, keys.shape[2], ATTN_CHUNK):
+        k, v = keys[:, :, c0 : c0 + ATTN_CHUNK], values[:, :, c0 : c0 + ATTN_CHUNK]
+        s = (q @ k.transpose(-1, -2)).float() * scale  # [B, nkv, g, C]
+        s = s.masked_fill(~visible[:, None, None, c0 : c0 + ATTN_CHUNK], float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        alpha = torch.exp(m - m_new)  # 0 on the first block, 1 where the max did not move
+        p = torch.exp(s - m_new)
+        denom = denom * alpha + p.sum(dim=-1, keepdim=True)
+        acc = acc * alpha + (p.to(v.dtype) @ v).float()
+        m = m_new
+    return (acc / denom).to(q.dtype)
