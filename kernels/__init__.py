@@ -1,4 +1,5 @@
-"""Device side of structured generation: bitmask apply and the fused sampling kernel.
+"""Device side of structured generation: bitmask apply, the fused sampling kernel, and DSpark
+draft verification.
 
 ``backend="auto"`` runs the Triton kernel on CUDA tensors and the torch reference on CPU;
 ``"triton"`` forces Triton (on CPU only under ``TRITON_INTERPRET=1``); ``"torch"`` forces the
@@ -13,9 +14,9 @@ from typing import NamedTuple
 
 import torch
 
-from . import reference
+from . import reference, reference_verify
 
-__all__ = ["SampleOutput", "apply_bitmask_", "sample", "reference"]
+__all__ = ["SampleOutput", "VerifyOutput", "apply_bitmask_", "reference", "reference_verify", "sample", "verify"]
 
 _BACKENDS = ("auto", "triton", "torch")
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -44,20 +45,42 @@ class SampleOutput(NamedTuple):
     logprobs: torch.Tensor | None
 
 
-def _backend(backend: str, device: torch.device):
+class VerifyOutput(NamedTuple):
+    """What :func:`verify` returns.
+
+    Attributes
+    ----------
+    accepted : torch.Tensor
+        [B] int64, how many leading drafts of each row were accepted (0 .. num_drafts).
+    bonus : torch.Tensor
+        [B] int64, the target token after the accepted drafts (-1 where its mask is empty).
+    tokens : torch.Tensor
+        [B, K+1] int64, the target token at every draft position (-1 past num_drafts); a row
+        emits ``tokens[b, :accepted[b] + 1]``.
+    """
+
+    accepted: torch.Tensor
+    bonus: torch.Tensor
+    tokens: torch.Tensor
+
+
+def _backend(backend: str, device: torch.device, kind: str = "sample"):
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     if backend == "torch" or (backend == "auto" and device.type != "cuda"):
-        return reference
+        return reference if kind == "sample" else reference_verify
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(
             f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1 set before import, got device {device}"
         )
     try:
-        from . import sample_triton
+        if kind == "sample":
+            from . import sample_triton as module
+        else:
+            from . import verify_triton as module
     except ImportError as e:  # pragma: no cover - triton is a dependency
         raise ImportError("backend='triton' needs the 'triton' package: pip install triton") from e
-    return sample_triton
+    return module
 
 
 def _check_logits(logits: torch.Tensor) -> None:
@@ -217,3 +240,99 @@ def sample(
         logits, bitmask, idx, temperature, top_k, top_p, min_p, seed, step, return_logprobs
     )
     return SampleOutput(tokens, empty, logprobs)
+
+
+def verify(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    *,
+    num_drafts: PerRow | None = None,
+    bitmask: torch.Tensor | None = None,
+    temperature: PerRow,
+    top_k: PerRow = 0,
+    top_p: PerRow = 1.0,
+    min_p: PerRow = 0.0,
+    seed: PerRow,
+    step: PerRow,
+    indices: torch.Tensor | Sequence[int] | None = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> VerifyOutput:
+    """Verify deterministic draft tokens against the target model's logits in one launch.
+
+    Position k of row b holds the logits after the row's accepted tokens and its first k
+    drafts. Each position's target token is what :func:`sample` would pick there (bitmask,
+    temperature, filters, the noise of ``(seed, step + k)``); the drafts are accepted up to the
+    first one that differs from its target token, and the target token there is the bonus.
+    For drafts that are point masses this is speculative rejection sampling (accept d with
+    probability p(d), else sample the residual p without d), so the emitted tokens are exactly
+    those plain decoding would produce step by step (see ``kernels/reference_verify.py``).
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        [B, K+1, V] float32 / bfloat16 / float16, any strides; not modified.
+    drafts : torch.Tensor
+        [B, K] integer draft tokens; entries past a row's ``num_drafts`` are ignored.
+    num_drafts : tensor [B] or scalar, optional
+        Drafts to verify per row, 0..K (default K).
+    bitmask : torch.Tensor, optional
+        [B, K+1, ceil(V/32)] int32: the allowed tokens at each position (the constraint
+        advanced along the drafts); bit ``i`` of word ``j`` allows token ``32*j + i``.
+    temperature, top_k, top_p, min_p, seed, step : tensor [B] or scalar
+        As in :func:`sample`; ``step`` is that of position 0 (position k uses ``step + k``).
+    indices : sequence of int, optional
+        Rows the bitmask applies to (others are unconstrained); all rows if None.
+    backend : {"auto", "triton", "torch"}
+    validate : bool
+        Check argument values (a host sync on CUDA); shapes and dtypes are always checked.
+
+    Returns
+    -------
+    VerifyOutput
+        ``(accepted [B] int64, bonus [B] int64, tokens [B, K+1] int64)``.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a 3-D tensor [batch, drafts + 1, vocab], got {shape}")
+    if logits.dtype not in _LOGIT_DTYPES:
+        raise ValueError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
+    B, T, V = logits.shape
+    dev = logits.device
+    if T < 1:
+        raise ValueError("logits must have at least one position (K + 1 >= 1)")
+    drafts = torch.as_tensor(drafts, device=dev)
+    if drafts.dim() != 2 or tuple(drafts.shape) != (B, T - 1) or drafts.dtype.is_floating_point:
+        raise ValueError(f"drafts must be an integer tensor of shape [{B}, {T - 1}], got "
+                         f"{drafts.dtype} {list(drafts.shape)}")
+    drafts = drafts.to(torch.int64)
+    if bitmask is not None:
+        if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
+            raise ValueError(f"bitmask must be an int32 tensor, got {getattr(bitmask, 'dtype', type(bitmask))}")
+        want = (B, T, (V + 31) // 32)
+        if tuple(bitmask.shape) != want:
+            raise ValueError(f"bitmask must have shape [batch, drafts + 1, ceil(vocab/32)] = {list(want)}, "
+                             f"got {list(bitmask.shape)}")
+        if bitmask.device != dev:
+            raise ValueError(f"bitmask must be on the logits' device {dev}, got {bitmask.device}")
+        if bitmask.stride(2) != 1:
+            raise ValueError("bitmask must be contiguous along its last dimension")
+    elif indices is not None:
+        raise ValueError("indices given without a bitmask")
+    idx = _check_indices(indices, B, dev, validate)
+    n = _per_row("num_drafts", T - 1 if num_drafts is None else num_drafts, B, dev, torch.int64)
+    temperature = _per_row("temperature", temperature, B, dev, torch.float32)
+    top_k = _per_row("top_k", top_k, B, dev, torch.int64)
+    top_p = _per_row("top_p", top_p, B, dev, torch.float32)
+    min_p = _per_row("min_p", min_p, B, dev, torch.float32)
+    seed = _per_row("seed", seed, B, dev, torch.int64)
+    step = _per_row("step", step, B, dev, torch.int64)
+    if validate:
+        _check_values(temperature, top_k, top_p, min_p)
+        if bool((n < 0).any()) or bool((n > T - 1).any()):
+            raise ValueError(f"num_drafts must be in [0, {T - 1}], got {n.tolist()}")
+    impl = _backend(backend, dev, "verify")
+    accepted, bonus, tokens = impl.verify(
+        logits, drafts, n, bitmask, idx, temperature, top_k, top_p, min_p, seed, step
+    )
+    return VerifyOutput(accepted, bonus, tokens)

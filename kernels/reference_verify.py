@@ -1,0 +1,91 @@
+"""Plain torch reference of DSpark verification: the definition of what ``verify_triton`` computes.
+
+Speculative verification of deterministic drafts (grammar-forced tokens, n-gram copies: the
+draft distribution q is a point mass on the draft token d). Standard speculative sampling
+accepts a draft x ~ q with probability min(1, p(x) / q(x)) and, on rejection, samples from the
+residual norm(max(0, p - q)). With q = delta_d this becomes:
+
+    accept d with probability min(1, p(d) / 1) = p(d)
+    residual: max(0, p(i) - 0) = p(i) for i != d, max(0, p(d) - 1) = 0 at d
+              -> p with d removed, renormalised by 1 - p(d)
+    P(out = d) = p(d);  P(out = i != d) = (1 - p(d)) * p(i) / (1 - p(d)) = p(i):  out ~ p.
+
+Both stages are realised with ONE draw: the target sample t = argmax_i (s_i + g_i) (the Gumbel
+max of :func:`reference.sample`, with the counter-based noise of this position). t ~ p, so
+``t == d`` happens with probability p(d) (accept), and given ``t != d``, t is distributed as p
+conditioned on not being d, which is exactly the residual (reject, emit t as the bonus token).
+The noise of draft position k is the hash of (seed, step + k): the very numbers plain decoding
+draws at that step, so a request's tokens are the same with and without speculation (not only
+equal in distribution), and greedy rows (temperature 0: p is a point mass on the argmax) accept
+exactly when the draft is the masked argmax. p is the full target distribution of
+``deepinfer.kernels.sample``: bitmask, temperature, top-k / top-p / min-p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+
+
+def verify(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    num_drafts: torch.Tensor,
+    bitmask: torch.Tensor | None,
+    indices: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seed: torch.Tensor,
+    step: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verify drafts against the target's logits; returns (accepted [B], bonus [B], tokens [B, K+1]).
+
+    Arguments are validated tensors (see ``deepinfer.kernels.verify``): logits [B, K+1, V],
+    drafts [B, K] int64, num_drafts [B] int64 in [0, K], bitmask [B, K+1, W] int32 (rows in
+    ``indices`` only, all rows if None), per-row [B] sampling parameters. As a loop::
+
+        for b in range(B):
+            n = num_drafts[b]
+            for k in range(n + 1):                     # draft positions, then the bonus position
+                tokens[b, k] = sample_row(logits[b, k], bitmask[b, k], temperature[b], top_k[b],
+                                          top_p[b], min_p[b], seed[b], step[b] + k)  # reference.sample
+            tokens[b, n + 1:] = -1
+            accepted[b] = min([k for k in range(n) if tokens[b, k] != drafts[b, k]], default=n)
+            bonus[b] = tokens[b, accepted[b]]          # -1 when that position's mask is empty
+
+    The emitted tokens of row b are ``tokens[b, :accepted[b] + 1]`` (accepted drafts equal their
+    target tokens; the last one is the bonus). A position whose mask allows nothing gives -1,
+    which never equals a draft.
+    """
+    B, T, V = logits.shape
+    flat = logits.reshape(B * T, V)
+    mask = None
+    flat_idx = None
+    if bitmask is not None:
+        mask = bitmask.reshape(B * T, bitmask.shape[-1])
+        if indices is not None:  # row b's positions are flat rows b*T .. b*T + T-1
+            offs = torch.arange(T, device=indices.device)
+            flat_idx = (indices[:, None] * T + offs[None, :]).reshape(-1)
+
+    def per_pos(x: torch.Tensor) -> torch.Tensor:  # [B] -> [B*T]
+        return x.repeat_interleave(T)
+
+    pos = torch.arange(T, device=logits.device, dtype=torch.int64).repeat(B)  # k of each flat row
+    tokens, _, _ = reference.sample(
+        flat, mask, flat_idx,
+        per_pos(temperature), per_pos(top_k), per_pos(top_p), per_pos(min_p),
+        per_pos(seed), per_pos(step) + pos,
+    )  # fmt: skip
+    tokens = tokens.view(B, T)
+    k = torch.arange(T, device=logits.device)
+    n = num_drafts.to(torch.int64)
+    tokens = torch.where(k[None, :] <= n[:, None], tokens, torch.full_like(tokens, -1))
+    mismatch = (tokens[:, : T - 1] != drafts) & (k[None, : T - 1] < n[:, None])  # [B, K]
+    # first mismatching position, or n when every draft matched
+    first = torch.where(mismatch, k[None, : T - 1], torch.full_like(mismatch, T, dtype=torch.int64))
+    accepted = torch.minimum(first.min(dim=1).values if T > 1 else n, n)
+    bonus = tokens.gather(1, accepted[:, None])[:, 0]
+    return accepted, bonus, tokens

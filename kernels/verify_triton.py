@@ -1,0 +1,172 @@
+"""Triton kernel: DSpark verification of deterministic drafts (see ``reference_verify`` for the
+definition and the derivation of the acceptance rule).
+
+Grid (B, K+1): program (b, k) computes the target token of row b at draft position k exactly as
+``sample_triton`` does for one row (bitmask, temperature, top-k / top-p / min-p, Gumbel max with
+the noise of (seed[b], step[b] + k)), stores it, and -- for a draft position whose target token
+differs from the draft -- lowers the row's accepted length with an atomic min. The accepted
+length starts at num_drafts[b] (every draft matched); the minimum over mismatching positions is
+the first mismatch. One launch, no host sync, every position of every row in parallel:
+
+    t = sample(logits[b, k] | mask[b, k], seed[b], step[b] + k)    # target token
+    # q = point mass on the draft d: accept with prob. p(d) <=> t == d (one Gumbel draw);
+    # on rejection t ~ p(. | . != d) = the residual norm(max(0, p - q)) -- the bonus token
+    if k < n and t != d[b, k]: accepted[b] = min(accepted[b], k)
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .sample_triton import _INTERPRET, _block, _launch_opts, _load_scores, _propose, _row_keys
+
+_helper = (lambda fn: fn) if _INTERPRET else triton.jit
+
+
+@_helper
+def _target_token(lrow, stride_lv, mrow_ptr, has_row_mask, V, temp, top_k, top_p, min_p, seed, step,
+                  HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+    # The token sample_triton._sample_kernel picks for one row (same passes, same rounding).
+    greedy = temp == 0
+    inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp)))
+    k0, k1 = _row_keys(seed, step)
+    arange = tl.arange(0, BLOCK)
+    if greedy:
+        m = float("-inf")
+        tok = 0
+        for start in range(0, V, BLOCK):
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+            bm, bi = tl.max(s, 0, return_indices=True, return_indices_tie_break_left=True)
+            tok = tl.where(bm > m, start + bi, tok)
+            m = tl.maximum(m, bm)
+    else:
+        tok, m, _z = _propose(
+            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, float("-inf"), HAS_MASK, False, BLOCK
+        )
+    empty = m == float("-inf")
+    # top-k / top-p / min-p: test the candidate at two pivots, propose the next (sample_triton)
+    kmax = tl.where(top_k > 0, top_k, 2147483647)
+    cut_p = top_p < 1.0
+    active = ((top_k > 0) & (top_k < V)) | cut_p | (min_p > 0.0)
+    searching = active & (greedy == 0) & (empty == 0)
+    high = m
+    while searching:
+        sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
+        p0 = sc
+        p1 = sc * 0.5 + high * 0.5
+        zz = 0.0
+        mass0 = 0.0
+        mass1 = 0.0
+        cnt0 = 0
+        cnt1 = 0
+        for start in range(0, V, BLOCK):
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+            e = tl.exp(s - m)
+            a0 = s > p0
+            a1 = s > p1
+            zz += tl.sum(e, 0)
+            cnt0 += tl.sum(a0.to(tl.int32), 0)
+            cnt1 += tl.sum(a1.to(tl.int32), 0)
+            mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
+            mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
+        cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
+        cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
+        low = tl.where(cut1, p1, p0)
+        high = tl.where(cut1, high, p1)
+        if cut0:
+            tok, _m, _z = _propose(
+                lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, False, BLOCK
+            )
+        searching = cut0
+    return tl.where(empty, -1, tok)
+
+
+# fmt: off
+@triton.jit
+def _verify_kernel(
+    logits_ptr, stride_lb, stride_lt, stride_lv,  # [B, K+1, V] fp32 | bf16 | fp16
+    drafts_ptr, stride_db, stride_dk,  # [B, K] int64
+    num_drafts_ptr,  # [B] int64, n_b <= K
+    mask_ptr, stride_mb, stride_mt, mask_row_ptr,  # [B, K+1, W] int32; [B] int32 (HAS_ROW_MAP)
+    temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B] float32, int64, float32, float32
+    seed_ptr, step_ptr,  # [B] int64
+    tokens_ptr, stride_tb,  # [B, K+1] int64 out: target token per position, -1 past n_b
+    accepted_ptr,  # [B] int32 in/out: starts at n_b, atomic-min of mismatching positions
+    V,
+    HAS_MASK: tl.constexpr,
+    HAS_ROW_MAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # fmt: on
+    b = tl.program_id(0)
+    k = tl.program_id(1)
+    row = b.to(tl.int64)
+    n = tl.load(num_drafts_ptr + b)
+    if k > n:  # past this row's drafts: nothing to verify
+        tl.store(tokens_ptr + row * stride_tb + k, -1)
+        return
+    lrow = logits_ptr + row * stride_lb + k.to(tl.int64) * stride_lt
+    mrow_ptr = mask_ptr + row * stride_mb + k.to(tl.int64) * stride_mt
+    has_row_mask = True
+    if HAS_ROW_MAP:
+        has_row_mask = tl.load(mask_row_ptr + b) != 0
+    tok = _target_token(
+        lrow, stride_lv, mrow_ptr, has_row_mask, V,
+        tl.load(temp_ptr + b), tl.load(top_k_ptr + b), tl.load(top_p_ptr + b), tl.load(min_p_ptr + b),
+        tl.load(seed_ptr + b), tl.load(step_ptr + b) + k, HAS_MASK, BLOCK,
+    )  # fmt: skip
+    tl.store(tokens_ptr + row * stride_tb + k, tok.to(tl.int64))
+    if k < n:
+        d = tl.load(drafts_ptr + row * stride_db + k * stride_dk)
+        if tok != d:  # rejected: the accepted prefix ends before position k
+            tl.atomic_min(accepted_ptr + b, k)
+
+
+def verify(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    num_drafts: torch.Tensor,
+    bitmask: torch.Tensor | None,
+    indices: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seed: torch.Tensor,
+    step: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton version of :func:`reference_verify.verify` (arguments already validated)."""
+    B, T, V = logits.shape
+    dev = logits.device
+    tokens = torch.empty((B, T), dtype=torch.int64, device=dev)
+    accepted = num_drafts.to(torch.int32).clone()
+    if B == 0:
+        return accepted.to(torch.int64), tokens[:, 0], tokens
+    row_map = None
+    if bitmask is not None and indices is not None:
+        row_map = torch.zeros(B, dtype=torch.int32, device=dev)
+        row_map[indices.to(device=dev, dtype=torch.int64)] = 1
+    d = drafts if drafts.shape[1] else tokens  # K = 0: never read
+    _verify_kernel[(B, T)](
+        logits, logits.stride(0), logits.stride(1), logits.stride(2),
+        d, d.stride(0), d.stride(1),
+        num_drafts,
+        bitmask if bitmask is not None else tokens,
+        bitmask.stride(0) if bitmask is not None else 0, bitmask.stride(1) if bitmask is not None else 0,
+        row_map if row_map is not None else tokens,
+        temperature, top_k, top_p, min_p,
+        seed, step,
+        tokens, tokens.stride(0),
+        accepted,
+        V,
+        HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None, BLOCK=_block(V),
+        **_launch_opts(),
+    )  # fmt: skip
+    accepted = accepted.to(torch.int64)
+    bonus = tokens.gather(1, accepted[:, None])[:, 0]
+    return accepted, bonus, tokens
+
+
+__all__ = ["verify"]
