@@ -1,11 +1,12 @@
 """Decode benchmark: prints tables, asserts nothing.
 
 CPU (default): the embedded SmolLM2-135M-Instruct, DeepInfer next to transformers' `generate`
-on the same GGUF weights, same dtype, same process:
+on the same GGUF weights, same dtype, same process; then DeepInfer's deterministic mode:
     .venv/bin/python benchmarks/bench_decode.py [--dtype bfloat16|float32] [--steps 32]
 
-CUDA: random weights at real model shapes, bf16, batch 1/16/64, beside the memory-bandwidth
-floor ((weight + KV-cache bytes read per step) / measured device-to-device copy bandwidth):
+CUDA: random weights at real model shapes, bf16, batch 1/16/64, decode eager, as CUDA graphs,
+and as CUDA graphs in deterministic mode, beside the memory-bandwidth floor ((weight + KV-cache
+bytes read per step) / measured device-to-device copy bandwidth):
     python benchmarks/bench_decode.py --device cuda --shapes smollm2-135m,llama3-8b
 """
 
@@ -21,6 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from deepinfer import LLM, SamplingParams  # noqa: E402
+from deepinfer.model_runner import ModelRunner  # noqa: E402
 
 SHAPES = {
     # name: (layers, hidden, intermediate, heads, kv_heads, head_dim, vocab, tied, rope_theta)
@@ -81,6 +83,14 @@ def bench_cpu(args) -> None:
 
     for b in (1, 8):
         ours[f"decode b={b}"] = ours_decode(b)
+    det = {}
+    if not args.no_deterministic:
+        default_runner = llm.runner
+        llm.runner = ModelRunner(llm.model, deterministic=True)  # same weights, deterministic mode
+        ours_gen(1, 2)
+        for b in (1, 8):
+            det[f"decode b={b}"] = ours_decode(b)
+        llm.runner = default_runner
     llm.runner.cache = None  # free memory before transformers loads
 
     hf = {}
@@ -117,6 +127,10 @@ def bench_cpu(args) -> None:
         rows.append([f"{label} [{unit}]", f"{o:.2f}" if unit == "s" else f"{o:.1f}",
                      "-" if h is None else (f"{h:.2f}" if unit == "s" else f"{h:.1f}"), ratio])
     _table(["metric", "deepinfer", "transformers", "deepinfer vs transformers"], rows)
+    if det:
+        print("\nDeterministic mode (same process, same weights)")
+        _table(["metric", "default", "deterministic", "deterministic vs default"],
+               [[f"{k} [tok/s]", f"{ours[k]:.1f}", f"{det[k]:.1f}", f"{det[k] / ours[k] - 1:+.0%}"] for k in det])
 
 
 # -- CUDA: random weights at real shapes -----------------------------------------------------
@@ -166,17 +180,48 @@ def _copy_bandwidth(device) -> float:
     return bw
 
 
+MODES = {  # name: ModelRunner keywords
+    "eager": dict(cuda_graphs=False),
+    "graphs": dict(cuda_graphs=True),
+    "deterministic": dict(cuda_graphs=True, deterministic=True),
+}
+
+
+def _decode_seconds(runner, batch, args, device) -> float:
+    """Mean seconds per decode step: prefill a batch of equal prompts, then greedy steps with a
+    host read of the tokens each step (as the engine's loop does)."""
+    from deepinfer.sequence import Sequence
+
+    runner.ensure_cache(batch, args.prompt_len + args.steps + 8)
+    sp = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
+    seqs = [Sequence(i, None, list(range(1, args.prompt_len + 1)), sp, seed=0, eos_token_ids=(),
+                     max_len=4096) for i in range(batch)]
+    for i, s in enumerate(seqs):
+        s.slot = i
+    logits = runner.prefill(seqs)
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(args.steps):
+        nxt = logits.argmax(-1).tolist()
+        for s, tok in zip(seqs, nxt):
+            s.output_token_ids.append(tok)
+        logits = runner.decode(seqs)
+    _sync(device)
+    return (time.perf_counter() - t) / args.steps
+
+
 def bench_cuda(args) -> None:
     from deepinfer.config import ModelConfig
-    from deepinfer.model_runner import ModelRunner
     from deepinfer.models.llama import LlamaModel
-    from deepinfer.sequence import Sequence
 
     device, dtype = torch.device(args.device), torch.bfloat16
     bw = _copy_bandwidth(device)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"\n{dev_name}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, "
-          f"random weights, {args.steps} decode steps after a {args.prompt_len}-token prompt")
+    modes = args.modes.split(",")
+    if device.type != "cuda":  # the tiny check on CPU: no graphs (deterministic runs eagerly)
+        modes = [m for m in modes if m != "graphs"]
+    print(f"\n{dev_name}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, random weights, "
+          f"{args.steps} decode steps after a {args.prompt_len}-token prompt; modes: {', '.join(modes)}")
     rows = []
     for name in args.shapes.split(","):
         shape = SHAPES[name]
@@ -189,34 +234,34 @@ def bench_cuda(args) -> None:
         del weights
         weight_bytes = sum(t.numel() * t.element_size() for t in
                            [model.lm_head] + [x for ly in model.layers for x in (ly.wqkv, ly.wo, ly.wgu, ly.wd)])
-        runner = ModelRunner(model)
+        step = {}
+        for mode in modes:
+            kw = MODES[mode] if device.type == "cuda" else {k: v for k, v in MODES[mode].items() if k != "cuda_graphs"}
+            runner = ModelRunner(model, **kw)
+            for batch in (1, 16, 64):
+                _decode_seconds(runner, batch, args, device)  # warm-up: captures this batch's graphs
+                step[mode, batch] = _decode_seconds(runner, batch, args, device)
+                print(f"  {name} {mode} batch {batch}: {step[mode, batch] * 1e3:.2f} ms/step", flush=True)
+            del runner
+            torch.cuda.empty_cache() if device.type == "cuda" else None
         for batch in (1, 16, 64):
-            runner.ensure_cache(batch, args.prompt_len + args.steps + 8)
-            sp = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
-            seqs = [Sequence(i, None, list(range(1, args.prompt_len + 1)), sp, seed=0, eos_token_ids=(),
-                             max_len=4096) for i in range(batch)]
-            for i, s in enumerate(seqs):
-                s.slot = i
-            logits = runner.prefill(seqs)
-            _sync(device)
-            t = time.perf_counter()
-            for _ in range(args.steps):
-                nxt = logits.argmax(-1).tolist()  # host sync each step, as the engine's loop does
-                for s, tok in zip(seqs, nxt):
-                    s.output_token_ids.append(tok)
-                logits = runner.decode(seqs)
-            _sync(device)
-            step = (time.perf_counter() - t) / args.steps
             # each step reads every weight once, plus each row's K/V (mean context over the run),
             # at the copy's rate (bytes read + written per second: what HBM moves in all)
             kv_bytes = batch * (args.prompt_len + args.steps / 2) * L * 2 * nkv * hd * 2
             floor = (weight_bytes + kv_bytes) / bw
-            rows.append([name, batch, f"{step * 1e3:.2f}", f"{batch / step:.0f}", f"{floor * 1e3:.2f}",
-                         f"{batch / floor:.0f}", f"{floor / step:.0%}"])
-            print("  measured", rows[-1], flush=True)
-        del model, runner
-        torch.cuda.empty_cache()
-    _table(["shape", "batch", "ms/step", "tok/s", "floor ms/step", "floor tok/s", "of floor"], rows)
+            best = min(step[m, batch] for m in modes)
+            row = [name, batch] + [f"{step[m, batch] * 1e3:.2f}" for m in modes]
+            row += [f"{batch / best:.0f}", f"{floor * 1e3:.3f}", f"{floor / best:.0%}"]
+            if "graphs" in modes and "deterministic" in modes:
+                row.append(f"{step['graphs', batch] / step['deterministic', batch] - 1:+.0%}")
+            rows.append(row)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    header = ["shape", "batch"] + [f"{m} ms/step" for m in modes] + ["best tok/s", "floor ms/step", "best of floor"]
+    if "graphs" in modes and "deterministic" in modes:
+        header.append("deterministic tok/s vs graphs")
+    _table(header, rows)
 
 
 def main() -> None:
@@ -228,6 +273,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--no-deterministic", action="store_true")
+    ap.add_argument("--modes", default="eager,graphs,deterministic", help="CUDA decode modes to time")
     args = ap.parse_args()
     if args.device.startswith("cuda") or args.shapes == "tiny":
         bench_cuda(args)

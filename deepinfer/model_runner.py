@@ -39,8 +39,8 @@ class ModelRunner:
         Replay decode steps as CUDA graphs; None = on CUDA only.
     deterministic : bool
         Batch-invariant forward: a request's logits do not depend on the rest of the batch.
-        On CUDA it also turns off reduced-precision reductions in bf16/fp16 matmuls (a global
-        torch setting).
+        Invariance comes from fixed shapes alone (each kernel sees the same problem whatever
+        the batch), so no global torch setting is changed.
     """
 
     def __init__(self, model: LlamaModel, *, cuda_graphs: bool | None = None, deterministic: bool = False):
@@ -54,9 +54,6 @@ class ModelRunner:
         self.tile = DETERMINISTIC_TILE["cuda" if on_cuda else "cpu"] if deterministic else None
         # decode through decode_static (graph-shaped); also settable for tests of that path on CPU
         self.static_decode = self.cuda_graphs or deterministic
-        if deterministic and on_cuda:
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         self.cache: KVCache | None = None
         self.graphs: DecodeGraphs | None = None
 
