@@ -243,7 +243,8 @@ def bench_cuda(args) -> None:
                 step[mode, batch] = _decode_seconds(runner, batch, args, device)
                 print(f"  {name} {mode} batch {batch}: {step[mode, batch] * 1e3:.2f} ms/step", flush=True)
             del runner
-            torch.cuda.empty_cache() if device.type == "cuda" else None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         for batch in (1, 16, 64):
             # each step reads every weight once, plus each row's K/V (mean context over the run),
             # at the copy's rate (bytes read + written per second: what HBM moves in all)

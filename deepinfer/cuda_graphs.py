@@ -156,6 +156,7 @@ class DecodeGraphs:
             step()
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: the host thread filling bitmasks meanwhile may make CUDA calls of its own
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             logits = step()
         return _Graph(graph, inputs, logits)
