@@ -239,8 +239,13 @@ def bench_cuda(args) -> None:
             kw = MODES[mode] if device.type == "cuda" else {k: v for k, v in MODES[mode].items() if k != "cuda_graphs"}
             runner = ModelRunner(model, **kw)
             for batch in (1, 16, 64):
-                _decode_seconds(runner, batch, args, device)  # warm-up: captures this batch's graphs
-                step[mode, batch] = _decode_seconds(runner, batch, args, device)
+                try:
+                    _decode_seconds(runner, batch, args, device)  # warm-up: captures this batch's graphs
+                    step[mode, batch] = _decode_seconds(runner, batch, args, device)
+                except Exception as e:  # a broken mode leaves its cells empty; the others still run
+                    print(f"  {name} {mode} batch {batch}: FAILED {type(e).__name__}: {e}", flush=True)
+                    step[mode, batch] = float("nan")
+                    continue
                 print(f"  {name} {mode} batch {batch}: {step[mode, batch] * 1e3:.2f} ms/step", flush=True)
             del runner
             if device.type == "cuda":
@@ -250,7 +255,7 @@ def bench_cuda(args) -> None:
             # at the copy's rate (bytes read + written per second: what HBM moves in all)
             kv_bytes = batch * (args.prompt_len + args.steps / 2) * L * 2 * nkv * hd * 2
             floor = (weight_bytes + kv_bytes) / bw
-            best = min(step[m, batch] for m in modes)
+            best = min((step[m, batch] for m in modes if step[m, batch] == step[m, batch]), default=float("nan"))
             row = [name, batch] + [f"{step[m, batch] * 1e3:.2f}" for m in modes]
             row += [f"{batch / best:.0f}", f"{floor * 1e3:.3f}", f"{floor / best:.0%}"]
             if "graphs" in modes and "deterministic" in modes:
