@@ -138,8 +138,9 @@ def read_rows(path: str, text_field: str, id_field: str) -> Iterator[Row]:
                 continue
             text = obj.get(text_field)
             if not isinstance(text, str):
-                why = "no" if text_field not in obj else f"a {type(text).__name__} in the"
-                yield Row(line_no, row_id, None, f"input line {line_no}: {why} {text_field!r} field (needs a string)")
+                why = (f"no {text_field!r} field" if text_field not in obj
+                       else f"the {text_field!r} field is {json.dumps(text)[:40]}, not a string")
+                yield Row(line_no, row_id, None, f"input line {line_no}: {why}")
                 continue
             yield Row(line_no, row_id, text)
 
