@@ -328,7 +328,7 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
             "the constraint matches no finite output (unsatisfiable, or recursion with no base case"
             f" in {', '.join(repr(b) for b in bad)})"
         )
-    dfas = {i: minimize(raw[i], live_states(raw[i], productive), productive) for i in productive}
+    dfas = {i: minimize(raw[i], live_states(raw[i], productive), productive, deadline) for i in productive}
     _check_left_recursion(dfas, order)
 
     offsets: dict[int, int] = {}

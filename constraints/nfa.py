@@ -50,6 +50,15 @@ class NFA:
         return n
 
 
+class _Spliced:
+    """An item already determinised (built by splicing its DFA)."""
+
+    __slots__ = ("dfa",)
+
+    def __init__(self, dfa: RawDFA) -> None:
+        self.dfa = dfa
+
+
 SPLICE_MIN_SIZE = 300  # IR nodes: larger Ref-free sub-expressions are determinised once
 
 
@@ -155,7 +164,7 @@ class FragmentBuilder:
             s0 = sub.new()
             end = fb.build(e, s0, splice=False)
             raw = determinize(sub, s0, end, self.cls, self.reps, self.nfa.limits)
-            d = minimize(raw, live_states(raw, set()), set())
+            d = minimize(raw, live_states(raw, set()), set(), self.nfa.deadline)
             self.dfa_memo[e] = d
         return d
 
@@ -181,29 +190,43 @@ class FragmentBuilder:
     def _repeat(self, e: Repeat, start: int) -> int:
         nfa = self.nfa
         cur = start
+        copies = max(e.min, e.max or 0)
+        if (copies >= 4 and self.cls is not None and not isinstance(e.item, ByteSet)
+                and self.ref_free(e.item)):
+            # many copies: determinise the item once and splice its (small) DFA per copy
+            d = self._sub_dfa(e.item)
+            item = _Spliced(d)
+        else:
+            item = e.item
         if e.max is None and e.min >= 1:
             # x{m,} = x{m-1} x+, with x+ one copy of x looping back to its own start
             for _ in range(e.min - 1):
-                cur = self.build(e.item, cur)
+                cur = self._build_item(item, cur)
             loop = nfa.new()
             nfa.eps[cur].append(loop)
-            body_end = self.build(e.item, loop)
+            body_end = self._build_item(item, loop)
             nfa.eps[body_end].append(loop)
             return body_end
         for _ in range(e.min):
-            cur = self.build(e.item, cur)
+            cur = self._build_item(item, cur)
         if e.max is None:
             loop = nfa.new()
             nfa.eps[cur].append(loop)
-            body_end = self.build(e.item, loop)
+            body_end = self._build_item(item, loop)
             nfa.eps[body_end].append(loop)
             return loop
         end = nfa.new()
         for _ in range(e.max - e.min):
             nfa.eps[cur].append(end)
-            cur = self.build(e.item, cur)
+            cur = self._build_item(item, cur)
         nfa.eps[cur].append(end)
         return end
+
+
+    def _build_item(self, item, start: int) -> int:
+        if isinstance(item, _Spliced):
+            return self._splice(item.dfa, start)
+        return self.build(item, start)
 
 
 def byte_classes(masks: set[int]) -> tuple[np.ndarray, list[int]]:
@@ -301,6 +324,42 @@ def determinize(
         cur = sets[i]
         by_class: dict[int, set[int]] = {}
         by_call: dict[int, set[int]] = {}
+        if len(cur) == 1:
+            # one NFA state (the common case inside spliced DFAs): its edges have
+            # disjoint masks only if it came from a DFA; check, then fill the row per edge
+            (s_only,) = cur
+            edges = nfa.byte_edges[s_only]
+            union = 0
+            disjoint = True
+            for m, _ in edges:
+                if union & m:
+                    disjoint = False
+                    break
+                union |= m
+            if disjoint and not nfa.call_edges[s_only]:
+                row = [-1] * n_classes
+                for m, t in edges:
+                    cs = mask_cache.get(m)
+                    if cs is None:
+                        cs = mask_classes(m, cls, reps)
+                        mask_cache[m] = cs
+                    key = closure_of(t)
+                    j = index.get(key)
+                    if j is None:
+                        j = len(sets)
+                        if j >= limits.max_dfa_states:
+                            raise ConstraintTooComplex(
+                                f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+                            )
+                        index[key] = j
+                        sets.append(key)
+                    for c in cs:
+                        row[c] = j
+                rows.append(row)
+                accepting.append(accept in cur)
+                calls.append([])
+                i += 1
+                continue
         for s in cur:
             for m, t in nfa.byte_edges[s]:
                 cs = mask_cache.get(m)
@@ -371,8 +430,9 @@ def live_states(dfa: RawDFA, productive_rules: set[int]) -> np.ndarray:
     return live
 
 
-def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDFA:
-    """Moore partition refinement; drops dead states. Start stays state 0.
+def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int], deadline: float | None = None) -> RawDFA:
+    """Merge equivalent states (bottom-up over components, :func:`_scc_blocks`); drop dead
+    states. Start stays state 0.
 
     Returns a DFA whose states are all live (dead transitions are -1). If the start
     state is dead the result has zero states.
@@ -393,19 +453,9 @@ def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDF
     _, block = np.unique(block, return_inverse=True)  # labels 0..k-1 (dead included)
     block = block.reshape(-1).astype(np.int64)
     n_blocks = int(block.max()) + 1
-    rng = np.random.default_rng(12345)
-    coef = rng.integers(1, 2**61, size=(2, n_classes + 2), dtype=np.int64) | 1
-    while True:
-        call_sig = np.zeros(n + 1, dtype=np.int64)
-        for s in range(n + 1):
-            if calls[s]:
-                call_sig[s] = hash(tuple(sorted((r, int(block[t])) for r, t in calls[s]))) & 0x7FFFFFFFFFFF
-        sig = np.column_stack([block, call_sig, block[table]])
-        new_block = _partition(sig, coef)
-        count = int(new_block.max()) + 1
-        if count == n_blocks:
-            break
-        block, n_blocks = new_block, count
+    block = _scc_blocks(table, acc, calls, dead, block, deadline)
+    block[:n][~live] = 0  # never reached from a live state: with the dead sink
+    n_blocks = int(block.max()) + 1
     # renumber: start block first, dead block removed
     dead_block = block[dead]
     order: dict[int, int] = {}
@@ -431,6 +481,148 @@ def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDF
     new_acc = acc[rep_arr].copy()
     new_calls = [sorted({(r, int(block_to_new[block[t]])) for r, t in calls[s]}) for s in reps]
     return RawDFA(new_table, new_acc, new_calls)
+
+
+def _moore_blocks(table: np.ndarray, acc: np.ndarray, calls: list, block: np.ndarray) -> np.ndarray:
+    """Reference equivalence: Moore partition refinement over the whole DFA (rounds grow
+    with the longest chain of states, so slow for counted repetitions)."""
+    n1, n_classes = table.shape
+    n_blocks = int(block.max()) + 1
+    coef = np.random.default_rng(12345).integers(1, 2**61, size=(2, n_classes + 2), dtype=np.int64) | 1
+    while True:
+        call_sig = np.zeros(n1, dtype=np.int64)
+        for s in range(n1):
+            if calls[s]:
+                call_sig[s] = hash(tuple(sorted((r, int(block[t])) for r, t in calls[s]))) & 0x7FFFFFFFFFFF
+        new_block = _partition(np.column_stack([block, call_sig, block[table]]), coef)
+        count = int(new_block.max()) + 1
+        if count == n_blocks:
+            return block
+        block, n_blocks = new_block, count
+
+
+def _scc_blocks(table: np.ndarray, acc: np.ndarray, calls: list, dead: int, init: np.ndarray,
+                deadline: float | None = None) -> np.ndarray:
+    """Equivalent states, bottom-up over strongly connected components.
+
+    Components are resolved sinks first: a state outside any cycle is equivalent to an
+    already resolved one iff (acceptance, initial block, successor classes, call
+    signature) are equal — one dict lookup; the states of a cycle are refined by Moore
+    rounds on that component alone, their exits already resolved. Cost grows with the
+    number of states, not with the length of chains (``x{0,1000}``). Never merges states
+    that are not equivalent; isomorphic cycles in different components stay apart (a
+    slightly larger DFA, the same language).
+    """
+    n1, n_classes = table.shape
+    # successor lists (byte and call edges), without the dead sink
+    src = np.repeat(np.arange(n1, dtype=np.int64), n_classes)
+    dst = table.reshape(-1).astype(np.int64)
+    extra = [(s, t) for s in range(n1) for _, t in calls[s]]
+    if extra:
+        e = np.array(extra, dtype=np.int64)
+        src, dst = np.concatenate([src, e[:, 0]]), np.concatenate([dst, e[:, 1]])
+    keep = dst != dead
+    pairs = np.unique(src[keep] * n1 + dst[keep])
+    es, et = pairs // n1, pairs % n1
+    indptr = np.searchsorted(es, np.arange(n1 + 1))
+    succ = et.tolist()
+    ptr = indptr.tolist()
+    comps = _tarjan(n1, ptr, succ, skip=dead)
+    cls = np.full(n1, -1, dtype=np.int64)
+    cls[dead] = 0
+    next_id = 1
+    sigs: dict = {}
+    coef = np.random.default_rng(12345).integers(1, 2**61, size=(2, 2 * n_classes + 3), dtype=np.int64) | 1
+    for k, comp in enumerate(comps):
+        if deadline is not None and (k & 1023) == 0 and time.monotonic() > deadline:
+            raise ConstraintTooComplex("constraint took too long to compile (minimisation)")
+        if len(comp) == 1:
+            s = comp[0]
+            row = table[s]
+            if not (row == s).any() and all(t != s for _, t in calls[s]):
+                key = (int(init[s]), bool(acc[s]), cls[row].tobytes(),
+                       tuple(sorted((r, int(cls[t])) for r, t in calls[s])))
+                c = sigs.get(key)
+                if c is None:
+                    c = next_id
+                    next_id += 1
+                    sigs[key] = c
+                cls[s] = c
+                continue
+        S = np.array(comp, dtype=np.int64)
+        loc = {int(x): i for i, x in enumerate(comp)}
+        loc_arr = np.zeros(n1, dtype=np.int64)
+        loc_arr[S] = np.arange(len(comp))
+        sub = table[S]
+        inside = np.isin(sub, S)
+        local = np.where(inside, loc_arr[sub], 0)
+        outside_vals = np.where(inside, -1, cls[sub])
+        block = np.unique(np.column_stack([init[S], acc[S].astype(np.int64)]), axis=0, return_inverse=True)[1]
+        block = block.reshape(-1).astype(np.int64)
+        n_blocks = int(block.max()) + 1
+        while True:
+            call_sig = np.zeros(len(comp), dtype=np.int64)
+            for i, s in enumerate(comp):
+                if calls[s]:
+                    call_sig[i] = hash(tuple(sorted(
+                        (r, ("in", int(block[loc[t]])) if t in loc else ("out", int(cls[t])))
+                        for r, t in calls[s]))) & 0x7FFFFFFFFFFF
+            inside_vals = np.where(inside, block[local], -1)
+            sig = np.column_stack([block, call_sig, outside_vals, inside_vals])
+            new_block = _partition(sig, coef[:, : sig.shape[1]])
+            count = int(new_block.max()) + 1
+            if count == n_blocks:
+                break
+            block, n_blocks = new_block, count
+        cls[S] = next_id + block
+        next_id += n_blocks
+    return cls
+
+
+def _tarjan(n: int, ptr: list[int], succ: list[int], skip: int) -> list[list[int]]:
+    """Strongly connected components, sinks first (iterative Tarjan over CSR lists)."""
+    index = [-1] * n
+    low = [0] * n
+    on = [False] * n
+    stack: list[int] = []
+    out: list[list[int]] = []
+    counter = 0
+    for root in range(n):
+        if index[root] >= 0 or root == skip:
+            continue
+        work = [(root, ptr[root])]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on[root] = True
+        while work:
+            v, i = work[-1]
+            if i < ptr[v + 1]:
+                work[-1] = (v, i + 1)
+                w = succ[i]
+                if index[w] < 0:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on[w] = True
+                    work.append((w, ptr[w]))
+                elif on[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                u = work[-1][0]
+                low[u] = min(low[u], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on[w] = False
+                    comp.append(w)
+                    if w == v:
+                        break
+                out.append(comp)
+    return out
 
 
 def _partition(sig: np.ndarray, coef: np.ndarray) -> np.ndarray:
@@ -491,4 +683,4 @@ def product(d1: RawDFA, d2: RawDFA, mode: str, limits: Limits, deadline: float) 
         acc.append(a1 and a2 if mode == "and" else a1 and not a2)
     raw = RawDFA(np.array(rows, dtype=np.int32).reshape(len(rows), n_classes), np.array(acc, dtype=bool),
                  [[] for _ in rows])
-    return minimize(raw, live_states(raw, set()), set())
+    return minimize(raw, live_states(raw, set()), set(), deadline)
