@@ -174,18 +174,30 @@ class FragmentBuilder:
         n = len(d.accepting)
         if n == 0:
             return end  # empty language: nothing reaches end
-        base = [nfa.new() for _ in range(n)]
-        nfa.eps[start].append(base[0])
-        cm = self.class_masks
-        for q in range(n):
-            by_target: dict[int, int] = {}
-            for c, t in enumerate(d.table[q].tolist()):
-                if t >= 0:
-                    by_target[t] = by_target.get(t, 0) | cm[c]
-            nfa.byte_edges[base[q]].extend((m, base[t]) for t, m in by_target.items())
+        base0 = len(nfa.eps)
+        for _ in range(n):
+            nfa.new()
+        nfa.eps[start].append(base0)
+        for q, edges in enumerate(self._edge_lists(d)):
+            nfa.byte_edges[base0 + q].extend((m, base0 + t) for m, t in edges)
             if d.accepting[q]:
-                nfa.eps[base[q]].append(end)
+                nfa.eps[base0 + q].append(end)
         return end
+
+    def _edge_lists(self, d: RawDFA) -> list[list[tuple[int, int]]]:
+        """Per DFA state, (byte mask, target) pairs: computed once per spliced DFA."""
+        hit = getattr(d, "_edges", None)
+        if hit is None:
+            cm = self.class_masks
+            hit = []
+            for row in d.table.tolist():
+                by_target: dict[int, int] = {}
+                for c, t in enumerate(row):
+                    if t >= 0:
+                        by_target[t] = by_target.get(t, 0) | cm[c]
+                hit.append([(m, t) for t, m in by_target.items()])
+            d._edges = hit
+        return hit
 
     def _repeat(self, e: Repeat, start: int) -> int:
         nfa = self.nfa
@@ -411,23 +423,31 @@ def determinize(
 def live_states(dfa: RawDFA, productive_rules: set[int]) -> np.ndarray:
     """States from which an accepting state is reachable (calls only to productive rules)."""
     n = len(dfa.accepting)
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for s in range(n):
-        for t in set(dfa.table[s].tolist()):
-            if t >= 0:
-                preds[t].append(s)
-        for r, t in dfa.calls[s]:
-            if r in productive_rules:
-                preds[t].append(s)
+    if n == 0:
+        return dfa.accepting.copy()
+    n_classes = dfa.table.shape[1]
+    src = np.repeat(np.arange(n, dtype=np.int64), n_classes)
+    dst = dfa.table.reshape(-1).astype(np.int64)
+    extra = [(s, t) for s in range(n) for r, t in dfa.calls[s] if r in productive_rules]
+    if extra:
+        e = np.array(extra, dtype=np.int64)
+        src, dst = np.concatenate([src, e[:, 0]]), np.concatenate([dst, e[:, 1]])
+    keep = dst >= 0
+    pairs = np.unique(dst[keep] * n + src[keep])  # reverse edges, grouped by target
+    rt, rs = pairs // n, pairs % n
+    ptr = np.searchsorted(rt, np.arange(n + 1)).tolist()
+    preds = rs.tolist()
     live = dfa.accepting.copy()
-    work = list(np.nonzero(live)[0])
+    work = np.nonzero(live)[0].tolist()
+    lv = live.tolist()
     while work:
         t = work.pop()
-        for s in preds[t]:
-            if not live[s]:
-                live[s] = True
+        for k in range(ptr[t], ptr[t + 1]):
+            s = preds[k]
+            if not lv[s]:
+                lv[s] = True
                 work.append(s)
-    return live
+    return np.array(lv, dtype=bool)
 
 
 def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int], deadline: float | None = None) -> RawDFA:
@@ -456,23 +476,36 @@ def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int], deadline
     block = _scc_blocks(table, acc, calls, dead, block, deadline)
     block[:n][~live] = 0  # never reached from a live state: with the dead sink
     n_blocks = int(block.max()) + 1
-    # renumber: start block first, dead block removed
-    dead_block = block[dead]
-    order: dict[int, int] = {}
-    order[int(block[0])] = 0
-    # BFS from start for a stable numbering of reachable blocks
+    # renumber: blocks reachable from the start, in BFS order (start first)
+    dead_block = int(block[dead])
+    live_blocks, first = np.unique(block[:n], return_index=True)
+    rep_of = np.full(n_blocks, -1, dtype=np.int64)
+    rep_of[live_blocks] = first
+    bt = block[table[np.maximum(rep_of, 0)]]  # [n_blocks, C] block graph
+    src = np.repeat(np.arange(n_blocks, dtype=np.int64), n_classes)
+    dst = bt.reshape(-1)
+    cext = [(int(block[s_]), int(block[t])) for s_ in range(n) for _, t in calls[s_]]
+    if cext:
+        e = np.array(cext, dtype=np.int64)
+        src, dst = np.concatenate([src, e[:, 0]]), np.concatenate([dst, e[:, 1]])
+    keep = (dst != dead_block) & (rep_of[src] >= 0)
+    pairs = np.unique(src[keep] * n_blocks + dst[keep])
+    es, et = pairs // n_blocks, pairs % n_blocks
+    ptr = np.searchsorted(es, np.arange(n_blocks + 1)).tolist()
+    succ = et.tolist()
+    start_block = int(block[0])
+    order: dict[int, int] = {start_block: 0}
+    queue = [start_block]
     k = 0
-    reps = [0]
-    while k < len(reps):
-        s = reps[k]
+    while k < len(queue):
+        b = queue[k]
         k += 1
-        succ = [int(t) for t in table[s]] + [t for _, t in calls[s]]
-        for t in succ:
-            b = int(block[t])
-            if b == dead_block or b in order:
-                continue
-            order[b] = len(reps)
-            reps.append(t)
+        for j in range(ptr[b], ptr[b + 1]):
+            c = succ[j]
+            if c not in order:
+                order[c] = len(queue)
+                queue.append(c)
+    reps = [int(rep_of[b]) for b in queue]
     block_to_new = np.full(n_blocks, -1, dtype=np.int32)
     for b, i in order.items():
         block_to_new[b] = i
