@@ -29,7 +29,7 @@ class City(BaseModel):
 
 def _report(label: str, outs: list[RequestOutput], seconds: float) -> None:
     n = sum(len(o.token_ids) for o in outs)
-    print(f"\n[{label}] {len(outs)} request(s), {n} tokens in {seconds:.2f} s = {n / seconds:.1f} tok/s")
+    print(f"\n[{label}] {len(outs)} request(s), {n} token(s) in {seconds:.2f} s = {n / seconds:.1f} tok/s")
 
 
 def _show(o: RequestOutput, what: str = "") -> None:
@@ -67,6 +67,8 @@ def main() -> None:
     for o in outs:
         print(f"  {o.prompt!r} -> {o.text!r} ({o.finish_reason})")
 
+    # Constrained requests from here on. A constraint is compiled on its first use (then
+    # cached), and the times below include that.
     # 3. JSON through a pydantic model: .parsed is a City instance, validated with jsonschema.
     ask = [{"role": "system", "content": "You reply with a JSON object only."},
            {"role": "user", "content": "Describe Paris as JSON with name, country and the year it was founded."}]
@@ -79,10 +81,10 @@ def main() -> None:
     _show(outs[0])
     print(f"  .parsed = {outs[0].parsed!r}")
 
-    # 4. A regex: an ISO date.
+    # 4. A regex: an ISO date ([0-9], not \\d: as in Python's re, \\d is any Unicode digit).
     ask = [{"role": "user", "content": "On what date did the Apollo 11 crew land on the Moon?"}]
     t = time.perf_counter()
-    outs = llm.chat(ask, SamplingParams(regex=r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",
+    outs = llm.chat(ask, SamplingParams(regex=r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
                                         temperature=0, max_tokens=16), use_tqdm=False)
     _report("regex=ISO date", outs, time.perf_counter() - t)
     _show(outs[0])
@@ -111,7 +113,7 @@ def main() -> None:
     batch = [
         (user("Name a colour."), SamplingParams(temperature=0, max_tokens=16), "free"),
         (user("A phone number for the office?"),
-         SamplingParams(regex=r"\+1-\d{3}-\d{3}-\d{4}", temperature=0.8, seed=7, max_tokens=24), "regex"),
+         SamplingParams(regex=r"\+1-[0-9]{3}-[0-9]{3}-[0-9]{4}", temperature=0.8, seed=7, max_tokens=24), "regex"),
         (user("Give a city as JSON."), SamplingParams(json_schema=City, strict=True, temperature=0.8, seed=7,
                                                        max_tokens=64), "json"),
         (user("Compute something."), SamplingParams(grammar="arithmetic", temperature=0, max_tokens=8), "grammar (cut)"),
