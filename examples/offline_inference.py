@@ -81,7 +81,7 @@ def main() -> None:
     _show(outs[0])
     print(f"  .parsed = {outs[0].parsed!r}")
 
-    # 4. A regex: an ISO date ([0-9], not \\d: as in Python's re, \\d is any Unicode digit).
+    # 4. A regex: an ISO date ([0-9], not \d: as in Python's re, \d is any Unicode digit).
     ask = [{"role": "user", "content": "On what date did the Apollo 11 crew land on the Moon?"}]
     t = time.perf_counter()
     outs = llm.chat(ask, SamplingParams(regex=r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
