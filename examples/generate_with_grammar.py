@@ -6,16 +6,18 @@
 
 --grammar takes a .lark file or the name of a packaged grammar
 (deepinfer.grammars.available(): arithmetic, csv, json, sql, tool_call, yaml).
-Exit status: 0 when the output parses, 1 when it does not (e.g. cut by --max-tokens).
+Exit status: 0 when the output parses and ended on its own, 1 when it does not parse or
+--max-tokens cut it, 2 for a bad grammar or bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
-from deepinfer import LLM, SamplingParams
+from deepinfer import LLM, SamplingParams, grammars
 from deepinfer.structured import resolve_grammar
 
 
@@ -31,8 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw", action="store_true", help="use --prompt as is, without the chat template")
     args = ap.parse_args(argv)
 
+    spec = args.grammar
+    if "\n" not in spec and ":" not in spec and not os.path.exists(spec) \
+            and spec.removesuffix(".lark") not in grammars.available():
+        ap.error(f"--grammar {spec!r}: no such file, and not a packaged grammar ({', '.join(grammars.available())})")
     try:
-        text = resolve_grammar(args.grammar)
+        text = resolve_grammar(spec)
     except ValueError as e:
         ap.error(str(e))
     import lark
@@ -60,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse(out.text)
     except lark.exceptions.LarkError as e:
         print(f"--- does NOT parse: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    if out.finish_reason != "stop":  # a prefix that happens to parse: the model was not done
+        print("--- parses, but --max-tokens cut it before the model ended it", file=sys.stderr)
         return 1
     print("--- parses", file=sys.stderr)
     return 0
