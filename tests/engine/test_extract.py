@@ -184,7 +184,8 @@ BAD_SCHEMAS = [
 ]
 
 
-@pytest.mark.parametrize("name, text, message", BAD_SCHEMAS, ids=[m[:30] for _, _, m in BAD_SCHEMAS])
+@pytest.mark.parametrize("name, text, message", BAD_SCHEMAS, ids=[
+    "not-json", "not-a-schema", "not-an-object", "unenforceable", "missing-file", "missing-model", "missing-module"])
 def test_bad_schema_is_refused_before_generation(llm, tmp_path, capsys, name, text, message):
     import re
 
