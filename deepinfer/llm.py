@@ -23,6 +23,7 @@ from .models.llama import LlamaModel
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .sequence import Sequence, Status
+from .spec import DSpark
 from .structured import MaskFiller, Structured, judge
 from .tokenizer import Message, Tokenizer
 
@@ -75,6 +76,10 @@ class LLM:
         fixed tiles with fixed-order attention). Costs throughput: README, "Deterministic mode".
     enforce_eager : bool
         Never capture CUDA graphs (decode launches every kernel from Python; for debugging).
+    dspark : bool or dict
+        DSpark speculative decoding (README, "DSpark"): True (default) = on for requests with a
+        constraint, False = off unless a request sets ``speculative=True``, a dict = the fields
+        of ``deepinfer.spec.DSparkConfig``. Lossless: drafts are verified by the model.
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class LLM:
         seed: int | None = None,
         deterministic: bool = False,
         enforce_eager: bool = False,
+        dspark: bool | dict = True,
     ):
         _threads.configure_torch_threads()
         self.device = _resolve_device(device)
@@ -117,6 +123,7 @@ class LLM:
         self.sample_fn = kernels.sample  # fused Triton kernel on CUDA, torch reference on CPU
         self.structured = Structured(self.tokenizer, self.config.vocab_size)
         self.masks = MaskFiller(self.config.vocab_size, pin=self.device.type == "cuda")
+        self.dspark = DSpark(dspark)  # speculative decoding: drafts verified in one forward
         self._seed_rng = random.Random(seed)
         self._next_id = 0
         self.load_seconds = time.perf_counter() - t0
@@ -155,6 +162,14 @@ class LLM:
                 relaxed[s.request_id] = list(compiled.notes)
         self._run([s for s in seqs if not s.is_finished], use_tqdm)
         return [self._output(s, relaxed.get(s.request_id, [])) for s in seqs]
+
+    def compile_constraint(self, params: SamplingParams):
+        """Compile ``params``' constraint now (cached and shared with later requests).
+
+        Raises ``deepinfer.constraints.ConstraintError`` (a ValueError) naming what is wrong
+        and where; useful to check a schema before a long batch run.
+        """
+        return self.structured.compile(params)
 
     def _output(self, s: Sequence, relaxed: list[str]) -> RequestOutput:
         parsed, error = None, s.error
@@ -252,6 +267,15 @@ class LLM:
                 running.extend(admitted)
                 running.sort(key=lambda s: s.slot)
             else:
+                plan = self.dspark.plan(self, running)  # DSpark drafts for this step, or None
+                if plan is not None:  # verified in one multi-position forward (deepinfer/spec)
+                    for s in self.dspark.step(self, plan, masks):  # the sequences that finished
+                        free_slots.append(s.slot)
+                        s.slot = None
+                        if bar is not None:
+                            bar.update(1)
+                    running = [s for s in running if not s.is_finished]
+                    continue
                 logits = self.runner.decode(running)
             # 3.-4. apply masks + sample in one launch, accept
             tokens = self._sample(batch, logits, *masks.wait())

@@ -20,11 +20,10 @@ def resolve_grammar(spec: str) -> str:
     """Grammar text from a packaged name ("sql"), a file path, or the text itself."""
     from . import grammars
 
-    one_line = "\n" not in spec and ":" not in spec.replace(":\\", "")
-    if one_line and (spec.removesuffix(".lark") in grammars.available() or os.path.exists(spec)):
+    if "\n" not in spec and (os.path.exists(spec) or ":" not in spec or spec.endswith(".lark")):
+        # a name or a path (grammar text always has a rule "name: ..."): a missing one is a
+        # ValueError naming the packaged grammars
         return grammars.load(spec)
-    if spec.endswith(".lark") and "\n" not in spec:
-        return grammars.load(spec)  # a missing file: ValueError naming what exists
     return spec
 
 
@@ -105,7 +104,13 @@ def judge(p: SamplingParams, text: str, finish_reason: str) -> tuple[Any, str | 
         return (text, None) if text in p.choice else (None, "output is not one of the choices")
     if kind == "grammar":
         try:
-            _lark(resolve_grammar(p.grammar), p.grammar_start).parse(text)
+            parser = _lark(resolve_grammar(p.grammar), p.grammar_start)
+        except Exception:
+            # lark's Earley refuses some grammars we compile (zero-width terminals): the
+            # automaton's own verdict (the output ended where the grammar may end) stands
+            return text, None
+        try:
+            parser.parse(text)
         except Exception as e:
             return None, f"output does not parse with the grammar: {str(e).splitlines()[0]}"
         return text, None

@@ -265,7 +265,7 @@ def _run(args: argparse.Namespace, llm: Any) -> int:
     if llm is None:
         llm = LLM(args.model, seed=args.seed)
     try:  # the compiler's verdict (unsupported keyword, ...) before any generation
-        llm.structured.compile(params)
+        llm.compile_constraint(params)
     except ValueError as e:
         raise UsageError(f"schema {schema.source}: the engine cannot enforce it: {e}") from e
 
