@@ -182,8 +182,10 @@ def _copy_bandwidth(device) -> float:
 
 MODES = {  # name: ModelRunner keywords
     "eager": dict(cuda_graphs=False),
-    "graphs": dict(cuda_graphs=True),
-    "deterministic": dict(cuda_graphs=True, deterministic=True),
+    "graphs": dict(cuda_graphs=True),  # decode attention: torch SDPA with a length mask
+    "graphs-triton": dict(cuda_graphs=True, attention="triton"),
+    "deterministic": dict(cuda_graphs=True, deterministic=True),  # Triton attention on CUDA
+    "deterministic-torch": dict(cuda_graphs=True, deterministic=True, attention="torch"),
 }
 
 
@@ -218,8 +220,8 @@ def bench_cuda(args) -> None:
     bw = _copy_bandwidth(device)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     modes = args.modes.split(",")
-    if device.type != "cuda":  # the tiny check on CPU: no graphs (deterministic runs eagerly)
-        modes = [m for m in modes if m != "graphs"]
+    if device.type != "cuda":  # the tiny check on CPU: no graphs, no Triton
+        modes = [m for m in modes if m in ("eager", "deterministic")]
     print(f"\n{dev_name}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, random weights, "
           f"{args.steps} decode steps after a {args.prompt_len}-token prompt; modes: {', '.join(modes)}")
     rows = []
@@ -280,7 +282,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--no-deterministic", action="store_true")
-    ap.add_argument("--modes", default="eager,graphs,deterministic", help="CUDA decode modes to time")
+    ap.add_argument("--modes", default=",".join(MODES), help="decode modes to time (CUDA)")
     args = ap.parse_args()
     if args.device.startswith("cuda") or args.shapes == "tiny":
         bench_cuda(args)

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .models.decode_attention import ATTN_CHUNK
 from .models.kv_cache import KVCache
-from .models.llama import ATTN_CHUNK, LlamaModel
+from .models.llama import LlamaModel
 
 SMALL_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 16
@@ -124,8 +125,8 @@ class _Graph:
 class DecodeGraphs:
     """One CUDA graph of `model.decode_static` per (tile, kv_len), for one KV cache."""
 
-    def __init__(self, model: LlamaModel, cache: KVCache, *, chunked: bool):
-        self.model, self.cache, self.chunked = model, cache, chunked
+    def __init__(self, model: LlamaModel, cache: KVCache, *, attention: str):
+        self.model, self.cache, self.attention = model, cache, attention
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Tile, _Graph] = {}
 
@@ -147,7 +148,7 @@ class DecodeGraphs:
         def step() -> torch.Tensor:
             return self.model.decode_static(
                 inputs[0], inputs[1], inputs[2], self.cache,
-                slot_start=tile.slot_start, kv_len=tile.kv_len, chunked=self.chunked,
+                slot_start=tile.slot_start, kv_len=tile.kv_len, attention=self.attention,
             )
 
         side = torch.cuda.Stream(dev)  # warm up (cuBLAS handles, workspaces) off the capture

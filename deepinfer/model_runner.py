@@ -8,9 +8,9 @@ Decode, three ways:
 - CUDA graphs (default on CUDA): the fixed-shape `decode_static`, captured once per batch bucket
   and kv-length bucket and replayed (see cuda_graphs.py); one graph launch instead of ~25 kernel
   launches a layer;
-- deterministic: `decode_static` over fixed tiles of slots with chunked attention (replayed as
-  graphs on CUDA), and prefill one request at a time, so a request's logits are bit-identical
-  whatever else is batched with it and wherever it sits.
+- deterministic: `decode_static` over fixed tiles of slots with batch-invariant attention
+  (models/decode_attention.py; replayed as graphs on CUDA), and prefill one request at a time,
+  so a request's logits are bit-identical whatever else is batched with it and wherever it sits.
 No path synchronizes with the device: inputs go through pinned memory, logits come back as a
 device tensor the caller reads when it needs to (so host work overlaps the forward).
 """
@@ -21,8 +21,9 @@ import torch
 
 from . import _threads  # noqa: F401  (OMP policy before torch)
 from .cuda_graphs import DecodeGraphs, plan_decode
+from .models.decode_attention import ATTN_CHUNK
 from .models.kv_cache import KVCache
-from .models.llama import ATTN_CHUNK, ForwardBatch, LlamaModel
+from .models.llama import DECODE_ATTENTION, ForwardBatch, LlamaModel
 from .sequence import Sequence
 
 # Rows of a deterministic decode tile. Every tile has this many rows whatever the batch, so a
@@ -41,9 +42,14 @@ class ModelRunner:
         Batch-invariant forward: a request's logits do not depend on the rest of the batch.
         Invariance comes from fixed shapes alone (each kernel sees the same problem whatever
         the batch), so no global torch setting is changed.
+    attention : "sdpa", "torch", "triton" or None
+        Attention of the fixed-shape decode (`LlamaModel.decode_static`). None: "sdpa" (torch's
+        SDPA with a length mask), and in deterministic mode the batch-invariant "triton" on
+        CUDA, "torch" on CPU.
     """
 
-    def __init__(self, model: LlamaModel, *, cuda_graphs: bool | None = None, deterministic: bool = False):
+    def __init__(self, model: LlamaModel, *, cuda_graphs: bool | None = None, deterministic: bool = False,
+                 attention: str | None = None):
         self.model = model
         self.device = model.device
         on_cuda = self.device.type == "cuda"
@@ -52,6 +58,12 @@ class ModelRunner:
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         self.deterministic = deterministic
         self.tile = DETERMINISTIC_TILE["cuda" if on_cuda else "cpu"] if deterministic else None
+        if attention is None:
+            attention = ("triton" if on_cuda else "torch") if deterministic else "sdpa"
+        if attention not in DECODE_ATTENTION or (deterministic and attention == "sdpa"):
+            allowed = DECODE_ATTENTION[1:] if deterministic else DECODE_ATTENTION
+            raise ValueError(f"attention must be one of {allowed} here, got {attention!r}")
+        self.attention = attention
         # decode through decode_static (graph-shaped); also settable for tests of that path on CPU
         self.static_decode = self.cuda_graphs or deterministic
         self.cache: KVCache | None = None
@@ -67,7 +79,7 @@ class ModelRunner:
                 num_slots, max_len, spare_slots=spare, len_multiple=ATTN_CHUNK if self.deterministic else 1
             )
             if self.cuda_graphs:
-                self.graphs = DecodeGraphs(self.model, self.cache, chunked=self.deterministic)
+                self.graphs = DecodeGraphs(self.model, self.cache, attention=self.attention)
 
     def _to(self, rows: list) -> torch.Tensor:
         pin = self.device.type == "cuda"  # a pinned source makes the copy truly asynchronous
@@ -119,7 +131,7 @@ class ModelRunner:
                 x = inputs.to(self.device, non_blocking=True)
                 outs.append(self.model.decode_static(
                     x[0], x[1], x[2], cache, slot_start=tile.slot_start, kv_len=tile.kv_len,
-                    chunked=self.deterministic,
+                    attention=self.attention,
                 ))
         order = host[at:].to(self.device, non_blocking=True)
         logits = outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -18,11 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from .decode_attention import ATTN_CHUNK, decode_attention_torch, decode_attention_triton
 from .kv_cache import KVCache
 
-# Keys per block of the chunked decode attention (and the multiple a deterministic cache's
-# length is rounded to, so that every block has this one shape).
-ATTN_CHUNK = 256
+DECODE_ATTENTION = ("sdpa", "torch", "triton")
 
 
 @dataclass
@@ -218,35 +217,38 @@ class LlamaModel:
         *,
         slot_start: int,
         kv_len: int,
-        chunked: bool = False,
+        attention: str = "sdpa",
     ) -> torch.Tensor:
         """One decode token per row, shapes fixed by (B, kv_len): logits float32 [B, V].
 
         Row b is cache slot `slot_start + b` (slot-major: keys are a slice, never a gather); it
         writes its new K/V at (write_slots[b], positions[b]) -- its own slot, or the scratch slot
-        for a padding row -- and attends to keys [0, positions[b]] of its slot through a mask over
-        kv_len >= max(positions) + 1 keys. No host sync, no data-dependent shapes: capturable.
+        for a padding row -- and attends to keys [0, positions[b]] of its slot. No host sync, no
+        data-dependent shapes: capturable in a CUDA graph.
 
         tokens, positions, write_slots: [B] int64 on the model's device.
-        chunked: attention in fixed ATTN_CHUNK-key blocks merged in order (online softmax); a
-        block past a row's length changes nothing bit for bit, so the row's result does not
-        depend on kv_len (nor on other rows). kv_len must then be a multiple of ATTN_CHUNK.
+        attention: "sdpa" (torch SDPA over kv_len >= max(positions) + 1 keys with a length mask),
+        or a batch-invariant one from decode_attention.py: "torch" (fixed 256-key blocks; kv_len a
+        multiple of 256) or "triton" (reads each row's length on the device; kv_len unused).
         """
         c = self.config
         B = tokens.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         g, nqk, eps, s0 = nh // nkv, nh + nkv, c.rms_norm_eps, slot_start
+        if attention not in DECODE_ATTENTION:
+            raise ValueError(f"attention must be one of {DECODE_ATTENTION}, got {attention!r}")
         if kv_len > cache.max_len or s0 + B > cache.k.shape[1]:
             raise ValueError(f"decode of slots [{s0}, {s0 + B}) x {kv_len} keys exceeds the KV cache")
-        if chunked and kv_len % ATTN_CHUNK:
-            raise ValueError(f"chunked attention needs kv_len a multiple of {ATTN_CHUNK}, got {kv_len}")
+        if attention == "torch" and kv_len % ATTN_CHUNK:
+            raise ValueError(f"attention='torch' needs kv_len a multiple of {ATTN_CHUNK}, got {kv_len}")
 
         x = F.embedding(tokens, self.embed)  # [B, H]
         cos = self.cos[positions].unsqueeze(1)  # [B, 1, hd]
         sin = self.sin[positions].unsqueeze(1)
-        visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(1)  # [B, kv_len]
-        bias = None
-        if not chunked:  # additive mask, one row per batch row: [B, 1, 1, kv_len]
+        visible = bias = None
+        if attention != "triton":  # the kernel reads each row's length itself
+            visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(1)  # [B, kv_len]
+        if attention == "sdpa":  # additive mask, one row per batch row: [B, 1, 1, kv_len]
             zero = torch.zeros((), dtype=self.dtype, device=tokens.device)
             bias = torch.where(visible, zero, float("-inf")).view(B, 1, 1, kv_len)
         for i, layer in enumerate(self.layers):
@@ -258,14 +260,17 @@ class LlamaModel:
             kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
             kc[write_slots, :, positions] = qk[:, nh:]  # [B, nkv, hd] at (slot, :, pos)
             vc[write_slots, :, positions] = qkv[:, nqk:]
-            keys, values = kc[s0 : s0 + B, :, :kv_len], vc[s0 : s0 + B, :, :kv_len]
             # GQA for one query token: the g query heads of a KV group act as g queries of one
             # head (they share the row's mask), so no K/V is repeated. q: [B, nkv, g, hd]
             q = qk[:, :nh].reshape(B, nkv, g, hd)
-            if chunked:
-                o = _chunked_attention(q, keys, values, visible)
+            if attention == "triton":
+                o = decode_attention_triton(q, kc, vc, positions, s0)
             else:
-                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
+                keys, values = kc[s0 : s0 + B, :, :kv_len], vc[s0 : s0 + B, :, :kv_len]
+                if attention == "torch":
+                    o = decode_attention_torch(q, keys, values, visible)
+                else:
+                    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
             x = x + o.reshape(B, nh * hd) @ layer.wo
             h = F.rms_norm(x, (x.shape[-1],), layer.ln2, eps)
             gate, up = (h @ layer.wgu).chunk(2, dim=-1)
@@ -273,30 +278,3 @@ class LlamaModel:
         x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
         return (x @ self.lm_head).float()
 
-
-def _chunked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       visible: torch.Tensor) -> torch.Tensor:
-    """Softmax attention over ATTN_CHUNK-key blocks merged in order (flash-decoding's online
-    softmax, one block at a time). Every op has the same shape whatever kv_len and whatever the
-    other rows are, and a block with no visible key is an exact no-op (its scores are -inf:
-    p = 0, the running max stays, alpha = exp(0) = 1), so a row's result depends on its own
-    keys alone. Block 0 always holds the row's key 0, so the running max is finite after it.
-
-    q: [B, nkv, g, hd]; keys, values: [B, nkv, L, hd]; visible: [B, L] bool. -> [B, nkv, g, hd]
-    """
-    B, nkv, g, hd = q.shape
-    scale = 1.0 / math.sqrt(hd)
-    m = torch.full((B, nkv, g, 1), float("-inf"), dtype=torch.float32, device=q.device)
-    denom = torch.zeros((B, nkv, g, 1), dtype=torch.float32, device=q.device)
-    acc = torch.zeros((B, nkv, g, hd), dtype=torch.float32, device=q.device)
-    for c0 in range(0, keys.shape[2], ATTN_CHUNK):
-        k, v = keys[:, :, c0 : c0 + ATTN_CHUNK], values[:, :, c0 : c0 + ATTN_CHUNK]
-        s = (q @ k.transpose(-1, -2)).float() * scale  # [B, nkv, g, C]
-        s = s.masked_fill(~visible[:, None, None, c0 : c0 + ATTN_CHUNK], float("-inf"))
-        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-        alpha = torch.exp(m - m_new)  # 0 on the first block, 1 where the max did not move
-        p = torch.exp(s - m_new)
-        denom = denom * alpha + p.sum(dim=-1, keepdim=True)
-        acc = acc * alpha + (p.to(v.dtype) @ v).float()
-        m = m_new
-    return (acc / denom).to(q.dtype)

@@ -128,14 +128,15 @@ def test_static_decode_equals_forward_on_cpu(variant):
 # -- CUDA graphs ---------------------------------------------------------------------------------
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
 @pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
-def test_graphs_equal_eager_on_cuda(variant):
+def test_graphs_equal_eager_on_cuda(variant, attention):
     torch.backends.cuda.matmul.allow_tf32 = False
     model = _model(variant, "cuda")
     for batch, slots, num_slots in CASES:
         ref_tokens, ref = _greedy(ModelRunner(model, cuda_graphs=False), _prompts(batch), slots, 32,
                                   num_slots, 320)
-        graphed = ModelRunner(model, cuda_graphs=True)
+        graphed = ModelRunner(model, cuda_graphs=True, attention=attention)
         tokens, got = _greedy(graphed, _prompts(batch), slots, 32, num_slots, 320)
         assert tokens == ref_tokens, (variant, batch)
         for a, b in zip(got, ref):
