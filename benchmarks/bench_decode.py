@@ -184,8 +184,8 @@ MODES = {  # name: ModelRunner keywords
     "eager": dict(cuda_graphs=False),
     "graphs": dict(cuda_graphs=True),  # decode attention: torch SDPA with a length mask
     "graphs-triton": dict(cuda_graphs=True, attention="triton"),
-    "deterministic": dict(cuda_graphs=True, deterministic=True),  # Triton attention on CUDA
-    "deterministic-torch": dict(cuda_graphs=True, deterministic=True, attention="torch"),
+    "deterministic": dict(cuda_graphs=True, deterministic=True),  # attention in fixed 256-key blocks
+    "deterministic-triton": dict(cuda_graphs=True, deterministic=True, attention="triton"),
 }
 
 

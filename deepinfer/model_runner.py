@@ -44,8 +44,9 @@ class ModelRunner:
         the batch), so no global torch setting is changed.
     attention : "sdpa", "torch", "triton" or None
         Attention of the fixed-shape decode (`LlamaModel.decode_static`). None: "sdpa" (torch's
-        SDPA with a length mask), and in deterministic mode the batch-invariant "triton" on
-        CUDA, "torch" on CPU.
+        SDPA with a length mask), and in deterministic mode the batch-invariant "torch" (fixed
+        key blocks; the version run on the H200). "triton" is the one-launch batch-invariant
+        kernel (tested on CPU under TRITON_INTERPRET=1, not yet on a GPU).
     """
 
     def __init__(self, model: LlamaModel, *, cuda_graphs: bool | None = None, deterministic: bool = False,
@@ -59,7 +60,7 @@ class ModelRunner:
         self.deterministic = deterministic
         self.tile = DETERMINISTIC_TILE["cuda" if on_cuda else "cpu"] if deterministic else None
         if attention is None:
-            attention = ("triton" if on_cuda else "torch") if deterministic else "sdpa"
+            attention = "torch" if deterministic else "sdpa"
         if attention not in DECODE_ATTENTION or (deterministic and attention == "sdpa"):
             allowed = DECODE_ATTENTION[1:] if deterministic else DECODE_ATTENTION
             raise ValueError(f"attention must be one of {allowed} here, got {attention!r}")

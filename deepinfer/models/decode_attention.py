@@ -13,7 +13,9 @@ Two implementations, neither of which lets the rest of the batch change a row's 
   row's length is an exact no-op. ~20 small kernels a layer on CUDA.
 - `decode_attention_triton` (CUDA; CPU under TRITON_INTERPRET=1): one program per (row, KV head)
   walks fixed BLOCK_N-key blocks up to the row's own length; one launch a layer, and the length
-  is read on the device, so a CUDA graph needs no kv-length bucket for it.
+  is read on the device, so a CUDA graph needs no kv-length bucket for it. Checked against the
+  reference on CPU under TRITON_INTERPRET=1; not yet run on a GPU (the deterministic mode uses
+  the torch version by default until it has been).
 The two differ from each other in rounding (block sizes); each is invariant on its own.
 """
 

@@ -143,7 +143,8 @@ def test_embedded_model_alone_equals_batch():
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention", ["triton", "torch"])
 def test_cuda_alone_equals_batch_of_64(attention):
-    """On CUDA (graphs, 64-row tiles, bf16): alone == in a batch of 64 mixed == another position."""
+    """On CUDA (graphs, 64-row tiles, bf16): alone == in a batch of 64 mixed == another position,
+    with either batch-invariant attention."""
     hf, d = tiny_hf_model("llama-gqa-untied")
     model = LlamaModel(ModelConfig.from_hf(d), dict(hf.state_dict()), dtype=torch.bfloat16, device="cuda")
     prompts = [list(range(3 + i, 3 + i + 1 + (7 * i) % 23)) for i in range(64)]
