@@ -53,6 +53,9 @@ class SamplingParams:
         validated with jsonschema.
     grammar_start : str
         The start rule of `grammar`.
+    speculative : bool or None
+        DSpark speculative decoding for this request (drafts verified by the model, so the
+        output is unchanged); None follows the LLM's ``dspark`` default.
     """
 
     max_tokens: int | None = 16
@@ -76,6 +79,7 @@ class SamplingParams:
     strict: bool = False
     lenient: bool = False
     grammar_start: str = "start"
+    speculative: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (
@@ -126,6 +130,8 @@ class SamplingParams:
             self.choice = list(self.choice)
         if self.whitespace not in ("compact", "flexible"):
             raise _bad("whitespace", self.whitespace, "'compact' or 'flexible'")
+        if self.speculative is not None and not isinstance(self.speculative, bool):
+            raise _bad("speculative", self.speculative, "a bool or None")
         for name in ("strict", "lenient"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "a bool")

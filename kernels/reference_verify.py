@@ -61,29 +61,41 @@ def verify(
     which never equals a draft.
     """
     B, T, V = logits.shape
-    flat = logits.reshape(B * T, V)
-    mask = None
-    flat_idx = None
-    if bitmask is not None:
-        mask = bitmask.reshape(B * T, bitmask.shape[-1])
-        if indices is not None:  # row b's positions are flat rows b*T .. b*T + T-1
-            offs = torch.arange(T, device=indices.device)
-            flat_idx = (indices[:, None] * T + offs[None, :]).reshape(-1)
-
-    def per_pos(x: torch.Tensor) -> torch.Tensor:  # [B] -> [B*T]
-        return x.repeat_interleave(T)
-
-    pos = torch.arange(T, device=logits.device, dtype=torch.int64).repeat(B)  # k of each flat row
-    tokens, _, _ = reference.sample(
-        flat, mask, flat_idx,
-        per_pos(temperature), per_pos(top_k), per_pos(top_p), per_pos(min_p),
-        per_pos(seed), per_pos(step) + pos,
-    )  # fmt: skip
-    tokens = tokens.view(B, T)
-    k = torch.arange(T, device=logits.device)
+    dev = logits.device
     n = num_drafts.to(torch.int64)
-    tokens = torch.where(k[None, :] <= n[:, None], tokens, torch.full_like(tokens, -1))
-    mismatch = (tokens[:, : T - 1] != drafts) & (k[None, : T - 1] < n[:, None])  # [B, K]
+    k = torch.arange(T, device=dev)
+    valid = k[None, :] <= n[:, None]  # [B, T]: positions 0..n_b of each row
+    rows, pos = valid.nonzero(as_tuple=True)  # only those are sampled (no work on padding)
+    mask = flat_idx = None
+    if bitmask is not None:
+        mask = bitmask[rows, pos]  # [R, W]
+        if indices is not None:
+            constrained = torch.zeros(B, dtype=torch.bool, device=dev)
+            constrained[indices] = True
+            flat_idx = constrained[rows].nonzero(as_tuple=True)[0]
+    x = logits[rows, pos].float()  # [R, V]: only positions 0..n_b (no work on padding)
+    if mask is not None:
+        allowed = reference.unpack_bitmask(mask, V)
+        if flat_idx is not None:  # rows outside `indices` are unconstrained
+            keep = torch.ones_like(allowed)
+            keep[flat_idx] = allowed[flat_idx]
+            allowed = keep
+        x = x.masked_fill(~allowed, float("-inf"))
+    picked = torch.full((len(rows),), -1, dtype=torch.int64, device=dev)
+    greedy = temperature[rows] == 0
+    g = greedy.nonzero(as_tuple=True)[0]
+    if len(g):  # the masked argmax, lowest id on ties, as sample() (which needs no noise for it)
+        xg = x[g]
+        picked[g] = torch.where(xg.amax(dim=1) == float("-inf"), -1, xg.argmax(dim=1))
+    r = (~greedy).nonzero(as_tuple=True)[0]
+    if len(r):
+        rr, pr = rows[r], pos[r]
+        picked[r] = reference.sample(
+            x[r], None, None, temperature[rr], top_k[rr], top_p[rr], min_p[rr], seed[rr], step[rr] + pr,
+        )[0]  # fmt: skip
+    tokens = torch.full((B, T), -1, dtype=torch.int64, device=dev)
+    tokens[rows, pos] = picked
+    mismatch = (tokens[:, : T - 1] != drafts) & valid[:, 1:]  # [B, K]: position k < n_b
     # first mismatching position, or n when every draft matched
     first = torch.where(mismatch, k[None, : T - 1], torch.full_like(mismatch, T, dtype=torch.int64))
     accepted = torch.minimum(first.min(dim=1).values if T > 1 else n, n)

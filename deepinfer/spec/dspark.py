@@ -1,0 +1,217 @@
+"""DSpark: the engine's speculative decoding, called from the decode branch of ``LLM._run``.
+
+Per decode step: ``plan`` proposes drafts for every request that speculates (grammar-forced
+tokens, n-gram copies from the prompt and output) and chooses how many positions to verify
+(``scheduler.choose_positions``); None means a plain decode step. ``step`` then runs the
+multi-position forward while a host thread writes each position's bitmask, verifies all rows in
+one kernel launch, and feeds the emitted tokens to the sequences.
+
+Lossless: every emitted token is the target model's own choice at its position (greedy argmax,
+or its seeded sample with the same random numbers plain decoding would use), so outputs equal
+plain decoding's, token for token, whenever the multi-position forward's logits equal the
+one-position decode's. They agree up to float rounding (a different matmul shape): measured on
+the embedded model on CPU, max |logit difference| 5e-5 in float32 and 0.5 in bfloat16, so a
+near-tie can break the other way, as it can when the batch size changes. In deterministic mode
+(``LLM(deterministic=True)``), which promises bit-identical tokens whatever the batch, DSpark
+is off: its multi-position forward is not the batch-invariant decode.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .. import kernels
+from .config import DSparkConfig
+from .drafts import FORCED, NGRAM, Drafts, NgramIndex, propose
+from .scheduler import CostModel, RequestStats, choose_positions
+from .verify import Verifier, per_row
+
+DEVICE_SLOPE = {"cpu": 0.2, "cuda": 0.005}
+
+
+@dataclass
+class DSparkStats:
+    """Counters since the last ``reset`` (benchmarks read them)."""
+
+    verify_steps: int = 0  # steps that ran a verify forward
+    decode_steps: int = 0  # decode steps DSpark left plain (no draft worth verifying)
+    rows: int = 0  # row-steps verified
+    positions: int = 0  # row-positions in verify forwards (B * T summed)
+    drafted: list[int] = field(default_factory=lambda: [0, 0])  # by source: FORCED, NGRAM
+    accepted: list[int] = field(default_factory=lambda: [0, 0])
+    emitted: int = 0  # tokens emitted by verify steps (accepted drafts + bonus)
+    accept_hist: dict[tuple[int, int], int] = field(default_factory=dict)  # (drafts, accepted) -> rows
+
+    def reset(self) -> None:
+        fresh = DSparkStats()
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))
+
+    @property
+    def tokens_per_row_step(self) -> float:
+        """Tokens a row gains per verify step (1.0 = plain decoding)."""
+        return self.emitted / self.rows if self.rows else 1.0
+
+
+@dataclass
+class Plan:
+    seqs: list
+    drafts: list[Drafts]
+    T: int  # positions per row (drafts + 1)
+
+
+class _Request:
+    __slots__ = ("stats", "index", "stop_ids")
+
+    def __init__(self, config: DSparkConfig, stop_ids: frozenset[int]) -> None:
+        self.stats = RequestStats()
+        self.index = NgramIndex(config.ngram_min, config.ngram_max)
+        self.stop_ids = stop_ids
+
+
+class DSpark:
+    """Speculative decoding for one LLM: settings, per-request draft statistics, cost model."""
+
+    def __init__(self, config: bool | dict | DSparkConfig = True) -> None:
+        self.config = DSparkConfig.parse(config)
+        self.stats = DSparkStats()
+        self.verify_fn = kernels.verify  # backend "auto": Triton on CUDA, torch reference on CPU
+        self._requests: dict[int, _Request] = {}
+        self._cost: CostModel | None = None
+        self._verifier: Verifier | None = None
+        self._last: tuple[float, str, int, frozenset[int]] | None = None  # previous step: time, path, tokens, ids
+        self._step = 0
+
+    # -- which requests ---------------------------------------------------------------------
+    def speculates(self, s, deterministic: bool = False) -> bool:
+        """Does request ``s`` draft? Its ``speculative`` if set, else the LLM's default."""
+        if deterministic:
+            return False
+        sp = getattr(s.params, "speculative", None)
+        if sp is not None:
+            return bool(sp)
+        d = self.config.default
+        return d == "all" or (d == "constrained" and s.constraint is not None)
+
+    # -- one step -----------------------------------------------------------------------------
+    def plan(self, llm, running: list) -> Plan | None:
+        """Drafts for this decode step, or None for a plain decode step."""
+        now = time.perf_counter()
+        ids = frozenset(s.request_id for s in running)
+        cost = self._cost_model(llm)
+        if self._last is not None and ids <= self._last[3]:  # no prefill since: a clean interval
+            cost.observe(self._last[1], self._last[2], now - self._last[0])
+        self._step += 1
+        spec = [self.speculates(s, getattr(llm, "deterministic", False)) for s in running]
+        if not any(spec):
+            self._last = (now, "decode", len(running), ids)
+            return None
+        self._forget(ids)
+        cfg = self.config
+        cache_len = llm.runner.cache.max_len
+        room = min(cache_len - len(s) for s in running)  # positions L-1 .. L-1+T-1 fit the cache
+        drafts: list[Drafts] = []
+        for s, on in zip(running, spec):
+            k = min(cfg.max_drafts, s.max_tokens - len(s.output_token_ids) - 1, room)
+            if not on or k <= 0:
+                drafts.append(Drafts())
+                continue
+            r = self._request(s, llm.tokenizer)
+            src = r.stats.sources
+            m = s.constraint.copy() if s.constraint is not None else None
+            ngram_on = src[NGRAM].enabled(self._step, cfg.min_acceptance)
+            drafts.append(propose(
+                s.all_token_ids, m, r.index if ngram_on else None, k,
+                forced=src[FORCED].enabled(self._step, cfg.min_acceptance), stop_ids=r.stop_ids,
+            ))  # fmt: skip
+        budget = llm.max_num_batched_tokens
+        if cfg.schedule == "fixed":
+            T = min(max(len(d) for d in drafts) + 1, max(budget // len(running), 1))
+        else:
+            conf = [self._requests[s.request_id].stats.confidence(d.sources) if d else [] for s, d in
+                    zip(running, drafts)]  # fmt: skip
+            T = choose_positions(conf, cost, budget)
+        if T == 1:
+            self.stats.decode_steps += 1
+            self._last = (now, "decode", len(running), ids)
+            return None
+        for d in drafts:
+            d.truncate(T - 1)
+        self._last = (now, "verify", len(running) * T, ids)
+        return Plan(list(running), drafts, T)
+
+    def step(self, llm, plan: Plan, masks) -> list:
+        """Verify ``plan``'s drafts in one forward + one kernel launch; feed the emitted tokens to
+        the sequences. Returns the sequences that finished."""
+        seqs, T = plan.seqs, plan.T
+        drafts = [d.tokens for d in plan.drafts]
+        v = self._verifier
+        if v is None or v.device != llm.device:
+            v = self._verifier = Verifier(llm.config.vocab_size, llm.device)
+        host0, constrained = masks.wait()  # position 0's rows (filled while drafts were made)
+        pending = v.start_masks(seqs, drafts, T, host0, constrained)
+        logits = v.forward(llm.model, llm.runner.cache, seqs, drafts, T)  # [B, T, V]
+        bitmask = v.bitmask(pending)  # [B, T, W] on the device, or None
+        dev = llm.device
+        p = [s.params for s in seqs]
+        out = self.verify_fn(
+            logits,
+            per_row([d + [0] * (T - 1 - len(d)) for d in drafts], torch.int64, dev),
+            num_drafts=per_row([len(d) for d in drafts], torch.int64, dev),
+            bitmask=bitmask,
+            indices=per_row(constrained, torch.int64, dev) if bitmask is not None else None,
+            temperature=per_row([x.temperature for x in p], torch.float32, dev),
+            top_k=per_row([x.top_k for x in p], torch.int64, dev),
+            top_p=per_row([x.top_p for x in p], torch.float32, dev),
+            min_p=per_row([x.min_p for x in p], torch.float32, dev),
+            seed=per_row([s.seed for s in seqs], torch.int64, dev),
+            step=per_row([len(s.output_token_ids) for s in seqs], torch.int64, dev),
+            validate=False,
+        )
+        accepted = out.accepted.tolist()
+        tokens = out.tokens.tolist()
+        finished = []
+        st = self.stats
+        st.verify_steps += 1
+        st.rows += len(seqs)
+        st.positions += len(seqs) * T
+        for s, d, a, row in zip(seqs, plan.drafts, accepted, tokens):
+            s.num_cached = len(s) + a  # the last token and the accepted drafts are cached
+            if d:
+                self._requests[s.request_id].stats.observe(d.sources, a)
+                for src, ok in zip(d.sources, [True] * a + [False] * (len(d) - a)):
+                    st.drafted[src] += 1
+                    st.accepted[src] += ok
+            st.accept_hist[(len(d), a)] = st.accept_hist.get((len(d), a), 0) + 1
+            for t in row[: a + 1]:
+                s.on_token(t, llm.tokenizer)
+                st.emitted += 1
+                if s.is_finished:
+                    finished.append(s)
+                    break
+        return finished
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _cost_model(self, llm) -> CostModel:
+        if self._cost is None:
+            slope = self.config.cost_slope
+            if slope is None:
+                slope = DEVICE_SLOPE.get(llm.device.type, DEVICE_SLOPE["cuda"])
+            self._cost = CostModel(slope)
+        return self._cost
+
+    def _request(self, s, tokenizer) -> _Request:
+        r = self._requests.get(s.request_id)
+        if r is None:
+            stop = set(tokenizer.special_token_ids) | set(s.params.stop_token_ids) | set(tokenizer.eos_token_ids)
+            r = self._requests[s.request_id] = _Request(self.config, frozenset(stop))
+        return r
+
+    def _forget(self, running_ids: frozenset[int]) -> None:
+        """Drop the statistics of requests that are no longer running."""
+        if len(self._requests) > len(running_ids):
+            for rid in [r for r in self._requests if r not in running_ids]:
+                del self._requests[rid]

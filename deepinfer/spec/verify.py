@@ -1,0 +1,113 @@
+"""The engine side of one DSpark step: per-position bitmasks, the multi-position forward, the
+verify kernel, and the bookkeeping of what was accepted.
+
+Row b of a step with T positions feeds ``[last token, d_1, ..., d_n, pad...]`` at positions
+``L-1 .. L-1+T-1`` (L = len(sequence)); logits at position k are the target's distribution of
+the token after the last token and d_1..d_k. The kernel accepts the longest prefix of drafts
+that equal the target's own token at each position and emits the target token after them (the
+bonus), so a step emits ``accepted + 1`` tokens per row.
+
+KV bookkeeping: the forward wrote K/V at every fed position; those of the last token and the
+accepted drafts are the sequence's (``num_cached = L + accepted``); entries past them (rejected
+drafts, padding) are garbage that attention never reads (keys past a query's position are
+masked) and the next forward that feeds those positions overwrites them.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from ..models.llama import ForwardBatch
+
+
+def fill_position_masks(matcher, drafts: list[int], rows: np.ndarray) -> None:
+    """rows[j] = the allowed tokens after drafts[:j], for j = 1..len(drafts) (rows: int32
+    [>= len(drafts) + 1, W]). The matcher is advanced along the drafts, then rolled back: it
+    ends exactly as it started."""
+    n = 0
+    try:
+        for j, t in enumerate(drafts, 1):
+            if not matcher.accept(t):  # drafts were walked through a copy of this matcher
+                raise RuntimeError(f"draft token {t} at position {j} rejected by the constraint")
+            n += 1
+            src = matcher.mask_row()
+            rows[j, : src.shape[0]] = src
+            rows[j, src.shape[0] :] = 0
+    finally:
+        matcher.rollback(n)
+
+
+class Verifier:
+    """Buffers, a host thread for the per-position masks, and the verify step itself."""
+
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.width = (vocab_size + 31) // 32
+        self.device = device
+        self.pin = device.type == "cuda"
+        self._buf: torch.Tensor | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self.mask_seconds = 0.0  # host time spent on positions 1.. (position 0: MaskFiller)
+
+    def _host(self, B: int, T: int) -> torch.Tensor:
+        if self._buf is None or self._buf.shape[0] < B or self._buf.shape[1] < T:
+            shape = (max(B, 8), max(T, 9), self.width)
+            self._buf = torch.empty(shape, dtype=torch.int32, pin_memory=self.pin)
+        return self._buf[:B, :T]
+
+    def start_masks(self, seqs, drafts: list[list[int]], T: int, host0, constrained: list[int]):
+        """Fill [B, T, W] bitmasks on a host thread: position 0 from the MaskFiller's rows, the
+        positions after each draft by walking the request's matcher (rolled back after)."""
+        if not constrained:
+            return None
+        host = self._host(len(seqs), T)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-dspark-masks")
+
+        def fill():
+            t0 = time.perf_counter()
+            rows = host.numpy()
+            first = host0.numpy()
+            for i in constrained:
+                rows[i, 0] = first[i]
+                if drafts[i]:
+                    fill_position_masks(seqs[i].constraint, drafts[i], rows[i])
+            self.mask_seconds += time.perf_counter() - t0
+            return host
+
+        return self._pool.submit(fill)
+
+    def forward(self, model, cache, seqs, drafts: list[list[int]], T: int) -> torch.Tensor:
+        """One forward over T positions per row (right-padded): logits [B, T, V] float32."""
+        tokens, positions = [], []
+        for s, d in zip(seqs, drafts):
+            last = s.output_token_ids[-1] if s.output_token_ids else s.prompt_token_ids[-1]
+            tokens.append([last, *d] + [0] * (T - 1 - len(d)))
+            start = len(s) - 1
+            positions.append(list(range(start, start + T)))
+        slots = [s.slot for s in seqs]
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        batch = ForwardBatch(
+            tokens=self._to(tokens),
+            positions=self._to(positions),
+            slots=self._to(slots),
+            kv_len=max(p[-1] for p in positions) + 1,
+            slot_start=slots[0] if contiguous else None,
+            logits_index=None,  # logits at every position: [B, T, V]
+        )
+        return model.forward(batch, cache)
+
+    def _to(self, rows: list) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.int64, pin_memory=self.pin).to(self.device, non_blocking=True)
+
+    def bitmask(self, future) -> torch.Tensor | None:
+        if future is None:
+            return None
+        return future.result().to(self.device, non_blocking=True)
+
+
+def per_row(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda").to(device, non_blocking=True)

@@ -1,0 +1,255 @@
+"""DSpark end to end: outputs are identical with and without speculation (greedy and seeded
+sampling, JSON Schema / regex / grammar / unconstrained) on the embedded model in float32 and on
+a tiny random model; rollback leaves matchers as they were; deterministic mode; the draft
+sources, the scheduler and the settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.spec import DSpark, DSparkConfig
+from deepinfer.spec.drafts import FORCED, NGRAM, NgramIndex, propose
+from deepinfer.spec.scheduler import CostModel, RequestStats, SourceStats, choose_positions
+from deepinfer.spec.verify import fill_position_masks
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "city": {"type": "string", "enum": ["Paris", "Berlin", "Rome", "Madrid"]},
+    },
+    "required": ["name", "age", "tags", "city"],
+    "additionalProperties": False,
+}
+# (user message, constraint): the seeded prompt set; extraction prompts hold what they ask for
+PROMPTS = [
+    ("Alice Smith is 31 years old and lives in Paris; she likes chess and tea. Record as JSON.",
+     dict(json_schema=SCHEMA)),
+    ("Carla Rossi (age 27) from Rome enjoys opera, pasta and football. Record as JSON.", dict(json_schema=SCHEMA)),
+    ("When did the French revolution start? Answer as YYYY-MM-DD.", dict(regex=r"\d{4}-\d{2}-\d{2}")),
+    ("Write a SQL query selecting name and age from the users table where age > 30.", dict(grammar="sql")),
+    ("Repeat after me: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.",
+     dict(speculative=True)),
+]  # fmt: skip
+MODES = [False, True, {"schedule": "fixed"}]  # off, confidence-scheduled, verify every draft found
+
+
+@pytest.fixture(scope="module")
+def llm(embedded_gguf_path):
+    # float32: the multi-position verify forward rounds like the one-token decode to ~5e-5
+    return LLM(None, dtype="float32", device="cpu", seed=0)
+
+
+def _chat(llm, mode, temperature, max_tokens=32):
+    llm.dspark = DSpark(mode)
+    params = [SamplingParams(temperature=temperature, top_p=0.9, seed=11 + i, max_tokens=max_tokens, **c)
+              for i, (_, c) in enumerate(PROMPTS)]  # fmt: skip
+    outs = llm.chat([[{"role": "user", "content": m}] for m, _ in PROMPTS], params, use_tqdm=False)
+    return outs, llm.dspark.stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+def test_embedded_outputs_identical_with_and_without_dspark(llm, temperature):
+    base, _ = _chat(llm, False, temperature)
+    assert base[0].parsed is not None and base[2].error is None  # the set produces valid outputs
+    for mode in MODES[1:] if temperature == 0 else MODES[2:]:
+        outs, st = _chat(llm, mode, temperature)
+        for b, o in zip(base, outs):
+            assert o.token_ids == b.token_ids, (mode, b.text, o.text)
+            assert o.text == b.text and o.finish_reason == b.finish_reason
+        assert st.verify_steps > 0 and sum(st.accepted) > 0, st  # speculation ran and paid
+        assert st.accepted[FORCED] > 0 and st.accepted[NGRAM] > 0, st  # both sources
+
+
+@pytest.mark.slow
+def test_rollback_leaves_matcher_exactly_as_before(llm):
+    compiled = llm.structured.compile(SamplingParams(json_schema=SCHEMA))
+    m = llm.structured.matcher(compiled)
+    for t in llm.tokenizer.encode('{"name":"Al', add_special_tokens=False):
+        assert m.accept(t)
+    before = (m.mask_row().copy(), m.num_accepted(), m.state, m.is_terminated())
+    drafts = llm.tokenizer.encode('ice","age":3', add_special_tokens=False)
+    W = compiled.n_words
+    rows = np.zeros((len(drafts) + 1, W), dtype=np.int32)
+    fill_position_masks(m, drafts, rows)
+    after = (m.mask_row().copy(), m.num_accepted(), m.state, m.is_terminated())
+    assert np.array_equal(before[0], after[0]) and before[1:] == after[1:]
+    walk = m.copy()  # each position's row is the mask after the drafts before it
+    for j, t in enumerate(drafts, 1):
+        assert walk.accept(t)
+        assert np.array_equal(rows[j], walk.mask_row()), j
+    bad = [drafts[0], llm.tokenizer.encode("}", add_special_tokens=False)[0]]  # '}' inside a string? no: rejected
+    if not m.copy().accept(bad[0]) or m.copy().accept(bad[1]):
+        bad = [drafts[0], 0]  # token 0 is special: never allowed inside a constraint
+    with pytest.raises(RuntimeError, match="rejected by the constraint"):
+        fill_position_masks(m, bad, rows)
+    assert np.array_equal(m.mask_row(), before[0]) and m.num_accepted() == before[1]
+
+
+@pytest.mark.slow
+def test_drafts_alternate_forced_and_ngram(llm):
+    """After '{' the schema forces '"name":"'; once the model has started the value, the n-gram
+    index copies the rest of it from the prompt, and the next key is forced again. The matcher
+    given to propose() is a copy, advanced only there."""
+    tok = llm.tokenizer
+    props = {"name": {"type": "string"}, "city": {"type": "string"}}
+    compiled = llm.structured.compile(SamplingParams(json_schema={
+        "type": "object", "properties": props, "required": ["name", "city"], "additionalProperties": False}))
+    prompt = tok.encode('name: "Alice Smith", city: "Paris"')
+
+    def drafts_after(text):
+        m = llm.structured.matcher(compiled)
+        tokens = prompt[:]
+        for t in tok.encode(text, add_special_tokens=False):
+            assert m.accept(t)
+            tokens.append(t)
+        d = propose(tokens, m.copy(), NgramIndex(1, 4), 12, forced=True, stop_ids=frozenset({2}))
+        assert m.num_accepted() == len(tokens) - len(prompt)  # untouched
+        return tok.decode(d.tokens), d.sources
+
+    text, sources = drafts_after("{")
+    assert text == '"name":"' and set(sources) == {FORCED}
+    text, sources = drafts_after('{"name":"Alice')
+    assert text.startswith(' Smith","city":"'), text
+    assert sources[0] == NGRAM and FORCED in sources[sources.index(FORCED):]
+    off = propose(prompt, None, None, 12, forced=False, stop_ids=frozenset())
+    assert len(off) == 0
+
+
+# -- tiny random model: fast checks of the engine paths ------------------------------------------
+TINY_REGEX = r"(alpha|beta) forced text that is long enough, then [0-9]{3} and done"
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder, monkeypatch_session):
+    return LLM(tiny_folder[0], dtype="float32", device="cpu", seed=0)
+
+
+def _tiny_run(llm, mode, params, prompts):
+    llm.dspark = DSpark(mode)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [o.token_ids for o in outs], llm.dspark.stats
+
+
+def test_tiny_many_seeds_identical(tiny):
+    """Seeded sampling over 24 seeds (+ greedy rows) on a regex with long forced spans, where the
+    random model often rejects the canonical tokenization, and unconstrained n-gram rows: the
+    tokens per seed are the same with DSpark (so is their distribution)."""
+    prompts = [[1, 5, 9, 5, 9, 5, 9]] * 32
+    params = [SamplingParams(temperature=0.0 if i < 8 else 1.0, seed=i, max_tokens=40, regex=TINY_REGEX)
+              if i % 2 == 0 else SamplingParams(temperature=0.0 if i < 8 else 0.9, top_k=50, seed=i,
+                                                 max_tokens=12, ignore_eos=True, speculative=True)
+              for i in range(32)]  # fmt: skip
+    base, _ = _tiny_run(tiny, False, params, prompts)
+    for mode in (True, {"schedule": "fixed", "max_drafts": 5}):
+        got, st = _tiny_run(tiny, mode, params, prompts)
+        assert got == base
+        assert st.verify_steps > 0 and sum(st.accepted) > 0
+        rejected = sum(n - a for (n, a), c in st.accept_hist.items() for _ in range(c) if a < n)
+        assert rejected > 0  # rejections (and their bonus tokens) were exercised
+    assert all(len(b) == 12 for b in base[1::2])
+
+
+def test_tiny_kv_lengths_stops_and_mixed_batch(tiny):
+    """max_tokens is exact with drafts pending, a stop string cuts like plain decoding, a
+    non-speculating row shares the step, and num_cached is the accepted length."""
+    prompts = [[1, 5, 9], [1, 7, 7, 7, 7], [1, 300, 301], [1, 42]]
+    params = [
+        SamplingParams(temperature=0, max_tokens=7, regex=TINY_REGEX),  # cut by length mid-forced-span
+        SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX, stop="text"),
+        SamplingParams(temperature=0, max_tokens=9, ignore_eos=True),  # plain row in the same step
+        SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX, speculative=False),
+    ]
+    base, _ = _tiny_run(tiny, False, params, prompts)
+    got, st = _tiny_run(tiny, {"schedule": "fixed"}, params, prompts)
+    assert got == base and len(got[0]) == 7 and len(got[2]) == 9
+    assert st.verify_steps > 0
+    outs = tiny.generate(prompts[1:2], params[1], use_tqdm=False)
+    assert outs[0].finish_reason == "stop" and outs[0].stop_reason == "text"
+
+    seen = []  # every verify step leaves num_cached == len - 1 (the bonus token is not cached)
+    step = DSpark.step
+
+    def spy(self, llm, plan, masks):
+        done = step(self, llm, plan, masks)
+        seen.extend(s.num_cached == len(s) - 1 for s in plan.seqs if not s.is_finished)
+        return done
+
+    DSpark.step = spy
+    try:
+        _tiny_run(tiny, {"schedule": "fixed"}, params, prompts)
+    finally:
+        DSpark.step = step
+    assert seen and all(seen)
+
+
+def test_deterministic_mode_turns_dspark_off(tiny_folder, monkeypatch_session, tiny):
+    """deterministic=True promises bit-identical tokens whatever the batch; DSpark's
+    multi-position forward is not the batch-invariant decode, so DSpark stays off there (even
+    for speculative=True): outputs equal deterministic mode without DSpark, bit for bit. On this
+    model (no near-ties) they also equal the non-deterministic DSpark run."""
+    det = LLM(tiny_folder[0], dtype="float32", device="cpu", seed=0, deterministic=True)
+    prompts = [[1, 5, 9], [1, 7, 7, 7, 7]]
+    params = [SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True, speculative=True)]
+    on, st = _tiny_run(det, {"schedule": "fixed"}, params, prompts)
+    assert st.verify_steps == 0
+    off, _ = _tiny_run(det, False, params, prompts)
+    assert on == off
+    fast, st = _tiny_run(tiny, {"schedule": "fixed"}, params, prompts)
+    assert st.verify_steps > 0 and fast == on
+
+
+# -- units -------------------------------------------------------------------------------------
+def test_ngram_index_longest_suffix_most_recent():
+    idx = NgramIndex(1, 3)
+    toks = [1, 2, 3, 4, 9, 2, 3, 5, 7, 2, 3]
+    assert idx.lookup(toks, 2) == [5, 7]  # suffix (2, 3): most recent earlier end
+    assert idx.lookup(toks, 2, context=[4]) == [9, 2]  # suffix (2, 3, 4) with a draft
+    assert idx.lookup([1, 2], 3) == []  # nothing earlier
+    assert idx.lookup(toks + [8], 1) == []
+
+
+def test_scheduler_verifies_where_it_pays():
+    cheap, costly = CostModel(0.001), CostModel(0.5)
+    certain = [[1.0] * 6, [1.0] * 6]
+    assert choose_positions(certain, cheap, 1000) == 7
+    assert choose_positions([[0.05, 0.01], []], costly, 1000) == 1  # doubtful drafts: plain decode
+    assert choose_positions(certain, cheap, 8) == 4  # B * T within the token budget
+    assert choose_positions([[], []], cheap, 1000) == 1
+    m = CostModel(0.1)
+    for n in (1, 2, 4, 8, 16, 4, 2):
+        m.observe("verify", n, 0.1 + 0.02 * n)
+    assert abs(m.predict("verify", 10) - 0.3) < 0.01  # the data outweighs the prior
+    assert m.predict("decode", 10) == m.predict("verify", 10)  # no decode data: the verify fit
+
+
+def test_source_switches_off_and_probes_again():
+    s = SourceStats(0.5)
+    for _ in range(6):
+        s.observe(False)
+    assert not s.enabled(10, 0.15)
+    assert not s.enabled(17, 0.15) and s.enabled(18, 0.15)  # back-off of 8 steps, then a probe
+    s.observe(False)
+    assert not s.enabled(18, 0.15) and s.enabled(18 + 16, 0.15)  # a failed probe: doubled
+    r = RequestStats()
+    r.observe([FORCED, FORCED, NGRAM], 1)
+    assert r.confidence([FORCED, NGRAM])[1] < r.confidence([FORCED])[0] < 0.95
+
+
+def test_settings():
+    assert DSparkConfig.parse(True).default == "constrained" and DSparkConfig.parse(False).default == "off"
+    assert DSparkConfig.parse({"max_drafts": 4}).max_drafts == 4
+    with pytest.raises(ValueError, match=r"unknown keys \['k'\]"):
+        DSparkConfig.parse({"k": 1})
+    with pytest.raises(ValueError, match="max_drafts must be an int >= 1"):
+        DSparkConfig(max_drafts=0)
+    with pytest.raises(ValueError, match="default must be one of"):
+        DSparkConfig(default="sometimes")
+    with pytest.raises(ValueError, match="speculative must be a bool or None"):
+        SamplingParams(speculative="yes")
