@@ -12,7 +12,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .automaton import Automaton, Config
-from .nfa import _partition
+from .nfa import _scc_blocks
 
 ROW_CACHE_SIZE = 8192
 QUOTE = 0x22
@@ -135,18 +135,12 @@ class CompiledConstraint:
         full[:, QUOTE] = -1
         tbl = np.vstack([np.where(full >= 0, full, n), np.full((1, 256), n, dtype=full.dtype)])
         boundary = np.append(a.has_calls | (a.accepting & ~a.is_regular), False)
-        block = boundary.astype(np.int64)
-        block[n] = 2
+        init = boundary.astype(np.int64)
+        init[n] = 2
+        block = _scc_blocks(tbl, np.zeros(n + 1, dtype=bool), [[] for _ in range(n + 1)], n, init)
         _, block = np.unique(block, return_inverse=True)
         block = block.reshape(-1).astype(np.int64)
         n_blocks = int(block.max()) + 1
-        coef = np.random.default_rng(7).integers(1, 2**61, size=(2, 257), dtype=np.int64) | 1
-        while True:
-            new = _partition(np.column_stack([block, block[tbl]]), coef)
-            cnt = int(new.max()) + 1
-            if cnt == n_blocks:
-                break
-            block, n_blocks = new, cnt
         rep = np.zeros(n_blocks, dtype=np.int64)
         rep[block[::-1]] = np.arange(n, -1, -1)  # first state of each block
         block_boundary = boundary[rep]

@@ -61,8 +61,9 @@ class ObjectMixin:
                 if pm:
                     members.append((key, {"allOf": [v for _, v in pm]}, _child(ptr, "patternProperties", pm[0][0])))
                 elif addl is False:
-                    raise ConstraintError(f"required property {key!r} is not allowed (additionalProperties is false)",
-                                          path=_child(ptr, "required"))
+                    return self.unsatisfiable(
+                        f"required property {key!r} is not allowed (additionalProperties is false)",
+                        _child(ptr, "required"))
                 else:
                     members.append((key, addl, _child(ptr, "additionalProperties")))
         items: list[tuple[Expr, bool]] = []
@@ -74,8 +75,9 @@ class ObjectMixin:
             ok = value != NOTHING and (name_check is None or name_check.is_valid(key))
             if not ok:
                 if key in required:
-                    raise ConstraintError(f"required property {key!r} cannot be satisfied", path=sptr)
-                continue
+                    # only a required unsatisfiable property makes the object unsatisfiable
+                    return self.unsatisfiable(f"required property {key!r} cannot be satisfied", sptr)
+                continue  # an optional one is dropped
             items.append((seq(lit(json.dumps(key, ensure_ascii=False)), self.colon, value), key in required))
         extra = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames)
         lo = int(s.get("minProperties", 0))

@@ -90,6 +90,8 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
         self.depth = 0
         self._validator = None
         self.ids: dict[str, tuple[object, str]] = {}
+        # why subschemas compiled to NOTHING (named if the whole schema turns out unsatisfiable)
+        self.unsat: list[tuple[str, str]] = []
         self._index_ids(root, "#")
         ws = EMPTY
         if whitespace == "flexible":
@@ -99,6 +101,13 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
         self.colon = seq(ws, lit(":"), ws)
 
     # ------------------------------------------------------------------ helpers
+    def unsatisfiable(self, why: str, ptr: str) -> Expr:
+        """An unsatisfiable subschema: NOTHING, so that an optional property, an item of an
+        array that may be empty or an anyOf branch drops it; the reason is kept for the error
+        if the whole schema is unsatisfiable."""
+        self.unsat.append((why, ptr))
+        return NOTHING
+
     def relax(self, keyword: str, ptr: str, why: str = "") -> None:
         if self.lenient:
             self.notes.append(f"{keyword} at {ptr}" + (f" ({why})" if why else ""))
@@ -118,11 +127,40 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
             )
         return rep(item, lo, hi)
 
+    def _id_keys(self) -> tuple[str, ...]:
+        """The identifier keyword of the root's draft: ``id`` up to draft-04, ``$id`` after
+        (both when the draft is not named)."""
+        sch = self.root.get("$schema") if isinstance(self.root, dict) else None
+        if isinstance(sch, str):
+            if "draft-03" in sch or "draft-04" in sch:
+                return ("id",)
+            if "json-schema.org" in sch:
+                return ("$id",)
+        return ("$id", "id")
+
+    def _fragment_anchors(self) -> bool:
+        """Whether ``id``/``$id: "#name"`` declares an anchor: up to draft-07 (and when the
+        draft is not named); from 2019-09 on, ``$anchor`` does."""
+        sch = self.root.get("$schema") if isinstance(self.root, dict) else None
+        return not isinstance(sch, str) or "json-schema.org" not in sch or any(
+            d in sch for d in ("draft-03", "draft-04", "draft-06", "draft-07"))
+
     def _index_ids(self, node: object, ptr: str) -> None:
         if isinstance(node, dict):
-            for key in ("$id", "id"):
-                if isinstance(node.get(key), str):
-                    self.ids[node[key]] = (node, ptr)
+            for key in self._id_keys():
+                v = node.get(key)
+                if not isinstance(v, str):
+                    continue
+                base, _, frag = v.partition("#")
+                if base:
+                    # a new base URI (an empty fragment "x#" is the same as "x")
+                    self.ids[base] = (node, ptr)
+                    if frag:
+                        self.ids[v] = (node, ptr)
+                elif frag and not frag.startswith("/") and self._fragment_anchors():
+                    # "#name": a location-independent identifier (an anchor) up to draft-07;
+                    # "#" alone or a "#/pointer" identifies nothing new
+                    self.ids["#" + frag] = (node, ptr)
             if isinstance(node.get("$anchor"), str):
                 self.ids["#" + node["$anchor"]] = (node, ptr)
             for k, v in node.items():
@@ -321,7 +359,7 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
         check = self.validator(node)
         ok = [v for v in values if check.is_valid(v)]
         if not ok:
-            raise ConstraintError(f"no {kw} value satisfies the schema (unsatisfiable)", path=_child(ptr, kw))
+            return self.unsatisfiable(f"no {kw} value satisfies the schema (unsatisfiable)", _child(ptr, kw))
         return alt(*(self.value_lit(v) for v in ok))
 
     def compile_choice(self, s: dict, kw: str, ptr: str) -> Expr:
@@ -531,6 +569,7 @@ def schema_to_grammar(
     c = _SchemaCompiler(root, whitespace, strict, lenient)
     start = c.ref("#", "#")
     if start == NOTHING or (isinstance(start, Ref) and c.rules.get(start.name) == NOTHING):
-        raise ConstraintError("schema is unsatisfiable: no JSON value is valid", path="#")
+        why = "".join(f"; {m} at {p}" for m, p in c.unsat[:3])
+        raise ConstraintError("schema is unsatisfiable: no JSON value is valid" + why, path="#")
     rules = {"start": start, **c.rules}
     return Grammar(rules=rules, start="start", notes=c.notes)

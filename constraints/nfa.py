@@ -607,7 +607,19 @@ def _scc_blocks(table: np.ndarray, acc: np.ndarray, calls: list, dead: int, init
             if count == n_blocks:
                 break
             block, n_blocks = new_block, count
-        cls[S] = next_id + block
+        # each block of the cycle, now resolved, is a signature a later (upstream) state
+        # outside any cycle may share: e.g. "after a declared key" == "inside any key"
+        final = next_id + block
+        cls[S] = final
+        reps_seen: set[int] = set()
+        for i, s in enumerate(comp):
+            b = int(block[i])
+            if b in reps_seen:
+                continue
+            reps_seen.add(b)
+            key = (int(init[s]), bool(acc[s]), cls[table[s]].tobytes(),
+                   tuple(sorted((r, int(cls[t])) for r, t in calls[s])))
+            sigs.setdefault(key, int(final[i]))
         next_id += n_blocks
     return cls
 

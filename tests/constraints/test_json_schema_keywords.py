@@ -115,6 +115,52 @@ TABLE = [
                                          "additionalProperties": {"type": "string"}},
      [('{"a":1,"b":"x"}', True), ('{"a":1,"a":"x"}', False), ('{"a":1,"\\u0061":"x"}', False),
       ('{"a":1,"ab":"x"}', True)]),
+    # draft-04 `id`: "#" (an empty fragment) is no new base and must not re-anchor the root
+    ("draft-04 id #", {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+                       "properties": {"a": {"type": "integer"},
+                                      "d": {"id": "#", "type": "object", "properties": {"x": {"type": "string"}}}},
+                       "required": ["a"]},
+     [('{"a":1}', True), ('{"a":1,"d":{"x":"s"}}', True), ('{"x":"s"}', False), ('{"a":"1"}', False),
+      ('{"a":1,"d":{"x":1}}', False)]),
+    ("2020-12 $id #", {"type": "object", "properties": {"a": {"type": "integer"},
+                                                        "d": {"$id": "#", "type": "string"}}, "required": ["a"]},
+     [('{"a":1}', True), ('{"a":1,"d":"s"}', True), ('{"d":"s"}', False)]),
+    ("draft-04 id anchor", {"$schema": "http://json-schema.org/draft-04/schema#",
+                            "definitions": {"s": {"id": "#str", "type": "string"}},
+                            "type": "array", "items": {"$ref": "#str"}},
+     [('["a"]', True), ("[1]", False)]),
+    # an unsatisfiable optional property / item / branch / additionalProperties is dropped
+    ("unsatisfiable optional property", {"type": "object", "properties": {
+        "b": {"enum": ["X", "Y"], "type": "object"}, "c": {"type": "integer"}}},
+     [("{}", True), ('{"c":1}', True), ('{"b":"X"}', False), ('{"b":{}}', False), ('{"b":"X","c":1}', False)]),
+    ("unsatisfiable required property", {"type": ["object", "null"], "properties": {
+        "b": {"enum": ["X"], "type": "object"}}, "required": ["b"]},
+     [("null", True), ('{"b":"X"}', False), ("{}", False)]),
+    ("unsatisfiable nested required", {"type": "object", "properties": {
+        "o": {"type": "object", "properties": {"b": False}, "required": ["b"]}, "c": {"type": "null"}}},
+     [("{}", True), ('{"c":null}', True), ('{"o":{}}', False), ('{"o":{"b":1}}', False)]),
+    ("unsatisfiable items", {"type": "array", "items": {"enum": ["X"], "type": "integer"}},
+     [("[]", True), ('["X"]', False), ("[1]", False)]),
+    ("unsatisfiable items minItems", {"type": ["array", "null"], "items": {"enum": ["X"], "type": "integer"},
+                                      "minItems": 1}, [("null", True), ("[]", False), ('["X"]', False)]),
+    ("unsatisfiable anyOf branch", {"anyOf": [{"enum": ["X"], "type": "integer"}, {"type": "string"}]},
+     [('"X"', True), ('"y"', True), ("1", False)]),
+    ("unsatisfiable additionalProperties", {"type": "object", "properties": {"a": {}},
+                                            "additionalProperties": {"enum": [1], "type": "string"}},
+     [("{}", True), ('{"a":1}', True), ('{"a":1,"b":1}', False), ('{"b":"1"}', False)]),
+    # a JS-style /.../ pattern is an ECMA regex with literal slashes: "/^" can never match
+    ("slashed pattern optional", {"type": "object", "properties": {
+        "y": {"type": "string", "pattern": "/^[0-9]{4}$/"}, "z": {"type": "integer"}}},
+     [("{}", True), ('{"z":1}', True), ('{"y":"2001"}', False), ('{"y":"/2001/"}', False)]),
+    ("slashed pattern root", {"type": ["string", "null"], "pattern": "/^[0-9]{4}$/"},
+     [("null", True), ('"2001"', False), ('"/2001/"', False)]),
+    ("slashed pattern branch", {"type": "string", "pattern": "/^a$/|^b$"},
+     [('"b"', True), ('"a"', False), ('"/a/"', False)]),
+    ("slashed pattern end", {"type": "string", "pattern": "^a$/"}, [('"a"', False), ('"a/"', False), ('"b"', False)]),
+    ("slashed pattern no type", {"pattern": "/^[0-9]{4}$/"}, [("1", True), ("null", True), ('"2001"', False)]),
+    ("slashed patternProperties", {"type": "object", "patternProperties": {"/^x$/": {"type": "integer"}},
+                                   "additionalProperties": {"type": "string"}},
+     [('{"x":"s"}', True), ('{"/x/":"s"}', True), ('{"x":1}', False)]),
     ("propertyNames with declared", {"type": "object", "properties": {"id": {}}, "propertyNames": {"maxLength": 3}},
      [('{"id":1,"abc":1}', True), ('{"id":1,"abcd":1}', False)]),
 ]
@@ -141,7 +187,8 @@ def test_keyword_table(name, schema, text, expected):
         return
     canonical = json.dumps(value, separators=(",", ":"), ensure_ascii=False) == text
     if canonical:
-        oracle = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).is_valid(value)
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        oracle = cls(schema, format_checker=jsonschema.FormatChecker()).is_valid(value)
         assert oracle == expected, "table disagrees with jsonschema"
 
 
@@ -181,6 +228,9 @@ ERRORS = [
     ({"type": "object", "required": ["x"], "additionalProperties": False}, r"'x' is not allowed.*#/required"),
     ({"$ref": "http://example.com/s.json"}, r"remote refs.*#/\$ref"),
     ({"type": "integer", "multipleOf": 97}, r"multipleOf.*#/multipleOf"),
+    ({"type": "string", "pattern": "a?^b"}, r"anchor \^ not at the start.*#/pattern"),
+    ({"type": "string", "pattern": "(/)^b"}, r"anchor \^ not at the start.*#/pattern"),
+    ({"type": "object", "properties": {"b": False}, "required": ["b"]}, r"unsatisfiable.*'b'.*#/properties/b"),
 ]
 
 
