@@ -38,6 +38,8 @@ class CompiledConstraint:
         self._rows: OrderedDict = OrderedDict()
         self._interned: dict[bytes, np.ndarray] = {}
         self._eos = np.array(vocab.eos_ids, dtype=np.int64)
+        # accepted steps seen before: the common accept is one dict hit (bounded; see matcher)
+        self.step_memo: dict = {}
 
     @property
     def vocab_size(self) -> int:

@@ -13,6 +13,8 @@ import numpy as np
 from .compiled import CompiledConstraint
 
 MAX_FORCED_BYTES = 256
+STEP_MEMO_SIZE = 1 << 18  # (configuration, token) -> next configuration, per constraint
+_MISS = object()
 
 
 class Matcher:
@@ -57,18 +59,22 @@ class Matcher:
         if self._ended[-1]:
             return False
         c = self.compiled
-        if token_id in c.vocab.eos_ids:
-            if not c.automaton.can_end(self._hist[-1]):
-                return False
-            self._hist.append(self._hist[-1])
-            self._ended.append(True)
-            return True
-        if not 0 <= token_id < c.vocab_size:
-            return False
-        data = c.vocab.token_bytes[token_id]
-        if not data:
-            return False
-        nxt = c.automaton.step_bytes(self._hist[-1], data)
+        cfg = self._hist[-1]
+        memo = c.step_memo
+        key = (cfg, token_id)
+        nxt = memo.get(key, _MISS)
+        if nxt is _MISS:
+            if token_id in c.vocab.eos_ids:
+                if not c.automaton.can_end(cfg):
+                    return False
+                self._hist.append(cfg)
+                self._ended.append(True)
+                return True
+            data = c.vocab.token_bytes[token_id] if 0 <= token_id < c.vocab_size else None
+            nxt = c.automaton.step_bytes(cfg, data) if data else None
+            if len(memo) >= STEP_MEMO_SIZE:
+                memo.clear()
+            memo[key] = nxt
         if nxt is None:
             return False
         self._hist.append(nxt)
