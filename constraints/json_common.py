@@ -129,3 +129,58 @@ def _split_top(p: str) -> list[str]:
     out.append(p[start:])
     return out
 
+
+
+_REGEX_SPECIAL = set("\\^$.|?*+()[]{}")
+_QUANTIFIERS = set("?*+{")
+
+
+def _impossible_anchor(branch: str) -> bool:
+    """Whether a top-level regex branch provably matches nothing because of an anchor:
+    it opens with a mandatory literal (``/`` in a JS-style ``"/^...$/"``) and later has a
+    top-level ``^`` (which, without multiline, only matches at position 0), or it closes with
+    a mandatory literal (not a line break) after a top-level ``$`` (only at the end).
+    Conservative: False whenever it cannot prove it (groups, classes before the anchor, flags)."""
+    if not branch or "(?" in branch:
+        return False
+
+    def literal_at(i: int) -> int:
+        """Length of a single literal atom at i (plain or escaped punctuation), else 0."""
+        c = branch[i]
+        if c == "\\":
+            return 2 if i + 1 < len(branch) and not branch[i + 1].isalnum() else 0
+        return 0 if c in _REGEX_SPECIAL else 1
+
+    # top-level, unescaped, outside-class positions of ^ and $
+    carets, dollars, depth, cls, i = [], [], 0, False, 0
+    while i < len(branch):
+        c = branch[i]
+        if c == "\\":
+            i += 2
+            continue
+        if cls:
+            if c == "]":
+                cls = False
+        elif c == "[":
+            cls = True
+            if branch[i + 1: i + 2] == "]" or branch[i + 1: i + 3] == "^]":
+                i += 2 if branch[i + 1] == "]" else 3
+                continue
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif depth == 0 and c == "^":
+            carets.append(i)
+        elif depth == 0 and c == "$":
+            dollars.append(i)
+        i += 1
+    n = literal_at(0)
+    if n and (n >= len(branch) or branch[n] not in _QUANTIFIERS) and any(p >= n for p in carets):
+        return True
+    last = len(branch) - 1
+    start = last - 1 if last >= 1 and _escaped_at(branch, last) else last
+    if branch[last] == "\n" or (start == last - 1 and branch[last] in "nrtfv"):
+        return False
+    m = literal_at(start)
+    return bool(m) and start + m == len(branch) and any(p < start for p in dollars)

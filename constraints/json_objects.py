@@ -144,7 +144,8 @@ class ObjectMixin:
                     member(jf.keys_except(declared, raws), value)
                 else:
                     member(star(jf.CHAR), value)  # every key, in every encoding
-        return alt(*parts) if parts else None
+        extra = alt(*parts)
+        return None if extra == NOTHING else extra  # e.g. additionalProperties unsatisfiable: no extra key
 
     def inline(self, e: Expr, depth: int = 0) -> Expr | None:
         """``e`` with its rule references replaced by their bodies (None if recursive)."""

@@ -46,6 +46,7 @@ from .json_common import (  # noqa: F401  (re-exported)
     _constraining,
     _cost,
     _escaped_at,
+    _impossible_anchor,
     _is_trivial,
     _join,
     _split_top,
@@ -392,6 +393,11 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
             try:
                 e = regex_to_ir(body) if body else EMPTY
             except ConstraintError as err:
+                msg = str(err)
+                if ("anchor ^ not at the start" in msg or "anchor $ not at the end" in msg) and _impossible_anchor(br):
+                    # e.g. a JS-style "/^...$/": ECMA reads the slashes as literals, so "/^"
+                    # never matches; the branch's language is empty (not the slashes stripped)
+                    continue
                 raise ConstraintError(f"pattern {pattern!r}: {err}", path=ptr) from None
             anyc = star(ANY_CHAR)
             parts.append(seq(EMPTY if head else anyc, e, EMPTY if tail else anyc))
@@ -411,7 +417,10 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
         raws: list[Expr] = []
         patterns = s.get(_PATTERNS) or ([s["pattern"]] if "pattern" in s else [])
         for p in patterns:
-            raws.append(self.pattern_raw(p, _child(ptr, "pattern")))
+            raw = self.pattern_raw(p, _child(ptr, "pattern"))
+            if raw == NOTHING:
+                return self.unsatisfiable(f"pattern {p!r} matches no string", _child(ptr, "pattern"))
+            raws.append(raw)
         fmt = s.get("format")
         if isinstance(fmt, str):
             f = jf.format_raw(fmt)

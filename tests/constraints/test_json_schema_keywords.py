@@ -156,7 +156,8 @@ TABLE = [
      [("null", True), ('"2001"', False), ('"/2001/"', False)]),
     ("slashed pattern branch", {"type": "string", "pattern": "/^a$/|^b$"},
      [('"b"', True), ('"a"', False), ('"/a/"', False)]),
-    ("slashed pattern end", {"type": "string", "pattern": "^a$/"}, [('"a"', False), ('"a/"', False), ('"b"', False)]),
+    ("slashed pattern end", {"type": ["string", "integer"], "pattern": "^a$/"},
+     [("1", True), ('"a"', False), ('"a/"', False), ('"b"', False)]),
     ("slashed pattern no type", {"pattern": "/^[0-9]{4}$/"}, [("1", True), ("null", True), ('"2001"', False)]),
     ("slashed patternProperties", {"type": "object", "patternProperties": {"/^x$/": {"type": "integer"}},
                                    "additionalProperties": {"type": "string"}},
@@ -231,6 +232,7 @@ ERRORS = [
     ({"type": "string", "pattern": "a?^b"}, r"anchor \^ not at the start.*#/pattern"),
     ({"type": "string", "pattern": "(/)^b"}, r"anchor \^ not at the start.*#/pattern"),
     ({"type": "object", "properties": {"b": False}, "required": ["b"]}, r"unsatisfiable.*'b'.*#/properties/b"),
+    ({"type": "string", "pattern": "/^[0-9]{4}$/"}, r"unsatisfiable.*matches no string.*#/pattern"),
 ]
 
 
