@@ -166,6 +166,7 @@ def main() -> None:
     ap.add_argument("--schemas", type=int, default=16)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--export-tokenizer", action="store_true")
+    ap.add_argument("--random", action="store_true", help="random weights at --shapes even on the CPU")
     args = ap.parse_args()
     if args.export_tokenizer:
         export_tokenizer()
@@ -179,7 +180,7 @@ def main() -> None:
     schemas = _schemas(args.schemas)
     header = ["model", "batch", "free tok/s", "constrained tok/s", "ratio", "mask ms/step", "mask hidden", "valid"]
     rows, det_rows = [], []
-    if args.device == "cpu":
+    if args.device == "cpu" and not args.random:
         batches = [int(x) for x in (args.batches or "1,8").split(",")]
         max_tokens = args.max_tokens or 48
         llm = LLM(seed=0)
@@ -209,10 +210,10 @@ def main() -> None:
             llm = make(False)
             rows += bench(llm, f"{name} (random weights)", batches, max_tokens, schemas, 1.0, chat=False)
             del llm
-            torch.cuda.empty_cache()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             if args.deterministic:
                 det_rows += bench_deterministic(make, name, batches, max_tokens)
-                torch.cuda.empty_cache()
     print()
     _table(header, rows)
     if det_rows:
