@@ -33,6 +33,8 @@ class DSparkConfig:
     cost_slope : float or None
         Prior cost of one more token in the forward relative to the fixed cost of a step (the
         online fit starts from it); None = by device (CPU 0.2, CUDA 0.005).
+    cuda_graphs : bool
+        Replay the verify forward as CUDA graphs where the engine replays its decode so.
     """
 
     default: str = "constrained"
@@ -40,8 +42,9 @@ class DSparkConfig:
     ngram_max: int = 4
     ngram_min: int = 1
     schedule: str = "confidence"
-    min_acceptance: float = 0.15
+    min_acceptance: float = 0.1
     cost_slope: float | None = None
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.default not in POLICIES:

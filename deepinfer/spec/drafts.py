@@ -53,28 +53,41 @@ class NgramIndex:
                 self.index[n][tuple(tokens[e - n : e])] = e
         self.indexed = max(self.indexed, upto)
 
-    def lookup(self, tokens: list[int], k: int, context: list[int] | None = None) -> list[int]:
-        """Up to k tokens that followed the longest earlier occurrence of the suffix of
-        ``tokens + context`` (``tokens`` indexed; ``context``: drafts so far, not indexed)."""
+    def lookup(self, tokens: list[int], k: int, context: list[int] | None = None) -> tuple[list[int], int]:
+        """(up to k tokens that followed the longest earlier occurrence of the suffix of
+        ``tokens + context``, the length of that suffix); ``tokens`` is indexed, ``context``
+        (the drafts so far) is not. ([], 0) when nothing matches."""
         self._extend(tokens, len(tokens))  # every end but len(tokens) itself
         tail = (tokens[-self.n_max :] + (context or []))[-self.n_max :]
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
             e = self.index[n].get(tuple(tail[-n:]))
             if e is not None:
-                return tokens[e : e + k]
-        return []
+                return tokens[e : e + k], n
+        return [], 0
+
+
+# Confidence classes of a draft (the scheduler keeps an acceptance rate for each): a forced
+# token; the first token copied after a suffix match of 1, 2, or 3+ tokens; a token that
+# continues a copy whose previous token is also drafted.
+K_FORCED, K_COPY1, K_COPY2, K_COPY3, K_COPY_NEXT = range(5)
 
 
 @dataclass
 class Drafts:
     tokens: list[int] = field(default_factory=list)
     sources: list[int] = field(default_factory=list)  # FORCED or NGRAM per token
+    kinds: list[int] = field(default_factory=list)  # K_* per token
 
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def add(self, token: int, source: int, kind: int) -> None:
+        self.tokens.append(token)
+        self.sources.append(source)
+        self.kinds.append(kind)
+
     def truncate(self, n: int) -> None:
-        del self.tokens[n:], self.sources[n:]
+        del self.tokens[n:], self.sources[n:], self.kinds[n:]
 
 
 def propose(
@@ -85,6 +98,7 @@ def propose(
     *,
     forced: bool,
     stop_ids: frozenset[int],
+    preferred: dict | None = None,
 ) -> Drafts:
     """Up to k drafts for a request whose text so far is ``tokens``.
 
@@ -92,29 +106,36 @@ def propose(
     continuation, else a copy of what followed the suffix earlier (prompt or output), each copied
     token kept only while the constraint accepts it. ``matcher`` is a private copy (it is advanced
     along the drafts here), or None for an unconstrained request. A stop token ends the drafts.
+
+    Boundary tokens: the canonical tokenization of a forced span can differ from the model's
+    (``":"`` as one token where the model writes ``":`` and then opens the string value itself).
+    ``preferred`` maps a forced token to the token the model emitted instead the last time that
+    draft was rejected; it is drafted in its place where the constraint allows it, and what
+    remains forced after it is drafted again from the new state.
     """
     out = Drafts()
     while len(out) < k:
+        took = 0
         if forced and matcher is not None:
-            f = forced_tokens(matcher)[: k - len(out)]
-            took = 0
-            for t in f:
+            for t in forced_tokens(matcher)[: k - len(out)]:
+                p = preferred.get(t) if preferred else None
+                if p is not None and matcher.accept(p):
+                    out.add(p, FORCED, K_FORCED)
+                    took += 1
+                    break  # re-derive what is forced after the model's own token
                 if not matcher.accept(t):
                     break
-                out.tokens.append(t)
-                out.sources.append(FORCED)
+                out.add(t, FORCED, K_FORCED)
                 took += 1
             if took:
                 continue
         if index is None:
             break
-        cont = index.lookup(tokens, k - len(out), out.tokens)
-        took = 0
-        for t in cont:
+        cont, n = index.lookup(tokens, k - len(out), out.tokens)
+        for i, t in enumerate(cont):
             if matcher is not None and not matcher.accept(t):
                 break
-            out.tokens.append(t)
-            out.sources.append(NGRAM)
+            out.add(t, NGRAM, K_COPY_NEXT if i else min(n, 3))  # K_COPY1..3 = 1..3
             took += 1
             if t in stop_ids:
                 return out

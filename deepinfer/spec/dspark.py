@@ -25,11 +25,12 @@ import torch
 
 from .. import kernels
 from .config import DSparkConfig
-from .drafts import FORCED, NGRAM, Drafts, NgramIndex, propose
+from .drafts import FORCED, NGRAM, Drafts, NgramIndex, forced_tokens, propose
 from .scheduler import CostModel, RequestStats, choose_positions
 from .verify import Verifier, per_row
 
 DEVICE_SLOPE = {"cpu": 0.2, "cuda": 0.005}
+PREFERRED_SIZE = 4096  # forced tokens whose model-preferred replacement is remembered
 
 
 @dataclass
@@ -37,11 +38,15 @@ class DSparkStats:
     """Counters since the last ``reset`` (benchmarks read them)."""
 
     verify_steps: int = 0  # steps that ran a verify forward
-    decode_steps: int = 0  # decode steps DSpark left plain (no draft worth verifying)
+    decode_steps: int = 0  # decode steps left plain (no draft worth verifying, or none speculating)
     rows: int = 0  # row-steps verified
+    plain_rows: int = 0  # row-steps decoded plainly
     positions: int = 0  # row-positions in verify forwards (B * T summed)
     drafted: list[int] = field(default_factory=lambda: [0, 0])  # by source: FORCED, NGRAM
     accepted: list[int] = field(default_factory=lambda: [0, 0])
+    rejected: list[int] = field(default_factory=lambda: [0, 0])  # the first rejected draft's source
+    kind_accepted: list[int] = field(default_factory=lambda: [0] * 5)  # by confidence class (drafts.K_*)
+    kind_rejected: list[int] = field(default_factory=lambda: [0] * 5)
     emitted: int = 0  # tokens emitted by verify steps (accepted drafts + bonus)
     accept_hist: dict[tuple[int, int], int] = field(default_factory=dict)  # (drafts, accepted) -> rows
 
@@ -55,6 +60,11 @@ class DSparkStats:
         """Tokens a row gains per verify step (1.0 = plain decoding)."""
         return self.emitted / self.rows if self.rows else 1.0
 
+    def acceptance(self, source: int) -> float:
+        """P(a draft of this source is accepted | the drafts before it were)."""
+        seen = self.accepted[source] + self.rejected[source]
+        return self.accepted[source] / seen if seen else float("nan")
+
 
 @dataclass
 class Plan:
@@ -66,8 +76,8 @@ class Plan:
 class _Request:
     __slots__ = ("stats", "index", "stop_ids")
 
-    def __init__(self, config: DSparkConfig, stop_ids: frozenset[int]) -> None:
-        self.stats = RequestStats()
+    def __init__(self, config: DSparkConfig, stop_ids: frozenset[int], prior: RequestStats) -> None:
+        self.stats = RequestStats(prior)
         self.index = NgramIndex(config.ngram_min, config.ngram_max)
         self.stop_ids = stop_ids
 
@@ -80,6 +90,8 @@ class DSpark:
         self.stats = DSparkStats()
         self.verify_fn = kernels.verify  # backend "auto": Triton on CUDA, torch reference on CPU
         self._requests: dict[int, _Request] = {}
+        self._overall = RequestStats()  # every request's observations: the prior of new ones
+        self._preferred: dict[int, int] = {}  # first forced token -> the model's token instead
         self._cost: CostModel | None = None
         self._verifier: Verifier | None = None
         self._last: tuple[float, str, int, frozenset[int]] | None = None  # previous step: time, path, tokens, ids
@@ -107,6 +119,8 @@ class DSpark:
         self._step += 1
         spec = [self.speculates(s, getattr(llm, "deterministic", False)) for s in running]
         if not any(spec):
+            self.stats.decode_steps += 1
+            self.stats.plain_rows += len(running)
             self._last = (now, "decode", len(running), ids)
             return None
         self._forget(ids)
@@ -126,16 +140,18 @@ class DSpark:
             drafts.append(propose(
                 s.all_token_ids, m, r.index if ngram_on else None, k,
                 forced=src[FORCED].enabled(self._step, cfg.min_acceptance), stop_ids=r.stop_ids,
+                preferred=self._preferred,
             ))  # fmt: skip
         budget = llm.max_num_batched_tokens
         if cfg.schedule == "fixed":
             T = min(max(len(d) for d in drafts) + 1, max(budget // len(running), 1))
         else:
-            conf = [self._requests[s.request_id].stats.confidence(d.sources) if d else [] for s, d in
+            conf = [self._requests[s.request_id].stats.confidence(d.kinds) if d else [] for s, d in
                     zip(running, drafts)]  # fmt: skip
             T = choose_positions(conf, cost, budget)
         if T == 1:
             self.stats.decode_steps += 1
+            self.stats.plain_rows += len(running)
             self._last = (now, "decode", len(running), ids)
             return None
         for d in drafts:
@@ -153,7 +169,7 @@ class DSpark:
             v = self._verifier = Verifier(llm.config.vocab_size, llm.device)
         host0, constrained = masks.wait()  # position 0's rows (filled while drafts were made)
         pending = v.start_masks(seqs, drafts, T, host0, constrained)
-        logits = v.forward(llm.model, llm.runner.cache, seqs, drafts, T)  # [B, T, V]
+        logits = v.forward(llm.runner, seqs, drafts, T, graphs=self.config.cuda_graphs)  # [B, T, V]
         bitmask = v.bitmask(pending)  # [B, T, W] on the device, or None
         dev = llm.device
         p = [s.params for s in seqs]
@@ -181,12 +197,20 @@ class DSpark:
         for s, d, a, row in zip(seqs, plan.drafts, accepted, tokens):
             s.num_cached = len(s) + a  # the last token and the accepted drafts are cached
             if d:
-                self._requests[s.request_id].stats.observe(d.sources, a)
+                self._requests[s.request_id].stats.observe(d.sources, d.kinds, a)
+                self._overall.observe(d.sources, d.kinds, a)
                 for src, ok in zip(d.sources, [True] * a + [False] * (len(d) - a)):
                     st.drafted[src] += 1
                     st.accepted[src] += ok
+                for kind in d.kinds[:a]:
+                    st.kind_accepted[kind] += 1
+                if a < len(d):
+                    st.rejected[d.sources[a]] += 1
+                    st.kind_rejected[d.kinds[a]] += 1
             st.accept_hist[(len(d), a)] = st.accept_hist.get((len(d), a), 0) + 1
-            for t in row[: a + 1]:
+            for i, t in enumerate(row[: a + 1]):
+                if i == a < len(d) and d.sources[a] == FORCED and t >= 0 and s.constraint is not None:
+                    self._prefer(s.constraint, t)  # the model's token where it rejected the forced one
                 s.on_token(t, llm.tokenizer)
                 st.emitted += 1
                 if s.is_finished:
@@ -203,11 +227,22 @@ class DSpark:
             self._cost = CostModel(slope)
         return self._cost
 
+    def _prefer(self, matcher, token: int) -> None:
+        """Remember the model's token where it rejected a forced draft, keyed by the canonical
+        first forced token there (the model's tokenization habit, e.g. '":' + '"' for '":"')."""
+        f = forced_tokens(matcher)
+        if not f:
+            return
+        if token == f[0]:
+            self._preferred.pop(f[0], None)
+        elif len(self._preferred) < PREFERRED_SIZE:
+            self._preferred[f[0]] = token
+
     def _request(self, s, tokenizer) -> _Request:
         r = self._requests.get(s.request_id)
         if r is None:
             stop = set(tokenizer.special_token_ids) | set(s.params.stop_token_ids) | set(tokenizer.eos_token_ids)
-            r = self._requests[s.request_id] = _Request(self.config, frozenset(stop))
+            r = self._requests[s.request_id] = _Request(self.config, frozenset(stop), self._overall)
         return r
 
     def _forget(self, running_ids: frozenset[int]) -> None:

@@ -21,16 +21,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .drafts import FORCED, NGRAM
+from .drafts import FORCED, K_COPY1, K_COPY2, K_COPY3, K_COPY_NEXT, K_FORCED, NGRAM
 
-PRIOR = {FORCED: 0.9, NGRAM: 0.5}  # acceptance before anything is observed
+# acceptance before anything is observed: by source (the on/off switch) and by confidence class
+PRIOR_SOURCE = {FORCED: 0.9, NGRAM: 0.5}
+PRIOR_KIND = {K_FORCED: 0.9, K_COPY1: 0.3, K_COPY2: 0.45, K_COPY3: 0.6, K_COPY_NEXT: 0.75}
 RATE = 0.2  # weight of one observation in the moving average
 MIN_OBSERVED = 4  # observations before a source may be switched off
-BACKOFF = (8, 256)  # steps a switched-off source waits before a probe: first, most
+BACKOFF = (8, 64)  # steps a switched-off source waits before a probe: first, most
 
 
 class SourceStats:
-    """Acceptance of one draft source for one request."""
+    """Acceptance of one draft source (or confidence class) for one request."""
 
     __slots__ = ("rate", "seen", "off_until", "backoff")
 
@@ -57,29 +59,33 @@ class SourceStats:
 
 
 class RequestStats:
-    """Per-request draft statistics (the scheduler's memory of what paid)."""
+    """Per-request draft statistics (the scheduler's memory of what paid): acceptance by source
+    (to switch a source off) and by confidence class (to weigh drafts). A new request starts
+    from ``prior`` (the rates of the requests before it), else from PRIOR_KIND."""
 
-    __slots__ = ("sources", "drafted", "accepted")
+    __slots__ = ("sources", "kinds", "drafted", "accepted")
 
-    def __init__(self) -> None:
-        self.sources = {s: SourceStats(p) for s, p in PRIOR.items()}
+    def __init__(self, prior: RequestStats | None = None) -> None:
+        self.sources = {s: SourceStats(p) for s, p in PRIOR_SOURCE.items()}
+        self.kinds = {k: SourceStats(prior.kinds[k].rate if prior else p) for k, p in PRIOR_KIND.items()}
         self.drafted = 0
         self.accepted = 0
 
-    def confidence(self, sources: list[int]) -> list[float]:
+    def confidence(self, kinds: list[int]) -> list[float]:
         """g_j: probability that drafts 1..j are all accepted."""
         g, out = 1.0, []
-        for s in sources:
-            g *= self.sources[s].rate
+        for k in kinds:
+            g *= self.kinds[k].rate
             out.append(g)
         return out
 
-    def observe(self, sources: list[int], accepted: int) -> None:
+    def observe(self, sources: list[int], kinds: list[int], accepted: int) -> None:
         """Drafts before `accepted` were accepted, the one at `accepted` rejected, the rest unseen."""
-        for s in sources[:accepted]:
-            self.sources[s].observe(True)
-        if accepted < len(sources):
-            self.sources[sources[accepted]].observe(False)
+        seen = min(accepted + 1, len(sources))
+        for j in range(seen):
+            ok = j < accepted
+            self.sources[sources[j]].observe(ok)
+            self.kinds[kinds[j]].observe(ok)
         self.drafted += len(sources)
         self.accepted += accepted
 

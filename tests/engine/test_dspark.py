@@ -10,9 +10,10 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.spec import DSpark, DSparkConfig
-from deepinfer.spec.drafts import FORCED, NGRAM, NgramIndex, propose
+from deepinfer.spec.drafts import FORCED, K_COPY2, K_COPY_NEXT, K_FORCED, NGRAM, NgramIndex, propose
+from deepinfer.spec.graphs import VerifyGraphs, t_bucket
 from deepinfer.spec.scheduler import CostModel, RequestStats, SourceStats, choose_positions
-from deepinfer.spec.verify import fill_position_masks
+from deepinfer.spec.verify import Verifier, fill_position_masks
 
 SCHEMA = {
     "type": "object",
@@ -119,6 +120,16 @@ def test_drafts_alternate_forced_and_ngram(llm):
     assert sources[0] == NGRAM and FORCED in sources[sources.index(FORCED):]
     off = propose(prompt, None, None, 12, forced=False, stop_ids=frozenset())
     assert len(off) == 0
+    # the model's tokenization habit: where it rejected '":"' for '":' it is drafted next time
+    colon = tok.encode('":"', add_special_tokens=False)
+    m = llm.structured.matcher(compiled)
+    for t in tok.encode('{"name', add_special_tokens=False):
+        assert m.accept(t)
+    plain = propose(prompt, m.copy(), None, 3, forced=True, stop_ids=frozenset())
+    assert plain.tokens[:1] == colon and len(colon) == 1
+    model = tok.encode('":', add_special_tokens=False)
+    habit = propose(prompt, m.copy(), None, 3, forced=True, stop_ids=frozenset(), preferred={colon[0]: model[0]})
+    assert tok.decode(habit.tokens) == '":"' and habit.tokens[0] == model[0]
 
 
 # -- tiny random model: fast checks of the engine paths ------------------------------------------
@@ -205,14 +216,56 @@ def test_deterministic_mode_turns_dspark_off(tiny_folder, monkeypatch_session, t
     assert st.verify_steps > 0 and fast == on
 
 
+def _fixed_shape_vs_eager(llm, capture: bool):
+    """The bucketed, padded verify forward (what the CUDA graphs replay) gives the eager
+    forward's logits on the real rows and positions."""
+    import torch
+
+    from deepinfer.sequence import Status
+
+    prompts = ([1, 5, 9], [1, 7, 7, 7, 7, 7, 7], [1, 300])
+    seqs = [llm._make_sequence(p, SamplingParams(max_tokens=20)) for p in prompts]
+    llm.runner.ensure_cache(4, 64)
+    for i, s in enumerate(seqs):
+        s.slot, s.status = i, Status.RUNNING
+    llm.runner.prefill(seqs)
+    for s in seqs:
+        s.output_token_ids.append(11)  # sampled, not cached yet
+    drafts = [[5, 6], [], [7, 8]]
+    eager = Verifier(llm.config.vocab_size, llm.device).eager_forward(llm.model, llm.runner.cache, seqs, drafts, 3)
+    graphs = VerifyGraphs(llm.model, llm.runner.cache, capture=capture)
+    assert graphs.fits(seqs, 3) and t_bucket(3) == 3 and t_bucket(4) == 5
+    fixed = graphs.run(seqs, drafts, 3)
+    assert fixed.shape == eager.shape == (3, 3, llm.config.vocab_size)
+    torch.testing.assert_close(fixed.cpu(), eager.cpu(), rtol=1e-4, atol=1e-4)
+    again = graphs.run(seqs[:1], drafts[:1], 4).cpu()  # T bucketed to 5, rows to a smaller bucket
+    torch.testing.assert_close(again[0, :3], eager[0].cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_fixed_shape_verify_forward_equals_eager(tiny):
+    _fixed_shape_vs_eager(tiny, capture=False)
+
+
+@pytest.mark.gpu
+def test_verify_cuda_graphs_equal_eager(tiny_folder, monkeypatch_session):
+    llm = LLM(tiny_folder[0], dtype="float32", device="cuda", seed=0)
+    _fixed_shape_vs_eager(llm, capture=True)
+    prompts = [[1, 5, 9], [1, 7, 7, 7, 7]]
+    params = [SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True, speculative=True)]
+    base, _ = _tiny_run(llm, False, params, prompts)
+    got, st = _tiny_run(llm, {"schedule": "fixed"}, params, prompts)
+    assert got == base and st.verify_steps > 0
+
+
 # -- units -------------------------------------------------------------------------------------
 def test_ngram_index_longest_suffix_most_recent():
     idx = NgramIndex(1, 3)
     toks = [1, 2, 3, 4, 9, 2, 3, 5, 7, 2, 3]
-    assert idx.lookup(toks, 2) == [5, 7]  # suffix (2, 3): most recent earlier end
-    assert idx.lookup(toks, 2, context=[4]) == [9, 2]  # suffix (2, 3, 4) with a draft
-    assert idx.lookup([1, 2], 3) == []  # nothing earlier
-    assert idx.lookup(toks + [8], 1) == []
+    assert idx.lookup(toks, 2) == ([5, 7], 2)  # suffix (2, 3): most recent earlier end
+    assert idx.lookup(toks, 2, context=[4]) == ([9, 2], 3)  # suffix (2, 3, 4) with a draft
+    assert idx.lookup(toks + [8], 1) == ([], 0)  # (8) never occurred before
+    assert NgramIndex(1, 3).lookup([1, 2], 3) == ([], 0)  # nothing earlier
 
 
 def test_scheduler_verifies_where_it_pays():
@@ -238,8 +291,11 @@ def test_source_switches_off_and_probes_again():
     s.observe(False)
     assert not s.enabled(18, 0.15) and s.enabled(18 + 16, 0.15)  # a failed probe: doubled
     r = RequestStats()
-    r.observe([FORCED, FORCED, NGRAM], 1)
-    assert r.confidence([FORCED, NGRAM])[1] < r.confidence([FORCED])[0] < 0.95
+    r.observe([FORCED, FORCED, NGRAM], [K_FORCED, K_FORCED, K_COPY2], 1)  # one accepted, one rejected
+    assert r.kinds[K_FORCED].seen == 2 and r.kinds[K_COPY2].seen == 0  # drafts after a rejection: unseen
+    g = r.confidence([K_FORCED, K_COPY2, K_COPY_NEXT])
+    assert g[0] == r.kinds[K_FORCED].rate < 0.9 and g[2] < g[1] < g[0]
+    assert RequestStats(prior=r).kinds[K_FORCED].rate == r.kinds[K_FORCED].rate  # new requests start there
 
 
 def test_settings():
