@@ -594,6 +594,8 @@ def _scc_blocks(table: np.ndarray, acc: np.ndarray, calls: list, dead: int, init
         block = block.reshape(-1).astype(np.int64)
         n_blocks = int(block.max()) + 1
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise ConstraintTooComplex("constraint took too long to compile (minimisation)")
             call_sig = np.zeros(len(comp), dtype=np.int64)
             for i, s in enumerate(comp):
                 if calls[s]:
