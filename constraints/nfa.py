@@ -325,6 +325,26 @@ def determinize(
     start_set = closure({start})
     index: dict[frozenset[int], int] = {start_set: 0}
     sets = [start_set]
+
+    def intern(key: frozenset[int]) -> int:
+        """The DFA state of an NFA subset (a new one if unseen, within the bound)."""
+        j = index.get(key)
+        if j is None:
+            j = len(sets)
+            if j >= limits.max_dfa_states:
+                raise ConstraintTooComplex(
+                    f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+                )
+            index[key] = j
+            sets.append(key)
+        return j
+
+    def classes_of(m: int) -> list[int]:
+        cs = mask_cache.get(m)
+        if cs is None:
+            cs = mask_classes(m, cls, reps)
+            mask_cache[m] = cs
+        return cs
     rows: list[list[int]] = []
     accepting: list[bool] = []
     calls: list[list[tuple[int, int]]] = []
@@ -351,21 +371,8 @@ def determinize(
             if disjoint and not nfa.call_edges[s_only]:
                 row = [-1] * n_classes
                 for m, t in edges:
-                    cs = mask_cache.get(m)
-                    if cs is None:
-                        cs = mask_classes(m, cls, reps)
-                        mask_cache[m] = cs
-                    key = closure_of(t)
-                    j = index.get(key)
-                    if j is None:
-                        j = len(sets)
-                        if j >= limits.max_dfa_states:
-                            raise ConstraintTooComplex(
-                                f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
-                            )
-                        index[key] = j
-                        sets.append(key)
-                    for c in cs:
+                    j = intern(closure_of(t))
+                    for c in classes_of(m):
                         row[c] = j
                 rows.append(row)
                 accepting.append(accept in cur)
@@ -374,11 +381,7 @@ def determinize(
                 continue
         for s in cur:
             for m, t in nfa.byte_edges[s]:
-                cs = mask_cache.get(m)
-                if cs is None:
-                    cs = mask_classes(m, cls, reps)
-                    mask_cache[m] = cs
-                for c in cs:
+                for c in classes_of(m):
                     tgt = by_class.get(c)
                     if tgt is None:
                         by_class[c] = {t}
@@ -388,29 +391,10 @@ def determinize(
                 by_call.setdefault(r, set()).add(t)
         row = [-1] * n_classes
         for c, tgt in by_class.items():
-            key = closure(tgt)
-            j = index.get(key)
-            if j is None:
-                j = len(sets)
-                if j >= limits.max_dfa_states:
-                    raise ConstraintTooComplex(
-                        f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
-                    )
-                index[key] = j
-                sets.append(key)
-            row[c] = j
+            row[c] = intern(closure(tgt))
         call_row = []
         for r, tgt in sorted(by_call.items()):
-            key = closure(tgt)
-            j = index.get(key)
-            if j is None:
-                j = len(sets)
-                if j >= limits.max_dfa_states:
-                    raise ConstraintTooComplex(
-                        f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
-                    )
-                index[key] = j
-                sets.append(key)
+            j = intern(closure(tgt))
             call_row.append((r, j))
         rows.append(row)
         accepting.append(accept in cur)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from deepinfer.kernels import sample
 
 from deepinfer.config import ModelConfig
 from deepinfer.model_runner import ModelRunner
 from deepinfer.models.llama import LlamaModel
-from deepinfer.sampler import sample
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.sequence import Sequence
 
@@ -56,9 +56,10 @@ def test_cuda_bfloat16_runs_and_agrees_mostly():
     assert sum(a == b for x, y in zip(cpu, gpu) for a, b in zip(x, y)) >= 6
 
 
-def test_sampler_on_cuda_equals_cpu():
+def test_engine_sampler_on_cuda_equals_cpu():
+    """The engine's sampler (the fused kernel on CUDA, its torch reference on the CPU)."""
     logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(0))
     kw = dict(temperature=torch.full((4,), 0.8), top_k=torch.tensor([0, 5, 0, 50]),
               top_p=torch.tensor([1.0, 1.0, 0.9, 0.5]), min_p=torch.tensor([0.0, 0.0, 0.05, 0.0]),
               seed=torch.arange(4), step=torch.full((4,), 3))
-    assert torch.equal(sample(logits.cuda(), **kw).cpu(), sample(logits, **kw))
+    assert torch.equal(sample(logits.cuda(), **kw).tokens.cpu(), sample(logits, **kw).tokens)
