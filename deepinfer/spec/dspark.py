@@ -27,7 +27,7 @@ from .. import kernels
 from .config import DSparkConfig
 from .drafts import FORCED, NGRAM, Drafts, NgramIndex, forced_tokens, propose
 from .scheduler import CostModel, RequestStats, choose_positions
-from .verify import Verifier, per_row
+from .verify import Verifier
 
 DEVICE_SLOPE = {"cpu": 0.2, "cuda": 0.005}
 PREFERRED_SIZE = 4096  # forced tokens whose model-preferred replacement is remembered
@@ -74,12 +74,19 @@ class Plan:
 
 
 class _Request:
-    __slots__ = ("stats", "index", "stop_ids")
+    __slots__ = ("stats", "index", "stop_ids", "history", "prompt_len")
 
-    def __init__(self, config: DSparkConfig, stop_ids: frozenset[int], prior: RequestStats) -> None:
+    def __init__(self, config: DSparkConfig, s, stop_ids: frozenset[int], prior: RequestStats) -> None:
         self.stats = RequestStats(prior)
         self.index = NgramIndex(config.ngram_min, config.ngram_max)
         self.stop_ids = stop_ids
+        self.history = list(s.prompt_token_ids)  # prompt + output, extended as the output grows
+        self.prompt_len = len(self.history)
+
+    def tokens(self, s) -> list[int]:
+        out = s.output_token_ids
+        self.history.extend(out[len(self.history) - self.prompt_len :])
+        return self.history
 
 
 class DSpark:
@@ -138,7 +145,7 @@ class DSpark:
             m = s.constraint.copy() if s.constraint is not None else None
             ngram_on = src[NGRAM].enabled(self._step, cfg.min_acceptance)
             drafts.append(propose(
-                s.all_token_ids, m, r.index if ngram_on else None, k,
+                r.tokens(s), m, r.index if ngram_on else None, k,
                 forced=src[FORCED].enabled(self._step, cfg.min_acceptance), stop_ids=r.stop_ids,
                 preferred=self._preferred,
             ))  # fmt: skip
@@ -171,24 +178,9 @@ class DSpark:
         pending = v.start_masks(seqs, drafts, T, host0, constrained)
         logits = v.forward(llm.runner, seqs, drafts, T, graphs=self.config.cuda_graphs)  # [B, T, V]
         bitmask = v.bitmask(pending)  # [B, T, W] on the device, or None
-        dev = llm.device
-        p = [s.params for s in seqs]
-        out = self.verify_fn(
-            logits,
-            per_row([d + [0] * (T - 1 - len(d)) for d in drafts], torch.int64, dev),
-            num_drafts=per_row([len(d) for d in drafts], torch.int64, dev),
-            bitmask=bitmask,
-            indices=per_row(constrained, torch.int64, dev) if bitmask is not None else None,
-            temperature=per_row([x.temperature for x in p], torch.float32, dev),
-            top_k=per_row([x.top_k for x in p], torch.int64, dev),
-            top_p=per_row([x.top_p for x in p], torch.float32, dev),
-            min_p=per_row([x.min_p for x in p], torch.float32, dev),
-            seed=per_row([s.seed for s in seqs], torch.int64, dev),
-            step=per_row([len(s.output_token_ids) for s in seqs], torch.int64, dev),
-            validate=False,
-        )
-        accepted = out.accepted.tolist()
-        tokens = out.tokens.tolist()
+        out = self.verify_fn(logits, bitmask=bitmask, validate=False, **v.inputs(seqs, drafts, T, constrained))
+        both = torch.cat([out.accepted[:, None], out.tokens], dim=1).tolist()  # one read-back
+        accepted, tokens = [r[0] for r in both], [r[1:] for r in both]
         finished = []
         st = self.stats
         st.verify_steps += 1
@@ -242,7 +234,7 @@ class DSpark:
         r = self._requests.get(s.request_id)
         if r is None:
             stop = set(tokenizer.special_token_ids) | set(s.params.stop_token_ids) | set(tokenizer.eos_token_ids)
-            r = self._requests[s.request_id] = _Request(self.config, frozenset(stop), self._overall)
+            r = self._requests[s.request_id] = _Request(self.config, s, frozenset(stop), self._overall)
         return r
 
     def _forget(self, running_ids: frozenset[int]) -> None:

@@ -115,11 +115,27 @@ class Verifier:
     def _to(self, rows: list) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.int64, pin_memory=self.pin).to(self.device, non_blocking=True)
 
+    def inputs(self, seqs, drafts: list[list[int]], T: int, constrained: list[int]) -> dict:
+        """The verify kernel's per-row arguments in two host-to-device copies: int64 rows
+        [drafts (padded to K), num_drafts, top_k, seed, step] (+ a row of constrained row ids
+        when they fit) and float32 rows [temperature, top_p, min_p]."""
+        B, K = len(seqs), T - 1
+        width = K + 4
+        ints = [d + [0] * (K - len(d)) + [len(d), s.params.top_k, s.seed, len(s.output_token_ids)]
+                for s, d in zip(seqs, drafts)]  # fmt: skip
+        idx_row = 0 < len(constrained) <= width
+        if idx_row:
+            ints.append(constrained + [0] * (width - len(constrained)))
+        i = self._to(ints)  # [B (+1), K + 4]
+        idx = i[B, : len(constrained)] if idx_row else (self._to(constrained) if constrained else None)
+        f = torch.tensor([[s.params.temperature, s.params.top_p, s.params.min_p] for s in seqs],
+                         dtype=torch.float32, pin_memory=self.pin).to(self.device, non_blocking=True)
+        return dict(drafts=i[:B, :K], num_drafts=i[:B, K], top_k=i[:B, K + 1], seed=i[:B, K + 2],
+                    step=i[:B, K + 3], temperature=f[:, 0], top_p=f[:, 1], min_p=f[:, 2], indices=idx)
+
     def bitmask(self, future) -> torch.Tensor | None:
         if future is None:
             return None
         return future.result().to(self.device, non_blocking=True)
 
 
-def per_row(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda").to(device, non_blocking=True)
