@@ -55,10 +55,11 @@ class Verifier:
         self.mask_seconds = 0.0  # host time spent on positions 1.. (position 0: MaskFiller)
 
     def _host(self, B: int, T: int) -> torch.Tensor:
-        if self._buf is None or self._buf.shape[0] < B or self._buf.shape[1] < T:
-            shape = (max(B, 8), max(T, 9), self.width)
-            self._buf = torch.empty(shape, dtype=torch.int32, pin_memory=self.pin)
-        return self._buf[:B, :T]
+        """A contiguous [B, T, W] int32 view of one growing (pinned on CUDA) host buffer."""
+        n = B * T * self.width
+        if self._buf is None or self._buf.numel() < n:
+            self._buf = torch.empty(max(n, 8 * 9 * self.width), dtype=torch.int32, pin_memory=self.pin)
+        return self._buf[:n].view(B, T, self.width)
 
     def start_masks(self, seqs, drafts: list[list[int]], T: int, host0, constrained: list[int]):
         """Fill [B, T, W] bitmasks on a host thread: position 0 from the MaskFiller's rows, the
