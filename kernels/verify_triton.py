@@ -104,24 +104,24 @@ def _verify_kernel(
     k = tl.program_id(1)
     row = b.to(tl.int64)
     n = tl.load(num_drafts_ptr + b)
-    if k > n:  # past this row's drafts: nothing to verify
-        tl.store(tokens_ptr + row * stride_tb + k, -1)
-        return
-    lrow = logits_ptr + row * stride_lb + k.to(tl.int64) * stride_lt
-    mrow_ptr = mask_ptr + row * stride_mb + k.to(tl.int64) * stride_mt
-    has_row_mask = True
-    if HAS_ROW_MAP:
-        has_row_mask = tl.load(mask_row_ptr + b) != 0
-    tok = _target_token(
-        lrow, stride_lv, mrow_ptr, has_row_mask, V,
-        tl.load(temp_ptr + b), tl.load(top_k_ptr + b), tl.load(top_p_ptr + b), tl.load(min_p_ptr + b),
-        tl.load(seed_ptr + b), tl.load(step_ptr + b) + k, HAS_MASK, BLOCK,
-    )  # fmt: skip
-    tl.store(tokens_ptr + row * stride_tb + k, tok.to(tl.int64))
-    if k < n:
-        d = tl.load(drafts_ptr + row * stride_db + k * stride_dk)
-        if tok != d:  # rejected: the accepted prefix ends before position k
-            tl.atomic_min(accepted_ptr + b, k)
+    if k <= n:  # positions past this row's drafts have nothing to verify (token -1)
+        lrow = logits_ptr + row * stride_lb + k.to(tl.int64) * stride_lt
+        mrow_ptr = mask_ptr + row * stride_mb + k.to(tl.int64) * stride_mt
+        has_row_mask = True
+        if HAS_ROW_MAP:
+            has_row_mask = tl.load(mask_row_ptr + b) != 0
+        tok = _target_token(
+            lrow, stride_lv, mrow_ptr, has_row_mask, V,
+            tl.load(temp_ptr + b), tl.load(top_k_ptr + b), tl.load(top_p_ptr + b), tl.load(min_p_ptr + b),
+            tl.load(seed_ptr + b), tl.load(step_ptr + b) + k, HAS_MASK, BLOCK,
+        )  # fmt: skip
+        tl.store(tokens_ptr + row * stride_tb + k, tok.to(tl.int64))
+        if k < n:
+            d = tl.load(drafts_ptr + row * stride_db + k * stride_dk)
+            if tok != d:  # rejected: the accepted prefix ends before position k
+                tl.atomic_min(accepted_ptr + b, k)
+    else:
+        tl.store(tokens_ptr + row * stride_tb + k, tl.full((), -1, tl.int64))
 
 
 def verify(
