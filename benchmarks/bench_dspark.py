@@ -267,12 +267,13 @@ def bench_device(args) -> None:
           f"({trace.get('source', 'default rates: no trace file')})", flush=True)
     rows = []
     for batch in args.batches:
-        prompts = [base_prompts[i % len(tasks)] for i in range(batch)]
+        n = max(batch, len(tasks))  # batch 1: every task, one after another
+        prompts = [base_prompts[i % len(tasks)] for i in range(n)]
         params = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens,
-                                 json_schema=tasks[i % len(tasks)]["schema"]) for i in range(batch)]  # fmt: skip
+                                 json_schema=tasks[i % len(tasks)]["schema"]) for i in range(n)]  # fmt: skip
         modes = {"off": False, "DSpark (replayed)": _replay_dspark(rates)}
         for setting in modes.values():  # warm-up: graph captures for the buckets this batch uses
-            _generate(llm, prompts, params, setting)
+            _generate(llm, prompts[:batch], params[:batch], setting)
         res = measure(llm, prompts, params, batch, modes)
         base_tps = None
         for m, r in res.items():
