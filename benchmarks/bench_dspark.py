@@ -174,6 +174,8 @@ def bench_cpu(args) -> None:
           f"{min(map(len, prompts))}-{max(map(len, prompts))}, dtype {llm.dtype}, greedy", flush=True)
     _generate(llm, prompts[:2], [p.__class__(**{**p.__dict__, "max_tokens": 8}) for p in params[:2]], True)  # warm-up
     modes = {"off": False, "DSpark": True}
+    if args.fixed:  # every draft found verified, no confidence scheduling
+        modes["DSpark fixed"] = {"schedule": "fixed"}
     rows, trace = [], {}
     for batch in args.batches:
         res = measure(llm, prompts, params, batch, modes)
@@ -298,6 +300,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--fixed", action="store_true", help="CPU: also DSpark with schedule='fixed'")
     ap.add_argument("--reference-sampler", action="store_true",
                     help="CPU: keep the engine's sampler for plain decode steps (see greedy_by_argmax)")
     ap.add_argument("--replay", action="store_true", help="the random-weights replay on any device (smoke test)")
