@@ -94,8 +94,9 @@ class DeepInferEngine(_Engine):
 
     def __init__(self, cfg: dict) -> None:
         super().__init__(cfg)
-        from deepinfer.constraints import Compiler, Matcher, Vocabulary
         from tokenizers import Tokenizer
+
+        from deepinfer.constraints import Compiler, Matcher, Vocabulary
 
         self._Compiler, self._Matcher = Compiler, Matcher
         tok = Tokenizer.from_str(cfg["tokenizer_json"])

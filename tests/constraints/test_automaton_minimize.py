@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pytest
+
 from deepinfer.constraints.nfa import RawDFA, _moore_blocks, live_states, minimize
 
 

@@ -13,9 +13,8 @@ import pytest
 
 lark = pytest.importorskip("lark")
 
-from deepinfer.constraints.ebnf import lark_to_grammar  # noqa: E402
-
 from deepinfer import grammars  # noqa: E402
+from deepinfer.constraints.ebnf import lark_to_grammar  # noqa: E402
 
 NAMES = ["arithmetic", "csv", "json", "sql", "tool_call", "yaml"]
 

@@ -10,6 +10,7 @@ import json
 
 import jsonschema
 import pytest
+
 from deepinfer.constraints.automaton import compile_grammar
 from deepinfer.constraints.errors import ConstraintError, ConstraintTooComplex
 from deepinfer.constraints.json_schema import schema_to_grammar

@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+
 from deepinfer.constraints import (
     Compiler,
     ConstraintError,

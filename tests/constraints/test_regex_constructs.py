@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from deepinfer.constraints.ir import Grammar, size
 from deepinfer.constraints.regex import regex_to_ir
-
 from tests.constraints.test_regex_oracle import ir_accepts
 
 I, S, X, A, M = re.IGNORECASE, re.DOTALL, re.VERBOSE, re.ASCII, re.MULTILINE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from deepinfer.constraints.errors import ConstraintError, ConstraintTooComplex
 from deepinfer.constraints.regex import regex_to_ir
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from deepinfer.constraints.ir import Alt, ByteSet, Expr, Repeat, Seq, alt, byte_range, lit, rep, seq
 
 

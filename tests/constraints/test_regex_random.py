@@ -12,8 +12,8 @@ import random
 import re
 
 import pytest
-from deepinfer.constraints.regex import regex_to_ir
 
+from deepinfer.constraints.regex import regex_to_ir
 from tests.constraints.test_regex_oracle import ir_accepts, ir_sample
 
 ALPHABET = [

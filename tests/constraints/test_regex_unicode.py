@@ -7,6 +7,7 @@ import re
 import unicodedata
 
 import pytest
+
 from deepinfer.constraints import regex as rx
 
 ALL_TEXT = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer.kernels import sample
 
 from deepinfer.config import ModelConfig
+from deepinfer.kernels import sample
 from deepinfer.model_runner import ModelRunner
 from deepinfer.models.llama import LlamaModel
 from deepinfer.sampling_params import SamplingParams
