@@ -152,34 +152,41 @@ def sample(
     m_raw = x.max(dim=1).values
     empty = m_raw == float("-inf")
     greedy = temperature == 0
+    tokens = x.argmax(dim=1)  # greedy rows (lowest id on ties); sampled rows replaced below
 
-    inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature).float()
-    s = x * inv_t[:, None]  # [B, V]
-    m = s.max(dim=1, keepdim=True).values
-    e = torch.exp(s - m)  # [B, V], 0 where masked
-    z = e.sum(dim=1, keepdim=True)
-
-    # count / mass strictly above each token, via one sort per row (the fast kernel avoids it)
-    sv, order = torch.sort(s, dim=1, descending=True, stable=True)
-    se = torch.exp(sv - m)
-    excl = torch.cumsum(se, dim=1) - se  # mass of positions before this one
-    first = torch.searchsorted(-sv, -sv, side="left")  # first position of this value's tie group
-    count_above = torch.empty_like(first).scatter_(1, order, first)
-    mass_above = torch.empty_like(excl).scatter_(1, order, excl.gather(1, first))
-
-    k = top_k.to(torch.int64)[:, None]
-    p = top_p.float()[:, None]
-    kept = s > float("-inf")
-    kept &= (k <= 0) | (count_above < k)
-    kept &= (p >= 1) | (mass_above < p * z)
-    kept &= e >= min_p.float()[:, None]
-
-    key = torch.where(kept, s + gumbel_noise(seed, step, V), float("-inf"))
-    sampled = key.argmax(dim=1)
-    tokens = torch.where(greedy, x.argmax(dim=1), sampled)
+    # Only rows that sample pay for the noise, and only if some of them filter by top-k /
+    # top-p for the sort: row-wise maths on a subset gives the same values bit for bit.
+    rows = torch.nonzero(~greedy & ~empty).flatten()
+    if rows.numel():
+        xs = x[rows]
+        s_rows = xs * (1.0 / temperature[rows]).float()[:, None]
+        m_rows = s_rows.max(dim=1, keepdim=True).values
+        e = torch.exp(s_rows - m_rows)  # 0 where masked
+        kept = s_rows > float("-inf")
+        k = top_k[rows].to(torch.int64)[:, None]
+        p = top_p[rows].float()[:, None]
+        if bool(((k > 0) | (p < 1)).any()):
+            z_rows = e.sum(dim=1, keepdim=True)
+            # count / mass strictly above each token, via one sort per row (the fast kernel
+            # avoids it)
+            sv, order = torch.sort(s_rows, dim=1, descending=True, stable=True)
+            se = torch.exp(sv - m_rows)
+            excl = torch.cumsum(se, dim=1) - se  # mass of positions before this one
+            first = torch.searchsorted(-sv, -sv, side="left")  # first position of its tie group
+            count_above = torch.empty_like(first).scatter_(1, order, first)
+            mass_above = torch.empty_like(excl).scatter_(1, order, excl.gather(1, first))
+            kept &= (k <= 0) | (count_above < k)
+            kept &= (p >= 1) | (mass_above < p * z_rows)
+        kept &= e >= min_p[rows].float()[:, None]
+        key = torch.where(kept, s_rows + gumbel_noise(seed[rows], step[rows], V), float("-inf"))
+        tokens[rows] = key.argmax(dim=1)
     tokens = torch.where(empty, torch.full_like(tokens, -1), tokens)
     logprobs = None
     if return_logprobs:
+        inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature).float()
+        s = x * inv_t[:, None]  # [B, V]
+        m = s.max(dim=1, keepdim=True).values
+        z = torch.exp(s - m).sum(dim=1, keepdim=True)
         lp = s.gather(1, tokens.clamp(min=0)[:, None]) - m - torch.log(z)
         logprobs = torch.where(empty, float("-inf"), lp[:, 0])
     return tokens, empty, logprobs
