@@ -18,7 +18,6 @@ ROW_CACHE_SIZE = 8192
 QUOTE = 0x22
 PERMISSIVE_BYTES = 128  # states allowing at least this many bytes take the shared-row path
 MAX_CANON_STATES = 256
-MAX_PARTITION_STATES = 20_000
 
 
 class CompiledConstraint:
@@ -125,70 +124,70 @@ class CompiledConstraint:
         self._ci[key] = hit
         return hit
 
-    def _restricted_partition(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """States grouped by the language of byte strings without ``"`` they can read
-        (definedness only; boundary states kept apart). Computed once per constraint."""
-        hit = getattr(self, "_rpart", None)
-        if hit is not None:
-            return hit
-        a = self.automaton
-        n = a.n_states
-        full = a.table[:, a.cls]  # [N, 256]
-        full[:, QUOTE] = -1
-        tbl = np.vstack([np.where(full >= 0, full, n), np.full((1, 256), n, dtype=full.dtype)])
-        boundary = np.append(a.has_calls | (a.accepting & ~a.is_regular), False)
-        init = boundary.astype(np.int64)
-        init[n] = 2
-        block = _scc_blocks(tbl, np.zeros(n + 1, dtype=bool), [[] for _ in range(n + 1)], n, init)
-        _, block = np.unique(block, return_inverse=True)
-        block = block.reshape(-1).astype(np.int64)
-        n_blocks = int(block.max()) + 1
-        rep = np.zeros(n_blocks, dtype=np.int64)
-        rep[block[::-1]] = np.arange(n, -1, -1)  # first state of each block
-        block_boundary = boundary[rep]
-        hit = (block, tbl, rep, block_boundary)
-        self._rpart = hit
-        self._canon_memo: dict[int, bytes | None] = {}
-        return hit
-
     def _canonical_unquoted(self, state: int, inner: bool = False) -> bytes | None:
-        """A canonical form of what decides tokens without ``"`` from ``state``: the
-        minimal (definedness-only) automaton over the other bytes, its states numbered
-        in BFS order by first byte. None when it is large or reaches a boundary state
-        (a call or, in a pushdown, a return), whose tokens must be walked for real.
-        Equal forms give equal rows for those tokens, across states and compilations."""
-        if self.automaton.n_states > MAX_PARTITION_STATES:
-            return None
-        block, tbl, rep, block_boundary = self._restricted_partition()
-        b0 = int(block[state])
-        memo = self._canon_memo
-        if b0 in memo:
-            return memo[b0]
-        sink = int(block[-1])
-        ren = np.full(len(rep), -1, dtype=np.int64)
-        ren[b0] = 0
-        order = [b0]
-        parts = []
-        k = 0
+        """A canonical form of what decides tokens without ``"`` from ``state``: the part
+        of the automaton reachable over the other bytes (found by a search from ``state``,
+        so its cost is that part's size), minimised for definedness, its states numbered
+        in BFS order by first byte. None when it is large or reaches a boundary state (a
+        call or, in a pushdown, a return), whose tokens must be walked for real. Equal
+        forms give equal rows for those tokens, across states and compilations."""
+        memo = self.__dict__.setdefault("_canon_memo", {})
+        if state in memo:
+            return memo[state]
+        a = self.automaton
+        boundary = a.has_calls | (a.accepting & ~a.is_regular)
+        local = {state: 0}
+        order = [state]
+        rows = []
         out: bytes | None = None
+        k = 0
         while k < len(order):
-            b = order[k]
+            q = order[k]
             k += 1
-            if block_boundary[b] and not self.automaton.is_regular:
-                break
-            row = block[tbl[rep[b]]]
-            u, first = np.unique(row, return_index=True)
+            if boundary[q]:
+                memo[state] = None
+                return None
+            r = a.table[q][a.cls]
+            r[QUOTE] = -1
+            rows.append(r)
+            for t in np.unique(r).tolist():
+                if t >= 0 and t not in local:
+                    if len(order) >= MAX_CANON_STATES:
+                        memo[state] = None
+                        return None
+                    local[t] = len(order)
+                    order.append(t)
+        n = len(order)
+        sub = np.stack(rows)
+        lut = np.full(a.n_states + 1, n, dtype=np.int64)  # -1 (dead) -> index n via [-1]
+        lut[np.array(order)] = np.arange(n)
+        tbl = np.vstack([lut[sub], np.full((1, 256), n, dtype=np.int64)])
+        init = np.zeros(n + 1, dtype=np.int64)
+        init[n] = 1
+        block = _scc_blocks(tbl, np.zeros(n + 1, dtype=bool), [[] for _ in range(n + 1)], n, init)
+        # canonical numbering: BFS over blocks from the start, successors by first byte
+        sink = int(block[n])
+        rep: dict[int, int] = {}
+        for i in range(n):
+            rep.setdefault(int(block[i]), i)
+        ren = {int(block[0]): 0}
+        queue = [int(block[0])]
+        parts = []
+        j = 0
+        while j < len(queue):
+            brow = block[tbl[rep[queue[j]]]]
+            j += 1
+            u, first = np.unique(brow, return_index=True)
             for nb in u[np.argsort(first)].tolist():
-                if nb != sink and ren[nb] < 0:
-                    ren[nb] = len(order)
-                    order.append(nb)
-            if len(order) > MAX_CANON_STATES:
-                break
-            mapped = np.where(row == sink, -1, ren[row]).astype(np.int16)
-            parts.append(mapped.tobytes())
-        else:
-            out = b"".join(parts)
-        memo[b0] = out
+                if nb != sink and nb not in ren:
+                    ren[nb] = len(queue)
+                    queue.append(nb)
+            lut_b = np.full(int(block.max()) + 1, -1, dtype=np.int16)
+            for b, i in ren.items():
+                lut_b[b] = i
+            parts.append(lut_b[brow].tobytes())
+        out = b"".join(parts)
+        memo[state] = out
         return out
 
     def _compute(self, config) -> np.ndarray:
