@@ -298,7 +298,8 @@ class LLM:
         bitmask = indices = None
         if constrained:
             bitmask = host.to(dev, non_blocking=True)
-            indices = torch.tensor(constrained, dtype=torch.int64).to(dev, non_blocking=True)
+            if len(constrained) < len(seqs):  # every row constrained: no index list to copy
+                indices = torch.tensor(constrained, dtype=torch.int64).to(dev, non_blocking=True)
         p = [s.params for s in seqs]
 
         def per_row(values, dtype):
@@ -316,8 +317,6 @@ class LLM:
             step=per_row([len(s.output_token_ids) for s in seqs], torch.int64),
             validate=False,
         )
-        tokens = out.tokens.tolist()
-        if constrained:
-            for i in torch.nonzero(out.empty).flatten().tolist():
-                tokens[i] = -1  # the sequence fails in on_token (no token is allowed)
-        return tokens
+        # a row whose mask allows nothing comes back as -1 (out.empty): its sequence fails
+        # in on_token, the others go on
+        return out.tokens.tolist()
