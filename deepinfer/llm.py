@@ -122,7 +122,8 @@ class LLM:
         # has the same keyword signature and is swapped in here.
         self.sample_fn = kernels.sample  # fused Triton kernel on CUDA, torch reference on CPU
         self.structured = Structured(self.tokenizer, self.config.vocab_size)
-        self.masks = MaskFiller(self.config.vocab_size, pin=self.device.type == "cuda")
+        cuda = self.device.type == "cuda"
+        self.masks = MaskFiller(self.config.vocab_size, pin=cuda, inline=cuda)
         self.dspark = DSpark(dspark)  # speculative decoding: drafts verified in one forward
         self._seed_rng = random.Random(seed)
         self._next_id = 0
@@ -277,6 +278,7 @@ class LLM:
                     running = [s for s in running if not s.is_finished]
                     continue
                 logits = self.runner.decode(running)
+            self.masks.launched()
             # 3.-4. apply masks + sample in one launch, accept
             tokens = self._sample(batch, logits, *masks.wait())
             for s, t in zip(batch, tokens):

@@ -134,12 +134,18 @@ class MaskFiller:
     for it after the forward): the hidden share is ``1 - wait / mask``.
     """
 
-    def __init__(self, vocab_size: int, *, pin: bool) -> None:
+    def __init__(self, vocab_size: int, *, pin: bool, inline: bool = False) -> None:
         self.width = (vocab_size + 31) // 32
         self.pin = pin
+        # inline: fill in wait(), on the caller's thread, after the forward was launched
+        # (on CUDA the launch returns at once, so the fill overlaps the device step with no
+        # thread hand-off); otherwise a worker thread fills from start() on (CPU forward)
+        self.inline = inline
         self._buf = None
         self._pool: ThreadPoolExecutor | None = None
         self._future: Future | None = None
+        self._pending: tuple | None = None
+        self._launched = None  # CUDA event recorded after the forward's launch (inline)
         self.mask_seconds = 0.0
         self.wait_seconds = 0.0
         self.steps = 0
@@ -153,8 +159,13 @@ class MaskFiller:
 
     def start(self, seqs: list) -> MaskFiller:
         self._future = None
+        self._pending = None
+        self._launched = None
         if any(s.constraint is not None for s in seqs):
             host = self._host(len(seqs))
+            if self.inline:
+                self._pending = (seqs, host)
+                return self
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-masks")
             self._future = self._pool.submit(self._fill, seqs, host)
@@ -167,7 +178,27 @@ class MaskFiller:
         self.mask_seconds += time.perf_counter() - t0
         return host, constrained
 
+    def launched(self) -> None:
+        """Note that the device forward was just launched (inline mode measures overlap)."""
+        if self.inline and self._pending is not None:
+            import torch
+
+            if not torch.cuda.is_available():
+                return
+            self._launched = torch.cuda.Event()
+            self._launched.record()
+
     def wait(self) -> tuple[Any, list[int]]:
+        if self._pending is not None:
+            seqs, host = self._pending
+            self._pending = None
+            t0 = time.perf_counter()
+            out = self._fill(seqs, host)
+            if self._launched is not None and self._launched.query():
+                # the device had finished: count the fill as not hidden (a lower bound)
+                self.wait_seconds += time.perf_counter() - t0
+            self.steps += 1
+            return out
         if self._future is None:
             return None, []
         t0 = time.perf_counter()
