@@ -68,7 +68,9 @@ class ByteSet(Expr):
         return out
 
 
-class Seq(Expr):
+class _Items(Expr):
+    """A node over a tuple of sub-expressions (Seq, Alt, And)."""
+
     __slots__ = ("items",)
 
     def __init__(self, items: tuple[Expr, ...]) -> None:
@@ -80,22 +82,19 @@ class Seq(Expr):
         return self.items
 
     def __repr__(self) -> str:
-        return f"Seq({self.items!r})"
+        return f"{type(self).__name__}({self.items!r})"
 
 
-class Alt(Expr):
-    __slots__ = ("items",)
+class Seq(_Items):
+    """Concatenation of ``items``."""
 
-    def __init__(self, items: tuple[Expr, ...]) -> None:
-        items = tuple(items)
-        object.__setattr__(self, "items", items)
-        self._init(items, 1 + sum(i._size for i in items))
+    __slots__ = ()
 
-    def _key(self) -> tuple:
-        return self.items
 
-    def __repr__(self) -> str:
-        return f"Alt({self.items!r})"
+class Alt(_Items):
+    """Alternation of ``items``."""
+
+    __slots__ = ()
 
 
 class Repeat(Expr):
@@ -128,21 +127,10 @@ class Ref(Expr):
         return f"Ref({self.name!r})"
 
 
-class And(Expr):
+class And(_Items):
     """Strings every item matches (items must not refer to rules)."""
 
-    __slots__ = ("items",)
-
-    def __init__(self, items: tuple[Expr, ...]) -> None:
-        items = tuple(items)
-        object.__setattr__(self, "items", items)
-        self._init(items, 1 + sum(i._size for i in items))
-
-    def _key(self) -> tuple:
-        return self.items
-
-    def __repr__(self) -> str:
-        return f"And({self.items!r})"
+    __slots__ = ()
 
 
 class Diff(Expr):
