@@ -140,6 +140,50 @@ def _propose(
 
 
 # fmt: off
+@_helper
+def _filter_rounds(tok, m, greedy, empty, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask,
+                   V, inv_t, k0, k1, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+    # Top-k / top-p / min-p without a sort: test the candidate ``tok`` (argmax of s + g over
+    # everything) at two pivots per pass over the row; while it is filtered out, propose the
+    # argmax of s + g above the lower pivot. Returns the kept candidate (sample and verify).
+    arange = tl.arange(0, BLOCK)
+    kmax = tl.where(top_k > 0, top_k, 2147483647)
+    cut_p = top_p < 1.0
+    active = ((top_k > 0) & (top_k < V)) | cut_p | (min_p > 0.0)
+    searching = active & (greedy == 0) & (empty == 0)
+    high = m  # a score known to be kept
+    while searching:
+        sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
+        p0 = sc
+        p1 = sc * 0.5 + high * 0.5
+        zz = 0.0
+        mass0 = 0.0
+        mass1 = 0.0
+        cnt0 = 0
+        cnt1 = 0
+        for start in range(0, V, BLOCK):
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+            e = tl.exp(s - m)
+            a0 = s > p0
+            a1 = s > p1
+            zz += tl.sum(e, 0)
+            cnt0 += tl.sum(a0.to(tl.int32), 0)
+            cnt1 += tl.sum(a1.to(tl.int32), 0)
+            mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
+            mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
+        # cut: a token scoring exactly p would be filtered out, i.e. p < threshold
+        cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
+        cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
+        low = tl.where(cut1, p1, p0)
+        high = tl.where(cut1, high, p1)
+        if cut0:  # else tok is kept, hence the argmax over the kept set
+            tok, _m, _z = _propose(
+                lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, False, BLOCK
+            )
+        searching = cut0
+    return tok
+
+
 @triton.jit
 def _sample_kernel(
     logits_ptr, stride_lb, stride_lv,  # [B, V] fp32 | bf16 | fp16
@@ -194,40 +238,8 @@ def _sample_kernel(
     top_k = tl.load(top_k_ptr + pid)
     top_p = tl.load(top_p_ptr + pid)
     min_p = tl.load(min_p_ptr + pid)
-    kmax = tl.where(top_k > 0, top_k, 2147483647)
-    cut_p = top_p < 1.0
-    active = ((top_k > 0) & (top_k < V)) | cut_p | (min_p > 0.0)
-    searching = active & (greedy == 0) & (empty == 0)
-    high = m  # a score known to be kept
-    while searching:
-        sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-        p0 = sc
-        p1 = sc * 0.5 + high * 0.5
-        zz = 0.0
-        mass0 = 0.0
-        mass1 = 0.0
-        cnt0 = 0
-        cnt1 = 0
-        for start in range(0, V, BLOCK):
-            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-            e = tl.exp(s - m)
-            a0 = s > p0
-            a1 = s > p1
-            zz += tl.sum(e, 0)
-            cnt0 += tl.sum(a0.to(tl.int32), 0)
-            cnt1 += tl.sum(a1.to(tl.int32), 0)
-            mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
-            mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
-        # cut: a token scoring exactly p would be filtered out, i.e. p < threshold
-        cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
-        cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
-        low = tl.where(cut1, p1, p0)
-        high = tl.where(cut1, high, p1)
-        if cut0:  # else tok is kept, hence the argmax over the kept set
-            tok, _m, _z = _propose(
-                lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, False, BLOCK
-            )
-        searching = cut0
+    tok = _filter_rounds(tok, m, greedy, empty, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask,
+                         V, inv_t, k0, k1, HAS_MASK, BLOCK)
 
     tok = tl.where(empty, -1, tok)
     tl.store(tokens_ptr + pid, tok.to(tl.int64))

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sample_triton import _INTERPRET, _block, _launch_opts, _load_scores, _propose, _row_keys
+from .sample_triton import _INTERPRET, _block, _filter_rounds, _launch_opts, _load_scores, _propose, _row_keys
 
 _helper = (lambda fn: fn) if _INTERPRET else triton.jit
 
@@ -46,40 +46,9 @@ def _target_token(lrow, stride_lv, mrow_ptr, has_row_mask, V, temp, top_k, top_p
             lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, float("-inf"), HAS_MASK, False, BLOCK
         )
     empty = m == float("-inf")
-    # top-k / top-p / min-p: test the candidate at two pivots, propose the next (sample_triton)
-    kmax = tl.where(top_k > 0, top_k, 2147483647)
-    cut_p = top_p < 1.0
-    active = ((top_k > 0) & (top_k < V)) | cut_p | (min_p > 0.0)
-    searching = active & (greedy == 0) & (empty == 0)
-    high = m
-    while searching:
-        sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-        p0 = sc
-        p1 = sc * 0.5 + high * 0.5
-        zz = 0.0
-        mass0 = 0.0
-        mass1 = 0.0
-        cnt0 = 0
-        cnt1 = 0
-        for start in range(0, V, BLOCK):
-            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-            e = tl.exp(s - m)
-            a0 = s > p0
-            a1 = s > p1
-            zz += tl.sum(e, 0)
-            cnt0 += tl.sum(a0.to(tl.int32), 0)
-            cnt1 += tl.sum(a1.to(tl.int32), 0)
-            mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
-            mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
-        cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
-        cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
-        low = tl.where(cut1, p1, p0)
-        high = tl.where(cut1, high, p1)
-        if cut0:
-            tok, _m, _z = _propose(
-                lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, False, BLOCK
-            )
-        searching = cut0
+    # top-k / top-p / min-p rounds, exactly as sample_triton._sample_kernel
+    tok = _filter_rounds(tok, m, greedy, empty, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask,
+                         V, inv_t, k0, k1, HAS_MASK, BLOCK)
     return tl.where(empty, -1, tok)
 
 
