@@ -102,9 +102,10 @@ def _escaped_at(p: str, i: int) -> bool:
     return n % 2 == 1
 
 
-def _split_top(p: str) -> list[str]:
-    """Split a regex at its top-level ``|`` (outside groups and classes)."""
-    out, depth, cls, start, i = [], 0, False, 0, 0
+def _top_chars(p: str):
+    """(position, character, group depth) of each character of regex ``p`` that is neither
+    escaped, inside a ``[...]`` class, nor a parenthesis."""
+    depth, cls, i = 0, False, 0
     while i < len(p):
         c = p[i]
         if c == "\\":
@@ -122,10 +123,18 @@ def _split_top(p: str) -> list[str]:
             depth += 1
         elif c == ")":
             depth -= 1
-        elif c == "|" and depth == 0:
+        else:
+            yield i, c, depth
+        i += 1
+
+
+def _split_top(p: str) -> list[str]:
+    """Split a regex at its top-level ``|`` (outside groups and classes)."""
+    out, start = [], 0
+    for i, c, depth in _top_chars(p):
+        if c == "|" and depth == 0:
             out.append(p[start:i])
             start = i + 1
-        i += 1
     out.append(p[start:])
     return out
 
@@ -152,29 +161,9 @@ def _impossible_anchor(branch: str) -> bool:
         return 0 if c in _REGEX_SPECIAL else 1
 
     # top-level, unescaped, outside-class positions of ^ and $
-    carets, dollars, depth, cls, i = [], [], 0, False, 0
-    while i < len(branch):
-        c = branch[i]
-        if c == "\\":
-            i += 2
-            continue
-        if cls:
-            if c == "]":
-                cls = False
-        elif c == "[":
-            cls = True
-            if branch[i + 1: i + 2] == "]" or branch[i + 1: i + 3] == "^]":
-                i += 2 if branch[i + 1] == "]" else 3
-                continue
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif depth == 0 and c == "^":
-            carets.append(i)
-        elif depth == 0 and c == "$":
-            dollars.append(i)
-        i += 1
+    top = [(i, c) for i, c, depth in _top_chars(branch) if depth == 0]
+    carets = [i for i, c in top if c == "^"]
+    dollars = [i for i, c in top if c == "$"]
     n = literal_at(0)
     if n and (n >= len(branch) or branch[n] not in _QUANTIFIERS) and any(p >= n for p in carets):
         return True
