@@ -145,6 +145,21 @@ def _check_values(temperature, top_k, top_p, min_p) -> None:
         raise ValueError(f"min_p must be in [0, 1], got {min_p.tolist()}")
 
 
+def _sampling_rows(B: int, dev: torch.device, validate: bool, temperature, top_k, top_p, min_p, seed, step):
+    """The per-row sampling settings as [B] tensors on ``dev`` (values checked if ``validate``)."""
+    rows = (
+        _per_row("temperature", temperature, B, dev, torch.float32),
+        _per_row("top_k", top_k, B, dev, torch.int64),
+        _per_row("top_p", top_p, B, dev, torch.float32),
+        _per_row("min_p", min_p, B, dev, torch.float32),
+        _per_row("seed", seed, B, dev, torch.int64),
+        _per_row("step", step, B, dev, torch.int64),
+    )
+    if validate:
+        _check_values(*rows[:4])
+    return rows
+
+
 def apply_bitmask_(
     logits: torch.Tensor,
     bitmask: torch.Tensor,
@@ -227,14 +242,9 @@ def sample(
     elif indices is not None:
         raise ValueError("indices given without a bitmask")
     idx = _check_indices(indices, B, dev, validate)
-    temperature = _per_row("temperature", temperature, B, dev, torch.float32)
-    top_k = _per_row("top_k", top_k, B, dev, torch.int64)
-    top_p = _per_row("top_p", top_p, B, dev, torch.float32)
-    min_p = _per_row("min_p", min_p, B, dev, torch.float32)
-    seed = _per_row("seed", seed, B, dev, torch.int64)
-    step = _per_row("step", step, B, dev, torch.int64)
-    if validate:
-        _check_values(temperature, top_k, top_p, min_p)
+    temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
+        B, dev, validate, temperature, top_k, top_p, min_p, seed, step
+    )
     impl = _backend(backend, dev)
     tokens, empty, logprobs = impl.sample(
         logits, bitmask, idx, temperature, top_k, top_p, min_p, seed, step, return_logprobs
@@ -321,14 +331,10 @@ def verify(
         raise ValueError("indices given without a bitmask")
     idx = _check_indices(indices, B, dev, validate)
     n = _per_row("num_drafts", T - 1 if num_drafts is None else num_drafts, B, dev, torch.int64)
-    temperature = _per_row("temperature", temperature, B, dev, torch.float32)
-    top_k = _per_row("top_k", top_k, B, dev, torch.int64)
-    top_p = _per_row("top_p", top_p, B, dev, torch.float32)
-    min_p = _per_row("min_p", min_p, B, dev, torch.float32)
-    seed = _per_row("seed", seed, B, dev, torch.int64)
-    step = _per_row("step", step, B, dev, torch.int64)
+    temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
+        B, dev, validate, temperature, top_k, top_p, min_p, seed, step
+    )
     if validate:
-        _check_values(temperature, top_k, top_p, min_p)
         if bool((n < 0).any()) or bool((n > T - 1).any()):
             raise ValueError(f"num_drafts must be in [0, {T - 1}], got {n.tolist()}")
     impl = _backend(backend, dev, "verify")
