@@ -12,6 +12,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .automaton import Automaton, Config
+from .bitmask import unpack_bitmask
 from .nfa import _scc_blocks
 
 ROW_CACHE_SIZE = 8192
@@ -225,9 +226,7 @@ class CompiledConstraint:
 
     def allowed_tokens(self, config) -> np.ndarray:
         """Token ids allowed in ``config`` (for tests and debugging)."""
-        row = self.mask_row(config).view(np.uint32)
-        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size]
-        return np.nonzero(bits)[0]
+        return np.nonzero(unpack_bitmask(self.mask_row(config)[None], self.vocab_size)[0])[0]
 
 
 __all__ = ["CompiledConstraint", "Config"]

@@ -336,10 +336,6 @@ def utf8_class(ranges: Iterable[tuple[int, int]], *, negate: bool = False) -> Ex
 ANY_CHAR: Expr = utf8_class([(0, MAX_CODE_POINT)])
 
 
-def char_lit(cp: int) -> Expr:
-    return lit(chr(cp))
-
-
 # ----------------------------------------------------------------------- inspection
 
 

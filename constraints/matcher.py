@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .bitmask import unpack_bitmask
 from .compiled import CompiledConstraint
 
 MAX_FORCED_BYTES = 256
@@ -130,9 +131,7 @@ class Matcher:
             bitmask[row].numpy()[: src.shape[0]] = src
 
     def allowed_tokens(self) -> np.ndarray:
-        row = self.mask_row().view(np.uint32)
-        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.compiled.vocab_size]
-        return np.nonzero(bits)[0]
+        return np.nonzero(unpack_bitmask(self.mask_row()[None], self.compiled.vocab_size)[0])[0]
 
     # -------------------------------------------------------------- jump-forward
 

@@ -156,15 +156,6 @@ class Vocabulary:
     def __len__(self) -> int:
         return self.vocab_size
 
-    @property
-    def fingerprint(self) -> int:
-        """A hash identifying the vocabulary (part of the compiler's cache key)."""
-        fp = getattr(self, "_fingerprint", None)
-        if fp is None:
-            fp = hash((self.token_bytes, self.eos_ids, self.special_ids))
-            self._fingerprint = fp
-        return fp
-
     def split_index(self, byte: int) -> tuple[Any, Any]:
         """Two tries: tokens without ``byte`` and tokens with it (built once, cached)."""
         cache = self.__dict__.setdefault("_split", {})
