@@ -35,6 +35,8 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench_decode import _table  # noqa: E402
+
 DATA = os.environ.get("DEEPINFER_SHARED_DATA", os.path.join(HERE, "..", "..", "shared", "data"))
 TRACE = os.path.join(HERE, "dspark_acceptance.json")
 # P(draft accepted | the drafts before it were), by confidence class (drafts.K_*: forced, first
@@ -89,15 +91,6 @@ def workload(n: int, compile_fn, *, max_data: int = 400, max_schema: int = 1500,
 
 def prompt_text(task: dict) -> str:
     return f"{INSTRUCTION}\n\nJSON Schema:\n{json.dumps(task['schema'])}\n\nText:\n{task['text']}\n"
-
-
-def _table(header: list[str], rows: list[list]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
 
 
 def _generate(llm, prompts, params, dspark):

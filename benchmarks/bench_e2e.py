@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_decode import SHAPES, _random_weights  # noqa: E402
+from bench_decode import SHAPES, _random_weights, _table  # noqa: E402
 
 DATA = os.environ.get("DEEPINFER_SHARED_DATA", os.path.join(HERE, "..", "..", "shared", "data"))
 TOKENIZER_CACHE = os.path.join(HERE, ".cache")
@@ -51,15 +51,6 @@ def _schemas(n: int) -> list[dict]:
         out = [{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
                 "required": ["name", "age"]}]
     return out
-
-
-def _table(header: list[str], rows: list[list]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
 
 
 def _run(llm, prompts, params) -> tuple[float, int, dict]:
