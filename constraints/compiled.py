@@ -13,7 +13,7 @@ import numpy as np
 
 from .automaton import Automaton, Config
 from .bitmask import unpack_bitmask
-from .nfa import _scc_blocks
+from .nfa import equivalent_blocks
 
 ROW_CACHE_SIZE = 8192
 QUOTE = 0x22
@@ -165,7 +165,7 @@ class CompiledConstraint:
         tbl = np.vstack([lut[sub], np.full((1, 256), n, dtype=np.int64)])
         init = np.zeros(n + 1, dtype=np.int64)
         init[n] = 1
-        block = _scc_blocks(tbl, np.zeros(n + 1, dtype=bool), [[] for _ in range(n + 1)], n, init)
+        block = equivalent_blocks(tbl, [], init, n)
         # canonical numbering: BFS over blocks from the start, successors by first byte
         sink = int(block[n])
         rep: dict[int, int] = {}

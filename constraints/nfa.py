@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
+from .dfa_kernels import determinize_kernel, hopcroft
 from .errors import ConstraintError, ConstraintTooComplex
 from .ir import Alt, And, ByteSet, Diff, Expr, Ref, Repeat, Seq
 
@@ -287,7 +289,61 @@ class RawDFA:
 def determinize(
     nfa: NFA, start: int, accept: int, cls: np.ndarray, reps: list[int], limits: Limits
 ) -> RawDFA:
-    """Subset construction over byte classes and call symbols."""
+    """Subset construction over byte classes and call symbols (numba kernel,
+    :func:`~.dfa_kernels.determinize_kernel`; :func:`_determinize_reference` says the same
+    in Python)."""
+    n_classes = len(reps)
+    n = len(nfa.eps)
+    eps_ptr, eps_idx = _csr(nfa.eps)
+    edges = list(chain.from_iterable(nfa.byte_edges))
+    masks = [m for m, _ in edges]
+    mask_ids = {m: i for i, m in enumerate(dict.fromkeys(masks))}
+    class_lists = [mask_classes(m, cls, reps) for m in mask_ids]
+    m_ptr = np.zeros(len(class_lists) + 1, dtype=np.int64)
+    m_ptr[1:] = np.cumsum([len(c) for c in class_lists])
+    m_cls = np.fromiter(chain.from_iterable(class_lists), np.int64, int(m_ptr[-1]))
+    e_ptr = np.zeros(n + 1, dtype=np.int64)
+    e_ptr[1:] = np.cumsum([len(x) for x in nfa.byte_edges])
+    e_mask = np.fromiter(map(mask_ids.__getitem__, masks), np.int64, len(edges))
+    e_dst = np.fromiter((t for _, t in edges), np.int64, len(edges))
+    calls = list(chain.from_iterable(nfa.call_edges))
+    c_ptr = np.zeros(n + 1, dtype=np.int64)
+    c_ptr[1:] = np.cumsum([len(x) for x in nfa.call_edges])
+    c_rule = np.fromiter((r for r, _ in calls), np.int64, len(calls))
+    c_dst = np.fromiter((t for _, t in calls), np.int64, len(calls))
+    important = (np.diff(e_ptr) > 0) | (np.diff(c_ptr) > 0)
+    important[accept] = True
+    left = nfa.deadline - time.monotonic()
+    if left <= 0:
+        raise ConstraintTooComplex("constraint took too long to compile (DFA construction)")
+    status, table, accepting, call_src, call_rule, call_dst = determinize_kernel(
+        eps_ptr, eps_idx, important, e_ptr, e_mask, e_dst, m_ptr, m_cls, c_ptr, c_rule, c_dst,
+        start, accept, n_classes, limits.max_dfa_states, int(min(left, 1e6) * WORK_PER_SECOND))
+    if status == 1:
+        raise ConstraintTooComplex(
+            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+        )
+    if status == 2:
+        raise ConstraintTooComplex("constraint took too long to compile (DFA construction)")
+    out_calls: list[list[tuple[int, int]]] = [[] for _ in range(len(accepting))]
+    for s, r, t in zip(call_src.tolist(), call_rule.tolist(), call_dst.tolist()):
+        out_calls[s].append((r, t))
+    return RawDFA(np.ascontiguousarray(table), accepting.copy(), out_calls)
+
+
+WORK_PER_SECOND = 50_000_000  # (symbol, target) pairs the kernel examines per second, about
+
+
+def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(x) for x in lists])
+    return ptr, np.fromiter(chain.from_iterable(lists), np.int64, int(ptr[-1]))
+
+
+def _determinize_reference(
+    nfa: NFA, start: int, accept: int, cls: np.ndarray, reps: list[int], limits: Limits
+) -> RawDFA:
+    """Subset construction in Python: the reference :func:`determinize` is tested against."""
     n_classes = len(reps)
     mask_cache: dict[int, list[int]] = {}
 
@@ -435,8 +491,8 @@ def live_states(dfa: RawDFA, productive_rules: set[int]) -> np.ndarray:
 
 
 def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int], deadline: float | None = None) -> RawDFA:
-    """Merge equivalent states (bottom-up over components, :func:`_scc_blocks`); drop dead
-    states. Start stays state 0.
+    """Merge equivalent states (Hopcroft, :func:`equivalent_blocks`); drop dead states.
+    Start stays state 0.
 
     Returns a DFA whose states are all live (dead transitions are -1). If the start
     state is dead the result has zero states.
@@ -456,9 +512,8 @@ def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int], deadline
     block[dead] = -1
     _, block = np.unique(block, return_inverse=True)  # labels 0..k-1 (dead included)
     block = block.reshape(-1).astype(np.int64)
-    n_blocks = int(block.max()) + 1
-    block = _scc_blocks(table, acc, calls, dead, block, deadline)
-    block[:n][~live] = 0  # never reached from a live state: with the dead sink
+    block = equivalent_blocks(table, calls, block, dead)
+    block[:n][~live] = block[dead]  # never reached from a live state: with the dead sink
     n_blocks = int(block.max()) + 1
     # renumber: blocks reachable from the start, in BFS order (start first)
     dead_block = int(block[dead])
@@ -518,142 +573,24 @@ def _moore_blocks(table: np.ndarray, acc: np.ndarray, calls: list, block: np.nda
         block, n_blocks = new_block, count
 
 
-def _scc_blocks(table: np.ndarray, acc: np.ndarray, calls: list, dead: int, init: np.ndarray,
-                deadline: float | None = None) -> np.ndarray:
-    """Equivalent states, bottom-up over strongly connected components.
-
-    Components are resolved sinks first: a state outside any cycle is equivalent to an
-    already resolved one iff (acceptance, initial block, successor classes, call
-    signature) are equal — one dict lookup; the states of a cycle are refined by Moore
-    rounds on that component alone, their exits already resolved. Cost grows with the
-    number of states, not with the length of chains (``x{0,1000}``). Never merges states
-    that are not equivalent; isomorphic cycles in different components stay apart (a
-    slightly larger DFA, the same language).
-    """
-    n1, n_classes = table.shape
-    # successor lists (byte and call edges), without the dead sink
-    src = np.repeat(np.arange(n1, dtype=np.int64), n_classes)
-    dst = table.reshape(-1).astype(np.int64)
-    extra = [(s, t) for s in range(n1) for _, t in calls[s]]
-    if extra:
-        e = np.array(extra, dtype=np.int64)
-        src, dst = np.concatenate([src, e[:, 0]]), np.concatenate([dst, e[:, 1]])
-    keep = dst != dead
-    pairs = np.unique(src[keep] * n1 + dst[keep])
-    es, et = pairs // n1, pairs % n1
-    indptr = np.searchsorted(es, np.arange(n1 + 1))
-    succ = et.tolist()
-    ptr = indptr.tolist()
-    comps = _tarjan(n1, ptr, succ, skip=dead)
-    cls = np.full(n1, -1, dtype=np.int64)
-    cls[dead] = 0
-    next_id = 1
-    sigs: dict = {}
-    coef = np.random.default_rng(12345).integers(1, 2**61, size=(2, 2 * n_classes + 3), dtype=np.int64) | 1
-    for k, comp in enumerate(comps):
-        if deadline is not None and (k & 1023) == 0 and time.monotonic() > deadline:
-            raise ConstraintTooComplex("constraint took too long to compile (minimisation)")
-        if len(comp) == 1:
-            s = comp[0]
-            row = table[s]
-            if not (row == s).any() and all(t != s for _, t in calls[s]):
-                key = (int(init[s]), bool(acc[s]), cls[row].tobytes(),
-                       tuple(sorted((r, int(cls[t])) for r, t in calls[s])))
-                c = sigs.get(key)
-                if c is None:
-                    c = next_id
-                    next_id += 1
-                    sigs[key] = c
-                cls[s] = c
-                continue
-        S = np.array(comp, dtype=np.int64)
-        loc = {int(x): i for i, x in enumerate(comp)}
-        loc_arr = np.zeros(n1, dtype=np.int64)
-        loc_arr[S] = np.arange(len(comp))
-        sub = table[S]
-        inside = np.isin(sub, S)
-        local = np.where(inside, loc_arr[sub], 0)
-        outside_vals = np.where(inside, -1, cls[sub])
-        block = np.unique(np.column_stack([init[S], acc[S].astype(np.int64)]), axis=0, return_inverse=True)[1]
-        block = block.reshape(-1).astype(np.int64)
-        n_blocks = int(block.max()) + 1
-        while True:
-            if deadline is not None and time.monotonic() > deadline:
-                raise ConstraintTooComplex("constraint took too long to compile (minimisation)")
-            call_sig = np.zeros(len(comp), dtype=np.int64)
-            for i, s in enumerate(comp):
-                if calls[s]:
-                    call_sig[i] = hash(tuple(sorted(
-                        (r, ("in", int(block[loc[t]])) if t in loc else ("out", int(cls[t])))
-                        for r, t in calls[s]))) & 0x7FFFFFFFFFFF
-            inside_vals = np.where(inside, block[local], -1)
-            sig = np.column_stack([block, call_sig, outside_vals, inside_vals])
-            new_block = _partition(sig, coef[:, : sig.shape[1]])
-            count = int(new_block.max()) + 1
-            if count == n_blocks:
-                break
-            block, n_blocks = new_block, count
-        # each block of the cycle, now resolved, is a signature a later (upstream) state
-        # outside any cycle may share: e.g. "after a declared key" == "inside any key"
-        final = next_id + block
-        cls[S] = final
-        reps_seen: set[int] = set()
-        for i, s in enumerate(comp):
-            b = int(block[i])
-            if b in reps_seen:
-                continue
-            reps_seen.add(b)
-            key = (int(init[s]), bool(acc[s]), cls[table[s]].tobytes(),
-                   tuple(sorted((r, int(cls[t])) for r, t in calls[s])))
-            sigs.setdefault(key, int(final[i]))
-        next_id += n_blocks
-    return cls
 
 
-def _tarjan(n: int, ptr: list[int], succ: list[int], skip: int) -> list[list[int]]:
-    """Strongly connected components, sinks first (iterative Tarjan over CSR lists)."""
-    index = [-1] * n
-    low = [0] * n
-    on = [False] * n
-    stack: list[int] = []
-    out: list[list[int]] = []
-    counter = 0
-    for root in range(n):
-        if index[root] >= 0 or root == skip:
-            continue
-        work = [(root, ptr[root])]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on[root] = True
-        while work:
-            v, i = work[-1]
-            if i < ptr[v + 1]:
-                work[-1] = (v, i + 1)
-                w = succ[i]
-                if index[w] < 0:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on[w] = True
-                    work.append((w, ptr[w]))
-                elif on[w]:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                u = work[-1][0]
-                low[u] = min(low[u], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on[w] = False
-                    comp.append(w)
-                    if w == v:
-                        break
-                out.append(comp)
-    return out
+def equivalent_blocks(table: np.ndarray, calls: list, init: np.ndarray, dead: int) -> np.ndarray:
+    """Block of each state of a complete DFA (``table`` int [n, C], a dead sink included)
+    whose call edges ``calls[s]`` = [(rule, target)] act as extra symbols (missing: ``dead``),
+    refining the labels ``init``: states share a block iff they are equivalent (:func:`~.dfa_kernels.hopcroft`)."""
+    n = table.shape[0]
+    _, init = np.unique(init, return_inverse=True)
+    rules = sorted({r for cs in calls for r, _ in cs})
+    ext = table.astype(np.int64)
+    if rules:
+        col = {r: j for j, r in enumerate(rules)}
+        extra = np.full((n, len(rules)), dead, dtype=np.int64)
+        for s, cs in enumerate(calls):
+            for r, t in cs:
+                extra[s, col[r]] = t
+        ext = np.hstack([ext, extra])
+    return hopcroft(np.ascontiguousarray(ext), init.reshape(-1).astype(np.int64))
 
 
 def _partition(sig: np.ndarray, coef: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The bottom-up minimisation against Moore refinement (the reference) on random DFAs."""
+"""Hopcroft minimisation (numba) against Moore refinement (the reference) on random DFAs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from deepinfer.constraints.nfa import RawDFA, _moore_blocks, live_states, minimize
+from deepinfer.constraints.dfa_kernels import _hopcroft_py
+from deepinfer.constraints.nfa import RawDFA, _moore_blocks, equivalent_blocks, live_states, minimize
 
 
 def random_dfa(rng: random.Random, n: int, n_classes: int, cyclic: bool) -> RawDFA:
@@ -52,9 +53,32 @@ def test_minimize_keeps_the_language_and_matches_moore_on_acyclic(seed):
     init = np.unique(np.where(np.append(live, False), acc, -1), return_inverse=True)[1].reshape(-1)
     moore = _moore_blocks(table, acc, [[] for _ in range(n + 1)], init)
     reachable_moore = len({int(moore[s]) for s in _reachable(table, n)} - {int(moore[n])})
-    assert len(m.accepting) >= reachable_moore
-    if not cyclic:
-        assert len(m.accepting) == reachable_moore
+    assert len(m.accepting) == reachable_moore  # minimal, cycles included
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_hopcroft_blocks_equal_moore_with_call_edges(seed):
+    # complete DFAs (a sink included), random initial labels and call edges as extra symbols
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    k = int(rng.integers(1, 5))
+    table = rng.integers(0, n + 1, size=(n + 1, k))
+    table[n] = n
+    init = rng.integers(0, 3, size=n + 1)
+    calls = [[] for _ in range(n + 1)]
+    for s in range(n):
+        for r in range(2):
+            if rng.random() < 0.2:
+                calls[s].append((r, int(rng.integers(0, n))))  # missing = the sink
+    fast = equivalent_blocks(table, calls, init, n)
+    _, lab = np.unique(init, return_inverse=True)
+    ref = _moore_blocks(table, np.zeros(n + 1, bool), calls, lab.reshape(-1).astype(np.int64))
+    # the same partition: a bijection between labels
+    pairs = set(zip(fast.tolist(), ref.tolist()))
+    assert len(pairs) == len(set(fast.tolist())) == len(set(ref.tolist()))
+    # the pure-Python kernel is the one numba compiles
+    assert (_hopcroft_py(np.ascontiguousarray(table.astype(np.int64)), lab.reshape(-1).astype(np.int64))
+            == equivalent_blocks(table, [], init, n)).all()
 
 
 def _reachable(table, dead):
@@ -66,3 +90,59 @@ def _reachable(table, dead):
                 seen.add(t)
                 work.append(t)
     return seen
+
+
+def _random_nfa(rng: random.Random, n: int, n_classes: int):
+    from deepinfer.constraints.nfa import NFA, Limits
+
+    nfa = NFA(Limits(), deadline=float("inf"))
+    for _ in range(n):
+        nfa.new()
+    for s in range(n):
+        for _ in range(rng.randint(0, 2)):
+            nfa.eps[s].append(rng.randrange(n))
+        for _ in range(rng.randint(0, 3)):
+            mask = 0
+            for c in range(n_classes):
+                if rng.random() < 0.4:
+                    mask |= 1 << c
+            if mask:
+                nfa.byte_edges[s].append((mask, rng.randrange(n)))
+        if rng.random() < 0.15:
+            nfa.call_edges[s].append((rng.randrange(2), rng.randrange(n)))
+    return nfa
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_numba_determinize_equals_the_python_reference(seed):
+    from deepinfer.constraints.nfa import Limits, _determinize_reference, determinize
+
+    rng = random.Random(seed)
+    n_classes = rng.randint(1, 5)
+    nfa = _random_nfa(rng, rng.randint(1, 30), n_classes)
+    cls = np.arange(256, dtype=np.int32) % n_classes  # class c = bytes b with b % n == c
+    reps = list(range(n_classes))
+    accept = rng.randrange(len(nfa.eps))
+    fast = determinize(nfa, 0, accept, cls, reps, Limits())
+    ref = _determinize_reference(nfa, 0, accept, cls, reps, Limits())
+    assert len(fast.accepting) == len(ref.accepting)
+    assert int(fast.accepting.sum()) == int(ref.accepting.sum())
+    # the same automaton up to numbering: walk both in lockstep from the start
+    iso = {0: 0}
+    work = [0]
+    while work:
+        s = work.pop()
+        t = iso[s]
+        assert bool(fast.accepting[s]) == bool(ref.accepting[t])
+        pairs = [(int(a), int(b)) for a, b in zip(fast.table[s], ref.table[t])]
+        pairs += list(zip([x for _, x in sorted(fast.calls[s])], [x for _, x in sorted(ref.calls[t])]))
+        assert [r for r, _ in sorted(fast.calls[s])] == [r for r, _ in sorted(ref.calls[t])]
+        for a, b in pairs:
+            assert (a < 0) == (b < 0)
+            if a >= 0:
+                if a in iso:
+                    assert iso[a] == b
+                else:
+                    iso[a] = b
+                    work.append(a)
+    assert len(iso) == len(fast.accepting)
