@@ -6,21 +6,22 @@ only on that row's inputs (batch invariance) and ``BLOCK`` depends only on V.
 Sampling is the Gumbel-max trick with counter-based noise (``reference.uniform_noise``, the
 same 32-bit integer hash in both backends): token = argmax over the kept set of ``s_i + g_i``.
 The kept set is ``{i : s_i >= tau}`` for an unknown threshold tau (top-k, top-p and min-p
-are all thresholds on the score s), found without sorting by candidate testing with two
-pivots (as FlashInfer's dual-pivot rejection sampling):
+are all thresholds on the score s), found without sorting:
 
-    pass 0: m = max(s), c = argmax_i (s_i + g_i)                # the sample if nothing is cut
-    round:  p0 = s_c, p1 = (s_c + high) / 2                      # high: a score known kept
-            test pass (no noise): count and mass above p0 and above p1
-            p0 kept              -> token = c                    # c is the argmax over the kept set
-            p1 cut (p1 < tau)    -> low = p1
-            else                 -> low = p0, high = p1
-            propose pass: c = argmax of s+g above low (blocks that cannot win skip the noise)
+    pass 1: m = max(s); c0..c3 = the 4 best keys s + g (key order)   # greedy: m and argmax only
+    min-p only: no pass; kept(c) <=> exp(s_c - m) >= min_p
+    pass 2 (top-k / top-p): count and mass above s_c0..s_c3 at once, Z = sum exp(s - m)
+            token = the first kept c_j                               # every higher key is cut
+    all four cut (probability ~ (1 - kept mass)**4): low = max s_cj, high = m, and rounds
+      propose pass: c = argmax of s+g above low (blocks that cannot win skip the noise)
+      test pass at p0 = s_c, p1 = (s_c + high) / 2 (dual pivot, as FlashInfer):
+            p0 kept -> token = c; p1 cut -> low = p1; else low = p0, high = p1
 
-Every candidate is the Gumbel argmax of an upper set that contains the kept set, so the first
-one that is kept is the argmax over the kept set: the same token as the reference. The
-candidate's score rises strictly each round and [s_c, high] halves, so rounds are few (one in
-the common case). No host synchronisation, no sort, no extra memory.
+The candidates are a prefix of all tokens in key order, so the first kept one is the argmax
+over the kept set; every later candidate is the argmax of an upper set holding the kept set,
+so the first kept one is again the answer. Either way the reference's token. Passes over V:
+greedy 1; top-p / top-k 2 (4, plus 2 a further round, in the rare fallback); min-p alone 1. No host
+synchronisation, no sort, no extra memory.
 """
 
 from __future__ import annotations
@@ -101,89 +102,181 @@ def _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MA
 
 
 @_helper
-def _propose(
-    lrow,
-    stride_lv,
-    mrow_ptr,
-    has_row_mask,
-    V,
-    inv_t,
-    k0,
-    k1,
-    low,
-    HAS_MASK: tl.constexpr,
-    WITH_Z: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # -> (argmax of s + g over {s > low}, max(s), sum(exp(s - max s)) if WITH_Z)
+def _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low,
+             HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    # -> argmax of s + g over {s > low} (blocks that cannot beat the best key skip the noise)
     arange = tl.arange(0, BLOCK)
-    m = float("-inf")
     best_key = float("-inf")
     tok = 0
-    z = 0.0
     for start in range(0, V, BLOCK):
         offs = start + arange
         s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
-        bm = tl.max(s, 0)
         s_up = tl.where(s > low, s, float("-inf"))
         if tl.max(s_up, 0) + 17.0 > best_key:
             key = s_up + _gumbel(offs, k0, k1)
             bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
             tok = tl.where(bk > best_key, start + bi, tok)
             best_key = tl.maximum(best_key, bk)
+    return tok
+
+
+@_helper
+def _insert(key, tok, c0, t0, c1, t1, c2, t2, c3, t3):
+    # insert (key, tok) into the 4 best (key desc) so far; an equal key goes after the ones
+    # already there (they have lower token ids: blocks go up, ties within a block go left)
+    n0 = tl.where(key > c0, key, c0)
+    u0 = tl.where(key > c0, tok, t0)
+    n1 = tl.where(key > c0, c0, tl.where(key > c1, key, c1))
+    u1 = tl.where(key > c0, t0, tl.where(key > c1, tok, t1))
+    n2 = tl.where(key > c1, c1, tl.where(key > c2, key, c2))
+    u2 = tl.where(key > c1, t1, tl.where(key > c2, tok, t2))
+    n3 = tl.where(key > c2, c2, tl.where(key > c3, key, c3))
+    u3 = tl.where(key > c2, t2, tl.where(key > c3, tok, t3))
+    return n0, u0, n1, u1, n2, u2, n3, u3
+
+
+@_helper
+def _candidates(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
+                HAS_MASK: tl.constexpr, WITH_Z: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    # pass 1 -> the 4 best keys s + g with their tokens (key desc, lowest id on ties; key -inf
+    # where fewer than 4 tokens are allowed), max(s), sum(exp(s - max s)) if WITH_Z
+    arange = tl.arange(0, BLOCK)
+    ninf = float("-inf")
+    c0 = ninf
+    c1 = ninf
+    c2 = ninf
+    c3 = ninf
+    t0 = 0
+    t1 = 0
+    t2 = 0
+    t3 = 0
+    m = ninf
+    z = 0.0
+    for start in range(0, V, BLOCK):
+        offs = start + arange
+        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
+        bm = tl.max(s, 0)
+        if bm + 17.0 > c3:  # else no key of this block can enter the 4 best
+            key = s + _gumbel(offs, k0, k1)
+            bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
+            while bk > c3:
+                c0, t0, c1, t1, c2, t2, c3, t3 = _insert(bk, start + bi, c0, t0, c1, t1, c2, t2, c3, t3)
+                key = tl.where(arange == bi, ninf, key)
+                bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
         if WITH_Z:
             new_m = tl.maximum(m, bm)
-            safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
+            safe_m = tl.where(new_m == ninf, 0.0, new_m)
             z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
         m = tl.maximum(m, bm)
-    return tok, m, z
+    return c0, t0, c1, t1, c2, t2, c3, t3, m, z
 
 
 # fmt: off
 @_helper
-def _filter_rounds(tok, m, greedy, empty, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask,
-                   V, inv_t, k0, k1, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
-    # Top-k / top-p / min-p without a sort: test the candidate ``tok`` (argmax of s + g over
-    # everything) at two pivots per pass over the row; while it is filtered out, propose the
-    # argmax of s + g above the lower pivot. Returns the kept candidate (sample and verify).
+def _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+    # Top-k / top-p / min-p without a sort. The kept set is {s >= tau}; the answer is the first
+    # of the key-ordered candidates c0..c3 that is kept (every key above it belongs to a cut
+    # token). One test pass measures count and mass above the four candidate scores at once;
+    # min-p alone needs no pass (e_i >= min_p is known from m). Only when all four are cut
+    # (probability ~ (1 - kept mass)**4) do pivot rounds follow (see the module docstring).
     arange = tl.arange(0, BLOCK)
     kmax = tl.where(top_k > 0, top_k, 2147483647)
     cut_p = top_p < 1.0
-    active = ((top_k > 0) & (top_k < V)) | cut_p | (min_p > 0.0)
-    searching = active & (greedy == 0) & (empty == 0)
-    high = m  # a score known to be kept
-    while searching:
-        sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-        p0 = sc
-        p1 = sc * 0.5 + high * 0.5
+    k_on = (top_k > 0) & (top_k < V)
+    active = k_on | cut_p | (min_p > 0.0)
+    tok = t0
+    if active & (m > float("-inf")):
+        # candidate scores (+inf where a slot is empty: never counted, marked cut below)
+        v0 = c0 > float("-inf")
+        v1 = c1 > float("-inf")
+        v2 = c2 > float("-inf")
+        v3 = c3 > float("-inf")
+        q0 = tl.where(v0, tl.load(lrow + t0.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
+        q1 = tl.where(v1, tl.load(lrow + t1.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
+        q2 = tl.where(v2, tl.load(lrow + t2.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
+        q3 = tl.where(v3, tl.load(lrow + t3.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
         zz = 0.0
         mass0 = 0.0
         mass1 = 0.0
+        mass2 = 0.0
+        mass3 = 0.0
         cnt0 = 0
         cnt1 = 0
-        for start in range(0, V, BLOCK):
-            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-            e = tl.exp(s - m)
-            a0 = s > p0
-            a1 = s > p1
-            zz += tl.sum(e, 0)
-            cnt0 += tl.sum(a0.to(tl.int32), 0)
-            cnt1 += tl.sum(a1.to(tl.int32), 0)
-            mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
-            mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
-        # cut: a token scoring exactly p would be filtered out, i.e. p < threshold
-        cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
-        cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
-        low = tl.where(cut1, p1, p0)
-        high = tl.where(cut1, high, p1)
-        if cut0:  # else tok is kept, hence the argmax over the kept set
-            tok, _m, _z = _propose(
-                lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, False, BLOCK
-            )
-        searching = cut0
+        cnt2 = 0
+        cnt3 = 0
+        if k_on:
+            for start in range(0, V, BLOCK):
+                s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+                e = tl.exp(s - m)
+                zz += tl.sum(e, 0)
+                cnt0 += tl.sum((s > q0).to(tl.int32), 0)
+                cnt1 += tl.sum((s > q1).to(tl.int32), 0)
+                cnt2 += tl.sum((s > q2).to(tl.int32), 0)
+                cnt3 += tl.sum((s > q3).to(tl.int32), 0)
+                mass0 += tl.sum(tl.where(s > q0, e, 0.0), 0)
+                mass1 += tl.sum(tl.where(s > q1, e, 0.0), 0)
+                mass2 += tl.sum(tl.where(s > q2, e, 0.0), 0)
+                mass3 += tl.sum(tl.where(s > q3, e, 0.0), 0)
+        elif cut_p:  # top-p without top-k: masses only
+            for start in range(0, V, BLOCK):
+                s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+                e = tl.exp(s - m)
+                zz += tl.sum(e, 0)
+                mass0 += tl.sum(tl.where(s > q0, e, 0.0), 0)
+                mass1 += tl.sum(tl.where(s > q1, e, 0.0), 0)
+                mass2 += tl.sum(tl.where(s > q2, e, 0.0), 0)
+                mass3 += tl.sum(tl.where(s > q3, e, 0.0), 0)
+        # cut: a token scoring exactly q would be filtered out, i.e. q < tau
+        pz = top_p * zz
+        cut0 = (v0 == 0) | (cnt0 >= kmax) | (cut_p & (mass0 >= pz)) | (tl.exp(q0 - m) < min_p)
+        cut1 = (v1 == 0) | (cnt1 >= kmax) | (cut_p & (mass1 >= pz)) | (tl.exp(q1 - m) < min_p)
+        cut2 = (v2 == 0) | (cnt2 >= kmax) | (cut_p & (mass2 >= pz)) | (tl.exp(q2 - m) < min_p)
+        cut3 = (v3 == 0) | (cnt3 >= kmax) | (cut_p & (mass3 >= pz)) | (tl.exp(q3 - m) < min_p)
+        tok = tl.where(cut2, t3, t2)
+        tok = tl.where(cut1, tok, t1)
+        tok = tl.where(cut0, tok, t0)
+        searching = cut0 & cut1 & cut2 & cut3
+        if searching:
+            # tau is above every candidate's score: propose the Gumbel argmax above the highest
+            # one, then test it at two pivots per pass (dual-pivot rounds, as FlashInfer)
+            ninf = float("-inf")
+            low = tl.maximum(tl.maximum(tl.where(v0, q0, ninf), tl.where(v1, q1, ninf)),
+                             tl.maximum(tl.where(v2, q2, ninf), tl.where(v3, q3, ninf)))
+            tok = _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, BLOCK)
+            high = m  # a score known to be kept
+            while searching:
+                sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
+                p0 = sc
+                p1 = sc * 0.5 + high * 0.5
+                zz = 0.0
+                mass0 = 0.0
+                mass1 = 0.0
+                cnt0 = 0
+                cnt1 = 0
+                if k_on | cut_p:
+                    for start in range(0, V, BLOCK):
+                        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t,
+                                         HAS_MASK)
+                        e = tl.exp(s - m)
+                        a0 = s > p0
+                        a1 = s > p1
+                        zz += tl.sum(e, 0)
+                        cnt0 += tl.sum(a0.to(tl.int32), 0)
+                        cnt1 += tl.sum(a1.to(tl.int32), 0)
+                        mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
+                        mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
+                cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
+                cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
+                low = tl.where(cut1, p1, p0)
+                high = tl.where(cut1, high, p1)
+                if cut0:  # else tok is kept, hence the argmax over the kept set
+                    tok = _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK,
+                                   BLOCK)
+                searching = cut0
     return tok
 
 
+# fmt: off
 @triton.jit
 def _sample_kernel(
     logits_ptr, stride_lb, stride_lv,  # [B, V] fp32 | bf16 | fp16
@@ -214,8 +307,10 @@ def _sample_kernel(
     k0, k1 = _row_keys(seed, step)
     arange = tl.arange(0, BLOCK)
 
-    # pass 0: m = max(s); greedy: its lowest argmax; sampling: c = argmax(s + g)
-    if greedy:
+    top_k = tl.load(top_k_ptr + pid)
+    top_p = tl.load(top_p_ptr + pid)
+    min_p = tl.load(min_p_ptr + pid)
+    if greedy:  # one pass: m = max(s) and its lowest argmax
         m = float("-inf")
         tok = 0
         z = 0.0
@@ -228,18 +323,13 @@ def _sample_kernel(
                 safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
                 z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
             m = tl.maximum(m, bm)
-    else:
-        tok, m, z = _propose(
-            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, float("-inf"), HAS_MASK, RETURN_LOGPROBS, BLOCK
+    else:  # pass 1: the 4 best Gumbel keys; then the first kept one (test pass, if top-k / top-p)
+        c0, t0, c1, t1, c2, t2, c3, t3, m, z = _candidates(
+            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, HAS_MASK, RETURN_LOGPROBS, BLOCK
         )
+        tok = _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr,
+                      has_row_mask, V, inv_t, k0, k1, HAS_MASK, BLOCK)
     empty = m == float("-inf")
-
-    # rounds: test candidate tok against top-k / top-p / min-p (cheap pass), propose the next one
-    top_k = tl.load(top_k_ptr + pid)
-    top_p = tl.load(top_p_ptr + pid)
-    min_p = tl.load(min_p_ptr + pid)
-    tok = _filter_rounds(tok, m, greedy, empty, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask,
-                         V, inv_t, k0, k1, HAS_MASK, BLOCK)
 
     tok = tl.where(empty, -1, tok)
     tl.store(tokens_ptr + pid, tok.to(tl.int64))

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sample_triton import _INTERPRET, _block, _filter_rounds, _launch_opts, _load_scores, _propose, _row_keys
+from .sample_triton import _INTERPRET, _block, _candidates, _filter, _launch_opts, _load_scores, _row_keys
 
 _helper = (lambda fn: fn) if _INTERPRET else triton.jit
 
@@ -41,14 +41,13 @@ def _target_token(lrow, stride_lv, mrow_ptr, has_row_mask, V, temp, top_k, top_p
             bm, bi = tl.max(s, 0, return_indices=True, return_indices_tie_break_left=True)
             tok = tl.where(bm > m, start + bi, tok)
             m = tl.maximum(m, bm)
-    else:
-        tok, m, _z = _propose(
-            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, float("-inf"), HAS_MASK, False, BLOCK
+    else:  # the 4 best Gumbel keys, then the first kept one, exactly as sample_triton._sample_kernel
+        c0, t0, c1, t1, c2, t2, c3, t3, m, _z = _candidates(
+            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, HAS_MASK, False, BLOCK
         )
+        tok = _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr,
+                      has_row_mask, V, inv_t, k0, k1, HAS_MASK, BLOCK)
     empty = m == float("-inf")
-    # top-k / top-p / min-p rounds, exactly as sample_triton._sample_kernel
-    tok = _filter_rounds(tok, m, greedy, empty, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask,
-                         V, inv_t, k0, k1, HAS_MASK, BLOCK)
     return tl.where(empty, -1, tok)
 
 
