@@ -19,7 +19,7 @@ prints a table and asserts nothing.
 
 Usage (from the repository root, on a CUDA machine)::
 
-    python benchmarks/bench_sampling.py [--quick]
+    python benchmarks/bench_sampling.py [--quick] [--batches 128 512] [--vocabs 128256]
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def sweep() -> None:
     """Greedy / top-p µs for kernel tile sizes and warp counts (tuning; not part of the table)."""
     from deepinfer.kernels import sample_triton
 
+    saved = sample_triton.BLOCK_MAX, sample_triton.NUM_WARPS
     print("| dtype | B | V | BLOCK | warps | greedy | top-p |")
     print("|---|---|---|---|---|---|---|")
     for dtype in (torch.float32, torch.bfloat16):
@@ -129,7 +130,7 @@ def sweep() -> None:
                     print(
                         f"| {str(dtype)[6:]} | {B} | {V} | {block} | {warps} | {r['greedy']:.1f} | {r['top_p']:.1f} |"
                     )
-    sample_triton.BLOCK_MAX, sample_triton.NUM_WARPS = 4096, 8
+    sample_triton.BLOCK_MAX, sample_triton.NUM_WARPS = saved  # the table runs the shipped defaults
 
 
 def main() -> None:
@@ -137,6 +138,8 @@ def main() -> None:
     ap.add_argument("--floor", type=float, default=4.3, help="bandwidth floor, TB/s")
     ap.add_argument("--quick", action="store_true", help="B=128, V=128256 only")
     ap.add_argument("--sweep", action="store_true", help="first time BLOCK x num_warps variants")
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes")
+    ap.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS), help="vocabulary sizes")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_sampling.py needs a CUDA device")
@@ -148,7 +151,7 @@ def main() -> None:
         sweep()
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    shapes = [(128, 128256)] if args.quick else [(B, V) for V in VOCABS for B in BATCHES]
+    shapes = [(128, 128256)] if args.quick else [(B, V) for V in args.vocabs for B in args.batches]
     for dtype in (torch.float32, torch.bfloat16):
         for B, V in shapes:
             r = run(dtype, B, V, args.floor)

@@ -10,9 +10,10 @@ are all thresholds on the score s), found without sorting:
 
     pass 1: m = max(s); c0..c3 = the 4 best keys s + g (key order)   # greedy: m and argmax only
     min-p only: no pass; kept(c) <=> exp(s_c - m) >= min_p
-    pass 2 (top-k / top-p): count and mass above s_c0..s_c3 at once, Z = sum exp(s - m)
-            token = the first kept c_j                               # every higher key is cut
-    all four cut (probability ~ (1 - kept mass)**4): low = max s_cj, high = m, and rounds
+    pass 2 (top-k / top-p): count and mass above s_c0..s_c3 and q4 = (max s_cj + m) / 2 at
+            once, Z = sum exp(s - m); token = the first kept c_j     # every higher key is cut
+    all four cut (probability ~ (1 - kept mass)**4): [low, high] = [max s_cj, q4] if q4 is
+      kept, else [q4, m] (the first dual-pivot test, for free); then rounds
       propose pass: c = argmax of s+g above low (blocks that cannot win skip the noise)
       test pass at p0 = s_c, p1 = (s_c + high) / 2 (dual pivot, as FlashInfer):
             p0 kept -> token = c; p1 cut -> low = p1; else low = p0, high = p1
@@ -195,15 +196,21 @@ def _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride
         q1 = tl.where(v1, tl.load(lrow + t1.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
         q2 = tl.where(v2, tl.load(lrow + t2.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
         q3 = tl.where(v3, tl.load(lrow + t3.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
+        ninf = float("-inf")
+        qmax = tl.maximum(tl.maximum(tl.where(v0, q0, ninf), tl.where(v1, q1, ninf)),
+                          tl.maximum(tl.where(v2, q2, ninf), tl.where(v3, q3, ninf)))
+        q4 = qmax * 0.5 + m * 0.5  # brackets tau for the rounds should all four be cut
         zz = 0.0
         mass0 = 0.0
         mass1 = 0.0
         mass2 = 0.0
         mass3 = 0.0
+        mass4 = 0.0
         cnt0 = 0
         cnt1 = 0
         cnt2 = 0
         cnt3 = 0
+        cnt4 = 0
         if k_on:
             for start in range(0, V, BLOCK):
                 s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
@@ -213,10 +220,12 @@ def _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride
                 cnt1 += tl.sum((s > q1).to(tl.int32), 0)
                 cnt2 += tl.sum((s > q2).to(tl.int32), 0)
                 cnt3 += tl.sum((s > q3).to(tl.int32), 0)
+                cnt4 += tl.sum((s > q4).to(tl.int32), 0)
                 mass0 += tl.sum(tl.where(s > q0, e, 0.0), 0)
                 mass1 += tl.sum(tl.where(s > q1, e, 0.0), 0)
                 mass2 += tl.sum(tl.where(s > q2, e, 0.0), 0)
                 mass3 += tl.sum(tl.where(s > q3, e, 0.0), 0)
+                mass4 += tl.sum(tl.where(s > q4, e, 0.0), 0)
         elif cut_p:  # top-p without top-k: masses only
             for start in range(0, V, BLOCK):
                 s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
@@ -226,24 +235,25 @@ def _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride
                 mass1 += tl.sum(tl.where(s > q1, e, 0.0), 0)
                 mass2 += tl.sum(tl.where(s > q2, e, 0.0), 0)
                 mass3 += tl.sum(tl.where(s > q3, e, 0.0), 0)
+                mass4 += tl.sum(tl.where(s > q4, e, 0.0), 0)
         # cut: a token scoring exactly q would be filtered out, i.e. q < tau
         pz = top_p * zz
         cut0 = (v0 == 0) | (cnt0 >= kmax) | (cut_p & (mass0 >= pz)) | (tl.exp(q0 - m) < min_p)
         cut1 = (v1 == 0) | (cnt1 >= kmax) | (cut_p & (mass1 >= pz)) | (tl.exp(q1 - m) < min_p)
         cut2 = (v2 == 0) | (cnt2 >= kmax) | (cut_p & (mass2 >= pz)) | (tl.exp(q2 - m) < min_p)
         cut3 = (v3 == 0) | (cnt3 >= kmax) | (cut_p & (mass3 >= pz)) | (tl.exp(q3 - m) < min_p)
+        cut4 = (cnt4 >= kmax) | (cut_p & (mass4 >= pz)) | (tl.exp(q4 - m) < min_p)
         tok = tl.where(cut2, t3, t2)
         tok = tl.where(cut1, tok, t1)
         tok = tl.where(cut0, tok, t0)
         searching = cut0 & cut1 & cut2 & cut3
         if searching:
-            # tau is above every candidate's score: propose the Gumbel argmax above the highest
-            # one, then test it at two pivots per pass (dual-pivot rounds, as FlashInfer)
-            ninf = float("-inf")
-            low = tl.maximum(tl.maximum(tl.where(v0, q0, ninf), tl.where(v1, q1, ninf)),
-                             tl.maximum(tl.where(v2, q2, ninf), tl.where(v3, q3, ninf)))
+            # tau is above every candidate's score (and above q4 if q4 is cut): propose the
+            # Gumbel argmax above that, then test it at two pivots per pass (dual-pivot rounds,
+            # as FlashInfer)
+            low = tl.where(cut4, q4, qmax)
+            high = tl.where(cut4, m, q4)  # a score known to be kept
             tok = _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, BLOCK)
-            high = m  # a score known to be kept
             while searching:
                 sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
                 p0 = sc
