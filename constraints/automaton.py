@@ -302,12 +302,14 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
     try:
         raw = []
         dfa_memo: dict = {}
+        class_memo: dict = {}
         for name in order:
             nfa = NFA(limits, deadline)
             builder = FragmentBuilder(nfa, rules, rule_index, cls, reps, dfa_memo)
+            builder.class_memo = class_memo
             s0 = nfa.new()
             end = builder.build(rules[name], s0)
-            raw.append(determinize(nfa, s0, end, cls, reps, limits))
+            raw.append(determinize(nfa, s0, end, cls, reps, limits, class_memo))
     except RecursionError:
         raise ConstraintTooComplex("constraint is nested too deeply to compile") from None
     finally:

@@ -346,12 +346,145 @@ def _hopcroft_py(table, init):
     return blk
 
 
+def _live_py(table, accepting, call_src, call_dst):
+    """States from which an accepting state is reachable (byte edges of ``table``, -1
+    dead, and the call edges ``call_src[i] -> call_dst[i]``)."""
+    n, k = table.shape
+    cnt = np.zeros(n + 1, dtype=np.int64)  # reverse edges, CSR by target
+    for s in range(n):
+        for c in range(k):
+            if table[s, c] >= 0:
+                cnt[table[s, c] + 1] += 1
+    for i in range(call_src.shape[0]):
+        cnt[call_dst[i] + 1] += 1
+    for i in range(n):
+        cnt[i + 1] += cnt[i]
+    fill = cnt[:-1].copy()
+    pred = np.empty(cnt[n], dtype=np.int64)
+    for s in range(n):
+        for c in range(k):
+            t = table[s, c]
+            if t >= 0:
+                pred[fill[t]] = s
+                fill[t] += 1
+    for i in range(call_src.shape[0]):
+        pred[fill[call_dst[i]]] = call_src[i]
+        fill[call_dst[i]] += 1
+    live = accepting.copy()
+    stack = np.empty(n, dtype=np.int64)
+    top = 0
+    for s in range(n):
+        if live[s]:
+            stack[top] = s
+            top += 1
+    while top > 0:
+        top -= 1
+        t = stack[top]
+        for q in range(cnt[t], cnt[t + 1]):
+            s = pred[q]
+            if not live[s]:
+                live[s] = True
+                stack[top] = s
+                top += 1
+    return live
+
+
+def _minimize_py(table, accepting, live, calls):
+    """The minimal DFA of the live part of a DFA (start: state 0, which must be live).
+
+    ``table`` int32 [n, C] (-1 dead), ``calls`` int64 [n, R]: the target of each call
+    symbol or -1. Dead and non-live targets become -1. States of the result are the
+    equivalence classes (:func:`_hopcroft_py`) reachable from the start, numbered
+    breadth-first with successors in symbol order. Returns (table, accepting, calls).
+    """
+    n, c_bytes = table.shape
+    r = calls.shape[1]
+    k = c_bytes + r
+    dead = n
+    full = np.full((n + 1, k), dead, dtype=np.int64)
+    for s in range(n):
+        if not live[s]:
+            continue
+        for c in range(k):
+            t = table[s, c] if c < c_bytes else calls[s, c - c_bytes]
+            if t >= 0 and live[t]:
+                full[s, c] = t
+    init = np.zeros(n + 1, dtype=np.int64)  # 0: dead or not live; 1: live; 2: live, accepting
+    for s in range(n):
+        if live[s]:
+            init[s] = 2 if accepting[s] else 1
+    # symbols whose columns are equal refine alike: Hopcroft needs one of each
+    col_hash = np.zeros(k, dtype=np.uint64)
+    for c in range(k):
+        col_hash[c] = _hash_run(full[:, c].copy(), 0, n + 1)
+    keep = np.zeros(k, dtype=np.bool_)
+    for c in range(k):
+        keep[c] = True
+        for c2 in range(c):
+            if keep[c2] and col_hash[c2] == col_hash[c]:
+                same = True
+                for s in range(n + 1):
+                    if full[s, c] != full[s, c2]:
+                        same = False
+                        break
+                if same:
+                    keep[c] = False
+                    break
+    blk = _hopcroft(np.ascontiguousarray(full[:, keep]), init)
+    dead_blk = blk[dead]
+    n_blk = 0
+    for s in range(n + 1):
+        if blk[s] + 1 > n_blk:
+            n_blk = blk[s] + 1
+    rep = np.full(n_blk, -1, dtype=np.int64)
+    for s in range(n + 1):
+        if rep[blk[s]] < 0:
+            rep[blk[s]] = s
+    new_id = np.full(n_blk, -1, dtype=np.int64)
+    queue = np.empty(n_blk, dtype=np.int64)
+    new_id[blk[0]] = 0
+    queue[0] = blk[0]
+    m = 1
+    h = 0
+    while h < m:
+        b = queue[h]
+        h += 1
+        s = rep[b]
+        for c in range(k):
+            nb = blk[full[s, c]]
+            if nb != dead_blk and new_id[nb] < 0:
+                new_id[nb] = m
+                queue[m] = nb
+                m += 1
+    out = np.full((m, c_bytes), -1, dtype=np.int32)
+    out_calls = np.full((m, r), -1, dtype=np.int64)
+    out_acc = np.zeros(m, dtype=np.bool_)
+    for i in range(m):
+        s = rep[queue[i]]
+        out_acc[i] = accepting[s]
+        for c in range(k):
+            nb = blk[full[s, c]]
+            if nb != dead_blk:
+                if c < c_bytes:
+                    out[i, c] = new_id[nb]
+                else:
+                    out_calls[i, c - c_bytes] = new_id[nb]
+    return out, out_acc, out_calls
+
+
 if njit is not None:
     _grow = njit(cache=True, nogil=True)(_grow)
     _hash_run = njit(cache=True, nogil=True)(_hash_run)
     _closure = njit(cache=True, nogil=True)(_closure)
     determinize_kernel = njit(cache=True, nogil=True)(_determinize_py)
     hopcroft = njit(cache=True, nogil=True)(_hopcroft_py)
+    live_kernel = njit(cache=True, nogil=True)(_live_py)
 else:  # pragma: no cover
     determinize_kernel = _determinize_py
     hopcroft = _hopcroft_py
+    live_kernel = _live_py
+_hopcroft = hopcroft  # what _minimize_py calls
+if njit is not None:
+    minimize_kernel = njit(cache=True, nogil=True)(_minimize_py)
+else:  # pragma: no cover
+    minimize_kernel = _minimize_py

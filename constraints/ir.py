@@ -22,10 +22,11 @@ ALL_BYTES_MASK = (1 << 256) - 1
 
 
 class Expr:
-    """Base class of IR nodes: immutable, hashable; the hash and the node count are
-    computed once at construction (big shared sub-trees are hashed often)."""
+    """Base class of IR nodes: immutable, hashable; the hash, the node count and the
+    names of the rules referred to are computed once at construction (big shared
+    sub-trees are hashed and inspected often)."""
 
-    __slots__ = ("_hash", "_size")
+    __slots__ = ("_hash", "_size", "_refs")
 
     def __hash__(self) -> int:
         return self._hash
@@ -40,9 +41,10 @@ class Expr:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("IR nodes are immutable")
 
-    def _init(self, key: tuple, size: int) -> None:
+    def _init(self, key: tuple, size: int, refs: frozenset[str] = frozenset()) -> None:
         object.__setattr__(self, "_hash", hash((type(self).__name__,) + key))
         object.__setattr__(self, "_size", size)
+        object.__setattr__(self, "_refs", refs)
 
 
 class ByteSet(Expr):
@@ -76,7 +78,7 @@ class _Items(Expr):
     def __init__(self, items: tuple[Expr, ...]) -> None:
         items = tuple(items)
         object.__setattr__(self, "items", items)
-        self._init(items, 1 + sum(i._size for i in items))
+        self._init(items, 1 + sum(i._size for i in items), _union_refs(items))
 
     def _key(self) -> tuple:
         return self.items
@@ -104,7 +106,7 @@ class Repeat(Expr):
         object.__setattr__(self, "item", item)
         object.__setattr__(self, "min", min)
         object.__setattr__(self, "max", max)  # None: unbounded
-        self._init((item, min, max), 1 + item._size)
+        self._init((item, min, max), 1 + item._size, item._refs)
 
     def _key(self) -> tuple:
         return (self.item, self.min, self.max)
@@ -118,7 +120,7 @@ class Ref(Expr):
 
     def __init__(self, name: str) -> None:
         object.__setattr__(self, "name", name)
-        self._init((name,), 1)
+        self._init((name,), 1, frozenset((name,)))
 
     def _key(self) -> tuple:
         return (self.name,)
@@ -140,13 +142,20 @@ class Diff(Expr):
 
     def __init__(self, base: Expr, minus: Expr) -> None:
         object.__setattr__(self, "items", (base, minus))
-        self._init((base, minus), 1 + base._size + minus._size)
+        self._init((base, minus), 1 + base._size + minus._size, _union_refs((base, minus)))
 
     def _key(self) -> tuple:
         return self.items
 
     def __repr__(self) -> str:
         return f"Diff({self.items[0]!r}, {self.items[1]!r})"
+
+
+def _union_refs(items: tuple[Expr, ...]) -> frozenset[str]:
+    parts = [i._refs for i in items if i._refs]
+    if not parts:
+        return frozenset()
+    return parts[0] if len(parts) == 1 else frozenset().union(*parts)
 
 
 EMPTY: Expr = Seq(())  # matches the empty string
@@ -341,17 +350,7 @@ ANY_CHAR: Expr = utf8_class([(0, MAX_CODE_POINT)])
 
 def refs(expr: Expr) -> set[str]:
     """Names of the rules ``expr`` refers to."""
-    out: set[str] = set()
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, Ref):
-            out.add(e.name)
-        elif isinstance(e, (Seq, Alt, And, Diff)):
-            stack.extend(e.items)
-        elif isinstance(e, Repeat):
-            stack.append(e.item)
-    return out
+    return set(expr._refs)
 
 
 def size(expr: Expr) -> int:

@@ -14,7 +14,7 @@ from itertools import chain
 
 import numpy as np
 
-from .dfa_kernels import determinize_kernel, hopcroft
+from .dfa_kernels import determinize_kernel, hopcroft, live_kernel, minimize_kernel
 from .errors import ConstraintError, ConstraintTooComplex
 from .ir import Alt, And, ByteSet, Diff, Expr, Ref, Repeat, Seq
 
@@ -30,26 +30,64 @@ class Limits:
 
 
 class NFA:
-    """A Thompson NFA. ``eps[s]``: epsilon targets; ``byte_edges[s]``: (mask, target);
-    ``call_edges[s]``: (rule index, target)."""
+    """A Thompson NFA as flat edge lists: epsilon edges ``eps_src[i] -> eps_dst[i]``, byte
+    edges ``byte_src[i] --byte_mask[i]--> byte_dst[i]``, call edges ``call_src[i]
+    --call_rule[i]--> call_dst[i]``, and spliced DFAs' edges in ``chunks``: arrays (src,
+    byte class, dst), one class per edge."""
 
     def __init__(self, limits: Limits, deadline: float) -> None:
-        self.eps: list[list[int]] = []
-        self.byte_edges: list[list[tuple[int, int]]] = []
-        self.call_edges: list[list[tuple[int, int]]] = []
+        self.n = 0
+        self.eps_src: list[int] = []
+        self.eps_dst: list[int] = []
+        self.byte_src: list[int] = []
+        self.byte_mask: list[int] = []
+        self.byte_dst: list[int] = []
+        self.call_src: list[int] = []
+        self.call_rule: list[int] = []
+        self.call_dst: list[int] = []
+        self.chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.limits = limits
         self.deadline = deadline
 
-    def new(self) -> int:
-        n = len(self.eps)
-        if n >= self.limits.max_nfa_states:
+    def new(self, count: int = 1) -> int:
+        """Add ``count`` states; return the first."""
+        n = self.n
+        if n + count > self.limits.max_nfa_states:
             raise ConstraintTooComplex(
                 f"constraint is too large: its automaton exceeds {self.limits.max_nfa_states:,} NFA states"
             )
-        self.eps.append([])
-        self.byte_edges.append([])
-        self.call_edges.append([])
+        self.n = n + count
         return n
+
+    def add_eps(self, s: int, t: int) -> None:
+        self.eps_src.append(s)
+        self.eps_dst.append(t)
+
+    def add_bytes(self, s: int, mask: int, t: int) -> None:
+        self.byte_src.append(s)
+        self.byte_mask.append(mask)
+        self.byte_dst.append(t)
+
+    def add_call(self, s: int, rule: int, t: int) -> None:
+        self.call_src.append(s)
+        self.call_rule.append(rule)
+        self.call_dst.append(t)
+
+    def lists(self, class_masks: list[int]) -> tuple[list, list, list]:
+        """Per state: epsilon targets, (byte mask, target) and (rule, target) lists."""
+        eps: list[list[int]] = [[] for _ in range(self.n)]
+        byte_edges: list[list[tuple[int, int]]] = [[] for _ in range(self.n)]
+        call_edges: list[list[tuple[int, int]]] = [[] for _ in range(self.n)]
+        for s, d in zip(self.eps_src, self.eps_dst):
+            eps[s].append(d)
+        for s, m, d in zip(self.byte_src, self.byte_mask, self.byte_dst):
+            byte_edges[s].append((m, d))
+        for src, c, dst in self.chunks:
+            for s, k, d in zip(src.tolist(), c.tolist(), dst.tolist()):
+                byte_edges[s].append((class_masks[k], d))
+        for s, r, d in zip(self.call_src, self.call_rule, self.call_dst):
+            call_edges[s].append((r, d))
+        return eps, byte_edges, call_edges
 
 
 class _Spliced:
@@ -83,25 +121,14 @@ class FragmentBuilder:
         self.cls = cls
         self.reps = reps
         self.dfa_memo = dfa_memo if dfa_memo is not None else {}
-        self._ref_free: dict[int, bool] = {}
+        self.class_memo: dict[int, list[int]] = {}
         if cls is not None and reps is not None:
             self.class_masks = [0] * len(reps)
             for b in range(256):
                 self.class_masks[int(cls[b])] |= 1 << b
 
     def ref_free(self, e: Expr) -> bool:
-        hit = self._ref_free.get(id(e))
-        if hit is None:
-            if isinstance(e, Ref):
-                hit = False
-            elif isinstance(e, (Seq, Alt, And, Diff)):
-                hit = all(self.ref_free(i) for i in e.items)
-            elif isinstance(e, Repeat):
-                hit = self.ref_free(e.item)
-            else:
-                hit = True
-            self._ref_free[id(e)] = hit
-        return hit
+        return not e._refs
 
     def build(self, e: Expr, start: int, splice: bool = True) -> int:
         """Add ``e`` starting at ``start``; return its end state."""
@@ -116,7 +143,7 @@ class FragmentBuilder:
         if isinstance(e, ByteSet):
             end = nfa.new()
             if e.mask:
-                nfa.byte_edges[start].append((e.mask, end))
+                nfa.add_bytes(start, e.mask, end)
             return end
         if isinstance(e, Seq):
             cur = start
@@ -127,15 +154,15 @@ class FragmentBuilder:
             end = nfa.new()
             for it in e.items:
                 s = nfa.new()
-                nfa.eps[start].append(s)
-                nfa.eps[self.build(it, s)].append(end)
+                nfa.add_eps(start, s)
+                nfa.add_eps(self.build(it, s), end)
             return end
         if isinstance(e, Repeat):
             return self._repeat(e, start)
         if isinstance(e, Ref):
             if e.name in self.rule_index:
                 end = nfa.new()
-                nfa.call_edges[start].append((self.rule_index[e.name], end))
+                nfa.add_call(start, self.rule_index[e.name], end)
                 return end
             if e.name not in self.rules:
                 raise ConstraintError(f"reference to undefined rule {e.name!r}")
@@ -162,10 +189,10 @@ class FragmentBuilder:
         if d is None:
             sub = NFA(self.nfa.limits, self.nfa.deadline)
             fb = FragmentBuilder(sub, self.rules, self.rule_index, self.cls, self.reps, self.dfa_memo)
-            fb._ref_free = self._ref_free
+            fb.class_memo = self.class_memo
             s0 = sub.new()
             end = fb.build(e, s0, splice=False)
-            raw = determinize(sub, s0, end, self.cls, self.reps, self.nfa.limits)
+            raw = determinize(sub, s0, end, self.cls, self.reps, self.nfa.limits, self.class_memo)
             d = minimize(raw, live_states(raw, set()), set(), self.nfa.deadline)
             self.dfa_memo[e] = d
         return d
@@ -176,30 +203,13 @@ class FragmentBuilder:
         n = len(d.accepting)
         if n == 0:
             return end  # empty language: nothing reaches end
-        base0 = len(nfa.eps)
-        for _ in range(n):
-            nfa.new()
-        nfa.eps[start].append(base0)
-        for q, edges in enumerate(self._edge_lists(d)):
-            nfa.byte_edges[base0 + q].extend((m, base0 + t) for m, t in edges)
-            if d.accepting[q]:
-                nfa.eps[base0 + q].append(end)
+        base = nfa.new(n)
+        nfa.add_eps(start, base)
+        src, c, dst, acc = _class_edges(d)
+        nfa.chunks.append((src + base, c, dst + base))
+        for q in acc:
+            nfa.add_eps(base + q, end)
         return end
-
-    def _edge_lists(self, d: RawDFA) -> list[list[tuple[int, int]]]:
-        """Per DFA state, (byte mask, target) pairs: computed once per spliced DFA."""
-        hit = getattr(d, "_edges", None)
-        if hit is None:
-            cm = self.class_masks
-            hit = []
-            for row in d.table.tolist():
-                by_target: dict[int, int] = {}
-                for c, t in enumerate(row):
-                    if t >= 0:
-                        by_target[t] = by_target.get(t, 0) | cm[c]
-                hit.append([(m, t) for t, m in by_target.items()])
-            d._edges = hit
-        return hit
 
     def _repeat(self, e: Repeat, start: int) -> int:
         nfa = self.nfa
@@ -217,23 +227,23 @@ class FragmentBuilder:
             for _ in range(e.min - 1):
                 cur = self._build_item(item, cur)
             loop = nfa.new()
-            nfa.eps[cur].append(loop)
+            nfa.add_eps(cur, loop)
             body_end = self._build_item(item, loop)
-            nfa.eps[body_end].append(loop)
+            nfa.add_eps(body_end, loop)
             return body_end
         for _ in range(e.min):
             cur = self._build_item(item, cur)
         if e.max is None:
             loop = nfa.new()
-            nfa.eps[cur].append(loop)
+            nfa.add_eps(cur, loop)
             body_end = self._build_item(item, loop)
-            nfa.eps[body_end].append(loop)
+            nfa.add_eps(body_end, loop)
             return loop
         end = nfa.new()
         for _ in range(e.max - e.min):
-            nfa.eps[cur].append(end)
+            nfa.add_eps(cur, end)
             cur = self._build_item(item, cur)
-        nfa.eps[cur].append(end)
+        nfa.add_eps(cur, end)
         return end
 
 
@@ -246,30 +256,20 @@ class FragmentBuilder:
 def byte_classes(masks: set[int]) -> tuple[np.ndarray, list[int]]:
     """Partition 0..255 by membership in every mask.
 
-    Returns ``cls`` (byte → class id, uint16 [256]) and, per mask in ``masks`` order of
-    the returned list, nothing else; use :func:`mask_classes` to map masks to class sets.
+    Returns ``cls`` (byte → class id, int32 [256]; classes numbered by their first byte)
+    and ``reps`` (each class's first byte); :func:`mask_classes` maps a mask to its classes.
     """
-    sig: dict[int, list[int]] = {}
     mask_list = sorted(masks)
-    keys = [0] * 256
-    for k, m in enumerate(mask_list):
-        bit = 1 << k
-        b = 0
-        mm = m
-        while mm:
-            if mm & 1:
-                keys[b] |= bit
-            mm >>= 1
-            b += 1
-    cls = np.zeros(256, dtype=np.int32)
-    reps: list[int] = []
-    for b in range(256):
-        key = keys[b]
-        if key not in sig:
-            sig[key] = [len(reps)]
-            reps.append(b)
-        cls[b] = sig[key][0]
-    return cls, reps
+    if not mask_list:
+        return np.zeros(256, dtype=np.int32), [0]
+    raw = np.frombuffer(b"".join(m.to_bytes(32, "little") for m in mask_list), dtype=np.uint8)
+    member = np.unpackbits(raw.reshape(len(mask_list), 32), axis=1, bitorder="little")  # [k, 256]
+    sig = np.packbits(member.T, axis=1)  # [256, ceil(k/8)]: each byte's membership
+    _, first, inv = np.unique(sig, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first)  # classes by first byte
+    rank = np.empty(len(first), dtype=np.int32)
+    rank[order] = np.arange(len(first), dtype=np.int32)
+    return rank[inv.reshape(-1)], np.sort(first).tolist()
 
 
 def mask_classes(mask: int, cls: np.ndarray, reps: list[int]) -> list[int]:
@@ -287,30 +287,43 @@ class RawDFA:
 
 
 def determinize(
-    nfa: NFA, start: int, accept: int, cls: np.ndarray, reps: list[int], limits: Limits
+    nfa: NFA, start: int, accept: int, cls: np.ndarray, reps: list[int], limits: Limits,
+    class_memo: dict | None = None,
 ) -> RawDFA:
     """Subset construction over byte classes and call symbols (numba kernel,
     :func:`~.dfa_kernels.determinize_kernel`; :func:`_determinize_reference` says the same
-    in Python)."""
+    in Python). ``class_memo``: mask -> class list, shared by the calls of one compile."""
     n_classes = len(reps)
-    n = len(nfa.eps)
-    eps_ptr, eps_idx = _csr(nfa.eps)
-    edges = list(chain.from_iterable(nfa.byte_edges))
-    masks = [m for m, _ in edges]
-    mask_ids = {m: i for i, m in enumerate(dict.fromkeys(masks))}
-    class_lists = [mask_classes(m, cls, reps) for m in mask_ids]
+    if class_memo is None:
+        class_memo = {}
+    n = nfa.n
+    eps_ptr, eps_idx = _csr(n, np.array(nfa.eps_src, np.int64), np.array(nfa.eps_dst, np.int64))
+    # byte edges: single masks (ids 0..k-1, class lists) and spliced class edges (id k + class)
+    mask_ids = {m: i for i, m in enumerate(dict.fromkeys(nfa.byte_mask))}
+    class_lists = []
+    for m in mask_ids:
+        cs = class_memo.get(m)
+        if cs is None:
+            cs = class_memo[m] = mask_classes(m, cls, reps)
+        class_lists.append(cs)
+    class_lists += [[c] for c in range(n_classes)]
     m_ptr = np.zeros(len(class_lists) + 1, dtype=np.int64)
     m_ptr[1:] = np.cumsum([len(c) for c in class_lists])
     m_cls = np.fromiter(chain.from_iterable(class_lists), np.int64, int(m_ptr[-1]))
-    e_ptr = np.zeros(n + 1, dtype=np.int64)
-    e_ptr[1:] = np.cumsum([len(x) for x in nfa.byte_edges])
-    e_mask = np.fromiter(map(mask_ids.__getitem__, masks), np.int64, len(edges))
-    e_dst = np.fromiter((t for _, t in edges), np.int64, len(edges))
-    calls = list(chain.from_iterable(nfa.call_edges))
-    c_ptr = np.zeros(n + 1, dtype=np.int64)
-    c_ptr[1:] = np.cumsum([len(x) for x in nfa.call_edges])
-    c_rule = np.fromiter((r for r, _ in calls), np.int64, len(calls))
-    c_dst = np.fromiter((t for _, t in calls), np.int64, len(calls))
+    srcs = [np.array(nfa.byte_src, np.int64)] + [ch[0] for ch in nfa.chunks]
+    ids = [np.fromiter(map(mask_ids.__getitem__, nfa.byte_mask), np.int64, len(nfa.byte_mask))]
+    ids += [ch[1] + len(mask_ids) for ch in nfa.chunks]
+    dsts = [np.array(nfa.byte_dst, np.int64)] + [ch[2] for ch in nfa.chunks]
+    e_src = np.concatenate(srcs)
+    order = np.argsort(e_src, kind="stable")
+    e_ptr = _ptr(n, e_src[order])
+    e_mask = np.concatenate(ids)[order]
+    e_dst = np.concatenate(dsts)[order]
+    c_src = np.array(nfa.call_src, np.int64)
+    order = np.argsort(c_src, kind="stable")
+    c_ptr = _ptr(n, c_src[order])
+    c_rule = np.array(nfa.call_rule, np.int64)[order]
+    c_dst = np.array(nfa.call_dst, np.int64)[order]
     important = (np.diff(e_ptr) > 0) | (np.diff(c_ptr) > 0)
     important[accept] = True
     left = nfa.deadline - time.monotonic()
@@ -334,10 +347,28 @@ def determinize(
 WORK_PER_SECOND = 50_000_000  # (symbol, target) pairs the kernel examines per second, about
 
 
-def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum([len(x) for x in lists])
-    return ptr, np.fromiter(chain.from_iterable(lists), np.int64, int(ptr[-1]))
+def _ptr(n: int, sorted_src: np.ndarray) -> np.ndarray:
+    """CSR row pointers of ``n`` rows for edges sorted by source."""
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(sorted_src, minlength=n), out=ptr[1:])
+    return ptr
+
+
+def _csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(src, kind="stable")
+    return _ptr(n, src[order]), dst[order]
+
+
+def _class_edges(d: RawDFA) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """A DFA's transitions as (src, class, dst) arrays and its accepting states (once per
+    DFA, kept on it: spliced DFAs are memoised)."""
+    hit = getattr(d, "_class_edges", None)
+    if hit is None:
+        s, c = np.nonzero(d.table >= 0)
+        hit = (s.astype(np.int64), c.astype(np.int64), d.table[s, c].astype(np.int64),
+               np.flatnonzero(d.accepting).tolist())
+        d._class_edges = hit
+    return hit
 
 
 def _determinize_reference(
@@ -347,8 +378,11 @@ def _determinize_reference(
     n_classes = len(reps)
     mask_cache: dict[int, list[int]] = {}
 
-    eps = nfa.eps
-    important = [bool(nfa.byte_edges[s] or nfa.call_edges[s]) for s in range(len(eps))]
+    class_masks = [0] * n_classes
+    for b in range(256):
+        class_masks[int(cls[b])] |= 1 << b
+    eps, byte_edges, call_edges = nfa.lists(class_masks)
+    important = [bool(byte_edges[s] or call_edges[s]) for s in range(len(eps))]
     important[accept] = True
     single: dict[int, frozenset[int]] = {}
 
@@ -416,7 +450,7 @@ def _determinize_reference(
             # one NFA state (the common case inside spliced DFAs): its edges have
             # disjoint masks only if it came from a DFA; check, then fill the row per edge
             (s_only,) = cur
-            edges = nfa.byte_edges[s_only]
+            edges = byte_edges[s_only]
             union = 0
             disjoint = True
             for m, _ in edges:
@@ -424,7 +458,7 @@ def _determinize_reference(
                     disjoint = False
                     break
                 union |= m
-            if disjoint and not nfa.call_edges[s_only]:
+            if disjoint and not call_edges[s_only]:
                 row = [-1] * n_classes
                 for m, t in edges:
                     j = intern(closure_of(t))
@@ -436,14 +470,14 @@ def _determinize_reference(
                 i += 1
                 continue
         for s in cur:
-            for m, t in nfa.byte_edges[s]:
+            for m, t in byte_edges[s]:
                 for c in classes_of(m):
                     tgt = by_class.get(c)
                     if tgt is None:
                         by_class[c] = {t}
                     else:
                         tgt.add(t)
-            for r, t in nfa.call_edges[s]:
+            for r, t in call_edges[s]:
                 by_call.setdefault(r, set()).add(t)
         row = [-1] * n_classes
         for c, tgt in by_class.items():
@@ -462,97 +496,35 @@ def _determinize_reference(
 
 def live_states(dfa: RawDFA, productive_rules: set[int]) -> np.ndarray:
     """States from which an accepting state is reachable (calls only to productive rules)."""
-    n = len(dfa.accepting)
-    if n == 0:
-        return dfa.accepting.copy()
-    n_classes = dfa.table.shape[1]
-    src = np.repeat(np.arange(n, dtype=np.int64), n_classes)
-    dst = dfa.table.reshape(-1).astype(np.int64)
-    extra = [(s, t) for s in range(n) for r, t in dfa.calls[s] if r in productive_rules]
-    if extra:
-        e = np.array(extra, dtype=np.int64)
-        src, dst = np.concatenate([src, e[:, 0]]), np.concatenate([dst, e[:, 1]])
-    keep = dst >= 0
-    pairs = np.unique(dst[keep] * n + src[keep])  # reverse edges, grouped by target
-    rt, rs = pairs // n, pairs % n
-    ptr = np.searchsorted(rt, np.arange(n + 1)).tolist()
-    preds = rs.tolist()
-    live = dfa.accepting.copy()
-    work = np.nonzero(live)[0].tolist()
-    lv = live.tolist()
-    while work:
-        t = work.pop()
-        for k in range(ptr[t], ptr[t + 1]):
-            s = preds[k]
-            if not lv[s]:
-                lv[s] = True
-                work.append(s)
-    return np.array(lv, dtype=bool)
+    pairs = [(s, t) for s, cs in enumerate(dfa.calls) for r, t in cs if r in productive_rules]
+    src = np.array([s for s, _ in pairs], dtype=np.int64)
+    dst = np.array([t for _, t in pairs], dtype=np.int64)
+    return live_kernel(np.ascontiguousarray(dfa.table), dfa.accepting.astype(bool), src, dst)
 
 
 def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int], deadline: float | None = None) -> RawDFA:
-    """Merge equivalent states (Hopcroft, :func:`equivalent_blocks`); drop dead states.
-    Start stays state 0.
-
-    Returns a DFA whose states are all live (dead transitions are -1). If the start
-    state is dead the result has zero states.
+    """The minimal DFA of the live part (:func:`~.dfa_kernels.minimize_kernel`: Hopcroft,
+    then breadth-first numbering; calls to unproductive rules dropped). Start stays
+    state 0. Returns a DFA whose states are all live (dead transitions are -1); if the
+    start state is dead, one with zero states.
     """
     n, n_classes = dfa.table.shape
     if not live[0]:
         return RawDFA(np.zeros((0, n_classes), np.int32), np.zeros(0, bool), [])
-    dead = n
-    table = np.where(dfa.table < 0, dead, dfa.table)
-    table = np.where(np.append(live, False)[table], table, dead)
-    table = np.vstack([table, np.full((1, n_classes), dead, dtype=table.dtype)])
-    calls = [[(r, t) for r, t in dfa.calls[s] if r in productive_rules and live[t]] for s in range(n)]
-    calls.append([])
-    acc = np.append(dfa.accepting & live, False)
-    block = acc.astype(np.int64)
-    block[:n][~live] = -1  # dead states in their own block with the sink
-    block[dead] = -1
-    _, block = np.unique(block, return_inverse=True)  # labels 0..k-1 (dead included)
-    block = block.reshape(-1).astype(np.int64)
-    block = equivalent_blocks(table, calls, block, dead)
-    block[:n][~live] = block[dead]  # never reached from a live state: with the dead sink
-    n_blocks = int(block.max()) + 1
-    # renumber: blocks reachable from the start, in BFS order (start first)
-    dead_block = int(block[dead])
-    live_blocks, first = np.unique(block[:n], return_index=True)
-    rep_of = np.full(n_blocks, -1, dtype=np.int64)
-    rep_of[live_blocks] = first
-    bt = block[table[np.maximum(rep_of, 0)]]  # [n_blocks, C] block graph
-    src = np.repeat(np.arange(n_blocks, dtype=np.int64), n_classes)
-    dst = bt.reshape(-1)
-    cext = [(int(block[s_]), int(block[t])) for s_ in range(n) for _, t in calls[s_]]
-    if cext:
-        e = np.array(cext, dtype=np.int64)
-        src, dst = np.concatenate([src, e[:, 0]]), np.concatenate([dst, e[:, 1]])
-    keep = (dst != dead_block) & (rep_of[src] >= 0)
-    pairs = np.unique(src[keep] * n_blocks + dst[keep])
-    es, et = pairs // n_blocks, pairs % n_blocks
-    ptr = np.searchsorted(es, np.arange(n_blocks + 1)).tolist()
-    succ = et.tolist()
-    start_block = int(block[0])
-    order: dict[int, int] = {start_block: 0}
-    queue = [start_block]
-    k = 0
-    while k < len(queue):
-        b = queue[k]
-        k += 1
-        for j in range(ptr[b], ptr[b + 1]):
-            c = succ[j]
-            if c not in order:
-                order[c] = len(queue)
-                queue.append(c)
-    reps = [int(rep_of[b]) for b in queue]
-    block_to_new = np.full(n_blocks, -1, dtype=np.int32)
-    for b, i in order.items():
-        block_to_new[b] = i
-    rep_arr = np.array(reps, dtype=np.int64)
-    new_table = block_to_new[block[table[rep_arr]]].astype(np.int32)
-    new_acc = acc[rep_arr].copy()
-    new_calls = [sorted({(r, int(block_to_new[block[t]])) for r, t in calls[s]}) for s in reps]
-    return RawDFA(new_table, new_acc, new_calls)
+    rules = sorted({r for cs in dfa.calls for r, _ in cs if r in productive_rules})
+    col = {r: j for j, r in enumerate(rules)}
+    calls = np.full((n, len(rules)), -1, dtype=np.int64)
+    for s, cs in enumerate(dfa.calls):
+        for r, t in cs:
+            if r in col:
+                calls[s, col[r]] = t
+    table, acc, out_calls = minimize_kernel(np.ascontiguousarray(dfa.table), dfa.accepting.astype(bool),
+                                            np.asarray(live, dtype=bool), calls)
+    new_calls: list[list[tuple[int, int]]] = [[] for _ in range(len(acc))]
+    if rules:
+        for s, j in zip(*np.nonzero(out_calls >= 0)):
+            new_calls[int(s)].append((rules[int(j)], int(out_calls[s, j])))
+    return RawDFA(table, acc, new_calls)
 
 
 def _moore_blocks(table: np.ndarray, acc: np.ndarray, calls: list, block: np.ndarray) -> np.ndarray:

@@ -96,20 +96,26 @@ def _random_nfa(rng: random.Random, n: int, n_classes: int):
     from deepinfer.constraints.nfa import NFA, Limits
 
     nfa = NFA(Limits(), deadline=float("inf"))
-    for _ in range(n):
-        nfa.new()
+    nfa.new(n)
     for s in range(n):
         for _ in range(rng.randint(0, 2)):
-            nfa.eps[s].append(rng.randrange(n))
+            nfa.add_eps(s, rng.randrange(n))
         for _ in range(rng.randint(0, 3)):
             mask = 0
             for c in range(n_classes):
                 if rng.random() < 0.4:
                     mask |= 1 << c
             if mask:
-                nfa.byte_edges[s].append((mask, rng.randrange(n)))
+                nfa.add_bytes(s, mask, rng.randrange(n))
         if rng.random() < 0.15:
-            nfa.call_edges[s].append((rng.randrange(2), rng.randrange(n)))
+            nfa.add_call(s, rng.randrange(2), rng.randrange(n))
+    if rng.random() < 0.5:  # a spliced DFA's class edges
+        k = rng.randint(1, 6)
+        base = nfa.new(k)
+        src = np.array([base + rng.randrange(k) for _ in range(2 * k)], np.int64)
+        nfa.chunks.append((src, np.array([rng.randrange(n_classes) for _ in src], np.int64),
+                           np.array([rng.randrange(nfa.n) for _ in src], np.int64)))
+        nfa.add_eps(rng.randrange(n), base)
     return nfa
 
 
@@ -122,7 +128,7 @@ def test_numba_determinize_equals_the_python_reference(seed):
     nfa = _random_nfa(rng, rng.randint(1, 30), n_classes)
     cls = np.arange(256, dtype=np.int32) % n_classes  # class c = bytes b with b % n == c
     reps = list(range(n_classes))
-    accept = rng.randrange(len(nfa.eps))
+    accept = rng.randrange(nfa.n)
     fast = determinize(nfa, 0, accept, cls, reps, Limits())
     ref = _determinize_reference(nfa, 0, accept, cls, reps, Limits())
     assert len(fast.accepting) == len(ref.accepting)
@@ -146,3 +152,21 @@ def test_numba_determinize_equals_the_python_reference(seed):
                     iso[a] = b
                     work.append(a)
     assert len(iso) == len(fast.accepting)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_byte_classes_partition_bytes_by_mask_membership(seed):
+    from deepinfer.constraints.nfa import byte_classes, mask_classes
+
+    rng = random.Random(seed)
+    masks = {rng.getrandbits(256) & rng.getrandbits(256) for _ in range(rng.randint(0, 12))}
+    masks |= {1 << rng.randrange(256) for _ in range(rng.randint(0, 4))}
+    cls, reps = byte_classes(masks)
+    member = [tuple((m >> b) & 1 for m in sorted(masks)) for b in range(256)]
+    for a in range(256):
+        for b in range(a, 256, 7):
+            assert (cls[a] == cls[b]) == (member[a] == member[b])
+    assert reps == sorted(reps) and [int(cls[b]) for b in reps] == list(range(len(reps)))
+    for m in masks:  # a mask is a union of whole classes
+        covered = set(mask_classes(m, cls, reps))
+        assert all(((m >> b) & 1) == (int(cls[b]) in covered) for b in range(256))
