@@ -11,12 +11,17 @@ verification step, acceptance by draft source, and whether the outputs are the s
 measured acceptance to benchmarks/dspark_acceptance.json for the device run:
     .venv/bin/python benchmarks/bench_dspark.py [--dtype auto|float32|bfloat16] [--prompts 8]
 
-Device: random weights at Llama-3-8B shape (bf16) cannot produce meaningful drafts' acceptance,
-so it is replayed: the real engine runs (drafts, masks, scheduler, verify forward as CUDA graphs,
-verify kernel), and after the kernel each row's accepted count is redrawn draft by draft with
-the per-source acceptance measured on CPU (the emitted tokens stay valid: accepted drafts plus
-the target's own token at the first rejected position):
-    python benchmarks/bench_dspark.py --device cuda [--batches 1,8,64] [--trace FILE]
+Device: random weights at Llama-3-8B shape (bf16) write random text, in which DSpark finds
+almost nothing to draft (inside a random JSON string nothing is forced and nothing matches the
+prompt): the first H200 run accepted no drafts (1.00 tokens per row-step). So the replay makes
+the random model write each request's answer (``Script``: the real model's answer recorded by
+the CPU run in the trace, else the record as compact JSON), in both modes, and DSpark's drafts
+-- proposed by the real sources on that text -- are accepted draft by draft at the per-class
+rates measured on CPU (``--accept rates``) or where they are the text's own tokens
+(``--accept script``: outputs then equal the plain run's). Everything else is the real engine:
+masks, scheduler, verify forward as CUDA graphs, verify kernel:
+    python benchmarks/bench_dspark.py --device cuda [--batches 1,8,64] [--accept rates|script] [--fixed]
+CPU smoke run of the same path: --replay --shape llama3-small.
 Goals (issue 6): >= 1.5x tokens/s at batch 1, >= 1.0x at batch 64, lossless.
 """
 
@@ -42,6 +47,11 @@ TRACE = os.path.join(HERE, "dspark_acceptance.json")
 # P(draft accepted | the drafts before it were), by confidence class (drafts.K_*: forced, first
 # copied token after a 1 / 2 / 3+ token match, continued copy): used when no trace file exists
 DEFAULT_RATES = [0.9, 0.3, 0.45, 0.6, 0.75]
+# shapes for a quick CPU run of the device path (--replay): the real tokenizers' vocabularies
+SMALL_SHAPES = {
+    "llama3-small": (2, 256, 512, 4, 2, 64, 128256, False, 500000.0),
+    "smollm2-small": (2, 256, 512, 4, 2, 64, 49152, True, 100000.0),
+}
 INSTRUCTION = "Extract the record in the text below as one JSON object that follows the JSON Schema."
 
 
@@ -184,6 +194,8 @@ def bench_cpu(args) -> None:
                          f"{r['emitted'] / r['verify_rows']:.2f}" if r["verify_rows"] else "-",
                          _acc(r, 0), _acc(r, 1), f"{same}/{len(prompts)}", f"{valid}/{len(prompts)}"])  # fmt: skip
             print("  measured", rows[-1], flush=True)
+            if m == "off" and "outputs" not in trace:  # the answers the device replay has its model write
+                trace["outputs"] = {t["name"]: o.text for t, o in zip(tasks, r["outs"])}
             if m == "DSpark":
                 trace[f"batch{batch}"] = {
                     "kinds": [a / max(a + b, 1) for a, b in zip(r["kind_accepted"], r["kind_rejected"])],
@@ -200,40 +212,263 @@ def bench_cpu(args) -> None:
     print(f"\nacceptance (P(draft accepted | earlier drafts accepted), by class) written to {args.trace}")
 
 
-# -- device: random weights, acceptance replayed ---------------------------------------------
-def _replay_dspark(rates: dict, seed: int = 0):
-    """A DSpark whose verify keeps the real kernel's work and then redraws each row's accepted
-    count draft by draft with the measured rate of each draft's confidence class."""
-    import torch
+# -- device: random weights, the real model's text and acceptance replayed -------------------
+class Script:
+    """The text one request's replayed "model" writes (the extraction answer), in bytes.
 
-    from deepinfer import kernels
-    from deepinfer.spec import DSpark
+    Random weights write random text: inside a JSON string nothing is forced and nothing in the
+    prompt matches, so DSpark finds (almost) no drafts and the measured acceptance rates had
+    nothing to apply to (the H200 run's 1.00 tokens per row-step). The replay therefore makes the
+    random model write this text instead -- the answer a real extraction model writes -- so the
+    draft sources see what they see with the real model (forced keys and brackets, spans copied
+    from the prompt). Alignment is by bytes: ``pos`` bytes of the text are written; a token whose
+    bytes continue the text advances it (another tokenization of the same text stays aligned), one
+    that does not (an accepted draft the text does not have) is an insertion and leaves it.
+    """
 
-    class Replay(DSpark):
-        rng = random.Random(seed)
+    def __init__(self, text: str, tokenizer, eos: int) -> None:
+        self.data = text.encode()
+        self.eos = eos
+        self.tok = tokenizer
+        self.ids = tokenizer.encode(text, add_special_tokens=False)
+        self.bytes = _token_bytes(tokenizer)
+        self.at: dict[int, int] = {}  # byte offset -> the token the text's tokenization has there
+        off = 0
+        for t in self.ids:
+            self.at.setdefault(off, t)
+            off += len(self.bytes[t] or b"")
+        self.request, self.pos, self.seen = None, 0, 0  # request, bytes written, output tokens consumed
+        self.jumps: dict[int, int] = {}  # output index -> offset its token was written from (a resync)
 
-        def step(self, llm, plan, masks):
-            self._plan = plan
-            return super().step(llm, plan, masks)
+    def next_token(self, pos: int) -> int:
+        """The token the model writes after ``pos`` bytes (EOS at the end)."""
+        if pos >= len(self.data):
+            return self.eos
+        t = self.at.get(pos)
+        if t is None:  # mid-token (a draft tokenized the text differently): tokenize the rest
+            rest = self.data[pos:].decode(errors="ignore")
+            ids = self.tok.encode(rest, add_special_tokens=False) if rest else []
+            t = self.at[pos] = ids[0] if ids else self.eos
+        return t
 
-        def replay_verify(self, logits, drafts, **kw):
-            out = kernels.verify(logits, drafts, **kw)
-            tokens = out.tokens.tolist()
-            acc = []
-            for b, d in enumerate(self._plan.drafts):
-                a = 0
-                while a < len(d) and self.rng.random() < rates[d.kinds[a]]:
-                    a += 1
-                tokens[b][:a] = d.tokens[:a]  # accepted drafts, then the target's token at a
-                acc.append(a)
-            dev = logits.device
-            t = torch.tensor(tokens, device=dev)
-            a = torch.tensor(acc, device=dev)
-            return kernels.VerifyOutput(a, t.gather(1, a[:, None])[:, 0], t)
+    def later(self, pos: int):
+        """(offset, token) of the text's tokens after ``pos``, then EOS: where the model picks
+        the text up again when an insertion left the constraint refusing its next token."""
+        for off in sorted(o for o in self.at if o > pos):
+            yield off, self.at[off]
+        yield len(self.data), self.eos
+        for off in range(pos, len(self.data)):  # then the text's characters one by one (a '"' that closes)
+            ids = self.tok.encode(chr(self.data[off]), add_special_tokens=False) if self.data[off] < 128 else []
+            if len(ids) == 1:
+                yield off, ids[0]
 
-    d = Replay(True)
-    d.verify_fn = d.replay_verify
-    return d
+    def advance(self, pos: int, token: int) -> int:
+        b = self.bytes[token] if 0 <= token < len(self.bytes) else None
+        return pos + len(b) if b and self.data.startswith(b, pos) else pos
+
+    def sync(self, request_id: int, output_ids: list[int]) -> int:
+        """Consume the tokens request ``request_id`` emitted since the last call (a new request
+        starts the text over); the byte offset now."""
+        if request_id != self.request:
+            self.request, self.pos, self.seen, self.jumps = request_id, 0, 0, {}
+        for i in range(self.seen, len(output_ids)):
+            self.pos = self.advance(self.jumps.pop(i, self.pos), output_ids[i])
+        self.seen = len(output_ids)
+        return self.pos
+
+    def resync(self, pos: int, index: int, allowed, matcher=None) -> int | None:
+        """The first of the text's later tokens that ``allowed(token)`` takes, to be output token
+        ``index``, written from its offset (the text picked up again); failing that (an inserted
+        key the text does not have), what the constraint forces there (``matcher``), then a
+        closing character; None if nothing is allowed."""
+        for off, t in self.later(pos):
+            if allowed(t):
+                self.jumps[index] = off
+                return t
+        forced = list(forced_tokens(matcher)[:1]) if matcher is not None else []
+        for t in forced + self.closers():
+            if allowed(t):
+                return t
+        return None
+
+    def closers(self) -> list[int]:
+        if not hasattr(self, "_closers"):
+            ids = [self.tok.encode(c, add_special_tokens=False) for c in '"}],:0']
+            self._closers = [i[0] for i in ids if len(i) == 1]
+        return self._closers
+
+
+_TOKEN_BYTES: dict[int, list] = {}
+
+
+def forced_tokens(matcher) -> tuple[int, ...]:
+    from deepinfer.spec.drafts import forced_tokens as memo
+
+    return memo(matcher)
+
+
+def _token_bytes(tokenizer) -> list:
+    key = id(tokenizer)
+    if key not in _TOKEN_BYTES:
+        _TOKEN_BYTES[key] = tokenizer.token_bytes()
+    return _TOKEN_BYTES[key]
+
+
+def _allowed(row, token: int) -> bool:
+    """Bit ``token`` of an int32 bitmask row (numpy or torch, host)."""
+    return token >= 0 and token < 32 * len(row) and bool((int(row[token >> 5]) >> (token & 31)) & 1)
+
+
+class Replay:
+    """The replay harness: requests (keyed by seed) write their ``Script``; DSpark's drafts are
+    accepted at the measured rates.
+
+    ``install(llm)``: plain decode steps (off mode, and DSpark's steps left plain) run the real
+    sampler, then emit the script's next token where the row's mask allows it. ``dspark(...)``: a
+    DSpark whose verify runs the real kernel on the real logits, then decides each row's accepted
+    count on the drafts the step actually proposed (``plan.drafts``, truncated to the verified
+    positions): ``accept="rates"`` draft by draft with the rate of its confidence class (the CPU
+    measurement), ``accept="script"`` while the draft is the script's token there (the text
+    replayed exactly; outputs then equal the plain run's). The bonus is the script's token at the
+    first rejected position when that position's mask allows it, else the kernel's own token
+    there (which its mask allows). Accepted drafts were walked through the constraint when they
+    were proposed and when the masks were filled, so the matcher, ``num_cached`` and the KV
+    entries follow from ``DSpark.step`` as with a real model.
+    """
+
+    def __init__(self, scripts: dict[int, Script], rates=None, accept: str = "rates", seed: int = 0) -> None:
+        if accept not in ("rates", "script"):
+            raise ValueError(f"accept must be 'rates' or 'script', got {accept!r}")
+        self.scripts, self.rates, self.accept = scripts, list(rates or DEFAULT_RATES), accept
+        self.rng = random.Random(seed)
+        self.script_tokens = self.fallback_tokens = 0  # plain-step tokens from the script / the sampler
+
+    def install(self, llm) -> None:
+        sample = llm.__class__._sample.__get__(llm)
+
+        def scripted_sample(seqs, logits, host, constrained):
+            tokens = sample(seqs, logits, host, constrained)
+            rows = set(constrained)
+            for i, s in enumerate(seqs):
+                sc = self.scripts.get(s.seed)
+                if sc is None or s.is_finished:
+                    continue
+                pos = sc.sync(s.request_id, s.output_token_ids)
+                t = sc.next_token(pos)
+                if i in rows:
+                    row = host[i].numpy()
+                    if not _allowed(row, t):
+                        t = sc.resync(pos, len(s.output_token_ids), lambda x, row=row: _allowed(row, x), s.constraint)
+                if t is None:
+                    self.fallback_tokens += 1
+                else:
+                    tokens[i] = t
+                    self.script_tokens += 1
+            return tokens
+
+        llm._sample = scripted_sample
+
+    def dspark(self, config=True):
+        import torch
+
+        from deepinfer import kernels
+        from deepinfer.spec import DSpark
+
+        replay = self
+
+        class ReplayDSpark(DSpark):
+            def step(self, llm, plan, masks):
+                self._plan = plan
+                return super().step(llm, plan, masks)
+
+            def replay_verify(self, logits, drafts, *, bitmask=None, indices=None, **kw):
+                out = kernels.verify(logits, drafts, bitmask=bitmask, indices=indices, **kw)  # the real work
+                tokens = out.tokens.tolist()
+                plan = self._plan
+                assert len(plan.drafts) == len(tokens) and all(len(d) < len(r) for d, r in zip(plan.drafts, tokens))
+                acc, want, pos_at = [], [], []
+                for s, d in zip(plan.seqs, plan.drafts):
+                    sc = replay.scripts.get(s.seed)
+                    pos = sc.sync(s.request_id, s.output_token_ids) if sc is not None else 0
+                    a = 0
+                    while a < len(d):
+                        t = d.tokens[a]
+                        if replay.accept == "rates":
+                            ok = replay.rng.random() < replay.rates[d.kinds[a]]
+                        else:
+                            ok = sc is not None and t == sc.next_token(pos)
+                        if not ok:
+                            break
+                        if sc is not None:
+                            pos = sc.advance(pos, t)
+                        a += 1
+                    acc.append(a)
+                    want.append(sc.next_token(pos) if sc is not None else -1)
+                    pos_at.append(pos)
+                dev = logits.device
+                if bitmask is None:
+                    rows = set()
+                elif indices is None:
+                    rows = set(range(len(tokens)))
+                else:
+                    rows = set(indices.tolist() if hasattr(indices, "tolist") else indices)
+                ok = {b: b not in rows for b, t in enumerate(want) if t >= 0}  # unconstrained rows: any token
+                check = [b for b, v in ok.items() if not v]
+                if check:  # the words holding the wanted tokens' bits at their positions: one small read
+                    i = torch.tensor([[b, acc[b], want[b] >> 5] for b in check], dtype=torch.int64).to(dev)
+                    words = bitmask[i[:, 0], i[:, 1], i[:, 2]].tolist()
+                    ok.update((b, bool((w >> (want[b] & 31)) & 1)) for b, w in zip(check, words))
+                for b, (s, a) in enumerate(zip(plan.seqs, acc)):
+                    d = plan.drafts[b].tokens
+                    tokens[b][:a] = d[:a]  # the accepted drafts, then the bonus at a
+                    t = want[b] if ok.get(b) else None
+                    if ok.get(b) is False:  # refused (an accepted draft the text lacks): pick the text up again
+                        t = _resync_after(s, replay.scripts[s.seed], d[:a], pos_at[b])
+                    if t is None:
+                        replay.fallback_tokens += 1  # the kernel's own token there
+                    else:
+                        tokens[b][a] = t
+                        replay.script_tokens += 1
+                t = torch.tensor(tokens, dtype=torch.int64, device=dev)
+                a = torch.tensor(acc, dtype=torch.int64, device=dev)
+                return kernels.VerifyOutput(a, t.gather(1, a[:, None])[:, 0], t)
+
+        d = ReplayDSpark(config)
+        d.verify_fn = d.replay_verify
+        return d
+
+
+def _resync_after(s, sc: Script, accepted: list[int], pos: int) -> int | None:
+    """``Script.resync`` for the bonus after ``accepted`` drafts, asking the request's matcher
+    (advanced along the drafts, then rolled back: it ends as it started)."""
+    m = s.constraint
+    n = 0
+    try:
+        for t in accepted:
+            if not m.accept(t):
+                return None
+            n += 1
+
+        def allowed(t: int) -> bool:
+            if m.accept(t):
+                m.rollback(1)
+                return True
+            return False
+
+        return sc.resync(pos, len(s.output_token_ids) + len(accepted), allowed, m)
+    finally:
+        m.rollback(n)
+
+
+def scripts_for(tasks: list[dict], n: int, tokenizer, eos: int, outputs: dict | None = None) -> dict[int, Script]:
+    """seed i -> the script of task i % len(tasks): the real model's recorded answer where the
+    trace has one, else the record as JSON."""
+    out = {}
+    for i in range(n):
+        task = tasks[i % len(tasks)]
+        text = (outputs or {}).get(task["name"]) or json.dumps(task["data"], ensure_ascii=False, separators=(",", ":"))
+        out[i] = Script(text, tokenizer, eos)
+    return out
 
 
 def bench_device(args) -> None:
@@ -247,41 +482,57 @@ def bench_device(args) -> None:
 
     trace = json.load(open(args.trace)) if os.path.exists(args.trace) else {}
     rates = (trace.get("batch1") or {}).get("kinds") or DEFAULT_RATES
-    L, H, I, nh, nkv, hd, V, tied, theta = SHAPES[args.shape]
-    tok, eos, _ = _tokenizer_for(args.shape)
+    shapes = {**SHAPES, **SMALL_SHAPES}
+    L, H, I, nh, nkv, hd, V, tied, theta = shapes[args.shape]
+    tok, eos, _ = _tokenizer_for("smollm2-135m" if V == 49152 else "llama3-8b")
     cfg = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
                       num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
                       max_position_embeddings=4096)  # fmt: skip
-    w = _random_weights(SHAPES[args.shape], torch.device(args.device), torch.bfloat16)
+    w = _random_weights(shapes[args.shape], torch.device(args.device), torch.bfloat16)
     loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=f"random {args.shape}", eos_token_ids=eos)
     llm = LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=max(args.batches), max_model_len=2048,
               seed=0)  # fmt: skip
     tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s)))
     base_prompts = [llm.tokenizer.encode(prompt_text(t)) for t in tasks]
-    print(f"device {args.device}, {args.shape} random weights bf16; replayed acceptance {rates} "
-          f"({trace.get('source', 'default rates: no trace file')})", flush=True)
+    recorded = trace.get("outputs") or {}
+    print(f"device {args.device}, {args.shape} random weights bf16, {len(tasks)} tasks "
+          f"({sum(t['name'] in recorded for t in tasks)} with the real model's recorded answer, the rest the record "
+          f"as JSON); acceptance {'replayed ' + str([round(r, 3) for r in rates]) if args.accept == 'rates' else 'by the script'} "
+          f"({trace.get('source', 'default rates: no trace file')})", flush=True)  # fmt: skip
     rows = []
     for batch in args.batches:
         n = max(batch, len(tasks))  # batch 1: every task, one after another
         prompts = [base_prompts[i % len(tasks)] for i in range(n)]
         params = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens,
                                  json_schema=tasks[i % len(tasks)]["schema"]) for i in range(n)]  # fmt: skip
-        modes = {"off": False, "DSpark (replayed)": _replay_dspark(rates)}
+        replay = Replay(scripts_for(tasks, n, llm.tokenizer, eos[0], recorded), rates, args.accept)
+        replay.install(llm)  # both modes write the scripts
+        modes = {"off": False, "DSpark (replayed)": replay.dspark(_dspark_setting(args))}
         for setting in modes.values():  # warm-up: graph captures for the buckets this batch uses
             _generate(llm, prompts[:batch], params[:batch], setting)
         res = measure(llm, prompts, params, batch, modes)
         base_tps = None
         for m, r in res.items():
-            n = sum(len(o.token_ids) for o in r["outs"])
-            tps = (n - len(prompts)) / r["decode"]
+            n_tok = sum(len(o.token_ids) for o in r["outs"])
+            tps = (n_tok - len(prompts)) / r["decode"]
             base_tps = base_tps or tps
-            rows.append([batch, m, n, f"{tps:.1f}", f"{tps / base_tps:.2f}x",
-                         f"{(n - len(prompts)) / max(r['rows'], 1):.2f}",
-                         f"{r['emitted'] / r['verify_rows']:.2f}" if r["verify_rows"] else "-"])  # fmt: skip
+            valid = sum(o.parsed is not None for o in r["outs"])
+            rows.append([batch, m, n_tok, f"{tps:.1f}", f"{tps / base_tps:.2f}x",
+                         f"{(n_tok - len(prompts)) / max(r['rows'], 1):.2f}",
+                         f"{r['emitted'] / r['verify_rows']:.2f}" if r["verify_rows"] else "-",
+                         f"{r['verify_rows']}/{r['rows']}", _acc(r, 0), _acc(r, 1), f"{valid}/{len(prompts)}"])  # fmt: skip
             print("  measured", rows[-1], flush=True)
-    print(f"\n{args.device}, {args.shape} (random weights, bf16), seeded sampling, max_tokens {args.max_tokens}; "
-          f"decode tokens/s (prefill subtracted), acceptance replayed from the CPU measurement")
-    _table(["batch", "mode", "tokens", "tok/s", "vs off", "tok/row-step", "tok/verify step"], rows)
+        print(f"  script tokens {replay.script_tokens}, sampler's where the mask refused the script "
+              f"{replay.fallback_tokens}", flush=True)
+    print(f"\n{args.device}, {args.shape} (random weights, bf16) writing the extraction answers, seeded sampling, "
+          f"max_tokens {args.max_tokens}; decode tokens/s (prefill subtracted); acceptance "
+          f"{'replayed from the CPU measurement' if args.accept == 'rates' else 'of the scripts exactly'}")
+    _table(["batch", "mode", "tokens", "tok/s", "vs off", "tok/row-step", "tok/verify step", "verify rows",
+            "forced acc", "n-gram acc", "valid"], rows)
+
+
+def _dspark_setting(args):
+    return {"schedule": "fixed"} if args.fixed else True
 
 
 def main() -> None:
@@ -293,10 +544,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--trace", default=TRACE)
-    ap.add_argument("--fixed", action="store_true", help="CPU: also DSpark with schedule='fixed'")
+    ap.add_argument("--fixed", action="store_true",
+                    help="CPU: also DSpark with schedule='fixed'; device: the replayed DSpark verifies every draft")
     ap.add_argument("--reference-sampler", action="store_true",
                     help="CPU: keep the engine's sampler for plain decode steps (see greedy_by_argmax)")
     ap.add_argument("--replay", action="store_true", help="the random-weights replay on any device (smoke test)")
+    ap.add_argument("--accept", default="rates", choices=["rates", "script"],
+                    help="device: drafts accepted at the measured rates, or where they are the script's tokens")
     args = ap.parse_args()
     if args.device == "cpu" and not args.replay:
         args.batches = [int(x) for x in (args.batches or "1,8").split(",")]

@@ -309,3 +309,84 @@ def test_settings():
         DSparkConfig(default="sometimes")
     with pytest.raises(ValueError, match="speculative must be a bool or None"):
         SamplingParams(speculative="yes")
+
+
+# -- the device benchmark's replay harness (benchmarks/bench_dspark.py) ----------------------------
+PEOPLE = [("Alice Smith", 31, ["chess", "tea"], "Paris"), ("Carla Rossi", 27, ["opera", "pasta", "football"], "Rome"),
+          ("Bruno Keller", 45, ["hiking"], "Berlin"), ("Dana Ortiz", 38, ["tennis", "jazz music"], "Madrid")]  # fmt: skip
+
+
+def _replay_setup(llm, n):
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    import bench_dspark
+
+    tasks, prompts = [], []
+    for i in range(n):
+        name, age, tags, city = PEOPLE[i % len(PEOPLE)]
+        data = {"name": name, "age": age, "tags": tags, "city": city}
+        tasks.append({"name": f"p{i}", "data": data})
+        text = f"name: {name}\nage: {age}\ntags:\n" + "".join(f"- {t}\n" for t in tags) + f"city: {city}\n"
+        prompts.append(llm.tokenizer.encode(f"Record as JSON.\n{text}"))
+    scripts = bench_dspark.scripts_for(tasks, n, llm.tokenizer, llm.tokenizer.eos_token_ids[0])
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=60, json_schema=SCHEMA) for i in range(n)]
+    want = [json.dumps(t["data"], separators=(",", ":")) for t in tasks]
+    return bench_dspark, scripts, prompts, params, want
+
+
+def test_replay_writes_the_scripts_and_accepts_drafts(tiny):
+    """The random model writes each request's script (the extraction answer) in plain decoding;
+    with acceptance by the script, the replayed DSpark emits exactly the same tokens (drafts
+    checked against the text, bonus = the text's token), with drafts of both sources accepted."""
+    bench, scripts, prompts, params, want = _replay_setup(tiny, 8)
+    replay = bench.Replay(scripts, accept="script")
+    replay.install(tiny)
+    try:
+        base, _ = _tiny_run(tiny, False, params, prompts)
+        assert [tiny.tokenizer.decode(b) for b in base] == want and replay.fallback_tokens == 0
+        tiny.dspark = replay.dspark({"schedule": "fixed"})
+        outs = tiny.generate(prompts, params, use_tqdm=False)
+        st = tiny.dspark.stats
+    finally:
+        del tiny._sample  # the class's sampler again
+    assert [o.token_ids for o in outs] == base and all(o.parsed is not None for o in outs)
+    assert st.accepted[FORCED] > 20 and st.accepted[NGRAM] > 10, st
+    assert st.tokens_per_row_step > 1.5, st.tokens_per_row_step
+
+
+def test_replay_accepts_drafts_at_the_configured_rates(tiny):
+    """accept="rates": each proposed draft is accepted with its confidence class's rate (the
+    H200 run accepted none: random text left nothing to draft, fixed by the scripts); the
+    requests still end valid, and the KV / matcher bookkeeping holds (num_cached == len - 1)."""
+    bench, scripts, prompts, params, _ = _replay_setup(tiny, 16)
+    rates = [0.9, 0.5, 0.6, 0.7, 0.8]
+    replay = bench.Replay(scripts, rates, accept="rates", seed=1)
+    replay.install(tiny)
+    dspark = replay.dspark({"schedule": "fixed"})
+    seen = []
+    step = type(dspark).step
+
+    def spy(self, llm, plan, masks):
+        done = step(self, llm, plan, masks)
+        seen.extend(s.num_cached == len(s) - 1 for s in plan.seqs if not s.is_finished)
+        return done
+
+    type(dspark).step = spy
+    try:
+        tiny.dspark = dspark
+        outs = tiny.generate(prompts, params, use_tqdm=False)
+    finally:
+        del tiny._sample  # the class's sampler again
+        type(dspark).step = step
+    st = dspark.stats
+    assert seen and all(seen)
+    assert all(o.error is None for o in outs) and sum(o.parsed is not None for o in outs) >= 12
+    for kind, rate in enumerate(rates):
+        a, r = st.kind_accepted[kind], st.kind_rejected[kind]
+        if a + r >= 40:
+            assert abs(a / (a + r) - rate) < 0.12, (kind, a, r, rate)
+    assert st.kind_accepted[K_FORCED] + st.kind_rejected[K_FORCED] >= 40
+    assert st.verify_steps > 0 and st.tokens_per_row_step > 1.5, st
