@@ -472,6 +472,70 @@ def _minimize_py(table, accepting, live, calls):
     return out, out_acc, out_calls
 
 
+def _product_py(t1, a1, t2, a2, mode_diff, max_states):
+    """Reachable product of two call-free DFAs over the same classes (``t2`` may have no
+    states: then every pair is (p, dead)). ``mode_diff``: accept where ``a1`` and not
+    ``a2``; else where both accept. Returns (status, table, accepting); status 1: over
+    ``max_states``."""
+    n1, k = t1.shape
+    n2 = t2.shape[0]
+    w = n2 + 1  # pair key = p * w + (q + 1), q = -1 for dead
+    cap = 1024
+    slots = np.full(cap, -1, dtype=np.int64)
+    pair_key = np.empty(64, dtype=np.int64)
+    table = np.full((64, k), -1, dtype=np.int32)
+    acc = np.zeros(64, dtype=np.bool_)
+    pair_key[0] = 0 * w + (1 if n2 > 0 else 0)
+    slots[(pair_key[0] * 0x9E3779B1) & (cap - 1)] = 0
+    n = 1
+    i = 0
+    while i < n:
+        p = pair_key[i] // w
+        q = pair_key[i] - p * w - 1
+        acc[i] = a1[p] and not (q >= 0 and a2[q]) if mode_diff else a1[p] and q >= 0 and a2[q]
+        for c in range(k):
+            p2 = t1[p, c]
+            if p2 < 0:
+                continue
+            q2 = t2[q, c] if q >= 0 else -1
+            if q2 < 0 and not mode_diff:
+                continue
+            key = p2 * w + q2 + 1
+            slot = (key * 0x9E3779B1) & (cap - 1)
+            j = -1
+            while slots[slot] >= 0:
+                if pair_key[slots[slot]] == key:
+                    j = slots[slot]
+                    break
+                slot = (slot + 1) & (cap - 1)
+            if j < 0:
+                if n >= max_states:
+                    return 1, table[:n], acc[:n]
+                j = n
+                pair_key = _grow(pair_key, n + 1)
+                pair_key[j] = key
+                slots[slot] = j
+                n += 1
+                if table.shape[0] < n:
+                    t3 = np.full((2 * table.shape[0], k), -1, dtype=np.int32)
+                    t3[: table.shape[0]] = table
+                    table = t3
+                    a3 = np.zeros(2 * acc.shape[0], dtype=np.bool_)
+                    a3[: acc.shape[0]] = acc
+                    acc = a3
+                if 2 * n > cap:
+                    cap *= 2
+                    slots = np.full(cap, -1, dtype=np.int64)
+                    for j2 in range(n):
+                        sl = (pair_key[j2] * 0x9E3779B1) & (cap - 1)
+                        while slots[sl] >= 0:
+                            sl = (sl + 1) & (cap - 1)
+                        slots[sl] = j2
+            table[i, c] = j
+        i += 1
+    return 0, table[:n], acc[:n]
+
+
 if njit is not None:
     _grow = njit(cache=True, nogil=True)(_grow)
     _hash_run = njit(cache=True, nogil=True)(_hash_run)
@@ -479,7 +543,9 @@ if njit is not None:
     determinize_kernel = njit(cache=True, nogil=True)(_determinize_py)
     hopcroft = njit(cache=True, nogil=True)(_hopcroft_py)
     live_kernel = njit(cache=True, nogil=True)(_live_py)
+    product_kernel = njit(cache=True, nogil=True)(_product_py)
 else:  # pragma: no cover
+    product_kernel = _product_py
     determinize_kernel = _determinize_py
     hopcroft = _hopcroft_py
     live_kernel = _live_py

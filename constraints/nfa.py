@@ -14,7 +14,7 @@ from itertools import chain
 
 import numpy as np
 
-from .dfa_kernels import determinize_kernel, hopcroft, live_kernel, minimize_kernel
+from .dfa_kernels import determinize_kernel, hopcroft, live_kernel, minimize_kernel, product_kernel
 from .errors import ConstraintError, ConstraintTooComplex
 from .ir import Alt, And, ByteSet, Diff, Expr, Ref, Repeat, Seq
 
@@ -122,10 +122,6 @@ class FragmentBuilder:
         self.reps = reps
         self.dfa_memo = dfa_memo if dfa_memo is not None else {}
         self.class_memo: dict[int, list[int]] = {}
-        if cls is not None and reps is not None:
-            self.class_masks = [0] * len(reps)
-            for b in range(256):
-                self.class_masks[int(cls[b])] |= 1 << b
 
     def ref_free(self, e: Expr) -> bool:
         return not e._refs
@@ -581,46 +577,15 @@ def _partition(sig: np.ndarray, coef: np.ndarray) -> np.ndarray:
 def product(d1: RawDFA, d2: RawDFA, mode: str, limits: Limits, deadline: float) -> RawDFA:
     """Product of two call-free DFAs over the same classes: ``"and"`` (both accept) or
     ``"diff"`` (``d1`` accepts, ``d2`` does not). Returns it minimised."""
-    n_classes = d1.table.shape[1]
     if len(d1.accepting) == 0:
         return d1
-    t1 = d1.table.tolist()
-    t2 = d2.table.tolist() if len(d2.accepting) else []
-    index = {(0, 0 if t2 else -1): 0}
-    pairs = [(0, 0 if t2 else -1)]
-    rows: list[list[int]] = []
-    acc: list[bool] = []
-    i = 0
-    while i < len(pairs):
-        if (i & 255) == 0 and time.monotonic() > deadline:
-            raise ConstraintTooComplex("constraint took too long to compile (intersection)")
-        p, q = pairs[i]
-        i += 1
-        row = [-1] * n_classes
-        rp = t1[p]
-        rq = t2[q] if q >= 0 else None
-        for c in range(n_classes):
-            p2 = rp[c]
-            if p2 < 0:
-                continue
-            q2 = rq[c] if rq is not None else -1
-            if q2 < 0 and mode == "and":
-                continue
-            key = (p2, q2)
-            j = index.get(key)
-            if j is None:
-                j = len(pairs)
-                if j >= limits.max_dfa_states:
-                    raise ConstraintTooComplex(
-                        f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
-                    )
-                index[key] = j
-                pairs.append(key)
-            row[c] = j
-        rows.append(row)
-        a1 = bool(d1.accepting[p])
-        a2 = q >= 0 and bool(d2.accepting[q])
-        acc.append(a1 and a2 if mode == "and" else a1 and not a2)
-    raw = RawDFA(np.array(rows, dtype=np.int32).reshape(len(rows), n_classes), np.array(acc, dtype=bool),
-                 [[] for _ in rows])
+    t2 = d2.table if len(d2.accepting) else np.zeros((0, d1.table.shape[1]), np.int32)
+    status, table, acc = product_kernel(np.ascontiguousarray(d1.table), d1.accepting.astype(bool),
+                                        np.ascontiguousarray(t2), d2.accepting.astype(bool), mode == "diff",
+                                        limits.max_dfa_states)
+    if status:
+        raise ConstraintTooComplex(
+            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+        )
+    raw = RawDFA(table, acc, [[] for _ in range(len(acc))])
     return minimize(raw, live_states(raw, set()), set(), deadline)

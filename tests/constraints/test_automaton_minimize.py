@@ -170,3 +170,20 @@ def test_byte_classes_partition_bytes_by_mask_membership(seed):
     for m in masks:  # a mask is a union of whole classes
         covered = set(mask_classes(m, cls, reps))
         assert all(((m >> b) & 1) == (int(cls[b]) in covered) for b in range(256))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_product_accepts_the_intersection_or_difference(seed):
+    from deepinfer.constraints.nfa import Limits, product
+
+    rng = random.Random(seed)
+    k = rng.randint(1, 3)
+    d1 = random_dfa(rng, rng.randint(1, 12), k, cyclic=True)
+    d2 = random_dfa(rng, rng.randint(0, 12), k, cyclic=True)
+    for mode in ("and", "diff"):
+        p = product(d1, d2, mode, Limits(), float("inf"))
+        for _ in range(300):
+            w = [rng.randrange(k) for _ in range(rng.randint(0, 8))]
+            a, b = run(d1, w), len(d2.accepting) > 0 and run(d2, w)
+            want = (a and b) if mode == "and" else (a and not b)
+            assert (len(p.accepting) > 0 and run(p, w)) == want, (mode, w)
