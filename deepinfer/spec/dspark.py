@@ -26,7 +26,7 @@ import torch
 from .. import kernels
 from .config import DSparkConfig
 from .drafts import FORCED, NGRAM, Drafts, NgramIndex, forced_tokens, propose
-from .scheduler import CostModel, RequestStats, choose_positions
+from .scheduler import CostModel, RequestStats, choose
 from .verify import Verifier
 
 DEVICE_SLOPE = {"cpu": 0.2, "cuda": 0.005}
@@ -48,6 +48,7 @@ class DSparkStats:
     kind_accepted: list[int] = field(default_factory=lambda: [0] * 5)  # by confidence class (drafts.K_*)
     kind_rejected: list[int] = field(default_factory=lambda: [0] * 5)
     emitted: int = 0  # tokens emitted by verify steps (accepted drafts + bonus)
+    probes: int = 0  # verify steps taken to measure a shape predicted not to pay
     accept_hist: dict[tuple[int, int], int] = field(default_factory=dict)  # (drafts, accepted) -> rows
 
     def reset(self) -> None:
@@ -101,8 +102,10 @@ class DSpark:
         self._preferred: dict[int, int] = {}  # first forced token -> the model's token instead
         self._cost: CostModel | None = None
         self._verifier: Verifier | None = None
-        self._last: tuple[float, str, int, frozenset[int]] | None = None  # previous step: time, path, tokens, ids
+        # previous step: start time, path, tokens in its forward, request ids, rows
+        self._last: tuple[float, str, int, frozenset[int], int] | None = None
         self._step = 0
+        self._last_probe = -(1 << 30)  # step of the last probe of a verify shape (scheduler.choose)
 
     # -- which requests ---------------------------------------------------------------------
     def speculates(self, s, deterministic: bool = False) -> bool:
@@ -122,13 +125,14 @@ class DSpark:
         ids = frozenset(s.request_id for s in running)
         cost = self._cost_model(llm)
         if self._last is not None and ids <= self._last[3]:  # no prefill since: a clean interval
-            cost.observe(self._last[1], self._last[2], now - self._last[0])
+            t0, path, tokens, _, rows = self._last
+            cost.observe(path, tokens, now - t0, rows=rows, step=self._step)
         self._step += 1
         spec = [self.speculates(s, getattr(llm, "deterministic", False)) for s in running]
         if not any(spec):
             self.stats.decode_steps += 1
             self.stats.plain_rows += len(running)
-            self._last = (now, "decode", len(running), ids)
+            self._last = (now, "decode", len(running), ids, len(running))
             return None
         self._forget(ids)
         cfg = self.config
@@ -155,15 +159,19 @@ class DSpark:
         else:
             conf = [self._requests[s.request_id].stats.confidence(d.kinds) if d else [] for s, d in
                     zip(running, drafts)]  # fmt: skip
-            T = choose_positions(conf, cost, budget)
+            c = choose(conf, cost, budget, step=self._step, last_probe=self._last_probe)
+            T = c.T
+            if c.probe:
+                self._last_probe = self._step
+                self.stats.probes += 1
         if T == 1:
             self.stats.decode_steps += 1
             self.stats.plain_rows += len(running)
-            self._last = (now, "decode", len(running), ids)
+            self._last = (now, "decode", len(running), ids, len(running))
             return None
         for d in drafts:
             d.truncate(T - 1)
-        self._last = (now, "verify", len(running) * T, ids)
+        self._last = (now, "verify", len(running) * T, ids, len(running))
         return Plan(list(running), drafts, T)
 
     def step(self, llm, plan: Plan, masks) -> list:

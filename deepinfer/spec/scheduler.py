@@ -1,4 +1,5 @@
-"""Confidence-scheduled verification: how many draft positions each step verifies.
+"""Confidence-scheduled verification: how many draft positions each step verifies, and
+whether a step drafts at all.
 
 Confidence of a draft = the probability that it is accepted given that the drafts before it
 were: per request and per source, an exponential moving average of observed acceptance
@@ -9,10 +10,15 @@ where T maximises
 
     expected tokens per second = (B + sum_b sum_{j < T} g_{b,j}) / cost(B, T)
 
-with T = 1 meaning a plain decode step (no drafts). ``cost`` is fit online from measured step
-times (``CostModel``), so the choice follows the device: on a GPU a few more positions cost
-almost nothing and long draft runs pay; on a CPU each position costs compute and only confident
-drafts pay. A source whose acceptance falls below ``min_acceptance`` is switched off for its
+with T = 1 meaning a plain decode step (no drafts; on CUDA the decode graphs). ``cost`` is
+measured online (``CostModel``): the wall time of whole steps, an exponential moving average per
+(path, batch bucket, width bucket), so the decision compares this device's verify step at this
+batch with its own decode step there; shapes not measured yet are predicted by a linear fit.
+A step drafts only when its expected tokens per second beat plain decoding's (gain > 1): on a
+GPU at a large batch, where a verify forward of K+1 positions costs more than a CUDA-graph
+decode step, drafting turns itself off unless the drafts are confident enough to pay for it.
+A shape that looks too expensive is probed again now and then (``PROBE_GAP``, ``PROBE_AGE``).
+A source whose acceptance falls below ``min_acceptance`` is switched off for its
 request and probed again after a back-off that doubles each time: drafting is turned off where
 it does not pay.
 """
@@ -120,42 +126,136 @@ class _Fit:
         return max(a, 0.0), max(b, 0.0)
 
 
+def batch_bucket(B: int) -> int:
+    """Rows rounded up to a power of two (the decode graphs' buckets are close to these)."""
+    return 1 << max(B - 1, 0).bit_length()
+
+
+def width_bucket(T: int) -> int:
+    """Positions per row rounded up to the verify graphs' buckets (graphs.T_BUCKETS)."""
+    from .graphs import t_bucket
+
+    return t_bucket(T) if T > 1 else 1
+
+
+class StepTime:
+    """Measured seconds of one step shape: an exponential moving average (EMA_RATE a sample;
+    the first sample of a shape is dropped -- on CUDA it includes the graph capture -- and
+    outliers are clipped to OUTLIER x the average)."""
+
+    __slots__ = ("mean", "samples", "last")
+
+    def __init__(self) -> None:
+        self.mean, self.samples, self.last = 0.0, 0, -1
+
+    def observe(self, seconds: float, step: int) -> bool:
+        """Fold a sample in; False for the dropped first one."""
+        self.samples += 1
+        self.last = step
+        if self.samples == 1:
+            return False
+        if self.samples == 2:
+            self.mean = seconds
+        else:
+            self.mean += EMA_RATE * (min(seconds, OUTLIER * self.mean) - self.mean)
+        return True
+
+    @property
+    def measured(self) -> bool:
+        return self.samples >= 2
+
+
+EMA_RATE = 0.1
+OUTLIER = 3.0
+PROBE_GAP = 64  # plain steps between probes of a verify shape the model thinks does not pay
+PROBE_AGE = 512  # steps after which a verify shape's measurement is probed again
+
+
 class CostModel:
-    """Seconds per step as a + b * (tokens in the forward), one fit per path ("decode": the
-    engine's own decode step; "verify": DSpark's multi-position forward)."""
+    """Seconds per step, measured online by the engine (per LLM, so per device).
+
+    ``times[(path, batch bucket, width bucket)]``: an EMA of the measured wall time of whole
+    steps ("decode": the engine's own decode step, CUDA graphs where it replays them, width 1;
+    "verify": DSpark's multi-position forward of T positions a row, with its masks and kernel).
+    Shapes not measured yet are predicted by ``a + b * (tokens in the forward)``, one fit per
+    path (the other path's fit, then the prior ``slope``, before any sample).
+    """
 
     def __init__(self, slope: float) -> None:
         self.slope = slope
         self.fits = {"decode": _Fit(slope), "verify": _Fit(slope)}
+        self.times: dict[tuple[str, int, int], StepTime] = {}
 
-    def observe(self, path: str, tokens: int, seconds: float) -> None:
+    def observe(self, path: str, tokens: int, seconds: float, rows: int | None = None, step: int = 0) -> None:
+        """A measured step: ``tokens`` = rows x positions in its forward (``rows`` = its batch)."""
+        if rows is not None:
+            key = (path, batch_bucket(rows), width_bucket(max(tokens // max(rows, 1), 1)))
+            if not self.times.setdefault(key, StepTime()).observe(seconds, step):
+                return  # a shape's first step: kept out of the fit too
         self.fits[path].observe(float(tokens), seconds)
 
     def predict(self, path: str, tokens: int) -> float:
-        """Predicted seconds (or, before any measurement, the prior in units of the fixed cost)."""
+        """The linear fit's seconds (or, before any measurement, the prior in units of the fixed cost)."""
         coef = self.fits[path].coefficients() or self.fits["decode" if path == "verify" else "verify"].coefficients()
         a, b = coef if coef is not None else (1.0, self.slope)
         return a + b * tokens
 
+    def measured(self, path: str, B: int, T: int) -> StepTime | None:
+        t = self.times.get((path, batch_bucket(B), width_bucket(T)))
+        return t if t is not None and t.measured else None
 
-def choose_positions(confidence: list[list[float]], cost: CostModel, max_tokens: int) -> int:
-    """T in 1..max(len)+1 maximising expected tokens per second (T = 1: plain decode).
+    def step_seconds(self, path: str, B: int, T: int) -> float:
+        """Seconds of a step of B rows x T positions: measured where this shape was, else the fit."""
+        t = self.measured(path, B, T)
+        if t is not None:
+            return t.mean
+        return self.predict(path, B * width_bucket(T))  # the graphs run the bucketed width
 
-    confidence[b] = g_{b,1..n_b}; ``max_tokens`` caps B * T (the step's token budget).
+
+@dataclass
+class Choice:
+    T: int  # positions per row (1: a plain decode step)
+    gain: float  # expected tokens/s of verifying T positions over plain decoding (1.0 for T = 1)
+    probe: bool = False  # verified to measure a shape, not because it was predicted to pay
+
+
+def choose(confidence: list[list[float]], cost: CostModel, max_tokens: int, *, step: int = 0,
+           last_probe: int = -(1 << 30)) -> Choice:
+    """The T in 1..max(len)+1 with the most expected tokens per second (T = 1: plain decode).
+
+    Expected tokens of a step = B + sum_b sum_{j < T} g_{b,j} (g = confidence: drafts 1..j all
+    accepted); seconds = ``cost.step_seconds`` (measured per batch and width bucket). Drafting
+    wins only when its expected tokens/s beat plain decoding's (gain > 1). When plain decoding
+    wins but a verify shape with expected tokens to gain was never measured, or not for
+    PROBE_AGE steps, it is verified anyway at most once every PROBE_GAP steps (a probe), so a
+    stale or prior-only estimate cannot keep drafting off for good.
+    ``max_tokens`` caps B * T (the step's token budget).
     """
     B = len(confidence)
     longest = max((len(g) for g in confidence), default=0)
-    best_t, best = 1, B / max(cost.predict("decode", B), 1e-12)
+    plain = B / max(cost.step_seconds("decode", B, 1), 1e-12)
     gain = [0.0] * (longest + 1)  # gain[j] = sum_b g_{b,j}
     for g in confidence:
         for j, x in enumerate(g, 1):
             gain[j] += x
+    best = Choice(1, 1.0)
+    stale = None
     expected = float(B)
     for T in range(2, longest + 2):
         if B * T > max_tokens:
             break
         expected += gain[T - 1]
-        rate = expected / max(cost.predict("verify", B * T), 1e-12)
-        if rate > best * (1 + 1e-9):
-            best_t, best = T, rate
-    return best_t
+        ratio = expected / max(cost.step_seconds("verify", B, T), 1e-12) / plain
+        if ratio > best.gain * (1 + 1e-9):
+            best = Choice(T, ratio)
+        m = cost.measured("verify", B, T)
+        if gain[T - 1] > 0 and (m is None or step - m.last > PROBE_AGE):
+            stale = T  # the widest such shape
+    if best.T == 1 and stale is not None and step - last_probe >= PROBE_GAP:
+        return Choice(stale, 1.0, probe=True)
+    return best
+
+
+def choose_positions(confidence: list[list[float]], cost: CostModel, max_tokens: int) -> int:
+    """``choose(...).T`` without probing."""
+    return choose(confidence, cost, max_tokens, step=0, last_probe=0).T

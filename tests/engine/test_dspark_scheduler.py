@@ -1,0 +1,126 @@
+"""DSpark's scheduler against a measured cost model: with synthetic step timings it turns
+drafting off where a verify step costs more than the tokens it is expected to add, on where it
+pays, by batch size; probes stale shapes; and the engine keeps outputs identical either way."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.spec import DSpark
+from deepinfer.spec.scheduler import (
+    PROBE_AGE,
+    PROBE_GAP,
+    CostModel,
+    StepTime,
+    batch_bucket,
+    choose,
+    width_bucket,
+)
+
+
+def _measured(decode: dict, verify: dict, slope: float = 0.005) -> CostModel:
+    """A CostModel fed synthetic step times: decode[B] seconds, verify[(B, T)] seconds."""
+    m = CostModel(slope)
+    for _ in range(5):
+        for B, t in decode.items():
+            m.observe("decode", B, t, rows=B, step=1)
+        for (B, T), t in verify.items():
+            m.observe("verify", B * T, t, rows=B, step=1)
+    return m
+
+
+def test_buckets_and_first_sample_dropped():
+    assert [batch_bucket(b) for b in (1, 2, 3, 8, 9, 64)] == [1, 2, 4, 8, 16, 64]
+    assert [width_bucket(t) for t in (1, 2, 4, 6, 9)] == [1, 2, 5, 9, 9]
+    t = StepTime()
+    assert not t.observe(5.0, 0) and not t.measured  # the first step of a shape (graph capture)
+    t.observe(0.010, 1)
+    t.observe(1.0, 2)  # an outlier: clipped to 3x the average
+    assert t.measured and t.mean == pytest.approx(0.010 + 0.1 * 0.020)
+    m = CostModel(0.005)
+    m.observe("verify", 8 * 5, 9.0, rows=8, step=0)
+    assert m.measured("verify", 8, 5) is None and m.fits["verify"].w == 0  # kept out of the fit too
+
+
+def test_drafting_off_when_verify_too_expensive_on_when_it_pays():
+    conf = [[0.9, 0.6, 0.4, 0.2]] * 8  # 2.1 expected extra tokens a row at T = 5
+    cheap = _measured({8: 0.010}, {(8, 5): 0.015})  # verify 1.5x a decode step: 3.1 / 1.5 > 1
+    c = choose(conf, cheap, 8192)
+    assert c.T == 5 and c.gain == pytest.approx((8 + 8 * 2.1) / 0.015 / (8 / 0.010))
+    costly = _measured({8: 0.010}, {(8, 5): 0.040, (8, 3): 0.035, (8, 2): 0.030})  # 3.1 / 4 < 1
+    c = choose(conf, costly, 8192)
+    assert c.T == 1 and not c.probe
+    # a narrower width that pays is found when the wide one does not
+    mid = _measured({8: 0.010}, {(8, 5): 0.040, (8, 2): 0.012})  # T = 2: 1.9 / 1.2 > 1
+    assert choose(conf, mid, 8192).T == 2
+
+
+def test_decision_follows_batch_size():
+    """GPU-like timings: at batch 1 a verify step costs about a decode step (weight reads
+    dominate), at batch 64 it costs 3x (compute): drafts pay at batch 1 and not at batch 64."""
+    cost = _measured({1: 0.007, 64: 0.012}, {(1, 5): 0.0075, (64, 5): 0.036, (64, 3): 0.028, (64, 2): 0.023})
+    assert choose([[0.9, 0.6, 0.4, 0.2]], cost, 8192).T == 5
+    assert choose([[0.9, 0.6, 0.4, 0.2]] * 64, cost, 8192).T == 1
+    assert choose([[0.99] * 4] * 64, cost, 8192).T == 5  # near-certain drafts: 4.9 / 3 > 1
+
+
+def test_stale_or_unmeasured_shapes_are_probed_sparingly():
+    conf = [[0.9, 0.6, 0.4, 0.2]] * 8
+    cost = _measured({8: 0.010}, {(8, 5): 0.040, (8, 3): 0.035, (8, 2): 0.030})
+    assert choose(conf, cost, 8192, step=10, last_probe=-1000).T == 1  # measured recently: no probe
+    old = 1 + PROBE_AGE + 1
+    c = choose(conf, cost, 8192, step=old, last_probe=old - PROBE_GAP)
+    assert c.probe and c.T == 5  # measured long ago: probed (the widest shape with drafts)
+    assert choose(conf, cost, 8192, step=old, last_probe=old - 1).T == 1  # at most one per PROBE_GAP
+    fresh = _measured({8: 0.010}, {})  # verify never measured: the fit's prior says no (slope 10)
+    fresh.slope = 10.0
+    fresh.fits["verify"].slope = fresh.fits["decode"].slope = 10.0
+    assert choose(conf, fresh, 8192, step=5, last_probe=5).T == 1
+    assert choose(conf, fresh, 8192, step=5 + PROBE_GAP, last_probe=5).probe
+    assert choose([[]] * 8, cost, 8192, step=old, last_probe=-1000).T == 1  # nothing to draft: no probe
+
+
+class _Synthetic(CostModel):
+    """Step times from formulas, measurements ignored, every shape measured just now."""
+
+    def __init__(self, decode, verify):
+        super().__init__(0.005)
+        self.decode, self.verify = decode, verify
+
+    def observe(self, *a, **k):
+        pass
+
+    def measured(self, path, B, T):
+        t = StepTime()
+        t.samples, t.last = 2, 1 << 40
+        return t
+
+    def step_seconds(self, path, B, T):
+        return self.decode(B) if path == "decode" else self.verify(B, width_bucket(T))
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder, monkeypatch_session):
+    return LLM(tiny_folder[0], dtype="float32", device="cpu", seed=0)
+
+
+def test_engine_falls_back_to_plain_decode_when_verify_does_not_pay(tiny):
+    prompts = [[1, 5, 9, 5, 9], [1, 7, 7, 7, 7], [1, 300, 301], [1, 42, 43, 44]]
+    params = [SamplingParams(temperature=0 if i % 2 else 0.9, seed=i, max_tokens=24, json_schema=SCHEMA)
+              for i in range(4)]  # fmt: skip
+    tiny.dspark = DSpark(False)
+    base = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+    runs = {}
+    for name, verify in (("costly", lambda B, T: 0.001 * (1 + T)), ("cheap", lambda B, T: 0.001 * (1 + 0.01 * T))):
+        d = tiny.dspark = DSpark(True)
+        d._cost = _Synthetic(lambda B: 0.001, verify)
+        outs = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+        assert outs == base, name  # lossless either way
+        runs[name] = d.stats
+    assert runs["costly"].verify_steps == 0 and runs["costly"].decode_steps > 0
+    assert runs["cheap"].verify_steps > 0 and sum(runs["cheap"].accepted) > 0
