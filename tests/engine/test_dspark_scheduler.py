@@ -58,11 +58,11 @@ def test_drafting_off_when_verify_too_expensive_on_when_it_pays():
 
 def test_decision_follows_batch_size():
     """GPU-like timings: at batch 1 a verify step costs about a decode step (weight reads
-    dominate), at batch 64 it costs 3x (compute): drafts pay at batch 1 and not at batch 64."""
-    cost = _measured({1: 0.007, 64: 0.012}, {(1, 5): 0.0075, (64, 5): 0.036, (64, 3): 0.028, (64, 2): 0.023})
+    dominate), at batch 64 it costs 2-3x (compute): drafts pay at batch 1 and not at batch 64."""
+    cost = _measured({1: 0.007, 64: 0.012}, {(1, 5): 0.0075, (64, 5): 0.040, (64, 3): 0.032, (64, 2): 0.023})
     assert choose([[0.9, 0.6, 0.4, 0.2]], cost, 8192).T == 5
     assert choose([[0.9, 0.6, 0.4, 0.2]] * 64, cost, 8192).T == 1
-    assert choose([[0.99] * 4] * 64, cost, 8192).T == 5  # near-certain drafts: 4.9 / 3 > 1
+    assert choose([[0.99] * 4] * 64, cost, 8192).T == 5  # near-certain drafts: 4.96 / 3.3 > 1
 
 
 def test_stale_or_unmeasured_shapes_are_probed_sparingly():
