@@ -286,6 +286,73 @@ def _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride
     return tok
 
 
+@_helper
+def _pick(keys, toks, live):
+    # the best live (key, token) by key desc, token asc -> (key, token, live without it);
+    # token 0 where no live key is finite (as _candidates leaves an empty slot)
+    kk = tl.where(live, keys, float("-inf"))
+    bk = tl.max(kk, 0)
+    cand = live & (kk == bk)
+    bt = tl.min(tl.where(cand, toks, 2147483647), 0)
+    live = live & ((cand & (toks == bt)) == 0)
+    return bk, tl.where(bk > float("-inf"), bt, 0), live
+
+
+# fmt: off
+@triton.jit
+def _split_pass1_kernel(
+    logits_ptr, stride_lb, stride_lv,  # [B, V]
+    mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
+    temp_ptr, seed_ptr, step_ptr,  # [B] float32, int64, int64
+    pf_ptr, pi_ptr,  # out: [B, 6, S] float32 (max, sum exp(s - max), 4 best keys), [B, 4, S] int32 tokens
+    V, S,
+    HAS_MASK: tl.constexpr,
+    HAS_ROW_MAP: tl.constexpr,
+    RETURN_LOGPROBS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    # fmt: on
+    # program (row, c) runs pass 1 on tokens [c * CHUNK, (c + 1) * CHUNK) of the row, one tile:
+    # greedy rows: max and its lowest index; sampling rows: max and the 4 best Gumbel keys (key
+    # desc, lowest id on ties). CHUNK depends on V only, so a row's result depends on that row.
+    pid = tl.program_id(0)
+    r = pid // S
+    c = pid - r * S
+    row = r.to(tl.int64)
+    lrow = logits_ptr + row * stride_lb
+    mrow_ptr = mask_ptr + row * stride_mb
+    has_row_mask = True
+    if HAS_ROW_MAP:
+        has_row_mask = tl.load(mask_row_ptr + r) != 0
+    temp = tl.load(temp_ptr + r)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    # the tile is loaded before the row's kind is known (no load waits on another)
+    x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, 1.0, HAS_MASK)
+    pf_row = pf_ptr + row * 6 * S + c
+    pi_row = pi_ptr + row * 4 * S + c
+    greedy = temp == 0
+    if greedy:
+        m, bi = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
+        tl.store(pi_row, c * CHUNK + bi)
+        s = x
+    else:
+        inv_t = tl.math.div_rn(1.0, temp)  # IEEE, as torch
+        s = x * inv_t
+        m = tl.max(s, 0)
+        k0, k1 = _row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
+        key = s + _gumbel(offs, k0, k1)
+        arange = tl.arange(0, CHUNK)
+        for j in tl.static_range(4):
+            bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
+            tl.store(pf_row + (2 + j) * S, bk)
+            tl.store(pi_row + j * S, c * CHUNK + bi)
+            key = tl.where(arange == bi, float("-inf"), key)
+    tl.store(pf_row, m)
+    if RETURN_LOGPROBS:
+        safe_m = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(pf_row + S, tl.sum(tl.exp(s - safe_m), 0))
+
+
 # fmt: off
 @triton.jit
 def _sample_kernel(
@@ -295,11 +362,15 @@ def _sample_kernel(
     top_k_ptr, top_p_ptr, min_p_ptr,  # [B] int64, float32, float32
     seed_ptr, step_ptr,  # [B] int64
     tokens_ptr, empty_ptr, logprobs_ptr,  # [B] int64, bool, float32
-    V,
+    pf_ptr, pi_ptr,  # SPLIT: [B, 6, S] float32, [B, 4, S] int32 written by _split_pass1_kernel
+    V, S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr,  # pass 1 was done by _split_pass1_kernel: combine its S chunk results
+    SP: tl.constexpr,  # next power of 2 >= S
+    SP4: tl.constexpr,  # next power of 2 >= 4 * S
 ):
     # fmt: on
     pid = tl.program_id(0)
@@ -320,7 +391,32 @@ def _sample_kernel(
     top_k = tl.load(top_k_ptr + pid)
     top_p = tl.load(top_p_ptr + pid)
     min_p = tl.load(min_p_ptr + pid)
-    if greedy:  # one pass: m = max(s) and its lowest argmax
+    if SPLIT:
+        # the chunks' results, in chunk order: max, argmax (lowest id), sum exp(s - max), 4 best keys
+        pf_row = pf_ptr + row * 6 * S
+        pi_row = pi_ptr + row * 4 * S
+        c = tl.arange(0, SP)
+        ms = tl.load(pf_row + c, mask=c < S, other=float("-inf"))
+        m, bc = tl.max(ms, 0, return_indices=True, return_indices_tie_break_left=True)
+        z = 0.0
+        if RETURN_LOGPROBS:
+            safe_m = tl.where(m == float("-inf"), 0.0, m)
+            zs = tl.load(pf_row + S + c, mask=c < S, other=0.0)
+            z = tl.sum(tl.where(ms == float("-inf"), 0.0, zs * tl.exp(ms - safe_m)), 0)
+        if greedy:  # the first chunk holding the max, its lowest argmax: the row's lowest argmax
+            tok = tl.load(pi_row + bc)
+        else:  # the 4 best keys of the row are among the chunks' 4 best; then the filter as below
+            e = tl.arange(0, SP4)
+            keys = tl.load(pf_row + 2 * S + e, mask=e < 4 * S, other=float("-inf"))
+            toks = tl.load(pi_row + e, mask=e < 4 * S, other=0)
+            live = e < 4 * S
+            c0, t0, live = _pick(keys, toks, live)
+            c1, t1, live = _pick(keys, toks, live)
+            c2, t2, live = _pick(keys, toks, live)
+            c3, t3, live = _pick(keys, toks, live)
+            tok = _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr,
+                          has_row_mask, V, inv_t, k0, k1, HAS_MASK, BLOCK)
+    elif greedy:  # one pass: m = max(s) and its lowest argmax
         m = float("-inf")
         tok = 0
         z = 0.0
@@ -377,10 +473,25 @@ def _apply_bitmask_kernel(
 # tuning knobs (benchmarks/bench_sampling.py --sweep sets them); BLOCK depends on V only
 BLOCK_MAX = 8192
 NUM_WARPS = 16
+# split pass 1: programs per row = cdiv(V, CHUNK), CHUNK depends on V only (never on B)
+SPLIT_CHUNK_MAX = 4096
+SPLIT_WARPS = 4
+# "auto": split when a row has more than one chunk; "1": always; "0": never (one program per row)
+SPLIT = os.environ.get("DEEPINFER_SAMPLE_SPLIT", "auto")
 
 
 def _block(V: int) -> int:
     return min(BLOCK_MAX, triton.next_power_of_2(V))
+
+
+def _split_chunk(V: int) -> int:
+    return min(SPLIT_CHUNK_MAX, triton.next_power_of_2(V))
+
+
+def _use_split(B: int, V: int) -> bool:
+    if SPLIT not in ("auto", "0", "1"):
+        raise ValueError(f"DEEPINFER_SAMPLE_SPLIT must be auto, 0 or 1, got {SPLIT!r}")
+    return SPLIT == "1" or (SPLIT == "auto" and V > _split_chunk(V))
 
 
 def _launch_opts() -> dict:
@@ -436,17 +547,41 @@ def sample(
     if bitmask is not None and indices is not None:
         row_map = torch.zeros(B, dtype=torch.int32, device=dev)
         row_map[indices.to(device=dev, dtype=torch.int64)] = 1
-    _sample_kernel[(B,)](
-        logits, logits.stride(0), logits.stride(1),
+    mask_args = (
         bitmask if bitmask is not None else tokens, bitmask.stride(0) if bitmask is not None else 0,
         row_map if row_map is not None else tokens,
+    )  # fmt: skip
+    split = _use_split(B, V)
+    S = 1
+    pf = pi = tokens  # unused without the split
+    if split:
+        # pass 1 over (row, chunk) programs; the per-row kernel combines the chunks' results
+        chunk = _split_chunk(V)
+        S = triton.cdiv(V, chunk)
+        pf = torch.empty(B, 6, S, dtype=torch.float32, device=dev)
+        pi = torch.empty(B, 4, S, dtype=torch.int32, device=dev)
+        _split_pass1_kernel[(B * S,)](
+            logits, logits.stride(0), logits.stride(1),
+            *mask_args,
+            temperature, seed, step,
+            pf, pi,
+            V, S,
+            HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None,
+            RETURN_LOGPROBS=return_logprobs, CHUNK=chunk,
+            **({} if _INTERPRET else {"num_warps": SPLIT_WARPS, "enable_fp_fusion": False}),
+        )  # fmt: skip
+    _sample_kernel[(B,)](
+        logits, logits.stride(0), logits.stride(1),
+        *mask_args,
         temperature,
         top_k, top_p, min_p,
         seed, step,
         tokens, empty, logprobs,
-        V,
+        pf, pi,
+        V, S,
         HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None,
         RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V),
+        SPLIT=split, SP=triton.next_power_of_2(S), SP4=triton.next_power_of_2(4 * S),
         **_launch_opts(),
     )  # fmt: skip
     return tokens, empty, (logprobs if return_logprobs else None)

@@ -1,0 +1,157 @@
+"""The split pass 1 (one program per (row, chunk), then a per-row combine) against the torch
+reference: greedy exactly (lowest id on ties, also across chunk borders), sampled rows with the
+same tokens, empty rows, partial last chunks, bf16, strides, index lists, batch invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer import kernels
+
+from ._util import pack_bitmask, random_bitmask
+from .test_sample_exact import CASES, _inputs, _run
+
+TRITON = ("triton", "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _triton_only(impl):
+    if impl[0] != "triton":
+        pytest.skip("Triton split path")
+
+
+@pytest.fixture(
+    params=[("1", 64), ("1", 256), ("auto", 128), ("0", 64)], ids=["s64", "s256", "auto128", "off"]
+)
+def split(request, monkeypatch):
+    """Split on with small chunks (many chunks per row, partial last chunk), auto, and off."""
+    from deepinfer.kernels import sample_triton
+
+    mode, chunk = request.param
+    monkeypatch.setattr(sample_triton, "SPLIT", mode)
+    monkeypatch.setattr(sample_triton, "SPLIT_CHUNK_MAX", chunk)
+    monkeypatch.setattr(sample_triton, "BLOCK_MAX", 128)
+    return request.param
+
+
+def _check(impl, logits, bitmask=None, **args):
+    want = _run(("torch", "cpu"), logits, bitmask, return_logprobs=True, **args)
+    got = _run(impl, logits, bitmask, return_logprobs=True, **args)
+    assert got.tokens.tolist() == want.tokens.tolist()
+    assert got.empty.tolist() == want.empty.tolist()
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
+    return got
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_split_matches_reference(impl, split, case):
+    _, V, dtype, args = case
+    logits, bitmask = _inputs(V, dtype, seed=3)
+    got = _check(impl, logits, bitmask, **args)
+    assert got.tokens[1] == -1 and got.empty[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_split_greedy_random(impl, split, dtype):
+    gen = torch.Generator().manual_seed(11)
+    B, V = 7, 1000  # 1000 = 15 * 64 + 40: a partial last chunk
+    # few distinct values: many ties, inside chunks and across chunk borders
+    logits = torch.randint(-3, 4, (B, V), generator=gen).to(dtype)
+    bitmask = random_bitmask(B, V, 0.3, gen)
+    bitmask[2] = 0
+    _check(impl, logits, bitmask, temperature=0.0)
+    _check(impl, logits, temperature=0.0)
+    _check(impl, (torch.randn(B, V, generator=gen) * 4).to(dtype), bitmask, temperature=0.0)
+
+
+def test_split_greedy_ties_across_chunk_borders(impl, split):
+    V = 300
+    logits = torch.zeros(6, V)
+    logits[0, [63, 64, 128]] = 5.0  # last of chunk 0 and first of chunk 1 (chunk 64)
+    logits[1, [255, 256]] = 2.0  # last of chunk 3 and first of chunk 4
+    logits[2, [299, 200]] = 1.0  # the last (partial) chunk and an earlier one
+    logits[3] = float("-inf")  # all -inf: empty
+    logits[4] = float("-inf")
+    logits[4, [131, 130]] = -7.0
+    logits[5, 64:] = 3.0  # a whole chunk of ties after a lower chunk
+    got = _check(impl, logits, temperature=0.0)
+    assert got.tokens.tolist() == [63, 255, 200, -1, 130, 64]
+    assert got.empty.tolist() == [False, False, False, True, False, False]
+    # the same ties under a mask that forbids the first of each pair
+    allowed = torch.ones(6, V, dtype=torch.bool)
+    allowed[0, 63] = allowed[1, 255] = allowed[2, 200] = False
+    got = _check(impl, logits, pack_bitmask(allowed), temperature=0.0)
+    assert got.tokens.tolist()[:3] == [64, 256, 299]
+
+
+def test_split_all_masked_and_only_last_token(impl, split):
+    V = 333
+    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(4))
+    allowed = torch.zeros(4, V, dtype=torch.bool)
+    allowed[1, V - 1] = True
+    allowed[2, 0] = True
+    allowed[3] = True
+    got = _check(impl, logits, pack_bitmask(allowed), temperature=[0.0, 0.0, 1.0, 0.0])
+    assert got.tokens.tolist()[:3] == [-1, V - 1, 0]
+    got = _check(impl, logits, pack_bitmask(allowed), temperature=1.0, top_p=0.5)
+    assert got.tokens.tolist()[:3] == [-1, V - 1, 0]
+
+
+def test_split_noncontiguous_and_indices(impl, split):
+    gen = torch.Generator().manual_seed(6)
+    base = torch.randn(1001, 8, generator=gen) * 2  # base.t(): strides (1, 8)
+    bitmask = random_bitmask(8, 1001, 0.4, gen)
+    args = dict(temperature=[0.0, 1.0, 0.0, 0.5, 0.0, 0.0, 2.0, 0.0], top_p=0.8)
+    _check(impl, base.t(), bitmask, **args)
+    sliced = (torch.randn(8, 2002, generator=gen) * 2).to(torch.bfloat16)[:, ::2]
+    _check(impl, sliced, bitmask, indices=[0, 3, 4], **args)
+    _check(impl, sliced, bitmask, indices=[5], temperature=0.0)
+
+
+def test_split_batch_invariance(impl, split):
+    V = 777
+    gen = torch.Generator().manual_seed(8)
+    row = torch.randint(-2, 3, (1, V), generator=gen).float()  # ties
+    row_mask = random_bitmask(1, V, 0.5, gen)
+    for args in (dict(temperature=0.0), dict(temperature=0.9, top_k=30, top_p=0.9, min_p=0.01)):
+        alone = _run(impl, row, row_mask, seed=12345, step=9, **args)
+        for size, pos in [(2, 1), (5, 3), (9, 0)]:
+            logits = torch.randint(-2, 3, (size, V), generator=gen).float()
+            bitmask = random_bitmask(size, V, 0.5, gen)
+            logits[pos], bitmask[pos] = row[0], row_mask[0]
+            seed = torch.randint(0, 2**40, (size,), generator=gen)
+            seed[pos] = 12345
+            got = _run(impl, logits, bitmask, seed=seed, step=9, **args)
+            assert got.tokens[pos] == alone.tokens[0], (size, pos, args)
+
+
+def test_split_sampled_rows_match_reference(impl, split):
+    gen = torch.Generator().manual_seed(9)
+    B, V = 8, 1500
+    logits = torch.randn(B, V, generator=gen) * 3
+    bitmask = random_bitmask(B, V, 0.5, gen)
+    args = dict(
+        temperature=torch.rand(B, generator=gen) + 0.3,
+        top_k=torch.randint(0, 60, (B,), generator=gen),
+        top_p=torch.rand(B, generator=gen) * 0.6 + 0.4,
+        min_p=torch.rand(B, generator=gen) * 0.05,
+        seed=torch.randint(0, 2**62, (B,), generator=gen),
+        step=torch.arange(B),
+    )
+    _check(impl, logits, bitmask, **args)
+
+
+def test_split_is_chosen_by_shape(monkeypatch):
+    from deepinfer.kernels import sample_triton as st
+
+    monkeypatch.setattr(st, "SPLIT", "auto")
+    monkeypatch.setattr(st, "SPLIT_CHUNK_MAX", 4096)
+    assert st._use_split(1, 128256) and st._use_split(512, 49152)
+    assert not st._use_split(128, 4096) and not st._use_split(1, 1000)
+    monkeypatch.setattr(st, "SPLIT", "0")
+    assert not st._use_split(128, 128256)
+    monkeypatch.setattr(st, "SPLIT", "yes")
+    with pytest.raises(ValueError):
+        st._use_split(1, 128256)
+    assert kernels  # the package under test
