@@ -4,7 +4,8 @@
 For B in {1, 16, 128, 512}, V in {49152, 128256, 262144}, fp32 and bf16 logits, a random
 bitmask (half the tokens allowed), µs per call of
 
-- fused greedy    ``deepinfer.kernels.sample(temperature=0)`` (mask + argmax, one launch)
+- fused greedy    ``deepinfer.kernels.sample(temperature=0)`` (mask + argmax; pass 1 split over
+                  (row, chunk) programs, then a per-row combine: two launches)
 - fused top-p     temperature 1, top_p 0.9
 - fused top-k     temperature 1, top_k 50, top_p 0.9
 - torch           unpack the bitmask + masked_fill, softmax, sort-based top-p, multinomial
@@ -20,6 +21,8 @@ prints a table and asserts nothing.
 Usage (from the repository root, on a CUDA machine)::
 
     python benchmarks/bench_sampling.py [--quick] [--batches 128 512] [--vocabs 128256]
+    python benchmarks/bench_sampling.py --compare --batches 128 512   # per-row vs split pass 1
+    python benchmarks/bench_sampling.py --split-sweep --compare --batches 128 --vocabs 128256
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
         return lambda: kernels.sample(logits, **args)
 
     row = {}
+    nbytes = B * V * logits.element_size() + B * W * 4
+    row["floor"] = nbytes / (floor_tbs * 1e12) * 1e6  # µs
     row["greedy"], g1 = _bench(fused(0.0, 0, 1.0))
     row["top_p"], g2 = _bench(fused(1.0, 0, 0.9))
     if not peers:
@@ -108,8 +113,6 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
             row["graph"] &= g5
         except Exception as e:  # noqa: BLE001 - a peer failing must not stop the table
             print(f"# xgrammar failed at B={B} V={V}: {type(e).__name__}: {str(e)[:200]}")
-    nbytes = B * V * logits.element_size() + B * W * 4
-    row["floor"] = nbytes / (floor_tbs * 1e12) * 1e6  # µs
     row["gbs"] = nbytes / (row["greedy"] * 1e-6) / 1e9
     return row
 
@@ -133,6 +136,53 @@ def sweep() -> None:
     sample_triton.BLOCK_MAX, sample_triton.NUM_WARPS = saved  # the table runs the shipped defaults
 
 
+def compare(shapes: list[tuple[int, int]], floor_tbs: float) -> None:
+    """Greedy and top-p µs with pass 1 in one program per row (split off) and split over
+    (row, chunk) programs (split on), side by side, with greedy's % of the floor."""
+    from deepinfer.kernels import sample_triton as st
+
+    saved = st.SPLIT
+    head = ("| dtype | B | V | floor µs | greedy row µs | greedy split µs | % floor row | % floor split "
+            "| top-p row µs | top-p split µs |")  # fmt: skip
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            for B, V in shapes:
+                r = {}
+                for mode in ("0", "1"):
+                    st.SPLIT = mode
+                    r[mode] = run(dtype, B, V, floor_tbs, peers=False)
+                f = r["0"]["floor"]
+                print(f"| {str(dtype)[6:]} | {B} | {V} | {f:.1f} | {r['0']['greedy']:.1f} | {r['1']['greedy']:.1f} "
+                      f"| {100 * f / r['0']['greedy']:.0f}% | {100 * f / r['1']['greedy']:.0f}% "
+                      f"| {r['0']['top_p']:.1f} | {r['1']['top_p']:.1f} |", flush=True)  # fmt: skip
+                torch.cuda.empty_cache()
+    finally:
+        st.SPLIT = saved
+
+
+def split_sweep(vocabs: list[int], floor_tbs: float) -> None:
+    """Greedy / top-p µs of the split path for chunk sizes and warp counts at B = 128 (tuning)."""
+    from deepinfer.kernels import sample_triton as st
+
+    saved = st.SPLIT, st.SPLIT_CHUNK_MAX, st.SPLIT_WARPS
+    print("| dtype | B | V | CHUNK | warps | greedy | % floor | top-p |")
+    print("|---|---|---|---|---|---|---|---|")
+    try:
+        st.SPLIT = "1"
+        for dtype in (torch.float32, torch.bfloat16):
+            for V in vocabs:
+                for chunk in (2048, 4096, 8192):
+                    for warps in (4, 8):
+                        st.SPLIT_CHUNK_MAX, st.SPLIT_WARPS = chunk, warps
+                        r = run(dtype, 128, V, floor_tbs, peers=False)
+                        print(f"| {str(dtype)[6:]} | 128 | {V} | {chunk} | {warps} | {r['greedy']:.1f} "
+                              f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p']:.1f} |", flush=True)  # fmt: skip
+    finally:
+        st.SPLIT, st.SPLIT_CHUNK_MAX, st.SPLIT_WARPS = saved
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--floor", type=float, default=4.3, help="bandwidth floor, TB/s")
@@ -140,6 +190,12 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="first time BLOCK x num_warps variants")
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes")
     ap.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS), help="vocabulary sizes")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="only greedy and top-p, pass 1 per row vs split over (row, chunk), side by side",
+    )
+    ap.add_argument("--split-sweep", action="store_true", help="first time split chunk x num_warps variants")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_sampling.py needs a CUDA device")
@@ -149,9 +205,14 @@ def main() -> None:
             "| greedy GB/s | % floor | top-p/greedy | torch/top-p |")  # fmt: skip
     if args.sweep:
         sweep()
+    if args.split_sweep:
+        split_sweep(args.vocabs, args.floor)
+    shapes = [(128, 128256)] if args.quick else [(B, V) for V in args.vocabs for B in args.batches]
+    if args.compare:
+        compare(shapes, args.floor)
+        return
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    shapes = [(128, 128256)] if args.quick else [(B, V) for V in args.vocabs for B in args.batches]
     for dtype in (torch.float32, torch.bfloat16):
         for B, V in shapes:
             r = run(dtype, B, V, args.floor)

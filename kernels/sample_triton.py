@@ -3,6 +3,14 @@
 One program per row loops over the vocabulary in ``BLOCK`` chunks, so a row's result depends
 only on that row's inputs (batch invariance) and ``BLOCK`` depends only on V.
 
+Split pass 1 (``SPLIT``, default when V is over one chunk): a first, lean kernel runs pass 1
+on (row, chunk) programs, one ``CHUNK``-token tile each (``CHUNK`` from V only): greedy rows
+write the chunk's max and its lowest index, sampling rows its max and 4 best keys. The per-row
+kernel then combines the row's chunks in chunk order (greedy: the first chunk holding the max,
+so the lowest id on ties; sampling: the row's 4 best keys, key desc then id asc, are among the
+chunks' 4 best) and goes on as below. Same tokens as without the split; only the logprob's
+normaliser is summed in another order.
+
 Sampling is the Gumbel-max trick with counter-based noise (``reference.uniform_noise``, the
 same 32-bit integer hash in both backends): token = argmax over the kept set of ``s_i + g_i``.
 The kept set is ``{i : s_i >= tau}`` for an unknown threshold tau (top-k, top-p and min-p
@@ -533,8 +541,8 @@ def sample(
     """Triton version of :func:`reference.sample`.
 
     Arguments are validated [B] tensors on logits' device: temperature / top_p / min_p float32,
-    top_k / seed / step int64 (``deepinfer.kernels.sample`` prepares them); one launch, plus
-    one small scatter when ``indices`` is given.
+    top_k / seed / step int64 (``deepinfer.kernels.sample`` prepares them); one launch (two with
+    the split pass 1), plus one small scatter when ``indices`` is given.
     """
     B, V = logits.shape
     dev = logits.device
