@@ -252,9 +252,30 @@ def _collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -
 
 
 def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton:
-    """Compile a grammar to an :class:`Automaton` (raises ConstraintError)."""
+    """Compile a grammar to an :class:`Automaton` (raises ConstraintError).
+
+    Rules are inlined into their callers where that keeps the automaton small. When the
+    inlined automaton is too large (alternatives of big objects interleave in the subset
+    construction), it is compiled again keeping every sizeable rule a rule: smaller DFAs,
+    and the nondeterminism moves into the pushdown configurations (sets of stacks).
+    """
     limits = limits or Limits()
-    deadline = time.monotonic() + limits.max_seconds
+    start = time.monotonic()
+    try:  # half the time budget for the first attempt, the rest for the second
+        return _compile(grammar, limits, None, start + limits.max_seconds / 2)
+    except ConstraintTooComplex as first:
+        if len(grammar.rules) < 2:
+            raise
+        try:
+            return _compile(grammar, limits, CALL_ABOVE, start + limits.max_seconds)
+        except ConstraintTooComplex:
+            raise first from None
+
+
+CALL_ABOVE = 64  # IR nodes: on the second attempt, rules larger than this stay rules
+
+
+def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline: float) -> Automaton:
     rules = dict(grammar.rules)
     if grammar.start not in rules:
         raise ConstraintError(f"start rule {grammar.start!r} is not defined")
@@ -292,6 +313,8 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
     called = set(recursive) | {grammar.start}
     for name, n in ref_count.items():
         if n > 1 and ir.size(rules[name]) > limits.max_inline_size:
+            called.add(name)
+        elif call_above is not None and ir.size(rules[name]) > call_above:
             called.add(name)
     order = [grammar.start] + sorted(called - {grammar.start})
     rule_index = {name: i for i, name in enumerate(order)}

@@ -374,10 +374,13 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
         parts = []
         for i, b in enumerate(branches):
             bptr = _child(ptr, kw, i)
-            if trivial_base:
-                parts.append(self.compile(b, bptr))
-            else:
-                parts.append(self.compile({"allOf": [base, b]}, bptr))
+            e = self.compile(b, bptr) if trivial_base else self.compile({"allOf": [base, b]}, bptr)
+            if len(branches) > 1 and _cost(e) > 64:
+                # a named rule: inlined unless the inlined automaton is too large (then the
+                # branches run side by side as pushdown stacks)
+                self.rules["branch:" + bptr] = e
+                e = Ref("branch:" + bptr)
+            parts.append(e)
         return alt(*parts)
 
     # ----------------------------------------------------------------- strings
