@@ -405,6 +405,7 @@ def _sample_kernel(
         pi_row = pi_ptr + row * 4 * S
         c = tl.arange(0, SP)
         ms = tl.load(pf_row + c, mask=c < S, other=float("-inf"))
+        idxs = tl.load(pi_row + c, mask=c < S, other=0)  # with ms: no load waits on another
         m, bc = tl.max(ms, 0, return_indices=True, return_indices_tie_break_left=True)
         z = 0.0
         if RETURN_LOGPROBS:
@@ -412,7 +413,7 @@ def _sample_kernel(
             zs = tl.load(pf_row + S + c, mask=c < S, other=0.0)
             z = tl.sum(tl.where(ms == float("-inf"), 0.0, zs * tl.exp(ms - safe_m)), 0)
         if greedy:  # the first chunk holding the max, its lowest argmax: the row's lowest argmax
-            tok = tl.load(pi_row + bc)
+            tok = tl.sum(tl.where(c == bc, idxs, 0), 0)
         else:  # the 4 best keys of the row are among the chunks' 4 best; then the filter as below
             e = tl.arange(0, SP4)
             keys = tl.load(pf_row + 2 * S + e, mask=e < 4 * S, other=float("-inf"))
@@ -483,7 +484,7 @@ BLOCK_MAX = 8192
 NUM_WARPS = 16
 # split pass 1: programs per row = cdiv(V, CHUNK), CHUNK depends on V only (never on B)
 SPLIT_CHUNK_MAX = 4096
-SPLIT_WARPS = 4
+SPLIT_WARPS = 8  # 16 tokens a thread: 64 registers (fp32), 4 programs per SM
 # "auto": split when a row has more than one chunk; "1": always; "0": never (one program per row)
 SPLIT = os.environ.get("DEEPINFER_SAMPLE_SPLIT", "auto")
 
