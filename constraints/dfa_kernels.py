@@ -25,6 +25,18 @@ def _grow(a, need):
     return b
 
 
+def _grow_rows(table, accepting, need):
+    """A DFA table (rows -1) and its accepting flags with room for ``need`` states."""
+    if need <= table.shape[0]:
+        return table, accepting
+    size = max(need, 2 * table.shape[0])
+    t2 = np.full((size, table.shape[1]), -1, dtype=np.int32)
+    t2[: table.shape[0]] = table
+    a2 = np.zeros(size, dtype=np.bool_)
+    a2[: accepting.shape[0]] = accepting
+    return t2, a2
+
+
 def _hash_run(pool, lo, hi):
     h = np.uint64(1469598103934665603)
     for j in range(lo, hi):
@@ -204,13 +216,7 @@ def _determinize_py(eps_ptr, eps_idx, important, e_ptr, e_mask, e_dst, m_ptr, m_
                     sub_hi[j_id] = hi
                     slots[slot] = j_id
                     n_sub += 1
-                    if table.shape[0] < n_sub:
-                        t2 = np.full((2 * table.shape[0], n_classes), -1, dtype=np.int32)
-                        t2[: table.shape[0]] = table
-                        table = t2
-                        a2 = np.zeros(2 * accepting.shape[0], dtype=np.bool_)
-                        a2[: accepting.shape[0]] = accepting
-                        accepting = a2
+                    table, accepting = _grow_rows(table, accepting, n_sub)
                     if 2 * n_sub > cap:  # rehash at half load
                         cap *= 2
                         slots = np.full(cap, -1, dtype=np.int64)
@@ -516,13 +522,7 @@ def _product_py(t1, a1, t2, a2, mode_diff, max_states):
                 pair_key[j] = key
                 slots[slot] = j
                 n += 1
-                if table.shape[0] < n:
-                    t3 = np.full((2 * table.shape[0], k), -1, dtype=np.int32)
-                    t3[: table.shape[0]] = table
-                    table = t3
-                    a3 = np.zeros(2 * acc.shape[0], dtype=np.bool_)
-                    a3[: acc.shape[0]] = acc
-                    acc = a3
+                table, acc = _grow_rows(table, acc, n)
                 if 2 * n > cap:
                     cap *= 2
                     slots = np.full(cap, -1, dtype=np.int64)
@@ -538,6 +538,7 @@ def _product_py(t1, a1, t2, a2, mode_diff, max_states):
 
 if njit is not None:
     _grow = njit(cache=True, nogil=True)(_grow)
+    _grow_rows = njit(cache=True, nogil=True)(_grow_rows)
     _hash_run = njit(cache=True, nogil=True)(_hash_run)
     _closure = njit(cache=True, nogil=True)(_closure)
     determinize_kernel = njit(cache=True, nogil=True)(_determinize_py)
