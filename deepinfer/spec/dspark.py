@@ -26,7 +26,7 @@ import torch
 from .. import kernels
 from .config import DSparkConfig
 from .drafts import FORCED, NGRAM, Drafts, NgramIndex, forced_tokens, propose
-from .scheduler import CostModel, RequestStats, choose
+from .scheduler import PROBE_GAP, CostModel, RequestStats, choose
 from .verify import Verifier
 
 DEVICE_SLOPE = {"cpu": 0.2, "cuda": 0.005}
@@ -49,6 +49,8 @@ class DSparkStats:
     kind_rejected: list[int] = field(default_factory=lambda: [0] * 5)
     emitted: int = 0  # tokens emitted by verify steps (accepted drafts + bonus)
     probes: int = 0  # verify steps taken to measure a shape predicted not to pay
+    drafting_steps: int = 0  # steps that made drafts (verified or not)
+    skipped: int = 0  # plain steps decided before drafting (drafting could not pay)
     accept_hist: dict[tuple[int, int], int] = field(default_factory=dict)  # (drafts, accepted) -> rows
 
     def reset(self) -> None:
@@ -72,6 +74,7 @@ class Plan:
     seqs: list
     drafts: list[Drafts]
     T: int  # positions per row (drafts + 1)
+    expected: float | None = None  # tokens the scheduler expected (None: schedule "fixed")
 
 
 class _Request:
@@ -120,7 +123,15 @@ class DSpark:
 
     # -- one step -----------------------------------------------------------------------------
     def plan(self, llm, running: list) -> Plan | None:
-        """Drafts for this decode step, or None for a plain decode step."""
+        """Drafts for this decode step, or None for a plain decode step.
+
+        The step's shape is decided before any per-row work where possible: when no verify
+        step of this batch could beat a plain one even with every draft accepted (or, once
+        measured, at the bucket's realized tokens per verify step: ``CostModel.may_pay``), no
+        drafts are made at all (but for a probe every PROBE_GAP steps). A plain step then runs
+        exactly the off mode's path (``runner.decode``: the decode CUDA graphs), and its time is
+        measured from the end of this call, so the cost model compares against that path's own
+        step time, not one that includes drafting."""
         now = time.perf_counter()
         ids = frozenset(s.request_id for s in running)
         cost = self._cost_model(llm)
@@ -130,14 +141,22 @@ class DSpark:
         self._step += 1
         spec = [self.speculates(s, getattr(llm, "deterministic", False)) for s in running]
         if not any(spec):
-            self.stats.decode_steps += 1
-            self.stats.plain_rows += len(running)
-            self._last = (now, "decode", len(running), ids, len(running))
-            return None
+            return self._plain(running, ids)
         self._forget(ids)
         cfg = self.config
         cache_len = llm.runner.cache.max_len
         room = min(cache_len - len(s) for s in running)  # positions L-1 .. L-1+T-1 fit the cache
+        budget = llm.max_num_batched_tokens
+        kmax = min(cfg.max_drafts, room, max(s.max_tokens - len(s.output_token_ids) - 1
+                                             for s, on in zip(running, spec) if on))  # fmt: skip
+        if kmax <= 0:
+            return self._plain(running, ids)
+        if cfg.schedule != "fixed" and not cost.may_pay(len(running), kmax, budget):
+            if self._step - self._last_probe < PROBE_GAP:
+                self.stats.skipped += 1
+                return self._plain(running, ids)
+            # a probe is due: draft, and let ``choose`` probe a shape that has not been measured
+        self.stats.drafting_steps += 1
         drafts: list[Drafts] = []
         for s, on in zip(running, spec):
             k = min(cfg.max_drafts, s.max_tokens - len(s.output_token_ids) - 1, room)
@@ -153,26 +172,31 @@ class DSpark:
                 forced=src[FORCED].enabled(self._step, cfg.min_acceptance), stop_ids=r.stop_ids,
                 preferred=self._preferred,
             ))  # fmt: skip
-        budget = llm.max_num_batched_tokens
         if cfg.schedule == "fixed":
             T = min(max(len(d) for d in drafts) + 1, max(budget // len(running), 1))
+            expected = None
         else:
             conf = [self._requests[s.request_id].stats.confidence(d.kinds) if d else [] for s, d in
                     zip(running, drafts)]  # fmt: skip
             c = choose(conf, cost, budget, step=self._step, last_probe=self._last_probe)
-            T = c.T
+            T, expected = c.T, c.expected
             if c.probe:
                 self._last_probe = self._step
                 self.stats.probes += 1
         if T == 1:
-            self.stats.decode_steps += 1
-            self.stats.plain_rows += len(running)
-            self._last = (now, "decode", len(running), ids, len(running))
-            return None
+            return self._plain(running, ids)
         for d in drafts:
             d.truncate(T - 1)
         self._last = (now, "verify", len(running) * T, ids, len(running))
-        return Plan(list(running), drafts, T)
+        return Plan(list(running), drafts, T, expected)
+
+    def _plain(self, running: list, ids: frozenset[int]) -> None:
+        """A plain decode step: the caller runs the off mode's ``runner.decode``; its time is
+        measured from here (not from the start of ``plan``)."""
+        self.stats.decode_steps += 1
+        self.stats.plain_rows += len(running)
+        self._last = (time.perf_counter(), "decode", len(running), ids, len(running))
+        return None
 
     def step(self, llm, plan: Plan, masks) -> list:
         """Verify ``plan``'s drafts in one forward + one kernel launch; feed the emitted tokens to
@@ -191,6 +215,7 @@ class DSpark:
         accepted, tokens = [r[0] for r in both], [r[1:] for r in both]
         finished = []
         st = self.stats
+        emitted0 = st.emitted
         st.verify_steps += 1
         st.rows += len(seqs)
         st.positions += len(seqs) * T
@@ -216,6 +241,8 @@ class DSpark:
                 if s.is_finished:
                     finished.append(s)
                     break
+        if plan.expected is not None:  # realized vs expected tokens, for the cost model
+            self._cost_model(llm).observe_tokens(len(seqs), plan.expected, st.emitted - emitted0)
         return finished
 
     # -- helpers ------------------------------------------------------------------------------

@@ -167,8 +167,39 @@ class StepTime:
 
 EMA_RATE = 0.1
 OUTLIER = 3.0
+YIELD_RATE = 0.2  # weight of one verify step in the realized-tokens averages
+YIELD_MIN = 3  # verify steps of a batch bucket before its realized tokens are trusted
+YIELD_HEADROOM = 1.5  # may_pay: a step may gain up to this x the bucket's realized extra tokens
+YIELD_CLAMP = (0.25, 1.25)  # calibration factor bounds
 PROBE_GAP = 64  # plain steps between probes of a verify shape the model thinks does not pay
 PROBE_AGE = 512  # steps after which a verify shape's measurement is probed again
+
+
+class Yield:
+    """Realized vs expected tokens of the verify steps of one batch bucket (EMAs)."""
+
+    __slots__ = ("expected", "realized", "per_row", "steps")
+
+    def __init__(self) -> None:
+        self.expected = self.realized = 0.0  # extra tokens a row (beyond the one plain decode gives)
+        self.per_row = 1.0
+        self.steps = 0
+
+    def observe(self, B: int, expected: float, realized: float) -> None:
+        e, r, pr = (expected - B) / max(B, 1), (realized - B) / max(B, 1), realized / max(B, 1)
+        if self.steps == 0:
+            self.expected, self.realized, self.per_row = e, r, pr
+        else:
+            self.expected += YIELD_RATE * (e - self.expected)
+            self.realized += YIELD_RATE * (r - self.realized)
+            self.per_row += YIELD_RATE * (pr - self.per_row)
+        self.steps += 1
+
+    def factor(self) -> float:
+        if self.steps < YIELD_MIN or self.expected <= 1e-9:
+            return 1.0
+        lo, hi = YIELD_CLAMP
+        return min(max(self.realized / self.expected, lo), hi)
 
 
 class CostModel:
@@ -185,6 +216,39 @@ class CostModel:
         self.slope = slope
         self.fits = {"decode": _Fit(slope), "verify": _Fit(slope)}
         self.times: dict[tuple[str, int, int], StepTime] = {}
+        # per batch bucket: realized vs expected tokens of verify steps (``observe_tokens``)
+        self.yields: dict[int, Yield] = {}
+
+    def observe_tokens(self, B: int, expected: float, realized: float) -> None:
+        """A verify step of B rows expected ``expected`` tokens (B + the drafts' confidence)
+        and emitted ``realized``."""
+        self.yields.setdefault(batch_bucket(B), Yield()).observe(B, expected, realized)
+
+    def calibration(self, B: int) -> float:
+        """Realized / expected extra tokens (beyond one a row) of verify steps at this batch
+        bucket: scales the drafts' confidence in ``choose`` (1.0 before YIELD_MIN steps)."""
+        y = self.yields.get(batch_bucket(B))
+        return y.factor() if y is not None else 1.0
+
+    def realized_per_row(self, B: int) -> float | None:
+        """Tokens a row gained per verify step at this batch bucket (EMA), None before YIELD_MIN."""
+        y = self.yields.get(batch_bucket(B))
+        return y.per_row if y is not None and y.steps >= YIELD_MIN else None
+
+    def may_pay(self, B: int, max_drafts: int, max_tokens: int) -> bool:
+        """Can any verify step of B rows with at most ``max_drafts`` drafts a row beat a plain
+        decode step, even if every draft were accepted (B * T tokens), or -- once this batch
+        bucket has verified YIELD_MIN times -- at YIELD_HEADROOM x its realized extra tokens a
+        row? False: drafting this step cannot pay, so the drafts need not be made at all."""
+        plain = B / max(self.step_seconds("decode", B, 1), 1e-12)
+        real = self.realized_per_row(B)
+        for T in range(2, max_drafts + 2):
+            if B * T > max_tokens:
+                break
+            per_row = float(T) if real is None else min(float(T), 1.0 + YIELD_HEADROOM * (real - 1.0))
+            if B * per_row / max(self.step_seconds("verify", B, T), 1e-12) > plain * (1 + 1e-9):
+                return True
+        return False
 
     def observe(self, path: str, tokens: int, seconds: float, rows: int | None = None, step: int = 0) -> None:
         """A measured step: ``tokens`` = rows x positions in its forward (``rows`` = its batch)."""
@@ -217,6 +281,7 @@ class Choice:
     T: int  # positions per row (1: a plain decode step)
     gain: float  # expected tokens/s of verifying T positions over plain decoding (1.0 for T = 1)
     probe: bool = False  # verified to measure a shape, not because it was predicted to pay
+    expected: float = 0.0  # tokens the step expects (B + the drafts' confidence, uncalibrated)
 
 
 def choose(confidence: list[list[float]], cost: CostModel, max_tokens: int, *, step: int = 0,
@@ -238,21 +303,25 @@ def choose(confidence: list[list[float]], cost: CostModel, max_tokens: int, *, s
     for g in confidence:
         for j, x in enumerate(g, 1):
             gain[j] += x
+    cal = cost.calibration(B)  # realized / expected extra tokens of this bucket's verify steps
     best = Choice(1, 1.0)
     stale = None
-    expected = float(B)
+    expected = raw = float(B)
+    raws = {1: raw}
     for T in range(2, longest + 2):
         if B * T > max_tokens:
             break
-        expected += gain[T - 1]
+        raw += gain[T - 1]
+        raws[T] = raw
+        expected += cal * gain[T - 1]
         ratio = expected / max(cost.step_seconds("verify", B, T), 1e-12) / plain
         if ratio > best.gain * (1 + 1e-9):
-            best = Choice(T, ratio)
+            best = Choice(T, ratio, expected=raw)
         m = cost.measured("verify", B, T)
         if gain[T - 1] > 0 and (m is None or step - m.last > PROBE_AGE):
             stale = T  # the widest such shape
     if best.T == 1 and stale is not None and step - last_probe >= PROBE_GAP:
-        return Choice(stale, 1.0, probe=True)
+        return Choice(stale, 1.0, probe=True, expected=raws[stale])
     return best
 
 
