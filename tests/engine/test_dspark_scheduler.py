@@ -11,6 +11,7 @@ from deepinfer.spec import DSpark
 from deepinfer.spec.scheduler import (
     PROBE_AGE,
     PROBE_GAP,
+    YIELD_MIN,
     CostModel,
     StepTime,
     batch_bucket,
@@ -124,3 +125,71 @@ def test_engine_falls_back_to_plain_decode_when_verify_does_not_pay(tiny):
         runs[name] = d.stats
     assert runs["costly"].verify_steps == 0 and runs["costly"].decode_steps > 0
     assert runs["cheap"].verify_steps > 0 and sum(runs["cheap"].accepted) > 0
+
+
+def test_may_pay_upper_bound_and_realized_tokens():
+    """Drafting is skipped before any draft is made when no verify shape can beat a plain step
+    even with every draft accepted, or (once measured) at the bucket's realized tokens."""
+    cost = _measured({64: 0.012}, {(64, 2): 0.030, (64, 3): 0.040, (64, 5): 0.065, (64, 9): 0.120})
+    assert not cost.may_pay(64, 8, 1 << 20)  # even B * T tokens: 9 / (0.120 / 0.012) < 1
+    cost = _measured({64: 0.012}, {(64, 2): 0.016, (64, 3): 0.020, (64, 5): 0.030, (64, 9): 0.050})
+    assert cost.may_pay(64, 8, 1 << 20)  # all accepted at T = 9: 9 / 4.2 > 1
+    assert not cost.may_pay(64, 8, 64)  # the token budget allows no verify shape
+    for _ in range(YIELD_MIN):  # verify steps at batch 64 realized 1.1 tokens a row, expected 3
+        cost.observe_tokens(64, 64 * 3.0, 64 * 1.1)
+    assert cost.realized_per_row(64) == pytest.approx(1.1)
+    assert not cost.may_pay(64, 8, 1 << 20)  # 1 + 1.5 * 0.1 = 1.15 a row cannot pay
+    assert cost.may_pay(8, 8, 1 << 20) or cost.realized_per_row(8) is None  # other buckets unaffected
+
+
+def test_choose_calibrates_confidence_by_realized_tokens():
+    conf = [[0.9, 0.6, 0.4, 0.2]] * 8  # 2.1 expected extra a row at T = 5
+    cost = _measured({8: 0.010}, {(8, 5): 0.020, (8, 3): 0.019, (8, 2): 0.018})
+    c = choose(conf, cost, 8192)
+    assert c.T == 5 and c.expected == pytest.approx(8 + 8 * 2.1)
+    for _ in range(YIELD_MIN):  # realized a quarter of the extra tokens expected
+        cost.observe_tokens(8, 8 * 3.1, 8 * (1 + 2.1 / 4))
+    assert cost.calibration(8) == pytest.approx(0.25)
+    assert choose(conf, cost, 8192).T == 1  # (1 + 0.525) / 2 < 1: plain decode
+
+
+def test_plain_steps_make_no_drafts_and_take_the_off_path(tiny, monkeypatch):
+    """A step where drafting cannot pay calls no draft source and runs ``runner.decode`` exactly
+    as the off mode does (same call count, same rows); outputs are identical."""
+    import deepinfer.spec.dspark as dspark_mod
+
+    prompts = [[1, 5, 9, 5, 9], [1, 7, 7, 7, 7], [1, 300, 301], [1, 42, 43, 44]]
+    params = [SamplingParams(temperature=0 if i % 2 else 0.9, seed=i, max_tokens=16, json_schema=SCHEMA)
+              for i in range(4)]  # fmt: skip
+    calls = {"decode": [], "propose": 0}
+    decode = tiny.runner.decode
+
+    def counted_decode(seqs):
+        calls["decode"].append(len(seqs))
+        return decode(seqs)
+
+    real_propose = dspark_mod.propose
+
+    def counted_propose(*a, **k):
+        calls["propose"] += 1
+        return real_propose(*a, **k)
+
+    monkeypatch.setattr(tiny.runner, "decode", counted_decode)
+    monkeypatch.setattr(dspark_mod, "propose", counted_propose)
+    tiny.dspark = DSpark(False)
+    base = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+    off_decodes, calls["decode"] = calls["decode"], []
+    assert calls["propose"] == 0
+    d = tiny.dspark = DSpark(True)
+    d._cost = _Synthetic(lambda B: 0.001, lambda B, T: 0.001 * 2 * T)  # all accepted: T / 2T < 1
+    d._last_probe = 1 << 30  # no probe due during the run
+    outs = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+    assert outs == base
+    assert calls["propose"] == 0 and d.stats.drafting_steps == 0 and d.stats.verify_steps == 0
+    assert d.stats.skipped >= d.stats.decode_steps - 1 > 0  # the last: no room for a draft at all
+    assert calls["decode"] == off_decodes  # the off mode's decode path, step for step
+    # a probe is still due now and then: then it drafts
+    d = tiny.dspark = DSpark(True)
+    d._cost = _Synthetic(lambda B: 0.001, lambda B, T: 0.001 * 2 * T)
+    assert [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)] == base
+    assert calls["propose"] > 0 and d.stats.drafting_steps >= 1
