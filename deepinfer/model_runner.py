@@ -147,16 +147,9 @@ class ModelRunner:
         from_zero: bool = False,
     ) -> torch.Tensor:
         assert self.cache is not None, "ensure_cache() first"
-        slots = [s.slot for s in seqs]
-        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
-        batch = ForwardBatch(
-            tokens=self._to(tokens),
-            positions=self._to(positions),
-            slots=self._to(slots),
-            kv_len=max(p[-1] for p in positions) + 1,
-            slot_start=slots[0] if contiguous else None,
-            logits_index=self._to(last) if last is not None and len(tokens[0]) > 1 else None,
-            from_zero=from_zero,
+        batch = ForwardBatch.of_rows(
+            self._to, [s.slot for s in seqs], tokens, positions,
+            logits_index=last if len(tokens[0]) > 1 else None, from_zero=from_zero,
         )
         logits = self.model.forward(batch, self.cache)
         return logits if logits.dim() == 2 else logits[:, -1]

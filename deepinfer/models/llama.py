@@ -46,6 +46,21 @@ class ForwardBatch:
     logits_index: torch.Tensor | None = None
     from_zero: bool = False  # every row's positions are 0..T-1 (fresh prefill): causal, no mask
 
+    @classmethod
+    def of_rows(cls, to, slots: list[int], tokens: list[list[int]], positions: list[list[int]], *,
+                logits_index: list[int] | None = None, from_zero: bool = False) -> ForwardBatch:
+        """A batch from host lists; ``to`` moves an int list to the device as int64."""
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        return cls(
+            tokens=to(tokens),
+            positions=to(positions),
+            slots=to(slots),
+            kv_len=max(p[-1] for p in positions) + 1,
+            slot_start=slots[0] if contiguous else None,
+            logits_index=to(logits_index) if logits_index is not None else None,
+            from_zero=from_zero,
+        )
+
 
 @dataclass
 class _Layer:

@@ -101,16 +101,8 @@ class Verifier:
             tokens.append([last, *d] + [0] * (T - 1 - len(d)))
             start = len(s) - 1
             positions.append(list(range(start, start + T)))
-        slots = [s.slot for s in seqs]
-        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
-        batch = ForwardBatch(
-            tokens=self._to(tokens),
-            positions=self._to(positions),
-            slots=self._to(slots),
-            kv_len=max(p[-1] for p in positions) + 1,
-            slot_start=slots[0] if contiguous else None,
-            logits_index=None,  # logits at every position: [B, T, V]
-        )
+        # logits at every position: [B, T, V]
+        batch = ForwardBatch.of_rows(self._to, [s.slot for s in seqs], tokens, positions)
         return model.forward(batch, cache)
 
     def _to(self, rows: list) -> torch.Tensor:
