@@ -353,7 +353,7 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
             "the constraint matches no finite output (unsatisfiable, or recursion with no base case"
             f" in {', '.join(repr(b) for b in bad)})"
         )
-    dfas = {i: minimize(raw[i], live_states(raw[i], productive), productive, deadline) for i in productive}
+    dfas = {i: minimize(raw[i], live_states(raw[i], productive), productive) for i in productive}
     _check_left_recursion(dfas, order)
 
     offsets: dict[int, int] = {}

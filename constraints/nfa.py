@@ -179,8 +179,7 @@ class FragmentBuilder:
             parts = [self._sub_dfa(i) for i in e.items]
             d = parts[0]
             for other in parts[1:]:
-                d = product(d, other, "diff" if isinstance(e, Diff) else "and", self.nfa.limits,
-                            self.nfa.deadline)
+                d = product(d, other, "diff" if isinstance(e, Diff) else "and", self.nfa.limits)
             self.dfa_memo[e] = d
         if d is None:
             sub = NFA(self.nfa.limits, self.nfa.deadline)
@@ -189,7 +188,7 @@ class FragmentBuilder:
             s0 = sub.new()
             end = fb.build(e, s0, splice=False)
             raw = determinize(sub, s0, end, self.cls, self.reps, self.nfa.limits, self.class_memo)
-            d = minimize(raw, live_states(raw, set()), set(), self.nfa.deadline)
+            d = minimize(raw, live_states(raw, set()), set())
             self.dfa_memo[e] = d
         return d
 
@@ -498,7 +497,7 @@ def live_states(dfa: RawDFA, productive_rules: set[int]) -> np.ndarray:
     return live_kernel(np.ascontiguousarray(dfa.table), dfa.accepting.astype(bool), src, dst)
 
 
-def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int], deadline: float | None = None) -> RawDFA:
+def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDFA:
     """The minimal DFA of the live part (:func:`~.dfa_kernels.minimize_kernel`: Hopcroft,
     then breadth-first numbering; calls to unproductive rules dropped). Start stays
     state 0. Returns a DFA whose states are all live (dead transitions are -1); if the
@@ -574,7 +573,7 @@ def _partition(sig: np.ndarray, coef: np.ndarray) -> np.ndarray:
     return inv.reshape(-1).astype(np.int64)
 
 
-def product(d1: RawDFA, d2: RawDFA, mode: str, limits: Limits, deadline: float) -> RawDFA:
+def product(d1: RawDFA, d2: RawDFA, mode: str, limits: Limits) -> RawDFA:
     """Product of two call-free DFAs over the same classes: ``"and"`` (both accept) or
     ``"diff"`` (``d1`` accepts, ``d2`` does not). Returns it minimised."""
     if len(d1.accepting) == 0:
@@ -588,4 +587,4 @@ def product(d1: RawDFA, d2: RawDFA, mode: str, limits: Limits, deadline: float) 
             f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
         )
     raw = RawDFA(table, acc, [[] for _ in range(len(acc))])
-    return minimize(raw, live_states(raw, set()), set(), deadline)
+    return minimize(raw, live_states(raw, set()), set())

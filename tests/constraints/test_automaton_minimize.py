@@ -181,7 +181,7 @@ def test_product_accepts_the_intersection_or_difference(seed):
     d1 = random_dfa(rng, rng.randint(1, 12), k, cyclic=True)
     d2 = random_dfa(rng, rng.randint(0, 12), k, cyclic=True)
     for mode in ("and", "diff"):
-        p = product(d1, d2, mode, Limits(), float("inf"))
+        p = product(d1, d2, mode, Limits())
         for _ in range(300):
             w = [rng.randrange(k) for _ in range(rng.randint(0, 8))]
             a, b = run(d1, w), len(d2.accepting) > 0 and run(d2, w)
