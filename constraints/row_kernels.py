@@ -243,9 +243,15 @@ else:  # pragma: no cover
     canonical_key = _canonical_key_py
 
 
-def warm_up() -> None:
-    """Load (or compile) the kernels now rather than on the first cold row."""
+def warm_up(index=None) -> None:
+    """Load (or compile) the kernels now rather than on the first cold row (with a
+    vocabulary's trie, its walks too)."""
     table = np.full((1, 1), -1, dtype=np.int32)
+    if index is not None:
+        cls, bnd = np.zeros(256, dtype=np.int32), np.zeros(1, dtype=np.bool_)
+        words = np.zeros(index.n_words, dtype=np.uint32)
+        index.walk(table, cls, 0, bnd, words)
+        index.walk_below(table, cls, 0, bnd, words, np.zeros(min(1, index.n_nodes), dtype=np.int32))
     _, block, quotient = unquoted_region(table, np.zeros(256, dtype=np.int32), 0x22, np.zeros(1, dtype=np.bool_),
                                          0, 4, np.full(1, -1, dtype=np.int32))
     key = canonical_key(quotient, int(block[0]))

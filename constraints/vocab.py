@@ -186,5 +186,12 @@ class Vocabulary:
             from .row_kernels import warm_up
 
             self._index = VocabIndex(self)
-            warm_up()  # the cold-row kernels: loaded now, not on the first mask
+            warm_up(self._index)  # the cold-row kernels: loaded now, not on the first mask
+            from .compiled import prime_shared_rows
+            from .errors import ConstraintError
+
+            try:
+                prime_shared_rows(self)
+            except ConstraintError:  # pragma: no cover - a cache, never needed for correctness
+                pass
         return self._index

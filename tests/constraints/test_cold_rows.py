@@ -127,3 +127,17 @@ def test_rows_equal_plain_walk_on_a_real_vocabulary():
         ref = PlainWalk(c.automaton, vocab, c.kind, c.spec)
         for m in _random_configs(c, rng, walks=3, steps=15):
             np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
+
+
+def test_json_string_rows_are_primed_with_the_vocabulary():
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    c = Compiler(vocab).json_schema({"type": "object", "properties": {"k": {"type": "string"}}})
+    primed = dict(vocab.shared_rows())
+    assert len(primed) >= 2
+    a = c.automaton
+    for prefix in (b'{"', b'{"k":"', b'{"k":"ab'):  # a key, a value, inside a value
+        cfg = a.step_bytes(a.initial, prefix)
+        ref = PlainWalk(a, vocab, c.kind, c.spec)
+        np.testing.assert_array_equal(c.mask_row(cfg), ref.mask_row(cfg))
+        np.testing.assert_array_equal(c.allowed_tokens(cfg), reference_allowed(c, cfg))
+    assert vocab.shared_rows().keys() == primed.keys()  # both strings hit the primed rows
