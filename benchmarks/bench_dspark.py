@@ -494,12 +494,18 @@ def bench_device(args) -> None:
               seed=0)  # fmt: skip
     tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s)))
     base_prompts = [llm.tokenizer.encode(prompt_text(t)) for t in tasks]
+    t0 = time.perf_counter()  # every decode and verify graph the runs may use, as a server does at start
+    n_graphs = llm.capture_graphs(max(map(len, base_prompts)) + args.max_tokens + 16, verify=True)
+    print(f"captured {n_graphs} CUDA graphs up front in {time.perf_counter() - t0:.1f} s", flush=True)
+    if args.profile:
+        graph_times(llm, max(map(len, base_prompts)) + args.max_tokens // 2)
     recorded = trace.get("outputs") or {}
     print(f"device {args.device}, {args.shape} random weights bf16, {len(tasks)} tasks "
           f"({sum(t['name'] in recorded for t in tasks)} with the real model's recorded answer, the rest the record "
           f"as JSON); acceptance {'replayed ' + str([round(r, 3) for r in rates]) if args.accept == 'rates' else 'by the script'} "
           f"({trace.get('source', 'default rates: no trace file')})", flush=True)  # fmt: skip
     rows = []
+    prof = StepProfile() if args.profile else None
     for batch in args.batches:
         n = max(batch, len(tasks))  # batch 1: every task, one after another
         prompts = [base_prompts[i % len(tasks)] for i in range(n)]
@@ -508,9 +514,16 @@ def bench_device(args) -> None:
         replay = Replay(scripts_for(tasks, n, llm.tokenizer, eos[0], recorded), rates, args.accept)
         replay.install(llm)  # both modes write the scripts
         modes = {"off": False, "DSpark (replayed)": replay.dspark(_dspark_setting(args))}
-        for setting in modes.values():  # warm-up: graph captures for the buckets this batch uses
-            _generate(llm, prompts[:batch], params[:batch], setting)
+        if prof is not None:
+            prof.wrap_verify(modes["DSpark (replayed)"])
+        for _ in range(2):  # warm-up: graph captures for the shapes this batch uses (two passes: the
+            for setting in modes.values():  # scheduler's choices, hence shapes, vary with its state)
+                _generate(llm, prompts[:batch], params[:batch], setting)
+        if prof is not None:
+            prof.reset()
         res = measure(llm, prompts, params, batch, modes)
+        if prof is not None:
+            prof.report(f"batch {batch}, measured runs (both modes)")
         base_tps = None
         for m, r in res.items():
             n_tok = sum(len(o.token_ids) for o in r["outs"])
@@ -529,6 +542,126 @@ def bench_device(args) -> None:
           f"{'replayed from the CPU measurement' if args.accept == 'rates' else 'of the scripts exactly'}")
     _table(["batch", "mode", "tokens", "tok/s", "vs off", "tok/row-step", "tok/verify step", "verify rows",
             "forced acc", "n-gram acc", "valid"], rows)
+
+
+class StepProfile:
+    """Where a DSpark run's time goes (``--profile``), per mode ("off" / "dspark"): every step
+    interval the cost model observes, by (path, batch bucket, width bucket); CUDA-graph captures
+    (decode and verify); host seconds in DSpark's phases (``plan``, ``step`` and, inside it,
+    the verifier's calls). Hooks the classes, so it sees every run."""
+
+    HOST = (("DSpark", "plan"), ("DSpark", "step"), ("Verifier", "start_masks"), ("Verifier", "forward"),
+            ("Verifier", "bitmask"), ("Verifier", "inputs"), ("DSpark", "verify_fn"))
+
+    def __init__(self) -> None:
+        from deepinfer.cuda_graphs import DecodeGraphs
+        from deepinfer.spec import dspark, graphs, scheduler, verify
+
+        self.mode = "off"
+        self.steps: dict[tuple, list[float]] = {}
+        self.host: dict[tuple[str, str], float] = {}
+        self.calls: dict[tuple[str, str], int] = {}
+        prof = self
+
+        def timed(cls, name, key):
+            orig = getattr(cls, name)
+
+            def wrapper(*a, **kw):
+                if name == "plan":
+                    prof.mode = "off" if a[0].config.default == "off" else "dspark"
+                t = time.perf_counter()
+                try:
+                    return orig(*a, **kw)
+                finally:
+                    k = (prof.mode, key)
+                    prof.host[k] = prof.host.get(k, 0.0) + time.perf_counter() - t
+                    prof.calls[k] = prof.calls.get(k, 0) + 1
+
+            setattr(cls, name, wrapper)
+
+        timed(graphs.VerifyGraphs, "_make", "capture verify graph")
+        timed(DecodeGraphs, "_capture", "capture decode graph")
+        classes = {"DSpark": dspark.DSpark, "Verifier": verify.Verifier}
+        for cls, name in self.HOST:
+            if name != "verify_fn":
+                timed(classes[cls], name, f"{cls}.{name}")
+        observe = scheduler.CostModel.observe
+
+        def observe_hook(cost, path, tokens, seconds, rows=None, step=0):
+            if rows is not None:
+                T = max(tokens // max(rows, 1), 1)
+                key = (prof.mode, path, scheduler.batch_bucket(rows), scheduler.width_bucket(T))
+                prof.steps.setdefault(key, []).append(seconds)
+            return observe(cost, path, tokens, seconds, rows=rows, step=step)
+
+        scheduler.CostModel.observe = observe_hook
+
+    def wrap_verify(self, d) -> None:
+        """Time a DSpark instance's verify function (an attribute, not a method)."""
+        fn = d.verify_fn
+
+        def timed_verify(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                k = (self.mode, "verify_fn")
+                self.host[k] = self.host.get(k, 0.0) + time.perf_counter() - t
+                self.calls[k] = self.calls.get(k, 0) + 1
+
+        d.verify_fn = timed_verify
+
+    def reset(self) -> None:
+        self.steps.clear()
+        self.host.clear()
+        self.calls.clear()
+
+    def report(self, title: str) -> None:
+        print(f"\n{title}: step intervals seen by the cost model")
+        rows = []
+        for (mode, path, b, t), xs in sorted(self.steps.items()):
+            xs = sorted(xs)
+            rows.append([mode, path, b, t, len(xs), f"{1e3 * sum(xs) / len(xs):.2f}", f"{1e3 * xs[len(xs) // 2]:.2f}",
+                         f"{1e3 * xs[-1]:.2f}", f"{sum(xs):.3f}"])  # fmt: skip
+        _table(["mode", "path", "batch bucket", "width bucket", "steps", "mean ms", "p50 ms", "max ms", "total s"],
+               rows)  # fmt: skip
+        print("host time (s, calls): " + "; ".join(f"{m} {k} {v:.3f} ({self.calls[(m, k)]})"
+                                                    for (m, k), v in sorted(self.host.items())), flush=True)
+
+
+def graph_times(llm, kv_need: int, batches=(1, 8, 64), widths=(1, 2, 3, 5, 9), reps: int = 20) -> None:
+    """Device time of one replay of each captured graph (decode: width 1; verify: widths 2..),
+    by CUDA events over ``reps`` back-to-back replays: the forward alone, no host work."""
+    import torch
+
+    from deepinfer.cuda_graphs import Tile, batch_buckets, bucket_for, kv_bucket
+    from deepinfer.spec.graphs import t_bucket
+
+    runner = llm.runner
+    kv = kv_bucket(kv_need, runner.cache.max_len)
+    rows = []
+    for b in batches:
+        Bp = bucket_for(b, batch_buckets(runner.cache.num_slots))
+        out = [Bp]
+        for T in widths:
+            if T == 1:
+                g = runner.graphs.graphs.get(Tile(0, Bp, kv))
+            else:
+                g = runner.verify_graphs().graphs.get((Bp, t_bucket(T), kv))
+            if g is None:
+                out.append("-")
+                continue
+            g.graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                g.graph.replay()
+            end.record()
+            end.synchronize()
+            out.append(f"{start.elapsed_time(end) / reps:.2f}")
+        rows.append(out)
+    print(f"\ngraph replay, ms on the device ({kv} keys; width 1 = the decode graph)")
+    _table(["rows"] + [f"width {T}" for T in widths], rows)
 
 
 def _dspark_setting(args):
@@ -551,6 +684,8 @@ def main() -> None:
     ap.add_argument("--replay", action="store_true", help="the random-weights replay on any device (smoke test)")
     ap.add_argument("--accept", default="rates", choices=["rates", "script"],
                     help="device: drafts accepted at the measured rates, or where they are the script's tokens")
+    ap.add_argument("--profile", action="store_true",
+                    help="device: print step times by shape, graph captures and DSpark's host time")
     args = ap.parse_args()
     if args.device == "cpu" and not args.replay:
         args.batches = [int(x) for x in (args.batches or "1,8").split(",")]

@@ -130,12 +130,18 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Tile, _Graph] = {}
 
+    def ensure(self, tile: Tile) -> bool:
+        """Capture the graph of ``tile`` unless it exists; True when it was captured now."""
+        if tile in self.graphs:
+            return False
+        self.graphs[tile] = self._capture(tile)
+        return True
+
     def run(self, tile: Tile, inputs: torch.Tensor) -> torch.Tensor:
         """inputs: [3, rows] int64 (pinned host memory or device). Returns the graph's static
         logits [rows, V]: valid until this graph replays again. No host sync (after capture)."""
-        g = self.graphs.get(tile)
-        if g is None:
-            g = self.graphs[tile] = self._capture(tile)
+        self.ensure(tile)
+        g = self.graphs[tile]
         g.inputs.copy_(inputs, non_blocking=True)
         g.graph.replay()
         return g.logits

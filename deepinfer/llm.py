@@ -168,6 +168,23 @@ class LLM:
         self._run([s for s in seqs if not s.is_finished], use_tqdm)
         return [self._output(s, relaxed.get(s.request_id, [])) for s in seqs]
 
+    def capture_graphs(self, max_len: int | None = None, *, verify: bool | None = None) -> int:
+        """Capture now the CUDA graphs that decoding captures on first use (~0.1 s each at 8B
+        scale): decode for every batch bucket up to ``max_num_seqs`` and key bucket up to
+        ``max_len`` (default ``max_model_len``), and DSpark's verify forward at every width up to
+        ``max_drafts + 1`` (``verify``: None = when DSpark is on by default). Serving code calls
+        it once at start so no request pays a capture. Returns the number captured (0 off CUDA
+        and in deterministic mode, which captures nothing)."""
+        from .spec.graphs import t_bucket
+
+        max_len = min(max_len or self.max_model_len, self.max_model_len)
+        self.runner.ensure_cache(self.max_num_seqs, max_len)
+        cfg = self.dspark.config
+        if verify is None:
+            verify = cfg.default != "off" and cfg.cuda_graphs
+        widths = sorted({t_bucket(T) for T in range(2, cfg.max_drafts + 2)}) if verify else []
+        return self.runner.capture_graphs(max_len, tuple(widths))
+
     def compile_constraint(self, params: SamplingParams):
         """Compile ``params``' constraint now (cached and shared with later requests).
 
@@ -255,6 +272,8 @@ class LLM:
 
             bar = tqdm(total=len(seqs), desc="generate", unit="req", leave=False)
         while waiting or running:
+            if not waiting:  # the batch only shrinks now: keep its rows in the lowest slots
+                self.runner.compact(running, free_slots)
             # 1. schedule: admit waiting requests into free slots (prefill), else decode all
             admitted: list[Sequence] = []
             budget = self.max_num_batched_tokens

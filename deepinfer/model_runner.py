@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import _threads  # noqa: F401  (OMP policy before torch)
-from .cuda_graphs import DecodeGraphs, plan_decode
+from .cuda_graphs import DecodeGraphs, Tile, batch_buckets, bucket_for, kv_bucket, plan_decode
 from .models.decode_attention import ATTN_CHUNK
 from .models.kv_cache import KVCache
 from .models.llama import DECODE_ATTENTION, ForwardBatch, LlamaModel
@@ -69,11 +69,12 @@ class ModelRunner:
         self.static_decode = self.cuda_graphs or deterministic
         self.cache: KVCache | None = None
         self.graphs: DecodeGraphs | None = None
+        self._verify_graphs = None  # spec.graphs.VerifyGraphs: DSpark's verify forward, same cache
 
     def ensure_cache(self, num_slots: int, max_len: int) -> None:
         """(Re)allocate the KV cache when it is smaller than asked; only between requests."""
         if self.cache is None or not self.cache.fits(num_slots, max_len):
-            self.cache = self.graphs = None  # free the old one (and graphs holding it) first
+            self.cache = self.graphs = self._verify_graphs = None  # free the old one (and graphs holding it) first
             tile = self.tile or 1
             spare = -(-num_slots // tile) * tile - num_slots + 1  # whole tiles + the scratch slot
             self.cache = self.model.new_cache(
@@ -81,6 +82,60 @@ class ModelRunner:
             )
             if self.cuda_graphs:
                 self.graphs = DecodeGraphs(self.model, self.cache, attention=self.attention)
+
+    def verify_graphs(self):
+        """DSpark's verify forward as CUDA graphs over this cache (``spec.graphs.VerifyGraphs``),
+        kept here so they live as long as the cache, whichever DSpark instance runs."""
+        assert self.cache is not None and self.cuda_graphs, "ensure_cache() first, on CUDA"
+        if self._verify_graphs is None:
+            from .spec.graphs import VerifyGraphs
+
+            self._verify_graphs = VerifyGraphs(self.model, self.cache)
+        return self._verify_graphs
+
+    def capture_graphs(self, max_len: int, positions: tuple[int, ...] = ()) -> int:
+        """Capture now what decode (and, for each of ``positions``, the verify forward) would
+        capture on first use: one graph per batch bucket x key bucket up to ``max_len`` keys.
+        Returns the number of graphs captured."""
+        assert self.cache is not None, "ensure_cache() first"
+        if not self.cuda_graphs or self.deterministic:
+            return 0
+        cache, n = self.cache, 0
+        kvs, kv = [], 0
+        while kv < min(max_len, cache.max_len):
+            kv = kv_bucket(kv + 1, cache.max_len)
+            kvs.append(kv)
+        for rows in batch_buckets(cache.num_slots):
+            for kv in kvs:
+                n += self.graphs.ensure(Tile(0, rows, kv))
+                for T in positions:
+                    n += self.verify_graphs().ensure(rows, T, kv)
+        return n
+
+    def compact(self, running: list[Sequence], free_slots: list[int]) -> int:
+        """Move running sequences into the lowest slots when the batch has shrunk so that its
+        CUDA graphs could use a smaller batch bucket than its highest slot needs: rows are
+        slot-major, so a few rows left in high slots would still run (and, verifying, compute)
+        the full bucket. Sequences in slots >= len(running) move, with their KV entries, into
+        the free slots below it (one copy each of K and V); ``free_slots`` is updated. Only for
+        the graphs' single tile (not deterministic tiles). Returns the number moved."""
+        if not self.cuda_graphs or self.deterministic or not running or self.cache is None:
+            return 0
+        n = len(running)
+        buckets = batch_buckets(self.cache.num_slots)
+        if max(s.slot for s in running) < bucket_for(n, buckets):
+            return 0  # already in the smallest bucket that holds n rows
+        k, v = self.cache.k, self.cache.v  # [layers, slots, nkv, max_len, hd]
+        movers = [s for s in running if s.slot >= n]
+        for s, dst in zip(movers, sorted(x for x in free_slots if x < n)):
+            length = len(s)
+            k[:, dst, :, :length] = k[:, s.slot, :, :length]
+            v[:, dst, :, :length] = v[:, s.slot, :, :length]
+            free_slots.remove(dst)
+            free_slots.append(s.slot)
+            s.slot = dst
+        running.sort(key=lambda s: s.slot)
+        return len(movers)
 
     def _to(self, rows: list) -> torch.Tensor:
         pin = self.device.type == "cuda"  # a pinned source makes the copy truly asynchronous

@@ -234,62 +234,77 @@ class LlamaModel:
         kv_len: int,
         attention: str = "sdpa",
     ) -> torch.Tensor:
-        """One decode token per row, shapes fixed by (B, kv_len): logits float32 [B, V].
+        """T new tokens per row (T = 1: decode; T > 1: DSpark's verify forward), shapes fixed by
+        (B, T, kv_len): logits float32 [B, V] for 1-D inputs, [B, T, V] for 2-D ones.
 
         Row b is cache slot `slot_start + b` (slot-major: keys are a slice, never a gather); it
-        writes its new K/V at (write_slots[b], positions[b]) -- its own slot, or the scratch slot
-        for a padding row -- and attends to keys [0, positions[b]] of its slot. No host sync, no
-        data-dependent shapes: capturable in a CUDA graph.
+        writes its new K/V at (write_slots[b], positions[b, t]) -- its own slot, or the scratch
+        slot for a padding row -- and its query t attends to keys [0, positions[b, t]] of its
+        slot. No host sync, no data-dependent shapes: capturable in a CUDA graph.
 
-        tokens, positions, write_slots: [B] int64 on the model's device.
+        tokens, positions: [B] or [B, T] int64 on the model's device; write_slots: [B].
         attention: "sdpa" (torch SDPA over kv_len >= max(positions) + 1 keys with a length mask),
-        or a batch-invariant one from decode_attention.py: "torch" (fixed 256-key blocks; kv_len a
-        multiple of 256) or "triton" (reads each row's length on the device; kv_len unused).
+        or, for T = 1, a batch-invariant one from decode_attention.py: "torch" (fixed 256-key
+        blocks; kv_len a multiple of 256) or "triton" (reads each row's length on the device;
+        kv_len unused).
         """
         c = self.config
-        B = tokens.shape[0]
+        one = tokens.dim() == 1
+        if one:
+            tokens, positions = tokens[:, None], positions[:, None]
+        B, T = tokens.shape
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         g, nqk, eps, s0 = nh // nkv, nh + nkv, c.rms_norm_eps, slot_start
         if attention not in DECODE_ATTENTION:
             raise ValueError(f"attention must be one of {DECODE_ATTENTION}, got {attention!r}")
+        if attention != "sdpa" and T > 1:
+            raise ValueError(f"attention={attention!r} decodes one token a row, got {T}")
         if kv_len > cache.max_len or s0 + B > cache.k.shape[1]:
             raise ValueError(f"decode of slots [{s0}, {s0 + B}) x {kv_len} keys exceeds the KV cache")
         if attention == "torch" and kv_len % ATTN_CHUNK:
             raise ValueError(f"attention='torch' needs kv_len a multiple of {ATTN_CHUNK}, got {kv_len}")
 
-        x = F.embedding(tokens, self.embed)  # [B, H]
-        cos = self.cos[positions].unsqueeze(1)  # [B, 1, hd]
-        sin = self.sin[positions].unsqueeze(1)
+        x = F.embedding(tokens, self.embed)  # [B, T, H]
+        cos = self.cos[positions].unsqueeze(2)  # [B, T, 1, hd]
+        sin = self.sin[positions].unsqueeze(2)
         visible = bias = None
         if attention != "triton":  # the kernel reads each row's length itself
-            visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(1)  # [B, kv_len]
-        if attention == "sdpa":  # additive mask, one row per batch row: [B, 1, 1, kv_len]
+            visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(2)  # [B, T, kv_len]
+        if attention == "sdpa":  # additive mask, one row per (batch row, query): [B, 1, g*T or 1, kv_len]
             zero = torch.zeros((), dtype=self.dtype, device=tokens.device)
-            bias = torch.where(visible, zero, float("-inf")).view(B, 1, 1, kv_len)
+            bias = torch.where(visible, zero, float("-inf")).view(B, 1, T, kv_len)
+            if T > 1:  # queries are (head in group, position) pairs, position fastest
+                bias = bias.repeat(1, 1, g, 1)
+        if visible is not None:
+            visible = visible[:, 0] if one else visible  # "torch" attention: [B, kv_len]
+        write = write_slots.view(B, 1)
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1, eps)
-            qkv = h @ layer.wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h, layer.wqkv)
-            qkv = qkv.view(B, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
-            qk = qkv[:, :nqk]
+            qkv = h @ layer.wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h.view(B * T, -1), layer.wqkv)
+            qkv = qkv.view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
+            qk = qkv[:, :, :nqk]
             qk = qk * cos + _rotate_half(qk) * sin
             kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
-            kc[write_slots, :, positions] = qk[:, nh:]  # [B, nkv, hd] at (slot, :, pos)
-            vc[write_slots, :, positions] = qkv[:, nqk:]
-            # GQA for one query token: the g query heads of a KV group act as g queries of one
-            # head (they share the row's mask), so no K/V is repeated. q: [B, nkv, g, hd]
-            q = qk[:, :nh].reshape(B, nkv, g, hd)
+            kc[write, :, positions] = qk[:, :, nh:]  # [B, T, nkv, hd] at (slot, :, pos)
+            vc[write, :, positions] = qkv[:, :, nqk:]
+            # GQA: the g query heads of a KV group (x T positions) act as g*T queries of one head
+            # (each row's mask per position), so no K/V is repeated. q: [B, nkv, g*T, hd]
+            q = qk[:, :, :nh].reshape(B, T, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, hd)
             if attention == "triton":
-                o = decode_attention_triton(q, kc, vc, positions, s0)
+                o = decode_attention_triton(q, kc, vc, positions[:, 0], s0)
             else:
                 keys, values = kc[s0 : s0 + B, :, :kv_len], vc[s0 : s0 + B, :, :kv_len]
                 if attention == "torch":
                     o = decode_attention_torch(q, keys, values, visible)
                 else:
                     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
-            x = x + o.reshape(B, nh * hd) @ layer.wo
+            o = o.reshape(B, nkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(B, T, nh * hd)
+            x = x + o @ layer.wo
             h = F.rms_norm(x, (x.shape[-1],), layer.ln2, eps)
             gate, up = (h @ layer.wgu).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ layer.wd
+        if one:
+            x = x[:, 0]
         x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
         return (x @ self.lm_head).float()
 

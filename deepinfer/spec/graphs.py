@@ -2,13 +2,16 @@
 an eager multi-position forward would launch ~25 kernels a layer from Python and cost more
 than the decode it saves).
 
-Shapes are bucketed: rows to the decode graphs' batch buckets (``cuda_graphs.batch_buckets``),
-positions per row to ``T_BUCKETS``, keys to ``cuda_graphs.kv_bucket``. Padding rows feed token 0
-at positions 0.. into the cache's scratch slot (their outputs are dropped); padding positions of
-a real row continue its positions (their K/V land past the row's accepted length: garbage that
-attention never reads and later steps overwrite), so a step is used only when every row has
-room for the bucketed positions in the cache (``fits``). The caller reads ``[:B, :T]`` of the
-static logits before the next replay.
+The forward is ``LlamaModel.decode_static`` with T positions a row, laid out slot-major as the
+decode graphs are: row r is KV slot r, so a row's keys are a slice of the cache (no gather of
+the cache, and attention needs no repeated K/V for GQA). Shapes are bucketed: rows to the batch
+bucket covering the highest slot verified (``cuda_graphs.batch_buckets``), positions per row to
+``T_BUCKETS``, keys to ``cuda_graphs.kv_bucket``. Slots not verified this step are padding rows:
+token 0 at positions 0.., writing into the cache's scratch slot (their outputs are dropped);
+padding positions of a real row continue its positions (their K/V land past the row's accepted
+length: garbage that attention never reads and later steps overwrite), so a step is used only
+when every row has room for the bucketed positions in the cache (``fits``). The caller reads
+the returned logits before the next replay.
 
 ``capture=False`` runs the same fixed-shape forward eagerly (tests of the padding on CPU).
 """
@@ -20,7 +23,6 @@ from dataclasses import dataclass
 import torch
 
 from ..cuda_graphs import batch_buckets, bucket_for, kv_bucket
-from ..models.llama import ForwardBatch
 
 T_BUCKETS = (2, 3, 5, 9, 17, 33)
 
@@ -35,14 +37,13 @@ def t_bucket(T: int) -> int:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph | None
-    tokens: torch.Tensor  # [Bp, Tb] int64 (static: copy into it)
-    positions: torch.Tensor  # [Bp, Tb] int64
-    slots: torch.Tensor  # [Bp] int64
+    inputs: torch.Tensor  # [2 * Bp * Tb + Bp] int64: tokens, positions, write slots (static: copy into it)
     logits: torch.Tensor | None  # [Bp, Tb, V] float32 (static: read after replay)
 
 
 class VerifyGraphs:
-    """One CUDA graph of ``model.forward`` per (rows, positions, keys) bucket, for one KV cache."""
+    """One CUDA graph of ``model.decode_static`` (T positions a row) per (rows, positions, keys)
+    bucket, for one KV cache."""
 
     def __init__(self, model, cache, *, capture: bool = True) -> None:
         self.model, self.cache, self.capture = model, cache, capture
@@ -51,56 +52,69 @@ class VerifyGraphs:
 
     def fits(self, seqs, T: int) -> bool:
         """Every row's bucketed positions L-1 .. L-1+Tb-1 lie inside the cache."""
-        Tb = t_bucket(T)
-        return len(seqs) <= self.cache.num_slots and max(len(s) for s in seqs) - 1 + Tb <= self.cache.max_len
+        return max(len(s) for s in seqs) - 1 + t_bucket(T) <= self.cache.max_len
 
     def run(self, seqs, drafts: list[list[int]], T: int) -> torch.Tensor:
-        """Logits [B, T, V] (a view of the graph's static output) for rows [last, *drafts]."""
+        """Logits [B, T, V] (rows in ``seqs`` order; a view of the graph's static output when
+        the sequences hold slots 0..B-1 in order) for rows [last, *drafts]."""
         cache = self.cache
         B, Tb = len(seqs), t_bucket(T)
-        Bp = bucket_for(B, batch_buckets(cache.num_slots))
+        slots = [s.slot for s in seqs]
+        Bp = bucket_for(max(slots) + 1, batch_buckets(cache.num_slots))
         kv = kv_bucket(max(len(s) for s in seqs) - 1 + Tb, cache.max_len)
-        tokens = [[0] * Tb for _ in range(Bp)]
-        positions = [list(range(Tb)) for _ in range(Bp)]
-        slots = [cache.scratch_slot] * Bp
-        for i, (s, d) in enumerate(zip(seqs, drafts)):
+        tokens = [0] * (Bp * Tb)
+        positions = list(range(Tb)) * Bp
+        write = [cache.scratch_slot] * Bp
+        for s, d in zip(seqs, drafts):
+            r = s.slot
             last = s.output_token_ids[-1] if s.output_token_ids else s.prompt_token_ids[-1]
-            tokens[i][: len(d) + 1] = [last, *d]
-            positions[i] = list(range(len(s) - 1, len(s) - 1 + Tb))
-            slots[i] = s.slot
-        g = self.graphs.get((Bp, Tb, kv))
-        if g is None:
-            g = self.graphs[(Bp, Tb, kv)] = self._make(Bp, Tb, kv)
-        pin = self.capture
-        g.tokens.copy_(torch.tensor(tokens, dtype=torch.int64, pin_memory=pin), non_blocking=True)
-        g.positions.copy_(torch.tensor(positions, dtype=torch.int64, pin_memory=pin), non_blocking=True)
-        g.slots.copy_(torch.tensor(slots, dtype=torch.int64, pin_memory=pin), non_blocking=True)
+            tokens[r * Tb : r * Tb + len(d) + 1] = [last, *d]
+            positions[r * Tb : (r + 1) * Tb] = range(len(s) - 1, len(s) - 1 + Tb)
+            write[r] = r
+        self.ensure(Bp, Tb, kv)
+        g = self.graphs[(Bp, Tb, kv)]
+        in_order = slots == list(range(B))
+        host = torch.tensor(tokens + positions + write + ([] if in_order else slots), dtype=torch.int64,
+                            pin_memory=self.capture)  # fmt: skip
+        n = g.inputs.numel()
+        g.inputs.copy_(host[:n], non_blocking=True)
         if g.graph is None:
-            return self._forward(g, kv)[:B, :T]
-        g.graph.replay()
-        return g.logits[:B, :T]
+            logits = self._forward(g, Bp, Tb, kv)
+        else:
+            g.graph.replay()
+            logits = g.logits
+        if in_order:
+            return logits[:B, :T]
+        return logits.index_select(0, host[n:].to(logits.device, non_blocking=True))[:, :T]
 
-    def _forward(self, g: _Graph, kv: int) -> torch.Tensor:
-        batch = ForwardBatch(tokens=g.tokens, positions=g.positions, slots=g.slots, kv_len=kv)
-        return self.model.forward(batch, self.cache)
+    def ensure(self, Bp: int, T: int, kv: int) -> bool:
+        """Make the graph of (Bp rows, T bucketed, kv keys) unless it exists; True when made now."""
+        key = (Bp, t_bucket(T), kv)
+        if key in self.graphs:
+            return False
+        self.graphs[key] = self._make(*key)
+        return True
+
+    def _forward(self, g: _Graph, Bp: int, Tb: int, kv: int) -> torch.Tensor:
+        n = Bp * Tb
+        x = g.inputs
+        return self.model.decode_static(x[:n].view(Bp, Tb), x[n : 2 * n].view(Bp, Tb), x[2 * n :], self.cache,
+                                        slot_start=0, kv_len=kv)  # fmt: skip
 
     def _make(self, Bp: int, Tb: int, kv: int) -> _Graph:
         dev = self.model.device
-        g = _Graph(
-            None,
-            torch.zeros(Bp, Tb, dtype=torch.int64, device=dev),
-            torch.arange(Tb, device=dev).repeat(Bp, 1),
-            torch.full((Bp,), self.cache.scratch_slot, dtype=torch.int64, device=dev),  # warm-up: scratch only
-            None,
-        )
+        inputs = torch.zeros(2 * Bp * Tb + Bp, dtype=torch.int64, device=dev)
+        inputs[Bp * Tb : 2 * Bp * Tb] = torch.arange(Tb, device=dev).repeat(Bp)
+        inputs[2 * Bp * Tb :] = self.cache.scratch_slot  # warm-up: scratch only
+        g = _Graph(None, inputs, None)
         if not self.capture:
             return g
         side = torch.cuda.Stream(dev)  # warm up (cuBLAS handles, workspaces) off the capture
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
-            self._forward(g, kv)
+            self._forward(g, Bp, Tb, kv)
         torch.cuda.current_stream(dev).wait_stream(side)
         g.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g.graph, pool=self.pool):
-            g.logits = self._forward(g, kv)
+        with torch.cuda.graph(g.graph, pool=self.pool, capture_error_mode="thread_local"):
+            g.logits = self._forward(g, Bp, Tb, kv)
         return g

@@ -285,7 +285,7 @@ class Choice:
 
 
 def choose(confidence: list[list[float]], cost: CostModel, max_tokens: int, *, step: int = 0,
-           last_probe: int = -(1 << 30)) -> Choice:
+           last_probe: int = -(1 << 30), probes: bool = True) -> Choice:
     """The T in 1..max(len)+1 with the most expected tokens per second (T = 1: plain decode).
 
     Expected tokens of a step = B + sum_b sum_{j < T} g_{b,j} (g = confidence: drafts 1..j all
@@ -293,7 +293,10 @@ def choose(confidence: list[list[float]], cost: CostModel, max_tokens: int, *, s
     wins only when its expected tokens/s beat plain decoding's (gain > 1). When plain decoding
     wins but a verify shape with expected tokens to gain was never measured, or not for
     PROBE_AGE steps, it is verified anyway at most once every PROBE_GAP steps (a probe), so a
-    stale or prior-only estimate cannot keep drafting off for good.
+    stale or prior-only estimate cannot keep drafting off for good. Symmetrically, a step that
+    would verify is decoded plainly (a probe) while the plain step's time at this batch bucket has
+    not been measured, or not for PROBE_AGE steps (then at most once every PROBE_GAP steps), so a
+    guessed plain cost cannot keep drafting on for good.
     ``max_tokens`` caps B * T (the step's token budget).
     """
     B = len(confidence)
@@ -320,11 +323,18 @@ def choose(confidence: list[list[float]], cost: CostModel, max_tokens: int, *, s
         m = cost.measured("verify", B, T)
         if gain[T - 1] > 0 and (m is None or step - m.last > PROBE_AGE):
             stale = T  # the widest such shape
+    if not probes:
+        return best
     if best.T == 1 and stale is not None and step - last_probe >= PROBE_GAP:
         return Choice(stale, 1.0, probe=True, expected=raws[stale])
+    m = cost.measured("decode", B, 1)
+    if best.T > 1 and (m is None or (step - m.last > PROBE_AGE and step - last_probe >= PROBE_GAP)):
+        # the comparison rests on the plain step's time at this batch: measure it first (a fit
+        # from other batches or from verify steps can be far off), and again when it is stale
+        return Choice(1, 1.0, probe=True)
     return best
 
 
 def choose_positions(confidence: list[list[float]], cost: CostModel, max_tokens: int) -> int:
     """``choose(...).T`` without probing."""
-    return choose(confidence, cost, max_tokens, step=0, last_probe=0).T
+    return choose(confidence, cost, max_tokens, probes=False).T

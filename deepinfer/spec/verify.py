@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ..models.llama import ForwardBatch
-from .graphs import VerifyGraphs
 
 
 def fill_position_masks(matcher, drafts: list[int], rows: np.ndarray) -> None:
@@ -51,7 +50,6 @@ class Verifier:
         self.pin = device.type == "cuda"
         self._buf: torch.Tensor | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._graphs: VerifyGraphs | None = None
         self.mask_seconds = 0.0  # host time spent on positions 1.. (position 0: MaskFiller)
 
     def _host(self, B: int, T: int) -> torch.Tensor:
@@ -87,9 +85,7 @@ class Verifier:
         """One forward over T positions per row (right-padded): logits [B, T, V] float32 (a view
         of a CUDA graph's static output when the runner replays its decode as graphs)."""
         if graphs and runner.cuda_graphs:
-            g = self._graphs
-            if g is None or g.cache is not runner.cache:
-                g = self._graphs = VerifyGraphs(runner.model, runner.cache)
+            g = runner.verify_graphs()
             if g.fits(seqs, T):
                 return g.run(seqs, drafts, T)
         return self.eager_forward(runner.model, runner.cache, seqs, drafts, T)

@@ -125,6 +125,45 @@ def test_static_decode_equals_forward_on_cpu(variant):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+def test_compact_moves_rows_and_their_kv_to_the_lowest_slots():
+    """Rows left in high slots move, KV and all, into the free slots below len(running): decoding
+    then continues as if they had not moved (the graph-shaped path, run eagerly on the CPU)."""
+    model = _model("llama-gqa-untied", "cpu")
+
+    def run(compact: bool):
+        runner = ModelRunner(model)
+        runner.static_decode = True
+        runner.ensure_cache(8, 320)
+        sp = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+        seqs = [Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=4096) for i, p in enumerate(_prompts(8))]
+        for s, slot in zip(seqs, [7, 6, 5, 4, 3, 2, 1, 0]):
+            s.slot = slot
+        logits = runner.prefill(seqs)
+        out = {}
+        for step in range(12):
+            for s, t in zip(seqs, logits.argmax(-1).tolist()):
+                s.output_token_ids.append(t)
+            if step == 4:  # all but three rows finish
+                free = [s.slot for s in seqs if s.slot not in (7, 5, 2)]
+                seqs = [s for s in seqs if s.slot in (7, 5, 2)]
+                if compact:
+                    runner.cuda_graphs = True  # compact() acts for the graphs' tile only
+                    assert runner.compact(seqs, free) == 2
+                    runner.cuda_graphs = False
+                    assert [s.slot for s in seqs] == [0, 1, 2] and sorted(free) == [3, 4, 5, 6, 7]
+                    assert runner.compact(seqs, free) == 0
+            logits = runner.decode(seqs)
+            for s, row in zip(seqs, logits):
+                out.setdefault(s.request_id, []).append(row)
+        return {s.request_id: (s.output_token_ids, torch.stack(out[s.request_id])) for s in seqs}
+
+    moved, stayed = run(True), run(False)
+    assert moved.keys() == stayed.keys() and len(moved) == 3
+    for k in moved:
+        assert moved[k][0] == stayed[k][0]
+        torch.testing.assert_close(moved[k][1], stayed[k][1], atol=1e-4, rtol=0)
+
+
 # -- CUDA graphs ---------------------------------------------------------------------------------
 
 @pytest.mark.gpu

@@ -240,6 +240,10 @@ def _fixed_shape_vs_eager(llm, capture: bool):
     torch.testing.assert_close(fixed.cpu(), eager.cpu(), rtol=1e-4, atol=1e-4)
     again = graphs.run(seqs[:1], drafts[:1], 4).cpu()  # T bucketed to 5, rows to a smaller bucket
     torch.testing.assert_close(again[0, :3], eager[0].cpu(), rtol=1e-4, atol=1e-4)
+    # slot-major rows: slots 2 and 0 (slot 1 a padding row), asked for in that order
+    mixed = graphs.run([seqs[2], seqs[0]], [drafts[2], drafts[0]], 3).cpu()
+    assert mixed.shape == (2, 3, llm.config.vocab_size)
+    torch.testing.assert_close(mixed, eager[[2, 0]].cpu(), rtol=1e-4, atol=1e-4)
 
 
 def test_fixed_shape_verify_forward_equals_eager(tiny):
@@ -256,6 +260,28 @@ def test_verify_cuda_graphs_equal_eager(tiny_folder, monkeypatch_session):
     base, _ = _tiny_run(llm, False, params, prompts)
     got, st = _tiny_run(llm, {"schedule": "fixed"}, params, prompts)
     assert got == base and st.verify_steps > 0
+
+
+@pytest.mark.gpu
+def test_capture_graphs_up_front_leaves_nothing_to_capture(tiny_folder, monkeypatch_session):
+    llm = LLM(tiny_folder[0], dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512,
+              dspark={"default": "all", "schedule": "fixed", "max_drafts": 4})  # fmt: skip
+    n = llm.capture_graphs(300)
+    decode, verify = llm.runner.graphs.graphs, llm.runner.verify_graphs().graphs
+    # batch buckets 1, 2, 4 x key buckets 256, 512; verify widths 2, 3, 5
+    assert n == len(decode) + len(verify) == 6 + 18
+    keys = (set(decode), set(verify))
+    prompts = [[1, 5, 9], [1, 7, 7, 7, 7], [1, 300, 301], [1, 2]]
+    params = [SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=20, ignore_eos=True)] * 2
+    base, _ = _tiny_run(llm, False, params, prompts)
+    got, st = _tiny_run(llm, {"default": "all", "schedule": "fixed", "max_drafts": 4}, params, prompts)
+    assert got == base and st.verify_steps > 0
+    assert (set(decode), set(verify)) == keys and llm.capture_graphs(300) == 0
+
+
+def test_capture_graphs_is_a_no_op_without_cuda(tiny):
+    assert tiny.capture_graphs() == 0
 
 
 # -- units -------------------------------------------------------------------------------------

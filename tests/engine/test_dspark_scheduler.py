@@ -57,6 +57,24 @@ def test_drafting_off_when_verify_too_expensive_on_when_it_pays():
     assert choose(conf, mid, 8192).T == 2
 
 
+def test_plain_step_probed_before_verifying_on_a_guess():
+    """With only verify steps measured at a batch, the plain step's time there is a guess (a fit
+    from verify steps): choose decodes plainly (a probe) until it is measured, then compares."""
+    conf = [[0.9, 0.6, 0.4, 0.2]] * 64
+    m = _measured({}, {(64, 5): 0.018, (64, 2): 0.016})
+    first = choose(conf, m, 8192, step=10)
+    assert first.T == 1 and first.probe
+    for step in (11, 12):
+        m.observe("decode", 64, 0.0088, rows=64, step=step)
+    c = choose(conf, m, 8192, step=13, last_probe=10)
+    # measured: 64 / 8.8 ms plain vs (64 + 64 * 2.1) / 18 ms at T = 5
+    assert c.T == 5 and not c.probe and c.gain == pytest.approx((64 + 64 * 2.1) / 0.018 / (64 / 0.0088))
+    # stale again after PROBE_AGE steps: probed once, then not again within PROBE_GAP
+    late = 12 + PROBE_AGE + 1
+    assert choose(conf, m, 8192, step=late, last_probe=13).probe
+    assert choose(conf, m, 8192, step=late + 1, last_probe=late).T == 5
+
+
 def test_decision_follows_batch_size():
     """GPU-like timings: at batch 1 a verify step costs about a decode step (weight reads
     dominate), at batch 64 it costs 2-3x (compute): drafts pay at batch 1 and not at batch 64."""
