@@ -290,9 +290,20 @@ def _hopcroft_py(table, init):
     mid = first.copy()
     work = np.empty(n + 1, dtype=np.int64)
     in_work = np.zeros(n + 1, dtype=np.bool_)
+    # every initial block but one is a splitter: the DFA is complete, so splitting by all
+    # the others splits by the last too. Leave out the one with the most incoming
+    # transitions (the dead sink's block, typically: most entries of a sparse DFA)
+    indeg = np.zeros(n_blocks, dtype=np.int64)
+    for s in range(n):
+        for c in range(k):
+            indeg[init[s]] += ptr[c * n + s + 1] - ptr[c * n + s]
+    skip = -1
+    for b in range(n_blocks):
+        if end[b] > first[b] and (skip < 0 or indeg[b] > indeg[skip]):
+            skip = b
     top = 0
     for b in range(n_blocks):
-        if end[b] > first[b]:
+        if end[b] > first[b] and b != skip:
             work[top] = b
             in_work[b] = True
             top += 1
