@@ -26,7 +26,18 @@ import numpy as np
 from . import ir
 from .errors import ConstraintError, ConstraintTooComplex
 from .ir import Alt, Expr, Grammar, Ref, Seq
-from .nfa import NFA, FragmentBuilder, Limits, byte_classes, determinize, live_states, minimize
+from .nfa import (
+    NFA,
+    SHARED_DFAS,
+    Alphabet,
+    DFAMemo,
+    FragmentBuilder,
+    Limits,
+    _call_arrays,
+    determinize,
+    live_states,
+    minimize,
+)
 
 MAX_STACK_DEPTH = 4_000
 MAX_STACKS = 512
@@ -230,24 +241,34 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -> set[int]:
+    """The byte sets of every rule reachable from ``roots`` (shared nodes visited once)."""
     masks: set[int] = set()
+    add = masks.add
     seen_rules: set[str] = set()
     seen: set[int] = set()
     stack: list[Expr] = [rules[r] for r in roots]
+    byte_set, repeat, ref = ir.ByteSet, ir.Repeat, Ref
     while stack:
         e = stack.pop()
+        t = type(e)
+        if t is byte_set:
+            add(e.mask)
+            continue
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, ir.ByteSet):
-            masks.add(e.mask)
-        elif isinstance(e, (Seq, Alt, ir.And, ir.Diff)):
-            stack.extend(e.items)
-        elif isinstance(e, ir.Repeat):
+        if t is repeat:
             stack.append(e.item)
-        elif isinstance(e, Ref) and e.name not in seen_rules and e.name in rules:
-            seen_rules.add(e.name)
-            stack.append(rules[e.name])
+        elif t is ref:
+            if e.name not in seen_rules and e.name in rules:
+                seen_rules.add(e.name)
+                stack.append(rules[e.name])
+        else:  # Seq, Alt, And, Diff
+            for it in e.items:
+                if type(it) is byte_set:
+                    add(it.mask)
+                else:
+                    stack.append(it)
     return masks
 
 
@@ -275,7 +296,17 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
 CALL_ABOVE = 64  # IR nodes: on the second attempt, rules larger than this stay rules
 
 
-def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline: float) -> Automaton:
+def _rule_key(name: str, body: Expr, rule_index: dict[str, int]) -> tuple | None:
+    """What a rule's DFA depends on when none of its references is inlined: its body and
+    the call numbering of the rules it refers to (None if it inlines some rule)."""
+    refs = body._refs
+    if any(r not in rule_index for r in refs):
+        return None
+    return ("rule", body, tuple(sorted((r, rule_index[r]) for r in refs)))
+
+
+def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline: float,
+             memo: DFAMemo | None = SHARED_DFAS) -> Automaton:
     rules = dict(grammar.rules)
     if grammar.start not in rules:
         raise ConstraintError(f"start rule {grammar.start!r} is not defined")
@@ -319,20 +350,26 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
     order = [grammar.start] + sorted(called - {grammar.start})
     rule_index = {name: i for i, name in enumerate(order)}
 
-    cls, reps = byte_classes(_collect_masks(rules, order, called))
+    alphabet = Alphabet(_collect_masks(rules, order, called))
+    cls, reps = alphabet.cls, alphabet.reps
+    # the start rule is the constraint's own: only the rules it calls are worth sharing
+    keys = [None if name == grammar.start else _rule_key(name, rules[name], rule_index) for name in order]
     old_limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old_limit, 20_000))
     try:
         raw = []
         dfa_memo: dict = {}
-        class_memo: dict = {}
-        for name in order:
-            nfa = NFA(limits, deadline)
-            builder = FragmentBuilder(nfa, rules, rule_index, cls, reps, dfa_memo)
-            builder.class_memo = class_memo
-            s0 = nfa.new()
-            end = builder.build(rules[name], s0)
-            raw.append(determinize(nfa, s0, end, cls, reps, limits, class_memo))
+        for name, key in zip(order, keys):
+            d = memo.get(key, alphabet) if memo is not None and key is not None else None
+            if d is None:
+                nfa = NFA(limits, deadline, alphabet)
+                builder = FragmentBuilder(nfa, rules, rule_index, dfa_memo, memo)
+                s0 = nfa.new()
+                end = builder.build(rules[name], s0)
+                d = determinize(nfa, s0, end, cls, reps, limits)
+                if memo is not None and key is not None:
+                    memo.put(key, cls, d)
+            raw.append(d)
     except RecursionError:
         raise ConstraintTooComplex("constraint is nested too deeply to compile") from None
     finally:
@@ -353,7 +390,16 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
             "the constraint matches no finite output (unsatisfiable, or recursion with no base case"
             f" in {', '.join(repr(b) for b in bad)})"
         )
-    dfas = {i: minimize(raw[i], live_states(raw[i], productive), productive) for i in productive}
+    dfas = {}
+    for i in productive:
+        key = None if keys[i] is None or memo is None else ("minimal", keys[i], tuple(sorted(
+            j for _, j in keys[i][2] if j in productive)))
+        d = memo.get(key, alphabet) if key is not None else None
+        if d is None:
+            d = minimize(raw[i], live_states(raw[i], productive), productive)
+            if key is not None:
+                memo.put(key, cls, d)
+        dfas[i] = d
     _check_left_recursion(dfas, order)
 
     offsets: dict[int, int] = {}
@@ -374,6 +420,9 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         n = len(d.accepting)
         table[off : off + n] = np.where(d.table >= 0, d.table + off, -1)
         accepting[off : off + n] = d.accepting
+        if len(_call_arrays(d)[0]) == 0:
+            calls.extend([()] * n)
+            continue
         for s in range(n):
             calls.append(tuple((offsets[r], t + off) for r, t in d.calls[s]))
     return Automaton(table, cls, accepting, calls, offsets[0], order)

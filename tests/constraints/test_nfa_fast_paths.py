@@ -1,0 +1,237 @@
+"""The compile fast paths against their references, on random inputs.
+
+- byte classes and each mask's classes (numba kernel) == membership signatures in numpy;
+- subset construction from flat edge arrays (kernel, and its pure-Python twin) ==
+  :func:`_determinize_reference`; the fused determinise + minimise == the steps apart;
+- Hopcroft with many initial blocks (one left out of the worklist) == Moore;
+- a DFA shared by compilations (:class:`DFAMemo`, carried over to other byte classes) ==
+  the DFA compiled afresh; whole grammars compile to identical automata with and without
+  the shared DFAs.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from deepinfer.constraints import ir
+from deepinfer.constraints.automaton import _compile
+from deepinfer.constraints.dfa_kernels import _hopcroft_py
+from deepinfer.constraints.errors import ConstraintError
+from deepinfer.constraints.nfa import (
+    NFA,
+    Alphabet,
+    DFAMemo,
+    FragmentBuilder,
+    Limits,
+    _determinize_reference,
+    _mask_bytes,
+    _moore_blocks,
+    determinize,
+    live_states,
+    mask_classes,
+    minimal_dfa,
+    minimize,
+)
+from deepinfer.constraints.nfa_kernels import _byte_classes_py, _determinize_flat_py, byte_classes_kernel
+
+INF = float("inf")
+
+
+def _random_masks(rng: random.Random) -> list[int]:
+    masks = [rng.getrandbits(256) & rng.getrandbits(256) for _ in range(rng.randint(0, 10))]
+    masks += [1 << rng.randrange(256) for _ in range(rng.randint(0, 5))]
+    masks += [((1 << rng.randint(1, 40)) - 1) << rng.randrange(200) for _ in range(rng.randint(0, 4))]
+    return list(dict.fromkeys(m & ((1 << 256) - 1) for m in masks))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_byte_classes_kernel_matches_membership_signatures(seed):
+    rng = random.Random(seed)
+    masks = _random_masks(rng)
+    raw = _mask_bytes(masks) if masks else np.zeros((0, 32), np.uint8)
+    for fn in (byte_classes_kernel, _byte_classes_py):
+        cls, reps, m_ptr, m_cls = fn(raw)
+        sig = [tuple((m >> b) & 1 for m in masks) for b in range(256)]
+        first: dict = {}
+        want = [first.setdefault(s, len(first)) for s in sig]  # numbered by first byte
+        assert cls.tolist() == want
+        assert reps.tolist() == [sig.index(s) for s in first]
+        c = len(reps)
+        assert m_ptr[: c + 1].tolist() == list(range(c + 1)) and m_cls[:c].tolist() == list(range(c))
+        for i, m in enumerate(masks):
+            got = m_cls[m_ptr[c + i]: m_ptr[c + i + 1]].tolist()
+            assert got == mask_classes(m, cls, reps.tolist())
+        # the numpy path over given classes says the same
+        a = Alphabet(cls=cls, reps=reps.tolist())
+        for m in masks:
+            a.id(m)
+        p2, c2 = a.csr()
+        assert p2.tolist() == m_ptr.tolist() and c2.tolist() == m_cls.tolist()
+
+
+def _random_nfa(rng: random.Random, n: int, n_classes: int, calls: bool = True) -> NFA:
+    nfa = NFA(Limits(), deadline=INF)
+    nfa.new(n)
+    for s in range(n):
+        for _ in range(rng.randint(0, 2)):
+            nfa.add_eps(s, rng.randrange(n))
+        for _ in range(rng.randint(0, 3)):
+            mask = sum(1 << c for c in range(n_classes) if rng.random() < 0.4)
+            if mask:
+                nfa.add_bytes(s, mask, rng.randrange(n))
+        if calls and rng.random() < 0.15:
+            nfa.add_call(s, rng.randrange(2), rng.randrange(n))
+    for _ in range(rng.randint(0, 2)):  # spliced DFAs' class edges
+        k = rng.randint(1, 6)
+        base = nfa.new(k)
+        src = np.array([base + rng.randrange(k) for _ in range(2 * k)], np.int64)
+        nfa.chunks.append((src, np.array([rng.randrange(n_classes) for _ in src], np.int64),
+                           np.array([rng.randrange(nfa.n) for _ in src], np.int64)))
+        nfa.add_eps(rng.randrange(n), base)
+    return nfa
+
+
+def _same_dfa(fast, ref) -> None:
+    """Equal up to state numbering (lockstep walk from the start), calls included."""
+    assert len(fast.accepting) == len(ref.accepting)
+    iso = {0: 0}
+    work = [0]
+    while work:
+        s = work.pop()
+        t = iso[s]
+        assert bool(fast.accepting[s]) == bool(ref.accepting[t])
+        fc, rc = sorted(fast.calls[s]), sorted(ref.calls[t])
+        assert [r for r, _ in fc] == [r for r, _ in rc]
+        pairs = list(zip(fast.table[s].tolist(), ref.table[t].tolist())) + [(a, b) for (_, a), (_, b) in zip(fc, rc)]
+        for a, b in pairs:
+            assert (a < 0) == (b < 0)
+            if a >= 0:
+                if a in iso:
+                    assert iso[a] == b
+                else:
+                    iso[a] = b
+                    work.append(a)
+    assert len(iso) == len(fast.accepting)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_flat_determinize_equals_the_python_reference(seed):
+    rng = random.Random(seed)
+    n_classes = rng.randint(1, 6)
+    nfa = _random_nfa(rng, rng.randint(1, 30), n_classes)
+    cls = np.arange(256, dtype=np.int32) % n_classes
+    reps = list(range(n_classes))
+    accept = rng.randrange(nfa.n)
+    fast = determinize(nfa, 0, accept, cls, reps, Limits())
+    ref = _determinize_reference(nfa, 0, accept, cls, reps, Limits())
+    _same_dfa(fast, ref)
+    # the pure-Python twin of the kernel: the same tables, numbering included
+    a = Alphabet(cls=cls, reps=reps)
+    st, table, acc, cs, cr, cd = _determinize_flat_py(nfa.n, *nfa.flat(a), *a.csr(), 0, accept, n_classes,
+                                                      10**6, 10**12)
+    assert st == 0 and (table == fast.table).all() and (acc == fast.accepting).all()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fused_minimal_dfa_equals_determinize_then_minimize(seed):
+    rng = random.Random(seed)
+    masks = _random_masks(rng) or [1]
+    alphabet = Alphabet(masks)
+    nfa = NFA(Limits(), deadline=INF, alphabet=alphabet)
+    n = rng.randint(1, 25)
+    nfa.new(n)
+    for s in range(n):
+        for _ in range(rng.randint(0, 2)):
+            nfa.add_eps(s, rng.randrange(n))
+        for _ in range(rng.randint(0, 2)):
+            nfa.add_bytes(s, rng.choice(masks), rng.randrange(n))
+    accept = rng.randrange(n)
+    fused = minimal_dfa(nfa, 0, accept)
+    raw = determinize(nfa, 0, accept, alphabet.cls, alphabet.reps, Limits())
+    apart = minimize(raw, live_states(raw, set()), set())
+    assert (fused.table == apart.table).all() and (fused.accepting == apart.accepting).all()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_hopcroft_with_many_initial_blocks_equals_moore(seed):
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(1, 80))
+    k = int(rng.integers(1, 6))
+    table = rng.integers(0, n + 1, size=(n + 1, k))
+    if seed % 2:  # sparse: most moves go to the sink, as in real DFAs
+        table[rng.random((n + 1, k)) < 0.8] = n
+    table[n] = n
+    init = rng.integers(0, int(rng.integers(1, 9)), size=n + 1)
+    _, lab = np.unique(init, return_inverse=True)
+    lab = lab.reshape(-1).astype(np.int64)
+    fast = _hopcroft_py(np.ascontiguousarray(table.astype(np.int64)), lab)
+    ref = _moore_blocks(table, np.zeros(n + 1, bool), [[] for _ in range(n + 1)], lab)
+    pairs = set(zip(fast.tolist(), ref.tolist()))
+    assert len(pairs) == len(set(fast.tolist())) == len(set(ref.tolist()))
+
+
+def _random_expr(rng: random.Random, depth: int) -> ir.Expr:
+    if depth == 0 or rng.random() < 0.25:
+        return rng.choice([ir.lit(rng.choice(["a", "b", "ab", "é", "\u20ac"])), ir.byte_range(0x61, 0x61 + rng.randrange(6)),
+                           ir.utf8_class([(0x61, 0x7A), (0xE9, 0xFF)], negate=rng.random() < 0.5)])
+    kind = rng.randrange(4)
+    if kind == 0:
+        return ir.seq(*(_random_expr(rng, depth - 1) for _ in range(rng.randint(2, 3))))
+    if kind == 1:
+        return ir.alt(*(_random_expr(rng, depth - 1) for _ in range(rng.randint(2, 3))))
+    if kind == 2:
+        lo = rng.randint(0, 2)
+        return ir.rep(_random_expr(rng, depth - 1), lo, rng.choice([None, lo + rng.randint(0, 4)]))
+    return ir.difference(_random_expr(rng, depth - 1), _random_expr(rng, depth - 1))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_shared_dfa_carried_to_other_byte_classes_equals_a_fresh_one(seed):
+    rng = random.Random(seed)
+    e = _random_expr(rng, 3)
+    memo = DFAMemo()
+
+    def sub_dfa(extra: list[int], shared: DFAMemo | None):
+        masks = set()
+        stack = [e]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, ir.ByteSet):
+                masks.add(x.mask)
+            else:
+                stack.extend(getattr(x, "items", ()) or ([x.item] if isinstance(x, ir.Repeat) else []))
+        alphabet = Alphabet(list(masks) + extra)
+        fb = FragmentBuilder(NFA(Limits(), INF, alphabet), {}, {}, {}, shared)
+        return fb._sub_dfa(e)
+
+    first = sub_dfa(_random_masks(rng), memo)  # computed, kept in memo
+    extra = _random_masks(rng)
+    carried = sub_dfa(extra, memo)
+    fresh = sub_dfa(extra, None)
+    assert memo.hits >= 1
+    assert carried.table.shape == fresh.table.shape
+    assert (carried.table == fresh.table).all() and (carried.accepting == fresh.accepting).all()
+    assert len(first.accepting) == len(fresh.accepting)  # minimal either way
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_grammars_compile_the_same_with_and_without_shared_dfas(seed):
+    rng = random.Random(seed)
+    memo = DFAMemo()
+    for _ in range(3):  # later rounds reuse what earlier ones kept
+        big = _random_expr(rng, 4)
+        rules = {"start": ir.seq(ir.lit("["), ir.Ref("v"), ir.lit("]")),
+                 "v": ir.alt(big, ir.seq(ir.lit("("), ir.Ref("v"), ir.lit(")")), ir.rep(big, 4, 6))}
+        g = ir.Grammar(rules)
+        try:
+            b = _compile(g, Limits(), None, INF, None)
+        except ConstraintError as e:  # an empty language: the shared path says the same
+            with pytest.raises(type(e)):
+                _compile(g, Limits(), None, INF, memo)
+            continue
+        a = _compile(g, Limits(), None, INF, memo)
+        assert (a.table == b.table).all() and (a.cls == b.cls).all() and a.calls == b.calls
+        assert (a.accepting == b.accepting).all() and a.start == b.start
