@@ -28,8 +28,8 @@ MAX_FORM_TRIES = 4
 class CompiledConstraint:
     """An automaton over a vocabulary. Create matchers with ``Matcher(compiled)``."""
 
-    # states allowing at least this many bytes take the fast walk (its memo costs ~30 µs
-    # per automaton, more than a small walk)
+    # states allowing at least this many bytes take the fast walk for their whole-trie walk
+    # (small walks gain nothing); continuations always take it. Over 256: never (reference)
     fast_min_bytes = 16
 
     def __init__(self, automaton: Automaton, vocab, kind: str, spec: str, notes: list[str] | None = None):
@@ -42,6 +42,7 @@ class CompiledConstraint:
         a = automaton
         self._bnd_bottom = a.has_calls.copy()
         self._bnd_inner = a.has_calls | a.accepting
+        self._cls_sizes = np.bincount(a.cls, minlength=a.table.shape[1])  # bytes per class
         self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._rows: OrderedDict = OrderedDict()
         self._interned: dict[bytes, np.ndarray] = {}
@@ -111,9 +112,11 @@ class CompiledConstraint:
         a = self.automaton
         bnd = self._bnd_inner if inner else self._bnd_bottom
         canon = None
-        n_bytes = int((a.table[state][a.cls] >= 0).sum())
+        n_bytes = int(self._cls_sizes[a.table[state] >= 0].sum())
         if n_bytes >= PERMISSIVE_BYTES:
-            canon = self._canonical_unquoted(state, inner)
+            big = self.__dict__.get("_canon_big")
+            if big is None or not big[state] or self._canon_region[state] >= 0:
+                canon = self._canonical_unquoted(state, inner)
         trie = self.index
         if canon is None:
             words = np.zeros(self.n_words, dtype=np.uint32)
@@ -136,7 +139,7 @@ class CompiledConstraint:
             words = base.copy()
             trie = with_quote  # boundary node ids below index this trie
             nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
-        hit = (words, nodes.copy(), states.copy(), trie)
+        hit = (words, nodes, states, trie)
         self._ci[key] = hit
         return hit
 
@@ -164,6 +167,9 @@ class CompiledConstraint:
             self._canon_block = np.zeros(a.n_states, dtype=np.int64)
             self._canon_quotients = []
             self._canon_scratch = np.full(a.n_states, -1, dtype=np.int32)
+            # states met by a search that outgrew MAX_CANON_STATES: their own parts are
+            # mostly as large, so rows skip the search for them (walking is cheaper)
+            self._canon_big = np.zeros(a.n_states, dtype=bool)
             # calls, and in a pushdown returns (``~a.is_regular`` would be an int: -1 or -2)
             self._canon_boundary = a.has_calls | a.accepting if not a.is_regular else a.has_calls
         r = int(reg[state])
@@ -186,13 +192,18 @@ class CompiledConstraint:
         for i, (_key, form) in enumerate(forms[:MAX_FORM_TRIES]):
             code, states, block = match_form(a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES, scratch, form)
             if code < 0:
+                if code == -2:
+                    self._canon_big[states] = True
                 return -1
             if code:
                 if i:
                     forms.insert(0, forms.pop(i))
                 return self._canon_add(states, block, form)
-        states, block, quotient = unquoted_region(a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES, scratch)
-        if not len(states):
+        code, states, block, quotient = unquoted_region(a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES,
+                                                         scratch)
+        if code < 0:
+            if code == -2:
+                self._canon_big[states] = True
             return -1
         key = canonical_key(quotient, block[0])
         forms.insert(0, (key.tobytes(), key.reshape(-1, 256)))
@@ -291,7 +302,7 @@ class CompiledConstraint:
         closure (the caller's walk already follows the stack itself). Boundaries that
         share a state share one closure and one batched walk."""
         a = self.automaton
-        for t in np.unique(states).tolist():
+        for t in sorted(set(states.tolist())):
             stack = base + (t,)
             cfg = a.closure([stack])
             if cfg is None:
@@ -300,10 +311,9 @@ class CompiledConstraint:
             for st in cfg.stacks:
                 if st == stack:
                     continue
-                memo = self.__dict__.get("_walk_memos", {}).get(len(st) > 1)
-                if memo is not None:  # made by a large walk before: use it
-                    n2, t2 = trie.walk_below_fast(memo, st[-1], words, roots)
-                else:
+                if self.fast_min_bytes <= 256:
+                    n2, t2 = trie.walk_below_fast(self._walk_memo(len(st) > 1), st[-1], words, roots)
+                else:  # the reference
                     bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom
                     n2, t2 = trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)
                 if len(n2):

@@ -17,6 +17,8 @@ stays the reference.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 try:  # numba is a listed dependency; the pure-Python fallback keeps the package importable
@@ -343,6 +345,7 @@ class VocabIndex:
             stack.append(i)
         self.node_skip = skip
         self.max_depth = int(self.node_depth.max()) if n else 0
+        self._scratches: dict = {}
         # each node's first token as (word, bit) for the packed walks; no token: bit 0
         has = self.tok_hi > self.tok_lo
         first = np.zeros(n, dtype=np.int64)
@@ -365,14 +368,11 @@ class VocabIndex:
         Returns ``(nodes, states)`` of the boundary pairs met.
         """
         hi = self.n_nodes if hi is None else hi
-        cap = hi - lo
-        bnd_nodes = np.empty(cap, dtype=np.int32)
-        bnd_states = np.empty(cap, dtype=np.int32)
-        states = np.empty(self.max_depth + 1, dtype=np.int32)
+        bnd_nodes, bnd_states, states = self._scratch()
         nb = _walk(table, cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
                    self.tok_lo, self.tok_hi, self.tok_ids, lo, hi, base_depth, boundary, out,
                    bnd_nodes, bnd_states, states)
-        return bnd_nodes[:nb], bnd_states[:nb]
+        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
     def walk_below(self, table, cls, start: int, boundary, out, roots: np.ndarray):
         """Walk the subtrees below every node of ``roots`` from DFA state ``start``."""
@@ -385,31 +385,40 @@ class VocabIndex:
                         bnd_nodes, bnd_states, states)
         return bnd_nodes[:nb], bnd_states[:nb]
 
+    def _scratch(self):
+        """Boundary buffers and the state stack of the fast walks, one set per thread."""
+        key = threading.get_ident()
+        sc = self._scratches.get(key)
+        if sc is None:
+            sc = (np.empty(self.n_nodes, dtype=np.int32), np.empty(self.n_nodes, dtype=np.int32),
+                  np.empty(self.max_depth + 2, dtype=np.int32))
+            self._scratches[key] = sc
+        return sc
+
     def walk_fast(self, memo: WalkMemo, start: int, out):
         """:meth:`walk` of the whole trie by ``_walk_fast_py`` (``memo``: the automaton,
         its boundary set and what earlier walks learnt). Returns ``(nodes, states)``."""
-        bnd_nodes = np.empty(self.n_nodes, dtype=np.int32)
-        bnd_states = np.empty(self.n_nodes, dtype=np.int32)
-        states = np.empty(self.max_depth + 1, dtype=np.int32)
+        bnd_nodes, bnd_states, states = self._scratch()
         nb = _walk_fast(memo.table, memo.cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
                         self.tok_word, self.tok_bit, self.tok_lo, self.tok_hi, self.tok_ids, self.sub_set,
                         self.sub_height, self.tok_end, 0, self.n_nodes, 0, memo.boundary, out, bnd_nodes,
                         bnd_states, states, memo.set_cls, memo.n_set_cls, memo.depth, memo.level, memo.nxt,
                         memo.mark, memo.stamp, memo.chain)
-        return bnd_nodes[:nb], bnd_states[:nb]
+        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
     def walk_below_fast(self, memo: WalkMemo, start: int, out, roots: np.ndarray):
         """:meth:`walk_below` by ``_walk_fast_py`` (see :meth:`walk_fast`)."""
-        cap = int((self.node_skip[roots] - roots).sum()) if len(roots) else 0
-        bnd_nodes = np.empty(cap, dtype=np.int32)
-        bnd_states = np.empty(cap, dtype=np.int32)
-        states = np.empty(self.max_depth + 1, dtype=np.int32)
+        bnd_nodes, bnd_states, states = self._scratch()
+        if len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
+            cap = int((self.node_skip[roots] - roots).sum())
+            if cap > self.n_nodes:
+                bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
         nb = _walk_fast_many(memo.table, memo.cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
                              self.tok_word, self.tok_bit, self.tok_lo, self.tok_hi, self.tok_ids, self.sub_set,
-                             self.sub_height, self.tok_end, roots.astype(np.int32), memo.boundary, out, bnd_nodes,
-                             bnd_states, states, memo.set_cls, memo.n_set_cls, memo.depth, memo.level, memo.nxt,
-                             memo.mark, memo.stamp, memo.chain)
-        return bnd_nodes[:nb], bnd_states[:nb]
+                             self.sub_height, self.tok_end, np.asarray(roots, dtype=np.int32), memo.boundary, out,
+                             bnd_nodes, bnd_states, states, memo.set_cls, memo.n_set_cls, memo.depth, memo.level,
+                             memo.nxt, memo.mark, memo.stamp, memo.chain)
+        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
     def greedy_tokenize(self, data: bytes, vocab) -> list[int]:
         """Longest-match tokenization of ``data`` (every token's bytes concatenate to it)."""

@@ -22,10 +22,10 @@ except ImportError:  # pragma: no cover
 def _unquoted_region_py(table, cls, quote, boundary, start, max_states, local):
     """The part of the automaton reachable from ``start`` over bytes other than ``quote``,
     minimised for definedness (two states share a block iff the same byte strings without
-    ``quote`` keep each alive). Returns ``(states, block, quotient)``: the part's states,
-    the block of each, and per block its successor block by byte (int16 [blocks, 256],
-    -1: dead); all empty when the part reaches a ``boundary`` state or has more than
-    ``max_states`` states.
+    ``quote`` keep each alive). Returns ``(code, states, block, quotient)``: code 1, the
+    part's states, the block of each, and per block its successor block by byte (int16
+    [blocks, 256], -1: dead); or code -1 when the part reaches a ``boundary`` state, -2
+    when it has more than ``max_states`` states, with the states searched.
 
     ``local``: int32 scratch of one entry per state, all -1 (left all -1 on return).
     """
@@ -52,11 +52,11 @@ def _unquoted_region_py(table, cls, quote, boundary, start, max_states, local):
     local[start] = 0
     n = 1
     i = 0
-    fail = False
+    fail = 0
     while i < n:
         q = order[i]
         if boundary[q]:
-            fail = True
+            fail = -1
             break
         for j in range(k):
             t = table[q, col_cls[j]]
@@ -66,7 +66,7 @@ def _unquoted_region_py(table, cls, quote, boundary, start, max_states, local):
             lt = local[t]
             if lt < 0:
                 if n >= max_states:
-                    fail = True
+                    fail = -2
                     break
                 lt = n
                 local[t] = n
@@ -79,7 +79,7 @@ def _unquoted_region_py(table, cls, quote, boundary, start, max_states, local):
     for x in range(n):
         local[order[x]] = -1
     if fail:
-        return order[:0], order[:0], np.empty((0, 256), dtype=np.int16)
+        return fail, order[:n].copy(), order[:0], np.empty((0, 256), dtype=np.int16)
     # the dead sink is state n
     for x in range(n):
         for j in range(k):
@@ -117,7 +117,7 @@ def _unquoted_region_py(table, cls, quote, boundary, start, max_states, local):
             c = col_of[b]
             if c >= 0:
                 quotient[bx, b] = ren[block[sub[x, c]]]
-    return order[:n].copy(), out_block, quotient
+    return 1, order[:n].copy(), out_block, quotient
 
 
 def _canonical_key_py(quotient, start):
@@ -155,8 +155,8 @@ def _match_form_py(table, cls, quote, boundary, start, max_states, local, form):
     paired with two blocks means no) and compares which bytes are alive.
 
     Returns ``(code, states, block)``: code 1 and the part's states with their blocks when
-    it has the form, 0 when not, -1 when the part reaches a ``boundary`` state or has
-    more than ``max_states`` states (no form at all); it stops at the first mismatch, so
+    it has the form, 0 when not, -1 when the part reaches a ``boundary`` state, -2 when it
+    has more than ``max_states`` states (no form at all); it stops at the first mismatch, so
     states and blocks are complete only with code 1. ``local``: as for
     :func:`_unquoted_region_py`.
     """
@@ -218,7 +218,7 @@ def _match_form_py(table, cls, quote, boundary, start, max_states, local, form):
             lt = local[t]
             if lt < 0:
                 if n >= max_states:
-                    code = -1
+                    code = -2
                     break
                 local[t] = fb
                 order[n] = t
@@ -257,7 +257,7 @@ def warm_up(index=None) -> None:
         memo = WalkMemo(table, cls, bnd)
         index.walk_fast(memo, 0, words)
         index.walk_below_fast(memo, 0, words, np.zeros(min(1, index.n_nodes), dtype=np.int32))
-    _, block, quotient = unquoted_region(table, np.zeros(256, dtype=np.int32), 0x22, np.zeros(1, dtype=np.bool_),
+    _, _, block, quotient = unquoted_region(table, np.zeros(256, dtype=np.int32), 0x22, np.zeros(1, dtype=np.bool_),
                                          0, 4, np.full(1, -1, dtype=np.int32))
     key = canonical_key(quotient, int(block[0]))
     match_form(table, np.zeros(256, dtype=np.int32), 0x22, np.zeros(1, dtype=np.bool_), 0, 4,
