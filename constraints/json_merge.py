@@ -21,6 +21,10 @@ from .json_common import (
 )
 
 
+def _constraining_other(b: dict, key: str) -> bool:
+    return any(k != key and (k not in ANNOTATIONS or k == "format") for k in b)
+
+
 class MergeMixin:
     def _shallow(self, b: object, depth: int = 0) -> object:
         """Resolve $ref / single-branch allOf chains for disjointness checks."""
@@ -29,58 +33,100 @@ class MergeMixin:
             depth += 1
         return b
 
-    def _type_set(self, b: object) -> set[str] | None:
-        b = self._shallow(b)
+    def _type_set(self, b: object, depth: int = 0) -> set[str] | None:
+        """The instance types ``b`` may accept (None: any); ``integer`` stands with ``number``."""
+        if depth > 16:
+            return None
         if not isinstance(b, dict):
-            return None if b is True else set()
+            return None if b is not False else set()
+        own: set[str] | None = None
         if "const" in b or "enum" in b:
             vals = [b["const"]] if "const" in b else b.get("enum", [])
-            return {_json_type(v) for v in vals}
-        t = b.get("type")
-        if t is None:
-            if "allOf" in b:
-                sets = [x for x in (self._type_set(y) for y in b["allOf"]) if x is not None]
-                return set.intersection(*sets) if sets else None
-            return None
-        ts = {t} if isinstance(t, str) else set(t)
-        if "number" in ts:
-            ts.add("integer")
-        return ts
+            own = {_json_type(v) for v in vals} if isinstance(vals, list) else None
+            if own is not None and "integer" in own:
+                own.add("number")
+        elif "type" in b:
+            t = b["type"]
+            own = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
+            if own is not None and "number" in own:
+                own.add("integer")
+        subs = []
+        if isinstance(b.get("$ref"), str):
+            try:
+                target, _ = self.resolve(b["$ref"], "#")
+            except ConstraintError:
+                target = True
+            subs.append(self._type_set(target, depth + 1))
+        subs += [self._type_set(y, depth + 1) for y in b.get("allOf", []) if isinstance(b.get("allOf"), list)]
+        for sub in subs:
+            if sub is not None:
+                own = sub if own is None else own & (sub | ({"integer"} if "number" in sub else set()))
+        return own
 
-    def disjoint(self, branches: list, base: dict) -> bool:
-        sets = [self._type_set(b) for b in branches]
-        if all(x is not None for x in sets):
-            if all(not (sets[i] & sets[j]) for i in range(len(sets)) for j in range(i)):
-                return True
-        # all enum/const with pairwise distinct values
-        vals = []
-        for b in branches:
-            b = self._shallow(b)
-            if isinstance(b, dict) and ("const" in b or "enum" in b):
-                vals.append({_canon(v) for v in ([b["const"]] if "const" in b else b["enum"])})
+    def _object_view(self, b: object, depth: int = 0) -> dict | None:
+        """``b`` resolved through $ref (and single-branch allOf) for object-keyword checks."""
+        while isinstance(b, dict) and depth < 16:
+            if isinstance(b.get("$ref"), str) and not _constraining_other(b, "$ref"):
+                try:
+                    b, _ = self.resolve(b["$ref"], "#")
+                except ConstraintError:
+                    return None
+            elif isinstance(b.get("allOf"), list) and len(b["allOf"]) == 1 and not _constraining_other(b, "allOf"):
+                b = b["allOf"][0]
             else:
                 break
-        else:
-            if all(not (vals[i] & vals[j]) for i in range(len(vals)) for j in range(i)):
-                return True
-        # a discriminator: a property required in every branch with disjoint const/enum values
-        objs = [self._shallow(b) for b in branches]
-        if not all(isinstance(o, dict) and isinstance(o.get("properties"), dict) for o in objs):
+            depth += 1
+        return b if isinstance(b, dict) else None
+
+    def _forbids(self, o: dict, key: str) -> bool:
+        """Whether object schema ``o`` rejects every object with ``key``."""
+        props = o.get("properties") if isinstance(o.get("properties"), dict) else {}
+        if key in props:
+            return props[key] is False
+        if any(re.search(p, key) for p in o.get("patternProperties", {}) if isinstance(p, str)):
             return False
-        common = set(objs[0]["properties"])
-        for o in objs[1:]:
-            common &= set(o["properties"])
-        for key in common:
-            dvals = []
-            for o in objs:
-                p = self._shallow(o["properties"][key])
-                if key not in o.get("required", []) or not isinstance(p, dict) or not ("const" in p or "enum" in p):
-                    break
-                dvals.append({_canon(v) for v in ([p["const"]] if "const" in p else p["enum"])})
-            else:
-                if all(not (dvals[i] & dvals[j]) for i in range(len(dvals)) for j in range(i)):
-                    return True
+        return o.get("additionalProperties", True) is False
+
+    def disjoint2(self, a: object, b: object, base_types: set[str] | None, depth: int = 0) -> bool:
+        """Whether no instance satisfies both ``a`` and ``b`` (sound, incomplete)."""
+        if a is False or b is False:
+            return True
+        ta, tb = self._type_set(a), self._type_set(b)
+        if base_types is not None:
+            ta = base_types if ta is None else ta & base_types
+            tb = base_types if tb is None else tb & base_types
+        if ta is not None and tb is not None and not (ta & tb):
+            return True
+        oa, ob = self._object_view(a), self._object_view(b)
+        if oa is None or ob is None:
+            return False
+        if ("const" in oa or "enum" in oa) and ("const" in ob or "enum" in ob):
+            va = [oa["const"]] if "const" in oa else oa["enum"]
+            vb = [ob["const"]] if "const" in ob else ob["enum"]
+            if isinstance(va, list) and isinstance(vb, list) and not ({_canon(v) for v in va} & {_canon(v) for v in vb}):
+                return True
+        # object keywords say nothing about other types: one side must accept objects only
+        if not (ta is not None and ta <= {"object"} or tb is not None and tb <= {"object"}) or depth > 4:
+            return False
+        ra = [k for k in oa.get("required", []) if isinstance(k, str)] if isinstance(oa.get("required"), list) else []
+        rb = [k for k in ob.get("required", []) if isinstance(k, str)] if isinstance(ob.get("required"), list) else []
+        if any(self._forbids(ob, k) for k in ra) or any(self._forbids(oa, k) for k in rb):
+            return True
+        pa = oa.get("properties") if isinstance(oa.get("properties"), dict) else {}
+        pb = ob.get("properties") if isinstance(ob.get("properties"), dict) else {}
+        for key in set(ra) & set(rb):
+            if key in pa and key in pb and self.disjoint2(pa[key], pb[key], None, depth + 1):
+                return True  # a discriminator
         return False
+
+    def overlapping(self, branches: list, base: dict) -> list[tuple[int, int]]:
+        """Pairs of branches (i < j) not provably disjoint under ``base``."""
+        bt = self._type_set({k: v for k, v in base.items() if k in ("type", "enum", "const", "$ref", "allOf")})
+        return [(i, j) for j in range(len(branches)) for i in range(j)
+                if not self.disjoint2(branches[i], branches[j], bt)]
+
+    def disjoint(self, branches: list, base: dict) -> bool:
+        return not self.overlapping(branches, base)
 
     # ----------------------------------------------------------------- allOf merge
     def merge_all(self, s: dict, ptr: str) -> dict:
@@ -99,8 +145,12 @@ class MergeMixin:
             return {"enum": []}
         if not isinstance(b, dict):
             raise ConstraintError("a schema must be an object or a boolean", path=ptr)
-        self.check_unsupported(b, ptr)
-        out = {k: v for k, v in b.items() if k not in ("$ref", "allOf")}
+        # keywords the grammar cannot enforce are checked on the merged schema, where an
+        # enum may filter them or `not` and friends are lowered
+        drop, extra = self.local_parts(b, ptr)
+        out = {k: v for k, v in b.items() if k not in ("$ref", "allOf") and k not in drop}
+        for x in extra:
+            out = self.merge2(out, self.flatten(x, ptr, depth + 1), ptr)
         if "$ref" in b:
             target, tptr = self.resolve(b["$ref"], _child(ptr, "$ref"))
             if tptr in self.stack:
@@ -150,6 +200,8 @@ class MergeMixin:
                     out[k] = vb
                 else:
                     raise ConstraintError("cannot merge multipleOf values under allOf", path=ptr)
+            elif k == "not":
+                out[k] = {"anyOf": [va, vb]}  # not a and not b: neither holds
             elif k in ("anyOf", "oneOf"):
                 prod = [{"allOf": [x, y]} for x in va for y in vb]
                 if len(prod) > MAX_BRANCHES:

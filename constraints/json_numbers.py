@@ -24,6 +24,17 @@ NUMBER = seq(
     opt(seq(alt(lit("e"), lit("E")), opt(alt(lit("+"), lit("-"))), plus(DIGIT))),
 )
 
+# numbers that are not integers: a plain decimal with a non-zero fraction digit, or a
+# mantissa in [1, 10) times a negative power of ten (Python writes 1e-05); no integer is
+# written either way, and json.dumps writes every non-integral float so
+_FRAC_NONZERO = seq(lit("."), star(DIGIT), NONZERO, star(DIGIT))
+NONINT_PLAIN = seq(opt(MINUS), NAT, _FRAC_NONZERO)
+NONINT = alt(
+    NONINT_PLAIN,
+    seq(opt(MINUS), NONZERO, opt(seq(lit("."), star(DIGIT), NONZERO)), alt(lit("e"), lit("E")), lit("-"),
+        star(lit("0")), NONZERO, star(DIGIT)),
+)
+
 
 def _digits(lo: str, hi: str) -> Expr:
     return byte_range(ord(lo), ord(hi)) if lo <= hi else NOTHING

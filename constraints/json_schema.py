@@ -28,7 +28,23 @@ from urllib.parse import unquote
 from . import json_formats as jf
 from . import json_numbers as jn
 from .errors import ConstraintError, ConstraintTooComplex
-from .ir import ANY_CHAR, EMPTY, NOTHING, Expr, Grammar, Ref, alt, intersect, lit, opt, rep, seq, star
+from .ir import (
+    ANY_CHAR,
+    EMPTY,
+    NOTHING,
+    Expr,
+    Grammar,
+    Ref,
+    alt,
+    difference,
+    intersect,
+    lit,
+    opt,
+    rep,
+    seq,
+    star,
+)
+from .json_arrays import ArrayMixin
 from .json_common import (  # noqa: F401  (re-exported)
     _ORIGIN,
     _PATTERNS,
@@ -51,6 +67,7 @@ from .json_common import (  # noqa: F401  (re-exported)
     _join,
     _split_top,
 )
+from .json_logic import LogicMixin
 from .json_merge import MergeMixin
 from .json_numbers import int_multiple
 from .json_objects import ObjectMixin
@@ -76,7 +93,7 @@ def _load(schema: object) -> object:
 
 
 
-class _SchemaCompiler(MergeMixin, ObjectMixin):
+class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
     def __init__(self, root: object, whitespace: str, strict: bool, lenient: bool) -> None:
         if whitespace not in ("compact", "flexible"):
             raise ConstraintError(f"whitespace must be 'compact' or 'flexible', got {whitespace!r}")
@@ -93,6 +110,8 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
         self.ids: dict[str, tuple[object, str]] = {}
         # why subschemas compiled to NOTHING (named if the whole schema turns out unsatisfiable)
         self.unsat: list[tuple[str, str]] = []
+        self.negating: list[str] = []  # operands of `not` being lowered (a residual stays)
+        self.neg_refs: list[str] = []  # $ref targets being negated (a cycle stays residual)
         self._index_ids(root, "#")
         ws = EMPTY
         if whitespace == "flexible":
@@ -247,6 +266,13 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
             return NOTHING
         if not isinstance(s, dict):
             raise ConstraintError(f"a schema must be an object or a boolean, got {type(s).__name__}", path=ptr)
+        if "const" in s or "enum" in s:
+            # the values are checked by the validator against the whole (original) schema,
+            # so every keyword beside them holds, whether or not the grammar could enforce it
+            return self.compile_enum(s, ptr)
+        lowered = self.lower_logic(s, ptr)
+        if lowered is not None:
+            return self.compile_lowered(s, lowered, ptr)
         self.check_unsupported(s, ptr)
         if "$ref" in s and _ORIGIN not in s:
             rest = _constraining({k: v for k, v in s.items() if k != "$ref"})
@@ -298,6 +324,8 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
             if kw in ("unevaluatedProperties", "unevaluatedItems") and _is_trivial(v):
                 continue
             if kw in ("dependentRequired", "dependentSchemas", "dependencies") and not v:
+                continue
+            if kw == "not" and self.native_not(s):
                 continue
             self.relax(kw, _child(ptr, kw))
 
@@ -368,13 +396,21 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
         if not isinstance(branches, list) or not branches:
             raise ConstraintError(f"{kw} must be a non-empty array", path=_child(ptr, kw))
         base = {k: v for k, v in s.items() if k != kw}
-        if kw == "oneOf" and len(branches) > 1 and not self.disjoint(branches, base):
-            self.relax("oneOf", _child(ptr, kw), "branches are not provably disjoint; relaxed to anyOf")
-        trivial_base = not _constraining({k: v for k, v in base.items() if k != _ORIGIN})
+        exprs = None
+        if kw == "oneOf" and len(branches) > 1:
+            pairs = self.overlapping(branches, base)
+            if pairs:
+                exprs = self.exact_oneof(s, branches, base, pairs, ptr)
+        if exprs is None:
+            trivial_base = not _constraining({k: v for k, v in base.items() if k != _ORIGIN})
+            origin = s.get(_ORIGIN, s)
+            # enum values in a branch are checked against the original schema and the branch
+            exprs = [self.compile(b, _child(ptr, kw, i)) if trivial_base else
+                     self.compile({"allOf": [base, b], _ORIGIN: {"allOf": [origin, b]}}, _child(ptr, kw, i))
+                     for i, b in enumerate(branches)]
         parts = []
-        for i, b in enumerate(branches):
+        for i, e in enumerate(exprs):
             bptr = _child(ptr, kw, i)
-            e = self.compile(b, bptr) if trivial_base else self.compile({"allOf": [base, b]}, bptr)
             if len(branches) > 1 and _cost(e) > 64:
                 # a named rule: inlined unless the inlined automaton is too large (then the
                 # branches run side by side as pushdown stacks)
@@ -429,6 +465,12 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
             f = jf.format_raw(fmt)
             if f is not None:
                 raws.append(f)
+        if "not" in s and self.string_atom(s["not"]):
+            # strings of the schema minus those of its `not` operand, decided on raw
+            # strings and written canonically (the encoding is injective)
+            neg = self.string_raw(s["not"], _child(ptr, "not"))
+            pos = self.length_raw(intersect(*raws) if raws else jf.ANY_RAW, lo, hi, ptr)
+            return jf.encode_raw(difference(pos, neg))
         if raws:
             # patterns and formats are written canonically (json.dumps(ensure_ascii=False))
             body = jf.encode_raw(intersect(*raws))
@@ -476,6 +518,9 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
             raise ConstraintError("multipleOf must be > 0", path=_child(ptr, "multipleOf"))
         if mult is not None and mult == mult.to_integral_value() and not integer:
             integer, mult = True, mult  # a multiple of an integer is an integer
+        nonint = "not" in s and self.native_not(s)  # not {"type": "integer"}
+        if nonint and integer:
+            return NOTHING
         if integer:
             ilo = None if lo is None else int(math.floor(lo)) + 1 if lo_x and lo == lo.to_integral_value() else (
                 None if lo is None else math.ceil(lo))
@@ -502,51 +547,9 @@ class _SchemaCompiler(MergeMixin, ObjectMixin):
             else:
                 self.relax("multipleOf", _child(ptr, "multipleOf"), "only powers of ten for non-integer numbers")
         if lo is None and hi is None and cap is None:
-            return jn.NUMBER
-        return jn.decimal_range(lo, hi, lo_excl=lo_x, hi_excl=hi_x, cap=cap)
-
-    # ----------------------------------------------------------------- arrays
-    def compile_array(self, s: dict, ptr: str) -> Expr:
-        prefix = s.get("prefixItems")
-        items = s.get("items", True)
-        pptr = _child(ptr, "prefixItems")
-        iptr = _child(ptr, "items")
-        if isinstance(items, list):  # draft-7 tuple form
-            prefix, pptr = items, iptr
-            items, iptr = s.get("additionalItems", True), _child(ptr, "additionalItems")
-        prefix = prefix or []
-        lo = int(s.get("minItems", 0))
-        hi = s.get("maxItems")
-        hi = int(hi) if hi is not None else None
-        if hi is not None and hi < lo:
-            return NOTHING
-        pexprs = [self.compile(p, _child(pptr, i)) for i, p in enumerate(prefix)]
-        iexpr = self.compile(items, iptr)
-        k = len(pexprs)
-        # tail after the whole prefix: items, count between max(0, lo-k) and hi-k
-        t_lo, t_hi = max(0, lo - k), (None if hi is None else hi - k)
-        body: Expr
-        if k == 0:
-            if t_hi == 0:
-                body = EMPTY
-            else:
-                more = self.repeat(seq(self.comma, iexpr), max(0, t_lo - 1), None if t_hi is None else t_hi - 1,
-                                   _child(ptr, "maxItems"), "maxItems")
-                body = seq(iexpr, more)
-                if t_lo == 0:
-                    body = opt(body)
-        else:
-            if t_hi is not None and t_hi < 0:
-                pexprs = pexprs[:hi]
-                k = len(pexprs)
-                t_hi = 0
-            tail = EMPTY if t_hi == 0 else self.repeat(seq(self.comma, iexpr), t_lo, t_hi, _child(ptr, "maxItems"),
-                                                        "maxItems")
-            body = tail
-            for i in range(k - 1, -1, -1):
-                cur = seq(self.comma if i > 0 else EMPTY, pexprs[i], body)
-                body = cur if i < lo else opt(cur)
-        return seq(lit("["), self.ws, body, self.ws, lit("]"))
+            return jn.NONINT if nonint else jn.NUMBER
+        out = jn.decimal_range(lo, hi, lo_excl=lo_x, hi_excl=hi_x, cap=cap)
+        return intersect(out, jn.NONINT_PLAIN) if nonint else out
 
 
 def schema_to_grammar(

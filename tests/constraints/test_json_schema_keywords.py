@@ -221,10 +221,10 @@ def test_schema_as_text_and_pydantic():
 
 ERRORS = [
     ({"type": "array", "uniqueItems": True}, r"uniqueItems.*#/uniqueItems"),
-    ({"properties": {"a": {"not": {"type": "string"}}}}, r"'not'.*#/properties/a/not"),
-    ({"if": {"type": "string"}, "then": {"minLength": 1}}, r"'if'.*at #/if"),
+    ({"properties": {"a": {"not": {"items": {"type": "string"}}}}}, r"'not'.*#/properties/a/not"),
+    ({"if": {"items": {"type": "string"}}, "then": {"minItems": 1}}, r"'if'.*at #/if"),
     ({"type": "array", "contains": {"type": "integer"}}, r"contains.*#/contains"),
-    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, r"oneOf.*#/oneOf"),
+    ({"oneOf": [{"type": "array"}, {"items": {"type": "integer"}}]}, r"oneOf.*#/oneOf"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, r"unsatisfiable.*at #"),
     ({"enum": []}, r"no enum value.*#/enum"),
     ({"type": "object", "required": ["x"], "additionalProperties": False}, r"'x' is not allowed.*#/required"),
