@@ -28,8 +28,9 @@ MAX_FORM_TRIES = 4
 class CompiledConstraint:
     """An automaton over a vocabulary. Create matchers with ``Matcher(compiled)``."""
 
-    # states allowing at least this many bytes take the fast walk for their whole-trie walk
-    # (small walks gain nothing); continuations always take it. Over 256: never (reference)
+    # every walk takes the fast kernel (it enters the trie only at live first bytes); its
+    # shortcut needs a memo per automaton (~5-20 µs to make), made by the first walk from a
+    # state allowing at least this many bytes; over 256: never (the reference walks)
     fast_min_bytes = 16
 
     def __init__(self, automaton: Automaton, vocab, kind: str, spec: str, notes: list[str] | None = None):
@@ -120,8 +121,8 @@ class CompiledConstraint:
         trie = self.index
         if canon is None:
             words = np.zeros(self.n_words, dtype=np.uint32)
-            if n_bytes >= self.fast_min_bytes:
-                nodes, states = trie.walk_fast(self._walk_memo(inner), state, words)
+            if self.fast_min_bytes <= 256:
+                nodes, states = trie.walk_fast(self._walk_memo(n_bytes >= self.fast_min_bytes), inner, state, words)
             else:
                 nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
         else:
@@ -131,25 +132,33 @@ class CompiledConstraint:
             if base is None:
                 base = np.zeros(self.n_words, dtype=np.uint32)
                 if self.fast_min_bytes <= 256:
-                    no_quote.walk_fast(self._walk_memo(inner), state, base)
+                    no_quote.walk_fast(self._walk_memo(True), inner, state, base)
                 else:
                     no_quote.walk(a.table, a.cls, state, bnd, base)
                 base.flags.writeable = False
                 shared[canon] = base
             words = base.copy()
             trie = with_quote  # boundary node ids below index this trie
-            nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
+            if self.fast_min_bytes <= 256:
+                nodes, states = trie.walk_fast(self._walk_memo(False), inner, state, words)
+            else:
+                nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
         hit = (words, nodes, states, trie)
         self._ci[key] = hit
         return hit
 
-    def _walk_memo(self, inner: bool) -> WalkMemo:
-        """What the fast walks keep per automaton and boundary set (made on the first)."""
-        memos = self.__dict__.setdefault("_walk_memos", {})
-        m = memos.get(inner)
+    def _walk_memo(self, full: bool) -> WalkMemo:
+        """What the fast walks keep per automaton: the full memo once made (``full``
+        makes it), else a light one (no shortcut)."""
+        m = self.__dict__.get("_wmemo")
         if m is None:
             a = self.automaton
-            m = memos[inner] = WalkMemo(a.table, a.cls, self._bnd_inner if inner else self._bnd_bottom)
+            if full:
+                m = self._wmemo = WalkMemo(a.table, a.cls, self._bnd_bottom, self._bnd_inner)
+            else:
+                m = self.__dict__.get("_lmemo")
+                if m is None:
+                    m = self._lmemo = WalkMemo.light(a.table, a.cls, self._bnd_bottom, self._bnd_inner)
         return m
 
     def _canonical_unquoted(self, state: int, inner: bool = False) -> bytes | None:
@@ -312,7 +321,7 @@ class CompiledConstraint:
                 if st == stack:
                     continue
                 if self.fast_min_bytes <= 256:
-                    n2, t2 = trie.walk_below_fast(self._walk_memo(len(st) > 1), st[-1], words, roots)
+                    n2, t2 = trie.walk_fast(self._walk_memo(False), len(st) > 1, st[-1], words, roots)
                 else:  # the reference
                     bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom
                     n2, t2 = trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)

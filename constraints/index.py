@@ -122,7 +122,7 @@ def _subtree_sets_py(node_byte, node_depth, node_skip, tok_lo, n_tok, byte_set, 
 ALIVE_CAP = 127  # alive depths are kept up to this (deeper than any token)
 
 
-def _alive_depth(table, boundary, t, j, set_cls, n_set_cls, depth_memo, level, nxt, mark, stamp, chain):
+def _alive_depth(table, boundary, t, j, set_cls, depth_memo, level, nxt, mark, stamp, chain):
     """A lower bound (exact below :data:`ALIVE_CAP`) of how deep every string over
     shortcut set ``j`` keeps the automaton alive and off boundaries from ``t``: level by
     level over the states reachable, or from the memo ``depth_memo[:, j]`` once a whole
@@ -131,6 +131,7 @@ def _alive_depth(table, boundary, t, j, set_cls, n_set_cls, depth_memo, level, n
     level[0] = t
     h = 0
     nc = 0
+    n_cls = set_cls[j, 256]
     while h < ALIVE_CAP:
         if h > 0:
             known = True
@@ -154,7 +155,7 @@ def _alive_depth(table, boundary, t, j, set_cls, n_set_cls, depth_memo, level, n
         bad = False
         for x in range(nl):
             s = level[x]
-            for k in range(n_set_cls[j]):
+            for k in range(n_cls):
                 u = table[s, set_cls[j, k]]
                 if u < 0 or boundary[u]:
                     bad = True
@@ -182,9 +183,12 @@ def _alive_depth(table, boundary, t, j, set_cls, n_set_cls, depth_memo, level, n
     return h
 
 
-def _walk_fast_py(table, cls, start, node_byte, node_depth, node_skip, tok_word, tok_bit, tok_lo, tok_hi, tok_ids,
-                  sub_set, sub_height, tok_end, lo, hi, base_depth, boundary, out, bnd_nodes, bnd_states, states,
-                  set_cls, n_set_cls, depth_memo, level, nxt, mark, stamp, chain):
+# columns of VocabIndex.fast_nodes
+F_BYTE, F_DEPTH, F_SKIP, F_WORD, F_TOK_LO, F_TOK_HI, F_TOK_END, F_SUB = range(8)
+
+
+def _walk_range(table, cls, boundary, depth_memo, set_cls, level, nxt, mark, stamp, chain, start, nodes, tok_bit,
+                tok_ids, lo, hi, base_depth, out, bnd_nodes, bnd_states, states):
     """``_walk_py`` with three changes, same results: the state of the previous node is
     kept when the next is its child; a node's first token is set without a branch; and
     below a live, non-boundary node whose subtree's bytes lie in a shortcut set deeper
@@ -195,15 +199,17 @@ def _walk_fast_py(table, cls, start, node_byte, node_depth, node_skip, tok_word,
     prev_d = base_depth
     prev_s = start
     while i < hi:
-        d = node_depth[i]
+        d = nodes[i, F_DEPTH]
         s = prev_s if d == prev_d + 1 else states[d - 1]
-        t = table[s, cls[node_byte[i]]]
+        t = table[s, cls[nodes[i, F_BYTE]]]
         if t < 0:
-            i = node_skip[i]
+            i = nodes[i, F_SKIP]
             continue
-        out[tok_word[i]] |= tok_bit[i]
-        if tok_hi[i] - tok_lo[i] > 1:  # tokens with the same bytes (rare)
-            for k in range(tok_lo[i] + 1, tok_hi[i]):
+        out[nodes[i, F_WORD]] |= tok_bit[i]
+        k0 = nodes[i, F_TOK_LO]
+        k1 = nodes[i, F_TOK_HI]
+        if k1 - k0 > 1:  # tokens with the same bytes (rare)
+            for k in range(k0 + 1, k1):
                 tid = tok_ids[k]
                 out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
         if boundary[t]:
@@ -211,17 +217,17 @@ def _walk_fast_py(table, cls, start, node_byte, node_depth, node_skip, tok_word,
             bnd_states[nb] = t
             nb += 1
         else:
-            j = sub_set[i]
-            if j < N_SETS:
+            sub = nodes[i, F_SUB]
+            j = sub & 255
+            if j < N_SETS and depth_memo.shape[0]:  # (a light memo has no depths)
                 h = depth_memo[t, j]
                 if h < 0:
-                    h = _alive_depth(table, boundary, t, j, set_cls, n_set_cls, depth_memo, level, nxt, mark,
-                                     stamp, chain)
-                if sub_height[i] <= h:
-                    for k in range(tok_hi[i], tok_end[i]):
+                    h = _alive_depth(table, boundary, t, j, set_cls, depth_memo, level, nxt, mark, stamp, chain)
+                if (sub >> 8) <= h:
+                    for k in range(k1, nodes[i, F_TOK_END]):
                         tid = tok_ids[k]
                         out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-                    i = node_skip[i]
+                    i = nodes[i, F_SKIP]
                     continue
         states[d] = t
         prev_d = d
@@ -230,29 +236,48 @@ def _walk_fast_py(table, cls, start, node_byte, node_depth, node_skip, tok_word,
     return nb
 
 
-def _walk_fast_many_py(table, cls, start, node_byte, node_depth, node_skip, tok_word, tok_bit, tok_lo, tok_hi,
-                       tok_ids, sub_set, sub_height, tok_end, roots, boundary, out, bnd_nodes, bnd_states, states,
-                       set_cls, n_set_cls, depth_memo, level, nxt, mark, stamp, chain):
-    """``_walk_fast_py`` over the subtrees below each node of ``roots`` (children only)."""
+def _walk_fast_py(table, cls, boundary, depth_memo, set_cls, mscr, start, nodes, tok_bit, tok_ids, roots, root_of_byte,
+                  out, bnd_nodes, bnd_states, states):
+    """:func:`_walk_range` over the whole trie when ``roots`` is empty, else over the
+    subtrees below each node of ``roots`` (children only). The whole trie is entered
+    only at the first bytes alive in ``start`` (``root_of_byte``: the depth-1 node of
+    each byte, -1: none), so dead first bytes cost no memory traffic. ``mscr``: the
+    memo's scratch (:class:`WalkMemo`). Returns the number of boundary pairs."""
+    n = table.shape[0]
+    stamp = mscr[0:1]
+    level = mscr[1 : 1 + n]
+    nxt = mscr[1 + n : 1 + 2 * n]
+    mark = mscr[1 + 2 * n : 1 + 3 * n]
+    chain = mscr[1 + 3 * n :]
     nb = 0
+    if roots.shape[0] == 0:
+        for b in range(256):
+            r = root_of_byte[b]
+            if r < 0 or table[start, cls[b]] < 0:
+                continue
+            nb += _walk_range(table, cls, boundary, depth_memo, set_cls, level, nxt, mark, stamp, chain, start,
+                              nodes, tok_bit, tok_ids, r, nodes[r, F_SKIP], 0, out, bnd_nodes[nb:], bnd_states[nb:],
+                              states)
+        return nb
     for r in range(roots.shape[0]):
         node = roots[r]
-        nb += _walk_fast(table, cls, start, node_byte, node_depth, node_skip, tok_word, tok_bit, tok_lo, tok_hi,
-                         tok_ids, sub_set, sub_height, tok_end, node + 1, node_skip[node], node_depth[node],
-                         boundary, out, bnd_nodes[nb:], bnd_states[nb:], states, set_cls, n_set_cls, depth_memo,
-                         level, nxt, mark, stamp, chain)
+        nb += _walk_range(table, cls, boundary, depth_memo, set_cls, level, nxt, mark, stamp, chain, start, nodes,
+                          tok_bit, tok_ids, node + 1, nodes[node, F_SKIP], nodes[node, F_DEPTH], out,
+                          bnd_nodes[nb:], bnd_states[nb:], states)
     return nb
 
 
-def _set_classes_py(cls, set_rows, set_bytes, set_cls, n_set_cls):
-    seen = np.full((set_cls.shape[0], 256), False)
+def _set_classes_py(cls, set_rows, set_bytes, set_cls):
+    """``set_cls[j, :count]``: the classes of shortcut set j's bytes; count at column 256."""
+    seen = np.zeros((set_cls.shape[0], 256), dtype=np.bool_)
+    set_cls[:, 256] = 0
     for x in range(set_rows.shape[0]):
         j = set_rows[x]
         c = cls[set_bytes[x]]
         if not seen[j, c]:
             seen[j, c] = True
-            set_cls[j, n_set_cls[j]] = c
-            n_set_cls[j] += 1
+            set_cls[j, set_cls[j, 256]] = c
+            set_cls[j, 256] += 1
     return 0
 
 
@@ -260,32 +285,46 @@ if njit is not None:
     _set_classes = njit(cache=True, nogil=True)(_set_classes_py)
     _subtree_sets = njit(cache=True, nogil=True)(_subtree_sets_py)
     _alive_depth = njit(cache=True, nogil=True)(_alive_depth)
+    _walk_range = njit(cache=True, nogil=True)(_walk_range)
     _walk_fast = njit(cache=True, nogil=True)(_walk_fast_py)
-    _walk_fast_many = njit(cache=True, nogil=True)(_walk_fast_many_py)
 else:  # pragma: no cover
     _set_classes = _set_classes_py
     _subtree_sets = _subtree_sets_py
     _walk_fast = _walk_fast_py
-    _walk_fast_many = _walk_fast_many_py
+
+
+_NO_ROOTS = np.zeros(0, dtype=np.int32)
+_NO_DEPTHS = np.zeros((0, N_SETS), dtype=np.int16)
+_NO_SET_CLS = np.zeros((N_SETS, 257), dtype=np.int32)
+_NO_SCRATCH = np.zeros(1, dtype=np.int64)
 
 
 class WalkMemo:
-    """Per automaton and boundary set, what the fast walks learn about its states (the
-    alive depth of each state for each shortcut set) and their scratch space."""
+    """Per automaton, what the fast walks learn about its states (the alive depth of each
+    state for each shortcut set, per boundary set: bottom of the stack or inner) and
+    their scratch space."""
 
-    def __init__(self, table: np.ndarray, cls: np.ndarray, boundary: np.ndarray) -> None:
+    def __init__(self, table: np.ndarray, cls: np.ndarray, bottom: np.ndarray, inner: np.ndarray) -> None:
         n = table.shape[0]
         self.table, self.cls = table, cls
-        self.boundary = np.ascontiguousarray(boundary, dtype=np.bool_)
-        self.depth = np.full((n, N_SETS), -1, dtype=np.int16)
-        self.set_cls = np.empty((N_SETS, 256), dtype=np.int32)  # the classes of each set's bytes
-        self.n_set_cls = np.zeros(N_SETS, dtype=np.int32)
-        _set_classes(cls, _SET_ROWS, _SET_BYTES, self.set_cls, self.n_set_cls)
-        self.level = np.empty(n, dtype=np.int32)
-        self.nxt = np.empty(n, dtype=np.int32)
-        self.mark = np.zeros(n, dtype=np.int64)
-        self.stamp = np.zeros(1, dtype=np.int64)
-        self.chain = np.empty(2 * ALIVE_CAP + 2, dtype=np.int32)
+        self.boundary = (np.ascontiguousarray(bottom, dtype=np.bool_), np.ascontiguousarray(inner, dtype=np.bool_))
+        depth = np.full((2, n, N_SETS), -1, dtype=np.int16)
+        self.depth = (depth[0], depth[1])
+        self.set_cls = np.empty((N_SETS, 257), dtype=np.int32)
+        _set_classes(cls, _SET_ROWS, _SET_BYTES, self.set_cls)
+        self.scratch = np.zeros(3 * n + 2 * ALIVE_CAP + 3, dtype=np.int64)  # stamp, levels, marks, chain
+
+    @classmethod
+    def light(cls_, table: np.ndarray, cls: np.ndarray, bottom: np.ndarray, inner: np.ndarray) -> WalkMemo:
+        """A memo without alive depths (the walks take no shortcut): free to make, for
+        automata whose walks so far were small."""
+        m = cls_.__new__(cls_)
+        m.table, m.cls = table, cls
+        m.boundary = (np.ascontiguousarray(bottom, dtype=np.bool_), np.ascontiguousarray(inner, dtype=np.bool_))
+        m.depth = (_NO_DEPTHS, _NO_DEPTHS)
+        m.set_cls = _NO_SET_CLS
+        m.scratch = _NO_SCRATCH
+        return m
 
 
 class VocabIndex:
@@ -350,16 +389,23 @@ class VocabIndex:
         has = self.tok_hi > self.tok_lo
         first = np.zeros(n, dtype=np.int64)
         first[has] = self.tok_ids[self.tok_lo[has]]
-        self.tok_word = (first >> 5).astype(np.int32)
+        tok_word = (first >> 5).astype(np.int32)
         self.tok_bit = np.where(has, np.left_shift(np.uint32(1), (first & 31).astype(np.uint32)), 0).astype(np.uint32)
         byte_set = np.full(256, N_SETS, dtype=np.int8)
         for j in range(N_SETS - 1, -1, -1):
             byte_set[sorted(SHORTCUT_SETS[j])] = j
-        self.sub_set = np.empty(n, dtype=np.int8)
-        self.sub_height = np.empty(n, dtype=np.int16)
-        self.tok_end = np.empty(n, dtype=np.int32)
+        sub_set = np.empty(n, dtype=np.int8)
+        sub_height = np.empty(n, dtype=np.int16)
+        tok_end = np.empty(n, dtype=np.int32)
         _subtree_sets(self.node_byte, self.node_depth, self.node_skip, self.tok_lo, len(self.tok_ids), byte_set,
-                      self.sub_set, self.sub_height, self.tok_end)
+                      sub_set, sub_height, tok_end)
+        self.root_of_byte = np.full(256, -1, dtype=np.int32)
+        top = np.nonzero(self.node_depth == 1)[0]
+        self.root_of_byte[self.node_byte[top]] = top
+        # the fast walks read a node's fields from one row (columns F_*)
+        self.fast_nodes = np.ascontiguousarray(np.stack(
+            [self.node_byte, self.node_depth, self.node_skip, tok_word, self.tok_lo, self.tok_hi, tok_end,
+             sub_set.astype(np.int32) | (sub_height.astype(np.int32) << 8)], axis=1).astype(np.int32))
 
     def walk(self, table, cls, start: int, boundary, out, lo: int = 0, hi: int | None = None,
              base_depth: int = 0):
@@ -386,7 +432,7 @@ class VocabIndex:
         return bnd_nodes[:nb], bnd_states[:nb]
 
     def _scratch(self):
-        """Boundary buffers and the state stack of the fast walks, one set per thread."""
+        """Boundary buffers and the state stack of a walk, one set per thread."""
         key = threading.get_ident()
         sc = self._scratches.get(key)
         if sc is None:
@@ -395,29 +441,20 @@ class VocabIndex:
             self._scratches[key] = sc
         return sc
 
-    def walk_fast(self, memo: WalkMemo, start: int, out):
-        """:meth:`walk` of the whole trie by ``_walk_fast_py`` (``memo``: the automaton,
-        its boundary set and what earlier walks learnt). Returns ``(nodes, states)``."""
+    def walk_fast(self, memo: WalkMemo, inner: bool, start: int, out, roots: np.ndarray | None = None):
+        """:meth:`walk` of the whole trie (or :meth:`walk_below` ``roots``) by
+        ``_walk_range`` (``memo``: the automaton and what earlier walks learnt; ``inner``:
+        the boundary set above the bottom of the stack). Returns ``(nodes, states)``."""
         bnd_nodes, bnd_states, states = self._scratch()
-        nb = _walk_fast(memo.table, memo.cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
-                        self.tok_word, self.tok_bit, self.tok_lo, self.tok_hi, self.tok_ids, self.sub_set,
-                        self.sub_height, self.tok_end, 0, self.n_nodes, 0, memo.boundary, out, bnd_nodes,
-                        bnd_states, states, memo.set_cls, memo.n_set_cls, memo.depth, memo.level, memo.nxt,
-                        memo.mark, memo.stamp, memo.chain)
-        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
-
-    def walk_below_fast(self, memo: WalkMemo, start: int, out, roots: np.ndarray):
-        """:meth:`walk_below` by ``_walk_fast_py`` (see :meth:`walk_fast`)."""
-        bnd_nodes, bnd_states, states = self._scratch()
-        if len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
+        if roots is None:
+            roots = _NO_ROOTS
+        elif len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
             cap = int((self.node_skip[roots] - roots).sum())
             if cap > self.n_nodes:
                 bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
-        nb = _walk_fast_many(memo.table, memo.cls, np.int32(start), self.node_byte, self.node_depth, self.node_skip,
-                             self.tok_word, self.tok_bit, self.tok_lo, self.tok_hi, self.tok_ids, self.sub_set,
-                             self.sub_height, self.tok_end, np.asarray(roots, dtype=np.int32), memo.boundary, out,
-                             bnd_nodes, bnd_states, states, memo.set_cls, memo.n_set_cls, memo.depth, memo.level,
-                             memo.nxt, memo.mark, memo.stamp, memo.chain)
+        nb = _walk_fast(memo.table, memo.cls, memo.boundary[inner], memo.depth[inner], memo.set_cls, memo.scratch,
+                        start, self.fast_nodes, self.tok_bit, self.tok_ids, np.asarray(roots, dtype=np.int32),
+                        self.root_of_byte, out, bnd_nodes, bnd_states, states)
         return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
     def greedy_tokenize(self, data: bytes, vocab) -> list[int]:

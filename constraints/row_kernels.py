@@ -254,9 +254,9 @@ def warm_up(index=None) -> None:
         index.walk_below(table, cls, 0, bnd, words, np.zeros(min(1, index.n_nodes), dtype=np.int32))
         from .index import WalkMemo
 
-        memo = WalkMemo(table, cls, bnd)
-        index.walk_fast(memo, 0, words)
-        index.walk_below_fast(memo, 0, words, np.zeros(min(1, index.n_nodes), dtype=np.int32))
+        memo = WalkMemo(table, cls, bnd, bnd)
+        index.walk_fast(memo, False, 0, words)
+        index.walk_fast(memo, True, 0, words, np.zeros(min(1, index.n_nodes), dtype=np.int32))
     _, _, block, quotient = unquoted_region(table, np.zeros(256, dtype=np.int32), 0x22, np.zeros(1, dtype=np.bool_),
                                          0, 4, np.full(1, -1, dtype=np.int32))
     key = canonical_key(quotient, int(block[0]))

@@ -168,8 +168,8 @@ def test_fast_walks_equal_plain_walks(real):
     for c in compiled_schemas(vocab, 6 if real else 20, seed=10):
         a = c.automaton
         n_pushdown += not a.is_regular
-        memos = {inner: WalkMemo(a.table, a.cls, a.has_calls | a.accepting if inner else a.has_calls)
-                 for inner in (False, True)}
+        memos = [WalkMemo(a.table, a.cls, a.has_calls, a.has_calls | a.accepting),
+                 WalkMemo.light(a.table, a.cls, a.has_calls, a.has_calls | a.accepting)]
         states = list(range(a.n_states))
         rng.shuffle(states)
         if real:
@@ -177,11 +177,12 @@ def test_fast_walks_equal_plain_walks(real):
         for s in states:
             for inner in (False, True):
                 trie = rng.choice(tries)
-                bnd = memos[inner].boundary
+                memo = memos[rng.random() < 0.3]
+                bnd = memo.boundary[inner]
                 w1 = np.zeros(trie.n_words, dtype=np.uint32)
                 w2 = np.zeros(trie.n_words, dtype=np.uint32)
                 r1 = trie.walk(a.table, a.cls, s, bnd, w1)
-                r2 = trie.walk_fast(memos[inner], s, w2)
+                r2 = trie.walk_fast(memo, inner, s, w2)
                 np.testing.assert_array_equal(w1, w2)
                 assert _walk_sets(trie, r1) == _walk_sets(trie, r2)
                 n_bnd += len(r1[0])
@@ -191,7 +192,7 @@ def test_fast_walks_equal_plain_walks(real):
                         w1[:] = 0
                         w2[:] = 0
                         b1 = trie.walk_below(a.table, a.cls, t, bnd, w1, roots)
-                        b2 = trie.walk_below_fast(memos[inner], t, w2, roots)
+                        b2 = trie.walk_fast(memo, inner, t, w2, roots)
                         np.testing.assert_array_equal(w1, w2)
                         assert _walk_sets(trie, b1) == _walk_sets(trie, b2)
     assert n_pushdown and n_bnd
@@ -205,12 +206,12 @@ def test_alive_depths_are_lower_bounds():
     vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
     for c in compiled_schemas(vocab, 10, seed=13):
         a = c.automaton
-        memo = WalkMemo(a.table, a.cls, a.has_calls)
+        memo = WalkMemo(a.table, a.cls, a.has_calls, a.has_calls | a.accepting)
         trie = vocab.index()
         for s in range(a.n_states):
-            trie.walk_fast(memo, s, np.zeros(trie.n_words, dtype=np.uint32))
-        for s, j in zip(*np.nonzero(memo.depth >= 0)):
-            h = int(memo.depth[s, j])
+            trie.walk_fast(memo, False, s, np.zeros(trie.n_words, dtype=np.uint32))
+        for s, j in zip(*np.nonzero(memo.depth[False] >= 0)):
+            h = int(memo.depth[False][s, j])
             classes = sorted({int(a.cls[b]) for b in SHORTCUT_SETS[j]})
             level = {int(s)}
             for _ in range(min(h, 12)):
