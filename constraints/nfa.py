@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dfa_kernels import hopcroft, live_kernel, minimize_kernel, product_kernel
+from .dfa_kernels import hopcroft, live_kernel, product_kernel
 from .errors import ConstraintError, ConstraintTooComplex
 from .ir import Alt, And, ByteSet, Diff, Expr, Ref, Repeat, Seq
+from .minimize_kernel import minimize_sparse_kernel
 from .nfa_kernels import byte_classes_kernel, det_min_flat_kernel, determinize_flat_kernel
 from .nfa_reference import _determinize_reference, _moore_blocks, _partition, mask_classes  # noqa: F401
 
@@ -530,8 +531,8 @@ def live_states(dfa: RawDFA, productive_rules: set[int]) -> np.ndarray:
 
 
 def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDFA:
-    """The minimal DFA of the live part (:func:`~.dfa_kernels.minimize_kernel`: Hopcroft,
-    then breadth-first numbering; calls to unproductive rules dropped). Start stays
+    """The minimal DFA of the live part (:func:`~.minimize_kernel.minimize_sparse_kernel`:
+    Hopcroft, then breadth-first numbering; calls to unproductive rules dropped). Start stays
     state 0. Returns a DFA whose states are all live (dead transitions are -1); if the
     start state is dead, one with zero states.
     """
@@ -547,8 +548,9 @@ def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDF
     calls = np.full((n, len(rules)), -1, dtype=np.int64)
     if rules:
         calls[src, np.searchsorted(np.array(rules, dtype=np.int64), rule)] = dst
-    table, acc, out_calls = minimize_kernel(np.ascontiguousarray(dfa.table), np.asarray(dfa.accepting, dtype=bool),
-                                            np.asarray(live, dtype=bool), calls)
+    table, acc, out_calls = minimize_sparse_kernel(np.ascontiguousarray(dfa.table),
+                                                   np.asarray(dfa.accepting, dtype=bool),
+                                                   np.asarray(live, dtype=bool), calls)
     if not rules:
         return _with_calls(table, acc, _EMPTY, _EMPTY, _EMPTY)
     s, j = np.nonzero(out_calls >= 0)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dfa_kernels import determinize_kernel, live_kernel, minimize_kernel
+from .dfa_kernels import live_kernel
+from .minimize_kernel import minimize_sparse_kernel
+from .subset_kernel import subsets_kernel
 
 try:
     from numba import njit
@@ -98,7 +100,8 @@ def _determinize_flat_py(n, eps, byt, ch_src, ch_sym, ch_dst, calls, m_ptr, m_cl
     """Subset construction of an NFA given as flat edge arrays: ``eps`` (src, dst) pairs,
     ``byt`` (src, symbol id, dst) triples, spliced class edges ``ch_*`` (symbol id = class)
     and ``calls`` (src, rule, dst) triples; symbol ids index ``m_ptr``/``m_cls``. Returns
-    what :func:`~.dfa_kernels.determinize_kernel` returns."""
+    what :func:`~.dfa_kernels.determinize_kernel` returns (computed by
+    :func:`~.subset_kernel.subsets_kernel`)."""
     eps_ptr, order = _csr(n, eps, 2, 0)
     eps_idx = np.empty(order.shape[0], dtype=np.int64)
     for q in range(order.shape[0]):
@@ -156,7 +159,7 @@ def _det_min_flat_py(n, eps, byt, ch_src, ch_sym, ch_dst, m_ptr, m_cls, start, a
     return 0, out, out_acc
 
 
-_determinize, _live, _minimize = determinize_kernel, live_kernel, minimize_kernel
+_determinize, _live, _minimize = subsets_kernel, live_kernel, minimize_sparse_kernel
 if njit is not None:
     byte_classes_kernel = njit(cache=True, nogil=True)(_byte_classes_py)
     _csr = njit(cache=True, nogil=True)(_csr_py)

@@ -235,3 +235,44 @@ def test_grammars_compile_the_same_with_and_without_shared_dfas(seed):
         a = _compile(g, Limits(), None, INF, memo)
         assert (a.table == b.table).all() and (a.cls == b.cls).all() and a.calls == b.calls
         assert (a.accepting == b.accepting).all() and a.start == b.start
+
+
+def _kernel_args(nfa: NFA, alphabet: Alphabet, accept: int) -> tuple:
+    """The CSR arguments of the subset-construction kernels, built with numpy."""
+    eps, byt, ch_src, ch_sym, ch_dst, calls = nfa.flat(alphabet)
+    n = nfa.n
+
+    def csr(src, *cols):
+        order = np.argsort(src, kind="stable")
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+        return (ptr, *(c[order] for c in cols))
+
+    eps_ptr, eps_idx = csr(eps[0::2], eps[1::2])
+    e_ptr, e_mask, e_dst = csr(np.concatenate([byt[0::3], ch_src]), np.concatenate([byt[1::3], ch_sym]),
+                               np.concatenate([byt[2::3], ch_dst]))
+    c_ptr, c_rule, c_dst = csr(calls[0::3], calls[1::3], calls[2::3])
+    important = (np.diff(e_ptr) > 0) | (np.diff(c_ptr) > 0)
+    important[accept] = True
+    m_ptr, m_cls = alphabet.csr()
+    return (eps_ptr, eps_idx, important, e_ptr, e_mask, e_dst, m_ptr, m_cls, c_ptr, c_rule, c_dst, 0, accept,
+            alphabet.n_classes)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_subsets_kernel_equals_the_previous_kernel_buffers_grown_or_not(seed):
+    from deepinfer.constraints.dfa_kernels import determinize_kernel
+    from deepinfer.constraints.subset_kernel import _subsets_py, subsets_kernel
+
+    rng = random.Random(seed)
+    n_classes = rng.randint(1, 6)
+    nfa = _random_nfa(rng, rng.randint(1, 40), n_classes)
+    alphabet = Alphabet(cls=np.arange(256, dtype=np.int32) % n_classes, reps=list(range(n_classes)))
+    args = _kernel_args(nfa, alphabet, rng.randrange(nfa.n))
+    max_states = rng.choice([3, 10, 10**6])  # small bounds stop both at the same point
+    want = determinize_kernel(*args, max_states, 10**12)
+    for got in (subsets_kernel(*args, max_states, 10**12), subsets_kernel(*args, max_states, 10**12, True),
+                _subsets_py(*args, max_states, 10**12, True)):
+        assert got[0] == want[0]
+        if want[0] == 0:
+            assert all((x == y).all() for x, y in zip(got[1:], want[1:]))
