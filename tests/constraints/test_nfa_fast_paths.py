@@ -276,3 +276,25 @@ def test_subsets_kernel_equals_the_previous_kernel_buffers_grown_or_not(seed):
         assert got[0] == want[0]
         if want[0] == 0:
             assert all((x == y).all() for x, y in zip(got[1:], want[1:]))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_sparse_minimize_equals_the_dense_kernel(seed):
+    from deepinfer.constraints.dfa_kernels import _minimize_py, minimize_kernel
+    from deepinfer.constraints.minimize_kernel import _minimize_sparse_py, minimize_sparse_kernel
+
+    rng = np.random.default_rng(2000 + seed)
+    for _ in range(20):
+        n, c, r = int(rng.integers(1, 40)), int(rng.integers(1, 6)), int(rng.integers(0, 3))
+        table = np.where(rng.random((n, c)) < rng.random(), rng.integers(0, n, (n, c)), -1).astype(np.int32)
+        calls = np.where(rng.random((n, r)) < 0.3, rng.integers(0, n, (n, r)), -1).astype(np.int64)
+        acc = rng.random(n) < 0.3
+        live = rng.random(n) < 0.8
+        live[0] = True
+        want = minimize_kernel(table, acc, live, calls)
+        for fn in (minimize_sparse_kernel, _minimize_sparse_py):
+            got = fn(table, acc, live, calls)
+            assert all(x.shape == y.shape and (x == y).all() for x, y in zip(got, want))
+    # and the Python twin of the dense one agrees too (it is what numba compiles)
+    got = _minimize_py(table, acc, live, calls)
+    assert all(x.shape == y.shape and (x == y).all() for x, y in zip(got, want))
