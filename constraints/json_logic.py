@@ -119,6 +119,17 @@ class LogicMixin:
                 continue
             if group[0] == "properties" and present == ["properties"]:
                 continue  # negated below
+            if present == ["items"] and isinstance(x["items"], (dict, bool)):
+                done.add("items")  # some item fails items
+                parts.append({"type": "array", "contains": self.negate(x["items"], depth + 1)})
+                continue
+            if group[0] == "contains" and "contains" in present and "maxContains" not in x:
+                done.update(present)
+                if int(x.get("minContains", 1)) == 1:  # no item is contained
+                    parts.append({"type": "array", "items": self.negate(x["contains"], depth + 1)})
+                elif int(x.get("minContains", 1)) > 1:
+                    residual(tuple(present), "array")
+                continue
             if group[0] == "if":
                 done.update(present)
                 if "if" in x and ("then" in x or "else" in x):

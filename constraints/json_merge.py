@@ -207,7 +207,10 @@ class MergeMixin:
                 if len(prod) > MAX_BRANCHES:
                     raise ConstraintTooComplex(f"allOf of {k} branches exceeds {MAX_BRANCHES} combinations", path=ptr)
                 out[k] = prod
-            elif k in ("items", "additionalProperties", "propertyNames", "additionalItems", "contains"):
+            elif k == "contains":
+                # two contains may be met by different items: not one contains of both
+                raise ConstraintError("cannot merge two different 'contains' under allOf", path=ptr)
+            elif k in ("items", "additionalProperties", "propertyNames", "additionalItems"):
                 out[k] = {"allOf": [va, vb]}
             elif k in ("properties", "patternProperties", "prefixItems"):
                 pass  # below

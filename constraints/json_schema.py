@@ -313,8 +313,8 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
             v = s[kw]
             if kw == "uniqueItems" and v is False:
                 continue
-            if kw in ("minContains", "maxContains") and "contains" not in s:
-                continue
+            if kw in ("contains", "minContains", "maxContains"):
+                continue  # compile_array enforces or relaxes them
             if kw == "if" and "then" not in s and "else" not in s:
                 continue
             if kw in ("then", "else") and "if" not in s:

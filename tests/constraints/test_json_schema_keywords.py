@@ -221,10 +221,10 @@ def test_schema_as_text_and_pydantic():
 
 ERRORS = [
     ({"type": "array", "uniqueItems": True}, r"uniqueItems.*#/uniqueItems"),
-    ({"properties": {"a": {"not": {"items": {"type": "string"}}}}}, r"'not'.*#/properties/a/not"),
-    ({"if": {"items": {"type": "string"}}, "then": {"minItems": 1}}, r"'if'.*at #/if"),
-    ({"type": "array", "contains": {"type": "integer"}}, r"contains.*#/contains"),
-    ({"oneOf": [{"type": "array"}, {"items": {"type": "integer"}}]}, r"oneOf.*#/oneOf"),
+    ({"properties": {"a": {"not": {"uniqueItems": True}}}}, r"'not'.*#/properties/a/not"),
+    ({"if": {"not": {"uniqueItems": True}}, "then": {"minItems": 1}}, r"'if'.*at #/if"),
+    ({"type": "array", "prefixItems": [{}], "contains": {"type": "integer"}}, r"contains.*#/contains"),
+    ({"oneOf": [{"type": "array"}, {"uniqueItems": True}]}, r"oneOf.*#/oneOf"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, r"unsatisfiable.*at #"),
     ({"enum": []}, r"no enum value.*#/enum"),
     ({"type": "object", "required": ["x"], "additionalProperties": False}, r"'x' is not allowed.*#/required"),
