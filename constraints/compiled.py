@@ -15,7 +15,7 @@ from .automaton import Automaton, Config
 from .bitmask import unpack_bitmask
 from .index import WalkMemo
 from .nfa import equivalent_blocks
-from .row_kernels import canonical_key, match_form, unquoted_region
+from .row_kernels import canonical_key, count_bytes, match_form, unquoted_region
 
 ROW_CACHE_SIZE = 8192
 QUOTE = 0x22
@@ -23,6 +23,8 @@ PERMISSIVE_BYTES = 128  # states allowing at least this many bytes take the shar
 MAX_CANON_STATES = 256
 MAX_FORMS = 16  # canonical forms a vocabulary remembers for matching (most recent first)
 MAX_FORM_TRIES = 4
+CLOSURE_MEMO_SIZE = 4096
+_MISS = object()
 
 
 class CompiledConstraint:
@@ -45,6 +47,8 @@ class CompiledConstraint:
         self._bnd_inner = a.has_calls | a.accepting
         self._cls_sizes = np.bincount(a.cls, minlength=a.table.shape[1])  # bytes per class
         self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._closures: dict = {}  # stack -> its closure, for continuations
+        self._split = None  # (tries without / with ", shared rows) of the vocabulary
         self._rows: OrderedDict = OrderedDict()
         self._interned: dict[bytes, np.ndarray] = {}
         self._eos = np.array(vocab.eos_ids, dtype=np.int64)
@@ -111,38 +115,42 @@ class CompiledConstraint:
         if hit is not None:
             return hit
         a = self.automaton
-        bnd = self._bnd_inner if inner else self._bnd_bottom
         canon = None
-        n_bytes = int(self._cls_sizes[a.table[state] >= 0].sum())
+        n_bytes = count_bytes(a.table, self._cls_sizes, state)
         if n_bytes >= PERMISSIVE_BYTES:
             big = self.__dict__.get("_canon_big")
             if big is None or not big[state] or self._canon_region[state] >= 0:
                 canon = self._canonical_unquoted(state, inner)
-        trie = self.index
+        fast = self.fast_min_bytes <= 256
         if canon is None:
+            trie = self.index
             words = np.zeros(self.n_words, dtype=np.uint32)
-            if self.fast_min_bytes <= 256:
+            if fast:
                 nodes, states = trie.walk_fast(self._walk_memo(n_bytes >= self.fast_min_bytes), inner, state, words)
             else:
-                nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
+                nodes, states = trie.walk(a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom,
+                                          words)
         else:
-            no_quote, with_quote = self.vocab.split_index(QUOTE)
-            shared = self.vocab.shared_rows()
+            split = self._split
+            if split is None:
+                split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
+            (no_quote, with_quote), shared = split
             base = shared.get(canon)
             if base is None:
                 base = np.zeros(self.n_words, dtype=np.uint32)
-                if self.fast_min_bytes <= 256:
+                if fast:
                     no_quote.walk_fast(self._walk_memo(True), inner, state, base)
                 else:
-                    no_quote.walk(a.table, a.cls, state, bnd, base)
+                    no_quote.walk(a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, base)
                 base.flags.writeable = False
                 shared[canon] = base
             words = base.copy()
             trie = with_quote  # boundary node ids below index this trie
-            if self.fast_min_bytes <= 256:
+            if fast:
                 nodes, states = trie.walk_fast(self._walk_memo(False), inner, state, words)
             else:
-                nodes, states = trie.walk(a.table, a.cls, state, bnd, words)
+                nodes, states = trie.walk(a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom,
+                                          words)
         hit = (words, nodes, states, trie)
         self._ci[key] = hit
         return hit
@@ -311,9 +319,15 @@ class CompiledConstraint:
         closure (the caller's walk already follows the stack itself). Boundaries that
         share a state share one closure and one batched walk."""
         a = self.automaton
+        closures = self._closures
         for t in sorted(set(states.tolist())):
             stack = base + (t,)
-            cfg = a.closure([stack])
+            cfg = closures.get(stack, _MISS)
+            if cfg is _MISS:  # the same boundaries recur in many rows
+                cfg = a.closure([stack])
+                if len(closures) >= CLOSURE_MEMO_SIZE:
+                    closures.clear()
+                closures[stack] = cfg
             if cfg is None:
                 continue
             roots = nodes[states == t]

@@ -233,11 +233,22 @@ def _match_form_py(table, cls, quote, boundary, start, max_states, local, form):
     return code, order[:n].copy(), blocks
 
 
+def _count_bytes_py(table, cls_sizes, state):
+    """How many bytes ``state`` allows (``cls_sizes``: bytes per class)."""
+    n = 0
+    for c in range(table.shape[1]):
+        if table[state, c] >= 0:
+            n += cls_sizes[c]
+    return n
+
+
 if njit is not None:
+    count_bytes = njit(cache=True, nogil=True)(_count_bytes_py)
     match_form = njit(cache=True, nogil=True)(_match_form_py)
     unquoted_region = njit(cache=True, nogil=True)(_unquoted_region_py)
     canonical_key = njit(cache=True, nogil=True)(_canonical_key_py)
 else:  # pragma: no cover
+    count_bytes = _count_bytes_py
     match_form = _match_form_py
     unquoted_region = _unquoted_region_py
     canonical_key = _canonical_key_py
@@ -260,5 +271,6 @@ def warm_up(index=None) -> None:
     _, _, block, quotient = unquoted_region(table, np.zeros(256, dtype=np.int32), 0x22, np.zeros(1, dtype=np.bool_),
                                          0, 4, np.full(1, -1, dtype=np.int32))
     key = canonical_key(quotient, int(block[0]))
+    count_bytes(table, np.ones(1, dtype=np.int64), 0)
     match_form(table, np.zeros(256, dtype=np.int32), 0x22, np.zeros(1, dtype=np.bool_), 0, 4,
                np.full(1, -1, dtype=np.int32), key.reshape(-1, 256))
