@@ -77,9 +77,53 @@ def torch_unpack(bitmask: torch.Tensor, V: int) -> torch.Tensor:
     return ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().view(bitmask.shape[0], -1)[:, :V]
 
 
-def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True) -> dict:
+MODEL_LOGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "smollm2-logits.pt")
+_recorded: torch.Tensor | None = None
+
+
+def record_logits(path: str, rows: int = 64) -> None:
+    """Save ``rows`` next-token logit rows of the embedded SmolLM2-135M-Instruct (CPU, real chat
+    prompts, sampled at temperature 0.8) as float16 [rows, 49152]: ``--logits model`` tiles them."""
+    from deepinfer import LLM, SamplingParams
+
+    llm = LLM(None, device="cpu")
+    got: list[torch.Tensor] = []
+    sample = llm.sample_fn
+
+    def recording(logits, **kw):
+        got.append(logits.detach().to(torch.float16).cpu())
+        return sample(logits, **kw)
+
+    llm.sample_fn = recording
+    asks = ["Write a haiku about rain.", "List three uses of copper.", "What is a prime number?",
+            "Describe Paris as JSON with name and population."]  # fmt: skip
+    msgs = [[{"role": "user", "content": a}] for a in asks]
+    llm.chat(msgs, SamplingParams(temperature=0.8, seed=0, max_tokens=-(-rows // len(asks)), ignore_eos=True),
+             use_tqdm=False)  # fmt: skip
+    out = torch.cat(got)[:rows].contiguous()
+    torch.save(out, path)
+    print(f"saved {tuple(out.shape)} float16 logits of the embedded model to {path}")
+
+
+def make_logits(B: int, V: int, dtype: torch.dtype, gen, kind: str) -> torch.Tensor | None:
+    """[B, V] logits: N(0, 4) noise ("random"), or the embedded model's recorded rows tiled to B
+    rows ("model", V = 49,152 only: None for other V)."""
+    global _recorded
+    if kind == "random":
+        return (torch.randn(B, V, device="cuda", generator=gen) * 2).to(dtype)
+    if _recorded is None:
+        _recorded = torch.load(MODEL_LOGITS).to("cuda")
+    if _recorded.shape[1] != V:
+        return None
+    reps = -(-B // _recorded.shape[0])
+    return _recorded.repeat(reps, 1)[:B].to(dtype).contiguous()
+
+
+def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True, kind: str = "random") -> dict | None:
     gen = torch.Generator(device="cuda").manual_seed(B * V)
-    logits = (torch.randn(B, V, device="cuda", generator=gen) * 2).to(dtype)
+    logits = make_logits(B, V, dtype, gen, kind)
+    if logits is None:
+        return None
     W = (V + 31) // 32
     bitmask = torch.randint(-(2**31), 2**31 - 1, (B, W), device="cuda", dtype=torch.int32, generator=gen)
     f32 = lambda v: torch.full((B,), v, device="cuda", dtype=torch.float32)  # noqa: E731
@@ -196,11 +240,20 @@ def main() -> None:
         help="only greedy and top-p, pass 1 per row vs split over (row, chunk), side by side",
     )
     ap.add_argument("--split-sweep", action="store_true", help="first time split chunk x num_warps variants")
+    ap.add_argument("--logits", choices=("random", "model"), default="random",
+                    help="N(0, 4) logits, or the embedded model's recorded rows (V = 49,152; see --record-logits)")
+    ap.add_argument("--record-logits", action="store_true",
+                    help=f"CPU: record the embedded model's logits to {MODEL_LOGITS} and exit")
     args = ap.parse_args()
+    if args.record_logits:
+        os.makedirs(os.path.dirname(MODEL_LOGITS), exist_ok=True)
+        record_logits(MODEL_LOGITS)
+        return
     if not torch.cuda.is_available():
         raise SystemExit("bench_sampling.py needs a CUDA device")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"xgrammar {'yes' if _xgr_apply else 'not importable'}; µs per call; floor {args.floor} TB/s")  # fmt: skip
+          f"xgrammar {'yes' if _xgr_apply else 'not importable'}; µs per call; floor {args.floor} TB/s; "
+          f"logits {args.logits}")  # fmt: skip
     head = ("| dtype | B | V | fused greedy | fused top-p | fused top-k+p | torch | xgr+torch | floor µs "
             "| greedy GB/s | % floor | top-p/greedy | torch/top-p |")  # fmt: skip
     if args.sweep:
@@ -215,7 +268,9 @@ def main() -> None:
     print("|" + "---|" * (head.count("|") - 1))
     for dtype in (torch.float32, torch.bfloat16):
         for B, V in shapes:
-            r = run(dtype, B, V, args.floor)
+            r = run(dtype, B, V, args.floor, kind=args.logits)
+            if r is None:
+                continue
             xgr = f"{r['xgr']:.1f}" if "xgr" in r else "-"
             mark = "" if r["graph"] else "*"
             print(f"| {str(dtype)[6:]} | {B} | {V} | {r['greedy']:.1f}{mark} | {r['top_p']:.1f} | {r['top_k']:.1f} "
