@@ -42,17 +42,25 @@ class Expr:
         raise AttributeError("IR nodes are immutable")
 
     def _init(self, key: tuple, size: int, refs: frozenset[str] = frozenset()) -> None:
-        object.__setattr__(self, "_hash", hash((type(self).__name__,) + key))
-        object.__setattr__(self, "_size", size)
-        object.__setattr__(self, "_refs", refs)
+        """Set the cached hash (over the key, sub-expressions by their cached hash: no
+        Python-level ``__hash__`` call per child), size and refs."""
+        _set(self, "_hash", hash((type(self).__name__, *[k._hash if isinstance(k, Expr) else k for k in key])))
+        _set(self, "_size", size)
+        _set(self, "_refs", refs)
+
+
+_set = object.__setattr__
+_NO_REFS: frozenset[str] = frozenset()
 
 
 class ByteSet(Expr):
     __slots__ = ("mask",)
 
     def __init__(self, mask: int) -> None:
-        object.__setattr__(self, "mask", mask)  # bit b set <=> byte b allowed
-        self._init((mask,), 1)
+        _set(self, "mask", mask)  # bit b set <=> byte b allowed
+        _set(self, "_hash", hash(("ByteSet", mask)))
+        _set(self, "_size", 1)
+        _set(self, "_refs", _NO_REFS)
 
     def _key(self) -> tuple:
         return (self.mask,)
@@ -77,8 +85,10 @@ class _Items(Expr):
 
     def __init__(self, items: tuple[Expr, ...]) -> None:
         items = tuple(items)
-        object.__setattr__(self, "items", items)
-        self._init(items, 1 + sum(i._size for i in items), _union_refs(items))
+        _set(self, "items", items)
+        _set(self, "_hash", hash((type(self).__name__, *[i._hash for i in items])))
+        _set(self, "_size", 1 + sum([i._size for i in items]))
+        _set(self, "_refs", _union_refs(items))
 
     def _key(self) -> tuple:
         return self.items
@@ -154,12 +164,13 @@ class Diff(Expr):
 def _union_refs(items: tuple[Expr, ...]) -> frozenset[str]:
     parts = [i._refs for i in items if i._refs]
     if not parts:
-        return frozenset()
+        return _NO_REFS
     return parts[0] if len(parts) == 1 else frozenset().union(*parts)
 
 
 EMPTY: Expr = Seq(())  # matches the empty string
 NOTHING: Expr = Alt(())  # matches nothing
+_SINGLE = [ByteSet(1 << b) for b in range(256)]  # one byte each (nodes are immutable: shared)
 
 
 @dataclass
@@ -192,7 +203,9 @@ def byte_range(lo: int, hi: int) -> ByteSet:
 def lit(text: str | bytes) -> Expr:
     """The exact string (str is encoded as UTF-8)."""
     data = text.encode("utf-8") if isinstance(text, str) else text
-    return seq(*(ByteSet(1 << b) for b in data))
+    if len(data) == 1:
+        return _SINGLE[data[0]]
+    return Seq(tuple([_SINGLE[b] for b in data])) if data else EMPTY
 
 
 def seq(*items: Expr) -> Expr:
