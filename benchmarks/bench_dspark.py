@@ -382,10 +382,12 @@ class Replay:
                 return super().step(llm, plan, masks)
 
             def replay_verify(self, logits, drafts, *, bitmask=None, indices=None, **kw):
+                # the real kernel runs; the replay's decisions are host work that does not wait for
+                # it (the masks are read from the verifier's host buffer), and the kernel's tokens
+                # are read back only when a row needs one (its script's token refused)
                 out = kernels.verify(logits, drafts, bitmask=bitmask, indices=indices, **kw)  # the real work
-                tokens = out.tokens.tolist()
                 plan = self._plan
-                assert len(plan.drafts) == len(tokens) and all(len(d) < len(r) for d, r in zip(plan.drafts, tokens))
+                B, T = logits.shape[0], logits.shape[1]
                 acc, want, pos_at = [], [], []
                 for s, d in zip(plan.seqs, plan.drafts):
                     sc = replay.scripts.get(s.seed)
@@ -405,32 +407,35 @@ class Replay:
                     acc.append(a)
                     want.append(sc.next_token(pos) if sc is not None else -1)
                     pos_at.append(pos)
-                dev = logits.device
                 if bitmask is None:
                     rows = set()
                 elif indices is None:
-                    rows = set(range(len(tokens)))
+                    rows = set(range(B))
                 else:
                     rows = set(indices.tolist() if hasattr(indices, "tolist") else indices)
-                ok = {b: b not in rows for b, t in enumerate(want) if t >= 0}  # unconstrained rows: any token
-                check = [b for b, v in ok.items() if not v]
-                if check:  # the words holding the wanted tokens' bits at their positions: one small read
-                    i = torch.tensor([[b, acc[b], want[b] >> 5] for b in check], dtype=torch.int64).to(dev)
-                    words = bitmask[i[:, 0], i[:, 1], i[:, 2]].tolist()
-                    ok.update((b, bool((w >> (want[b] & 31)) & 1)) for b, w in zip(check, words))
+                host = self._verifier._host(B, T).numpy() if rows else None  # the masks just copied
+                tokens = [[-1] * T for _ in range(B)]
+                need_kernel = []
                 for b, (s, a) in enumerate(zip(plan.seqs, acc)):
                     d = plan.drafts[b].tokens
                     tokens[b][:a] = d[:a]  # the accepted drafts, then the bonus at a
-                    t = want[b] if ok.get(b) else None
-                    if ok.get(b) is False:  # refused (an accepted draft the text lacks): pick the text up again
+                    t = want[b]
+                    if t >= 0 and b in rows and not (int(host[b, a, t >> 5]) >> (t & 31)) & 1:
+                        # refused (an accepted draft the text lacks): pick the text up again
                         t = _resync_after(s, replay.scripts[s.seed], d[:a], pos_at[b])
-                    if t is None:
+                    if t is None or t < 0:
                         replay.fallback_tokens += 1  # the kernel's own token there
+                        need_kernel.append(b)
                     else:
                         tokens[b][a] = t
                         replay.script_tokens += 1
-                t = torch.tensor(tokens, dtype=torch.int64, device=dev)
-                a = torch.tensor(acc, dtype=torch.int64, device=dev)
+                if need_kernel:
+                    got = out.tokens.tolist()
+                    for b in need_kernel:
+                        tokens[b][acc[b]] = got[b][acc[b]]
+                dev = logits.device
+                t = torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True)
+                a = torch.tensor(acc, dtype=torch.int64).to(dev, non_blocking=True)
                 return kernels.VerifyOutput(a, t.gather(1, a[:, None])[:, 0], t)
 
         d = ReplayDSpark(config)
