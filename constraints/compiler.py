@@ -113,11 +113,14 @@ def _warm_up(vocab) -> None:
     table = np.full((1, 1), -1, dtype=np.int32)
     idx.walk(table, np.zeros(256, dtype=np.int32), 0, np.zeros(1, dtype=bool),
              np.zeros(idx.n_words, dtype=np.uint32))
-    # and the automaton kernels (subset construction, minimisation), on a small recursive
-    # grammar with a spliced string: loaded from numba's disk cache, or compiled once
+    # and the automaton kernels (byte classes, subset construction, minimisation, products),
+    # on a small recursive grammar with a spliced string and on a difference: loaded from
+    # numba's disk cache, or compiled once
     from .ebnf import lark_to_grammar
 
     compile_grammar(lark_to_grammar('start: "[" (v ("," v)*)? "]"\nv: start | /"[a-z]{0,4}"/'))
+    word = ir.plus(ir.byte_range(0x61, 0x7A))
+    compile_grammar(ir.Grammar({"start": ir.difference(word, ir.lit("ab"))}))
 
 
 def schema_key(schema: Any) -> str:
