@@ -7,6 +7,7 @@ threads computing the same row write equal values), so the steady-state step is 
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -49,6 +50,7 @@ class CompiledConstraint:
         self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._closures: dict = {}  # stack -> its closure, for continuations
         self._split = None  # (tries without / with ", shared rows) of the vocabulary
+        self._lock = threading.Lock()
         self._rows: OrderedDict = OrderedDict()
         self._interned: dict[bytes, np.ndarray] = {}
         self._eos = np.array(vocab.eos_ids, dtype=np.int64)
@@ -74,6 +76,13 @@ class CompiledConstraint:
         row = self._rows.get(config)
         if row is not None:
             return row
+        with self._lock:  # cold rows share scratch space (numba kernels run without the GIL)
+            row = self._rows.get(config)
+            if row is not None:
+                return row
+            return self._cold_row(config)
+
+    def _cold_row(self, config) -> np.ndarray:
         words = self._compute(config)
         if self.automaton.can_end(config):
             for e in self._eos:
@@ -206,15 +215,19 @@ class CompiledConstraint:
         a = self.automaton
         bnd, scratch = self._canon_boundary, self._canon_scratch
         forms = self.vocab.shared_forms()
-        for i, (_key, form) in enumerate(forms[:MAX_FORM_TRIES]):
+        for i, entry in enumerate(forms[:MAX_FORM_TRIES]):
+            form = entry[1]
             code, states, block = match_form(a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES, scratch, form)
             if code < 0:
                 if code == -2:
                     self._canon_big[states] = True
                 return -1
             if code:
-                if i:
-                    forms.insert(0, forms.pop(i))
+                if i:  # most recent first (another constraint's thread may move entries too)
+                    for j, other in enumerate(forms):
+                        if other is entry:
+                            forms.insert(0, forms.pop(j))
+                            break
                 return self._canon_add(states, block, form)
         code, states, block, quotient = unquoted_region(a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES,
                                                          scratch)

