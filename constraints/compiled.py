@@ -1,8 +1,18 @@
 """A compiled constraint: the automaton joined to the vocabulary, with memoised mask rows.
 
 Immutable from the outside and shared by every request that uses the same constraint.
-Rows are computed on first visit and kept (dict writes are atomic under the GIL, and two
-threads computing the same row write equal values), so the steady-state step is a lookup.
+Rows are computed on first visit and kept, so the steady-state step is a lookup; a cold
+row is computed under the constraint's lock (its kernels share scratch space).
+
+A cold row (see :meth:`CompiledConstraint._context_independent`): a permissive state
+(inside a JSON string) takes the tokens without ``"`` from a row shared per vocabulary,
+keyed by the canonical form of what it reaches over other bytes (numba kernels in
+:mod:`.row_kernels`; a region is minimised or matched against known forms once, then
+every state in it is a lookup; JSON key and value strings are primed with the
+vocabulary); every other walk takes the fast trie walk of :mod:`.index` (whole subtrees
+at once where the automaton provably stays alive). Pushdown boundaries continue through
+memoised closures. The pure-Python canonical form and ``VocabIndex.walk`` stay as
+references for the tests.
 """
 
 from __future__ import annotations
@@ -241,8 +251,8 @@ class CompiledConstraint:
         return self._canon_add(states, block, quotient)
 
     def _canon_add(self, states: np.ndarray, block: np.ndarray, quotient: np.ndarray) -> int:
-        r = len(self._canon_quotients)
         self._canon_quotients.append(quotient)
+        r = len(self._canon_quotients) - 1
         self._canon_region[states] = r
         self._canon_block[states] = block
         return r
