@@ -180,8 +180,10 @@ def _match_form_py(table, cls, quote, boundary, start, max_states, local, form):
             k += 1
         col_of[b] = cls_col[c]
     # a block whose successors differ between bytes of one column, or that is alive on
-    # quote, matches no state (-1: unchecked, 0: no, 1: yes)
+    # quote, matches no state (-1: unchecked, 0: no, 1: yes); formc: a block's successors
+    # by column
     fits = np.full(m, -1, dtype=np.int64)
+    formc = np.empty((m, k), dtype=np.int64)
     order = np.empty(max_states, dtype=np.int64)
     order[0] = start
     local[start] = 0
@@ -201,12 +203,16 @@ def _match_form_py(table, cls, quote, boundary, start, max_states, local, form):
                 if b != quote and form[bq, b] != form[bq, col_rep[col_of[b]]]:
                     fits[bq] = 0
                     break
+            for j in range(k):
+                formc[bq, j] = form[bq, col_rep[j]]
         if fits[bq] == 0:
             code = 0
             break
+        row = table[q]
+        frow = formc[bq]
         for j in range(k):
-            t = table[q, col_cls[j]]
-            fb = form[bq, col_rep[j]]
+            t = row[col_cls[j]]
+            fb = frow[j]
             if t < 0:
                 if fb >= 0:
                     code = 0
