@@ -420,16 +420,27 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         n = len(d.accepting)
         table[off : off + n] = np.where(d.table >= 0, d.table + off, -1)
         accepting[off : off + n] = d.accepting
-        if len(_call_arrays(d)[0]) == 0:
-            calls.extend([()] * n)
-            continue
-        for s in range(n):
-            calls.append(tuple((offsets[r], t + off) for r, t in d.calls[s]))
+        src, rule, dst = _call_arrays(d)
+        here = [()] * n
+        for s, r, t in zip(src.tolist(), rule.tolist(), dst.tolist()):
+            here[s] += ((offsets[r], t + off),)
+        calls.extend(here)
     return Automaton(table, cls, accepting, calls, offsets[0], order)
+
+
+def _calls_by_state(d) -> tuple[np.ndarray, list[int], list[int]]:
+    """A DFA's call edges as CSR: state s's are rule[ptr[s]:ptr[s + 1]], dst[...]."""
+    src, rule, dst = _call_arrays(d)
+    if len(src) > 1 and (src[1:] < src[:-1]).any():
+        order = np.argsort(src, kind="stable")
+        src, rule, dst = src[order], rule[order], dst[order]
+    ptr = np.searchsorted(src, np.arange(len(d.accepting) + 1))
+    return ptr, rule.tolist(), dst.tolist()
 
 
 def _check_left_recursion(dfas: dict, order: list[str]) -> None:
     """Reject grammars where a rule can call itself before reading a byte."""
+    by_state = {i: _calls_by_state(d) for i, d in dfas.items()}
     nullable: set[int] = set()
     changed = True
     while changed:
@@ -437,6 +448,7 @@ def _check_left_recursion(dfas: dict, order: list[str]) -> None:
         for i, d in dfas.items():
             if i in nullable:
                 continue
+            ptr, rule, dst = by_state[i]
             seen, work = {0}, [0]
             while work:
                 s = work.pop()
@@ -444,17 +456,20 @@ def _check_left_recursion(dfas: dict, order: list[str]) -> None:
                     nullable.add(i)
                     changed = True
                     break
-                for r, t in d.calls[s]:
+                for j in range(ptr[s], ptr[s + 1]):
+                    r, t = rule[j], dst[j]
                     if r in nullable and t not in seen:
                         seen.add(t)
                         work.append(t)
     left: dict[int, set[int]] = {}
-    for i, d in dfas.items():
+    for i in dfas:
+        ptr, rule, dst = by_state[i]
         callees: set[int] = set()
         seen, work = {0}, [0]
         while work:
             s = work.pop()
-            for r, t in d.calls[s]:
+            for j in range(ptr[s], ptr[s + 1]):
+                r, t = rule[j], dst[j]
                 callees.add(r)
                 if r in nullable and t not in seen:
                     seen.add(t)

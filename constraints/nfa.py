@@ -368,13 +368,35 @@ class FragmentBuilder:
 # ---------------------------------------------------------------------------------- DFAs
 
 
-@dataclass
 class RawDFA:
-    """A DFA over byte classes with call edges; state 0 is the start; -1 is dead."""
+    """A DFA over byte classes with call edges; state 0 is the start; -1 is dead.
 
-    table: np.ndarray  # int32 [n, n_classes]
-    accepting: np.ndarray  # bool [n]
-    calls: list  # per state: (rule index, target state) pairs
+    ``calls``: per state, its (rule index, target state) pairs. The kernels give call
+    edges as arrays (src, rule, dst), and most steps read them so: the per-state lists
+    are only built when read (:func:`_call_arrays` goes the other way)."""
+
+    def __init__(self, table: np.ndarray, accepting: np.ndarray, calls: list | None = None,
+                 call_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+        self.table = table  # int32 [n, n_classes]
+        self.accepting = accepting  # bool [n]
+        self._calls = calls
+        self._carr = call_arrays
+        if calls is None and call_arrays is None:
+            self._carr = _NO_CALLS
+
+    @property
+    def calls(self) -> list:
+        if self._calls is None:
+            n = len(self.accepting)
+            src, rule, dst = self._carr
+            if len(src) == 0:
+                self._calls = [()] * n
+            else:
+                calls: list = [[] for _ in range(n)]
+                for s, r, t in zip(src.tolist(), rule.tolist(), dst.tolist()):
+                    calls[s].append((r, t))
+                self._calls = calls
+        return self._calls
 
 
 _NO_CALLS = (_EMPTY, _EMPTY, _EMPTY)
@@ -382,22 +404,12 @@ _NO_CALLS = (_EMPTY, _EMPTY, _EMPTY)
 
 def _with_calls(table: np.ndarray, accepting: np.ndarray, src: np.ndarray, rule: np.ndarray,
                 dst: np.ndarray) -> RawDFA:
-    """A RawDFA from call edge arrays (kept on it: the next steps read them as arrays)."""
-    n = len(accepting)
-    if len(src) == 0:
-        d = RawDFA(table, accepting, [()] * n)
-        d._carr = _NO_CALLS
-        return d
-    calls: list = [[] for _ in range(n)]
-    for s, r, t in zip(src.tolist(), rule.tolist(), dst.tolist()):
-        calls[s].append((r, t))
-    d = RawDFA(table, accepting, calls)
-    d._carr = (src, rule, dst)
-    return d
+    """A RawDFA from call edge arrays (its per-state lists are built if read)."""
+    return RawDFA(table, accepting, None, _NO_CALLS if len(src) == 0 else (src, rule, dst))
 
 
 def _call_arrays(d: RawDFA) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    hit = getattr(d, "_carr", None)
+    hit = d._carr
     if hit is None:
         triples = [(s, r, t) for s, cs in enumerate(d.calls) for r, t in cs]
         hit = tuple(np.array([x[j] for x in triples], dtype=np.int64) for j in range(3)) if triples else _NO_CALLS
@@ -493,9 +505,8 @@ class DFAMemo:
         cls, d = hit
         if cls is alphabet.cls:
             return d
-        out = RawDFA(np.ascontiguousarray(d.table[:, cls[alphabet.rep_arr]]), d.accepting, d.calls)
-        out._carr = _call_arrays(d)
-        return out
+        return RawDFA(np.ascontiguousarray(d.table[:, cls[alphabet.rep_arr]]), d.accepting, None,
+                      _call_arrays(d))
 
     def put(self, key, cls: np.ndarray, d: RawDFA) -> None:
         cells = d.table.size + 1
