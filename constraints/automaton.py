@@ -360,7 +360,7 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         raw = []
         dfa_memo: dict = {}
         for name, key in zip(order, keys):
-            d = memo.get(key, alphabet) if memo is not None and key is not None else None
+            d = memo.get(key, alphabet, limits) if memo is not None and key is not None else None
             if d is None:
                 nfa = NFA(limits, deadline, alphabet)
                 builder = FragmentBuilder(nfa, rules, rule_index, dfa_memo, memo)
@@ -368,7 +368,7 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
                 end = builder.build(rules[name], s0)
                 d = determinize(nfa, s0, end, cls, reps, limits)
                 if memo is not None and key is not None:
-                    memo.put(key, cls, d)
+                    memo.put(key, cls, d, limits)
             raw.append(d)
     except RecursionError:
         raise ConstraintTooComplex("constraint is nested too deeply to compile") from None
@@ -394,11 +394,11 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
     for i in productive:
         key = None if keys[i] is None or memo is None else ("minimal", keys[i], tuple(sorted(
             j for _, j in keys[i][2] if j in productive)))
-        d = memo.get(key, alphabet) if key is not None else None
+        d = memo.get(key, alphabet, limits) if key is not None else None
         if d is None:
             d = minimize(raw[i], live_states(raw[i], productive), productive)
             if key is not None:
-                memo.put(key, cls, d)
+                memo.put(key, cls, d, limits)
         dfas[i] = d
     _check_left_recursion(dfas, order)
 

@@ -291,7 +291,7 @@ class FragmentBuilder:
             return d
         alphabet = self.alphabet
         if self.shared is not None:
-            d = self.shared.get(e, alphabet)
+            d = self.shared.get(e, alphabet, self.nfa.limits)
         if d is None:
             if isinstance(e, (And, Diff)):
                 parts = [self._sub_dfa(i) for i in e.items]
@@ -305,7 +305,7 @@ class FragmentBuilder:
                 end = fb.build(e, s0, splice=False)
                 d = minimal_dfa(sub, s0, end)
             if self.shared is not None:
-                self.shared.put(e, alphabet.cls, d)
+                self.shared.put(e, alphabet.cls, d, self.nfa.limits)
         self.dfa_memo[e] = d
         return d
 
@@ -494,7 +494,14 @@ class DFAMemo:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, key, alphabet: Alphabet) -> RawDFA | None:
+    @staticmethod
+    def _key(key, limits: Limits) -> tuple:
+        # compilations under other state bounds do not share: a DFA kept under looser
+        # bounds must not spare a stricter compilation its ConstraintTooComplex
+        return (key, limits.max_nfa_states, limits.max_dfa_states)
+
+    def get(self, key, alphabet: Alphabet, limits: Limits) -> RawDFA | None:
+        key = self._key(key, limits)
         with self._lock:
             hit = self._d.get(key)
             if hit is None:
@@ -508,7 +515,8 @@ class DFAMemo:
         return RawDFA(np.ascontiguousarray(d.table[:, cls[alphabet.rep_arr]]), d.accepting, None,
                       _call_arrays(d))
 
-    def put(self, key, cls: np.ndarray, d: RawDFA) -> None:
+    def put(self, key, cls: np.ndarray, d: RawDFA, limits: Limits) -> None:
+        key = self._key(key, limits)
         cells = d.table.size + 1
         if cells > self.max_cells // 8:
             return

@@ -298,3 +298,20 @@ def test_sparse_minimize_equals_the_dense_kernel(seed):
     # and the Python twin of the dense one agrees too (it is what numba compiles)
     got = _minimize_py(table, acc, live, calls)
     assert all(x.shape == y.shape and (x == y).all() for x, y in zip(got, want))
+
+
+def test_shared_dfas_do_not_cross_state_bounds():
+    from deepinfer.constraints.errors import ConstraintTooComplex
+
+    # spliced (over 300 nodes): ~300 subsets, which minimise to 12 states (the tails are alike)
+    keys = ir.alt(*(ir.lit(chr(0x41 + i) + "abcdefghij") for i in range(30)))
+    g = ir.Grammar({"start": ir.seq(ir.lit("["), keys, ir.lit("]"))})
+    memo = DFAMemo()
+    _compile(g, Limits(), None, INF, memo)  # keeps the keys' DFA
+    assert memo.misses and not memo.hits
+    with pytest.raises(ConstraintTooComplex):
+        _compile(g, Limits(max_dfa_states=100), None, INF, None)
+    with pytest.raises(ConstraintTooComplex):  # not spared by the DFA kept under the default bounds
+        _compile(g, Limits(max_dfa_states=100), None, INF, memo)
+    _compile(g, Limits(), None, INF, memo)
+    assert memo.hits
