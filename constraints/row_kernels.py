@@ -19,6 +19,33 @@ except ImportError:  # pragma: no cover
     njit = None
 
 
+def _columns_py(cls, n_cls, quote):
+    """The columns of an unquoted region: the classes of the bytes other than quote (a class
+    holding quote and other bytes keeps a column for those bytes). Returns (cls_col: column of
+    each class or -1, col_cls: class of each column, col_rep: the first byte of each column,
+    col_of: column of each byte, -1 for quote, k: the number of columns)."""
+    cls_col = np.full(n_cls, -1, dtype=np.int64)
+    col_cls = np.empty(n_cls, dtype=np.int64)
+    col_rep = np.empty(n_cls, dtype=np.int64)
+    col_of = np.empty(256, dtype=np.int64)
+    k = 0
+    for b in range(256):
+        if b == quote:
+            col_of[b] = -1
+            continue
+        c = cls[b]
+        if cls_col[c] < 0:
+            cls_col[c] = k
+            col_cls[k] = c
+            col_rep[k] = b
+            k += 1
+        col_of[b] = cls_col[c]
+    return cls_col, col_cls, col_rep, col_of, k
+
+
+_columns = njit(cache=True, nogil=True)(_columns_py) if njit is not None else _columns_py
+
+
 def _unquoted_region_py(table, cls, quote, boundary, start, max_states, local):
     """The part of the automaton reachable from ``start`` over bytes other than ``quote``,
     minimised for definedness (two states share a block iff the same byte strings without
@@ -30,22 +57,7 @@ def _unquoted_region_py(table, cls, quote, boundary, start, max_states, local):
     ``local``: int32 scratch of one entry per state, all -1 (left all -1 on return).
     """
     n_cls = table.shape[1]
-    # columns: the classes of the bytes other than quote (a class holding quote and other
-    # bytes keeps a column for those bytes); col_of[b] = column of byte b, -1 for quote
-    cls_col = np.full(n_cls, -1, dtype=np.int64)
-    col_cls = np.empty(n_cls, dtype=np.int64)
-    col_of = np.empty(256, dtype=np.int64)
-    k = 0
-    for b in range(256):
-        if b == quote:
-            col_of[b] = -1
-            continue
-        c = cls[b]
-        if cls_col[c] < 0:
-            cls_col[c] = k
-            col_cls[k] = c
-            k += 1
-        col_of[b] = cls_col[c]
+    cls_col, col_cls, col_rep, col_of, k = _columns(cls, n_cls, quote)
     order = np.empty(max_states, dtype=np.int64)
     sub = np.empty((max_states + 1, k), dtype=np.int64)
     order[0] = start
@@ -162,23 +174,7 @@ def _match_form_py(table, cls, quote, boundary, start, max_states, local, form):
     """
     n_cls = table.shape[1]
     m = form.shape[0]
-    # columns as in _unquoted_region_py; rep_of[j]: the first byte of column j
-    cls_col = np.full(n_cls, -1, dtype=np.int64)
-    col_cls = np.empty(n_cls, dtype=np.int64)
-    col_rep = np.empty(n_cls, dtype=np.int64)
-    col_of = np.empty(256, dtype=np.int64)
-    k = 0
-    for b in range(256):
-        if b == quote:
-            col_of[b] = -1
-            continue
-        c = cls[b]
-        if cls_col[c] < 0:
-            cls_col[c] = k
-            col_cls[k] = c
-            col_rep[k] = b
-            k += 1
-        col_of[b] = cls_col[c]
+    cls_col, col_cls, col_rep, col_of, k = _columns(cls, n_cls, quote)
     # a block whose successors differ between bytes of one column, or that is alive on
     # quote, matches no state (-1: unchecked, 0: no, 1: yes); formc: a block's successors
     # by column
