@@ -275,8 +275,8 @@ class LlamaModel:
             bias = torch.where(visible, zero, float("-inf")).view(B, 1, T, kv_len)
             if T > 1:  # queries are (head in group, position) pairs, position fastest
                 bias = bias.repeat(1, 1, g, 1)
-        if visible is not None:
-            visible = visible[:, 0] if one else visible  # "torch" attention: [B, kv_len]
+        if one and visible is not None:
+            visible = visible[:, 0]  # [B, kv_len], as the "torch" attention takes it
         write = write_slots.view(B, 1)
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1, eps)
