@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from .errors import ConstraintTooComplex
 from .ir import EMPTY, NOTHING, Expr, alt, lit, opt, rep, seq, star
-from .json_common import _child
+from .json_common import _CONTAINS, _child
 
 MAX_CONTAINS_SPAN = 32  # maxItems (or minItems) enumerated around the first contained item
+MAX_MERGED_CONTAINS = 3  # contains merged from allOf (13 ordered partitions of 3)
 
 
 class ArrayMixin:
@@ -70,6 +71,9 @@ class ArrayMixin:
         cmin = int(s.get("minContains", 1))
         cmax = s.get("maxContains")
         cmax = int(cmax) if cmax is not None else None
+        if s.get(_CONTAINS):
+            return self.contains_two(s, c, items, lo, hi, ptr) if not prefix else self.relax(
+                "contains", cptr, "with prefixItems")
         if cmax is not None and cmax < cmin:
             return NOTHING
         if cmin == 0 and cmax is None:
@@ -101,6 +105,62 @@ class ArrayMixin:
             return self.joined([(z, 0, None), (group, cmin, cmax)])
         self.relax("contains", cptr, "minContains/maxContains with minItems/maxItems")
         return None
+
+    def contains_two(self, s: dict, c: object, items: object, lo: int, hi: int | None, ptr: str) -> Expr | None:
+        """Several contains (merged from allOf, at most :data:`MAX_MERGED_CONTAINS`): per ordered
+        partition of them, one item for each block matching the block's schemas, in that order,
+        other items anywhere (``I* (I∧A∧B) I* | I* (I∧A) I* (I∧B) I* | I* (I∧B) I* (I∧A) I*``)."""
+        cptr = _child(ptr, "contains")
+        cs = [c, *s[_CONTAINS]]
+        if len(cs) > MAX_MERGED_CONTAINS or "minContains" in s or "maxContains" in s:
+            self.relax("contains", cptr, f"{len(cs)} contains under allOf with minContains/maxContains")
+            return None
+        i = self.compile(items, _child(ptr, "items"))
+        memo: dict = {}
+
+        def block(idx: tuple[int, ...]) -> Expr:
+            if idx not in memo:
+                memo[idx] = self.compile({"allOf": [items, *(cs[j] for j in idx)]}, cptr)
+            return memo[idx]
+
+        def partitions(rest: tuple[int, ...]) -> list[list[tuple[int, ...]]]:
+            if not rest:
+                return [[]]
+            out = []
+            for mask in range(1, 1 << len(rest)):
+                first = tuple(x for b, x in enumerate(rest) if mask >> b & 1)
+                others = tuple(x for b, x in enumerate(rest) if not mask >> b & 1)
+                out += [[first, *p] for p in partitions(others)]
+            return out
+
+        def gaps(m: int) -> list[list[tuple[int, int | None]]]:
+            """The other items' counts before each of m contained items and after the last,
+            totalling between lo - m and hi - m: exact counts while the bounds still bite."""
+            def go(j: int, need: int, budget: int | None) -> list[list[tuple[int, int | None]]]:
+                if j == m:
+                    return [] if budget is not None and need > budget else [[(max(need, 0), budget)]]
+                if hi is None and need <= 0:
+                    return [[(0, None)] * (m - j + 1)]
+                top = budget if hi is not None else need - 1
+                out = [[(k, k), *g] for k in range(top + 1)
+                       for g in go(j + 1, need - k, None if budget is None else budget - k)]
+                if hi is None:
+                    out += [[(need, None), *([(0, None)] * (m - j))]]
+                if len(out) > MAX_CONTAINS_SPAN * 8:
+                    raise ConstraintTooComplex(f"{len(cs)} contains with minItems/maxItems exceed the bound", path=cptr)
+                return out
+            return go(0, lo - m, None if hi is None else hi - m)
+
+        parts = []
+        for p in partitions(tuple(range(len(cs)))):
+            if hi is not None and hi < len(p):
+                continue
+            for g in gaps(len(p)):
+                segs = [(i, *g[0])]
+                for blk, gap in zip(p, g[1:]):
+                    segs += [(block(blk), 1, 1), (i, *gap)]
+                parts.append(self.joined(segs))
+        return alt(*parts)
 
     def joined(self, segs: list[tuple[Expr, int, int | None]]) -> Expr:
         """Segments ``(element, min, max)`` in order, elements separated by commas."""

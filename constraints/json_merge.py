@@ -8,6 +8,7 @@ from decimal import Decimal
 
 from .errors import ConstraintError, ConstraintTooComplex
 from .json_common import (
+    _CONTAINS,
     _ORIGIN,
     _PATTERNS,
     ANNOTATIONS,
@@ -165,9 +166,12 @@ class MergeMixin:
         return out
 
     def merge2(self, a: dict, b: dict, ptr: str) -> dict:
-        out = dict(a)
+        counts = ("minContains", "maxContains")
+        # minContains/maxContains count the items of their own contains (none: no effect)
+        a, b = ({k: v for k, v in x.items() if k not in counts or "contains" in x} for x in (a, b))
+        out = {k: v for k, v in a.items() if k not in counts}
         for k, vb in b.items():
-            if k in ANNOTATIONS - {"format"} or k == _ORIGIN:
+            if k in ANNOTATIONS - {"format"} or k == _ORIGIN or k in counts:
                 continue
             if k not in out:
                 out[k] = vb
@@ -208,14 +212,22 @@ class MergeMixin:
                     raise ConstraintTooComplex(f"allOf of {k} branches exceeds {MAX_BRANCHES} combinations", path=ptr)
                 out[k] = prod
             elif k == "contains":
-                # two contains may be met by different items: not one contains of both
-                raise ConstraintError("cannot merge two different 'contains' under allOf", path=ptr)
+                # two contains may be met by different items: not one contains of both, but the
+                # second is kept apart (compile_array enforces both where the counts are plain)
+                if any(c in x for x in (a, b) for c in counts):
+                    raise ConstraintError("cannot merge two different 'contains' with minContains/maxContains "
+                                          "under allOf", path=ptr)
+                out[_CONTAINS] = [*out.get(_CONTAINS, []), vb]
+            elif k == _CONTAINS:
+                out[k] = [*va, *vb]
             elif k in ("items", "additionalProperties", "propertyNames", "additionalItems"):
                 out[k] = {"allOf": [va, vb]}
             elif k in ("properties", "patternProperties", "prefixItems"):
                 pass  # below
             else:
                 raise ConstraintError(f"cannot merge '{k}' under allOf", path=ptr)
+        if any(c in x for x in (a, b) for c in counts):
+            out.update(self._merge_counts(a, b))
         if "properties" in a and "properties" in b or ("additionalProperties" in a or "additionalProperties" in b):
             out.update(self._merge_props(a, b, ptr))
         elif "patternProperties" in a and "patternProperties" in b:
@@ -231,6 +243,18 @@ class MergeMixin:
             if "items" in a and "prefixItems" in b or "items" in b and "prefixItems" in a:
                 px, other = (b["prefixItems"], a["items"]) if "prefixItems" in b else (a["prefixItems"], b["items"])
                 out["prefixItems"] = [{"allOf": [p, other]} for p in px]
+        return out
+
+    @staticmethod
+    def _merge_counts(a: dict, b: dict) -> dict:
+        """The counts of one contains (both sides' when they share it): the larger minimum
+        (1 by default), the smaller maximum."""
+        sides = [x for x in (a, b) if "contains" in x]
+        lo = max(int(x.get("minContains", 1)) for x in sides)
+        his = [int(x["maxContains"]) for x in sides if "maxContains" in x]
+        out: dict = {} if lo == 1 else {"minContains": lo}
+        if his:
+            out["maxContains"] = min(his)
         return out
 
     def _merge_props(self, a: dict, b: dict, ptr: str) -> dict:
