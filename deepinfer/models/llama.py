@@ -233,9 +233,11 @@ class LlamaModel:
         slot_start: int,
         kv_len: int,
         attention: str = "sdpa",
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """T new tokens per row (T = 1: decode; T > 1: DSpark's verify forward), shapes fixed by
-        (B, T, kv_len): logits float32 [B, V] for 1-D inputs, [B, T, V] for 2-D ones.
+        (B, T, kv_len): logits float32 [B, V] for 1-D inputs, [B, T, V] for 2-D ones (written
+        into ``out``, a float32 tensor of that shape, when given).
 
         Row b is cache slot `slot_start + b` (slot-major: keys are a slice, never a gather); it
         writes its new K/V at (write_slots[b], positions[b, t]) -- its own slot, or the scratch
@@ -306,5 +308,7 @@ class LlamaModel:
         if one:
             x = x[:, 0]
         x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
+        if out is not None:
+            return out.copy_(x @ self.lm_head)
         return (x @ self.lm_head).float()
 

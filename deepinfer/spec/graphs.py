@@ -25,6 +25,7 @@ import torch
 from ..cuda_graphs import batch_buckets, bucket_for, kv_bucket
 
 T_BUCKETS = (2, 3, 5, 9, 17, 33)
+OUT_WIDTH = 9  # positions of the shared logits buffer at first (max_drafts 8, the default)
 
 
 def t_bucket(T: int) -> int:
@@ -38,7 +39,7 @@ def t_bucket(T: int) -> int:
 class _Graph:
     graph: torch.cuda.CUDAGraph | None
     inputs: torch.Tensor  # [2 * Bp * Tb + Bp] int64: tokens, positions, write slots (static: copy into it)
-    logits: torch.Tensor | None  # [Bp, Tb, V] float32 (static: read after replay)
+    logits: torch.Tensor | None  # [Bp, Tb, V] float32, a view of the shared buffer (read after replay)
 
 
 class VerifyGraphs:
@@ -49,6 +50,11 @@ class VerifyGraphs:
         self.model, self.cache, self.capture = model, cache, capture
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        # every graph writes its logits into the front of one shared [rows, positions, V] float32
+        # buffer (graphs never replay at once), so memory does not grow with the number of
+        # shapes; a graph needing a larger one gets a new buffer, and the old ones stay alive
+        # for the graphs that write into them
+        self._outs: list[torch.Tensor] = []
 
     def fits(self, seqs, T: int) -> bool:
         """Every row's bucketed positions L-1 .. L-1+Tb-1 lie inside the cache."""
@@ -95,11 +101,22 @@ class VerifyGraphs:
         self.graphs[key] = self._make(*key)
         return True
 
+    def _out(self, Bp: int, Tb: int) -> torch.Tensor:
+        """The [Bp, Tb, V] front of the shared logits buffer: rows for the largest batch bucket,
+        at least OUT_WIDTH positions (a wider buffer is added when a graph needs one)."""
+        buf = self._outs[-1] if self._outs else None
+        if buf is None or buf.shape[1] < Tb:
+            rows = batch_buckets(self.cache.num_slots)[-1]
+            width = max(Tb, OUT_WIDTH)
+            buf = torch.empty(rows, width, self.model.lm_head.shape[1], dtype=torch.float32, device=self.model.device)
+            self._outs.append(buf)
+        return buf[:Bp, :Tb]
+
     def _forward(self, g: _Graph, Bp: int, Tb: int, kv: int) -> torch.Tensor:
         n = Bp * Tb
         x = g.inputs
         return self.model.decode_static(x[:n].view(Bp, Tb), x[n : 2 * n].view(Bp, Tb), x[2 * n :], self.cache,
-                                        slot_start=0, kv_len=kv)  # fmt: skip
+                                        slot_start=0, kv_len=kv, out=self._out(Bp, Tb))  # fmt: skip
 
     def _make(self, Bp: int, Tb: int, kv: int) -> _Graph:
         dev = self.model.device

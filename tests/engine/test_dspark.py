@@ -244,6 +244,8 @@ def _fixed_shape_vs_eager(llm, capture: bool):
     mixed = graphs.run([seqs[2], seqs[0]], [drafts[2], drafts[0]], 3).cpu()
     assert mixed.shape == (2, 3, llm.config.vocab_size)
     torch.testing.assert_close(mixed, eager[[2, 0]].cpu(), rtol=1e-4, atol=1e-4)
+    # every shape writes its logits into the front of one shared buffer
+    assert len(graphs._outs) == 1 and graphs._outs[0].shape[:2] == (4, 9)
 
 
 def test_fixed_shape_verify_forward_equals_eager(tiny):
@@ -278,6 +280,7 @@ def test_capture_graphs_up_front_leaves_nothing_to_capture(tiny_folder, monkeypa
     got, st = _tiny_run(llm, {"default": "all", "schedule": "fixed", "max_drafts": 4}, params, prompts)
     assert got == base and st.verify_steps > 0
     assert (set(decode), set(verify)) == keys and llm.capture_graphs(300) == 0
+    assert len(llm.runner.verify_graphs()._outs) == 1  # 18 verify graphs, one logits buffer
 
 
 def test_capture_graphs_is_a_no_op_without_cuda(tiny):
