@@ -12,7 +12,9 @@ changes nothing, and inside them ``re``'s own engine decides each code point.
 
 Refused with :class:`~.errors.ConstraintError` (naming the construct and its position):
 backreferences, lookaround, ``\\b``/``\\B``, conditional groups, atomic groups and
-possessive quantifiers (they change the language), and anchors not at the ends.
+possessive quantifiers (they change the language), and ``^`` not at the start. An end
+anchor inside the pattern (``(a|b$)c?``) is exact: the strings that reach it, with the rest
+matching empty (for ``$``, where no newline can follow it, or with ``end_only``).
 Repeats that would expand past :data:`MAX_EXPANDED_CHARS` character positions raise
 :class:`~.errors.ConstraintTooComplex`.
 """
@@ -455,6 +457,47 @@ def _empty_only(op: Any, av: Any) -> bool:
     return False
 
 
+def _has_end(op: Any, av: Any, kinds: tuple = _AT_END) -> bool:
+    """Whether a node holds an end anchor (of ``kinds``: $, \\Z)."""
+    if op is _c.AT:
+        return av in kinds
+    if op is _c.SUBPATTERN:
+        return any(_has_end(o, a, kinds) for o, a in av[-1])
+    if op is _c.BRANCH:
+        return any(_has_end(o, a, kinds) for b in av[1] for o, a in b)
+    if op in _REPEATS:
+        return any(_has_end(o, a, kinds) for o, a in av[2])
+    return False
+
+
+def _min_width(op: Any, av: Any, flags: int) -> int:
+    state = _sre_parse.State()
+    state.flags = flags
+    return int(_sre_parse.SubPattern(state, [(op, av)]).getwidth()[0])
+
+
+def _may_newline(items: Any, flags: int) -> bool:
+    """Whether some character node can match a newline (where Python's ``$`` also
+    matches before a final newline)."""
+    for op, av in items:
+        if op in _CHAR_OPS:
+            if op is _c.ANY and not flags & _S:
+                continue
+            if any(lo <= 10 <= hi for lo, hi in _plain_ranges(op, av, flags)):
+                return True
+        elif op is _c.SUBPATTERN:
+            if _may_newline(av[-1], _combine_flags(flags, int(av[1]), int(av[2]))):
+                return True
+        elif op is _c.BRANCH:
+            if any(_may_newline(b, flags) for b in av[1]):
+                return True
+        elif op in _REPEATS and _may_newline(av[2], flags):
+            return True
+        elif op not in _CHAR_OPS and op not in (_c.SUBPATTERN, _c.BRANCH, *_REPEATS, _c.AT):
+            return True  # (refused elsewhere)
+    return False
+
+
 class _Translator:
     def __init__(self, pattern: str, flags: int) -> None:
         self.pattern = pattern
@@ -575,11 +618,50 @@ class _Translator:
     def _raise(self, what: str, name: str) -> tuple[Expr, int]:
         raise self.unsupported(what, name)
 
+    # -- end anchors anywhere: (N, E, Z) per node, N the strings matched without passing an
+    # end anchor, E those after which an end anchor is passed and the rest of the node
+    # matches empty, Z whether the node matches empty once the end is reached
+    def ends(self, items: Any, flags: int, at_start: bool) -> tuple[Expr, Expr, bool, int]:
+        n_acc, e_acc, z_acc, cost = EMPTY, NOTHING, True, 0
+        for op, av in items:
+            n, e, z, c = self.end_node(op, av, flags, at_start)
+            e_acc = alt(e_acc if z else NOTHING, seq(n_acc, e))
+            n_acc, z_acc, cost = seq(n_acc, n), z_acc and z, cost + c
+            if not _empty_only(op, av):
+                at_start = False
+        return n_acc, e_acc, z_acc, cost
+
+    def end_node(self, op: Any, av: Any, flags: int, at_start: bool) -> tuple[Expr, Expr, bool, int]:
+        if op is _c.AT and av in _AT_END:
+            self.count(_AT_NAMES[av])
+            return NOTHING, EMPTY, True, 0
+        if not _has_end(op, av):
+            e, c = self.node(op, av, flags, at_start, False)
+            return e, NOTHING, _min_width(op, av, flags) == 0, c
+        if op is _c.SUBPATTERN:
+            _group, add, delete, sub = av
+            return self.ends(sub, _combine_flags(flags, int(add), int(delete)), at_start)
+        if op is _c.BRANCH:
+            parts = [self.ends(b, flags, at_start) for b in av[1]]
+            return (alt(*(p[0] for p in parts)), alt(*(p[1] for p in parts)), any(p[2] for p in parts),
+                    sum(p[3] for p in parts))
+        lo, hi, sub = av  # a repeat
+        hi = None if hi == _c.MAXREPEAT else hi
+        n, e, z, c = self.ends(sub, flags, at_start and hi is not None and hi <= 1)
+        if c * max(hi if hi is not None else lo + 1, 1) > MAX_EXPANDED_CHARS:
+            raise ConstraintTooComplex(f"regex repeat with an end anchor expands past {MAX_EXPANDED_CHARS:,} "
+                                       "character positions")
+        if hi == 0:
+            return EMPTY, NOTHING, True, 0
+        # k whole iterations, then the one that reaches the end; the later ones match empty
+        before = rep(n, 0 if z else max(lo - 1, 0), None if hi is None else hi - 1)
+        return rep(n, lo, hi), seq(before, e), lo == 0 or z, c * max(hi if hi is not None else lo + 1, 1)
+
 
 # ----------------------------------------------------------------------------- public
 
 
-def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0) -> Expr:
+def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0, end_only: bool = False) -> Expr:
     """Compile a Python regex to an IR expression with ``re.fullmatch`` semantics.
 
     Parameters
@@ -589,6 +671,9 @@ def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0) -> Expr:
         added to ``flags``).
     flags:
         ``re`` flags: IGNORECASE, DOTALL, VERBOSE, ASCII, MULTILINE, UNICODE.
+    end_only:
+        ``$`` matches only at the end of the text (ECMA-262, as JSON Schema reads it), not
+        also before a final newline; matters only for ``$`` inside the pattern.
 
     Returns
     -------
@@ -621,7 +706,18 @@ def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0) -> Expr:
     global_flags = int(tree.state.flags)
     tr = _Translator(pattern, global_flags)
     try:
-        expr, _cost = tr.seq(tree, global_flags, True, True)
+        try:
+            expr, _cost = tr.seq(tree, global_flags, True, True)
+        except ConstraintError as err:
+            # an end anchor inside: exact where $ can only mean the end of the text (ECMA
+            # reading, or no newline that Python's "$ before a final newline" could leave)
+            if "anchor $ not at the end" not in str(err) and "anchor \\Z not at the end" not in str(err):
+                raise
+            if not end_only and _may_newline(tree, global_flags) and any(
+                    _has_end(o, a, (_c.AT_END,)) for o, a in tree):
+                raise
+            n, e, _z, _cost = _Translator(pattern, global_flags).ends(tree, global_flags, True)
+            expr = alt(n, e)
     except RecursionError:
         raise ConstraintTooComplex("regex nests too deeply") from None
     return expr

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from deepinfer.constraints.errors import ConstraintError
 from deepinfer.constraints.ir import Grammar, size
 from deepinfer.constraints.regex import regex_to_ir
 from tests.constraints.test_regex_oracle import ir_accepts
@@ -203,6 +204,24 @@ ANCHORS = [
     ("a(b|$)", "a", True),
     ("a(b|$)", "ab", True),
     ("(?:a$)?", "", True),
+    # end anchors inside: the rest must match empty (no newline can follow, so Python's
+    # "$ before a final newline" never applies)
+    ("a$b|c", "ab", False),
+    ("a$$b?", "a", True),
+    (r"a\Zb?", "a", True),
+    (r"a\Zb?", "ab", False),
+    ("(a|b$)c?", "b", True),
+    ("(a|b$)c?", "bc", False),
+    ("(a|b$)c?", "ac", True),
+    ("(a$|b)+c*", "bba", True),
+    ("(a$|b)+c*", "bab", False),
+    ("(a$|b)+c*", "bbc", True),
+    ("(x$|y){2,3}", "yx", True),
+    ("(x$|y){2,3}", "x", False),
+    ("(x$|y){2,3}", "yyy", True),
+    (r"(\/?((\.{2})|([a-z0-9\-]*))($|\/))*", "a/../b-c", True),
+    (r"(\/?((\.{2})|([a-z0-9\-]*))($|\/))*", "a/.x", False),
+    (r"(\/?((\.{2})|([a-z0-9\-]*))($|\/))*", "/a/", True),
 ]
 
 IGNORECASE = [
@@ -312,3 +331,17 @@ def test_regex_same_language_through_the_automaton(pattern: str, string: str, ex
         pytest.skip("large Unicode class: ~1 s of DFA construction each, too slow for this table")
     aut = automaton.compile_grammar(Grammar(rules={"start": expr}, start="start"))
     assert aut.accepts(string.encode()) is expected
+
+
+@pytest.mark.parametrize("pattern,string,expected", [
+    (r"a$\n?", "a", True),  # ECMA's $: only the end, so no newline can follow it
+    (r"a$\n?", "a\n", False),
+    (r"(a$|b)\s*", "a", True),
+    (r"(a$|b)\s*", "a ", False),
+    (r"(a$|b)\s*", "b\n", True),
+])
+def test_regex_end_only(pattern: str, string: str, expected: bool) -> None:
+    """``end_only``: $ matches only at the end of the text (JSON Schema's ECMA reading)."""
+    assert ir_accepts(regex_to_ir(pattern, end_only=True), string.encode()) is expected
+    with pytest.raises(ConstraintError, match=r"anchor \$ not at the end"):
+        regex_to_ir(pattern)  # Python's $ also matches before a final newline
