@@ -259,9 +259,9 @@ class MergeMixin:
 
     def _merge_props(self, a: dict, b: dict, ptr: str) -> dict:
         pa, pb = a.get("properties", {}), b.get("properties", {})
-        if ("patternProperties" in a or "patternProperties" in b) and (
-            "additionalProperties" in a or "additionalProperties" in b
-        ):
+        ppa, ppb = a.get("patternProperties") or {}, b.get("patternProperties") or {}
+        if ppa and ppb and set(ppa) != set(ppb) and ("additionalProperties" in a or "additionalProperties" in b):
+            # a key matching a pattern of one side only needs the other's additionalProperties
             raise ConstraintError("cannot merge patternProperties with additionalProperties under allOf", path=ptr)
 
         def side(x: dict, props: dict, key: str) -> object:
@@ -281,8 +281,11 @@ class MergeMixin:
         if adds:
             out["additionalProperties"] = adds[0] if len(adds) == 1 else {"allOf": adds}
         pp = {}
-        for x in (a, b):
-            for p, v in x.get("patternProperties", {}).items():
+        for x, y in ((a, b), (b, a)):
+            for p, v in (x.get("patternProperties") or {}).items():
+                if not y.get("patternProperties") and "additionalProperties" in y:
+                    # no pattern of y matches this key: y's additionalProperties applies to it
+                    v = {"allOf": [v, y["additionalProperties"]]}
                 pp[p] = {"allOf": [pp[p], v]} if p in pp else v
         if pp:
             out["patternProperties"] = pp
