@@ -8,16 +8,23 @@ for a bounded count. Both are schema-level, so recursive items are fine.
 
 from __future__ import annotations
 
-from .errors import ConstraintTooComplex
-from .ir import EMPTY, NOTHING, Expr, alt, lit, opt, rep, seq, star
-from .json_common import _CONTAINS, _child
+from .errors import ConstraintError, ConstraintTooComplex
+from .ir import EMPTY, NOTHING, Expr, alt, intersect, lit, opt, refs, rep, seq, star
+from .json_common import _CONTAINS, _canon, _child, _constraining
 
 MAX_CONTAINS_SPAN = 32  # maxItems (or minItems) enumerated around the first contained item
+MAX_UNIQUE_VALUES = 8  # uniqueItems: item values (a product of one automaton each)
 MAX_MERGED_CONTAINS = 3  # contains merged from allOf (13 ordered partitions of 3)
 
 
 class ArrayMixin:
     def compile_array(self, s: dict, ptr: str) -> Expr:
+        arr = self.compile_array_base(s, ptr)
+        if s.get("uniqueItems") is True:
+            arr = self.unique_items(s, arr, ptr)
+        return arr
+
+    def compile_array_base(self, s: dict, ptr: str) -> Expr:
         prefix = s.get("prefixItems")
         items = s.get("items", True)
         pptr = _child(ptr, "prefixItems")
@@ -161,6 +168,57 @@ class ArrayMixin:
                     segs += [(block(blk), 1, 1), (i, *gap)]
                 parts.append(self.joined(segs))
         return alt(*parts)
+
+    def unique_groups(self, s: dict) -> list[list] | None:
+        """The item values of an array under ``uniqueItems`` grouped by equality, where
+        they are a few scalars (an enum, boolean, null); None otherwise."""
+        items = s.get("items", True)
+        if "prefixItems" in s or isinstance(items, list) or "contains" in s:
+            return None
+        x, depth = items, 0
+        while isinstance(x, dict) and "$ref" in x and set(_constraining(x)) == {"$ref"} and depth < 16:
+            try:
+                x, _ = self.resolve(x["$ref"], "#")
+            except ConstraintError:
+                return None
+            depth += 1
+        if not isinstance(x, dict):
+            return None
+        if "enum" in x or "const" in x:
+            values = [x["const"]] if "const" in x else x["enum"]
+            if not isinstance(values, list) or not all(v is None or isinstance(v, (str, bool, int, float))
+                                                       for v in values):
+                return None
+            check = self.validator(x)
+            values = [v for v in values if check.is_valid(v)]
+        elif set(_constraining(x)) == {"type"} and set(self.types_of(x, "#")) <= {"boolean", "null"}:
+            values = [v for t, vs in (("boolean", [True, False]), ("null", [None])) if t in self.types_of(x, "#")
+                      for v in vs]
+        else:
+            return None
+        groups: dict[str, list] = {}
+        for v in values:
+            groups.setdefault(_canon(v), []).append(v)  # 1 and 1.0 are one value
+        if len(groups) > MAX_UNIQUE_VALUES:
+            return None
+        return list(groups.values())
+
+    def unique_items(self, s: dict, arr: Expr, ptr: str) -> Expr:
+        """uniqueItems over a few item values: per value, the arrays holding it at most once
+        (a product DFA with the array's own language)."""
+        groups = self.unique_groups(s)
+        if groups is None:
+            return arr  # (reported by check_unsupported)
+        if refs(arr):
+            self.relax("uniqueItems", _child(ptr, "uniqueItems"), "the array's language is not regular")
+            return arr
+        encs = [alt(*(self.value_lit(v) for v in g)) for g in groups]
+        parts = [arr]
+        for i, g in enumerate(encs):
+            w = alt(*(e for j, e in enumerate(encs) if j != i))
+            once = alt(self.joined([(w, 0, None), (g, 1, 1), (w, 0, None)]), self.joined([(w, 0, None)]))
+            parts.append(seq(lit("["), self.ws, once, self.ws, lit("]")))
+        return intersect(*parts)
 
     def joined(self, segs: list[tuple[Expr, int, int | None]]) -> Expr:
         """Segments ``(element, min, max)`` in order, elements separated by commas."""

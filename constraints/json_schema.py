@@ -312,8 +312,8 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
             if kw not in s:
                 continue
             v = s[kw]
-            if kw == "uniqueItems" and v is False:
-                continue
+            if kw == "uniqueItems" and (v is False or self.unique_groups(s) is not None):
+                continue  # (enforced by compile_array over a few item values)
             if kw in ("contains", "minContains", "maxContains"):
                 continue  # compile_array enforces or relaxes them
             if kw == "if" and "then" not in s and "else" not in s:

@@ -169,6 +169,16 @@ TABLE = [
      [('{"x":"s"}', True), ('{"/x/":"s"}', True), ('{"x":1}', False)]),
     ("propertyNames with declared", {"type": "object", "properties": {"id": {}}, "propertyNames": {"maxLength": 3}},
      [('{"id":1,"abc":1}', True), ('{"id":1,"abcd":1}', False)]),
+    ("uniqueItems enum", {"type": "array", "uniqueItems": True, "items": {"enum": ["a", "b", "c"]}},
+     [("[]", True), ('["a","b","c"]', True), ('["c","a"]', True), ('["a","a"]', False), ('["a","b","a"]', False),
+      ('["d"]', False)]),
+    ("uniqueItems boolean", {"type": "array", "uniqueItems": True, "items": {"type": "boolean"}, "minItems": 1},
+     [("[true,false]", True), ("[false]", True), ("[true,true]", False), ("[]", False), ("[false,true,false]", False)]),
+    ("uniqueItems numbers", {"type": "array", "uniqueItems": True, "items": {"enum": [1, 2.0, None]}},
+     [("[1,2]", True), ("[2.0,1,null]", True), ("[1,1.0]", False), ("[2,2.0]", False), ("[null,null]", False)]),
+    ("uniqueItems enum ref", {"type": "array", "uniqueItems": True, "items": {"$ref": "#/$defs/e"}, "maxItems": 2,
+                              "$defs": {"e": {"type": "string", "enum": ["x", "y", 3]}}},
+     [('["x","y"]', True), ('["y","x"]', True), ('["x","x"]', False), ("[3]", False), ('["y"]', True)]),
 ]
 CASES = [(name, schema, text, exp) for name, schema, rows in TABLE for text, exp in rows]
 
