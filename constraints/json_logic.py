@@ -253,6 +253,8 @@ class LogicMixin:
         whose operand is a string-language atom, or a number schema negating ``integer``."""
         x = s["not"]
         ts = _types(s.get("type")) if "type" in s else None
+        if ts is not None and not ts and isinstance(s.get("type"), list):
+            return True  # "type": [] (a merge of disjoint types) accepts nothing, whatever the not
         if ts == {"string"}:
             return self.string_atom(x)
         if ts is not None and ts <= {"number", "integer"}:

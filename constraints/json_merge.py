@@ -26,6 +26,11 @@ def _constraining_other(b: dict, key: str) -> bool:
     return any(k != key and (k not in ANNOTATIONS or k == "format") for k in b)
 
 
+def _both(a: object, b: object) -> object:
+    """Schema of ``a`` and ``b`` (one where the other is trivial or the same)."""
+    return b if _is_trivial(a) else a if _is_trivial(b) or a == b else {"allOf": [a, b]}
+
+
 class MergeMixin:
     def _shallow(self, b: object, depth: int = 0) -> object:
         """Resolve $ref / single-branch allOf chains for disjointness checks."""
@@ -207,7 +212,12 @@ class MergeMixin:
             elif k == "not":
                 out[k] = {"anyOf": [va, vb]}  # not a and not b: neither holds
             elif k in ("anyOf", "oneOf"):
-                prod = [{"allOf": [x, y]} for x in va for y in vb]
+                if len(va) * len(vb) > MAX_BRANCHES * 16:
+                    raise ConstraintTooComplex(f"allOf of {k} branches exceeds {MAX_BRANCHES} combinations", path=ptr)
+                # pairs that provably exclude each other (or the types already merged) never hold:
+                # left out (for oneOf too: exactly one pair holds iff one branch of each side does)
+                bt = self._type_set({x: out[x] for x in ("type", "enum", "const") if x in out})
+                prod = [{"allOf": [x, y]} for x in va for y in vb if not self.disjoint2(x, y, bt)] or [False]
                 if len(prod) > MAX_BRANCHES:
                     raise ConstraintTooComplex(f"allOf of {k} branches exceeds {MAX_BRANCHES} combinations", path=ptr)
                 out[k] = prod
@@ -221,7 +231,7 @@ class MergeMixin:
             elif k == _CONTAINS:
                 out[k] = [*va, *vb]
             elif k in ("items", "additionalProperties", "propertyNames", "additionalItems"):
-                out[k] = {"allOf": [va, vb]}
+                out[k] = _both(va, vb)
             elif k in ("properties", "patternProperties", "prefixItems"):
                 pass  # below
             else:
@@ -275,11 +285,11 @@ class MergeMixin:
         props = {}
         for key in dict.fromkeys([*pa, *pb]):
             sa, sb = side(a, pa, key), side(b, pb, key)
-            props[key] = sb if _is_trivial(sa) else sa if _is_trivial(sb) else {"allOf": [sa, sb]}
+            props[key] = _both(sa, sb)
         out: dict = {"properties": props}
         adds = [x["additionalProperties"] for x in (a, b) if "additionalProperties" in x]
         if adds:
-            out["additionalProperties"] = adds[0] if len(adds) == 1 else {"allOf": adds}
+            out["additionalProperties"] = adds[0] if len(adds) == 1 else _both(*adds)
         pp = {}
         for x, y in ((a, b), (b, a)):
             for p, v in (x.get("patternProperties") or {}).items():

@@ -140,6 +140,16 @@ TABLE = [
         {"patternProperties": {"^x": {"minimum": 2}}, "additionalProperties": False},
         {"patternProperties": {"^x": {"maximum": 4}}, "additionalProperties": {"type": "string"}}]},
      [('{"x":3}', True), ('{"x":5}', False), ('{"y":"s"}', False), ("{}", True)]),
+    ("allOf of anyOf, disjoint pairs left out", {"allOf": [{"anyOf": [{"const": i} for i in range(20)]},
+                                                          {"anyOf": [{"const": i} for i in range(10, 30)]}]},
+     [("15", True), ("10", True), ("5", False), ("25", False)]),
+    ("allOf of oneOf, disjoint pairs left out", {"allOf": [
+        {"oneOf": [{"type": "string", "maxLength": 2}, {"type": "integer"}, {"type": "string", "minLength": 2}]},
+        {"oneOf": [{"type": "string"}, {"type": "null"}]}]},
+     [('"a"', True), ('"abc"', True), ('"ab"', False), ("1", False), ("null", False)]),
+    ("not under disjoint types", {"type": "object", "properties": {"p": {
+        "allOf": [{"type": "string"}, {"type": ["integer", "null"]}], "not": {"enum": ["a"]}}}},
+     [("{}", True), ('{"p":"a"}', False), ('{"p":"b"}', False), ('{"p":1}', False), ('{"p":null}', False)]),
     ("not items", {"type": "array", "not": {"items": {"type": "string"}}},
      [("[]", False), ('["a"]', False), ('["a",1]', True)]),
     ("not contains", {"not": {"contains": {"type": "string"}}},
