@@ -130,6 +130,12 @@ class LogicMixin:
                 elif int(x.get("minContains", 1)) > 1:
                     residual(tuple(present), "array")
                 continue
+            if group[0] == "properties" and "properties" not in present and x.get("additionalProperties") is False \
+                    and isinstance(x.get("patternProperties", {}), dict) \
+                    and all(v is False for v in x.get("patternProperties", {}).values()):
+                done.update(present)  # only the empty object: some member
+                parts.append({"type": "object", "minProperties": 1})
+                continue
             if group[0] == "if":
                 done.update(present)
                 if "if" in x and ("then" in x or "else" in x):
@@ -172,6 +178,9 @@ class LogicMixin:
                 kw = ("maximum" if strict else "exclusiveMaximum") if lower else ("minimum" if strict else
                                                                                    "exclusiveMinimum")
                 parts.append({"type": "number", kw: v})
+            elif k == "propertyNames" and self._key_set(self.negate(v, depth + 1)) is not None:
+                # some key fails propertyNames: one of the few keys that do
+                parts += [{"type": "object", "required": [key]} for key in self._key_set(self.negate(v, depth + 1))]
             elif k == "uniqueItems" and v is False:
                 continue
             elif k in ("minContains", "maxContains"):
@@ -207,6 +216,21 @@ class LogicMixin:
         if len(parts) > MAX_NEG_PARTS:
             raise ConstraintTooComplex(f"the negation of a schema has over {MAX_NEG_PARTS} alternatives")
         return _any(parts)
+
+    @staticmethod
+    def _key_set(n: object) -> list[str] | None:
+        """The strings of a negated propertyNames that is a plain enum/const (or false)."""
+        if n is False:
+            return []
+        if not isinstance(n, dict) or set(_constraining(n)) - {"enum", "const", "type"}:
+            return None
+        c = _constraining(n)
+        if c.get("type", "string") != "string" or ("enum" in c) == ("const" in c):
+            return None
+        values = [c["const"]] if "const" in c else c["enum"]
+        if not isinstance(values, list):
+            return None
+        return list(dict.fromkeys(v for v in values if isinstance(v, str)))
 
     def _negate_values(self, x: dict, depth: int) -> object:
         """not (enum ∧ rest): split by type; values of a type with no positive form stay residual."""

@@ -150,6 +150,15 @@ TABLE = [
     ("not under disjoint types", {"type": "object", "properties": {"p": {
         "allOf": [{"type": "string"}, {"type": ["integer", "null"]}], "not": {"enum": ["a"]}}}},
      [("{}", True), ('{"p":"a"}', False), ('{"p":"b"}', False), ('{"p":1}', False), ('{"p":null}', False)]),
+    ("not propertyNames", {"type": "object", "not": {"propertyNames": {"not": {"enum": ["a", "b", 1]}}}},
+     [("{}", False), ('{"a":1}', True), ('{"b":2,"c":1}', True), ('{"c":1}', False)]),
+    ("not only-empty object", {"type": "object", "not": {"patternProperties": {"x": False},
+                                                         "additionalProperties": False}},
+     [("{}", False), ('{"a":1}', True), ('{"xa":1}', True)]),
+    ("two not items", {"type": "array", "maxItems": 2, "allOf": [
+        {"not": {"items": {"patternProperties": {"ab": False}, "additionalProperties": False}}},
+        {"not": {"items": {"type": "object", "maxProperties": 1}}}]},
+     [("[]", False), ('[{"a":1,"b":2}]', True), ('[{},1]', False), ('[{"a":1},1]', True), ('[{"a":1}]', False)]),
     ("not items", {"type": "array", "not": {"items": {"type": "string"}}},
      [("[]", False), ('["a"]', False), ('["a",1]', True)]),
     ("not contains", {"not": {"contains": {"type": "string"}}},
