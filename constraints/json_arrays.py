@@ -173,15 +173,37 @@ class ArrayMixin:
         """The item values of an array under ``uniqueItems`` grouped by equality, where
         they are a few scalars (an enum, boolean, null); None otherwise."""
         items = s.get("items", True)
-        if "prefixItems" in s or isinstance(items, list) or "contains" in s:
+        if "contains" in s:
             return None
-        x, depth = items, 0
+        schemas = list(s.get("prefixItems") or [])
+        if isinstance(items, list):  # draft-7 tuple form
+            schemas += [*items, s.get("additionalItems", True)]
+        else:
+            schemas.append(items)
+        values: list = []
+        for x in schemas:
+            vs = self._finite_values(x)
+            if vs is None:
+                return None
+            values += vs
+        groups: dict[str, list] = {}
+        for v in values:
+            groups.setdefault(_canon(v), []).append(v)  # 1 and 1.0 are one value
+        if len(groups) > MAX_UNIQUE_VALUES:
+            return None
+        return list(groups.values())
+
+    def _finite_values(self, x: object) -> list | None:
+        """The values of an item schema that is a few scalars (an enum, boolean, null, false)."""
+        depth = 0
         while isinstance(x, dict) and "$ref" in x and set(_constraining(x)) == {"$ref"} and depth < 16:
             try:
                 x, _ = self.resolve(x["$ref"], "#")
             except ConstraintError:
                 return None
             depth += 1
+        if x is False:
+            return []
         if not isinstance(x, dict):
             return None
         if "enum" in x or "const" in x:
@@ -190,18 +212,11 @@ class ArrayMixin:
                                                        for v in values):
                 return None
             check = self.validator(x)
-            values = [v for v in values if check.is_valid(v)]
-        elif set(_constraining(x)) == {"type"} and set(self.types_of(x, "#")) <= {"boolean", "null"}:
-            values = [v for t, vs in (("boolean", [True, False]), ("null", [None])) if t in self.types_of(x, "#")
-                      for v in vs]
-        else:
-            return None
-        groups: dict[str, list] = {}
-        for v in values:
-            groups.setdefault(_canon(v), []).append(v)  # 1 and 1.0 are one value
-        if len(groups) > MAX_UNIQUE_VALUES:
-            return None
-        return list(groups.values())
+            return [v for v in values if check.is_valid(v)]
+        if set(_constraining(x)) == {"type"} and set(self.types_of(x, "#")) <= {"boolean", "null"}:
+            ts = self.types_of(x, "#")
+            return [v for t, vs in (("boolean", [True, False]), ("null", [None])) if t in ts for v in vs]
+        return None
 
     def unique_items(self, s: dict, arr: Expr, ptr: str) -> Expr:
         """uniqueItems over a few item values: per value, the arrays holding it at most once
