@@ -13,6 +13,9 @@ string with only length bounds accepts every escape form (:data:`CHAR`).
 
 from __future__ import annotations
 
+import re
+
+from .errors import ConstraintError
 from .ir import (
     ALL_BYTES_MASK,
     ANY_CHAR,
@@ -378,3 +381,20 @@ def format_raw(name: str) -> Expr | None:
 
 __all__ = ["CHAR", "NOTHING", "SUPPORTED_FORMATS", "encode_raw", "encoded_length", "format_raw", "intersect_length",
            "keys_except", "string_of"]
+
+
+def pattern_end_inside(body: str, tail: bool) -> Expr:
+    """A pattern branch with $ inside (``(a|b$)c?``), read as ECMA does ($ only at the end
+    of the text); without a final $ the search's trailing text goes into the regex (after
+    the match, where $ still means the end)."""
+    from .regex import regex_to_ir
+
+    if tail:
+        return regex_to_ir(body, end_only=True)
+    try:
+        verbose = bool(re.compile(body).flags & re.VERBOSE)
+    except (re.error, RecursionError, OverflowError):
+        return regex_to_ir(body, end_only=True)  # (raises the parser's error)
+    if verbose:
+        raise ConstraintError("verbose pattern with $ inside")  # (a comment would swallow the tail)
+    return regex_to_ir(body + "(?s:.*)", end_only=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from decimal import Decimal
 from urllib.parse import unquote
 
@@ -434,7 +433,7 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
             try:
                 if not tail and ("$" in body or "\\Z" in body):
                     # an end anchor inside: the search's trailing text must come before it
-                    e, tail = self._pattern_end_inside(body, tail), True
+                    e, tail = jf.pattern_end_inside(body, tail), True
                 else:
                     e = regex_to_ir(body) if body else EMPTY
             except ConstraintError as err:
@@ -446,28 +445,11 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
                 if "anchor $ not at the end" not in msg:
                     raise ConstraintError(f"pattern {pattern!r}: {err}", path=ptr) from None
                 try:
-                    e = self._pattern_end_inside(body, tail)
+                    e = jf.pattern_end_inside(body, tail)
                 except ConstraintError:
                     raise ConstraintError(f"pattern {pattern!r}: {err}", path=ptr) from None
             parts.append(seq(EMPTY if head else anyc, e, EMPTY if tail else anyc))
         return alt(*parts)
-
-    @staticmethod
-    def _pattern_end_inside(body: str, tail: bool) -> Expr:
-        """A branch with $ inside (``(a|b$)c?``), read as ECMA does ($ only at the end of
-        the text); without a final $ the search's trailing text goes into the regex (after
-        the match, where $ still means the end)."""
-        from .regex import regex_to_ir
-
-        if tail:
-            return regex_to_ir(body, end_only=True)
-        try:
-            verbose = bool(re.compile(body).flags & re.VERBOSE)
-        except (re.error, RecursionError, OverflowError):
-            return regex_to_ir(body, end_only=True)  # (raises the parser's error)
-        if verbose:
-            raise ConstraintError("verbose pattern with $ inside")  # (a comment would swallow the tail)
-        return regex_to_ir(body + "(?s:.*)", end_only=True)
 
     def compile_string(self, s: dict, ptr: str) -> Expr:
         return seq(jf.QUOTE, self.string_content(s, ptr), jf.QUOTE)
