@@ -33,6 +33,7 @@ SUPPORTED = (
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 _ORIGIN = "\x00origin"  # merged schemas remember the node they came from (for enum filtering)
 _PATTERNS = "\x00patterns"
+_ADDL = "\x00addl"  # [(patterns, schema)]: undeclared keys matching none of the patterns take schema
 _CONTAINS = "\x00contains"  # a second contains merged under allOf (met by its own item, or the same)
 
 

@@ -8,6 +8,7 @@ from decimal import Decimal
 
 from .errors import ConstraintError, ConstraintTooComplex
 from .json_common import (
+    _ADDL,
     _CONTAINS,
     _ORIGIN,
     _PATTERNS,
@@ -228,7 +229,7 @@ class MergeMixin:
                     raise ConstraintError("cannot merge two different 'contains' with minContains/maxContains "
                                           "under allOf", path=ptr)
                 out[_CONTAINS] = [*out.get(_CONTAINS, []), vb]
-            elif k == _CONTAINS:
+            elif k in (_CONTAINS, _ADDL):
                 out[k] = [*va, *vb]
             elif k in ("items", "additionalProperties", "propertyNames", "additionalItems"):
                 out[k] = _both(va, vb)
@@ -238,7 +239,8 @@ class MergeMixin:
                 raise ConstraintError(f"cannot merge '{k}' under allOf", path=ptr)
         if any(c in x for x in (a, b) for c in counts):
             out.update(self._merge_counts(a, b))
-        if "properties" in a and "properties" in b or ("additionalProperties" in a or "additionalProperties" in b):
+        if "properties" in a and "properties" in b or ("additionalProperties" in a or "additionalProperties" in b) \
+                or _ADDL in a or _ADDL in b:
             out.update(self._merge_props(a, b, ptr))
         elif "patternProperties" in a and "patternProperties" in b:
             out.update(self._merge_props(a, b, ptr))
@@ -270,14 +272,19 @@ class MergeMixin:
     def _merge_props(self, a: dict, b: dict, ptr: str) -> dict:
         pa, pb = a.get("properties", {}), b.get("properties", {})
         ppa, ppb = a.get("patternProperties") or {}, b.get("patternProperties") or {}
-        if ppa and ppb and set(ppa) != set(ppb) and ("additionalProperties" in a or "additionalProperties" in b):
-            # a key matching a pattern of one side only needs the other's additionalProperties
-            raise ConstraintError("cannot merge patternProperties with additionalProperties under allOf", path=ptr)
+        # a key matching a pattern of one side only still takes the other's additionalProperties:
+        # kept apart (_ADDL) where both sides have different patterns
+        apart = bool(ppa and ppb and set(ppa) != set(ppb))
+        extra_addl = [*a.get(_ADDL, []), *b.get(_ADDL, [])]
+        if apart:
+            extra_addl += [(list(x["patternProperties"]), x["additionalProperties"]) for x in (a, b)
+                           if "additionalProperties" in x and not _is_trivial(x["additionalProperties"])]
 
         def side(x: dict, props: dict, key: str) -> object:
             if key in props:
                 return props[key]
-            pats = [v for p, v in x.get("patternProperties", {}).items() if re.search(p, key)]
+            pats = [v for p, v in (x.get("patternProperties") or {}).items() if re.search(p, key)]
+            pats += [v for ps, v in x.get(_ADDL, []) if not any(re.search(p, key) for p in ps)]
             if pats:
                 return {"allOf": pats}
             return x.get("additionalProperties", True)
@@ -293,10 +300,12 @@ class MergeMixin:
         pp = {}
         for x, y in ((a, b), (b, a)):
             for p, v in (x.get("patternProperties") or {}).items():
-                if not y.get("patternProperties") and "additionalProperties" in y:
+                if not apart and not y.get("patternProperties") and "additionalProperties" in y:
                     # no pattern of y matches this key: y's additionalProperties applies to it
                     v = {"allOf": [v, y["additionalProperties"]]}
                 pp[p] = {"allOf": [pp[p], v]} if p in pp else v
         if pp:
             out["patternProperties"] = pp
+        if extra_addl:
+            out[_ADDL] = extra_addl
         return out

@@ -25,7 +25,7 @@ from .ir import (
     seq,
     star,
 )
-from .json_common import MAX_PATTERN_PROPERTIES, _child, _is_trivial
+from .json_common import _ADDL, MAX_PATTERN_PROPERTIES, _child, _is_trivial
 
 
 def _empty(key: Expr) -> bool:
@@ -58,14 +58,17 @@ class ObjectMixin:
         for key in required:
             if key not in props:
                 pm = [(p, v) for p, v in pats.items() if re.search(p, key)]
+                apart = [v for ps, v in s.get(_ADDL, []) if not any(re.search(p, key) for p in ps)]
                 if pm:
-                    members.append((key, {"allOf": [v for _, v in pm]}, _child(ptr, "patternProperties", pm[0][0])))
+                    members.append((key, {"allOf": [v for _, v in pm] + apart},
+                                    _child(ptr, "patternProperties", pm[0][0])))
                 elif addl is False:
                     return self.unsatisfiable(
                         f"required property {key!r} is not allowed (additionalProperties is false)",
                         _child(ptr, "required"))
                 else:
-                    members.append((key, addl, _child(ptr, "additionalProperties")))
+                    members.append((key, {"allOf": [addl, *apart]} if apart else addl,
+                                    _child(ptr, "additionalProperties")))
         items: list[tuple[Expr, bool]] = []
         for key, sub, sptr in members:
             pm = [v for p, v in pats.items() if key in props and re.search(p, key)]
@@ -103,6 +106,7 @@ class ObjectMixin:
             elif key_filter == NOTHING:
                 return None
         plist = list(pats.items())
+        apart = s.get(_ADDL, [])  # (patterns, schema): keys matching none of the patterns take schema
         pptrs = [_child(ptr, "patternProperties", p) for p, _ in plist]
         raws = [self.pattern_raw(p, pp) for (p, _), pp in zip(plist, pptrs, strict=True)]
         encs = [jf.encode_raw(r) for r in raws]
@@ -116,6 +120,9 @@ class ObjectMixin:
             parts.append(seq(k, self.colon, value))
 
         n = len(plist)
+        if n > MAX_PATTERN_PROPERTIES and apart:
+            raise ConstraintTooComplex(f"over {MAX_PATTERN_PROPERTIES} patternProperties merged with "
+                                       "additionalProperties under allOf", path=_child(ptr, "patternProperties"))
         if n > MAX_PATTERN_PROPERTIES:
             for i in range(n):
                 self.relax("patternProperties", pptrs[i], f"over {MAX_PATTERN_PROPERTIES} patterns: overlaps between "
@@ -132,13 +139,14 @@ class ObjectMixin:
                     key = difference(key, alt(*minus))
                 if n > 1 and _empty(key):
                     continue
-                sub = plist[inside[0]][1] if len(inside) == 1 else {"allOf": [plist[i][1] for i in inside]}
-                value = self.compile(sub, pptrs[inside[0]])
+                matched = {plist[i][0] for i in inside}
+                subs = [plist[i][1] for i in inside] + [v for ps, v in apart if not matched & set(ps)]
+                value = self.compile(subs[0] if len(subs) == 1 else {"allOf": subs}, pptrs[inside[0]])
                 if value != NOTHING:
                     member(key, value)
         if addl is not False:
             aptr = _child(ptr, "additionalProperties")
-            value = self.compile(addl, aptr)
+            value = self.compile({"allOf": [addl, *(v for _, v in apart)]} if apart else addl, aptr)
             if value != NOTHING:
                 if declared or raws:
                     member(jf.keys_except(declared, raws), value)
