@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-from deepinfer.constraints import regex as rx
+from deepinfer.constraints import regex_classes as rx
 
 ALL_TEXT = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
 
