@@ -10,6 +10,8 @@ import pytest
 from deepinfer.constraints.dfa_kernels import _hopcroft_py
 from deepinfer.constraints.nfa import RawDFA, _moore_blocks, equivalent_blocks, live_states, minimize
 
+from .test_nfa_fast_paths import _same_dfa
+
 
 def random_dfa(rng: random.Random, n: int, n_classes: int, cyclic: bool) -> RawDFA:
     table = np.full((n, n_classes), -1, dtype=np.int32)
@@ -133,25 +135,7 @@ def test_numba_determinize_equals_the_python_reference(seed):
     ref = _determinize_reference(nfa, 0, accept, cls, reps, Limits())
     assert len(fast.accepting) == len(ref.accepting)
     assert int(fast.accepting.sum()) == int(ref.accepting.sum())
-    # the same automaton up to numbering: walk both in lockstep from the start
-    iso = {0: 0}
-    work = [0]
-    while work:
-        s = work.pop()
-        t = iso[s]
-        assert bool(fast.accepting[s]) == bool(ref.accepting[t])
-        pairs = [(int(a), int(b)) for a, b in zip(fast.table[s], ref.table[t])]
-        pairs += list(zip([x for _, x in sorted(fast.calls[s])], [x for _, x in sorted(ref.calls[t])]))
-        assert [r for r, _ in sorted(fast.calls[s])] == [r for r, _ in sorted(ref.calls[t])]
-        for a, b in pairs:
-            assert (a < 0) == (b < 0)
-            if a >= 0:
-                if a in iso:
-                    assert iso[a] == b
-                else:
-                    iso[a] = b
-                    work.append(a)
-    assert len(iso) == len(fast.accepting)
+    _same_dfa(fast, ref)  # the same automaton up to numbering (a lockstep walk from the start)
 
 
 @pytest.mark.parametrize("seed", range(20))
