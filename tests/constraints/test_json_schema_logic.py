@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections import deque
 from decimal import Decimal
 
 import jsonschema
@@ -20,6 +19,8 @@ import pytest
 from deepinfer.constraints.automaton import compile_grammar
 from deepinfer.constraints.errors import ConstraintError
 from deepinfer.constraints.json_schema import schema_to_grammar
+
+from .test_json_schema_tokens import _shortest_completion
 
 AREA = {"type": "object", "properties": {"length": {"type": "number"}, "width": {"type": "number"},
                                          "radius": {"type": "number"}},
@@ -225,23 +226,6 @@ def test_flexible_whitespace_same_verdicts(name, schema):
         assert a.accepts(text.encode()) == exp
         if exp and isinstance(value, (dict, list)):
             assert a.accepts(json.dumps(value, indent=2).encode())
-
-
-def _shortest_completion(a, cfg, limit=20_000):
-    if a.can_end(cfg):
-        return b""
-    seen, queue = {cfg}, deque([(cfg, b"")])
-    while queue and len(seen) < limit:
-        c, path = queue.popleft()
-        for b in a.next_bytes(c):
-            n = a.step_byte(c, b)
-            if n is None or n in seen:
-                continue
-            if a.can_end(n):
-                return path + bytes([b])
-            seen.add(n)
-            queue.append((n, path + bytes([b])))
-    return None
 
 
 def _exact(text: str) -> object:
