@@ -502,7 +502,7 @@ def bench_device(args) -> None:
     t0 = time.perf_counter()  # every decode and verify graph the runs may use, as a server does at start
     n_graphs = llm.capture_graphs(max(map(len, base_prompts)) + args.max_tokens + 16, verify=True)
     print(f"captured {n_graphs} CUDA graphs up front in {time.perf_counter() - t0:.1f} s", flush=True)
-    if args.profile:
+    if args.profile and llm.runner.cuda_graphs:
         graph_times(llm, max(map(len, base_prompts)) + args.max_tokens // 2)
     recorded = trace.get("outputs") or {}
     print(f"device {args.device}, {args.shape} random weights bf16, {len(tasks)} tasks "
@@ -555,8 +555,11 @@ class StepProfile:
     (decode and verify); host seconds in DSpark's phases (``plan``, ``step`` and, inside it,
     the verifier's calls). Hooks the classes, so it sees every run."""
 
-    HOST = (("DSpark", "plan"), ("DSpark", "step"), ("Verifier", "start_masks"), ("Verifier", "forward"),
-            ("Verifier", "bitmask"), ("Verifier", "inputs"), ("DSpark", "verify_fn"))
+    HOST = (("DSpark", "plan", "DSpark.plan"), ("DSpark", "step", "DSpark.step"),
+            ("Verifier", "start_masks", "Verifier.start_masks"), ("Verifier", "forward", "Verifier.forward"),
+            ("Verifier", "bitmask", "Verifier.bitmask"), ("Verifier", "inputs", "Verifier.inputs"),
+            ("VerifyGraphs", "_make", "capture verify graph"),
+            ("DecodeGraphs", "_capture", "capture decode graph"))  # fmt: skip
 
     def __init__(self) -> None:
         from deepinfer.cuda_graphs import DecodeGraphs
@@ -568,28 +571,17 @@ class StepProfile:
         self.calls: dict[tuple[str, str], int] = {}
         prof = self
 
-        def timed(cls, name, key):
-            orig = getattr(cls, name)
+        plan = dspark.DSpark.plan
 
-            def wrapper(*a, **kw):
-                if name == "plan":
-                    prof.mode = "off" if a[0].config.default == "off" else "dspark"
-                t = time.perf_counter()
-                try:
-                    return orig(*a, **kw)
-                finally:
-                    k = (prof.mode, key)
-                    prof.host[k] = prof.host.get(k, 0.0) + time.perf_counter() - t
-                    prof.calls[k] = prof.calls.get(k, 0) + 1
+        def plan_in_mode(d, *a, **kw):  # the mode the following steps and timings belong to
+            prof.mode = "off" if d.config.default == "off" else "dspark"
+            return plan(d, *a, **kw)
 
-            setattr(cls, name, wrapper)
-
-        timed(graphs.VerifyGraphs, "_make", "capture verify graph")
-        timed(DecodeGraphs, "_capture", "capture decode graph")
-        classes = {"DSpark": dspark.DSpark, "Verifier": verify.Verifier}
-        for cls, name in self.HOST:
-            if name != "verify_fn":
-                timed(classes[cls], name, f"{cls}.{name}")
+        dspark.DSpark.plan = plan_in_mode
+        classes = {"DSpark": dspark.DSpark, "Verifier": verify.Verifier, "VerifyGraphs": graphs.VerifyGraphs,
+                   "DecodeGraphs": DecodeGraphs}  # fmt: skip
+        for cls, name, key in self.HOST:
+            setattr(classes[cls], name, self._timed(getattr(classes[cls], name), key))
         observe = scheduler.CostModel.observe
 
         def observe_hook(cost, path, tokens, seconds, rows=None, step=0):
@@ -601,20 +593,23 @@ class StepProfile:
 
         scheduler.CostModel.observe = observe_hook
 
-    def wrap_verify(self, d) -> None:
-        """Time a DSpark instance's verify function (an attribute, not a method)."""
-        fn = d.verify_fn
+    def _timed(self, fn, key: str):
+        """fn, adding its host seconds and calls under (mode, key)."""
 
-        def timed_verify(*a, **kw):
+        def timed(*a, **kw):
             t = time.perf_counter()
             try:
                 return fn(*a, **kw)
             finally:
-                k = (self.mode, "verify_fn")
+                k = (self.mode, key)
                 self.host[k] = self.host.get(k, 0.0) + time.perf_counter() - t
                 self.calls[k] = self.calls.get(k, 0) + 1
 
-        d.verify_fn = timed_verify
+        return timed
+
+    def wrap_verify(self, d) -> None:
+        """Time a DSpark instance's verify function (an attribute, not a method)."""
+        d.verify_fn = self._timed(d.verify_fn, "verify_fn")
 
     def reset(self) -> None:
         self.steps.clear()
