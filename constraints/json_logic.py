@@ -28,6 +28,8 @@ from .json_common import (
     ANNOTATIONS,
     MAX_BRANCHES,
     MAX_LENGTH_COUNT,
+    SUPPORTED,
+    UNSUPPORTED,
     _canon,
     _child,
     _constraining,
@@ -188,10 +190,10 @@ class LogicMixin:
             elif k == "allOf":
                 parts += [self.negate(b, depth + 1) for b in v]
             elif k == "anyOf":
-                parts.append({"allOf": [self.negate(b, depth + 1) for b in v]})
+                parts.append(self.none_of(v, depth))
             elif k == "oneOf":
                 # none holds, or two do
-                parts.append({"allOf": [self.negate(b, depth + 1) for b in v]})
+                parts.append(self.none_of(v, depth))
                 for i, j in self.overlapping(v, {}):
                     parts.append({"allOf": [v[i], v[j]]})
             elif k == "not":
@@ -206,6 +208,8 @@ class LogicMixin:
                         n = self.negate(dep, depth + 1)
                         if n is not False:
                             parts.append({"type": "object", "required": [key], "allOf": [n]})
+            elif k not in SUPPORTED and k not in UNSUPPORTED and not k.startswith("\x00"):
+                continue  # a keyword no validator knows (e.g. "_format"): always holds
             else:
                 t = ("object" if k in OBJECT_KW else "array" if k in ARRAY_KW else "string" if k in STRING_KW
                      else "number" if k in NUMBER_KW else None)
@@ -216,6 +220,57 @@ class LogicMixin:
         if len(parts) > MAX_NEG_PARTS:
             raise ConstraintTooComplex(f"the negation of a schema has over {MAX_NEG_PARTS} alternatives")
         return _any(parts)
+
+    def none_of(self, branches: list, depth: int = 0, negs: list | None = None) -> object:
+        """A schema accepting exactly the instances that no branch accepts: the conjunction of
+        the branches' negations, or, where the branches are told apart by a discriminator
+        (:meth:`discriminator`), one alternative per value of it instead of the product of
+        the negations (an object whose key picks branch ``i`` fails every other branch, so it
+        only has to fail the rest of branch ``i``)."""
+        if negs is None:
+            negs = [self.negate(b, depth + 1) for b in branches]
+        disc = self.discriminator(branches) if len(branches) > 1 else None
+        if disc is None:
+            return {"allOf": negs}
+        key, values, rests = disc
+        parts: list = [
+            # not an object: the object keywords hold, the branches' other keywords decide
+            {"allOf": [{"type": [t for t in JSON_TYPES if t != "object"]}, *negs]},
+            # an object whose key is absent or picks no branch
+            {"type": "object", "properties": {key: self.negate({"anyOf": values}, depth + 1)}},
+        ]
+        for v, r in zip(values, rests, strict=True):
+            n = self.negate(r, depth + 1)
+            if n is not False:
+                picked = {"type": "object", "required": [key], "properties": {key: v}}
+                parts.append(picked if n is True else {"allOf": [picked, n]})
+        return _any(parts)
+
+    def discriminator(self, branches: list) -> tuple[str, list, list] | None:
+        """(key, value schema per branch, rest of each branch) where every branch requires
+        ``key`` and declares it with values that exclude each other's (``type: {"enum":
+        ["file"]}`` against ``{"enum": ["dir"]}``); the rest is the branch without the key's
+        requirement and schema (so a branch is "the key holds its value and the rest holds")."""
+        views = [self._object_view(b) for b in branches]
+        if any(v is None for v in views):
+            return None
+        reqs = [v["required"] if isinstance(v.get("required"), list) else [] for v in views]
+        props = [v["properties"] if isinstance(v.get("properties"), dict) else {} for v in views]
+        common = set(reqs[0]).intersection(*reqs[1:]) & set(props[0]).intersection(*props[1:])
+        for key in sorted(k for k in common if isinstance(k, str)):
+            values = [p[key] for p in props]
+            if not all(self.disjoint2(values[i], values[j], None) for j in range(len(values)) for i in range(j)):
+                continue
+            rests = []
+            for v, req, pr in zip(views, reqs, props, strict=True):
+                r = {k: x for k, x in v.items() if k not in ("required", "properties")}
+                if len(req) > 1:
+                    r["required"] = [q for q in req if q != key]
+                # the key stays declared (with any value), so additionalProperties does not apply to it
+                r["properties"] = {p: (True if p == key else x) for p, x in pr.items()}
+                rests.append(r)
+            return key, values, rests
+        return None
 
     @staticmethod
     def _key_set(n: object) -> list[str] | None:
@@ -401,7 +456,10 @@ class LogicMixin:
         negs = {j: self.negate(branches[j]) for j in {j for i, j in pairs} | {i for i, j in pairs}}
         out = []
         for i, b in enumerate(branches):
-            parts = [base, b, *(negs[j] for j in others[i])]
+            if len(others[i]) > 1:
+                parts = [base, b, self.none_of([branches[j] for j in others[i]], 0, [negs[j] for j in others[i]])]
+            else:
+                parts = [base, b, *(negs[j] for j in others[i])]
             out.append({"allOf": parts, _ORIGIN: {"allOf": [origin, b]}})
         if len(out) > MAX_BRANCHES:
             raise ConstraintTooComplex(f"oneOf of {len(out)} branches exceeds the bound ({MAX_BRANCHES})", path=ptr)

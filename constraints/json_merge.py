@@ -107,6 +107,15 @@ class MergeMixin:
         oa, ob = self._object_view(a), self._object_view(b)
         if oa is None or ob is None:
             return False
+        both = ta & tb if ta is not None and tb is not None else ta if ta is not None else tb
+        if both is not None and self._counts_disjoint(oa, ob, both):
+            return True
+        if depth <= 4:
+            # a conjunction excludes what one of its parts excludes
+            for x, y in ((oa, ob), (ob, oa)):
+                if isinstance(x.get("allOf"), list) and len(x["allOf"]) > 1 and any(
+                        self.disjoint2(c, y, base_types, depth + 1) for c in x["allOf"]):
+                    return True
         if ("const" in oa or "enum" in oa) and ("const" in ob or "enum" in ob):
             va = [oa["const"]] if "const" in oa else oa["enum"]
             vb = [ob["const"]] if "const" in ob else ob["enum"]
@@ -124,6 +133,20 @@ class MergeMixin:
         for key in set(ra) & set(rb):
             if key in pa and key in pb and self.disjoint2(pa[key], pb[key], None, depth + 1):
                 return True  # a discriminator
+        return False
+
+    @staticmethod
+    def _counts_disjoint(oa: dict, ob: dict, types: set[str]) -> bool:
+        """Whether the size bounds of ``oa`` and ``ob`` exclude each other for the one type
+        both may accept (e.g. ``maxItems: 0`` against ``minItems: 1`` for arrays)."""
+        for t, lo_k, hi_k in (("array", "minItems", "maxItems"), ("string", "minLength", "maxLength"),
+                              ("object", "minProperties", "maxProperties")):
+            if not types <= {t}:
+                continue
+            los = [x[lo_k] for x in (oa, ob) if isinstance(x.get(lo_k), int) and not isinstance(x[lo_k], bool)]
+            his = [x[hi_k] for x in (oa, ob) if isinstance(x.get(hi_k), int) and not isinstance(x[hi_k], bool)]
+            if los and his and max(los) > min(his):
+                return True
         return False
 
     def overlapping(self, branches: list, base: dict) -> list[tuple[int, int]]:
@@ -160,13 +183,16 @@ class MergeMixin:
             out = self.merge2(out, self.flatten(x, ptr, depth + 1), ptr)
         if "$ref" in b:
             target, tptr = self.resolve(b["$ref"], _child(ptr, "$ref"))
-            if tptr in self.stack:
+            # a target being compiled (recursion through properties or items) merges like
+            # any other: its subschemas stay references; only a chain of allOf/$ref back to
+            # itself has no merge
+            if tptr in self.flattening:
                 raise ConstraintError("a recursive $ref cannot be merged with sibling keywords or allOf", path=ptr)
-            self.stack.append(tptr)
+            self.flattening.append(tptr)
             try:
                 out = self.merge2(out, self.flatten(target, tptr, depth + 1), ptr)
             finally:
-                self.stack.pop()
+                self.flattening.pop()
         for i, x in enumerate(b.get("allOf", [])):
             out = self.merge2(out, self.flatten(x, _child(ptr, "allOf", i), depth + 1), ptr)
         return out
@@ -218,7 +244,7 @@ class MergeMixin:
                 # pairs that provably exclude each other (or the types already merged) never hold:
                 # left out (for oneOf too: exactly one pair holds iff one branch of each side does)
                 bt = self._type_set({x: out[x] for x in ("type", "enum", "const") if x in out})
-                prod = [{"allOf": [x, y]} for x in va for y in vb if not self.disjoint2(x, y, bt)] or [False]
+                prod = [_both(x, y) for x in va for y in vb if not self.disjoint2(x, y, bt)] or [False]
                 if len(prod) > MAX_BRANCHES:
                     raise ConstraintTooComplex(f"allOf of {k} branches exceeds {MAX_BRANCHES} combinations", path=ptr)
                 out[k] = prod

@@ -25,7 +25,7 @@ from .ir import (
     seq,
     star,
 )
-from .json_common import _ADDL, MAX_PATTERN_PROPERTIES, _child, _is_trivial
+from .json_common import _ADDL, MAX_PATTERN_PROPERTIES, _child, _cost, _is_trivial
 
 
 def _empty(key: Expr) -> bool:
@@ -81,6 +81,11 @@ class ObjectMixin:
                     # only a required unsatisfiable property makes the object unsatisfiable
                     return self.unsatisfiable(f"required property {key!r} cannot be satisfied", sptr)
                 continue  # an optional one is dropped
+            if not isinstance(value, Ref) and _cost(value) > 64:
+                # a named rule, like a $ref target: inlined where the automaton stays small,
+                # else a call (a long counted string would multiply the states of the object
+                # around it)
+                value = self.named("value:" + sptr, value)
             items.append((seq(lit(json.dumps(key, ensure_ascii=False)), self.colon, value), key in required))
         extra = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames)
         lo = int(s.get("minProperties", 0))

@@ -58,6 +58,7 @@ from .json_common import (  # noqa: F401  (re-exported)
     SUPPORTED,
     TYPES,
     UNSUPPORTED,
+    _canon,
     _child,
     _constraining,
     _cost,
@@ -103,7 +104,10 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
         self.notes: list[str] = []
         self.rules: dict[str, Expr] = {}
         self.stack: list[str] = []
+        self.flattening: list[str] = []  # $ref targets whose keywords are being merged (allOf)
         self.cache: dict[str, Expr] = {}
+        self.rule_names: dict[Expr, str] = {}  # rule body -> the name it is kept under
+        self.merge_names: dict[str, str] = {}  # canonical allOf-with-$ref schema -> its rule name
         self.recursive: set[str] = set()
         self.depth = 0
         self._validator = None
@@ -137,6 +141,17 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
             + (f": {why}" if why else "") + "; pass lenient=True to relax it",
             path=ptr,
         )
+
+    def named(self, name: str, e: Expr) -> Ref:
+        """A reference to a rule whose body is ``e``: the rule already holding the same body
+        where there is one (the same subschema reached by several paths, e.g. an anyOf
+        repeated in several properties), so that the automaton sees one shared rule (kept a
+        rule, not inlined into every caller, when it is large) instead of equal copies."""
+        prev = self.rule_names.get(e)
+        if prev is None:
+            self.rules[name] = e
+            self.rule_names[e] = prev = name
+        return Ref(prev)
 
     def repeat(self, item: Expr, lo: int, hi: int | None, ptr: str, what: str) -> Expr:
         n = hi if hi is not None else lo
@@ -243,11 +258,33 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
             e = self.compile(target, tptr)
         finally:
             self.stack.pop()
-        if tptr in self.recursive or (tptr != "#" and _cost(e) > 64):
+        if tptr in self.recursive:
+            self.rules[name] = e  # (its body refers to the name)
+            self.rule_names.setdefault(e, name)
+            e = Ref(name)
+        elif tptr != "#" and _cost(e) > 64:
             # a named rule: the automaton inlines it where small, keeps it a rule where shared and large
+            e = self.named(name, e)
+        self.cache[tptr] = e
+        return e
+
+    def merged_rule(self, s: dict, ptr: str) -> Expr:
+        key = _canon(s)
+        name = self.merge_names.setdefault(key, "merge:" + ptr)
+        if name in self.stack:
+            self.recursive.add(name)
+            return Ref(name)
+        if name in self.cache:
+            return self.cache[name]
+        self.stack.append(name)
+        try:
+            e = self.compile(self.merge_all(s, ptr), ptr)
+        finally:
+            self.stack.pop()
+        if name in self.recursive:
             self.rules[name] = e
             e = Ref(name)
-        self.cache[tptr] = e
+        self.cache[name] = e
         return e
 
     def compile(self, s: object, ptr: str) -> Expr:
@@ -291,6 +328,10 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
                     return self.any_value()
                 i, b = nontrivial[0]
                 return self.compile(b, _child(ptr, "allOf", i))
+            if any(isinstance(b, dict) and "$ref" in b for b in branches):
+                # a merge with a reference: one rule per distinct schema, so that a target
+                # merged again below itself (items: {allOf: [{$ref: node}, ...]}) recurses
+                return self.merged_rule(s, ptr)
             merged = self.merge_all(s, ptr)
             return self.compile(merged, ptr)
         for kw in ("anyOf", "oneOf"):
@@ -414,8 +455,7 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
             if len(branches) > 1 and _cost(e) > 64:
                 # a named rule: inlined unless the inlined automaton is too large (then the
                 # branches run side by side as pushdown stacks)
-                self.rules["branch:" + bptr] = e
-                e = Ref("branch:" + bptr)
+                e = self.named("branch:" + bptr, e)
             parts.append(e)
         return alt(*parts)
 

@@ -1,0 +1,150 @@
+"""Schemas whose members or branches repeat, recurse or exclude each other: what keeps
+their grammars exact and small.
+
+- ``anyOf``/``oneOf`` products under ``allOf`` pair equal branches into the branch itself
+  (a property and a ``patternProperties`` with the same ``oneOf``), so provably disjoint
+  branches stay disjoint;
+- disjointness seen through ``allOf`` of several parts and through size bounds
+  (``maxItems: 0`` against ``minItems: 1``);
+- a ``$ref`` to a schema being compiled (recursion through properties or items) merges with
+  sibling keywords;
+- "no branch holds" over branches told apart by a discriminator key: one alternative per
+  key value instead of the product of the branches' negations;
+- keywords no validator knows negate to nothing (they always hold);
+- equal rule bodies share one rule.
+
+Tables run through the matcher token by token (Llama 3 vocabulary); the random checks run
+the byte automaton against ``jsonschema``: walks give valid JSON, and random instances that
+``jsonschema`` rejects are rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from deepinfer.constraints.json_schema import schema_to_grammar
+
+from .test_json_schema_logic import _automaton, _exact, _validator
+from .test_json_schema_tokens import _shortest_completion, env  # noqa: F401  (fixture)
+
+PET = {"$defs": {
+    "cat": {"type": "object", "required": ["kind"], "properties": {"kind": {"const": "cat"},
+                                                                    "lives": {"type": "integer"}}},
+    "dog": {"type": "object", "required": ["kind"], "additionalProperties": False,
+            "properties": {"kind": {"const": "dog"}, "bark": {"type": "boolean"}}}}}
+PETS = {**PET, "type": "object",
+        "properties": {"main": {"oneOf": [{"$ref": "#/$defs/cat"}, {"$ref": "#/$defs/dog"}]}},
+        "patternProperties": {".*": {"oneOf": [{"$ref": "#/$defs/cat"}, {"$ref": "#/$defs/dog"}]}}}
+SECTION = {**PET, "type": "object", "properties": {"pet": {"oneOf": [
+    {"$ref": "#/$defs/dog"}, {"allOf": [{"$ref": "#/$defs/cat"}, {"properties": {"lives": {"maximum": 9}}}]}]}}}
+TREE = {"$defs": {"node": {"type": "object", "properties": {
+    "id": {"type": "integer"},
+    "kids": {"type": "array", "items": {"allOf": [{"$ref": "#/$defs/node"}, {"required": ["id"]}]}}}}},
+    "$ref": "#/$defs/node"}
+LISTS = {"oneOf": [{"type": "array", "maxItems": 0},
+                   {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+                   {"type": "array", "minItems": 1, "items": {"type": "string"}}]}
+FILES = [{"required": ["t", "size"], "properties": {"t": {"enum": ["file"]}, "size": {"type": "integer"}}},
+         {"required": ["t", "n"], "properties": {"t": {"enum": ["dir"]}, "n": {"type": "integer"}}},
+         {"required": ["t"], "properties": {"t": {"enum": ["link"]}}}]
+NO_FILE = {"type": "object", "not": {"anyOf": FILES}}
+NO_FILE_UNTYPED = {"not": {"anyOf": FILES}}
+ONE_FILE = {"type": "object", "properties": {"extra": {"type": "boolean"}},
+            "oneOf": [*FILES, {"required": ["extra"]}]}
+UNKNOWN = {"type": "object", "properties": {"a": {"not": {"type": "string", "x-format": "date"}}}}
+
+# (name, schema, [(instance text, expected)])
+TABLE = [
+    ("equal oneOf pairs", PETS,
+     [('{"main":{"kind":"cat"}}', True), ('{"main":{"kind":"dog","bark":true}}', True),
+      ('{"main":{"kind":"cow"}}', False), ('{"x":{"kind":"dog"}}', True), ('{"x":{"kind":"dog","lives":1}}', False),
+      ('{"main":{"kind":"cat","lives":"x"}}', False)]),
+    ("disjoint through allOf", SECTION,
+     [('{"pet":{"kind":"dog"}}', True), ('{"pet":{"kind":"cat","lives":9}}', True),
+      ('{"pet":{"kind":"cat","lives":10}}', False), ('{"pet":{"kind":"bird"}}', False)]),
+    ("recursive ref merged", TREE,
+     [('{"id":1,"kids":[{"id":2,"kids":[{"id":3}]}]}', True), ("{}", True), ('{"kids":[{}]}', False),
+      ('{"kids":[{"id":1,"kids":[{"kids":[]}]}]}', False), ('{"id":"x"}', False)]),
+    ("disjoint by size bounds", LISTS,
+     [("[]", True), ("[1,2]", True), ('["a"]', True), ('[1,"a"]', False), ("[null]", False), ("{}", False)]),
+    ("none of discriminated", NO_FILE,
+     [("{}", True), ('{"t":"x"}', True), ('{"t":"file"}', True), ('{"t":"file","size":"s"}', True),
+      ('{"t":"file","size":1}', False), ('{"t":"dir","n":1}', False), ('{"t":"dir","size":1}', True),
+      ('{"t":"link"}', False), ("1", False)]),
+    ("none of discriminated, untyped", NO_FILE_UNTYPED,
+     [("1", False), ('"s"', False), ("{}", True), ('{"t":"link"}', False), ('{"t":"dir"}', True)]),
+    ("oneOf with a discriminated part", ONE_FILE,
+     [('{"t":"file","size":1}', True), ('{"extra":true,"t":"file","size":1}', False), ('{"extra":true}', True),
+      ('{"extra":true,"t":"link"}', False), ('{"extra":false,"t":"dir"}', True), ("{}", False)]),
+    ("unknown keyword under not", UNKNOWN,
+     [("{}", True), ('{"a":1}', True), ('{"a":"2024-01-01"}', False), ('{"a":"x"}', False)]),
+]
+CASES = [(name, schema, text, exp) for name, schema, rows in TABLE for text, exp in rows]
+
+
+def _tokens_accept(env, schema, text: str) -> bool:  # noqa: F811
+    from deepinfer.constraints import Matcher
+
+    tok, _, compiler = env
+    m = Matcher(compiler.json_schema(schema))
+    return all(m.accept(t) for t in tok.encode(text, add_special_tokens=False).ids) and m.can_end()
+
+
+@pytest.mark.parametrize("name,schema,text,expected", CASES, ids=[f"{c[0]}:{c[2]}" for c in CASES])
+def test_members_table(env, name, schema, text, expected):  # noqa: F811
+    assert _tokens_accept(env, schema, text) == expected
+    assert _validator(schema).is_valid(json.loads(text)) == expected, "table disagrees with jsonschema"
+
+
+def test_equal_branches_share_one_rule():
+    big = [{"type": "object", "required": [k], "properties": {k: {"type": "string", "pattern": f"^{k}[0-9]+$"},
+                                                                 "n": {"type": "integer", "minimum": i}}}
+           for i, k in enumerate(("x", "y"))]
+    schema = {"type": "object", "properties": {p: {"anyOf": big} for p in "abc"}}
+    rules = schema_to_grammar(schema).rules
+    # the three equal property values are one rule (not three copies for the automaton)
+    assert [r for r in rules if r.startswith("value:")] == ["value:#/properties/a"]
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> object:
+    keys = ["t", "size", "n", "kind", "lives", "bark", "main", "pet", "id", "kids", "extra", "a", "x"]
+    scalars = [None, True, False, 0, 1, 9, 10, -1, "", "x", "cat", "dog", "file", "dir", "link", "2024-01-01"]
+    r = rng.random()
+    if depth > 3 or r < 0.4:
+        return rng.choice(scalars)
+    if r < 0.55:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {k: _random_value(rng, depth + 1) for k in rng.sample(keys, rng.randint(0, 3))}
+
+
+@pytest.mark.parametrize("name,schema", [(n, s) for n, s, _ in TABLE], ids=[n for n, _, _ in TABLE])
+def test_random_against_jsonschema(name, schema):
+    a = _automaton(schema)
+    validator = _validator(schema)
+    rng = random.Random(name)
+    # instances jsonschema rejects are rejected (whatever their key order)
+    for _ in range(300):
+        value = _random_value(rng)
+        if not validator.is_valid(value):
+            text = json.dumps(value, separators=(",", ":"))
+            assert not a.accepts(text.encode()), f"accepted an invalid instance: {text}"
+    # walks over the automaton, finished along a shortest completion, give valid JSON
+    for _ in range(20):
+        cfg, out = a.initial, bytearray()
+        for _step in range(rng.randint(1, 60)):
+            if a.can_end(cfg) and rng.random() < 0.2:
+                break
+            nxt = a.next_bytes(cfg)
+            if not nxt:
+                break
+            b = rng.choice([b for b in nxt if 0x20 <= b < 0x7F] or nxt)
+            cfg = a.step_byte(cfg, b)
+            out.append(b)
+        tail = _shortest_completion(a, cfg)
+        assert tail is not None, f"no completion after {bytes(out)!r}"
+        out += tail
+        value = json.loads(out.decode("utf-8"), parse_float=_exact)
+        assert validator.is_valid(value), f"walk produced an invalid instance: {bytes(out)!r}"
