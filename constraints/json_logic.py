@@ -98,6 +98,7 @@ class LogicMixin:
             return {"not": x}
         x = {k: v for k, v in x.items() if (k not in ANNOTATIONS or k == "format") and not (
             k in _TRIVIAL_WHEN_TRUE and _is_trivial(v))}
+        all_patterns = list(x["patternProperties"]) if isinstance(x.get("patternProperties"), dict) else []
         if isinstance(x.get("patternProperties"), dict):
             x["patternProperties"] = {p: v for p, v in x["patternProperties"].items() if not _is_trivial(v)}
             if not x["patternProperties"]:
@@ -133,10 +134,24 @@ class LogicMixin:
                     residual(tuple(present), "array")
                 continue
             if group[0] == "properties" and "properties" not in present and x.get("additionalProperties") is False \
-                    and isinstance(x.get("patternProperties", {}), dict) \
+                    and len(x.get("patternProperties", {})) == len(all_patterns) \
                     and all(v is False for v in x.get("patternProperties", {}).values()):
                 done.update(present)  # only the empty object: some member
                 parts.append({"type": "object", "minProperties": 1})
+                continue
+            if group[0] == "properties" and "unevaluatedProperties" not in present \
+                    and isinstance(x.get("properties", {}), dict) and isinstance(x.get("patternProperties", {}), dict):
+                # some member fails the schema its key takes: a declared key its property
+                # (below), a key matching a pattern that pattern, any other key
+                # additionalProperties; each "some member" has a positive form (:meth:`member_not`)
+                done.update(k for k in present if k != "properties")
+                for p, v in x.get("patternProperties", {}).items():
+                    parts.append({"type": "object", "not": {"patternProperties": {p: v}}})
+                if "additionalProperties" in x:
+                    others = {"properties": {k: True for k in x.get("properties", {})},
+                              "patternProperties": {p: True for p in all_patterns}}
+                    parts.append({"type": "object", "not": {
+                        **{k: v for k, v in others.items() if v}, "additionalProperties": x["additionalProperties"]}})
                 continue
             if group[0] == "if":
                 done.update(present)
@@ -336,9 +351,46 @@ class LogicMixin:
             return True  # "type": [] (a merge of disjoint types) accepts nothing, whatever the not
         if ts == {"string"}:
             return self.string_atom(x)
+        if ts == {"object"}:
+            return self.member_not(x) is not None
         if ts is not None and ts <= {"number", "integer"}:
-            return isinstance(x, dict) and _constraining(x) == {"type": "integer"}
+            if not isinstance(x, dict):
+                return False
+            c = _constraining(x)
+            # not {"multipleOf": m} where the numbers are integers (the integer type, or an
+            # integral multipleOf): a difference of two remainder automata
+            return c == {"type": "integer"} or (set(c) == {"multipleOf"} and self._integral(s))
         return False
+
+    @staticmethod
+    def _integral(s: dict) -> bool:
+        """Whether the numbers of ``s`` are compiled as integers (see compile_number)."""
+        m = s.get("multipleOf")
+        if isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0 and float(m).is_integer():
+            return True
+        return _types(s.get("type")) == {"integer"}
+
+    @staticmethod
+    def member_not(x: object) -> tuple[dict, object] | None:
+        """For ``not x`` that says "some member fails its schema" about one class of keys:
+        (the keys, as a string schema; the schema such a member's value fails). ``x`` is
+        ``{"patternProperties": {p: v}}`` (a key matching ``p``) or properties and patterns
+        that all hold with one ``additionalProperties`` (a key none of them names)."""
+        if not isinstance(x, dict) or set(x) - {"properties", "patternProperties", "additionalProperties"}:
+            return None
+        props, pats = x.get("properties", {}), x.get("patternProperties", {})
+        if not isinstance(props, dict) or not isinstance(pats, dict) or not all(_is_trivial(v) for v in props.values()):
+            return None
+        if "additionalProperties" not in x:
+            if props or len(pats) != 1:
+                return None
+            (p, v), = pats.items()
+            return {"type": "string", "pattern": p}, v
+        if not all(_is_trivial(v) for v in pats.values()):
+            return None
+        named = [{"enum": list(props)}] if props else []
+        named += [{"pattern": p} for p in pats]
+        return {"type": "string", **({"not": _any(named)} if named else {})}, x["additionalProperties"]
 
     def string_atom(self, x: object) -> bool:
         if isinstance(x, bool):

@@ -42,7 +42,13 @@ def _empty(key: Expr) -> bool:
 
 
 class ObjectMixin:
-    def compile_object(self, s: dict, ptr: str) -> Expr:
+    def compile_object(self, s: dict, ptr: str, some: tuple[object, object] | None = None) -> Expr:
+        """Objects of ``s``; with ``some`` (keys, value schema), only those that have an
+        undeclared member whose key is one of the keys and whose value fails the schema."""
+        if "not" in s and some is None:
+            some = self.member_not(s["not"])
+            if some is not None:
+                return self.compile_member_not(s, some, ptr)
         props = s.get("properties", {})
         required = list(dict.fromkeys(s.get("required", [])))
         pats = s.get("patternProperties", {})
@@ -88,15 +94,54 @@ class ObjectMixin:
                 value = self.named("value:" + sptr, value)
             items.append((seq(lit(json.dumps(key, ensure_ascii=False)), self.colon, value), key in required))
         extra = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames)
+        special = None
+        if some is not None:
+            special = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames, some)
+            if special is None:
+                return NOTHING
         lo = int(s.get("minProperties", 0))
         hi = s.get("maxProperties")
         hi = int(hi) if hi is not None else None
-        body = self.members_body(items, extra, lo, hi, ptr)
+        body = self.members_body(items, extra, lo, hi, ptr, special)
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
 
+    def compile_member_not(self, s: dict, some: tuple[object, object], ptr: str) -> Expr:
+        """Objects of ``s`` (without its ``not``) that have a member whose key is one of
+        ``keys`` and whose value fails ``value`` (``some``): where the key is declared, the
+        object requiring it with that value; where it is not, an extra member written last
+        (so that, keys repeating, the value read is the failing one)."""
+        keys, value = some
+        base = {k: v for k, v in s.items() if k != "not"}
+        props = base.get("properties", {})
+        pats = base.get("patternProperties", {})
+        addl = False if self.strict else base.get("additionalProperties", True)
+        check = self.validator(keys)
+        parts = []
+        for key in dict.fromkeys([*props, *base.get("required", [])]):
+            if not check.is_valid(key):
+                continue
+            if key in props:
+                sub = props[key]
+            else:
+                # an undeclared required key: the schema it takes as an extra member
+                apart = [v for ps, v in base.get(_ADDL, []) if not any(re.search(p, key) for p in ps)]
+                if any(re.search(p, key) for p in pats):
+                    sub = {"allOf": apart} if apart else True  # (patterns apply to declared keys too)
+                elif addl is False:
+                    continue
+                else:
+                    sub = {"allOf": [addl, *apart]}
+            variant = {**base, "required": list(dict.fromkeys([*base.get("required", []), key])),
+                       "properties": {**props, key: {"allOf": [sub, {"not": value}]}}}
+            parts.append(self.compile_object(variant, ptr))
+        parts.append(self.compile_object(base, ptr, some))
+        return alt(*parts)
+
     def extra_member(self, s: dict, ptr: str, declared: list[str], pats: dict, addl: object,
-                     pnames: object) -> Expr | None:
-        """One member whose key is not declared, or None when no such key is allowed.
+                     pnames: object, some: tuple[object, object] | None = None) -> Expr | None:
+        """One member whose key is not declared, or None when no such key is allowed; with
+        ``some`` (keys, value schema), one whose key is also one of the keys and whose value
+        also fails the value schema.
 
         Exact: a key matching some patterns takes the value of all of them (one branch per
         set of matched patterns, the key language being their intersection minus the other
@@ -110,6 +155,9 @@ class ObjectMixin:
                 self.relax("propertyNames", kptr, "a recursive propertyNames schema is enforced on declared keys only")
             elif key_filter == NOTHING:
                 return None
+        if some is not None:
+            some_keys = self.inline(self.compile_key(some[0], _child(ptr, "not")))
+            key_filter = some_keys if key_filter is None else intersect(key_filter, some_keys)
         plist = list(pats.items())
         apart = s.get(_ADDL, [])  # (patterns, schema): keys matching none of the patterns take schema
         pptrs = [_child(ptr, "patternProperties", p) for p, _ in plist]
@@ -132,7 +180,7 @@ class ObjectMixin:
             for i in range(n):
                 self.relax("patternProperties", pptrs[i], f"over {MAX_PATTERN_PROPERTIES} patterns: overlaps between "
                            "patterns are not resolved")
-                value = self.compile(plist[i][1], pptrs[i])
+                value = self.compile(self._failing(plist[i][1], some), pptrs[i])
                 if value != NOTHING:
                     member(difference(encs[i], alt(*declared_enc)) if declared_enc else encs[i], value)
         else:
@@ -146,12 +194,14 @@ class ObjectMixin:
                     continue
                 matched = {plist[i][0] for i in inside}
                 subs = [plist[i][1] for i in inside] + [v for ps, v in apart if not matched & set(ps)]
-                value = self.compile(subs[0] if len(subs) == 1 else {"allOf": subs}, pptrs[inside[0]])
+                value = self.compile(self._failing(subs[0] if len(subs) == 1 else {"allOf": subs}, some),
+                                     pptrs[inside[0]])
                 if value != NOTHING:
                     member(key, value)
         if addl is not False:
             aptr = _child(ptr, "additionalProperties")
-            value = self.compile({"allOf": [addl, *(v for _, v in apart)]} if apart else addl, aptr)
+            value = self.compile(self._failing({"allOf": [addl, *(v for _, v in apart)]} if apart else addl, some),
+                                 aptr)
             if value != NOTHING:
                 if declared or raws:
                     member(jf.keys_except(declared, raws), value)
@@ -159,6 +209,10 @@ class ObjectMixin:
                     member(star(jf.CHAR), value)  # every key, in every encoding
         extra = alt(*parts)
         return None if extra == NOTHING else extra  # e.g. additionalProperties unsatisfiable: no extra key
+
+    @staticmethod
+    def _failing(schema: object, some: tuple[object, object] | None) -> object:
+        return schema if some is None else {"allOf": [schema, {"not": some[1]}]}
 
     def inline(self, e: Expr, depth: int = 0) -> Expr | None:
         """``e`` with its rule references replaced by their bodies (None if recursive)."""
@@ -186,7 +240,10 @@ class ObjectMixin:
         return self.compile(names, ptr)
 
     def members_body(self, items: list[tuple[Expr, bool]], extra: Expr | None, lo: int, hi: int | None,
-                     ptr: str) -> Expr:
+                     ptr: str, special: Expr | None = None) -> Expr:
+        """The members between the braces: declared ones in order, then extra ones; with
+        ``special`` (an extra member of a narrower kind), at least one extra member, the
+        last being special."""
         comma = self.comma
         n_req = sum(1 for _, r in items if r)
         n_max = len(items) if extra is None else None
@@ -207,6 +264,11 @@ class ObjectMixin:
             if extra is None:
                 return decl if n_req else opt(decl)
             tail = star(seq(comma, extra))
+            if special is not None:
+                parts = [seq(decl, tail, comma, special)]
+                if not n_req:
+                    parts.append(seq(star(seq(extra, comma)), special))
+                return alt(*parts)
             parts = [seq(decl, tail)]
             if not n_req:
                 parts.append(opt(seq(extra, tail)))
@@ -245,6 +307,15 @@ class ObjectMixin:
                     parts.append(decl)
                 continue
             e_lo, e_hi = max(0, lo - c), None if hi is None else hi - c
+            if special is not None:
+                if e_hi is not None and e_hi < 1:
+                    continue
+                # e_lo.. extra members (at least one), the last special
+                head = seq(comma, extra) if c > 0 else seq(extra, comma)
+                more = self.repeat(head, max(0, e_lo - 1), None if e_hi is None else e_hi - 1,
+                                   _child(ptr, "maxProperties"), "maxProperties")
+                parts.append(seq(decl, more, comma, special) if c > 0 else seq(more, special))
+                continue
             if c > 0:
                 parts.append(seq(decl, self.repeat(seq(comma, extra), e_lo, e_hi, _child(ptr, "maxProperties"),
                                                    "maxProperties")))

@@ -543,6 +543,11 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
 
     # ----------------------------------------------------------------- numbers
     def compile_number(self, s: dict, ptr: str, *, integer: bool) -> Expr:
+        def dec_of(v: object) -> Decimal:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise ConstraintError("multipleOf must be a number > 0", path=_child(ptr, "not", "multipleOf"))
+            return Decimal(str(v)) if isinstance(v, float) else Decimal(v)
+
         def dec(k: str) -> Decimal | None:
             v = s.get(k)
             if v is None or isinstance(v, bool):
@@ -567,9 +572,21 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
             raise ConstraintError("multipleOf must be > 0", path=_child(ptr, "multipleOf"))
         if mult is not None and mult == mult.to_integral_value() and not integer:
             integer, mult = True, mult  # a multiple of an integer is an integer
-        nonint = "not" in s and self.native_not(s)  # not {"type": "integer"}
+        native = "not" in s and self.native_not(s)
+        not_mult = dec_of(s["not"]["multipleOf"]) if native and "multipleOf" in _constraining(s["not"]) else None
+        nonint = native and not_mult is None  # not {"type": "integer"}
         if nonint and integer:
             return NOTHING
+        if integer and not_mult is not None:
+            # integers that are not multiples of not_mult = p/q (lowest terms): not of p
+            m2 = not_mult.as_integer_ratio()[0]
+            s2 = {k: v for k, v in s.items() if k != "not"}
+            pos = self.compile_number(s2, ptr, integer=True)
+            neg = int_multiple(None, None, m2) if m2 > 1 else jn.int_range(None, None)
+            if neg is None:
+                raise ConstraintTooComplex(f"the remainder automaton for multipleOf {m2} exceeds the bound",
+                                           path=_child(ptr, "not", "multipleOf"))
+            return difference(pos, neg)
         if integer:
             ilo = None if lo is None else int(math.floor(lo)) + 1 if lo_x and lo == lo.to_integral_value() else (
                 None if lo is None else math.ceil(lo))

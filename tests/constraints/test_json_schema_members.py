@@ -10,7 +10,12 @@ their grammars exact and small.
   sibling keywords;
 - "no branch holds" over branches told apart by a discriminator key: one alternative per
   key value instead of the product of the branches' negations;
-- keywords no validator knows negate to nothing (they always hold);
+- keywords no validator knows negate to nothing (they always hold); ``not multipleOf`` over
+  integers is a difference of remainder automata;
+- "some member fails its schema" (the negation of properties / patternProperties /
+  additionalProperties): the object requiring a declared key with a failing value, or
+  an extra member written last whose key is of the class and whose value fails (last, so
+  that where keys repeat the value a parser keeps is the failing one);
 - equal rule bodies share one rule.
 
 Tables run through the matcher token by token (Llama 3 vocabulary); the random checks run
@@ -54,6 +59,14 @@ NO_FILE = {"type": "object", "not": {"anyOf": FILES}}
 NO_FILE_UNTYPED = {"not": {"anyOf": FILES}}
 ONE_FILE = {"type": "object", "properties": {"extra": {"type": "boolean"}},
             "oneOf": [*FILES, {"required": ["extra"]}]}
+SOME_MEMBER = {"type": "object", "not": {"properties": {"a": {"type": "integer"}, "xd": {"minimum": 0}},
+                                          "patternProperties": {"^x": {"type": "string"}},
+                                          "additionalProperties": {"type": "boolean"}}}
+SOME_EXTRA = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"},
+              "not": {"additionalProperties": {"maximum": 5}}}
+SOME_COUNTED = {"type": "object", "maxProperties": 2, "not": {"patternProperties": {"^x": {"type": "integer"}}}}
+ONE_PATTERN = {"oneOf": [{"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+                         {"type": "object", "required": ["x1"]}]}
 UNKNOWN = {"type": "object", "properties": {"a": {"not": {"type": "string", "x-format": "date"}}}}
 
 # (name, schema, [(instance text, expected)])
@@ -79,6 +92,29 @@ TABLE = [
     ("oneOf with a discriminated part", ONE_FILE,
      [('{"t":"file","size":1}', True), ('{"extra":true,"t":"file","size":1}', False), ('{"extra":true}', True),
       ('{"extra":true,"t":"link"}', False), ('{"extra":false,"t":"dir"}', True), ("{}", False)]),
+    ("some member fails", SOME_MEMBER,
+     [('{"a":"s"}', True), ('{"x1":1}', True), ('{"b":1}', True), ('{"a":1,"b":2}', True), ('{"xd":-1}', True),
+      ('{"xd":"s"}', False), ("{}", False), ('{"a":1}', False), ('{"x":"s","b":true}', False),
+      ('{"a":1,"x":"s","y":false}', False), ("1", False)]),
+    ("some extra member fails", SOME_EXTRA,
+     [('{"a":6}', True), ('{"b":7}', True), ('{"a":1,"b":9}', True), ('{"a":1}', False), ('{"b":2}', False),
+      ("{}", False), ('{"b":"s"}', False), ('{"a":"s","b":7}', False), ('{"c":1,"b":9}', True),
+      ('{"b":1,"b":9}', True), ('{"b":9,"b":1}', False)]),
+    ("some member fails, counted", SOME_COUNTED,
+     [('{"x":"s"}', True), ('{"a":1,"x":"s"}', True), ('{"a":1,"b":2,"x":"s"}', False), ('{"x":1}', False),
+      ("{}", False)]),
+    ("not only patterns", {"type": "object", "not": {"patternProperties": {"^a": {}}, "additionalProperties": False}},
+     [('{"a":1}', False), ('{"b":1}', True), ("{}", False), ('{"a":1,"b":2}', True)]),
+    ("oneOf with patternProperties", ONE_PATTERN,
+     [('{"x1":1}', False), ('{"x1":"s"}', True), ("{}", True), ('{"y":1}', True), ('{"x1":"s","x2":1}', True),
+      ('{"x2":"s"}', False)]),
+    ("not multipleOf of integers", {"type": "integer", "minimum": 0, "maximum": 20, "not": {"multipleOf": 4}},
+     [("3", True), ("4", False), ("8", False), ("10", True), ("21", False), ("0", False), ("1.5", False)]),
+    ("not multipleOf under an integral multipleOf", {"multipleOf": 10, "maximum": 35, "not": {"multipleOf": 20}},
+     [("10", True), ("20", False), ("30", True), ("40", False), ("0", False), ("-10", True), ("15", False),
+      ('"x"', False), ("null", False)]),
+    ("not fractional multipleOf", {"type": "integer", "not": {"multipleOf": 2.5}},
+     [("5", False), ("10", False), ("3", True), ("7", True), ("-5", False)]),
     ("unknown keyword under not", UNKNOWN,
      [("{}", True), ('{"a":1}', True), ('{"a":"2024-01-01"}', False), ('{"a":"x"}', False)]),
 ]
