@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import counted as ct
 from . import ir
 from .errors import ConstraintError, ConstraintTooComplex
 from .ir import Alt, Expr, Grammar, Ref, Seq
@@ -62,6 +63,7 @@ class Automaton:
         calls: list[tuple[tuple[int, int], ...]],
         start: int,
         rule_names: list[str],
+        counters: ct.Counters | None = None,
     ) -> None:
         self.table = table  # int32 [N, n_classes], -1 dead
         self.cls = cls  # int32 [256] byte -> class
@@ -77,6 +79,13 @@ class Automaton:
         self._rows: list[list[int] | None] = [None] * self.n_states
         self._acc_list = accepting.tolist()
         self._has_bytes_list = self.has_bytes.tolist()
+        # counted repetitions (see .counted): configurations are state + n_states * count
+        self.counters = counters
+        if counters is not None:
+            self._act_rows: list[list[int] | None] = [None] * self.n_states
+            self._region_list = counters.region.tolist()
+            self._lo_list = counters.lo.tolist()
+            self._hi_list = counters.hi.tolist()
         self.initial = self.start if self.is_regular else self.closure([(self.start,)])
 
     # ----------------------------------------------------------------- single steps
@@ -125,6 +134,8 @@ class Automaton:
     def step_byte(self, config, b: int):
         """Advance a configuration (int state or Config) by one byte; None if dead."""
         c = self._cls_list[b]
+        if self.counters is not None:
+            return ct.step_counted(self, config, bytes((b,)))
         if self.is_regular:
             t = self.row(config)[c]
             return t if t >= 0 else None
@@ -138,6 +149,8 @@ class Automaton:
         return self.closure(moved)
 
     def step_bytes(self, config, data: bytes):
+        if self.counters is not None:
+            return ct.step_counted(self, config, data)
         if self.is_regular:
             s = config
             cls, rows = self._cls_list, self._rows
@@ -156,12 +169,20 @@ class Automaton:
         return config
 
     def can_end(self, config) -> bool:
+        if self.counters is not None:
+            n = self.n_states
+            s = config % n
+            r = self._region_list[s]
+            return self._acc_list[s] and (r < 0 or config // n >= self._lo_list[r])
         if self.is_regular:
             return self._acc_list[config]
         return config.can_end
 
     def next_bytes(self, config) -> list[int]:
         """Bytes that can come next (in increasing order)."""
+        if self.counters is not None:
+            live = ct.live_classes(self, config)
+            return [b for b in range(256) if live[self._cls_list[b]]]
         rows = [self.row(config)] if self.is_regular else [self.row(st[-1]) for st in config.stacks]
         return [b for b in range(256) if any(r[self._cls_list[b]] >= 0 for r in rows)]
 
@@ -279,12 +300,19 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
     inlined automaton is too large (alternatives of big objects interleave in the subset
     construction), it is compiled again keeping every sizeable rule a rule: smaller DFAs,
     and the nondeterminism moves into the pushdown configurations (sets of stacks).
+    Before that, a grammar with long repetitions is compiled counting every countable one
+    (the first attempt counts only those whose copies would be large: see :mod:`.counted`).
     """
     limits = limits or Limits()
     start = time.monotonic()
-    try:  # half the time budget for the first attempt, the rest for the second
+    try:  # half the time budget for the first attempt, the rest for the others
         return _compile(grammar, limits, None, start + limits.max_seconds / 2)
     except ConstraintTooComplex as first:
+        if any(b._long for b in grammar.rules.values()):
+            try:
+                return _compile(grammar, limits, None, start + 3 * limits.max_seconds / 4, count_above=0)
+            except ConstraintTooComplex:
+                pass
         if len(grammar.rules) < 2:
             raise
         try:
@@ -306,10 +334,25 @@ def _rule_key(name: str, body: Expr, rule_index: dict[str, int]) -> tuple | None
 
 
 def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline: float,
-             memo: DFAMemo | None = SHARED_DFAS) -> Automaton:
+             memo: DFAMemo | None = SHARED_DFAS, count_above: int | None = None) -> Automaton:
+    """One attempt of :func:`compile_grammar`. ``count_above``: count repetitions whose
+    copies would exceed this many states (None: :data:`~.counted.COUNT_MIN_STATES`;
+    negative: none)."""
     rules = dict(grammar.rules)
     if grammar.start not in rules:
         raise ConstraintError(f"start rule {grammar.start!r} is not defined")
+    regions: dict[str, tuple[Expr, int, int]] = {}
+    if (count_above is None or count_above >= 0) and any(b._long for b in rules.values()):
+        # long repetitions of countable items: counters
+        old_limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old_limit, 20_000))
+        try:
+            regions = ct.extract_counted(rules, limits, deadline,
+                                         ct.COUNT_MIN_STATES if count_above is None else count_above)
+        except RecursionError:
+            raise ConstraintTooComplex("constraint is nested too deeply to compile") from None
+        finally:
+            sys.setrecursionlimit(old_limit)
     graph = {name: ir.refs(body) for name, body in rules.items()}
     for name, deps in graph.items():
         for d in deps:
@@ -341,25 +384,32 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
     for deps in graph.values():
         for d in deps:
             ref_count[d] = ref_count.get(d, 0) + 1
-    called = set(recursive) | {grammar.start}
+    called = set(recursive) | {grammar.start} | set(regions)
     for name, n in ref_count.items():
         if n > 1 and ir.size(rules[name]) > limits.max_inline_size:
             called.add(name)
         elif call_above is not None and ir.size(rules[name]) > call_above:
             called.add(name)
+    if regions and (called - set(regions) - {grammar.start} or grammar.start in recursive):
+        # a pushdown automaton: counters are kept by regular ones only (repetitions unrolled)
+        return _compile(grammar, limits, call_above, deadline, memo, count_above=-1)
     order = [grammar.start] + sorted(called - {grammar.start})
     rule_index = {name: i for i, name in enumerate(order)}
 
     alphabet = Alphabet(_collect_masks(rules, order, called))
     cls, reps = alphabet.cls, alphabet.reps
     # the start rule is the constraint's own: only the rules it calls are worth sharing
-    keys = [None if name == grammar.start else _rule_key(name, rules[name], rule_index) for name in order]
+    keys = [None if name == grammar.start or name in regions else _rule_key(name, rules[name], rule_index)
+            for name in order]
     old_limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old_limit, 20_000))
     try:
         raw = []
         dfa_memo: dict = {}
         for name, key in zip(order, keys):
+            if name in regions:
+                raw.append(ct.loop_dfa(regions[name][0], alphabet, limits, deadline))
+                continue
             d = memo.get(key, alphabet, limits) if memo is not None and key is not None else None
             if d is None:
                 nfa = NFA(limits, deadline, alphabet)
@@ -392,6 +442,9 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         )
     dfas = {}
     for i in productive:
+        if order[i] in regions:  # a loop DFA (its loop state 0 must stay apart): as built
+            dfas[i] = raw[i]
+            continue
         key = None if keys[i] is None or memo is None else ("minimal", keys[i], tuple(sorted(
             j for _, j in keys[i][2] if j in productive)))
         d = memo.get(key, alphabet, limits) if key is not None else None
@@ -425,7 +478,15 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         for s, r, t in zip(src.tolist(), rule.tolist(), dst.tolist()):
             here[s] += ((offsets[r], t + off),)
         calls.extend(here)
-    return Automaton(table, cls, accepting, calls, offsets[0], order)
+    if not regions:
+        return Automaton(table, cls, accepting, calls, offsets[0], order)
+    spans = {offsets[i]: (len(dfas[i].accepting), *regions[order[i]][1:]) for i in dfas if order[i] in regions}
+    table, accepting, start_state, counters = ct.inline_regions(table, accepting, calls, offsets[0], spans)
+    if len(accepting) > limits.max_dfa_states:
+        raise ConstraintTooComplex(
+            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+        )
+    return Automaton(table, cls, accepting, [()] * len(accepting), start_state, order, counters)
 
 
 def _calls_by_state(d) -> tuple[np.ndarray, list[int], list[int]]:

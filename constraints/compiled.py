@@ -22,6 +22,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from . import counted as ct
 from .automaton import Automaton, Config
 from .bitmask import unpack_bitmask
 from .index import WalkMemo
@@ -54,9 +55,23 @@ class CompiledConstraint:
         self.notes = list(notes or [])  # e.g. JSON Schema keywords relaxed in lenient mode
         self.index = vocab.index()
         a = automaton
+        self._cls_sizes = np.bincount(a.cls, minlength=a.table.shape[1])  # bytes per class
         self._bnd_bottom = a.has_calls.copy()
         self._bnd_inner = a.has_calls | a.accepting
-        self._cls_sizes = np.bincount(a.cls, minlength=a.table.shape[1])  # bytes per class
+        self._counters = a.counters
+        if a.counters is not None:
+            self._count_cap = self.index.max_depth + 1  # counts beyond a token's reach look alike
+            # states with a bound on a byte other than '"' (entering or leaving a region
+            # that is not a JSON string): see _compute_counted
+            q = int(a.cls[QUOTE])
+            bare = (a.counters.act & (ct.EXIT | ct.ENTER)) != 0
+            if self._cls_sizes[q] == 1:
+                bare[:, q] = False
+                self._quote_cls = q
+            else:
+                self._quote_cls = -1
+            self._bare = bare.any(axis=1)
+            self._near: list[bool] | None = None
         self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._closures: dict = {}  # stack -> its closure, for continuations
         self._split = None  # (tries without / with ", shared rows) of the vocabulary
@@ -86,24 +101,43 @@ class CompiledConstraint:
         row = self._rows.get(config)
         if row is not None:
             return row
-        with self._lock:  # cold rows share scratch space (numba kernels run without the GIL)
-            row = self._rows.get(config)
+        key = config
+        if self._counters is not None:  # rows of counted regions are kept by _row_key
+            key = self._row_key(config)
+            row = self._rows.get(key)
             if row is not None:
                 return row
-            return self._cold_row(config)
+        with self._lock:  # cold rows share scratch space (numba kernels run without the GIL)
+            row = self._rows.get(key)
+            if row is not None:
+                return row
+            return self._cold_row(key, config)
 
-    def _cold_row(self, config) -> np.ndarray:
+    def _row_key(self, config: int):
+        """What a row of an automaton with counted repetitions depends on: the state, and
+        inside a region the distances to its bounds, each capped at one more than the
+        longest token (no token completes more items than it has bytes)."""
+        a = self.automaton
+        n = a.n_states
+        s = config % n
+        r = a._region_list[s]
+        if r < 0:
+            return s
+        c, cap = config // n, self._count_cap
+        return (s, min(a._hi_list[r] - c, cap), min(max(a._lo_list[r] - c, 0), cap))
+
+    def _cold_row(self, key, config) -> np.ndarray:
         words = self._compute(config)
         if self.automaton.can_end(config):
             for e in self._eos:
                 words[e >> 5] |= np.uint32(1) << np.uint32(e & 31)
-        key = words.tobytes()
-        row = self._interned.get(key)
+        data = words.tobytes()
+        row = self._interned.get(data)
         if row is None:
             row = words.view(np.int32)
             row.flags.writeable = False
-            self._interned[key] = row
-        self._rows[config] = row
+            self._interned[data] = row
+        self._rows[key] = row
         if len(self._rows) > ROW_CACHE_SIZE:
             self._rows.popitem(last=False)
         return row
@@ -207,7 +241,7 @@ class CompiledConstraint:
             # mostly as large, so rows skip the search for them (walking is cheaper)
             self._canon_big = np.zeros(a.n_states, dtype=bool)
             # calls, and in a pushdown returns (``~a.is_regular`` would be an int: -1 or -2)
-            self._canon_boundary = a.has_calls | a.accepting if not a.is_regular else a.has_calls
+            self._canon_boundary = a.has_calls | a.accepting if not a.is_regular else self._bnd_bottom
         r = int(reg[state])
         if r < 0:
             r = self._canon_find_region(state)
@@ -269,6 +303,8 @@ class CompiledConstraint:
             return memo[state]
         a = self.automaton
         boundary = a.has_calls | (a.accepting & ~a.is_regular)
+        if a.counters is not None:
+            boundary = boundary | (a.counters.region >= 0)
         local = {state: 0}
         order = [state]
         rows = []
@@ -325,6 +361,8 @@ class CompiledConstraint:
 
     def _compute(self, config) -> np.ndarray:
         a = self.automaton
+        if a.counters is not None:
+            return self._compute_counted(config)
         if a.is_regular:
             return self._context_independent(config, False)[0].copy()
         words = np.zeros(self.n_words, dtype=np.uint32)
@@ -334,6 +372,84 @@ class CompiledConstraint:
             if len(nodes):
                 self._continue(st[:-1], nodes, states, words, trie)
         return words
+
+    def _compute_counted(self, config: int) -> np.ndarray:
+        """A row of an automaton with counted repetitions (a walk that carries the count,
+        :meth:`VocabIndex.walk_counted`, is exact for every token). A count bound is met by
+        a token entering or leaving a region, or starting more items than remain below hi.
+        Where hi is out of a token's reach and no bound on a byte other than '"' is near
+        (JSON string regions), tokens without '"' meet no bound: their part of the row is
+        the usual one (shared with every JSON string), and only the ~0.3% of tokens with
+        '"' are walked with the count."""
+        a = self.automaton
+        n = a.n_states
+        s, c = config % n, config // n
+        r = a._region_list[s]
+        if (r < 0 or a._hi_list[r] - c >= self._count_cap) and not self._bare_near(s):
+            split = self._split
+            if split is None:
+                split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
+            words = self._unquoted_row(s).copy()
+            split[0][1].walk_counted(a.table, a.counters, a.cls, s, c, words)
+            return words
+        words = np.zeros(self.n_words, dtype=np.uint32)
+        self.index.walk_counted(a.table, a.counters, a.cls, s, c, words)
+        return words
+
+    def _bare_near(self, state: int) -> bool:
+        """Can a token without '"' reach, from ``state``, a transition entering or leaving
+        a region over another byte? (For every state at once, on first use: a backward
+        search from those transitions over the other bytes, as deep as a token.)"""
+        near = self._near
+        if near is None:
+            a, q = self.automaton, self._quote_cls
+            tbl = a.table
+            if q >= 0:
+                tbl = tbl.copy()
+                tbl[:, q] = -1
+            src, k = np.nonzero(tbl >= 0)
+            dst = tbl[src, k]
+            order = np.argsort(dst, kind="stable")
+            src, dst = src[order], dst[order]
+            ptr = np.searchsorted(dst, np.arange(a.n_states + 1))
+            seen = self._bare.copy()
+            frontier = np.flatnonzero(seen)
+            for _ in range(self._count_cap):
+                lo, hi = ptr[frontier], ptr[frontier + 1]
+                lens = hi - lo
+                if not lens.sum():
+                    break
+                idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(lens.sum())
+                preds = np.unique(src[idx])
+                frontier = preds[~seen[preds]]
+                seen[frontier] = True
+            near = self._near = seen.tolist()
+        return near[state]
+
+    def _unquoted_row(self, state: int) -> np.ndarray:
+        """The tokens without '"' allowed from ``state`` by the automaton's table (kept per
+        state; a permissive state's is the row shared by its canonical form)."""
+        memo = self.__dict__.setdefault("_unquoted_rows", {})
+        hit = memo.get(state)
+        if hit is not None:
+            return hit
+        a = self.automaton
+        (no_quote, _), shared = self._split
+        n_bytes = count_bytes(a.table, self._cls_sizes, state)
+        canon = None
+        if n_bytes >= PERMISSIVE_BYTES:
+            big = self.__dict__.get("_canon_big")
+            if big is None or not big[state] or self._canon_region[state] >= 0:
+                canon = self._canonical_unquoted(state, False)
+        hit = shared.get(canon) if canon is not None else None
+        if hit is None:
+            hit = np.zeros(self.n_words, dtype=np.uint32)
+            no_quote.walk_fast(self._walk_memo(n_bytes >= self.fast_min_bytes), False, state, hit)
+            hit.flags.writeable = False
+            if canon is not None:
+                shared[canon] = hit
+        memo[state] = hit
+        return hit
 
     def _continue(self, base: tuple[int, ...], nodes: np.ndarray, states: np.ndarray,
                   words: np.ndarray, trie) -> None:

@@ -71,6 +71,49 @@ def _walk_many_py(table, cls, start, node_byte, node_depth, node_skip, tok_lo, t
 _walk_many = njit(cache=True, nogil=True)(_walk_many_py) if njit is not None else _walk_many_py
 
 
+def _walk_counted_py(table, act, cls, region, lo, hi, start, count, node_byte, node_depth, node_skip, tok_lo,
+                     tok_hi, tok_ids, out, states, counts):
+    """``_walk_py`` over the whole trie for an automaton with counted repetitions (see
+    :mod:`.counted`): the configuration at each depth is (state, count), and a transition
+    is live only if its counter action allows it (START: count < hi, EXIT: count >= lo of
+    the state's region; ENTER, EXIT set the count to 0, TICK adds one)."""
+    n = node_byte.shape[0]
+    states[0] = start
+    counts[0] = count
+    i = 0
+    while i < n:
+        d = node_depth[i]
+        s = states[d - 1]
+        c = counts[d - 1]
+        k = cls[node_byte[i]]
+        t = table[s, k]
+        if t >= 0:
+            a = act[s, k]
+            if a != 0:
+                if (a & 1) and c >= hi[region[s]]:  # START
+                    t = -1
+                elif (a & 4) and c < lo[region[s]]:  # EXIT
+                    t = -1
+                else:
+                    if a & 12:  # EXIT | ENTER
+                        c = 0
+                    if a & 2:  # TICK
+                        c += 1
+        if t < 0:
+            i = node_skip[i]
+            continue
+        states[d] = t
+        counts[d] = c
+        for k2 in range(tok_lo[i], tok_hi[i]):
+            tid = tok_ids[k2]
+            out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+        i += 1
+    return 0
+
+
+_walk_counted = njit(cache=True, nogil=True)(_walk_counted_py) if njit is not None else _walk_counted_py
+
+
 # Byte sets for the walk's shortcut, each inside the next: a subtree whose bytes all lie
 # in a set is taken whole when the automaton stays alive (and off boundaries) for any
 # string over the set as long as the subtree is deep.
@@ -430,6 +473,15 @@ class VocabIndex:
                         self.tok_lo, self.tok_hi, self.tok_ids, roots.astype(np.int32), boundary, out,
                         bnd_nodes, bnd_states, states)
         return bnd_nodes[:nb], bnd_states[:nb]
+
+    def walk_counted(self, table, counters, cls, start: int, count: int, out) -> None:
+        """Set the tokens allowed from configuration (``start``, ``count``) of an automaton
+        with counted repetitions (``counters``: its :class:`~.counted.Counters`)."""
+        states = np.empty(self.max_depth + 2, dtype=np.int32)
+        counts = np.empty(self.max_depth + 2, dtype=np.int64)
+        _walk_counted(table, counters.act, cls, counters.region, counters.lo, counters.hi, np.int32(start),
+                      np.int64(count), self.node_byte, self.node_depth, self.node_skip, self.tok_lo, self.tok_hi,
+                      self.tok_ids, out, states, counts)
 
     def _scratch(self):
         """Boundary buffers and the state stack of a walk, one set per thread."""

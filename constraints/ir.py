@@ -26,7 +26,7 @@ class Expr:
     names of the rules referred to are computed once at construction (big shared
     sub-trees are hashed and inspected often)."""
 
-    __slots__ = ("_hash", "_size", "_refs")
+    __slots__ = ("_hash", "_size", "_refs", "_long")
 
     def __hash__(self) -> int:
         return self._hash
@@ -41,16 +41,20 @@ class Expr:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("IR nodes are immutable")
 
-    def _init(self, key: tuple, size: int, refs: frozenset[str] = frozenset()) -> None:
+    def _init(self, key: tuple, size: int, refs: frozenset[str] = frozenset(), long: bool = False) -> None:
         """Set the cached hash (over the key, sub-expressions by their cached hash: no
-        Python-level ``__hash__`` call per child), size and refs."""
+        Python-level ``__hash__`` call per child), size, refs and ``_long`` (a
+        :class:`Repeat` of more than :data:`LONG_REPEAT` copies lies below, outside
+        ``And``/``Diff``: the automaton may count it, see :mod:`.counted`)."""
         _set(self, "_hash", hash((type(self).__name__, *[k._hash if isinstance(k, Expr) else k for k in key])))
         _set(self, "_size", size)
         _set(self, "_refs", refs)
+        _set(self, "_long", long)
 
 
 _set = object.__setattr__
 _NO_REFS: frozenset[str] = frozenset()
+LONG_REPEAT = 64  # copies above which a Repeat may become a counter (see .counted)
 
 
 class ByteSet(Expr):
@@ -61,6 +65,7 @@ class ByteSet(Expr):
         _set(self, "_hash", hash(("ByteSet", mask)))
         _set(self, "_size", 1)
         _set(self, "_refs", _NO_REFS)
+        _set(self, "_long", False)
 
     def _key(self) -> tuple:
         return (self.mask,)
@@ -89,6 +94,7 @@ class _Items(Expr):
         _set(self, "_hash", hash((type(self).__name__, *[i._hash for i in items])))
         _set(self, "_size", 1 + sum([i._size for i in items]))
         _set(self, "_refs", _union_refs(items))
+        _set(self, "_long", type(self) is not And and any([i._long for i in items]))
 
     def _key(self) -> tuple:
         return self.items
@@ -116,7 +122,8 @@ class Repeat(Expr):
         object.__setattr__(self, "item", item)
         object.__setattr__(self, "min", min)
         object.__setattr__(self, "max", max)  # None: unbounded
-        self._init((item, min, max), 1 + item._size, item._refs)
+        self._init((item, min, max), 1 + item._size, item._refs,
+                   item._long or max is None and min > LONG_REPEAT or max is not None and max > LONG_REPEAT)
 
     def _key(self) -> tuple:
         return (self.item, self.min, self.max)

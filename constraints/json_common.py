@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 
-from .ir import Alt, Expr, Repeat, Seq
+from .errors import ConstraintError
+from .ir import LONG_REPEAT, Alt, Expr, Repeat, Seq
 
 FLEX_INDENT = 20
 MAX_DEPTH = 64  # nested schema levels while compiling
@@ -82,15 +84,37 @@ def _join(items: list[Expr], sep: Expr) -> list[Expr]:
     return out
 
 
+def counted_item(item: Expr) -> bool:
+    """Whether the automaton counts a long repetition of ``item`` instead of copying it
+    (a Ref-free, prefix-free item: see :mod:`.counted`)."""
+    from .counted import item_dfa
+    from .nfa import Limits
+
+    try:
+        return item_dfa(item, Limits(), time.monotonic() + 1.0) is not None
+    except ConstraintError:
+        return False
+
+
+def repeat_cost(item: Expr, n: int) -> int:
+    """IR nodes that ``n`` repetitions of ``item`` expand to: one copy where the automaton
+    counts them (:func:`counted_item`), else ``n``."""
+    return _cost(item) * (1 if n > LONG_REPEAT and counted_item(item) else n)
+
+
 def _cost(e: Expr, memo: dict | None = None) -> int:
-    """Rough IR size with counted repetitions expanded (shared nodes counted once)."""
+    """Rough IR size with counted repetitions expanded (shared nodes counted once; a
+    long repetition the automaton counts, see :func:`counted_item`, counts one copy)."""
     memo = {} if memo is None else memo
     if id(e) in memo:
         return 1
     if isinstance(e, (Seq, Alt)):
         n = 1 + sum(_cost(x, memo) for x in e.items)
     elif isinstance(e, Repeat):
-        n = 1 + _cost(e.item, memo) * max(1, e.max if e.max is not None else e.min)
+        copies = max(1, e.max if e.max is not None else e.min)
+        if copies > LONG_REPEAT and counted_item(e.item):
+            copies = 1
+        n = 1 + _cost(e.item, memo) * copies
     else:
         n = 1
     memo[id(e)] = (e, n)

@@ -46,6 +46,8 @@ class Matcher:
         cfg = self._hist[-1]
         if not a.can_end(cfg):
             return False
+        if a.counters is not None:  # a count may close the bytes a state has
+            return not a.next_bytes(cfg)
         if a.is_regular:
             return not a.has_bytes[cfg]
         return not cfg.stacks

@@ -1,0 +1,241 @@
+"""Counted repetitions (``item{lo,hi}`` with a counter in the configuration, see
+``constraints/counted.py``): exact at the bounds, cheap to roll back and copy, and the
+same masks as the unrolled automaton."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from deepinfer.constraints import Compiler, Matcher, counted, ir
+from deepinfer.constraints import json_formats as jf
+from deepinfer.constraints.ir import Grammar, alt, byte_range, lit, rep, seq
+from deepinfer.constraints.json_common import _cost, repeat_cost
+
+from .test_matcher_core import reference_allowed
+from .vocabs import small_vocab
+
+QUOTE = jf.QUOTE
+
+
+def string_grammar(lo: int, hi: int | None) -> Grammar:
+    """A JSON string of lo..hi characters, as the JSON Schema front end writes it."""
+    return Grammar({"start": seq(QUOTE, rep(jf.CHAR, lo, hi), QUOTE)})
+
+
+@pytest.fixture(scope="module")
+def compiler() -> Compiler:
+    return Compiler(small_vocab())
+
+
+def feed(m: Matcher, data: bytes) -> None:
+    """Accept ``data`` token by token (greedy longest match), checking each mask."""
+    c = m.compiled
+    for t in c.index.greedy_tokenize(data, c.vocab):
+        assert t in set(m.allowed_tokens().tolist())
+        assert m.accept(t)
+
+
+def quote_id(c) -> int:
+    return c.vocab.token_bytes.index(b'"')
+
+
+def test_long_max_length_is_counted_not_unrolled(compiler):
+    c = compiler.from_ir(string_grammar(0, 65535))
+    a = c.automaton
+    assert a.counters is not None and a.is_regular
+    assert a.n_states < 100  # one copy of a character, not 65,535
+    assert a.counters.hi.tolist() == [65535]
+
+
+# characters of one, two, three and four UTF-8 bytes and escapes: each counts as one
+CHARS = ["a", "é", "日", "😀", "\\n", "\\\"", "\\u00e9", "\\ud83d\\ude00"]
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 5000), (100, 5000), (5000, 5000)])
+def test_length_bounds_are_exact(compiler, lo, hi):
+    c = compiler.from_ir(string_grammar(lo, hi))
+    assert c.automaton.counters is not None
+    q = quote_id(c)
+    rng = random.Random(lo)
+    body = [rng.choice(CHARS) for _ in range(hi)]
+    m = Matcher(c)
+    feed(m, b'"')
+    for n, ch in enumerate(body):
+        allowed = set(m.allowed_tokens().tolist())
+        assert (q in allowed) == (lo <= n <= hi), n  # the closing quote at length n
+        if n in (lo - 1, lo, hi - 1):
+            closed = m.copy()
+            assert closed.accept(q) == (lo <= n)
+            if lo <= n:
+                assert closed.can_end() and c.vocab.eos_ids[0] in set(closed.allowed_tokens().tolist())
+        feed(m, ch.encode())
+    # length hi: only the closing quote, whatever the character
+    assert m.allowed_tokens().tolist() == [q]
+    assert m.forced_bytes() == b'"'
+    for ch in CHARS:
+        assert not m.copy().accept_bytes(ch.encode())
+    assert m.accept(q) and m.can_end() and m.is_terminated()
+    text = b'"' + "".join(body).encode() + b'"'
+    assert c.automaton.accepts(text)
+    longer = b'"' + "".join(body + ["é"]).encode() + b'"'
+    assert not c.automaton.accepts(longer)
+    if lo:
+        assert not c.automaton.accepts(b'"' + "".join(body[: lo - 1]).encode() + b'"')
+
+
+def test_unbounded_min_length(compiler):
+    c = compiler.from_ir(string_grammar(3000, None))
+    a = c.automaton
+    assert a.counters is not None
+    assert not a.accepts(b'"' + b"x" * 2999 + b'"')
+    assert a.accepts(b'"' + b"x" * 3000 + b'"')
+    assert a.accepts(b'"' + "é".encode() * 9000 + b'"')
+
+
+def test_long_repetition_of_a_multi_byte_item(compiler):
+    # (the regex front end bounds repeats itself: written in the IR)
+    c = compiler.from_ir(Grammar({"start": seq(rep(alt(lit("ab"), lit("c")), 0, 20000), lit("d"))}))
+    a = c.automaton
+    assert a.counters is not None
+    assert a.accepts(b"ab" * 20000 + b"d")
+    assert a.accepts(b"c" * 19999 + b"abd")
+    assert not a.accepts(b"c" * 20001 + b"d")
+    assert not a.accepts(b"ab" * 20000 + b"abd")
+
+
+def test_rollback_and_copy_across_the_counter(compiler):
+    c = compiler.from_ir(string_grammar(0, 3000))
+    q = quote_id(c)
+    m = Matcher(c)
+    feed(m, b'"' + b"ab" * 1499)  # 2,998 characters
+    before = m.num_accepted()
+    fork = m.copy()
+    assert fork.accept_bytes("日本".encode())  # 3,000: full
+    assert fork.allowed_tokens().tolist() == [q]
+    assert not fork.accept_bytes(b"x")
+    assert m.accept_bytes(b"x")  # the original still has room for two
+    assert m.accept_bytes(b"y")
+    assert not m.accept_bytes(b"z")
+    m.rollback(m.num_accepted() - before)
+    assert m.accept_bytes("日本".encode()) and not m.accept_bytes(b"a")
+    m.rollback(m.num_accepted())
+    m.reset()
+    assert m.state == c.initial
+    feed(m, b'"' + b"ab" * 1500 + b'"')
+    assert m.can_end() and m.is_terminated()
+
+
+def test_two_regions_and_tokens_crossing_them(compiler):
+    g = Grammar({"start": seq(lit('{"a":'), QUOTE, rep(jf.CHAR, 0, 3000), QUOTE, lit(',"b":'), QUOTE,
+                              rep(jf.CHAR, 2, 4000), QUOTE, lit("}"))})
+    c = compiler.from_ir(g)
+    a = c.automaton
+    assert a.counters is not None and len(a.counters.hi) == 2
+    assert a.accepts(b'{"a":"","b":"xy"}')
+    assert not a.accepts(b'{"a":"","b":"x"}')
+    assert a.accepts(b'{"a":"' + b"x" * 3000 + b'","b":"' + b"y" * 4000 + b'"}')
+    assert not a.accepts(b'{"a":"' + b"x" * 3001 + b'","b":"yy"}')
+    # rows equal the definition (each token's bytes walked with the count) along the way
+    m = Matcher(c)
+    for skip, chunk in [(b'{"a":"' + b"x" * 2990, b"x" * 5 + b"abcd"), (b"", b'","b":"1'),
+                        (b"23" + b"4" * 3985, b"4" * 5 + b'"}')]:
+        assert m.accept_bytes(skip) or not skip
+        for t in c.index.greedy_tokenize(chunk, c.vocab):
+            assert np.array_equal(m.allowed_tokens(), reference_allowed(c, m.state))
+            assert m.accept(t)
+    assert m.is_terminated()
+
+
+# ------------------------------------------------------- counted against unrolled
+
+DIGIT = byte_range(0x30, 0x39)
+LOWER = byte_range(0x61, 0x7A)
+CASES = {
+    # a JSON string (exits over '"': the split rows), and two in a row
+    "string": string_grammar(66, 80),
+    "strings": Grammar({"start": seq(lit("["), QUOTE, rep(jf.CHAR, 0, 70), QUOTE, lit(","), QUOTE,
+                                     rep(jf.CHAR, 65, 75), QUOTE, lit("]"))}),
+    # items left over other bytes (an array, a regex): the whole-trie counted walk
+    "array": Grammar({"start": seq(lit("["), rep(alt(lit("a"), lit("bc"), lit("é"), seq(DIGIT, lit(","))), 65, 72),
+                                   lit("]"))}),
+    "items": Grammar({"start": seq(rep(seq(lit('"'), rep(LOWER, 1, 3), lit('",')), 66, 70), lit("."))}),
+}
+
+
+def _pair(name: str, monkeypatch) -> tuple:
+    v = small_vocab()
+    g = CASES[name]
+    monkeypatch.setattr(counted, "COUNT_MIN_STATES", 0)
+    counted_c = Compiler(v).from_ir(g)
+    monkeypatch.setattr(counted, "COUNT_MIN_STATES", 10**9)
+    unrolled_c = Compiler(v).from_ir(g)
+    assert counted_c.automaton.counters is not None and unrolled_c.automaton.counters is None
+    assert counted_c.automaton.n_states < unrolled_c.automaton.n_states
+    return counted_c, unrolled_c
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_counted_masks_equal_unrolled_masks(name, monkeypatch):
+    """Random walks (long tokens preferred, to cross the bounds within a token): at every
+    step both automata allow the same tokens, and the counted row equals its definition."""
+    counted_c, unrolled_c = _pair(name, monkeypatch)
+    rng = random.Random(name)
+    eos = set(counted_c.vocab.eos_ids)
+    lengths = [len(b or b"") for b in counted_c.vocab.token_bytes]
+    for walk in range(6):
+        mc, mu = Matcher(counted_c), Matcher(unrolled_c)
+        for step in range(200):
+            got, want = mc.allowed_tokens(), mu.allowed_tokens()
+            assert np.array_equal(got, want), (name, walk, step)
+            if step % 13 == 0:
+                assert np.array_equal(got, reference_allowed(counted_c, mc.state))
+            if step % 5 == 0:
+                assert mc.forced_tokens() == mu.forced_tokens()
+                assert mc.is_terminated() == mu.is_terminated()
+            choices = [int(t) for t in got if t not in eos]
+            if not choices:
+                break
+            if rng.random() < 0.7:  # prefer long tokens
+                best = max(lengths[t] for t in choices)
+                choices = [t for t in choices if lengths[t] >= best - 1]
+            t = rng.choice(choices)
+            assert mc.accept(t) and mu.accept(t)
+            if rng.random() < 0.1:  # roll back a little and go on
+                k = rng.randint(1, mc.num_accepted())
+                mc.rollback(k)
+                mu.rollback(k)
+
+
+def test_rows_are_shared_by_counts_that_look_alike(compiler):
+    """Far from the bounds every count gives the same row object (a memo hit)."""
+    c = compiler.from_ir(string_grammar(0, 5000))
+    m = Matcher(c)
+    feed(m, b'"' + b"x" * 100)
+    row = m.mask_row()
+    feed(m, b"y" * 1000)
+    assert m.mask_row() is row
+    feed(m, b"z" * (5000 - 1100 - 3))
+    assert m.mask_row() is not row  # three left: long tokens are out
+
+
+def test_json_cost_counts_one_copy_of_a_counted_item():
+    n = 65535
+    assert repeat_cost(jf.CHAR, n) == _cost(jf.CHAR)
+    assert _cost(ir.rep(jf.CHAR, 0, n)) == 1 + _cost(jf.CHAR)
+    # an item that is a prefix of another is not counted: its copies are
+    not_prefix_free = alt(lit("a"), lit("ab"))
+    assert repeat_cost(not_prefix_free, n) == n * _cost(not_prefix_free)
+
+
+def test_recursive_grammar_unrolls_its_repetitions(monkeypatch):
+    """Counters live in regular automata only: a pushdown one copies the items as before."""
+    monkeypatch.setattr(counted, "COUNT_MIN_STATES", 0)
+    g = Grammar({"start": ir.Ref("v"),
+                 "v": alt(seq(lit("["), ir.opt(ir.Ref("v")), lit("]")), seq(QUOTE, rep(jf.CHAR, 0, 70), QUOTE))})
+    a = Compiler(small_vocab()).from_ir(g).automaton
+    assert a.counters is None and not a.is_regular
+    assert a.accepts(b'[["' + b"x" * 70 + b'"]]')
+    assert not a.accepts(b'[["' + b"x" * 71 + b'"]]')
