@@ -149,6 +149,12 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin):
         rule, not inlined into every caller, when it is large) instead of equal copies."""
         prev = self.rule_names.get(e)
         if prev is None:
+            # a pointer compiled again in another context (merged with other keywords) gives
+            # another body: a name of its own
+            base, k = name, 1
+            while name in self.rules:
+                k += 1
+                name = f"{base}~{k}"
             self.rules[name] = e
             self.rule_names[e] = prev = name
         return Ref(prev)

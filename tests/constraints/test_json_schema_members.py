@@ -145,6 +145,18 @@ def test_equal_branches_share_one_rule():
     assert [r for r in rules if r.startswith("value:")] == ["value:#/properties/a"]
 
 
+def test_named_rules_never_overwrite():
+    """The same pointer compiled in two contexts (merged with different keywords) keeps two
+    rules; an equal body reuses the first rule."""
+    from deepinfer.constraints.ir import lit
+    from deepinfer.constraints.json_schema import _SchemaCompiler
+
+    c = _SchemaCompiler({}, "compact", False, False)
+    a, b = c.named("value:#/p", lit("a")), c.named("value:#/p", lit("b"))
+    assert a.name != b.name and c.rules[a.name] == lit("a") and c.rules[b.name] == lit("b")
+    assert c.named("value:#/q", lit("a")) == a
+
+
 def _random_value(rng: random.Random, depth: int = 0) -> object:
     keys = ["t", "size", "n", "kind", "lives", "bark", "main", "pet", "id", "kids", "extra", "a", "x"]
     scalars = [None, True, False, 0, 1, 9, 10, -1, "", "x", "cat", "dog", "file", "dir", "link", "2024-01-01"]
