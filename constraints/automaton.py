@@ -79,16 +79,25 @@ class Automaton:
         self._rows: list[list[int] | None] = [None] * self.n_states
         self._acc_list = accepting.tolist()
         self._has_bytes_list = self.has_bytes.tolist()
-        # counted repetitions (see .counted): configurations are state + n_states * count
+        # counted repetitions (see .counted): a configuration, or in a pushdown automaton the
+        # bottom frame of a stack (regions lie in the start rule), is state + n_states * count
         self.counters = counters
         if counters is not None:
             self._act_rows: list[list[int] | None] = [None] * self.n_states
             self._region_list = counters.region.tolist()
+            self._need_list = counters.need.tolist()
             self._lo_list = counters.lo.tolist()
             self._hi_list = counters.hi.tolist()
         self.initial = self.start if self.is_regular else self.closure([(self.start,)])
 
     # ----------------------------------------------------------------- single steps
+
+    def _bottom(self, v: int) -> tuple[int, bool]:
+        """A bottom frame of a pushdown automaton with counters: (state, may end here)."""
+        n = self.n_states
+        s = v % n
+        r = self._region_list[s]
+        return s, self._acc_list[s] and (r < 0 or v // n >= self._lo_list[r])
 
     def row(self, s: int) -> list[int]:
         r = self._rows[s]
@@ -104,21 +113,25 @@ class Automaton:
         work = list(stacks)
         can_end = False
         acc, hb, calls = self._acc_list, self._has_bytes_list, self.calls
+        counted = self.counters is not None
         while work:
             st = work.pop()
             if st in seen:
                 continue
             seen.add(st)
             top = st[-1]
+            ends = None
+            if counted and len(st) == 1:
+                top, ends = self._bottom(top)
             if hb[top]:
                 out.add(st)
-            if calls[top]:
+            if calls[top]:  # (never in a region: a bottom frame with a call holds its state)
                 if len(st) >= MAX_STACK_DEPTH:
                     continue  # nesting bound: deeper structure is not generated
                 base = st[:-1]
                 for callee, ret in calls[top]:
                     work.append(base + (ret, callee))
-            if acc[top]:
+            if acc[top] if ends is None else ends:
                 if len(st) == 1:
                     can_end = True
                 else:
@@ -134,13 +147,19 @@ class Automaton:
     def step_byte(self, config, b: int):
         """Advance a configuration (int state or Config) by one byte; None if dead."""
         c = self._cls_list[b]
-        if self.counters is not None:
-            return ct.step_counted(self, config, bytes((b,)))
+        counted = self.counters is not None
         if self.is_regular:
+            if counted:
+                return ct.step_counted(self, config, bytes((b,)))
             t = self.row(config)[c]
             return t if t >= 0 else None
         moved = []
         for st in config.stacks:
+            if counted and len(st) == 1:
+                t = ct.step_counted(self, st[0], bytes((b,)))
+                if t is not None:
+                    moved.append((t,))
+                continue
             t = self.row(st[-1])[c]
             if t >= 0:
                 moved.append(st[:-1] + (t,))
@@ -149,7 +168,7 @@ class Automaton:
         return self.closure(moved)
 
     def step_bytes(self, config, data: bytes):
-        if self.counters is not None:
+        if self.counters is not None and self.is_regular:
             return ct.step_counted(self, config, data)
         if self.is_regular:
             s = config
@@ -169,7 +188,7 @@ class Automaton:
         return config
 
     def can_end(self, config) -> bool:
-        if self.counters is not None:
+        if self.counters is not None and self.is_regular:
             n = self.n_states
             s = config % n
             r = self._region_list[s]
@@ -181,8 +200,12 @@ class Automaton:
     def next_bytes(self, config) -> list[int]:
         """Bytes that can come next (in increasing order)."""
         if self.counters is not None:
-            live = ct.live_classes(self, config)
-            return [b for b in range(256) if live[self._cls_list[b]]]
+            if self.is_regular:
+                lives = [ct.live_classes(self, config)]
+            else:
+                lives = [ct.live_classes(self, st[0]) if len(st) == 1 else [t >= 0 for t in self.row(st[-1])]
+                         for st in config.stacks]
+            return [b for b in range(256) if any(live[self._cls_list[b]] for live in lives)]
         rows = [self.row(config)] if self.is_regular else [self.row(st[-1]) for st in config.stacks]
         return [b for b in range(256) if any(r[self._cls_list[b]] >= 0 for r in rows)]
 
@@ -305,12 +328,15 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
     """
     limits = limits or Limits()
     start = time.monotonic()
+    skipped: list[int] = []  # repetitions the first attempt could have counted but copied
     try:  # half the time budget for the first attempt, the rest for the others
-        return _compile(grammar, limits, None, start + limits.max_seconds / 2)
+        return _compile(grammar, limits, None, start + limits.max_seconds / 2, skipped=skipped)
     except ConstraintTooComplex as first:
-        if any(b._long for b in grammar.rules.values()):
+        if skipped:
             try:
-                return _compile(grammar, limits, None, start + 3 * limits.max_seconds / 4, count_above=0)
+                # (a short slice: where counting helps, this attempt is quick)
+                retry_end = min(start + 0.65 * limits.max_seconds, time.monotonic() + 0.15 * limits.max_seconds)
+                return _compile(grammar, limits, None, retry_end, count_above=0)
             except ConstraintTooComplex:
                 pass
         if len(grammar.rules) < 2:
@@ -334,21 +360,22 @@ def _rule_key(name: str, body: Expr, rule_index: dict[str, int]) -> tuple | None
 
 
 def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline: float,
-             memo: DFAMemo | None = SHARED_DFAS, count_above: int | None = None) -> Automaton:
+             memo: DFAMemo | None = SHARED_DFAS, count_above: int | None = None,
+             skipped: list[int] | None = None) -> Automaton:
     """One attempt of :func:`compile_grammar`. ``count_above``: count repetitions whose
     copies would exceed this many states (None: :data:`~.counted.COUNT_MIN_STATES`;
-    negative: none)."""
+    negative: none); ``skipped`` gets the number of countable ones left to copy."""
     rules = dict(grammar.rules)
     if grammar.start not in rules:
         raise ConstraintError(f"start rule {grammar.start!r} is not defined")
-    regions: dict[str, tuple[Expr, int, int]] = {}
+    regions: dict[str, ct.Region] = {}
     if (count_above is None or count_above >= 0) and any(b._long for b in rules.values()):
         # long repetitions of countable items: counters
         old_limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old_limit, 20_000))
         try:
             regions = ct.extract_counted(rules, limits, deadline,
-                                         ct.COUNT_MIN_STATES if count_above is None else count_above)
+                                         ct.COUNT_MIN_STATES if count_above is None else count_above, skipped)
         except RecursionError:
             raise ConstraintTooComplex("constraint is nested too deeply to compile") from None
         finally:
@@ -390,9 +417,9 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
             called.add(name)
         elif call_above is not None and ir.size(rules[name]) > call_above:
             called.add(name)
-    if regions and (called - set(regions) - {grammar.start} or grammar.start in recursive):
-        # a pushdown automaton: counters are kept by regular ones only (repetitions unrolled)
-        return _compile(grammar, limits, call_above, deadline, memo, count_above=-1)
+    if regions and grammar.start in recursive:
+        # counters are kept in the bottom frame of a stack: the start rule's (repetitions unrolled)
+        return _uncounted(grammar, limits, call_above, deadline, memo, count_above)
     order = [grammar.start] + sorted(called - {grammar.start})
     rule_index = {name: i for i, name in enumerate(order)}
 
@@ -408,7 +435,7 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         dfa_memo: dict = {}
         for name, key in zip(order, keys):
             if name in regions:
-                raw.append(ct.loop_dfa(regions[name][0], alphabet, limits, deadline))
+                raw.append(ct.region_dfa(regions[name], alphabet))
                 continue
             d = memo.get(key, alphabet, limits) if memo is not None and key is not None else None
             if d is None:
@@ -442,7 +469,7 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         )
     dfas = {}
     for i in productive:
-        if order[i] in regions:  # a loop DFA (its loop state 0 must stay apart): as built
+        if order[i] in regions:  # its states carry ticks (see .counted): as built
             dfas[i] = raw[i]
             continue
         key = None if keys[i] is None or memo is None else ("minimal", keys[i], tuple(sorted(
@@ -480,13 +507,26 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         calls.extend(here)
     if not regions:
         return Automaton(table, cls, accepting, calls, offsets[0], order)
-    spans = {offsets[i]: (len(dfas[i].accepting), *regions[order[i]][1:]) for i in dfas if order[i] in regions}
-    table, accepting, start_state, counters = ct.inline_regions(table, accepting, calls, offsets[0], spans)
+    spans = {offsets[i]: (dfas[i], regions[order[i]]) for i in dfas if order[i] in regions}
+    try:
+        table, accepting, calls, start_state, counters = ct.inline_regions(
+            table, accepting, calls, offsets[0], spans, offsets[0] + len(dfas[0].accepting))
+    except ct.NotCounted:  # a repetition in a called rule, or one that cannot be counted exactly
+        return _uncounted(grammar, limits, call_above, deadline, memo, count_above)
     if len(accepting) > limits.max_dfa_states:
         raise ConstraintTooComplex(
             f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
         )
-    return Automaton(table, cls, accepting, [()] * len(accepting), start_state, order, counters)
+    return Automaton(table, cls, accepting, calls, start_state, order, counters)
+
+
+def _uncounted(grammar: Grammar, limits: Limits, call_above: int | None, deadline: float, memo: DFAMemo | None,
+               count_above: int | None) -> Automaton:
+    """The attempt again with every repetition unrolled; on the retry that counts every
+    countable repetition (``count_above == 0``), the first attempt did that already."""
+    if count_above == 0 and call_above is None:
+        raise ConstraintTooComplex("counted repetitions cannot be kept exactly here")
+    return _compile(grammar, limits, call_above, deadline, memo, count_above=-1)
 
 
 def _calls_by_state(d) -> tuple[np.ndarray, list[int], list[int]]:

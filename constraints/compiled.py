@@ -60,7 +60,12 @@ class CompiledConstraint:
         self._bnd_inner = a.has_calls | a.accepting
         self._counters = a.counters
         if a.counters is not None:
-            self._count_cap = self.index.max_depth + 1  # counts beyond a token's reach look alike
+            # counts beyond a token's reach look alike: a token starts at most max_depth items
+            self._count_cap = self.index.max_depth + 1
+            reg = a.counters.region
+            most = np.zeros(len(a.counters.hi), dtype=np.int64)
+            np.maximum.at(most, reg[reg >= 0], a.counters.need[reg >= 0])
+            self._hi_caps = (most + self._count_cap).tolist()  # per region, for hi - count
             # states with a bound on a byte other than '"' (entering or leaving a region
             # that is not a JSON string): see _compute_counted
             q = int(a.cls[QUOTE])
@@ -113,10 +118,26 @@ class CompiledConstraint:
                 return row
             return self._cold_row(key, config)
 
-    def _row_key(self, config: int):
+    def _row_key(self, config):
         """What a row of an automaton with counted repetitions depends on: the state, and
-        inside a region the distances to its bounds, each capped at one more than the
-        longest token (no token completes more items than it has bytes)."""
+        inside a region the distances to its bounds, capped beyond a token's reach (no
+        token starts more items than it has bytes; hi is met with ``need`` more). In a
+        pushdown automaton, the same for the bottom frame of each stack."""
+        a = self.automaton
+        if not a.is_regular:
+            stacks = []
+            changed = False
+            for st in config.stacks:
+                if len(st) == 1:
+                    k = self._row_key_int(st[0])
+                    if k != st[0]:
+                        changed = True
+                        st = (k,)
+                stacks.append(st)
+            return Config(frozenset(stacks), config.can_end) if changed else config
+        return self._row_key_int(config)
+
+    def _row_key_int(self, config: int):
         a = self.automaton
         n = a.n_states
         s = config % n
@@ -124,7 +145,7 @@ class CompiledConstraint:
         if r < 0:
             return s
         c, cap = config // n, self._count_cap
-        return (s, min(a._hi_list[r] - c, cap), min(max(a._lo_list[r] - c, 0), cap))
+        return (s, min(a._hi_list[r] - c, self._hi_caps[r]), min(max(a._lo_list[r] - c, 0), cap))
 
     def _cold_row(self, key, config) -> np.ndarray:
         words = self._compute(config)
@@ -362,7 +383,18 @@ class CompiledConstraint:
     def _compute(self, config) -> np.ndarray:
         a = self.automaton
         if a.counters is not None:
-            return self._compute_counted(config)
+            if a.is_regular:
+                return self._compute_counted(config)
+            words = np.zeros(self.n_words, dtype=np.uint32)
+            for st in config.stacks:
+                if len(st) == 1:  # the bottom frame holds the count
+                    self._bottom_counted(st[0], words)
+                    continue
+                ci_words, nodes, states, trie = self._context_independent(st[-1], True)
+                words |= ci_words
+                if len(nodes):
+                    self._continue(st[:-1], nodes, states, words, trie)
+            return words
         if a.is_regular:
             return self._context_independent(config, False)[0].copy()
         words = np.zeros(self.n_words, dtype=np.uint32)
@@ -385,7 +417,7 @@ class CompiledConstraint:
         n = a.n_states
         s, c = config % n, config // n
         r = a._region_list[s]
-        if (r < 0 or a._hi_list[r] - c >= self._count_cap) and not self._bare_near(s):
+        if (r < 0 or a._hi_list[r] - c >= self._hi_caps[r]) and not self._bare_near(s):
             split = self._split
             if split is None:
                 split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
@@ -395,6 +427,39 @@ class CompiledConstraint:
         words = np.zeros(self.n_words, dtype=np.uint32)
         self.index.walk_counted(a.table, a.counters, a.cls, s, c, words)
         return words
+
+    def _bottom_counted(self, config: int, words: np.ndarray) -> None:
+        """Tokens from the bottom frame ``config`` (state + n_states * count) of a pushdown
+        automaton with counters, continued through calls: as in :meth:`_compute_counted`,
+        the usual walk for tokens without '"' where they meet no bound, the counted walk
+        for the others."""
+        a = self.automaton
+        n = a.n_states
+        s, c = config % n, config // n
+        r = a._region_list[s]
+        if (r < 0 or a._hi_list[r] - c >= self._hi_caps[r]) and not self._bare_near(s):
+            split = self._split
+            if split is None:
+                split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
+            (no_quote, with_quote), shared = split
+            canon = None
+            if count_bytes(a.table, self._cls_sizes, s) >= PERMISSIVE_BYTES:
+                big = self.__dict__.get("_canon_big")
+                if big is None or not big[s] or self._canon_region[s] >= 0:
+                    canon = self._canonical_unquoted(s, False)  # no call or return over other bytes
+            if canon is not None:
+                words |= self._unquoted_row(s)
+            else:
+                nodes, states = no_quote.walk_fast(self._walk_memo(False), False, s, words)
+                if len(nodes):
+                    self._continue((), nodes, states, words, no_quote)
+            nodes, states = with_quote.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
+            if len(nodes):
+                self._continue((), nodes, states, words, with_quote)
+            return
+        nodes, states = self.index.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
+        if len(nodes):
+            self._continue((), nodes, states, words, self.index)
 
     def _bare_near(self, state: int) -> bool:
         """Can a token without '"' reach, from ``state``, a transition entering or leaving
@@ -413,6 +478,8 @@ class CompiledConstraint:
             src, dst = src[order], dst[order]
             ptr = np.searchsorted(dst, np.arange(a.n_states + 1))
             seen = self._bare.copy()
+            if not a.is_regular and seen.any():
+                seen[:] = True  # (a call may read any number of bytes: every state is near)
             frontier = np.flatnonzero(seen)
             for _ in range(self._count_cap):
                 lo, hi = ptr[frontier], ptr[frontier + 1]
@@ -473,7 +540,11 @@ class CompiledConstraint:
             for st in cfg.stacks:
                 if st == stack:
                     continue
-                if self.fast_min_bytes <= 256:
+                if a.counters is not None and len(st) == 1:  # a bottom frame: with its count
+                    n = a.n_states
+                    n2, t2 = trie.walk_counted(a.table, a.counters, a.cls, st[0] % n, st[0] // n, words,
+                                               self._bnd_bottom, roots)
+                elif self.fast_min_bytes <= 256:
                     n2, t2 = trie.walk_fast(self._walk_memo(False), len(st) > 1, st[-1], words, roots)
                 else:  # the reference
                     bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom

@@ -71,17 +71,18 @@ def _walk_many_py(table, cls, start, node_byte, node_depth, node_skip, tok_lo, t
 _walk_many = njit(cache=True, nogil=True)(_walk_many_py) if njit is not None else _walk_many_py
 
 
-def _walk_counted_py(table, act, cls, region, lo, hi, start, count, node_byte, node_depth, node_skip, tok_lo,
-                     tok_hi, tok_ids, out, states, counts):
-    """``_walk_py`` over the whole trie for an automaton with counted repetitions (see
-    :mod:`.counted`): the configuration at each depth is (state, count), and a transition
-    is live only if its counter action allows it (START: count < hi, EXIT: count >= lo of
-    the state's region; ENTER, EXIT set the count to 0, TICK adds one)."""
-    n = node_byte.shape[0]
-    states[0] = start
-    counts[0] = count
-    i = 0
-    while i < n:
+def _walk_counted_py(table, act, cls, region, need, lo, hi, start, count, node_byte, node_depth, node_skip, tok_lo,
+                     tok_hi, tok_ids, lo_i, hi_i, base_depth, boundary, out, bnd_nodes, bnd_states, states, counts):
+    """``_walk_py`` for an automaton with counted repetitions (see :mod:`.counted`): the
+    configuration at each depth is (state, count), and a transition is live only if its
+    counter action allows it (EXIT needs count >= lo of the state's region; ENTER, EXIT set
+    the count to 0, TICK adds one) and, into a region state t, count + need[t] <= hi of its
+    region. Boundary states (never in a region) are reported as by ``_walk_py``."""
+    states[base_depth] = start
+    counts[base_depth] = count
+    nb = 0
+    i = lo_i
+    while i < hi_i:
         d = node_depth[i]
         s = states[d - 1]
         c = counts[d - 1]
@@ -90,15 +91,17 @@ def _walk_counted_py(table, act, cls, region, lo, hi, start, count, node_byte, n
         if t >= 0:
             a = act[s, k]
             if a != 0:
-                if (a & 1) and c >= hi[region[s]]:  # START
-                    t = -1
-                elif (a & 4) and c < lo[region[s]]:  # EXIT
+                if (a & 4) and c < lo[region[s]]:  # EXIT
                     t = -1
                 else:
                     if a & 12:  # EXIT | ENTER
                         c = 0
                     if a & 2:  # TICK
                         c += 1
+            if t >= 0:
+                rt = region[t]
+                if rt >= 0 and c + need[t] > hi[rt]:
+                    t = -1
         if t < 0:
             i = node_skip[i]
             continue
@@ -107,11 +110,36 @@ def _walk_counted_py(table, act, cls, region, lo, hi, start, count, node_byte, n
         for k2 in range(tok_lo[i], tok_hi[i]):
             tid = tok_ids[k2]
             out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+        if boundary[t]:
+            bnd_nodes[nb] = i
+            bnd_states[nb] = t
+            nb += 1
         i += 1
-    return 0
+    return nb
 
 
 _walk_counted = njit(cache=True, nogil=True)(_walk_counted_py) if njit is not None else _walk_counted_py
+
+
+def _walk_counted_many_py(table, act, cls, region, need, lo, hi, start, count, node_byte, node_depth, node_skip,
+                          tok_lo, tok_hi, tok_ids, roots, boundary, out, bnd_nodes, bnd_states, states, counts):
+    """``_walk_counted_py`` of the whole trie (``roots`` empty), else of the subtrees below
+    each node of ``roots`` (children only)."""
+    if roots.shape[0] == 0:
+        return _walk_counted(table, act, cls, region, need, lo, hi, start, count, node_byte, node_depth, node_skip,
+                             tok_lo, tok_hi, tok_ids, 0, node_byte.shape[0], 0, boundary, out, bnd_nodes, bnd_states,
+                             states, counts)
+    nb = 0
+    for r in range(roots.shape[0]):
+        node = roots[r]
+        nb += _walk_counted(table, act, cls, region, need, lo, hi, start, count, node_byte, node_depth, node_skip,
+                            tok_lo, tok_hi, tok_ids, node + 1, node_skip[node], node_depth[node], boundary, out,
+                            bnd_nodes[nb:], bnd_states[nb:], states, counts)
+    return nb
+
+
+_walk_counted_many = (njit(cache=True, nogil=True)(_walk_counted_many_py) if njit is not None
+                      else _walk_counted_many_py)
 
 
 # Byte sets for the walk's shortcut, each inside the next: a subtree whose bytes all lie
@@ -474,14 +502,26 @@ class VocabIndex:
                         bnd_nodes, bnd_states, states)
         return bnd_nodes[:nb], bnd_states[:nb]
 
-    def walk_counted(self, table, counters, cls, start: int, count: int, out) -> None:
+    def walk_counted(self, table, counters, cls, start: int, count: int, out, boundary=None,
+                     roots: np.ndarray | None = None):
         """Set the tokens allowed from configuration (``start``, ``count``) of an automaton
-        with counted repetitions (``counters``: its :class:`~.counted.Counters`)."""
-        states = np.empty(self.max_depth + 2, dtype=np.int32)
+        with counted repetitions (``counters``: its :class:`~.counted.Counters`), over the
+        whole trie or below ``roots``. Returns ``(nodes, states)`` of the boundary pairs met."""
+        bnd_nodes, bnd_states, states = self._scratch()
+        if boundary is None:
+            boundary = np.zeros(table.shape[0], dtype=np.bool_)
+        if roots is None:
+            roots = _NO_ROOTS
+        elif len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
+            cap = int((self.node_skip[roots] - roots).sum())
+            if cap > self.n_nodes:
+                bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
         counts = np.empty(self.max_depth + 2, dtype=np.int64)
-        _walk_counted(table, counters.act, cls, counters.region, counters.lo, counters.hi, np.int32(start),
-                      np.int64(count), self.node_byte, self.node_depth, self.node_skip, self.tok_lo, self.tok_hi,
-                      self.tok_ids, out, states, counts)
+        nb = _walk_counted_many(table, counters.act, cls, counters.region, counters.need, counters.lo, counters.hi,
+                                np.int32(start), np.int64(count), self.node_byte, self.node_depth, self.node_skip,
+                                self.tok_lo, self.tok_hi, self.tok_ids, np.asarray(roots, dtype=np.int32), boundary,
+                                out, bnd_nodes, bnd_states, states, counts)
+        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
     def _scratch(self):
         """Boundary buffers and the state stack of a walk, one set per thread."""

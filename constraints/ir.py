@@ -44,8 +44,8 @@ class Expr:
     def _init(self, key: tuple, size: int, refs: frozenset[str] = frozenset(), long: bool = False) -> None:
         """Set the cached hash (over the key, sub-expressions by their cached hash: no
         Python-level ``__hash__`` call per child), size, refs and ``_long`` (a
-        :class:`Repeat` of more than :data:`LONG_REPEAT` copies lies below, outside
-        ``And``/``Diff``: the automaton may count it, see :mod:`.counted`)."""
+        :class:`Repeat` of more than :data:`LONG_REPEAT` copies lies below, not under a
+        ``Diff``: the automaton may count it, see :mod:`.counted`)."""
         _set(self, "_hash", hash((type(self).__name__, *[k._hash if isinstance(k, Expr) else k for k in key])))
         _set(self, "_size", size)
         _set(self, "_refs", refs)
@@ -94,7 +94,7 @@ class _Items(Expr):
         _set(self, "_hash", hash((type(self).__name__, *[i._hash for i in items])))
         _set(self, "_size", 1 + sum([i._size for i in items]))
         _set(self, "_refs", _union_refs(items))
-        _set(self, "_long", type(self) is not And and any([i._long for i in items]))
+        _set(self, "_long", any([i._long for i in items]))
 
     def _key(self) -> tuple:
         return self.items

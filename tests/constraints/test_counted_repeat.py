@@ -153,6 +153,7 @@ def test_two_regions_and_tokens_crossing_them(compiler):
 
 DIGIT = byte_range(0x30, 0x39)
 LOWER = byte_range(0x61, 0x7A)
+PATH = seq(ir.plus(alt(LOWER, lit("é"))), ir.star(seq(lit("/"), ir.plus(LOWER))))  # a/bc/d
 CASES = {
     # a JSON string (exits over '"': the split rows), and two in a row
     "string": string_grammar(66, 80),
@@ -162,6 +163,13 @@ CASES = {
     "array": Grammar({"start": seq(lit("["), rep(alt(lit("a"), lit("bc"), lit("é"), seq(DIGIT, lit(","))), 65, 72),
                                    lit("]"))}),
     "items": Grammar({"start": seq(rep(seq(lit('"'), rep(LOWER, 1, 3), lit('",')), 66, 70), lit("."))}),
+    # a pattern and a length (the product of the pattern and the counted characters)
+    "pattern": Grammar({"start": seq(QUOTE, ir.intersect(PATH, jf.encoded_length(0, 70)), QUOTE)}),
+    "pattern_min": Grammar({"start": seq(QUOTE, ir.intersect(PATH, jf.encoded_length(66, 75)), QUOTE)}),
+    # a pushdown automaton: the count lives in the bottom frame (the start rule's)
+    "pushdown": Grammar({"start": seq(lit('{"a":'), ir.Ref("v"), lit(',"s":"'), rep(jf.CHAR, 2, 70), lit('"}')),
+                         "v": alt(lit("1"), seq(lit("["), ir.opt(seq(ir.Ref("v"), ir.star(seq(lit(","), ir.Ref("v"))))),
+                                                lit("]")))}),
 }
 
 
@@ -225,9 +233,11 @@ def test_json_cost_counts_one_copy_of_a_counted_item():
     n = 65535
     assert repeat_cost(jf.CHAR, n) == _cost(jf.CHAR)
     assert _cost(ir.rep(jf.CHAR, 0, n)) == 1 + _cost(jf.CHAR)
-    # an item that is a prefix of another is not counted: its copies are
-    not_prefix_free = alt(lit("a"), lit("ab"))
-    assert repeat_cost(not_prefix_free, n) == n * _cost(not_prefix_free)
+    # an item whose repetitions parse in two ways ("aa": one item or two) is copied
+    ambiguous = alt(lit("a"), lit("aa"))
+    assert repeat_cost(ambiguous, n) == n * _cost(ambiguous)
+    # (a|ab)* parses one way: after "a", "b" continues the item and "a" starts the next
+    assert repeat_cost(alt(lit("a"), lit("ab")), n) == 5
 
 
 def test_recursive_grammar_unrolls_its_repetitions(monkeypatch):
