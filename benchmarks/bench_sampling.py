@@ -132,7 +132,9 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
     common = dict(bitmask=bitmask, seed=seed, step=step, min_p=f32(0.0), validate=False, backend="triton")
 
     def fused(t, k, p):
-        args = dict(common, temperature=f32(t), top_k=i64(k), top_p=f32(p))
+        # kinds: what the engine tells the kernel from its host-side parameters
+        kinds = "greedy" if t == 0 else "filter" if (k > 0 or p < 1) else "sample"
+        args = dict(common, temperature=f32(t), top_k=i64(k), top_p=f32(p), kinds=kinds)
         return lambda: kernels.sample(logits, **args)
 
     row = {}
@@ -141,6 +143,7 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
     row["greedy"], g1 = _bench(fused(0.0, 0, 1.0))
     row["top_p"], g2 = _bench(fused(1.0, 0, 0.9))
     if not peers:
+        row["plain"], _ = _bench(fused(1.0, 0, 1.0))  # sampling without a filter: no test pass
         return row
     row["top_k"], g3 = _bench(fused(1.0, 50, 0.9))
     row["torch"], g4 = _bench(lambda: torch_sample(logits, torch_unpack(bitmask, V), 0.9))
@@ -181,36 +184,41 @@ def sweep() -> None:
 
 
 def compare(shapes: list[tuple[int, int]], floor_tbs: float) -> None:
-    """Greedy and top-p µs with pass 1 in one program per row (split off) and split over
-    (row, chunk) programs (split on), side by side, with greedy's % of the floor."""
+    """Greedy, plain sampling (T 1, no filter: pass 1 only) and top-p µs for three layouts:
+    "row" = one program per row for everything (split off), "split1" = pass 1 over (row, chunk)
+    programs and the top-p test pass in the per-row kernel, "split" = both passes over (row,
+    chunk) programs (the default); with greedy's % of the floor and top-p / greedy."""
     from deepinfer.kernels import sample_triton as st
 
-    saved = st.SPLIT
-    head = ("| dtype | B | V | floor µs | greedy row µs | greedy split µs | % floor row | % floor split "
-            "| top-p row µs | top-p split µs |")  # fmt: skip
+    saved = st.SPLIT, st.SPLIT2
+    modes = {"row": ("0", "1"), "split1": ("1", "0"), "split": ("1", "1")}
+    head = ("| dtype | B | V | floor µs | greedy row | greedy split | % floor split | plain row | plain split "
+            "| top-p row | top-p split1 | top-p split | top-p / greedy |")  # fmt: skip
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     try:
         for dtype in (torch.float32, torch.bfloat16):
             for B, V in shapes:
                 r = {}
-                for mode in ("0", "1"):
-                    st.SPLIT = mode
-                    r[mode] = run(dtype, B, V, floor_tbs, peers=False)
-                f = r["0"]["floor"]
-                print(f"| {str(dtype)[6:]} | {B} | {V} | {f:.1f} | {r['0']['greedy']:.1f} | {r['1']['greedy']:.1f} "
-                      f"| {100 * f / r['0']['greedy']:.0f}% | {100 * f / r['1']['greedy']:.0f}% "
-                      f"| {r['0']['top_p']:.1f} | {r['1']['top_p']:.1f} |", flush=True)  # fmt: skip
+                for name, (s1, s2) in modes.items():
+                    st.SPLIT, st.SPLIT2 = s1, s2
+                    r[name] = run(dtype, B, V, floor_tbs, peers=False)
+                f = r["row"]["floor"]
+                g = r["split"]["greedy"]
+                print(f"| {str(dtype)[6:]} | {B} | {V} | {f:.1f} | {r['row']['greedy']:.1f} | {g:.1f} "
+                      f"| {100 * f / g:.0f}% | {r['row']['plain']:.1f} | {r['split']['plain']:.1f} "
+                      f"| {r['row']['top_p']:.1f} | {r['split1']['top_p']:.1f} | {r['split']['top_p']:.1f} "
+                      f"| {r['split']['top_p'] / g:.2f} |", flush=True)  # fmt: skip
                 torch.cuda.empty_cache()
     finally:
-        st.SPLIT = saved
+        st.SPLIT, st.SPLIT2 = saved
 
 
 def split_sweep(vocabs: list[int], floor_tbs: float) -> None:
     """Greedy / top-p µs of the split path for chunk sizes and warp counts at B = 128 (tuning)."""
     from deepinfer.kernels import sample_triton as st
 
-    saved = st.SPLIT, st.SPLIT_CHUNK_MAX, st.SPLIT_WARPS
+    saved = st.SPLIT, st.reference.CHUNK_MAX, st.SPLIT_WARPS
     print("| dtype | B | V | CHUNK | warps | greedy | % floor | top-p |")
     print("|---|---|---|---|---|---|---|---|")
     try:
@@ -219,12 +227,12 @@ def split_sweep(vocabs: list[int], floor_tbs: float) -> None:
             for V in vocabs:
                 for chunk in (2048, 4096, 8192):
                     for warps in (4, 8):
-                        st.SPLIT_CHUNK_MAX, st.SPLIT_WARPS = chunk, warps
+                        st.reference.CHUNK_MAX, st.SPLIT_WARPS = chunk, warps
                         r = run(dtype, 128, V, floor_tbs, peers=False)
                         print(f"| {str(dtype)[6:]} | 128 | {V} | {chunk} | {warps} | {r['greedy']:.1f} "
                               f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p']:.1f} |", flush=True)  # fmt: skip
     finally:
-        st.SPLIT, st.SPLIT_CHUNK_MAX, st.SPLIT_WARPS = saved
+        st.SPLIT, st.reference.CHUNK_MAX, st.SPLIT_WARPS = saved
 
 
 def main() -> None:

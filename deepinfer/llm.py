@@ -30,6 +30,14 @@ from .tokenizer import Message, Tokenizer
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _kinds(params: list[SamplingParams]) -> str:
+    """What the sampler's rows need (``kernels.sample(kinds=...)``), from host-side parameters:
+    it leaves out the draw and test-pass launches no row needs."""
+    if all(x.temperature == 0 for x in params):
+        return "greedy"
+    return "filter" if any(x.temperature > 0 and (x.top_k > 0 or x.top_p < 1) for x in params) else "sample"
+
+
 def _resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -341,6 +349,7 @@ class LLM:
             seed=per_row([s.seed for s in seqs], torch.int64),
             step=per_row([len(s.output_token_ids) for s in seqs], torch.int64),
             validate=False,
+            kinds=_kinds(p),
         )
         # a row whose mask allows nothing comes back as -1 (out.empty): its sequence fails
         # in on_token, the others go on

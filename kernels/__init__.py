@@ -204,6 +204,7 @@ def sample(
     backend: str = "auto",
     return_logprobs: bool = False,
     validate: bool = True,
+    kinds: str | None = None,
 ) -> SampleOutput:
     """Mask, temper, filter and sample one token per row in one launch.
 
@@ -227,6 +228,12 @@ def sample(
         Also return the chosen tokens' log-probabilities.
     validate : bool
         Check argument values (a host sync on CUDA); shapes and dtypes are always checked.
+    kinds : {"greedy", "sample", "filter"}, optional
+        What the rows need, known on the host: every row greedy; some row samples but none
+        with top-k or top-p; some row samples with top-k or top-p. The Triton path leaves out
+        the launches no row needs. None: worked out from the arguments when they are host
+        values, else "filter" (always correct). A wrong value is not checked and gives wrong
+        tokens.
 
     Returns
     -------
@@ -242,14 +249,32 @@ def sample(
     elif indices is not None:
         raise ValueError("indices given without a bitmask")
     idx = _check_indices(indices, B, dev, validate)
+    if kinds is None:
+        kinds = _kinds(temperature, top_k, top_p, logits.shape[1])
     temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
         B, dev, validate, temperature, top_k, top_p, min_p, seed, step
     )
     impl = _backend(backend, dev)
+    extra = {"kinds": kinds} if impl is not reference else {}
     tokens, empty, logprobs = impl.sample(
-        logits, bitmask, idx, temperature, top_k, top_p, min_p, seed, step, return_logprobs
+        logits, bitmask, idx, temperature, top_k, top_p, min_p, seed, step, return_logprobs, **extra
     )
     return SampleOutput(tokens, empty, logprobs)
+
+
+def _kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int) -> str:
+    """What the rows need ("greedy" / "sample" / "filter", see :func:`sample`), from host
+    values; "filter" if any is on a device (reading it would sync)."""
+    if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in (temperature, top_k, top_p)):
+        return "filter"
+    try:
+        t, k, p = torch.broadcast_tensors(*(torch.as_tensor(x).reshape(-1) for x in (temperature, top_k, top_p)))
+    except RuntimeError:  # shapes that do not fit: _sampling_rows says which
+        return "filter"
+    sampling = t != 0
+    if bool((sampling & (((k > 0) & (k < V)) | (p < 1))).any()):
+        return "filter"
+    return "sample" if bool(sampling.any()) else "greedy"
 
 
 def verify(
@@ -296,6 +321,11 @@ def verify(
     backend : {"auto", "triton", "torch"}
     validate : bool
         Check argument values (a host sync on CUDA); shapes and dtypes are always checked.
+    filters : bool, optional
+        Whether some row samples (temperature > 0) with top-k or top-p on. False lets the
+        Triton path skip its test-pass launch (a greedy or min-p-only batch). None: worked out
+        from the arguments when they are host values, else taken as True. A wrong False is
+        not checked and gives wrong tokens.
 
     Returns
     -------

@@ -3,12 +3,14 @@
 Each function here is both the CPU fallback (``backend="torch"``) and the test oracle for the
 Triton kernels. Docstrings state the behaviour as a Python loop over rows and tokens.
 
-Random numbers are a pure function of ``(seed, step, token id)`` computed in 32-bit integer
-arithmetic (:func:`uniform_noise`), written so that torch integer ops and Triton ``uint32`` ops
-give identical bits. A sampled token is the Gumbel-max
-``argmax_i (s_i - ln2 * log2(-log2(u_i)))`` over the kept tokens, so the Triton kernel and this
-reference choose the same token for the same ``(seed, step)`` (up to float rounding of ``log``
-on near-exact ties, which the tests have never hit).
+Random numbers are a pure function of ``(seed, step, hash id)`` computed in 32-bit integer
+arithmetic (:func:`draw_bits`), written so that torch integer ops and Triton ``uint32`` ops
+give identical bits. A sampled token is an inverse-CDF draw over integer weights: the
+vocabulary is cut into chunks of :func:`chunk_size` tokens, a token's weight is
+``floor(exp(s_i - chunk max) * 2**32)`` and a chunk's is its weight sum scaled by
+``exp(chunk max - max)``, so every running sum is an exact integer, the same in any summation
+order: the Triton kernels (split over chunks or not) and this reference choose the same token
+(up to float rounding of ``exp``, which moves a weight by a few units in 2**32).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ _C2 = 0x735A2D97
 # salts so that the row key of (seed=0, step=0) is not mix32(0)
 _SALT_STEP = 0x9E3779B9
 _SALT_TOKEN = 0x85EBCA6B
-_LN2 = 0.6931471805599453
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -54,24 +55,70 @@ def row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torc
     return k0, k1
 
 
-def uniform_noise(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """u [B, V] float32 in (0, 1): a counter-based hash of (seed[b], step[b], token id).
+def draw_bits(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
+    """t [B, n] int64, odd, in (0, 2**24): a counter-based hash of (seed[b], step[b], hash id j).
 
-    ``for b, i: r = mix32(mix32((i + k0[b]) mod 2**32) ^ k1[b]); u = ((r >> 9) + 0.5) / 2**23``
+    ``for b, j: r = mix32(mix32((j + k0[b]) mod 2**32) ^ k1[b]); t = 2 * (r >> 9) + 1``; the
+    uniform of id j is ``u = t / 2**24`` (:func:`uniform_noise`).
     """
     k0, k1 = row_keys(seed, step)
-    ids = torch.arange(vocab_size, dtype=torch.int64, device=seed.device)
+    ids = torch.arange(n, dtype=torch.int64, device=seed.device)
     r = mix32(mix32((ids[None, :] + k0[:, None]) & _M32) ^ k1[:, None])
-    return ((r >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)  # exact in float32, never 0 or 1
+    return (r >> 9) * 2 + 1
 
 
-def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """g [B, V] float32 = -ln2 * log2(-log2(u)) = Gumbel noise - ln2 * log2(ln2), from :func:`uniform_noise`.
+def uniform_noise(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
+    """u [B, n] float32 in (0, 1): ``draw_bits / 2**24`` (exact in float32, never 0 or 1)."""
+    return draw_bits(seed, step, n).to(torch.float32) * (1.0 / 16777216.0)
 
-    The constant shift does not change an argmax; base-2 logs are one fast instruction on GPUs.
-    """
-    u = uniform_noise(seed, step, vocab_size)
-    return -_LN2 * torch.log2(-torch.log2(u))
+
+CHUNK_MAX = 4096  # tokens per chunk of the inverse-CDF draws (part of what a seed samples)
+
+
+def chunk_size(vocab_size: int) -> int:
+    """Tokens per chunk: ``min(CHUNK_MAX, next power of 2 >= vocab_size)``."""
+    return min(CHUNK_MAX, 1 << max(vocab_size - 1, 0).bit_length())
+
+
+def scale_bits(total: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """floor(total * t / 2**24), exactly, for int64 total < 2**50 and t < 2**24 (no overflow)."""
+    return (total >> 24) * t + (((total & 0xFFFFFF) * t) >> 24)
+
+
+def chunk_weights(s: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scores s [R, V] (-inf where not allowed) -> (chunk max [R, S], token quanta [R, S, C],
+    chunk quanta sums [R, S]): ``q_i = floor(exp(s_i - chunk max) * 2**32)`` on {s > low[r]},
+    0 elsewhere; chunks of :func:`chunk_size` tokens, the last padded with -inf."""
+    R, V = s.shape
+    C = chunk_size(V)
+    S = -(-V // C)
+    s3 = torch.full((R, S * C), float("-inf"), dtype=torch.float32, device=s.device)
+    s3[:, :V] = s
+    s3 = s3.view(R, S, C)
+    mc = s3.amax(dim=2)
+    safe = torch.where(mc == float("-inf"), torch.zeros_like(mc), mc)
+    q = (torch.exp(s3 - safe[:, :, None]) * 4294967296.0).to(torch.int64)
+    q = torch.where(s3 > low[:, None, None], q, torch.zeros_like(q))
+    return mc, q, q.sum(dim=2)
+
+
+def inverse_cdf(mc: torch.Tensor, q: torch.Tensor, z: torch.Tensor, t_chunk: torch.Tensor,
+                t_token: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """One draw per row from :func:`chunk_weights` -> token ids [R]: the chunk c with
+    ``cum_{c-1} <= floor(W * t_chunk / 2**24) < cum_c`` over the chunk weights
+    ``W_c = int64(float32(z_c) * exp(mc_c - max mc))``, then the token of chunk c whose running
+    quanta sum passes ``floor(z_c * t_token / 2**24)`` the same way."""
+    R, S, C = q.shape
+    m = mc.amax(dim=1, keepdim=True)
+    safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    w = (z.to(torch.float32) * torch.exp(mc - safe)).to(torch.int64)
+    w = torch.where(mc == float("-inf"), torch.zeros_like(w), w)
+    cum = torch.cumsum(w, dim=1)
+    c = (cum <= scale_bits(cum[:, -1], t_chunk)[:, None]).sum(dim=1)
+    r = torch.arange(R, device=q.device)
+    cq = torch.cumsum(q[r, c], dim=1)
+    i = (cq <= scale_bits(z[r, c], t_token)[:, None]).sum(dim=1)
+    return c * C + i
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -134,14 +181,20 @@ def sample(
                        and count(j: s[j] > s[i]) < top_k[b]               # 0 disables
                        and (top_p[b] >= 1 or sum(e[j]: s[j] > s[i]) < top_p[b] * Z)
                        and e[i] >= min_p[b])                              # e[i] = p_i / p_max
-            g = -ln2 * log2(-log2(u(seed[b], step[b], i)))              # gumbel_noise
-            tokens[b] = argmax over kept i of s[i] + g[i]  (lowest id on ties)
+            t = draw_bits(seed[b], step[b], ...)                          # hash ids 0, 1, 2, ...
+            x_j = inverse_cdf(s, low=-inf, t[2j], t[2j + 1]) for j in 0..3  # x_j ~ softmax(s)
+            if some x_j is kept: tokens[b] = the first kept x_j; continue
+            low = max(s[x_0..x_3]); j = 4                                 # all cut: so is s <= low
+            while True:
+                x = inverse_cdf(s, low, t[2j], t[2j + 1])                 # x ~ softmax(s) on s > low
+                if kept(x): tokens[b] = x; break
+                low = s[x]; j += 1
 
     The three filters are thresholds on the same score, so the kept set is an upper set of
     the scores (ties at the boundary are all kept) and top-k / top-p / min-p are applied
     jointly to the tempered distribution (top-p's mass is that of the unfiltered
-    distribution, as FlashInfer's ``filter_apply_order="joint"``). The token is then an
-    exact sample from softmax(s) restricted to the kept set.
+    distribution, as FlashInfer's ``filter_apply_order="joint"``). The token is then a sample
+    from softmax(s) restricted to the kept set (rejection sampling: the first kept draw).
     ``logprobs[b] = log_softmax(x * (1/t))[tokens[b]]`` with ``t = temperature[b]`` or 1 when it
     is 0: the masked, tempered distribution before top-k / top-p / min-p; -inf on empty rows.
     """
@@ -154,7 +207,7 @@ def sample(
     greedy = temperature == 0
     tokens = x.argmax(dim=1)  # greedy rows (lowest id on ties); sampled rows replaced below
 
-    # Only rows that sample pay for the noise, and only if some of them filter by top-k /
+    # Only rows that sample pay for the draws, and only if some of them filter by top-k /
     # top-p for the sort: row-wise maths on a subset gives the same values bit for bit.
     rows = torch.nonzero(~greedy & ~empty).flatten()
     if rows.numel():
@@ -178,8 +231,7 @@ def sample(
             kept &= (k <= 0) | (count_above < k)
             kept &= (p >= 1) | (mass_above < p * z_rows)
         kept &= e >= min_p[rows].float()[:, None]
-        key = torch.where(kept, s_rows + gumbel_noise(seed[rows], step[rows], V), float("-inf"))
-        tokens[rows] = key.argmax(dim=1)
+        tokens[rows] = _draw_kept(s_rows, kept, seed[rows], step[rows])
     tokens = torch.where(empty, torch.full_like(tokens, -1), tokens)
     logprobs = None
     if return_logprobs:
@@ -190,3 +242,28 @@ def sample(
         lp = s.gather(1, tokens.clamp(min=0)[:, None]) - m - torch.log(z)
         logprobs = torch.where(empty, float("-inf"), lp[:, 0])
     return tokens, empty, logprobs
+
+
+def _draw_kept(s: torch.Tensor, kept: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The first kept of four inverse-CDF draws per row, then the rounds (see :func:`sample`)."""
+    R = s.shape[0]
+    ninf = torch.full((R,), float("-inf"), device=s.device)
+    mc, q, z = chunk_weights(s, ninf)
+    t = draw_bits(seed, step, 8)
+    x = torch.stack([inverse_cdf(mc, q, z, t[:, 2 * j], t[:, 2 * j + 1]) for j in range(4)], dim=1)  # [R, 4]
+    k = kept.gather(1, x)
+    first = torch.where(k.any(dim=1), k.to(torch.int8).argmax(dim=1), 0)
+    tokens = x.gather(1, first[:, None])[:, 0]
+    for r in (~k.any(dim=1)).nonzero().flatten().tolist():  # all four cut: rare
+        low = s[r, x[r]].max()
+        j = 4
+        while True:
+            mc_r, q_r, z_r = chunk_weights(s[r : r + 1], low[None])
+            t = draw_bits(seed[r : r + 1], step[r : r + 1], 2 * j + 2)
+            tok = inverse_cdf(mc_r, q_r, z_r, t[:, 2 * j], t[:, 2 * j + 1])[0]
+            if kept[r, tok]:
+                tokens[r] = tok
+                break
+            low = s[r, tok]
+            j += 1
+    return tokens

@@ -10,11 +10,11 @@ residual norm(max(0, p - q)). With q = delta_d this becomes:
               -> p with d removed, renormalised by 1 - p(d)
     P(out = d) = p(d);  P(out = i != d) = (1 - p(d)) * p(i) / (1 - p(d)) = p(i):  out ~ p.
 
-Both stages are realised with ONE draw: the target sample t = argmax_i (s_i + g_i) (the Gumbel
-max of :func:`reference.sample`, with the counter-based noise of this position). t ~ p, so
+Both stages are realised with ONE draw: the target sample t (the token :func:`reference.sample`
+draws with the counter-based random numbers of this position). t ~ p, so
 ``t == d`` happens with probability p(d) (accept), and given ``t != d``, t is distributed as p
 conditioned on not being d, which is exactly the residual (reject, emit t as the bonus token).
-The noise of draft position k is the hash of (seed, step + k): the very numbers plain decoding
+The random numbers of draft position k are the hash of (seed, step + k): the very numbers plain decoding
 draws at that step, so a request's tokens are the same with and without speculation (not only
 equal in distribution), and greedy rows (temperature 0: p is a point mass on the argmax) accept
 exactly when the draft is the masked argmax. p is the full target distribution of

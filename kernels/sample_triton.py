@@ -1,36 +1,26 @@
 """Triton kernels: bitmask apply, and the fused mask + temperature + top-k/top-p/min-p + sampling.
 
-One program per row loops over the vocabulary in ``BLOCK`` chunks, so a row's result depends
-only on that row's inputs (batch invariance) and ``BLOCK`` depends only on V.
+Sampling is by inverse CDF with counter-based uniforms (``reference.uniform_noise`` of the draw
+index, the same 32-bit integer hash in both backends): draw j picks the first token (in id order)
+at which the running sum of e = exp(s - max s) reaches u_j * Z. The kept set of top-k / top-p /
+min-p is ``{i : s_i >= tau}`` for an unknown threshold tau; it is never searched for:
 
-Split pass 1 (``SPLIT``, default when V is over one chunk): a first, lean kernel runs pass 1
-on (row, chunk) programs, one ``CHUNK``-token tile each (``CHUNK`` from V only): greedy rows
-write the chunk's max and its lowest index, sampling rows its max and 4 best keys. The per-row
-kernel then combines the row's chunks in chunk order (greedy: the first chunk holding the max,
-so the lowest id on ties; sampling: the row's 4 best keys, key desc then id asc, are among the
-chunks' 4 best) and goes on as below. Same tokens as without the split; only the logprob's
-normaliser is summed in another order.
+    pass 1: m = max(s), Z = sum exp(s - m)            (greedy: m and the lowest argmax only)
+    draws:  x_0..x_3 = 4 inverse-CDF draws from softmax(s) (u_0..u_3), one tile each
+    test pass (top-k / top-p only): count and mass above s_x0..s_x3 at once
+    token = the first kept x_j (rejection sampling: exact for the kept distribution)
+    all four cut (probability ~ (1 - kept mass)**4): rounds j = 4, 5, ...: draw x_j from
+      {s > low} (low = the highest cut score so far: every token at or below it is cut), test it
 
-Sampling is the Gumbel-max trick with counter-based noise (``reference.uniform_noise``, the
-same 32-bit integer hash in both backends): token = argmax over the kept set of ``s_i + g_i``.
-The kept set is ``{i : s_i >= tau}`` for an unknown threshold tau (top-k, top-p and min-p
-are all thresholds on the score s), found without sorting:
+Passes over V: greedy 1; sampling 1 plus 4 tiles; top-k / top-p 2 plus 4 tiles; no host
+synchronisation, no sort, no per-token random numbers (no hashing of the vocabulary).
 
-    pass 1: m = max(s); c0..c3 = the 4 best keys s + g (key order)   # greedy: m and argmax only
-    min-p only: no pass; kept(c) <=> exp(s_c - m) >= min_p
-    pass 2 (top-k / top-p): count and mass above s_c0..s_c3 and q4 = (max s_cj + m) / 2 at
-            once, Z = sum exp(s - m); token = the first kept c_j     # every higher key is cut
-    all four cut (probability ~ (1 - kept mass)**4): [low, high] = [max s_cj, q4] if q4 is
-      kept, else [q4, m] (the first dual-pivot test, for free); then rounds
-      propose pass: c = argmax of s+g above low (blocks that cannot win skip the noise)
-      test pass at p0 = s_c, p1 = (s_c + high) / 2 (dual pivot, as FlashInfer):
-            p0 kept -> token = c; p1 cut -> low = p1; else low = p0, high = p1
-
-The candidates are a prefix of all tokens in key order, so the first kept one is the argmax
-over the kept set; every later candidate is the argmax of an upper set holding the kept set,
-so the first kept one is again the answer. Either way the reference's token. Passes over V:
-greedy 1; top-p / top-k 2 (4, plus 2 a further round, in the rare fallback); min-p alone 1. No host
-synchronisation, no sort, no extra memory.
+When V is over one chunk (``SPLIT``) each pass runs over (row, chunk) programs, ``CHUNK`` from
+V only, so a row's token depends on that row alone: ``_split_pass1_kernel`` (per chunk: max,
+sum of exp, greedy argmax), ``_split_draw_kernel`` ((row, draw) programs: the chunk that holds
+the draw from the chunks' masses, then one tile's cumulative sum), ``_split_pass2_kernel``
+(the test pass per chunk), and the per-row ``_sample_kernel`` adds the chunks' results in chunk
+order and decides. Otherwise ``_sample_kernel`` runs every pass itself, looping over the row.
 """
 
 from __future__ import annotations
@@ -47,6 +37,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Device helpers are inlined by the compiler; under the interpreter each @triton.jit call
 # re-patches triton.language (~0.4 ms), so there they are plain functions (same code).
 _helper = (lambda fn: fn) if _INTERPRET else triton.jit
+N_DRAWS = 4  # inverse-CDF draws per row before the rounds
+NDRAW = tl.constexpr(N_DRAWS)
 
 
 @_helper
@@ -71,27 +63,18 @@ def _row_keys(seed, step):
     return k0, k1
 
 
-if _INTERPRET:
-
-    def _log2(x):
-        return tl.log2(x)
-
-else:
-
-    @triton.jit
-    def _log2(x):
-        # MUFU lg2 (rel. error ~2**-22): tl.log2 is a ~20-instruction libdevice polynomial
-        return tl.inline_asm_elementwise(
-            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
+@_helper
+def _draw_t(j, k0, k1):
+    # hash id j (uint32) -> t = 2 * (r >> 9) + 1 (int64, odd, < 2**24): the uniform t / 2**24
+    # (reference.draw_bits; reference.uniform_noise at id j is the same u)
+    r = _mix32(_mix32(j + k0) ^ k1)
+    return (r >> 9).to(tl.int64) * 2 + 1
 
 
 @_helper
-def _gumbel(offs, k0, k1):
-    # offs: int32 [BLOCK] token ids -> Gumbel noise [BLOCK] float32 (reference.gumbel_noise)
-    r = _mix32(_mix32(offs.to(tl.uint32) + k0) ^ k1)
-    u = ((r >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-    return -0.6931471805599453 * _log2(-_log2(u))
+def _scale(total, t):
+    # floor(total * t / 2**24), exactly, for int64 total < 2**50 and t < 2**24
+    return (total >> 24) * t + (((total & 0xFFFFFF) * t) >> 24)
 
 
 @_helper
@@ -106,204 +89,203 @@ def _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MA
     return x * inv_t
 
 
-# max over u of -log(-log(u)) is 16.64 (u = 1 - 2**-24); a block whose best score plus this
-# cannot beat the best key so far needs no noise (fl(s + g) <= fl(bm + GMAX) by monotone rounding)
+@_helper
+def _quanta(s, mc, low):
+    # q = floor(exp(s - mc) * 2**32) (int64) on {s > low}, 0 elsewhere; mc = the chunk's max
+    e = tl.exp(s - tl.where(mc == float("-inf"), 0.0, mc)) * 4294967296.0
+    return tl.where(s > low, e.to(tl.int64), 0)
 
 
 @_helper
-def _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low,
-             HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    # -> argmax of s + g over {s > low} (blocks that cannot beat the best key skip the noise)
+def _pick_chunk(ms, zs, cs, t):
+    # the chunks' max and quanta sums -> the chunk c with cum_{c-1} <= g < cum_c over the chunk
+    # weights W_c = int64(float(Z_c) * exp(m_c - m)), g = floor(sum(W) * t / 2**24)
+    m = tl.max(ms, 0)
+    safe_m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.where(ms == float("-inf"), 0, (zs.to(tl.float32) * tl.exp(ms - safe_m)).to(tl.int64))
+    cum = tl.cumsum(w, 0)
+    g = _scale(tl.max(cum, 0), t)
+    return tl.sum((cum <= g).to(tl.int32), 0)
+
+
+@_helper
+def _pick_in_tile(s, mc, low, zc, offs, t):
+    # the token i of the chunk tile with cum_{i-1} <= h < cum_i over its quanta, h = floor(zc * t / 2**24)
+    cum = tl.cumsum(_quanta(s, mc, low), 0)
+    return tl.min(offs, 0) + tl.sum((cum <= _scale(zc, t)).to(tl.int32), 0)
+
+
+@_helper
+def _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low,
+                HAS_MASK: tl.constexpr, CHUNK: tl.constexpr, SP: tl.constexpr):  # fmt: skip
+    # one pass over the row by chunks -> each chunk's max and quanta sum over {s > low}, as
+    # [SP] vectors (what _split_pass1_kernel stores per chunk)
+    cs = tl.arange(0, SP)
+    ms = tl.full([SP], float("-inf"), tl.float32)
+    zs = tl.zeros([SP], tl.int64)
+    for start in range(0, V, CHUNK):
+        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + tl.arange(0, CHUNK), V, inv_t, HAS_MASK)
+        mc = tl.max(s, 0)
+        zc = tl.sum(_quanta(s, mc, low), 0)
+        ms = tl.where(cs == start // CHUNK, mc, ms)
+        zs = tl.where(cs == start // CHUNK, zc, zs)
+    return ms, zs, cs
+
+
+@_helper
+def _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1,
+              HAS_MASK: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    # inverse-CDF draw j over {s > low}: the chunk (hash id 2j), then the token in it (id 2j + 1)
+    c = _pick_chunk(ms, zs, cs, _draw_t(2 * j, k0, k1))
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
+    mc = tl.sum(tl.where(cs == c, ms, 0.0), 0)
+    zc = tl.sum(tl.where(cs == c, zs, 0), 0)
+    return _pick_in_tile(s, mc, low, zc, offs, _draw_t(2 * j + 1, k0, k1))
+
+
+@_helper
+def _log_z(ms, zs):
+    # log sum exp(s - m) from the chunks' quanta sums (the logprob's normaliser), m = max(ms)
+    m = tl.max(ms, 0)
+    safe_m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.where(ms == float("-inf"), 0.0, zs.to(tl.float32) * tl.exp(ms - safe_m))
+    z = tl.sum(w, 0) * (1.0 / 4294967296.0)
+    return tl.log(tl.where(z > 0.0, z, 1.0))  # 0 only on an empty row (logprob -inf anyway)
+
+
+@_helper
+def _tile_sums(s, m, q0, q1, q2, q3, k_on):
+    # one tile of scores -> sum exp(s - m), and the mass (and count, if top-k is on) above q0..q3
+    e = tl.exp(s - m)
+    zz = tl.sum(e, 0)
+    mass0 = tl.sum(tl.where(s > q0, e, 0.0), 0)
+    mass1 = tl.sum(tl.where(s > q1, e, 0.0), 0)
+    mass2 = tl.sum(tl.where(s > q2, e, 0.0), 0)
+    mass3 = tl.sum(tl.where(s > q3, e, 0.0), 0)
+    cnt0 = 0
+    cnt1 = 0
+    cnt2 = 0
+    cnt3 = 0
+    if k_on:
+        cnt0 = tl.sum((s > q0).to(tl.int32), 0)
+        cnt1 = tl.sum((s > q1).to(tl.int32), 0)
+        cnt2 = tl.sum((s > q2).to(tl.int32), 0)
+        cnt3 = tl.sum((s > q3).to(tl.int32), 0)
+    return zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3
+
+
+@_helper
+def _test_loop(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on,
+               HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    # the test pass over the whole row: _tile_sums added block by block
     arange = tl.arange(0, BLOCK)
-    best_key = float("-inf")
-    tok = 0
+    zz = 0.0
+    mass0 = 0.0
+    mass1 = 0.0
+    mass2 = 0.0
+    mass3 = 0.0
+    cnt0 = 0
+    cnt1 = 0
+    cnt2 = 0
+    cnt3 = 0
     for start in range(0, V, BLOCK):
-        offs = start + arange
-        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
-        s_up = tl.where(s > low, s, float("-inf"))
-        if tl.max(s_up, 0) + 17.0 > best_key:
-            key = s_up + _gumbel(offs, k0, k1)
-            bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
-            tok = tl.where(bk > best_key, start + bi, tok)
-            best_key = tl.maximum(best_key, bk)
-    return tok
+        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+        bz, b0, b1, b2, b3, n0, n1, n2, n3 = _tile_sums(s, m, q0, q1, q2, q3, k_on)
+        zz += bz
+        mass0 += b0
+        mass1 += b1
+        mass2 += b2
+        mass3 += b3
+        cnt0 += n0
+        cnt1 += n1
+        cnt2 += n2
+        cnt3 += n3
+    return zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3
 
 
 @_helper
-def _insert(key, tok, c0, t0, c1, t1, c2, t2, c3, t3):
-    # insert (key, tok) into the 4 best (key desc) so far; an equal key goes after the ones
-    # already there (they have lower token ids: blocks go up, ties within a block go left)
-    n0 = tl.where(key > c0, key, c0)
-    u0 = tl.where(key > c0, tok, t0)
-    n1 = tl.where(key > c0, c0, tl.where(key > c1, key, c1))
-    u1 = tl.where(key > c0, t0, tl.where(key > c1, tok, t1))
-    n2 = tl.where(key > c1, c1, tl.where(key > c2, key, c2))
-    u2 = tl.where(key > c1, t1, tl.where(key > c2, tok, t2))
-    n3 = tl.where(key > c2, c2, tl.where(key > c3, key, c3))
-    u3 = tl.where(key > c2, t2, tl.where(key > c3, tok, t3))
-    return n0, u0, n1, u1, n2, u2, n3, u3
+def _filter_on(top_k, top_p, min_p, V):
+    # -> (top-k on, top-p on, any filter on)
+    k_on = (top_k > 0) & (top_k < V)
+    cut_p = top_p < 1.0
+    return k_on, cut_p, k_on | cut_p | (min_p > 0.0)
 
 
 @_helper
-def _candidates(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                HAS_MASK: tl.constexpr, WITH_Z: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    # pass 1 -> the 4 best keys s + g with their tokens (key desc, lowest id on ties; key -inf
-    # where fewer than 4 tokens are allowed), max(s), sum(exp(s - max s)) if WITH_Z
-    arange = tl.arange(0, BLOCK)
-    ninf = float("-inf")
-    c0 = ninf
-    c1 = ninf
-    c2 = ninf
-    c3 = ninf
-    t0 = 0
-    t1 = 0
-    t2 = 0
-    t3 = 0
-    m = ninf
-    z = 0.0
-    for start in range(0, V, BLOCK):
-        offs = start + arange
-        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
-        bm = tl.max(s, 0)
-        if bm + 17.0 > c3:  # else no key of this block can enter the 4 best
-            key = s + _gumbel(offs, k0, k1)
-            bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
-            while bk > c3:
-                c0, t0, c1, t1, c2, t2, c3, t3 = _insert(bk, start + bi, c0, t0, c1, t1, c2, t2, c3, t3)
-                key = tl.where(arange == bi, ninf, key)
-                bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
-        if WITH_Z:
-            new_m = tl.maximum(m, bm)
-            safe_m = tl.where(new_m == ninf, 0.0, new_m)
-            z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
-        m = tl.maximum(m, bm)
-    return c0, t0, c1, t1, c2, t2, c3, t3, m, z
+def _score(lrow, stride_lv, tok, inv_t):
+    return tl.load(lrow + tl.maximum(tok, 0).to(tl.int64) * stride_lv).to(tl.float32) * inv_t
 
 
 # fmt: off
 @_helper
-def _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
-    # Top-k / top-p / min-p without a sort. The kept set is {s >= tau}; the answer is the first
-    # of the key-ordered candidates c0..c3 that is kept (every key above it belongs to a cut
-    # token). One test pass measures count and mass above the four candidate scores at once;
-    # min-p alone needs no pass (e_i >= min_p is known from m). Only when all four are cut
-    # (probability ~ (1 - kept mass)**4) do pivot rounds follow (see the module docstring).
-    arange = tl.arange(0, BLOCK)
+def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
+    # fmt: on
+    # The first of the draws x0..x3 (samples of softmax(s)) that the filters keep; a draw is
+    # kept iff count / mass strictly above its score pass top-k / top-p and e >= min_p. The test
+    # pass measures the four at once (SPLIT2: _split_pass2_kernel did it per chunk, added here
+    # in chunk order); min-p alone needs none. All four cut: rounds of one draw from {s > low}
+    # and one test each (see the module docstring).
     kmax = tl.where(top_k > 0, top_k, 2147483647)
-    cut_p = top_p < 1.0
-    k_on = (top_k > 0) & (top_k < V)
-    active = k_on | cut_p | (min_p > 0.0)
-    tok = t0
-    if active & (m > float("-inf")):
-        # candidate scores (+inf where a slot is empty: never counted, marked cut below)
-        v0 = c0 > float("-inf")
-        v1 = c1 > float("-inf")
-        v2 = c2 > float("-inf")
-        v3 = c3 > float("-inf")
-        q0 = tl.where(v0, tl.load(lrow + t0.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
-        q1 = tl.where(v1, tl.load(lrow + t1.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
-        q2 = tl.where(v2, tl.load(lrow + t2.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
-        q3 = tl.where(v3, tl.load(lrow + t3.to(tl.int64) * stride_lv).to(tl.float32) * inv_t, float("inf"))
-        ninf = float("-inf")
-        qmax = tl.maximum(tl.maximum(tl.where(v0, q0, ninf), tl.where(v1, q1, ninf)),
-                          tl.maximum(tl.where(v2, q2, ninf), tl.where(v3, q3, ninf)))
-        q4 = qmax * 0.5 + m * 0.5  # brackets tau for the rounds should all four be cut
+    k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
+    tok = x0
+    if active:
+        q0 = _score(lrow, stride_lv, x0, inv_t)
+        q1 = _score(lrow, stride_lv, x1, inv_t)
+        q2 = _score(lrow, stride_lv, x2, inv_t)
+        q3 = _score(lrow, stride_lv, x3, inv_t)
         zz = 0.0
         mass0 = 0.0
         mass1 = 0.0
         mass2 = 0.0
         mass3 = 0.0
-        mass4 = 0.0
         cnt0 = 0
         cnt1 = 0
         cnt2 = 0
         cnt3 = 0
-        cnt4 = 0
-        if k_on:
-            for start in range(0, V, BLOCK):
-                s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-                e = tl.exp(s - m)
-                zz += tl.sum(e, 0)
-                cnt0 += tl.sum((s > q0).to(tl.int32), 0)
-                cnt1 += tl.sum((s > q1).to(tl.int32), 0)
-                cnt2 += tl.sum((s > q2).to(tl.int32), 0)
-                cnt3 += tl.sum((s > q3).to(tl.int32), 0)
-                cnt4 += tl.sum((s > q4).to(tl.int32), 0)
-                mass0 += tl.sum(tl.where(s > q0, e, 0.0), 0)
-                mass1 += tl.sum(tl.where(s > q1, e, 0.0), 0)
-                mass2 += tl.sum(tl.where(s > q2, e, 0.0), 0)
-                mass3 += tl.sum(tl.where(s > q3, e, 0.0), 0)
-                mass4 += tl.sum(tl.where(s > q4, e, 0.0), 0)
-        elif cut_p:  # top-p without top-k: masses only
-            for start in range(0, V, BLOCK):
-                s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-                e = tl.exp(s - m)
-                zz += tl.sum(e, 0)
-                mass0 += tl.sum(tl.where(s > q0, e, 0.0), 0)
-                mass1 += tl.sum(tl.where(s > q1, e, 0.0), 0)
-                mass2 += tl.sum(tl.where(s > q2, e, 0.0), 0)
-                mass3 += tl.sum(tl.where(s > q3, e, 0.0), 0)
-                mass4 += tl.sum(tl.where(s > q4, e, 0.0), 0)
-        # cut: a token scoring exactly q would be filtered out, i.e. q < tau
+        if k_on | cut_p:
+            if SPLIT2:
+                c = tl.arange(0, SP)
+                cm = c < S
+                zz = tl.sum(tl.load(sums_ptr + c, mask=cm, other=0.0), 0)
+                mass0 = tl.sum(tl.load(sums_ptr + S + c, mask=cm, other=0.0), 0)
+                mass1 = tl.sum(tl.load(sums_ptr + 2 * S + c, mask=cm, other=0.0), 0)
+                mass2 = tl.sum(tl.load(sums_ptr + 3 * S + c, mask=cm, other=0.0), 0)
+                mass3 = tl.sum(tl.load(sums_ptr + 4 * S + c, mask=cm, other=0.0), 0)
+                if k_on:
+                    cnt0 = tl.sum(tl.load(sums_ptr + 5 * S + c, mask=cm, other=0.0), 0).to(tl.int32)
+                    cnt1 = tl.sum(tl.load(sums_ptr + 6 * S + c, mask=cm, other=0.0), 0).to(tl.int32)
+                    cnt2 = tl.sum(tl.load(sums_ptr + 7 * S + c, mask=cm, other=0.0), 0).to(tl.int32)
+                    cnt3 = tl.sum(tl.load(sums_ptr + 8 * S + c, mask=cm, other=0.0), 0).to(tl.int32)
+            else:
+                zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
+                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, HAS_MASK, BLOCK)
+        # kept: a token scoring q survives every filter (ties at a threshold are kept)
         pz = top_p * zz
-        cut0 = (v0 == 0) | (cnt0 >= kmax) | (cut_p & (mass0 >= pz)) | (tl.exp(q0 - m) < min_p)
-        cut1 = (v1 == 0) | (cnt1 >= kmax) | (cut_p & (mass1 >= pz)) | (tl.exp(q1 - m) < min_p)
-        cut2 = (v2 == 0) | (cnt2 >= kmax) | (cut_p & (mass2 >= pz)) | (tl.exp(q2 - m) < min_p)
-        cut3 = (v3 == 0) | (cnt3 >= kmax) | (cut_p & (mass3 >= pz)) | (tl.exp(q3 - m) < min_p)
-        cut4 = (cnt4 >= kmax) | (cut_p & (mass4 >= pz)) | (tl.exp(q4 - m) < min_p)
-        tok = tl.where(cut2, t3, t2)
-        tok = tl.where(cut1, tok, t1)
-        tok = tl.where(cut0, tok, t0)
-        searching = cut0 & cut1 & cut2 & cut3
+        keep0 = (cnt0 < kmax) & ((cut_p == 0) | (mass0 < pz)) & (tl.exp(q0 - m) >= min_p)
+        keep1 = (cnt1 < kmax) & ((cut_p == 0) | (mass1 < pz)) & (tl.exp(q1 - m) >= min_p)
+        keep2 = (cnt2 < kmax) & ((cut_p == 0) | (mass2 < pz)) & (tl.exp(q2 - m) >= min_p)
+        keep3 = (cnt3 < kmax) & ((cut_p == 0) | (mass3 < pz)) & (tl.exp(q3 - m) >= min_p)
+        tok = tl.where(keep2, x2, x3)
+        tok = tl.where(keep1, x1, tok)
+        tok = tl.where(keep0, x0, tok)
+        searching = (keep0 | keep1 | keep2 | keep3) == 0
         if searching:
-            # tau is above every candidate's score (and above q4 if q4 is cut): propose the
-            # Gumbel argmax above that, then test it at two pivots per pass (dual-pivot rounds,
-            # as FlashInfer)
-            low = tl.where(cut4, q4, qmax)
-            high = tl.where(cut4, m, q4)  # a score known to be kept
-            tok = _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK, BLOCK)
+            # every token scoring at or below a cut draw is cut: draw again above the highest
+            low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
+            j = tl.full((), NDRAW, tl.uint32)
             while searching:
-                sc = tl.load(lrow + tok.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-                p0 = sc
-                p1 = sc * 0.5 + high * 0.5
-                zz = 0.0
-                mass0 = 0.0
-                mass1 = 0.0
-                cnt0 = 0
-                cnt1 = 0
-                if k_on | cut_p:
-                    for start in range(0, V, BLOCK):
-                        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t,
-                                         HAS_MASK)
-                        e = tl.exp(s - m)
-                        a0 = s > p0
-                        a1 = s > p1
-                        zz += tl.sum(e, 0)
-                        cnt0 += tl.sum(a0.to(tl.int32), 0)
-                        cnt1 += tl.sum(a1.to(tl.int32), 0)
-                        mass0 += tl.sum(tl.where(a0, e, 0.0), 0)
-                        mass1 += tl.sum(tl.where(a1, e, 0.0), 0)
-                cut0 = (cnt0 >= kmax) | (cut_p & (mass0 >= top_p * zz)) | (tl.exp(p0 - m) < min_p)
-                cut1 = (cnt1 >= kmax) | (cut_p & (mass1 >= top_p * zz)) | (tl.exp(p1 - m) < min_p)
-                low = tl.where(cut1, p1, p0)
-                high = tl.where(cut1, high, p1)
-                if cut0:  # else tok is kept, hence the argmax over the kept set
-                    tok = _propose(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, low, HAS_MASK,
-                                   BLOCK)
-                searching = cut0
+                ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, HAS_MASK, CHUNK, SP)
+                tok = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1,
+                                HAS_MASK, CHUNK)
+                q = _score(lrow, stride_lv, tok, inv_t)
+                zz, mass0, _b1, _b2, _b3, cnt0, _n1, _n2, _n3 = _test_loop(
+                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q, q, q, q, k_on, HAS_MASK, BLOCK)
+                keep = (cnt0 < kmax) & ((cut_p == 0) | (mass0 < top_p * zz)) & (tl.exp(q - m) >= min_p)
+                low = q
+                j += 1
+                searching = keep == 0
     return tok
-
-
-@_helper
-def _pick(keys, toks, live):
-    # the best live (key, token) by key desc, token asc -> (key, token, live without it);
-    # token 0 where no live key is finite (as _candidates leaves an empty slot)
-    kk = tl.where(live, keys, float("-inf"))
-    bk = tl.max(kk, 0)
-    cand = live & (kk == bk)
-    bt = tl.min(tl.where(cand, toks, 2147483647), 0)
-    live = live & ((cand & (toks == bt)) == 0)
-    return bk, tl.where(bk > float("-inf"), bt, 0), live
 
 
 # fmt: off
@@ -311,8 +293,8 @@ def _pick(keys, toks, live):
 def _split_pass1_kernel(
     logits_ptr, stride_lb, stride_lv,  # [B, V]
     mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
-    temp_ptr, seed_ptr, step_ptr,  # [B] float32, int64, int64
-    pf_ptr, pi_ptr,  # out: [B, 6, S] float32 (max, sum exp(s - max), 4 best keys), [B, 4, S] int32 tokens
+    temp_ptr,  # [B] float32
+    pm_ptr, pz_ptr, pi_ptr,  # out: [B, S] float32 max s, int64 quanta sum, int32 greedy argmax
     V, S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
@@ -321,8 +303,8 @@ def _split_pass1_kernel(
 ):
     # fmt: on
     # program (row, c) runs pass 1 on tokens [c * CHUNK, (c + 1) * CHUNK) of the row, one tile:
-    # greedy rows: max and its lowest index; sampling rows: max and the 4 best Gumbel keys (key
-    # desc, lowest id on ties). CHUNK depends on V only, so a row's result depends on that row.
+    # the max of s, its lowest index (greedy rows) and the quanta sum (sampling rows, or for the
+    # logprob). CHUNK depends on V only, so a row's result depends on that row.
     pid = tl.program_id(0)
     r = pid // S
     c = pid - r * S
@@ -336,29 +318,111 @@ def _split_pass1_kernel(
     offs = c * CHUNK + tl.arange(0, CHUNK)
     # the tile is loaded before the row's kind is known (no load waits on another)
     x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, 1.0, HAS_MASK)
-    pf_row = pf_ptr + row * 6 * S + c
-    pi_row = pi_ptr + row * 4 * S + c
     greedy = temp == 0
     if greedy:
-        m, bi = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
-        tl.store(pi_row, c * CHUNK + bi)
         s = x
+        m, bi = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
+        tl.store(pi_ptr + row * S + c, c * CHUNK + bi)
     else:
-        inv_t = tl.math.div_rn(1.0, temp)  # IEEE, as torch
-        s = x * inv_t
+        s = x * tl.math.div_rn(1.0, temp)  # IEEE, as torch
         m = tl.max(s, 0)
-        k0, k1 = _row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
-        key = s + _gumbel(offs, k0, k1)
-        arange = tl.arange(0, CHUNK)
-        for j in tl.static_range(4):
-            bk, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
-            tl.store(pf_row + (2 + j) * S, bk)
-            tl.store(pi_row + j * S, c * CHUNK + bi)
-            key = tl.where(arange == bi, float("-inf"), key)
-    tl.store(pf_row, m)
-    if RETURN_LOGPROBS:
-        safe_m = tl.where(m == float("-inf"), 0.0, m)
-        tl.store(pf_row + S, tl.sum(tl.exp(s - safe_m), 0))
+    tl.store(pm_ptr + row * S + c, m)
+    if RETURN_LOGPROBS | (greedy == 0):
+        tl.store(pz_ptr + row * S + c, tl.sum(_quanta(s, m, float("-inf")), 0))
+
+
+# fmt: off
+@triton.jit
+def _split_draw_kernel(
+    logits_ptr, stride_lb, stride_lv,  # [B, V]
+    mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
+    temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B] float32, int64, float32, float32
+    seed_ptr, step_ptr,  # [B] int64
+    pm_ptr, pz_ptr,  # [B, S] float32, int64 written by _split_pass1_kernel
+    dx_ptr, dq_ptr,  # out: [B, NDRAW] int32 drawn tokens, float32 their scores
+    V, S,
+    HAS_MASK: tl.constexpr,
+    HAS_ROW_MAP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SP: tl.constexpr,
+):
+    # fmt: on
+    # program (row, j): inverse-CDF draw j of a sampling row (only j = 0 without a filter): the
+    # chunk from the chunks' weights, then the token from that one tile's running quanta sum
+    pid = tl.program_id(0)
+    r = pid // NDRAW
+    j = pid - r * NDRAW
+    row = r.to(tl.int64)
+    temp = tl.load(temp_ptr + r)
+    k_on, cut_p, active = _filter_on(tl.load(top_k_ptr + r), tl.load(top_p_ptr + r), tl.load(min_p_ptr + r), V)
+    if (temp != 0) & ((j == 0) | active):
+        cs = tl.arange(0, SP)
+        ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
+        if tl.max(ms, 0) > float("-inf"):
+            zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)
+            lrow = logits_ptr + row * stride_lb
+            mrow_ptr = mask_ptr + row * stride_mb
+            has_row_mask = True
+            if HAS_ROW_MAP:
+                has_row_mask = tl.load(mask_row_ptr + r) != 0
+            inv_t = tl.math.div_rn(1.0, temp)
+            k0, k1 = _row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
+            x = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                          j.to(tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            tl.store(dx_ptr + row * NDRAW + j, x)
+            tl.store(dq_ptr + row * NDRAW + j, _score(lrow, stride_lv, x, inv_t))
+
+
+# fmt: off
+@triton.jit
+def _split_pass2_kernel(
+    logits_ptr, stride_lb, stride_lv,  # [B, V]
+    mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
+    temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B] float32, int64, float32, float32
+    pm_ptr,  # [B, S] float32 written by _split_pass1_kernel
+    dq_ptr,  # [B, NDRAW] float32 written by _split_draw_kernel
+    ps_ptr,  # out: [B, 9, S] float32: sum exp(s - m), mass above q0..q3, count above q0..q3
+    V, S,
+    HAS_MASK: tl.constexpr,
+    HAS_ROW_MAP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SP: tl.constexpr,
+):
+    # fmt: on
+    # program (row, c): the test pass of _decide on tokens [c * CHUNK, (c + 1) * CHUNK) of a
+    # sampling row with top-k or top-p on (other rows: nothing)
+    pid = tl.program_id(0)
+    r = pid // S
+    c = pid - r * S
+    row = r.to(tl.int64)
+    temp = tl.load(temp_ptr + r)
+    k_on, cut_p, active = _filter_on(tl.load(top_k_ptr + r), tl.load(top_p_ptr + r), tl.load(min_p_ptr + r), V)
+    if (temp != 0) & (k_on | cut_p):
+        lrow = logits_ptr + row * stride_lb
+        mrow_ptr = mask_ptr + row * stride_mb
+        has_row_mask = True
+        if HAS_ROW_MAP:
+            has_row_mask = tl.load(mask_row_ptr + r) != 0
+        inv_t = tl.math.div_rn(1.0, temp)
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
+        cs = tl.arange(0, SP)
+        m = tl.max(tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf")), 0)
+        dq = dq_ptr + row * NDRAW
+        sums = _tile_sums(s, tl.where(m == float("-inf"), 0.0, m), tl.load(dq), tl.load(dq + 1), tl.load(dq + 2),
+                          tl.load(dq + 3), k_on)
+        zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
+        out = ps_ptr + row * 9 * S + c
+        tl.store(out, zz)
+        tl.store(out + S, mass0)
+        tl.store(out + 2 * S, mass1)
+        tl.store(out + 3 * S, mass2)
+        tl.store(out + 4 * S, mass3)
+        if k_on:
+            tl.store(out + 5 * S, cnt0.to(tl.float32))
+            tl.store(out + 6 * S, cnt1.to(tl.float32))
+            tl.store(out + 7 * S, cnt2.to(tl.float32))
+            tl.store(out + 8 * S, cnt3.to(tl.float32))
 
 
 # fmt: off
@@ -370,15 +434,18 @@ def _sample_kernel(
     top_k_ptr, top_p_ptr, min_p_ptr,  # [B] int64, float32, float32
     seed_ptr, step_ptr,  # [B] int64
     tokens_ptr, empty_ptr, logprobs_ptr,  # [B] int64, bool, float32
-    pf_ptr, pi_ptr,  # SPLIT: [B, 6, S] float32, [B, 4, S] int32 written by _split_pass1_kernel
+    pm_ptr, pz_ptr, pi_ptr,  # SPLIT: [B, S] float32, int64, int32 written by _split_pass1_kernel
+    dx_ptr,  # SPLIT: [B, NDRAW] int32 written by _split_draw_kernel
+    ps_ptr,  # SPLIT2: [B, 9, S] float32 written by _split_pass2_kernel
     V, S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK: tl.constexpr,
-    SPLIT: tl.constexpr,  # pass 1 was done by _split_pass1_kernel: combine its S chunk results
+    CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,  # pass 1 and the draws ran over (row, chunk) programs: combine them
+    SPLIT2: tl.constexpr,  # (with SPLIT) the test pass too
     SP: tl.constexpr,  # next power of 2 >= S
-    SP4: tl.constexpr,  # next power of 2 >= 4 * S
 ):
     # fmt: on
     pid = tl.program_id(0)
@@ -391,41 +458,31 @@ def _sample_kernel(
     temp = tl.load(temp_ptr + pid)
     greedy = temp == 0
     inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp)))  # IEEE, as torch
-    seed = tl.load(seed_ptr + pid)
-    step = tl.load(step_ptr + pid)
-    k0, k1 = _row_keys(seed, step)
-    arange = tl.arange(0, BLOCK)
-
+    k0, k1 = _row_keys(tl.load(seed_ptr + pid), tl.load(step_ptr + pid))
     top_k = tl.load(top_k_ptr + pid)
     top_p = tl.load(top_p_ptr + pid)
     min_p = tl.load(min_p_ptr + pid)
+    cs = tl.arange(0, SP)
+    log_z = 0.0
     if SPLIT:
-        # the chunks' results, in chunk order: max, argmax (lowest id), sum exp(s - max), 4 best keys
-        pf_row = pf_ptr + row * 6 * S
-        pi_row = pi_ptr + row * 4 * S
-        c = tl.arange(0, SP)
-        ms = tl.load(pf_row + c, mask=c < S, other=float("-inf"))
-        idxs = tl.load(pi_row + c, mask=c < S, other=0)  # with ms: no load waits on another
+        # the chunks' results, in chunk order: max, argmax (lowest id), quanta sum
+        ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
+        idxs = tl.load(pi_ptr + row * S + cs, mask=cs < S, other=0)  # with ms: no load waits on another
         m, bc = tl.max(ms, 0, return_indices=True, return_indices_tie_break_left=True)
-        z = 0.0
         if RETURN_LOGPROBS:
-            safe_m = tl.where(m == float("-inf"), 0.0, m)
-            zs = tl.load(pf_row + S + c, mask=c < S, other=0.0)
-            z = tl.sum(tl.where(ms == float("-inf"), 0.0, zs * tl.exp(ms - safe_m)), 0)
+            log_z = _log_z(ms, tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0))
         if greedy:  # the first chunk holding the max, its lowest argmax: the row's lowest argmax
-            tok = tl.sum(tl.where(c == bc, idxs, 0), 0)
-        else:  # the 4 best keys of the row are among the chunks' 4 best; then the filter as below
-            e = tl.arange(0, SP4)
-            keys = tl.load(pf_row + 2 * S + e, mask=e < 4 * S, other=float("-inf"))
-            toks = tl.load(pi_row + e, mask=e < 4 * S, other=0)
-            live = e < 4 * S
-            c0, t0, live = _pick(keys, toks, live)
-            c1, t1, live = _pick(keys, toks, live)
-            c2, t2, live = _pick(keys, toks, live)
-            c3, t3, live = _pick(keys, toks, live)
-            tok = _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr,
-                          has_row_mask, V, inv_t, k0, k1, HAS_MASK, BLOCK)
+            tok = tl.sum(tl.where(cs == bc, idxs, 0), 0)
+        else:
+            tok = 0
+            if m > float("-inf"):
+                dx = dx_ptr + row * NDRAW
+                tok = _decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
+                              tl.load(dx + 3).to(tl.int32), m, top_k, top_p,
+                              min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
+                              ps_ptr + row * 9 * S, S, HAS_MASK, BLOCK, CHUNK, SPLIT2, SP)
     elif greedy:  # one pass: m = max(s) and its lowest argmax
+        arange = tl.arange(0, BLOCK)
         m = float("-inf")
         tok = 0
         z = 0.0
@@ -438,12 +495,25 @@ def _sample_kernel(
                 safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
                 z = z * tl.exp(m - safe_m) + tl.sum(tl.exp(s - safe_m), 0)
             m = tl.maximum(m, bm)
-    else:  # pass 1: the 4 best Gumbel keys; then the first kept one (test pass, if top-k / top-p)
-        c0, t0, c1, t1, c2, t2, c3, t3, m, z = _candidates(
-            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, HAS_MASK, RETURN_LOGPROBS, BLOCK
-        )
-        tok = _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr,
-                      has_row_mask, V, inv_t, k0, k1, HAS_MASK, BLOCK)
+        log_z = tl.log(tl.where(m == float("-inf"), 1.0, z))
+    else:  # pass 1 by chunks; the draws (a tile each); then the first kept one
+        tok = 0
+        ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, float("-inf"), HAS_MASK, CHUNK,
+                                 SP)
+        m = tl.max(ms, 0)
+        if RETURN_LOGPROBS:
+            log_z = _log_z(ms, zs)
+        if m > float("-inf"):
+            x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                           tl.full((), 0, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                           tl.full((), 1, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                           tl.full((), 2, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                           tl.full((), 3, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            tok = _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V,
+                          inv_t, k0, k1, ps_ptr, S, HAS_MASK, BLOCK, CHUNK, False, SP)
     empty = m == float("-inf")
 
     tok = tl.where(empty, -1, tok)
@@ -451,7 +521,7 @@ def _sample_kernel(
     tl.store(empty_ptr + pid, empty)
     if RETURN_LOGPROBS:
         st = tl.load(lrow + tl.maximum(tok, 0).to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-        lp = tl.where(empty, float("-inf"), st - m - tl.log(tl.where(empty, 1.0, z)))
+        lp = tl.where(empty, float("-inf"), st - m - log_z)
         tl.store(logprobs_ptr + pid, lp)
 
 
@@ -482,11 +552,14 @@ def _apply_bitmask_kernel(
 # tuning knobs (benchmarks/bench_sampling.py --sweep sets them); BLOCK depends on V only
 BLOCK_MAX = 8192
 NUM_WARPS = 16
-# split pass 1: programs per row = cdiv(V, CHUNK), CHUNK depends on V only (never on B)
-SPLIT_CHUNK_MAX = 4096
-SPLIT_WARPS = 8  # 16 tokens a thread: 64 registers (fp32), 4 programs per SM
+# split passes: programs per row = cdiv(V, CHUNK), CHUNK = reference.chunk_size(V) (V only,
+# never B: it is part of what a seed samples)
+SPLIT_WARPS = 8  # 16 tokens a thread
 # "auto": split when a row has more than one chunk; "1": always; "0": never (one program per row)
 SPLIT = os.environ.get("DEEPINFER_SAMPLE_SPLIT", "auto")
+# with the split: "1" runs the top-k / top-p test pass over (row, chunk) programs too; "0" in the
+# per-row kernel (one program streams the row: latency-bound)
+SPLIT2 = os.environ.get("DEEPINFER_SAMPLE_SPLIT2", "1")
 
 
 def _block(V: int) -> int:
@@ -494,7 +567,7 @@ def _block(V: int) -> int:
 
 
 def _split_chunk(V: int) -> int:
-    return min(SPLIT_CHUNK_MAX, triton.next_power_of_2(V))
+    return reference.chunk_size(V)
 
 
 def _use_split(B: int, V: int) -> bool:
@@ -503,9 +576,9 @@ def _use_split(B: int, V: int) -> bool:
     return SPLIT == "1" or (SPLIT == "auto" and V > _split_chunk(V))
 
 
-def _launch_opts() -> dict:
-    # no FMA contraction: s = x * inv_t and key = s + g round as in torch
-    return {} if _INTERPRET else {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
+def _launch_opts(warps: int | None = None) -> dict:
+    # no FMA contraction: s = x * inv_t rounds as in torch
+    return {} if _INTERPRET else {"num_warps": warps or NUM_WARPS, "enable_fp_fusion": False}
 
 
 def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
@@ -538,13 +611,19 @@ def sample(
     seed: torch.Tensor,
     step: torch.Tensor,
     return_logprobs: bool = False,
+    kinds: str = "filter",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Triton version of :func:`reference.sample`.
 
     Arguments are validated [B] tensors on logits' device: temperature / top_p / min_p float32,
-    top_k / seed / step int64 (``deepinfer.kernels.sample`` prepares them); one launch (two with
-    the split pass 1), plus one small scatter when ``indices`` is given.
+    top_k / seed / step int64 (``deepinfer.kernels.sample`` prepares them). One launch when V
+    is one chunk; else up to four (pass 1, the draws, the test pass, the per-row decision),
+    plus one small scatter when ``indices`` is given. ``kinds`` (known on the host) leaves out
+    launches no row needs: "greedy" (every row greedy: no draws), "sample" (no row samples with
+    top-k or top-p: no test pass), "filter" (all of them).
     """
+    if kinds not in ("greedy", "sample", "filter"):
+        raise ValueError(f"kinds must be 'greedy', 'sample' or 'filter', got {kinds!r}")
     B, V = logits.shape
     dev = logits.device
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
@@ -560,25 +639,37 @@ def sample(
         bitmask if bitmask is not None else tokens, bitmask.stride(0) if bitmask is not None else 0,
         row_map if row_map is not None else tokens,
     )  # fmt: skip
+    flags = dict(HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None)
     split = _use_split(B, V)
-    S = 1
-    pf = pi = tokens  # unused without the split
+    if SPLIT2 not in ("0", "1"):
+        raise ValueError(f"DEEPINFER_SAMPLE_SPLIT2 must be 0 or 1, got {SPLIT2!r}")
+    split2 = split and kinds == "filter" and SPLIT2 == "1"
+    chunk = _split_chunk(V)
+    S = triton.cdiv(V, chunk)
+    SP = triton.next_power_of_2(S)
+    pm = pz = pi = dx = ps = tokens  # unused without the split
     if split:
-        # pass 1 over (row, chunk) programs; the per-row kernel combines the chunks' results
-        chunk = _split_chunk(V)
-        S = triton.cdiv(V, chunk)
-        pf = torch.empty(B, 6, S, dtype=torch.float32, device=dev)
-        pi = torch.empty(B, 4, S, dtype=torch.int32, device=dev)
+        lv = (logits, logits.stride(0), logits.stride(1))
+        pm = torch.empty(B, S, dtype=torch.float32, device=dev)
+        pz = torch.empty(B, S, dtype=torch.int64, device=dev)
+        pi = torch.empty(B, S, dtype=torch.int32, device=dev)
         _split_pass1_kernel[(B * S,)](
-            logits, logits.stride(0), logits.stride(1),
-            *mask_args,
-            temperature, seed, step,
-            pf, pi,
-            V, S,
-            HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None,
-            RETURN_LOGPROBS=return_logprobs, CHUNK=chunk,
-            **({} if _INTERPRET else {"num_warps": SPLIT_WARPS, "enable_fp_fusion": False}),
+            *lv, *mask_args, temperature, pm, pz, pi, V, S,
+            RETURN_LOGPROBS=return_logprobs, CHUNK=chunk, **flags, **_launch_opts(SPLIT_WARPS),
         )  # fmt: skip
+        if kinds != "greedy":
+            dx = torch.empty(B, N_DRAWS, dtype=torch.int32, device=dev)
+            dq = torch.empty(B, N_DRAWS, dtype=torch.float32, device=dev)
+            _split_draw_kernel[(B * N_DRAWS,)](
+                *lv, *mask_args, temperature, top_k, top_p, min_p, seed, step, pm, pz, dx, dq, V, S,
+                CHUNK=chunk, SP=SP, **flags, **_launch_opts(SPLIT_WARPS),
+            )  # fmt: skip
+        if split2:
+            ps = torch.empty(B, 9, S, dtype=torch.float32, device=dev)
+            _split_pass2_kernel[(B * S,)](
+                *lv, *mask_args, temperature, top_k, top_p, min_p, pm, dq, ps, V, S,
+                CHUNK=chunk, SP=SP, **flags, **_launch_opts(SPLIT_WARPS),
+            )  # fmt: skip
     _sample_kernel[(B,)](
         logits, logits.stride(0), logits.stride(1),
         *mask_args,
@@ -586,11 +677,10 @@ def sample(
         top_k, top_p, min_p,
         seed, step,
         tokens, empty, logprobs,
-        pf, pi,
+        pm, pz, pi, dx, ps,
         V, S,
-        HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None,
-        RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V),
-        SPLIT=split, SP=triton.next_power_of_2(S), SP4=triton.next_power_of_2(4 * S),
+        RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V), CHUNK=chunk,
+        SPLIT=split, SPLIT2=split2, SP=SP, **flags,
         **_launch_opts(),
     )  # fmt: skip
     return tokens, empty, (logprobs if return_logprobs else None)

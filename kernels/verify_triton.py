@@ -2,14 +2,14 @@
 definition and the derivation of the acceptance rule).
 
 Grid (B, K+1): program (b, k) computes the target token of row b at draft position k exactly as
-``sample_triton`` does for one row (bitmask, temperature, top-k / top-p / min-p, Gumbel max with
-the noise of (seed[b], step[b] + k)), stores it, and -- for a draft position whose target token
+``sample_triton`` does for one row (bitmask, temperature, top-k / top-p / min-p, the draws with
+the random numbers of (seed[b], step[b] + k)), stores it, and -- for a draft position whose target token
 differs from the draft -- lowers the row's accepted length with an atomic min. The accepted
 length starts at num_drafts[b] (every draft matched); the minimum over mismatching positions is
 the first mismatch. One launch, no host sync, every position of every row in parallel:
 
     t = sample(logits[b, k] | mask[b, k], seed[b], step[b] + k)    # target token
-    # q = point mass on the draft d: accept with prob. p(d) <=> t == d (one Gumbel draw);
+    # q = point mass on the draft d: accept with prob. p(d) <=> t == d (one draw);
     # on rejection t ~ p(. | . != d) = the residual norm(max(0, p - q)) -- the bonus token
     if k < n and t != d[b, k]: accepted[b] = min(accepted[b], k)
 """
@@ -20,20 +20,31 @@ import torch
 import triton
 import triton.language as tl
 
-from .sample_triton import _INTERPRET, _block, _candidates, _filter, _launch_opts, _load_scores, _row_keys
+from .sample_triton import (
+    _INTERPRET,
+    _block,
+    _decide,
+    _launch_opts,
+    _load_scores,
+    _row_chunks,
+    _row_draw,
+    _row_keys,
+    _split_chunk,
+)
 
 _helper = (lambda fn: fn) if _INTERPRET else triton.jit
 
 
 @_helper
 def _target_token(lrow, stride_lv, mrow_ptr, has_row_mask, V, temp, top_k, top_p, min_p, seed, step,
-                  HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
-    # The token sample_triton._sample_kernel picks for one row (same passes, same rounding).
+                  HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SP: tl.constexpr):
+    # The token sample_triton._sample_kernel picks for one row (same chunks, same draws, same
+    # integer sums: the same token whether sample() ran split or not).
     greedy = temp == 0
     inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp)))
     k0, k1 = _row_keys(seed, step)
-    arange = tl.arange(0, BLOCK)
     if greedy:
+        arange = tl.arange(0, BLOCK)
         m = float("-inf")
         tok = 0
         for start in range(0, V, BLOCK):
@@ -41,12 +52,22 @@ def _target_token(lrow, stride_lv, mrow_ptr, has_row_mask, V, temp, top_k, top_p
             bm, bi = tl.max(s, 0, return_indices=True, return_indices_tie_break_left=True)
             tok = tl.where(bm > m, start + bi, tok)
             m = tl.maximum(m, bm)
-    else:  # the 4 best Gumbel keys, then the first kept one, exactly as sample_triton._sample_kernel
-        c0, t0, c1, t1, c2, t2, c3, t3, m, _z = _candidates(
-            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, HAS_MASK, False, BLOCK
-        )
-        tok = _filter(c0, t0, c1, t1, c2, t2, c3, t3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr,
-                      has_row_mask, V, inv_t, k0, k1, HAS_MASK, BLOCK)
+    else:  # pass 1 by chunks, the four draws, then the first kept one, as sample_triton._sample_kernel
+        tok = 0
+        ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, float("-inf"), HAS_MASK, CHUNK,
+                                 SP)
+        m = tl.max(ms, 0)
+        if m > float("-inf"):
+            x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                           tl.full((), 0, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                           tl.full((), 1, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                           tl.full((), 2, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                           tl.full((), 3, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            tok = _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V,
+                          inv_t, k0, k1, lrow, 1, HAS_MASK, BLOCK, CHUNK, False, SP)
     empty = m == float("-inf")
     return tl.where(empty, -1, tok)
 
@@ -66,6 +87,8 @@ def _verify_kernel(
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SP: tl.constexpr,
 ):
     # fmt: on
     b = tl.program_id(0)
@@ -81,7 +104,7 @@ def _verify_kernel(
         tok = _target_token(
             lrow, stride_lv, mrow_ptr, has_row_mask, V,
             tl.load(temp_ptr + b), tl.load(top_k_ptr + b), tl.load(top_p_ptr + b), tl.load(min_p_ptr + b),
-            tl.load(seed_ptr + b), tl.load(step_ptr + b) + k, HAS_MASK, BLOCK,
+            tl.load(seed_ptr + b), tl.load(step_ptr + b) + k, HAS_MASK, BLOCK, CHUNK, SP,
         )  # fmt: skip
         tl.store(tokens_ptr + row * stride_tb + k, tok.to(tl.int64))
         if k < n:
@@ -130,6 +153,7 @@ def verify(
         accepted,
         V,
         HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None, BLOCK=_block(V),
+        CHUNK=_split_chunk(V), SP=triton.next_power_of_2(triton.cdiv(V, _split_chunk(V))),
         **_launch_opts(),
     )  # fmt: skip
     accepted = accepted.to(torch.int64)

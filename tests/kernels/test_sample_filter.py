@@ -143,22 +143,23 @@ def test_same_row_many_steps(impl):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="counts helper calls under TRITON_INTERPRET=1")
-def test_rounds_only_when_all_candidates_are_cut(monkeypatch):
-    """Top-p near 1 resolves in the test pass (no proposal pass); top-k 1 on a flat row needs
-    the rounds; both return the reference's token."""
+def test_rounds_only_when_all_draws_are_cut(monkeypatch):
+    """Top-p near 1 keeps one of the four draws (no round: four draws a row); top-k 1 on a flat
+    row cuts all four almost always and needs the rounds; both return the reference's token."""
     from deepinfer.kernels import sample_triton
 
     calls = []
-    real = sample_triton._propose
-    monkeypatch.setattr(sample_triton, "_propose", lambda *a: calls.append(1) or real(*a))
+    real = sample_triton._row_draw
+    monkeypatch.setattr(sample_triton, "_row_draw", lambda *a: calls.append(1) or real(*a))
     gen = torch.Generator().manual_seed(16)
     B, V = 8, 3000
     logits = torch.randn(B, V, generator=gen)
     args = dict(temperature=1.0, top_p=0.999, seed=torch.arange(B), step=0)
     torch.testing.assert_close(_run(("triton", "cpu"), logits, **args), _want(logits, **args), rtol=0, atol=0)
-    assert not calls
+    assert len(calls) == 4 * B
+    calls.clear()
     args = dict(temperature=1.0, top_k=1, seed=torch.arange(B), step=0)
     got = _run(("triton", "cpu"), logits, **args)
     torch.testing.assert_close(got, _want(logits, **args), rtol=0, atol=0)
     assert got.tolist() == logits.argmax(1).tolist()
-    assert calls
+    assert len(calls) > 4 * B

@@ -22,15 +22,18 @@ def _triton_only(impl):
 
 
 @pytest.fixture(
-    params=[("1", 64), ("1", 256), ("auto", 128), ("0", 64)], ids=["s64", "s256", "auto128", "off"]
+    params=[("1", 64, "1"), ("1", 64, "0"), ("1", 256, "1"), ("auto", 128, "1"), ("0", 64, "1")],
+    ids=["s64", "s64-rowtest", "s256", "auto128", "off"],
 )
 def split(request, monkeypatch):
-    """Split on with small chunks (many chunks per row, partial last chunk), auto, and off."""
-    from deepinfer.kernels import sample_triton
+    """Split on with small chunks (many chunks per row, partial last chunk; the test pass split
+    too, or in the per-row kernel), auto, and off."""
+    from deepinfer.kernels import reference, sample_triton
 
-    mode, chunk = request.param
+    mode, chunk, mode2 = request.param
     monkeypatch.setattr(sample_triton, "SPLIT", mode)
-    monkeypatch.setattr(sample_triton, "SPLIT_CHUNK_MAX", chunk)
+    monkeypatch.setattr(sample_triton, "SPLIT2", mode2)
+    monkeypatch.setattr(reference, "CHUNK_MAX", chunk)  # the draws' chunks: reference and kernel
     monkeypatch.setattr(sample_triton, "BLOCK_MAX", 128)
     return request.param
 
@@ -146,7 +149,7 @@ def test_split_is_chosen_by_shape(monkeypatch):
     from deepinfer.kernels import sample_triton as st
 
     monkeypatch.setattr(st, "SPLIT", "auto")
-    monkeypatch.setattr(st, "SPLIT_CHUNK_MAX", 4096)
+    monkeypatch.setattr(st.reference, "CHUNK_MAX", 4096)
     assert st._use_split(1, 128256) and st._use_split(512, 49152)
     assert not st._use_split(128, 4096) and not st._use_split(1, 1000)
     monkeypatch.setattr(st, "SPLIT", "0")
