@@ -62,10 +62,25 @@ class CompiledConstraint:
         if a.counters is not None:
             # counts beyond a token's reach look alike: a token starts at most max_depth items
             self._count_cap = self.index.max_depth + 1
-            reg = a.counters.region
-            most = np.zeros(len(a.counters.hi), dtype=np.int64)
-            np.maximum.at(most, reg[reg >= 0], a.counters.need[reg >= 0])
-            self._hi_caps = (most + self._count_cap).tolist()  # per region, for hi - count
+            # per state: the most items a token may still need below hi (a token starts at most
+            # max_depth items, and meets states needing up to the most ``need`` reachable)
+            cnt = a.counters
+            inside = np.flatnonzero(cnt.region >= 0)
+            local = np.full(a.n_states + 1, len(inside), dtype=np.int64)  # others -> a sink
+            local[inside] = np.arange(len(inside))
+            sub = a.table[inside]
+            stay = (sub >= 0) & ((cnt.act[inside] & (ct.EXIT | ct.ENTER)) == 0)
+            sub = local[np.where(stay, sub, a.n_states)]
+            most = np.append(cnt.need[inside], 0)
+            for _ in range(len(inside)):  # the most need reachable inside the region: a fixpoint
+                nxt = np.maximum(most[:-1], most[sub].max(axis=1)) if sub.shape[1] else most[:-1]
+                if (nxt == most[:-1]).all():
+                    break
+                most[:-1] = nxt
+            caps = np.full(a.n_states, self._count_cap, dtype=np.int64)
+            caps[inside] += most[:-1]
+            self._hi_caps = caps.tolist()
+            _warm_up_counted(self.index)
             # states with a bound on a byte other than '"' (entering or leaving a region
             # that is not a JSON string): see _compute_counted
             q = int(a.cls[QUOTE])
@@ -145,7 +160,7 @@ class CompiledConstraint:
         if r < 0:
             return s
         c, cap = config // n, self._count_cap
-        return (s, min(a._hi_list[r] - c, self._hi_caps[r]), min(max(a._lo_list[r] - c, 0), cap))
+        return (s, min(a._hi_list[r] - c, self._hi_caps[s]), min(max(a._lo_list[r] - c, 0), cap))
 
     def _cold_row(self, key, config) -> np.ndarray:
         words = self._compute(config)
@@ -417,11 +432,14 @@ class CompiledConstraint:
         n = a.n_states
         s, c = config % n, config // n
         r = a._region_list[s]
-        if (r < 0 or a._hi_list[r] - c >= self._hi_caps[r]) and not self._bare_near(s):
+        if not self._bare_near(s):
             split = self._split
             if split is None:
                 split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
-            words = self._unquoted_row(s).copy()
+            if r < 0 or a._hi_list[r] - c >= self._hi_caps[s]:
+                words = self._unquoted_row(s).copy()
+            else:  # near hi: tokens without '"' by the margin they need
+                words = self._near_hi_row(s, a._hi_list[r] - c)
             split[0][1].walk_counted(a.table, a.counters, a.cls, s, c, words)
             return words
         words = np.zeros(self.n_words, dtype=np.uint32)
@@ -437,7 +455,16 @@ class CompiledConstraint:
         n = a.n_states
         s, c = config % n, config // n
         r = a._region_list[s]
-        if (r < 0 or a._hi_list[r] - c >= self._hi_caps[r]) and not self._bare_near(s):
+        if r >= 0 and a._hi_list[r] - c < self._hi_caps[s] and not self._bare_near(s):
+            if self._split is None:
+                self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
+            words |= self._near_hi_row(s, a._hi_list[r] - c)  # (no call inside a region)
+            with_quote = self._split[0][1]
+            nodes, states = with_quote.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
+            if len(nodes):
+                self._continue((), nodes, states, words, with_quote)
+            return
+        if (r < 0 or a._hi_list[r] - c >= self._hi_caps[s]) and not self._bare_near(s):
             split = self._split
             if split is None:
                 split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
@@ -460,6 +487,22 @@ class CompiledConstraint:
         nodes, states = self.index.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
         if len(nodes):
             self._continue((), nodes, states, words, self.index)
+
+    def _near_hi_row(self, state: int, left: int) -> np.ndarray:
+        """The tokens without '"' allowed from region state ``state`` when ``left`` more
+        items fit below hi (those whose margin, see ``VocabIndex.walk_crit``, is at most
+        ``left``); the margins are kept per state."""
+        memo = self.__dict__.setdefault("_crits", {})
+        crit = memo.get(state)
+        if crit is None:
+            a = self.automaton
+            crit = np.full(self.vocab_size, np.iinfo(np.int64).max, dtype=np.int64)
+            self._split[0][0].walk_crit(a.table, a.counters, a.cls, state, crit)
+            memo[state] = crit
+        bits = np.packbits(crit <= left, bitorder="little")
+        words = np.zeros(self.n_words * 4, dtype=np.uint8)
+        words[: len(bits)] = bits
+        return words.view(np.uint32)
 
     def _bare_near(self, state: int) -> bool:
         """Can a token without '"' reach, from ``state``, a transition entering or leaving
@@ -555,6 +598,22 @@ class CompiledConstraint:
     def allowed_tokens(self, config) -> np.ndarray:
         """Token ids allowed in ``config`` (for tests and debugging)."""
         return np.nonzero(unpack_bitmask(self.mask_row(config)[None], self.vocab_size)[0])[0]
+
+
+_COUNTED_WARM: list[bool] = []
+
+
+def _warm_up_counted(index) -> None:
+    """Load the counted walk's machine code (numba's disk cache) now, at compile time,
+    not at the first mask (~5 ms)."""
+    if _COUNTED_WARM:
+        return
+    table = np.full((1, 1), -1, dtype=np.int32)
+    z = np.zeros(1, dtype=np.int64)
+    counters = ct.Counters(np.zeros((1, 1), dtype=np.int8), np.full(1, -1, dtype=np.int32), z, z, z)
+    words = np.zeros(index.n_words, dtype=np.uint32)
+    index.walk_counted(table, counters, np.zeros(256, dtype=np.int32), 0, 0, words, np.zeros(1, dtype=bool))
+    _COUNTED_WARM.append(True)
 
 
 def prime_shared_rows(vocab) -> None:

@@ -142,6 +142,38 @@ _walk_counted_many = (njit(cache=True, nogil=True)(_walk_counted_many_py) if nji
                       else _walk_counted_many_py)
 
 
+def _walk_crit_py(table, act, cls, region, need, start, node_byte, node_depth, node_skip, tok_lo, tok_hi, tok_ids,
+                  crit, states, ticks, crits):
+    """For each token that stays inside ``start``'s counted region, the count margin it
+    needs: the most, over its path, of items started so far + ``need`` of the state
+    reached (allowed from count c iff c + crit <= hi). Other tokens keep their value."""
+    states[0] = start
+    ticks[0] = 0
+    crits[0] = 0
+    n = node_byte.shape[0]
+    i = 0
+    while i < n:
+        d = node_depth[i]
+        s = states[d - 1]
+        k = cls[node_byte[i]]
+        t = table[s, k]
+        if t < 0 or (act[s, k] & 12) != 0 or region[t] < 0:
+            i = node_skip[i]
+            continue
+        tk = ticks[d - 1] + (1 if act[s, k] & 2 else 0)
+        cr = max(crits[d - 1], tk + need[t])
+        states[d] = t
+        ticks[d] = tk
+        crits[d] = cr
+        for k2 in range(tok_lo[i], tok_hi[i]):
+            crit[tok_ids[k2]] = cr
+        i += 1
+    return 0
+
+
+_walk_crit = njit(cache=True, nogil=True)(_walk_crit_py) if njit is not None else _walk_crit_py
+
+
 # Byte sets for the walk's shortcut, each inside the next: a subtree whose bytes all lie
 # in a set is taken whole when the automaton stays alive (and off boundaries) for any
 # string over the set as long as the subtree is deep.
@@ -522,6 +554,15 @@ class VocabIndex:
                                 self.tok_lo, self.tok_hi, self.tok_ids, np.asarray(roots, dtype=np.int32), boundary,
                                 out, bnd_nodes, bnd_states, states, counts)
         return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
+
+    def walk_crit(self, table, counters, cls, start: int, crit: np.ndarray) -> None:
+        """Write into ``crit`` (int64 [vocab]) the count margin of each token that stays
+        inside ``start``'s counted region (see ``_walk_crit_py``)."""
+        states = np.empty(self.max_depth + 2, dtype=np.int32)
+        ticks = np.empty(self.max_depth + 2, dtype=np.int64)
+        crits = np.empty(self.max_depth + 2, dtype=np.int64)
+        _walk_crit(table, counters.act, cls, counters.region, counters.need, np.int32(start), self.node_byte,
+                   self.node_depth, self.node_skip, self.tok_lo, self.tok_hi, self.tok_ids, crit, states, ticks, crits)
 
     def _scratch(self):
         """Boundary buffers and the state stack of a walk, one set per thread."""
