@@ -249,3 +249,21 @@ def test_recursive_grammar_unrolls_its_repetitions(monkeypatch):
     assert a.counters is None and not a.is_regular
     assert a.accepts(b'[["' + b"x" * 70 + b'"]]')
     assert not a.accepts(b'[["' + b"x" * 71 + b'"]]')
+
+
+def test_pattern_whose_lengths_have_gaps_keeps_its_product(monkeypatch):
+    """(xy)+ has only even lengths: with a lower bound, count + need <= hi would not say
+    whether a configuration can still end, so the product automaton is built instead."""
+    monkeypatch.setattr(counted, "COUNT_MIN_STATES", 0)
+    pairs = ir.plus(lit("xy"))
+    g = Grammar({"start": seq(QUOTE, ir.intersect(pairs, jf.encoded_length(67, 72)), QUOTE)})
+    a = Compiler(small_vocab()).from_ir(g).automaton
+    assert a.counters is None
+    assert a.accepts(b'"' + b"xy" * 34 + b'"') and a.accepts(b'"' + b"xy" * 36 + b'"')
+    assert not a.accepts(b'"' + b"xy" * 33 + b'"') and not a.accepts(b'"' + b"xy" * 37 + b'"')
+    # without a lower bound the same pattern is counted
+    g0 = Grammar({"start": seq(QUOTE, ir.intersect(pairs, jf.encoded_length(0, 72)), QUOTE)})
+    a0 = Compiler(small_vocab()).from_ir(g0).automaton
+    assert a0.counters is not None
+    assert a0.accepts(b'"' + b"xy" * 36 + b'"') and not a0.accepts(b'"' + b"xy" * 37 + b'"')
+    assert not a0.is_prefix(b'"' + b"xy" * 36 + b"x")  # a 73rd character cannot end
