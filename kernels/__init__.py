@@ -251,6 +251,8 @@ def sample(
     idx = _check_indices(indices, B, dev, validate)
     if kinds is None:
         kinds = _kinds(temperature, top_k, top_p, logits.shape[1])
+    elif kinds not in ("greedy", "sample", "filter"):
+        raise ValueError(f"kinds must be 'greedy', 'sample' or 'filter', got {kinds!r}")
     temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
         B, dev, validate, temperature, top_k, top_p, min_p, seed, step
     )

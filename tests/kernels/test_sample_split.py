@@ -158,3 +158,28 @@ def test_split_is_chosen_by_shape(monkeypatch):
     with pytest.raises(ValueError):
         st._use_split(1, 128256)
     assert kernels  # the package under test
+
+
+def test_kinds_from_host_values():
+    """kernels.sample works out which launches rows need from host values; device tensors
+    (unreadable without a sync) mean "filter", which is always correct."""
+    from deepinfer.kernels import _kinds
+
+    assert _kinds(0.0, 0, 1.0, 1000) == "greedy"
+    assert _kinds([0.0, 0.7], 0, 1.0, 1000) == "sample"
+    assert _kinds([0.0, 0.7], [0, 5], 1.0, 1000) == "filter"
+    assert _kinds([0.7, 0.0], [0, 5], 1.0, 1000) == "sample"  # top-k on a greedy row only
+    assert _kinds(0.7, 1000, 1.0, 1000) == "sample"  # top-k >= V keeps every token
+    assert _kinds(torch.tensor([0.7]), 0, torch.tensor([0.9]), 1000) == "filter"
+
+
+def test_kinds_hint_gives_the_same_tokens(impl, split):
+    """A batch sampled with the launches its kinds allow returns the tokens of the full path."""
+    gen = torch.Generator().manual_seed(21)
+    B, V = 5, 900
+    logits = torch.randn(B, V, generator=gen) * 2
+    for kinds, temperature in (("greedy", 0.0), ("sample", 0.8)):
+        full = _run(impl, logits, temperature=temperature, kinds="filter")
+        assert _run(impl, logits, temperature=temperature, kinds=kinds).tokens.tolist() == full.tokens.tolist()
+    with pytest.raises(ValueError, match="kinds"):
+        _run(impl, logits, temperature=0.0, kinds="fast")
