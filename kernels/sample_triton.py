@@ -390,27 +390,33 @@ def _split_pass2_kernel(
 ):
     # fmt: on
     # program (row, c): the test pass of _decide on tokens [c * CHUNK, (c + 1) * CHUNK) of a
-    # sampling row with top-k or top-p on (other rows: nothing)
+    # sampling row with top-k or top-p on (other rows: nothing). Every load is issued before the
+    # row's kind is known (as in pass 1: no load waits on another; the launch happens only
+    # when some row filters, so a greedy row's tile is read for nothing only in mixed batches)
     pid = tl.program_id(0)
     r = pid // S
     c = pid - r * S
     row = r.to(tl.int64)
+    lrow = logits_ptr + row * stride_lb
+    mrow_ptr = mask_ptr + row * stride_mb
+    has_row_mask = True
+    if HAS_ROW_MAP:
+        has_row_mask = tl.load(mask_row_ptr + r) != 0
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, 1.0, HAS_MASK)
+    cs = tl.arange(0, SP)
+    ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
+    dq = dq_ptr + row * NDRAW
+    q0 = tl.load(dq)
+    q1 = tl.load(dq + 1)
+    q2 = tl.load(dq + 2)
+    q3 = tl.load(dq + 3)
     temp = tl.load(temp_ptr + r)
     k_on, cut_p, active = _filter_on(tl.load(top_k_ptr + r), tl.load(top_p_ptr + r), tl.load(min_p_ptr + r), V)
     if (temp != 0) & (k_on | cut_p):
-        lrow = logits_ptr + row * stride_lb
-        mrow_ptr = mask_ptr + row * stride_mb
-        has_row_mask = True
-        if HAS_ROW_MAP:
-            has_row_mask = tl.load(mask_row_ptr + r) != 0
-        inv_t = tl.math.div_rn(1.0, temp)
-        offs = c * CHUNK + tl.arange(0, CHUNK)
-        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
-        cs = tl.arange(0, SP)
-        m = tl.max(tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf")), 0)
-        dq = dq_ptr + row * NDRAW
-        sums = _tile_sums(s, tl.where(m == float("-inf"), 0.0, m), tl.load(dq), tl.load(dq + 1), tl.load(dq + 2),
-                          tl.load(dq + 3), k_on)
+        s = x * tl.math.div_rn(1.0, temp)  # as _load_scores with inv_t (x * 1.0 is exact)
+        m = tl.max(ms, 0)
+        sums = _tile_sums(s, tl.where(m == float("-inf"), 0.0, m), q0, q1, q2, q3, k_on)
         zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
         out = ps_ptr + row * 9 * S + c
         tl.store(out, zz)
