@@ -62,6 +62,7 @@ from .json_common import (  # noqa: F401  (re-exported)
     _is_trivial,
     _join,
     _split_top,
+    repeat_cost,
 )
 from .json_logic import LogicMixin
 from .json_merge import MergeMixin
@@ -156,7 +157,7 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
 
     def repeat(self, item: Expr, lo: int, hi: int | None, ptr: str, what: str) -> Expr:
         n = hi if hi is not None else lo
-        if n > 64 and n * _cost(item) > MAX_REPEAT_COST:
+        if n > 64 and repeat_cost(item, n) > MAX_REPEAT_COST:
             raise ConstraintTooComplex(
                 f"{what} {n} of an item of {_cost(item)} grammar nodes exceeds the size bound ({MAX_REPEAT_COST})",
                 path=ptr,

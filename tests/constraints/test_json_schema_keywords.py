@@ -270,11 +270,19 @@ def test_lenient_relaxes_and_notes():
     {"enum": list(range(20_000))},
     {"type": "array", "items": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20)}},
      "maxItems": 100_000},
-    {"type": "string", "maxLength": 10_000_000},
 ])
 def test_untrusted_sizes_are_bounded(schema):
     with pytest.raises(ConstraintTooComplex):
         schema_to_grammar(schema)
+
+
+def test_huge_max_length_is_counted_not_copied():
+    """A string's maxLength of ten million was over the size bound while the automaton copied
+    the character once per position; counted (one copy and a counter) it compiles at once."""
+    from deepinfer.constraints.json_common import MAX_REPEAT_COST, _cost
+
+    g = schema_to_grammar({"type": "string", "maxLength": 10_000_000})
+    assert sum(_cost(e) for e in g.rules.values()) < MAX_REPEAT_COST
 
 
 def test_deep_nesting_bounded():
