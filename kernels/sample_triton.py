@@ -288,6 +288,44 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
     return tok
 
 
+@_helper
+def _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k, top_p, min_p, k0, k1,
+                HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SP: tl.constexpr):  # fmt: skip
+    # a sampling row in one program, after its pass 1 by chunks (_row_chunks): the four draws
+    # (a tile each), then the first kept one (_decide, test pass in the loop)
+    ninf = float("-inf")
+    x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, tl.full((), 0, tl.uint32),
+                   k0, k1, HAS_MASK, CHUNK)
+    x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, tl.full((), 1, tl.uint32),
+                   k0, k1, HAS_MASK, CHUNK)
+    x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, tl.full((), 2, tl.uint32),
+                   k0, k1, HAS_MASK, CHUNK)
+    x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, tl.full((), 3, tl.uint32),
+                   k0, k1, HAS_MASK, CHUNK)
+    return _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
+                   lrow, 1, HAS_MASK, BLOCK, CHUNK, False, SP)
+
+
+@_helper
+def _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr, V, S,
+                   HAS_MASK: tl.constexpr, HAS_ROW_MAP: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    # program (row, c) of a split pass -> (row index, row as int64, the row's logits and mask
+    # pointers, whether its mask applies, x = tile c of its masked logits, the tile's ids); the
+    # tile is loaded first, before anything about the row is known (no load waits on another)
+    pid = tl.program_id(0)
+    r = pid // S
+    c = pid - r * S
+    row = r.to(tl.int64)
+    lrow = logits_ptr + row * stride_lb
+    mrow_ptr = mask_ptr + row * stride_mb
+    has_row_mask = True
+    if HAS_ROW_MAP:
+        has_row_mask = tl.load(mask_row_ptr + r) != 0
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, 1.0, HAS_MASK)
+    return r, c, row, lrow, x, offs
+
+
 # fmt: off
 @triton.jit
 def _split_pass1_kernel(
@@ -305,19 +343,9 @@ def _split_pass1_kernel(
     # program (row, c) runs pass 1 on tokens [c * CHUNK, (c + 1) * CHUNK) of the row, one tile:
     # the max of s, its lowest index (greedy rows) and the quanta sum (sampling rows, or for the
     # logprob). CHUNK depends on V only, so a row's result depends on that row.
-    pid = tl.program_id(0)
-    r = pid // S
-    c = pid - r * S
-    row = r.to(tl.int64)
-    lrow = logits_ptr + row * stride_lb
-    mrow_ptr = mask_ptr + row * stride_mb
-    has_row_mask = True
-    if HAS_ROW_MAP:
-        has_row_mask = tl.load(mask_row_ptr + r) != 0
+    r, c, row, lrow, x, offs = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
+                                              V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
     temp = tl.load(temp_ptr + r)
-    offs = c * CHUNK + tl.arange(0, CHUNK)
-    # the tile is loaded before the row's kind is known (no load waits on another)
-    x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, 1.0, HAS_MASK)
     greedy = temp == 0
     if greedy:
         s = x
@@ -393,17 +421,8 @@ def _split_pass2_kernel(
     # sampling row with top-k or top-p on (other rows: nothing). Every load is issued before the
     # row's kind is known (as in pass 1: no load waits on another; the launch happens only
     # when some row filters, so a greedy row's tile is read for nothing only in mixed batches)
-    pid = tl.program_id(0)
-    r = pid // S
-    c = pid - r * S
-    row = r.to(tl.int64)
-    lrow = logits_ptr + row * stride_lb
-    mrow_ptr = mask_ptr + row * stride_mb
-    has_row_mask = True
-    if HAS_ROW_MAP:
-        has_row_mask = tl.load(mask_row_ptr + r) != 0
-    offs = c * CHUNK + tl.arange(0, CHUNK)
-    x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, 1.0, HAS_MASK)
+    r, c, row, lrow, x, offs = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
+                                              V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
     cs = tl.arange(0, SP)
     ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
     dq = dq_ptr + row * NDRAW
@@ -510,16 +529,8 @@ def _sample_kernel(
         if RETURN_LOGPROBS:
             log_z = _log_z(ms, zs)
         if m > float("-inf"):
-            x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                           tl.full((), 0, tl.uint32), k0, k1, HAS_MASK, CHUNK)
-            x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                           tl.full((), 1, tl.uint32), k0, k1, HAS_MASK, CHUNK)
-            x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                           tl.full((), 2, tl.uint32), k0, k1, HAS_MASK, CHUNK)
-            x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                           tl.full((), 3, tl.uint32), k0, k1, HAS_MASK, CHUNK)
-            tok = _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V,
-                          inv_t, k0, k1, ps_ptr, S, HAS_MASK, BLOCK, CHUNK, False, SP)
+            tok = _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k, top_p, min_p,
+                              k0, k1, HAS_MASK, BLOCK, CHUNK, SP)
     empty = m == float("-inf")
 
     tok = tl.where(empty, -1, tok)

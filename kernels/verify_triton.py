@@ -23,12 +23,11 @@ import triton.language as tl
 from .sample_triton import (
     _INTERPRET,
     _block,
-    _decide,
     _launch_opts,
     _load_scores,
     _row_chunks,
-    _row_draw,
     _row_keys,
+    _sample_row,
     _split_chunk,
 )
 
@@ -58,16 +57,8 @@ def _target_token(lrow, stride_lv, mrow_ptr, has_row_mask, V, temp, top_k, top_p
                                  SP)
         m = tl.max(ms, 0)
         if m > float("-inf"):
-            x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                           tl.full((), 0, tl.uint32), k0, k1, HAS_MASK, CHUNK)
-            x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                           tl.full((), 1, tl.uint32), k0, k1, HAS_MASK, CHUNK)
-            x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                           tl.full((), 2, tl.uint32), k0, k1, HAS_MASK, CHUNK)
-            x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                           tl.full((), 3, tl.uint32), k0, k1, HAS_MASK, CHUNK)
-            tok = _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V,
-                          inv_t, k0, k1, lrow, 1, HAS_MASK, BLOCK, CHUNK, False, SP)
+            tok = _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k, top_p, min_p,
+                              k0, k1, HAS_MASK, BLOCK, CHUNK, SP)
     empty = m == float("-inf")
     return tl.where(empty, -1, tok)
 

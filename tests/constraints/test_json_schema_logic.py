@@ -239,12 +239,11 @@ def _exact(text: str) -> object:
     return int(d) if d == d.to_integral_value() else d
 
 
-@pytest.mark.parametrize("name,schema", [(n, s) for n, s, _ in TABLE], ids=[n for n, _, _ in TABLE])
-def test_random_walks_are_valid(name, schema):
-    a = _automaton(schema)
-    validator = _validator(schema)
-    rng = random.Random(name)
-    for _ in range(20):
+def _walks_are_valid(a, validator, rng, walks: int = 20) -> None:
+    """Random byte walks over the automaton (printable ASCII where possible, so walks reach the
+    interesting structure), finished along a shortest completion, give instances the validator
+    accepts (numbers read exactly: a float would round 1e-999 to 0, an integer)."""
+    for _ in range(walks):
         cfg, out = a.initial, bytearray()
         for _step in range(rng.randint(1, 60)):
             if a.can_end(cfg) and rng.random() < 0.2:
@@ -252,18 +251,20 @@ def test_random_walks_are_valid(name, schema):
             nxt = a.next_bytes(cfg)
             if not nxt:
                 break
-            # printable ASCII where possible, so walks reach the interesting structure
-            pick = [b for b in nxt if 0x20 <= b < 0x7F] or nxt
-            b = rng.choice(pick)
+            b = rng.choice([b for b in nxt if 0x20 <= b < 0x7F] or nxt)
             cfg = a.step_byte(cfg, b)
             out.append(b)
         tail = _shortest_completion(a, cfg)
         assert tail is not None, f"no completion after {bytes(out)!r}"
         out += tail
         assert a.accepts(bytes(out))
-        # numbers read exactly (a float would round 1e-999 to 0, an integer)
         value = json.loads(out.decode("utf-8"), parse_float=_exact)
         assert validator.is_valid(value), f"walk produced an invalid instance: {bytes(out)!r}"
+
+
+@pytest.mark.parametrize("name,schema", [(n, s) for n, s, _ in TABLE], ids=[n for n, _, _ in TABLE])
+def test_random_walks_are_valid(name, schema):
+    _walks_are_valid(_automaton(schema), _validator(schema), random.Random(name))
 
 
 @pytest.mark.parametrize("schema,match", [

@@ -32,8 +32,8 @@ import pytest
 
 from deepinfer.constraints.json_schema import schema_to_grammar
 
-from .test_json_schema_logic import _automaton, _exact, _validator
-from .test_json_schema_tokens import _shortest_completion, env  # noqa: F401  (fixture)
+from .test_json_schema_logic import _automaton, _validator, _walks_are_valid
+from .test_json_schema_tokens import env  # noqa: F401  (fixture)
 
 PET = {"$defs": {
     "cat": {"type": "object", "required": ["kind"], "properties": {"kind": {"const": "cat"},
@@ -180,19 +180,4 @@ def test_random_against_jsonschema(name, schema):
             text = json.dumps(value, separators=(",", ":"))
             assert not a.accepts(text.encode()), f"accepted an invalid instance: {text}"
     # walks over the automaton, finished along a shortest completion, give valid JSON
-    for _ in range(20):
-        cfg, out = a.initial, bytearray()
-        for _step in range(rng.randint(1, 60)):
-            if a.can_end(cfg) and rng.random() < 0.2:
-                break
-            nxt = a.next_bytes(cfg)
-            if not nxt:
-                break
-            b = rng.choice([b for b in nxt if 0x20 <= b < 0x7F] or nxt)
-            cfg = a.step_byte(cfg, b)
-            out.append(b)
-        tail = _shortest_completion(a, cfg)
-        assert tail is not None, f"no completion after {bytes(out)!r}"
-        out += tail
-        value = json.loads(out.decode("utf-8"), parse_float=_exact)
-        assert validator.is_valid(value), f"walk produced an invalid instance: {bytes(out)!r}"
+    _walks_are_valid(a, validator, rng)
