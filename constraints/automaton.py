@@ -80,7 +80,7 @@ class Automaton:
         self._acc_list = accepting.tolist()
         self._has_bytes_list = self.has_bytes.tolist()
         # counted repetitions (see .counted): a configuration, or in a pushdown automaton the
-        # bottom frame of a stack (regions lie in the start rule), is state + n_states * count
+        # top frame of a stack (a region has no calls), is state + n_states * count
         self.counters = counters
         if counters is not None:
             self._act_rows: list[list[int] | None] = [None] * self.n_states
@@ -93,7 +93,7 @@ class Automaton:
     # ----------------------------------------------------------------- single steps
 
     def _bottom(self, v: int) -> tuple[int, bool]:
-        """A bottom frame of a pushdown automaton with counters: (state, may end here)."""
+        """A frame of a pushdown automaton with counters: (state, may end or return here)."""
         n = self.n_states
         s = v % n
         r = self._region_list[s]
@@ -121,7 +121,7 @@ class Automaton:
             seen.add(st)
             top = st[-1]
             ends = None
-            if counted and len(st) == 1:
+            if counted:  # a frame in a region is a top frame: state + n_states * count
                 top, ends = self._bottom(top)
             if hb[top]:
                 out.add(st)
@@ -155,10 +155,10 @@ class Automaton:
             return t if t >= 0 else None
         moved = []
         for st in config.stacks:
-            if counted and len(st) == 1:
-                t = ct.step_counted(self, st[0], bytes((b,)))
+            if counted:
+                t = ct.step_counted(self, st[-1], bytes((b,)))
                 if t is not None:
-                    moved.append((t,))
+                    moved.append(st[:-1] + (t,))
                 continue
             t = self.row(st[-1])[c]
             if t >= 0:
@@ -203,8 +203,7 @@ class Automaton:
             if self.is_regular:
                 lives = [ct.live_classes(self, config)]
             else:
-                lives = [ct.live_classes(self, st[0]) if len(st) == 1 else [t >= 0 for t in self.row(st[-1])]
-                         for st in config.stacks]
+                lives = [ct.live_classes(self, st[-1]) for st in config.stacks]
             return [b for b in range(256) if any(live[self._cls_list[b]] for live in lives)]
         rows = [self.row(config)] if self.is_regular else [self.row(st[-1]) for st in config.stacks]
         return [b for b in range(256) if any(r[self._cls_list[b]] >= 0 for r in rows)]
@@ -339,6 +338,12 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
                 return _compile(grammar, limits, None, retry_end, count_above=0)
             except ConstraintTooComplex:
                 pass
+        if _hoist_repeated(dict(grammar.rules), grammar.start, limits.max_inline_size):
+            try:  # big items of repetitions as called rules: one copy each, not one per repetition
+                hoist_end = min(start + 0.8 * limits.max_seconds, time.monotonic() + 0.15 * limits.max_seconds)
+                return _compile(grammar, limits, None, hoist_end, hoist=True)
+            except ConstraintTooComplex:
+                pass
         if len(grammar.rules) < 2:
             raise
         try:
@@ -348,6 +353,77 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
 
 
 CALL_ABOVE = 64  # IR nodes: on the second attempt, rules larger than this stay rules
+HOIST_PREFIX = "\x00item"
+_BIG = 1 << 40
+
+
+def _hoist_repeated(rules: dict[str, Expr], start: str, limit: int) -> list[str]:
+    """Rewrite ``rules`` in place: the item of every repetition whose copies would expand
+    to more than ``limit`` IR nodes (rules it refers to inlined; an array of objects with
+    long strings, ``maxItems: 256``) becomes a rule of its own, to be called: each copy is
+    then one call edge instead of a copy of the item's states. Items a counter may take
+    (Ref-free and countable, over :data:`~.ir.LONG_REPEAT` copies: see :mod:`.counted`)
+    stay. Returns the new rules' names."""
+    expanded: dict[str, int] = {}
+    on_path: set[str] = set()
+
+    def cost(e: Expr, memo: dict[int, int]) -> int:
+        """IR nodes of ``e`` with repetitions unrolled and (non-recursive) rules inlined."""
+        hit = memo.get(id(e))
+        if hit is not None:
+            return hit
+        t = type(e)
+        if t is Ref:
+            name = e.name
+            if name in on_path or name not in rules:
+                n = 1
+            elif name in expanded:
+                n = expanded[name]
+            else:
+                on_path.add(name)
+                n = expanded[name] = cost(rules[name], {})
+                on_path.discard(name)
+        elif t is ir.Repeat:
+            copies = max(1, e.min if e.max is None else e.max)
+            n = min(_BIG, 1 + copies * cost(e.item, memo))
+        elif isinstance(e, ir._Items):
+            n = min(_BIG, 1 + sum(cost(i, memo) for i in e.items))
+        else:
+            n = 1
+        memo[id(e)] = n
+        return n
+
+    hoisted: dict[Expr, str] = {}
+
+    def walk(e: Expr, memo: dict[int, Expr]) -> Expr:
+        hit = memo.get(id(e))
+        if hit is not None:
+            return hit
+        t = type(e)
+        out = e
+        if t is ir.Repeat:
+            item = walk(e.item, memo)
+            copies = max(e.min, e.max or 0)
+            if (copies > 1 and type(item) is not Ref and copies * cost(item, {}) > limit
+                    and not (copies > ct.LONG_REPEAT and ct.item_dfa(item, Limits(), time.monotonic() + 1.0))):
+                name = hoisted.get(item)
+                if name is None:
+                    name = hoisted[item] = f"{HOIST_PREFIX}{len(hoisted)}"
+                out = ir.Repeat(Ref(name), e.min, e.max)
+            elif item is not e.item:
+                out = ir.Repeat(item, e.min, e.max)
+        elif t is ir.Seq or t is Alt:
+            items = tuple([walk(i, memo) for i in e.items])
+            if any(a is not b for a, b in zip(items, e.items)):
+                out = t(items)
+        memo[id(e)] = out
+        return out
+
+    for name in list(rules):
+        rules[name] = walk(rules[name], {})
+    for item, name in hoisted.items():
+        rules[name] = item
+    return list(hoisted.values())
 
 
 def _rule_key(name: str, body: Expr, rule_index: dict[str, int]) -> tuple | None:
@@ -361,13 +437,15 @@ def _rule_key(name: str, body: Expr, rule_index: dict[str, int]) -> tuple | None
 
 def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline: float,
              memo: DFAMemo | None = SHARED_DFAS, count_above: int | None = None,
-             skipped: list[int] | None = None) -> Automaton:
+             skipped: list[int] | None = None, hoist: bool = False) -> Automaton:
     """One attempt of :func:`compile_grammar`. ``count_above``: count repetitions whose
     copies would exceed this many states (None: :data:`~.counted.COUNT_MIN_STATES`;
-    negative: none); ``skipped`` gets the number of countable ones left to copy."""
+    negative: none); ``skipped`` gets the number of countable ones left to copy; ``hoist``:
+    big repeated items become called rules (:func:`_hoist_repeated`)."""
     rules = dict(grammar.rules)
     if grammar.start not in rules:
         raise ConstraintError(f"start rule {grammar.start!r} is not defined")
+    hoisted = _hoist_repeated(rules, grammar.start, limits.max_inline_size) if hoist else []
     regions: dict[str, ct.Region] = {}
     if (count_above is None or count_above >= 0) and any(b._long for b in rules.values()):
         # long repetitions of countable items: counters
@@ -411,7 +489,7 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
     for deps in graph.values():
         for d in deps:
             ref_count[d] = ref_count.get(d, 0) + 1
-    called = set(recursive) | {grammar.start} | set(regions)
+    called = set(recursive) | {grammar.start} | set(regions) | (set(hoisted) & reach)
     for name, n in ref_count.items():
         if n > 1 and ir.size(rules[name]) > limits.max_inline_size:
             called.add(name)
@@ -419,7 +497,7 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
             called.add(name)
     if regions and grammar.start in recursive:
         # counters are kept in the bottom frame of a stack: the start rule's (repetitions unrolled)
-        return _uncounted(grammar, limits, call_above, deadline, memo, count_above)
+        return _uncounted(grammar, limits, call_above, deadline, memo, count_above, hoist)
     order = [grammar.start] + sorted(called - {grammar.start})
     rule_index = {name: i for i, name in enumerate(order)}
 
@@ -512,7 +590,7 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         table, accepting, calls, start_state, counters = ct.inline_regions(
             table, accepting, calls, offsets[0], spans, offsets[0] + len(dfas[0].accepting))
     except ct.NotCounted:  # a repetition in a called rule, or one that cannot be counted exactly
-        return _uncounted(grammar, limits, call_above, deadline, memo, count_above)
+        return _uncounted(grammar, limits, call_above, deadline, memo, count_above, hoist)
     if len(accepting) > limits.max_dfa_states:
         raise ConstraintTooComplex(
             f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
@@ -521,12 +599,12 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
 
 
 def _uncounted(grammar: Grammar, limits: Limits, call_above: int | None, deadline: float, memo: DFAMemo | None,
-               count_above: int | None) -> Automaton:
+               count_above: int | None, hoist: bool = False) -> Automaton:
     """The attempt again with every repetition unrolled; on the retry that counts every
     countable repetition (``count_above == 0``), the first attempt did that already."""
     if count_above == 0 and call_above is None:
         raise ConstraintTooComplex("counted repetitions cannot be kept exactly here")
-    return _compile(grammar, limits, call_above, deadline, memo, count_above=-1)
+    return _compile(grammar, limits, call_above, deadline, memo, count_above=-1, hoist=hoist)
 
 
 def _calls_by_state(d) -> tuple[np.ndarray, list[int], list[int]]:

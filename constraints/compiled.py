@@ -137,17 +137,16 @@ class CompiledConstraint:
         """What a row of an automaton with counted repetitions depends on: the state, and
         inside a region the distances to its bounds, capped beyond a token's reach (no
         token starts more items than it has bytes; hi is met with ``need`` more). In a
-        pushdown automaton, the same for the bottom frame of each stack."""
+        pushdown automaton, the same for the top frame of each stack."""
         a = self.automaton
         if not a.is_regular:
             stacks = []
             changed = False
             for st in config.stacks:
-                if len(st) == 1:
-                    k = self._row_key_int(st[0])
-                    if k != st[0]:
-                        changed = True
-                        st = (k,)
+                k = self._row_key_int(st[-1])
+                if k != st[-1]:
+                    changed = True
+                    st = st[:-1] + (k,)
                 stacks.append(st)
             return Config(frozenset(stacks), config.can_end) if changed else config
         return self._row_key_int(config)
@@ -401,9 +400,16 @@ class CompiledConstraint:
             if a.is_regular:
                 return self._compute_counted(config)
             words = np.zeros(self.n_words, dtype=np.uint32)
+            n = a.n_states
             for st in config.stacks:
                 if len(st) == 1:  # the bottom frame holds the count
                     self._bottom_counted(st[0], words)
+                    continue
+                if self._counted_frame(st):  # near a region in a called rule: the counted walk
+                    nodes, states = self.index.walk_counted(a.table, a.counters, a.cls, st[-1] % n, st[-1] // n,
+                                                            words, self._bnd_inner)
+                    if len(nodes):
+                        self._continue(st[:-1], nodes, states, words, self.index)
                     continue
                 ci_words, nodes, states, trie = self._context_independent(st[-1], True)
                 words |= ci_words
@@ -515,26 +521,22 @@ class CompiledConstraint:
             if q >= 0:
                 tbl = tbl.copy()
                 tbl[:, q] = -1
-            src, k = np.nonzero(tbl >= 0)
-            dst = tbl[src, k]
-            order = np.argsort(dst, kind="stable")
-            src, dst = src[order], dst[order]
-            ptr = np.searchsorted(dst, np.arange(a.n_states + 1))
             seen = self._bare.copy()
             if not a.is_regular and seen.any():
                 seen[:] = True  # (a call may read any number of bytes: every state is near)
-            frontier = np.flatnonzero(seen)
-            for _ in range(self._count_cap):
-                lo, hi = ptr[frontier], ptr[frontier + 1]
-                lens = hi - lo
-                if not lens.sum():
-                    break
-                idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(lens.sum())
-                preds = np.unique(src[idx])
-                frontier = preds[~seen[preds]]
-                seen[frontier] = True
-            near = self._near = seen.tolist()
+            near = self._near = _within(tbl, seen, self._count_cap).tolist()
         return near[state]
+
+    def _counted_frame(self, st: tuple[int, ...]) -> bool:
+        """Does the top of stack ``st`` need the walk that carries a count: the bottom frame,
+        or a frame from which a token may reach a region (one in a called rule)?"""
+        if len(st) == 1:
+            return True
+        near = self.__dict__.get("_to_region")
+        if near is None:
+            a = self.automaton
+            near = self._to_region = _within(a.table, a.counters.region >= 0, self._count_cap).tolist()
+        return near[st[-1] % self.automaton.n_states]
 
     def _unquoted_row(self, state: int) -> np.ndarray:
         """The tokens without '"' allowed from ``state`` by the automaton's table (kept per
@@ -583,10 +585,10 @@ class CompiledConstraint:
             for st in cfg.stacks:
                 if st == stack:
                     continue
-                if a.counters is not None and len(st) == 1:  # a bottom frame: with its count
-                    n = a.n_states
-                    n2, t2 = trie.walk_counted(a.table, a.counters, a.cls, st[0] % n, st[0] // n, words,
-                                               self._bnd_bottom, roots)
+                if a.counters is not None and self._counted_frame(st):
+                    n = a.n_states  # a bottom frame, or a region's: with its count
+                    n2, t2 = trie.walk_counted(a.table, a.counters, a.cls, st[-1] % n, st[-1] // n, words,
+                                               self._bnd_bottom if len(st) == 1 else self._bnd_inner, roots)
                 elif self.fast_min_bytes <= 256:
                     n2, t2 = trie.walk_fast(self._walk_memo(False), len(st) > 1, st[-1], words, roots)
                 else:  # the reference
@@ -598,6 +600,29 @@ class CompiledConstraint:
     def allowed_tokens(self, config) -> np.ndarray:
         """Token ids allowed in ``config`` (for tests and debugging)."""
         return np.nonzero(unpack_bitmask(self.mask_row(config)[None], self.vocab_size)[0])[0]
+
+
+def _within(table: np.ndarray, seeds: np.ndarray, depth: int) -> np.ndarray:
+    """bool [n]: the states of ``table`` (int [n, C], -1 dead) with a path of at most ``depth``
+    transitions into a state of ``seeds`` (a backward search, level by level)."""
+    n = table.shape[0]
+    src, k = np.nonzero(table >= 0)
+    dst = table[src, k]
+    order = np.argsort(dst, kind="stable")
+    src, dst = src[order], dst[order]
+    ptr = np.searchsorted(dst, np.arange(n + 1))
+    seen = seeds.copy()
+    frontier = np.flatnonzero(seen)
+    for _ in range(depth):
+        lo, hi = ptr[frontier], ptr[frontier + 1]
+        lens = hi - lo
+        if not lens.sum():
+            break
+        idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(lens.sum())
+        preds = np.unique(src[idx])
+        frontier = preds[~seen[preds]]
+        seen[frontier] = True
+    return seen
 
 
 _COUNTED_WARM: list[bool] = []

@@ -362,16 +362,18 @@ def inline_regions(table: np.ndarray, accepting: np.ndarray, calls: list, start:
 
     Returns ``(table, accepting, calls, start, counters)``. Raises :class:`NotCounted`
     where a call cannot be inlined exactly: a call site in another rule than the start
-    rule (states ``start..start_end - 1``; a count lives in the bottom frame of a stack),
-    or with other edges (the count would be ambiguous)."""
+    rule (states ``start..start_end - 1``) whose region may end its rule (a count lives in
+    the top frame of a stack, so a region must not return), or with other edges (the
+    count would be ambiguous)."""
     n0, n_cls = table.shape
     sites = []
     for s, cs in enumerate(calls):
         for callee, t in cs:
             if callee not in regions:
                 continue
-            if not start <= s < start_end:
-                raise NotCounted("a counted repetition in a called rule")
+            if not start <= s < start_end and accepting[t]:
+                # (a count lives in the top frame: a region must not return to its caller)
+                raise NotCounted("a counted repetition at the end of a called rule")
             if len(cs) > 1 or accepting[s] or (table[s] >= 0).any() or calls[t]:
                 raise NotCounted("a counted repetition (a long maxLength, maxItems, ...) shares its position with"
                                  " other alternatives: it cannot be counted exactly")

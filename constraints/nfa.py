@@ -203,6 +203,22 @@ class _Spliced:
 SPLICE_MIN_SIZE = 300  # IR nodes: larger Ref-free sub-expressions are determinised once
 
 
+SUFFIX_MIN_BRANCHES = 4  # an Alt whose branches share a tail this often is built from the end
+
+
+def _shared_suffixes(e: Alt) -> bool:
+    """Do at least :data:`SUFFIX_MIN_BRANCHES` branches of ``e`` end in the same two
+    elements (not bytes)?"""
+    seen: dict[tuple[Expr, Expr], int] = {}
+    for it in e.items:
+        if type(it) is Seq and len(it.items) >= 2 and type(it.items[-1]) is not ByteSet:
+            key = (it.items[-2], it.items[-1])
+            k = seen[key] = seen.get(key, 0) + 1
+            if k >= SUFFIX_MIN_BRANCHES:
+                return True
+    return False
+
+
 class FragmentBuilder:
     """Builds NFA fragments for expressions; non-rule refs are inlined.
 
@@ -258,6 +274,8 @@ class FragmentBuilder:
                     cur = self.build(it, cur)
             return cur
         if t is Alt:
+            if _shared_suffixes(e):
+                return self._alt_suffixes(e, start)
             end = nfa.new()
             eps = nfa.eps
             for it in e.items:
@@ -284,6 +302,32 @@ class FragmentBuilder:
             finally:
                 self._inlining.pop()
         raise TypeError(f"not an IR expression: {e!r}")
+
+    def _alt_suffixes(self, e: Alt, start: int) -> int:
+        """An alternation of sequences with common tails (the optional members of an object
+        after each possible first one) built from the end, one fragment per distinct tail:
+        linear in the members where copies would be quadratic. Exact: every branch ends in
+        the same state, so a tail built once serves every branch it ends."""
+        nfa = self.nfa
+        end = nfa.new()
+        eps = nfa.eps
+        before: dict[tuple[Expr, int], int] = {}  # (element, state after it) -> state before it
+        for it in e.items:
+            cur = end
+            for x in reversed(it.items if type(it) is Seq else (it,)):
+                key = (x, cur)
+                s = before.get(key)
+                if s is None:
+                    s = nfa.new()
+                    if type(x) is ByteSet:
+                        if x.mask:
+                            nfa.byt += (s, self._sym(x.mask), cur)
+                    else:
+                        eps += (self.build(x, s), cur)
+                    before[key] = s
+                cur = s
+            eps += (start, cur)
+        return end
 
     def _sub_dfa(self, e: Expr) -> RawDFA:
         d = self.dfa_memo.get(e)
