@@ -341,7 +341,7 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
         if _hoist_repeated(dict(grammar.rules), grammar.start, limits.max_inline_size):
             try:  # big items of repetitions as called rules: one copy each, not one per repetition
                 hoist_end = min(start + 0.8 * limits.max_seconds, time.monotonic() + 0.15 * limits.max_seconds)
-                return _compile(grammar, limits, None, hoist_end, hoist=True)
+                return _compile(grammar, limits, None, hoist_end, hoist=True, count_above=0 if skipped else None)
             except ConstraintTooComplex:
                 pass
         if len(grammar.rules) < 2:

@@ -32,7 +32,7 @@ from .json_numbers import int_multiple
 class ScalarMixin:
     # ----------------------------------------------------------------- strings
     def pattern_raw(self, pattern: str, ptr: str) -> Expr:
-        from .regex import regex_to_ir
+        from .regex import leading_anchor, regex_to_ir
 
         branches = _split_top(pattern)
         parts = []
@@ -40,6 +40,14 @@ class ScalarMixin:
             head = br.startswith("^")
             tail = br.endswith("$") and not _escaped_at(br, len(br) - 1)
             body = br[1 if head else 0: len(br) - 1 if tail else len(br)]
+            if not head:
+                # a start anchor inside a group (``(^a)``, ``\A``) anchors the branch as well
+                # (the regex front end takes it for the start of its text)
+                lead = leading_anchor(body)
+                if lead is None:
+                    raise ConstraintError(f"pattern {pattern!r}: anchor ^ starts some alternatives of a"
+                                          " branch but not all", path=ptr)
+                head = lead
             anyc = star(ANY_CHAR)
             try:
                 if not tail and ("$" in body or "\\Z" in body):

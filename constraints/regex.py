@@ -44,7 +44,7 @@ from .ir import (
 )
 from .regex_classes import _A, _BYTE, _I, _S, _U, _char_node, _plain_ranges
 
-__all__ = ["regex_to_ir", "MAX_EXPANDED_CHARS"]
+__all__ = ["regex_to_ir", "leading_anchor", "MAX_EXPANDED_CHARS"]
 
 # A repeat is expanded by the automaton builder: bound the total number of character
 # positions (a literal character or a class counts as one) the pattern expands to.
@@ -368,6 +368,36 @@ class _Translator:
 
 
 # ----------------------------------------------------------------------------- public
+
+
+def _leads(items: list) -> set[bool]:
+    """For each way into ``items``: does it open with a start anchor (^, \\A) before any
+    character, group contents and branches included?"""
+    if not items:
+        return {False}
+    (op, av), rest = items[0], items[1:]
+    if op is _c.AT:
+        return {True} if av in _AT_START else _leads(rest)
+    if op is _c.SUBPATTERN:
+        return _leads(list(av[-1]) + rest)
+    if op is _c.BRANCH:
+        return set().union(*[_leads(list(b) + rest) for b in av[1]])
+    return {False}
+
+
+def leading_anchor(pattern: str) -> bool | None:
+    """Does every match of ``pattern`` open with a start anchor (``^a``, ``(^a|^b)c``):
+    True; none of them: False; some (``(^a|b)``): None. (False where ``re`` cannot parse it:
+    :func:`regex_to_ir` says why.)"""
+    try:
+        tree = _sre_parse.parse(pattern)
+    except (re.error, RecursionError, ValueError, TypeError):
+        return False
+    try:
+        leads = _leads(list(tree))
+    except RecursionError:
+        return False
+    return True if leads == {True} else False if leads == {False} else None
 
 
 def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0, end_only: bool = False) -> Expr:

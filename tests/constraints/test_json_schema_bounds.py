@@ -199,3 +199,53 @@ def test_shared_tails_build_the_same_automaton(seed, monkeypatch):
     assert np.array_equal(fast.table, ref.table) and np.array_equal(fast.accepting, ref.accepting)
     for s in _strings(rng):
         assert fast.accepts(b"<" + s + b">") == ref.accepts(b"<" + s + b">"), s
+
+
+# ---------------------------------------------------- start anchors inside a group
+
+ANCHOR_PATTERNS = [r"^$|(^(?:\S+\s+){0,2}\S+$)", r"(^a|^b)c", r"\Aab", r"x|(^ab)", r"(?:(?:^a))b$", r"(^a)?b"]
+ANCHOR_TEXTS = ["", "a", "a b c", "a b c d", " a", "a ", "ac", "bc", "xac", "ab", "xab", "abx", "zx", "b", "xb"]
+
+
+@pytest.mark.parametrize("pattern", ANCHOR_PATTERNS)
+def test_start_anchor_inside_a_group_anchors_the_search(pattern):
+    """``pattern`` is a search (ECMA), so a branch with no leading ^ may start anywhere, but
+    one whose every alternative opens with ^ (or \\A) inside groups starts at the start."""
+    import re
+
+    a = compile_grammar(_grammar({"type": "string", "pattern": pattern}))
+    for s in ANCHOR_TEXTS:
+        assert a.accepts(json.dumps(s).encode()) == (re.search(pattern, s) is not None), (pattern, s)
+
+
+def test_start_anchor_on_some_alternatives_is_refused():
+    from deepinfer.constraints.errors import ConstraintError
+
+    with pytest.raises(ConstraintError, match="anchor \\^ starts some alternatives"):
+        _grammar({"type": "string", "pattern": "(^a|b)c"})
+
+
+# a word-limited text in arrays (many of them): the items are kept as called rules
+WORDS = {"type": "string", "maxLength": 300, "pattern": r"^(?:\S+\s+){0,29}\S+$"}
+LISTS = {"type": "object", "additionalProperties": False, "required": [f"l{i}" for i in range(4)],
+         "properties": {**{f"l{i}": {"type": "array", "minItems": 1, "maxItems": 20, "items": WORDS} for i in range(4)},
+                        "t": {"type": "string", "pattern": r"^$|(^(?:\S+\s+){0,99}\S+$)"}}}
+
+
+def test_word_limited_lists_compile_exactly(compiler):
+    t = time.monotonic()
+    a = compiler.json_schema(LISTS).automaton
+    assert time.monotonic() - t < 2.0
+
+    def doc(words: int, items: int = 1, t_words: int = 0) -> bytes:
+        d = {f"l{i}": [" ".join(["w"] * words)] * items for i in range(4)}
+        if t_words:
+            d["t"] = " ".join(["v"] * t_words)
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    assert a.accepts(doc(1)) and a.accepts(doc(30)) and not a.accepts(doc(31))
+    assert a.accepts(doc(2, 20)) and not a.accepts(doc(2, 21)) and not a.accepts(doc(2, 0))
+    assert a.accepts(doc(1, t_words=100)) and not a.accepts(doc(1, t_words=101))
+    assert not a.accepts(doc(1).replace(b'["w"]', b'[" w"]', 1))  # no leading space
+    long_word = json.dumps({f"l{i}": ["x" * 300] for i in range(4)}, separators=(",", ":")).encode()
+    assert a.accepts(long_word) and not a.accepts(long_word.replace(b"x" * 300, b"x" * 301, 1))
