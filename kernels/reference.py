@@ -207,31 +207,14 @@ def sample(
     greedy = temperature == 0
     tokens = x.argmax(dim=1)  # greedy rows (lowest id on ties); sampled rows replaced below
 
-    # Only rows that sample pay for the draws, and only if some of them filter by top-k /
-    # top-p for the sort: row-wise maths on a subset gives the same values bit for bit.
+    # Only rows that sample pay for the draws; kept() is evaluated at the drawn tokens only
+    # (count and mass above one score are a masked sum: no sort of the vocabulary)
     rows = torch.nonzero(~greedy & ~empty).flatten()
     if rows.numel():
-        xs = x[rows]
-        s_rows = xs * (1.0 / temperature[rows]).float()[:, None]
-        m_rows = s_rows.max(dim=1, keepdim=True).values
-        e = torch.exp(s_rows - m_rows)  # 0 where masked
-        kept = s_rows > float("-inf")
-        k = top_k[rows].to(torch.int64)[:, None]
-        p = top_p[rows].float()[:, None]
-        if bool(((k > 0) | (p < 1)).any()):
-            z_rows = e.sum(dim=1, keepdim=True)
-            # count / mass strictly above each token, via one sort per row (the fast kernel
-            # avoids it)
-            sv, order = torch.sort(s_rows, dim=1, descending=True, stable=True)
-            se = torch.exp(sv - m_rows)
-            excl = torch.cumsum(se, dim=1) - se  # mass of positions before this one
-            first = torch.searchsorted(-sv, -sv, side="left")  # first position of its tie group
-            count_above = torch.empty_like(first).scatter_(1, order, first)
-            mass_above = torch.empty_like(excl).scatter_(1, order, excl.gather(1, first))
-            kept &= (k <= 0) | (count_above < k)
-            kept &= (p >= 1) | (mass_above < p * z_rows)
-        kept &= e >= min_p[rows].float()[:, None]
-        tokens[rows] = _draw_kept(s_rows, kept, seed[rows], step[rows])
+        s_rows = x[rows] * (1.0 / temperature[rows]).float()[:, None]
+        e = torch.exp(s_rows - s_rows.max(dim=1, keepdim=True).values)  # 0 where masked
+        keep = _Kept(s_rows, e, top_k[rows].to(torch.int64), top_p[rows].float(), min_p[rows].float())
+        tokens[rows] = _draw_kept(s_rows, keep, seed[rows], step[rows])
     tokens = torch.where(empty, torch.full_like(tokens, -1), tokens)
     logprobs = None
     if return_logprobs:
@@ -244,14 +227,34 @@ def sample(
     return tokens, empty, logprobs
 
 
-def _draw_kept(s: torch.Tensor, kept: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+class _Kept:
+    """kept(i) of :func:`sample` for sampling rows, evaluated at given tokens: count and mass of
+    the scores strictly above s_i against top-k / top-p, and e_i against min-p."""
+
+    def __init__(self, s: torch.Tensor, e: torch.Tensor, k: torch.Tensor, p: torch.Tensor, mp: torch.Tensor):
+        self.s, self.e, self.k, self.p, self.mp = s, e, k, p, mp
+        self.z = e.sum(dim=1)
+
+    def __call__(self, rows: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        """[n] bool: is token tok[i] of row rows[i] kept."""
+        s, e = self.s[rows], self.e[rows]
+        q = s.gather(1, tok[:, None])
+        above = s > q
+        k, p = self.k[rows], self.p[rows]
+        ok = (k <= 0) | (above.sum(dim=1) < k)
+        ok &= (p >= 1) | (torch.where(above, e, 0.0).sum(dim=1) < p * self.z[rows])
+        return ok & (e.gather(1, tok[:, None])[:, 0] >= self.mp[rows]) & (q[:, 0] > float("-inf"))
+
+
+def _draw_kept(s: torch.Tensor, kept: _Kept, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """The first kept of four inverse-CDF draws per row, then the rounds (see :func:`sample`)."""
     R = s.shape[0]
     ninf = torch.full((R,), float("-inf"), device=s.device)
     mc, q, z = chunk_weights(s, ninf)
     t = draw_bits(seed, step, 8)
     x = torch.stack([inverse_cdf(mc, q, z, t[:, 2 * j], t[:, 2 * j + 1]) for j in range(4)], dim=1)  # [R, 4]
-    k = kept.gather(1, x)
+    r_all = torch.arange(R, device=s.device)
+    k = torch.stack([kept(r_all, x[:, j]) for j in range(4)], dim=1)
     first = torch.where(k.any(dim=1), k.to(torch.int8).argmax(dim=1), 0)
     tokens = x.gather(1, first[:, None])[:, 0]
     for r in (~k.any(dim=1)).nonzero().flatten().tolist():  # all four cut: rare
@@ -260,10 +263,10 @@ def _draw_kept(s: torch.Tensor, kept: torch.Tensor, seed: torch.Tensor, step: to
         while True:
             mc_r, q_r, z_r = chunk_weights(s[r : r + 1], low[None])
             t = draw_bits(seed[r : r + 1], step[r : r + 1], 2 * j + 2)
-            tok = inverse_cdf(mc_r, q_r, z_r, t[:, 2 * j], t[:, 2 * j + 1])[0]
-            if kept[r, tok]:
-                tokens[r] = tok
+            tok = inverse_cdf(mc_r, q_r, z_r, t[:, 2 * j], t[:, 2 * j + 1])
+            if bool(kept(torch.tensor([r], device=s.device), tok)[0]):
+                tokens[r] = tok[0]
                 break
-            low = s[r, tok]
+            low = s[r, tok[0]]
             j += 1
     return tokens
