@@ -306,6 +306,9 @@ def _collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -
             if e.name not in seen_rules and e.name in rules:
                 seen_rules.add(e.name)
                 stack.append(rules[e.name])
+        elif t is ir.Dfa:
+            for _, m, _ in e.edges:
+                add(m)
         else:  # Seq, Alt, And, Diff
             for it in e.items:
                 if type(it) is byte_set:

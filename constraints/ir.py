@@ -132,6 +132,32 @@ class Repeat(Expr):
         return f"Repeat({self.item!r}, {self.min}, {self.max})"
 
 
+class Dfa(Expr):
+    """A regular language given as a DFA over byte sets (a leaf: built as it is, not from a
+    regular expression, where one would be large: the remainders of ``multipleOf``).
+    ``edges``: (state, byte mask, next state) triples over states ``0..n-1``, state 0 the
+    start; ``accept``: the accepting states."""
+
+    __slots__ = ("n", "edges", "accept")
+
+    def __init__(self, n: int, edges, accept) -> None:
+        edges = tuple(sorted(set(edges)))
+        accept = tuple(sorted(set(accept)))
+        _set(self, "n", n)
+        _set(self, "edges", edges)
+        _set(self, "accept", accept)
+        _set(self, "_hash", hash(("Dfa", n, edges, accept)))
+        _set(self, "_size", 1 + len(edges))
+        _set(self, "_refs", _NO_REFS)
+        _set(self, "_long", False)
+
+    def _key(self) -> tuple:
+        return (self.n, self.edges, self.accept)
+
+    def __repr__(self) -> str:
+        return f"Dfa({self.n} states, {len(self.edges)} edges)"
+
+
 class Ref(Expr):
     __slots__ = ("name",)
 

@@ -358,8 +358,10 @@ class LogicMixin:
                 return False
             c = _constraining(x)
             # not {"multipleOf": m} where the numbers are integers (the integer type, or an
-            # integral multipleOf): a difference of two remainder automata
-            return c == {"type": "integer"} or (set(c) == {"multipleOf"} and self._integral(s))
+            # integral multipleOf): a difference of two remainder automata; over all numbers,
+            # with m an integer, the non-integral ones as well
+            return c == {"type": "integer"} or (set(c) == {"multipleOf"} and (
+                self._integral(s) or self._integral({"multipleOf": c["multipleOf"]})))
         return False
 
     @staticmethod

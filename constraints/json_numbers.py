@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from .ir import EMPTY, NOTHING, Expr, alt, byte_range, intersect, lit, opt, plus, rep, seq, star
+from .ir import EMPTY, NOTHING, Dfa, Expr, alt, byte_range, intersect, lit, opt, plus, rep, seq, star
 
 DIGIT = byte_range(0x30, 0x39)
 NONZERO = byte_range(0x31, 0x39)
@@ -255,7 +255,7 @@ def decimal_range(
 
 
 # ------------------------------------------------------------------ multipleOf (integers)
-MAX_MOD_STATES = 9  # remainder automaton states written as IR (state elimination; 11 takes ~2 s)
+MAX_MOD_STATES = 10_000  # remainder automaton states (an IR leaf of m states: 9,973 compiles in ~0.2 s)
 MAX_SUFFIXES = 2_000  # suffix words for the 2**a * 5**b part of a divisor
 
 
@@ -321,5 +321,19 @@ def int_multiple(lo: int | None, hi: int | None, m: int) -> Expr | None:
     if rest > 1:
         if rest > MAX_MOD_STATES:
             return None
-        parts.append(seq(opt(MINUS), _dfa_regex(rest, lambda r, d: (10 * r + d) % rest)))
+        parts.append(seq(opt(MINUS), remainder_dfa(rest)))
     return intersect(*parts)
+
+
+def remainder_dfa(m: int) -> Expr:
+    """Digit strings whose value is a multiple of ``m`` (the empty one included): the
+    remainder automaton itself, ``r --d--> (10 r + d) mod m``, as an IR leaf (m states;
+    the language as a regular expression grows as m**3, see :func:`_dfa_regex`)."""
+    edges = []
+    for r in range(m):
+        by_target: dict[int, int] = {}
+        for d in range(10):
+            t = (10 * r + d) % m
+            by_target[t] = by_target.get(t, 0) | 1 << (0x30 + d)
+        edges += [(r, mask, t) for t, mask in by_target.items()]
+    return Dfa(m, edges, [0])

@@ -166,6 +166,12 @@ class ScalarMixin:
                 raise ConstraintTooComplex(f"the remainder automaton for multipleOf {m2} exceeds the bound",
                                            path=_child(ptr, "not", "multipleOf"))
             return difference(pos, neg)
+        if not_mult is not None:
+            # numbers that are not multiples of an integer: the integers that are not, and
+            # every non-integral number (native_not admits only an integral not_mult here)
+            s2 = {k: v for k, v in s.items() if k != "not"}
+            fracs = self.compile_number({**s2, "not": {"type": "integer"}}, ptr, integer=False)
+            return alt(self.compile_number(s, ptr, integer=True), fracs)
         if integer:
             ilo = None if lo is None else int(math.floor(lo)) + 1 if lo_x and lo == lo.to_integral_value() else (
                 None if lo is None else math.ceil(lo))

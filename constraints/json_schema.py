@@ -104,6 +104,7 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         self.cache: dict[str, Expr] = {}
         self.rule_names: dict[Expr, str] = {}  # rule body -> the name it is kept under
         self.merge_names: dict[str, str] = {}  # canonical allOf-with-$ref schema -> its rule name
+        self.merge_taken: set[str] = set()  # (the names given)
         self.recursive: set[str] = set()
         self.depth = 0
         self._validator = None
@@ -272,7 +273,17 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
 
     def merged_rule(self, s: dict, ptr: str) -> Expr:
         key = _canon(s)
-        name = self.merge_names.setdefault(key, "merge:" + ptr)
+        name = self.merge_names.get(key)
+        if name is None:
+            # other schemas merged at the same pointer (the blocks of several contains) are
+            # other rules: a name of their own
+            base, k = "merge:" + ptr, 1
+            name = base
+            while name in self.merge_taken:
+                k += 1
+                name = f"{base}~{k}"
+            self.merge_names[key] = name
+            self.merge_taken.add(name)
         if name in self.stack:
             self.recursive.add(name)
             return Ref(name)

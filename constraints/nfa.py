@@ -22,7 +22,7 @@ import numpy as np
 
 from .dfa_kernels import hopcroft, live_kernel, product_kernel
 from .errors import ConstraintError, ConstraintTooComplex
-from .ir import Alt, And, ByteSet, Diff, Expr, Ref, Repeat, Seq
+from .ir import Alt, And, ByteSet, Dfa, Diff, Expr, Ref, Repeat, Seq
 from .minimize_kernel import minimize_sparse_kernel
 from .nfa_kernels import byte_classes_kernel, det_min_flat_kernel, determinize_flat_kernel
 from .nfa_reference import _determinize_reference, _moore_blocks, _partition, mask_classes  # noqa: F401
@@ -285,6 +285,16 @@ class FragmentBuilder:
             return end
         if t is Repeat:
             return self._repeat(e, start)
+        if t is Dfa:
+            base = nfa.new(e.n)
+            nfa.eps += (start, base)
+            sym = self._sym
+            for s, mask, d in e.edges:
+                nfa.byt += (base + s, sym(mask), base + d)
+            end = nfa.new()
+            for q in e.accept:
+                nfa.eps += (base + q, end)
+            return end
         if t is Ref:
             if e.name in self.rule_index:
                 end = nfa.new()

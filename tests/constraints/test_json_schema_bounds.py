@@ -249,3 +249,58 @@ def test_word_limited_lists_compile_exactly(compiler):
     assert not a.accepts(doc(1).replace(b'["w"]', b'[" w"]', 1))  # no leading space
     long_word = json.dumps({f"l{i}": ["x" * 300] for i in range(4)}, separators=(",", ":")).encode()
     assert a.accepts(long_word) and not a.accepts(long_word.replace(b"x" * 300, b"x" * 301, 1))
+
+
+# ----------------------------------------------------------------- multipleOf
+
+@pytest.mark.parametrize("m", [3, 7, 9, 11, 13])
+def test_remainder_dfa_equals_the_state_elimination_reference(m):
+    """The remainder automaton as an IR leaf (the fast path) against the regular expression
+    of the same automaton by state elimination (kept as the reference; 9 states at most
+    before): one minimal DFA, and random digit strings read alike (value mod m)."""
+    from deepinfer.constraints.json_numbers import _dfa_regex, remainder_dfa
+
+    leaf = compile_grammar(Grammar({"start": remainder_dfa(m)}))
+    rng = random.Random(m)
+    if m <= 9:
+        ref = compile_grammar(Grammar({"start": _dfa_regex(m, lambda r, d: (10 * r + d) % m)}))
+        assert np.array_equal(leaf.table, ref.table) and np.array_equal(leaf.accepting, ref.accepting)
+    for _ in range(300):
+        s = "".join(rng.choice("0123456789") for _ in range(rng.randint(0, 25)))
+        assert leaf.accepts(s.encode()) == (s == "" or int(s) % m == 0), s
+
+
+@pytest.mark.parametrize("m, extra", [(11, {}), (11, {"minimum": 100}), (97, {"maximum": -3}), (9973, {})])
+def test_integer_multiple_of_a_large_divisor_is_exact(compiler, m, extra):
+    t = time.monotonic()
+    a = compiler.json_schema({"type": "integer", "multipleOf": m, **extra}).automaton
+    assert time.monotonic() - t < 2.0
+    lo, hi = extra.get("minimum", -10**12), extra.get("maximum", 10**12)
+    rng = random.Random(m)
+    vals = [k * m + d for k in (-13, -1, 0, 1, 9, 10, 12345) for d in (-1, 0, 1)] + [rng.randint(-10**9, 10**9)
+                                                                                       for _ in range(200)]
+    for v in vals:
+        assert a.accepts(str(v).encode()) == (v % m == 0 and lo <= v <= hi), v
+
+
+NOT_MULT = {"type": "number", "minimum": -50, "not": {"multipleOf": 11}}
+
+
+def test_number_not_multiple_of_an_integer(compiler):
+    """Over all numbers: the integers that are not multiples, and every non-integral number."""
+    a = compiler.json_schema(NOT_MULT).automaton
+    for t, ok in [("12", True), ("0", False), ("-44", False), ("-45", True), ("-55", False), ("0.5", True),
+                  ("22.5", True), ("-49.5", True), ("-50.5", False), ("110", False), ("111", True), ("22.0", False)]:
+        assert a.accepts(t.encode()) == ok, t
+
+
+def test_contains_blocks_merged_at_one_pointer_keep_their_own_rules(compiler):
+    """Several contains merged with items that $ref: each block (items with some of the
+    contains) is its own rule, though all are compiled at the same pointer."""
+    defs = {"a": {"type": "array", "items": {"type": "integer"}}, "b": {"type": "array", "maxItems": 1}}
+    s = {"type": "array", "definitions": defs,
+         "allOf": [{"items": {"$ref": "#/definitions/a"}}, {"contains": {"$ref": "#/definitions/b"}},
+                   {"contains": {"not": {"$ref": "#/definitions/b"}}}]}
+    a = compiler.json_schema(s).automaton
+    for inst, ok in [([[]], False), ([[1]], False), ([[], [1, 2]], True), ([[1, 2], [3]], True), ([[1, 2]], False)]:
+        assert a.accepts(json.dumps(inst, separators=(",", ":")).encode()) == ok, inst
