@@ -26,6 +26,7 @@ import numpy as np
 from . import counted as ct
 from . import ir
 from .errors import ConstraintError, ConstraintTooComplex
+from .hoist import hoist_repeated
 from .ir import Alt, Expr, Grammar, Ref, Seq
 from .nfa import (
     NFA,
@@ -341,7 +342,7 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
                 return _compile(grammar, limits, None, retry_end, count_above=0)
             except ConstraintTooComplex:
                 pass
-        if _hoist_repeated(dict(grammar.rules), grammar.start, limits.max_inline_size):
+        if hoist_repeated(dict(grammar.rules), grammar.start, limits.max_inline_size):
             try:  # big items of repetitions as called rules: one copy each, not one per repetition
                 hoist_end = min(start + 0.8 * limits.max_seconds, time.monotonic() + 0.15 * limits.max_seconds)
                 return _compile(grammar, limits, None, hoist_end, hoist=True, count_above=0 if skipped else None)
@@ -356,79 +357,6 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton
 
 
 CALL_ABOVE = 64  # IR nodes: on the second attempt, rules larger than this stay rules
-HOIST_PREFIX = "\x00item"
-_BIG = 1 << 40
-
-
-def _hoist_repeated(rules: dict[str, Expr], start: str, limit: int) -> list[str]:
-    """Rewrite ``rules`` in place: the item of every repetition whose copies would expand
-    to more than ``limit`` IR nodes (rules it refers to inlined; an array of objects with
-    long strings, ``maxItems: 256``) becomes a rule of its own, to be called: each copy is
-    then one call edge instead of a copy of the item's states. Items a counter may take
-    (Ref-free and countable, over :data:`~.ir.LONG_REPEAT` copies: see :mod:`.counted`)
-    stay. Returns the new rules' names."""
-    expanded: dict[str, int] = {}
-    on_path: set[str] = set()
-
-    def cost(e: Expr, memo: dict[int, int]) -> int:
-        """IR nodes of ``e`` with repetitions unrolled and (non-recursive) rules inlined."""
-        hit = memo.get(id(e))
-        if hit is not None:
-            return hit
-        t = type(e)
-        if t is Ref:
-            name = e.name
-            if name in on_path or name not in rules:
-                n = 1
-            elif name in expanded:
-                n = expanded[name]
-            else:
-                on_path.add(name)
-                n = expanded[name] = cost(rules[name], {})
-                on_path.discard(name)
-        elif t is ir.Repeat:
-            copies = max(1, e.min if e.max is None else e.max)
-            n = min(_BIG, 1 + copies * cost(e.item, memo))
-        elif isinstance(e, ir._Items):
-            n = min(_BIG, 1 + sum(cost(i, memo) for i in e.items))
-        else:
-            n = 1
-        memo[id(e)] = n
-        return n
-
-    hoisted: dict[Expr, str] = {}
-
-    def walk(e: Expr, memo: dict[int, Expr]) -> Expr:
-        hit = memo.get(id(e))
-        if hit is not None:
-            return hit
-        t = type(e)
-        out = e
-        if t is ir.Repeat:
-            item = walk(e.item, memo)
-            copies = max(e.min, e.max or 0)
-            if (copies > 1 and type(item) is not Ref and copies * cost(item, {}) > limit
-                    and not (copies > ct.LONG_REPEAT and ct.item_dfa(item, Limits(), time.monotonic() + 1.0))):
-                name = hoisted.get(item)
-                if name is None:
-                    name = hoisted[item] = f"{HOIST_PREFIX}{len(hoisted)}"
-                out = ir.Repeat(Ref(name), e.min, e.max)
-            elif item is not e.item:
-                out = ir.Repeat(item, e.min, e.max)
-        elif t is ir.Seq or t is Alt:
-            items = tuple([walk(i, memo) for i in e.items])
-            if any(a is not b for a, b in zip(items, e.items)):
-                out = t(items)
-        memo[id(e)] = out
-        return out
-
-    for name in list(rules):
-        rules[name] = walk(rules[name], {})
-    for item, name in hoisted.items():
-        rules[name] = item
-    return list(hoisted.values())
-
-
 def _rule_key(name: str, body: Expr, rule_index: dict[str, int]) -> tuple | None:
     """What a rule's DFA depends on when none of its references is inlined: its body and
     the call numbering of the rules it refers to (None if it inlines some rule)."""
@@ -444,11 +372,11 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
     """One attempt of :func:`compile_grammar`. ``count_above``: count repetitions whose
     copies would exceed this many states (None: :data:`~.counted.COUNT_MIN_STATES`;
     negative: none); ``skipped`` gets the number of countable ones left to copy; ``hoist``:
-    big repeated items become called rules (:func:`_hoist_repeated`)."""
+    big repeated items become called rules (:func:`~.hoist.hoist_repeated`)."""
     rules = dict(grammar.rules)
     if grammar.start not in rules:
         raise ConstraintError(f"start rule {grammar.start!r} is not defined")
-    hoisted = _hoist_repeated(rules, grammar.start, limits.max_inline_size) if hoist else []
+    hoisted = hoist_repeated(rules, grammar.start, limits.max_inline_size) if hoist else []
     regions: dict[str, ct.Region] = {}
     if (count_above is None or count_above >= 0) and any(b._long for b in rules.values()):
         # long repetitions of countable items: counters

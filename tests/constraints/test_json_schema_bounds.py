@@ -13,7 +13,8 @@ import pytest
 
 from deepinfer.constraints import Compiler, Matcher, counted, ir, nfa
 from deepinfer.constraints import json_formats as jf
-from deepinfer.constraints.automaton import HOIST_PREFIX, _hoist_repeated, compile_grammar
+from deepinfer.constraints.automaton import compile_grammar
+from deepinfer.constraints.hoist import HOIST_PREFIX, hoist_repeated
 from deepinfer.constraints.ir import Grammar, alt, byte_range, lit, rep, seq
 from deepinfer.constraints.json_schema import schema_to_grammar
 
@@ -115,7 +116,7 @@ def _array(n: int, d: int = 1, k: int = 1) -> bytes:
 
 def test_big_repeated_item_becomes_a_called_rule(compiler):
     rules = dict(_grammar(ARRAY).rules)
-    assert _hoist_repeated(rules, "start", nfa.Limits().max_inline_size)
+    assert hoist_repeated(rules, "start", nfa.Limits().max_inline_size)
     t = time.monotonic()
     c = compiler.json_schema(ARRAY)
     assert time.monotonic() - t < 2.0
@@ -142,7 +143,7 @@ def test_small_repeated_item_stays_inlined(compiler):
     """Hoisting is a fallback: an array that fits inlined stays one DFA."""
     small = {"type": "array", "maxItems": 300, "items": {"type": "integer", "minimum": 0, "maximum": 9}}
     rules = dict(_grammar(small).rules)
-    assert not _hoist_repeated(rules, "start", nfa.Limits().max_inline_size)  # a counted item
+    assert not hoist_repeated(rules, "start", nfa.Limits().max_inline_size)  # a counted item
     assert compiler.json_schema(small).automaton.is_regular
 
 
