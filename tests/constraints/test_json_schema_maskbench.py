@@ -101,10 +101,28 @@ def schema_order(root: object, node: object, value: object, depth: int = 0) -> o
         keys = [k for k in dict.fromkeys(k for k, _ in props) if k in value] + [k for k in value if k not in subs]
         return {k: schema_order(root, {"allOf": subs[k]} if k in subs else {}, value[k], depth + 1) for k in keys}
     if isinstance(value, list) and isinstance(node, dict):
-        prefix = node.get("prefixItems", node.get("items") if isinstance(node.get("items"), list) else [])
-        items = node.get("items") if isinstance(node.get("items"), dict) else {}
-        return [schema_order(root, prefix[i] if i < len(prefix) else items, v, depth + 1) for i, v in enumerate(value)]
+        per_item = _items(root, node, value)
+        return [schema_order(root, {"allOf": [s(i) for s in per_item]}, v, depth + 1) for i, v in enumerate(value)]
     return value
+
+
+def _items(root: object, node: object, value: object, depth: int = 0) -> list:
+    """Functions i -> the subschema item i meets, from the node, its allOf and the anyOf / oneOf
+    branch the value is valid against (as :func:`_props` does for keys)."""
+    node = _resolve(root, node)
+    if not isinstance(node, dict) or depth > 32:
+        return []
+    prefix = node.get("prefixItems", node.get("items") if isinstance(node.get("items"), list) else [])
+    items = node.get("items") if isinstance(node.get("items"), dict) else {}
+    out = [lambda i, prefix=prefix, items=items: prefix[i] if i < len(prefix) else items]
+    for b in node.get("allOf", []):
+        out += _items(root, b, value, depth + 1)
+    for kw in ("anyOf", "oneOf"):
+        for b in node.get(kw, []):
+            if _valid(root, b, value):
+                out += _items(root, b, value, depth + 1)
+                break
+    return out
 
 
 # ------------------------------------------------------------------------- runs
