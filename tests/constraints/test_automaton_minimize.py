@@ -10,7 +10,7 @@ import pytest
 from deepinfer.constraints.dfa_kernels import _hopcroft_py
 from deepinfer.constraints.nfa import RawDFA, _moore_blocks, equivalent_blocks, live_states, minimize
 
-from .test_nfa_fast_paths import _same_dfa
+from .test_nfa_fast_paths import _random_nfa, _same_dfa
 
 
 def random_dfa(rng: random.Random, n: int, n_classes: int, cyclic: bool) -> RawDFA:
@@ -92,33 +92,6 @@ def _reachable(table, dead):
                 seen.add(t)
                 work.append(t)
     return seen
-
-
-def _random_nfa(rng: random.Random, n: int, n_classes: int):
-    from deepinfer.constraints.nfa import NFA, Limits
-
-    nfa = NFA(Limits(), deadline=float("inf"))
-    nfa.new(n)
-    for s in range(n):
-        for _ in range(rng.randint(0, 2)):
-            nfa.add_eps(s, rng.randrange(n))
-        for _ in range(rng.randint(0, 3)):
-            mask = 0
-            for c in range(n_classes):
-                if rng.random() < 0.4:
-                    mask |= 1 << c
-            if mask:
-                nfa.add_bytes(s, mask, rng.randrange(n))
-        if rng.random() < 0.15:
-            nfa.add_call(s, rng.randrange(2), rng.randrange(n))
-    if rng.random() < 0.5:  # a spliced DFA's class edges
-        k = rng.randint(1, 6)
-        base = nfa.new(k)
-        src = np.array([base + rng.randrange(k) for _ in range(2 * k)], np.int64)
-        nfa.chunks.append((src, np.array([rng.randrange(n_classes) for _ in src], np.int64),
-                           np.array([rng.randrange(nfa.n) for _ in src], np.int64)))
-        nfa.add_eps(rng.randrange(n), base)
-    return nfa
 
 
 @pytest.mark.parametrize("seed", range(40))
