@@ -30,14 +30,6 @@ from .tokenizer import Message, Tokenizer
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _kinds(params: list[SamplingParams]) -> str:
-    """What the sampler's rows need (``kernels.sample(kinds=...)``), from host-side parameters:
-    it leaves out the draw and test-pass launches no row needs."""
-    if all(x.temperature == 0 for x in params):
-        return "greedy"
-    return "filter" if any(x.temperature > 0 and (x.top_k > 0 or x.top_p < 1) for x in params) else "sample"
-
-
 def _resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -334,22 +326,29 @@ class LLM:
             if len(constrained) < len(seqs):  # every row constrained: no index list to copy
                 indices = torch.tensor(constrained, dtype=torch.int64).to(dev, non_blocking=True)
         p = [s.params for s in seqs]
+        temperature = torch.tensor([x.temperature for x in p], dtype=torch.float32)
+        top_k = torch.tensor([x.top_k for x in p], dtype=torch.int64)
+        top_p = torch.tensor([x.top_p for x in p], dtype=torch.float32)
 
         def per_row(values, dtype):
             return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+        def on_dev(t):
+            return t.to(dev, non_blocking=True)
 
         out = self.sample_fn(
             logits,
             bitmask=bitmask,
             indices=indices,
-            temperature=per_row([x.temperature for x in p], torch.float32),
-            top_k=per_row([x.top_k for x in p], torch.int64),
-            top_p=per_row([x.top_p for x in p], torch.float32),
+            temperature=on_dev(temperature),
+            top_k=on_dev(top_k),
+            top_p=on_dev(top_p),
             min_p=per_row([x.min_p for x in p], torch.float32),
             seed=per_row([s.seed for s in seqs], torch.int64),
             step=per_row([len(s.output_token_ids) for s in seqs], torch.int64),
             validate=False,
-            kinds=_kinds(p),
+            # read on the host, before the copies: the launches no row needs are left out
+            kinds=kernels.sample_kinds(temperature, top_k, top_p, logits.shape[1]),
         )
         # a row whose mask allows nothing comes back as -1 (out.empty): its sequence fails
         # in on_token, the others go on

@@ -16,7 +16,9 @@ import torch
 
 from . import reference, reference_verify
 
-__all__ = ["SampleOutput", "VerifyOutput", "apply_bitmask_", "reference", "reference_verify", "sample", "verify"]
+__all__ = [
+    "SampleOutput", "VerifyOutput", "apply_bitmask_", "reference", "reference_verify", "sample", "sample_kinds", "verify",
+]
 
 _BACKENDS = ("auto", "triton", "torch")
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -250,7 +252,7 @@ def sample(
         raise ValueError("indices given without a bitmask")
     idx = _check_indices(indices, B, dev, validate)
     if kinds is None:
-        kinds = _kinds(temperature, top_k, top_p, logits.shape[1])
+        kinds = sample_kinds(temperature, top_k, top_p, logits.shape[1])
     elif kinds not in ("greedy", "sample", "filter"):
         raise ValueError(f"kinds must be 'greedy', 'sample' or 'filter', got {kinds!r}")
     temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
@@ -264,8 +266,8 @@ def sample(
     return SampleOutput(tokens, empty, logprobs)
 
 
-def _kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int) -> str:
-    """What the rows need ("greedy" / "sample" / "filter", see :func:`sample`), from host
+def sample_kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int) -> str:
+    """What the rows need (``sample(kinds=...)``: "greedy" / "sample" / "filter"), from host
     values; "filter" if any is on a device (reading it would sync)."""
     if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in (temperature, top_k, top_p)):
         return "filter"
@@ -299,7 +301,7 @@ def verify(
 
     Position k of row b holds the logits after the row's accepted tokens and its first k
     drafts. Each position's target token is what :func:`sample` would pick there (bitmask,
-    temperature, filters, the noise of ``(seed, step + k)``); the drafts are accepted up to the
+    temperature, filters, the random numbers of ``(seed, step + k)``); the drafts are accepted up to the
     first one that differs from its target token, and the target token there is the bonus.
     For drafts that are point masses this is speculative rejection sampling (accept d with
     probability p(d), else sample the residual p without d), so the emitted tokens are exactly
@@ -323,11 +325,6 @@ def verify(
     backend : {"auto", "triton", "torch"}
     validate : bool
         Check argument values (a host sync on CUDA); shapes and dtypes are always checked.
-    filters : bool, optional
-        Whether some row samples (temperature > 0) with top-k or top-p on. False lets the
-        Triton path skip its test-pass launch (a greedy or min-p-only batch). None: worked out
-        from the arguments when they are host values, else taken as True. A wrong False is
-        not checked and gives wrong tokens.
 
     Returns
     -------

@@ -59,17 +59,12 @@ def draw_bits(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
     """t [B, n] int64, odd, in (0, 2**24): a counter-based hash of (seed[b], step[b], hash id j).
 
     ``for b, j: r = mix32(mix32((j + k0[b]) mod 2**32) ^ k1[b]); t = 2 * (r >> 9) + 1``; the
-    uniform of id j is ``u = t / 2**24`` (:func:`uniform_noise`).
+    uniform of id j is ``u = t / 2**24`` (exact in float32, never 0 or 1).
     """
     k0, k1 = row_keys(seed, step)
     ids = torch.arange(n, dtype=torch.int64, device=seed.device)
     r = mix32(mix32((ids[None, :] + k0[:, None]) & _M32) ^ k1[:, None])
     return (r >> 9) * 2 + 1
-
-
-def uniform_noise(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
-    """u [B, n] float32 in (0, 1): ``draw_bits / 2**24`` (exact in float32, never 0 or 1)."""
-    return draw_bits(seed, step, n).to(torch.float32) * (1.0 / 16777216.0)
 
 
 CHUNK_MAX = 4096  # tokens per chunk of the inverse-CDF draws (part of what a seed samples)

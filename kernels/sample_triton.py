@@ -1,8 +1,9 @@
 """Triton kernels: bitmask apply, and the fused mask + temperature + top-k/top-p/min-p + sampling.
 
-Sampling is by inverse CDF with counter-based uniforms (``reference.uniform_noise`` of the draw
-index, the same 32-bit integer hash in both backends): draw j picks the first token (in id order)
-at which the running sum of e = exp(s - max s) reaches u_j * Z. The kept set of top-k / top-p /
+Sampling is by inverse CDF with counter-based uniforms (``reference.draw_bits``, the same 32-bit
+integer hash in both backends) over integer weights (``reference.chunk_weights`` /
+``inverse_cdf``): draw j walks the running sums to a chunk (hash id 2j), then to a token in it
+(id 2j + 1); the sums are exact, so every path picks the same token. The kept set of top-k / top-p /
 min-p is ``{i : s_i >= tau}`` for an unknown threshold tau; it is never searched for:
 
     pass 1: m = max(s), Z = sum exp(s - m)            (greedy: m and the lowest argmax only)
@@ -66,7 +67,7 @@ def _row_keys(seed, step):
 @_helper
 def _draw_t(j, k0, k1):
     # hash id j (uint32) -> t = 2 * (r >> 9) + 1 (int64, odd, < 2**24): the uniform t / 2**24
-    # (reference.draw_bits; reference.uniform_noise at id j is the same u)
+    # (reference.draw_bits)
     r = _mix32(_mix32(j + k0) ^ k1)
     return (r >> 9).to(tl.int64) * 2 + 1
 

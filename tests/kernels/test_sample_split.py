@@ -163,7 +163,7 @@ def test_split_is_chosen_by_shape(monkeypatch):
 def test_kinds_from_host_values():
     """kernels.sample works out which launches rows need from host values; device tensors
     (unreadable without a sync) mean "filter", which is always correct."""
-    from deepinfer.kernels import _kinds
+    from deepinfer.kernels import sample_kinds as _kinds
 
     assert _kinds(0.0, 0, 1.0, 1000) == "greedy"
     assert _kinds([0.0, 0.7], 0, 1.0, 1000) == "sample"
