@@ -90,6 +90,7 @@ class Automaton:
             self._lo_list = counters.lo.tolist()
             self._hi_list = counters.hi.tolist()
         self.initial = self.start if self.is_regular else self.closure([(self.start,)])
+        self.unique = None  # uniqueItems tags (see .unique), set by compile_grammar
 
     # ----------------------------------------------------------------- single steps
 
@@ -213,11 +214,19 @@ class Automaton:
 
     def accepts(self, data: bytes) -> bool:
         """Does ``data`` match the whole grammar?"""
+        if self.unique is not None:
+            from .unique import accepts
+
+            return accepts(self, data)
         cfg = self.step_bytes(self.initial, data) if self.initial is not None else None
         return cfg is not None and self.can_end(cfg)
 
     def is_prefix(self, data: bytes) -> bool:
         """Can ``data`` be extended to a match?"""
+        if self.unique is not None:
+            from .unique import is_prefix
+
+            return is_prefix(self, data)
         return self.initial is not None and self.step_bytes(self.initial, data) is not None
 
 
@@ -320,6 +329,24 @@ def _collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -
 
 
 def compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton:
+    """Compile a grammar to an :class:`Automaton` (raises ConstraintError); see
+    :func:`_compile_grammar`. A grammar with uniqueItems markers gets its tags (:mod:`.unique`)."""
+    a = _compile_grammar(grammar, limits)
+    if grammar.unique:
+        from .unique import eliminate
+
+        try:
+            a = eliminate(a, grammar.unique)
+        except ConstraintError:
+            if grammar.fallback is None:
+                raise
+            relaxed = grammar.fallback()  # lenient: uniqueItems relaxed, as the notes say
+            grammar.notes[:] = relaxed.notes
+            return compile_grammar(relaxed, limits)
+    return a
+
+
+def _compile_grammar(grammar: Grammar, limits: Limits | None = None) -> Automaton:
     """Compile a grammar to an :class:`Automaton` (raises ConstraintError).
 
     Rules are inlined into their callers where that keeps the automaton small. When the
@@ -378,7 +405,8 @@ def _compile(grammar: Grammar, limits: Limits, call_above: int | None, deadline:
         raise ConstraintError(f"start rule {grammar.start!r} is not defined")
     hoisted = hoist_repeated(rules, grammar.start, limits.max_inline_size) if hoist else []
     regions: dict[str, ct.Region] = {}
-    if (count_above is None or count_above >= 0) and any(b._long for b in rules.values()):
+    if (count_above is None or count_above >= 0) and not grammar.unique and any(b._long for b in rules.values()):
+        # (a grammar with uniqueItems markers counts nothing: tags live on plain transitions)
         # long repetitions of countable items: counters
         old_limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old_limit, 20_000))

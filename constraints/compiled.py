@@ -101,6 +101,12 @@ class CompiledConstraint:
         self._eos = np.array(vocab.eos_ids, dtype=np.int64)
         # accepted steps seen before: the common accept is one dict hit (bounded; see matcher)
         self.step_memo: dict = {}
+        # uniqueItems checked at run time (see .unique): None for every other constraint
+        self.unique = None
+        if automaton.unique is not None:
+            from .unique import Runtime
+
+            self.unique = Runtime(self)
 
     @property
     def vocab_size(self) -> int:

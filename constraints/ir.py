@@ -214,6 +214,12 @@ class Grammar:
     start: str = "start"
     # free-form notes from the front end (e.g. relaxed JSON Schema keywords)
     notes: list[str] = field(default_factory=list)
+    # JSON pointers of the uniqueItems arrays written with marker bytes (checked at run time,
+    # see .unique); empty when the grammar has no markers
+    unique: tuple[str, ...] = ()
+    # (lenient JSON Schema with markers) the grammar with uniqueItems relaxed instead, made if
+    # the markers cannot be kept (see automaton.compile_grammar)
+    fallback: object = None
 
 
 # ---------------------------------------------------------------------------- builders

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .errors import ConstraintError, ConstraintTooComplex
 from .ir import EMPTY, NOTHING, Expr, alt, intersect, lit, opt, refs, rep, seq, star
 from .json_common import _CONTAINS, _canon, _child, _constraining
+from .unique import MARK_CLOSE, MARK_OPEN, MARK_SEP
 
 MAX_CONTAINS_SPAN = 32  # maxItems (or minItems) enumerated around the first contained item
 MAX_UNIQUE_VALUES = 8  # uniqueItems: item values (a product of one automaton each)
@@ -19,12 +20,27 @@ MAX_MERGED_CONTAINS = 3  # contains merged from allOf (13 ordered partitions of 
 
 class ArrayMixin:
     def compile_array(self, s: dict, ptr: str) -> Expr:
+        if s.get("uniqueItems") is True and self.runtime_unique and self.unique_groups(s) is None:
+            return self.marked_array(s, ptr)
         arr = self.compile_array_base(s, ptr)
         if s.get("uniqueItems") is True:
             arr = self.unique_items(s, arr, ptr)
         return arr
 
-    def compile_array_base(self, s: dict, ptr: str) -> Expr:
+    def marked_array(self, s: dict, ptr: str) -> Expr:
+        """uniqueItems over items whose values cannot be enumerated: checked at run time. The
+        array is written with marker bytes (never in UTF-8 text) right before its ``[``, each
+        separating ``,`` and its ``]``; the automaton turns them into tags on those bytes'
+        transitions (:mod:`.unique`), and the matcher compares each completed item's JSON
+        value with the earlier items of the same array."""
+        sep = seq(self.ws, MARK_SEP, lit(","), self.ws)
+        arr = self.compile_array_base(s, ptr, sep=sep, marked=True)
+        self.unique_ptrs.append(_child(ptr, "uniqueItems"))
+        return arr
+
+    def compile_array_base(self, s: dict, ptr: str, sep: Expr | None = None, marked: bool = False) -> Expr:
+        comma = self.comma if sep is None else sep
+        open_, close = (seq(MARK_OPEN, lit("[")), seq(MARK_CLOSE, lit("]"))) if marked else (lit("["), lit("]"))
         prefix = s.get("prefixItems")
         items = s.get("items", True)
         pptr = _child(ptr, "prefixItems")
@@ -39,9 +55,9 @@ class ArrayMixin:
         if hi is not None and hi < lo:
             return NOTHING
         if "contains" in s:
-            body = self.contains_body(s, prefix, items, lo, hi, ptr)
+            body = self.contains_body(s, prefix, items, lo, hi, ptr, comma)
             if body is not None:
-                return seq(lit("["), self.ws, body, self.ws, lit("]"))
+                return seq(open_, self.ws, body, self.ws, close)
         pexprs = [self.compile(p, _child(pptr, i)) for i, p in enumerate(prefix)]
         iexpr = self.compile(items, iptr)
         k = len(pexprs)
@@ -52,7 +68,7 @@ class ArrayMixin:
             if t_hi == 0:
                 body = EMPTY
             else:
-                more = self.repeat(seq(self.comma, iexpr), max(0, t_lo - 1), None if t_hi is None else t_hi - 1,
+                more = self.repeat(seq(comma, iexpr), max(0, t_lo - 1), None if t_hi is None else t_hi - 1,
                                    _child(ptr, "maxItems"), "maxItems")
                 body = seq(iexpr, more)
                 if t_lo == 0:
@@ -62,15 +78,16 @@ class ArrayMixin:
                 pexprs = pexprs[:hi]
                 k = len(pexprs)
                 t_hi = 0
-            tail = EMPTY if t_hi == 0 else self.repeat(seq(self.comma, iexpr), t_lo, t_hi, _child(ptr, "maxItems"),
+            tail = EMPTY if t_hi == 0 else self.repeat(seq(comma, iexpr), t_lo, t_hi, _child(ptr, "maxItems"),
                                                         "maxItems")
             body = tail
             for i in range(k - 1, -1, -1):
-                cur = seq(self.comma if i > 0 else EMPTY, pexprs[i], body)
+                cur = seq(comma if i > 0 else EMPTY, pexprs[i], body)
                 body = cur if i < lo else opt(cur)
-        return seq(lit("["), self.ws, body, self.ws, lit("]"))
+        return seq(open_, self.ws, body, self.ws, close)
 
-    def contains_body(self, s: dict, prefix: list, items: object, lo: int, hi: int | None, ptr: str) -> Expr | None:
+    def contains_body(self, s: dict, prefix: list, items: object, lo: int, hi: int | None, ptr: str,
+                      comma: Expr | None = None) -> Expr | None:
         """The members of an array under ``contains``; None where contains has no effect
         (or is relaxed)."""
         cptr = _child(ptr, "contains")
@@ -79,7 +96,7 @@ class ArrayMixin:
         cmax = s.get("maxContains")
         cmax = int(cmax) if cmax is not None else None
         if s.get(_CONTAINS):
-            return self.contains_two(s, c, items, lo, hi, ptr) if not prefix else self.relax(
+            return self.contains_two(s, c, items, lo, hi, ptr, comma) if not prefix else self.relax(
                 "contains", cptr, "with prefixItems")
         if cmax is not None and cmax < cmin:
             return NOTHING
@@ -92,28 +109,30 @@ class ArrayMixin:
         i = self.compile(items, _child(ptr, "items"))
         if cmax is None and hi is None and lo <= cmin:
             # I* (Y I*){cmin}: at least cmin contained items (the length follows)
-            return self.joined([(i, 0, None)] + [(y, 1, 1), (i, 0, None)] * cmin)
+            return self.joined([(i, 0, None)] + [(y, 1, 1), (i, 0, None)] * cmin, comma)
         if cmax is None and cmin == 1:
             # position k of a contained item, items around it within the length bounds
             n = hi if hi is not None else lo
             if n > MAX_CONTAINS_SPAN:
                 raise ConstraintTooComplex(f"contains with {'maxItems' if hi is not None else 'minItems'} {n} "
                                            f"exceeds the bound ({MAX_CONTAINS_SPAN})", path=cptr)
-            parts = [self.joined([(i, k, k), (y, 1, 1), (i, max(lo - k - 1, 0), None if hi is None else hi - k - 1)])
+            parts = [self.joined([(i, k, k), (y, 1, 1), (i, max(lo - k - 1, 0), None if hi is None else hi - k - 1)],
+                                      comma)
                      for k in range(hi if hi is not None else lo)]
             if hi is None:
-                parts.append(self.joined([(i, lo, None), (y, 1, 1), (i, 0, None)]))
+                parts.append(self.joined([(i, lo, None), (y, 1, 1), (i, 0, None)], comma))
             return alt(*parts)
         if lo == 0 and hi is None:
             z = self.compile({"allOf": [items, self.negate(c)]}, cptr)  # an item that is not
-            group = seq(y, star(seq(self.comma, z)))
+            group = seq(y, star(seq(self.comma if comma is None else comma, z)))
             if cmax is not None and cmax > MAX_CONTAINS_SPAN:
                 raise ConstraintTooComplex(f"maxContains {cmax} exceeds the bound ({MAX_CONTAINS_SPAN})", path=cptr)
-            return self.joined([(z, 0, None), (group, cmin, cmax)])
+            return self.joined([(z, 0, None), (group, cmin, cmax)], comma)
         self.relax("contains", cptr, "minContains/maxContains with minItems/maxItems")
         return None
 
-    def contains_two(self, s: dict, c: object, items: object, lo: int, hi: int | None, ptr: str) -> Expr | None:
+    def contains_two(self, s: dict, c: object, items: object, lo: int, hi: int | None, ptr: str,
+                     comma: Expr | None = None) -> Expr | None:
         """Several contains (merged from allOf, at most :data:`MAX_MERGED_CONTAINS`): per ordered
         partition of them, one item for each block matching the block's schemas, in that order,
         other items anywhere (``I* (I∧A∧B) I* | I* (I∧A) I* (I∧B) I* | I* (I∧B) I* (I∧A) I*``)."""
@@ -166,7 +185,7 @@ class ArrayMixin:
                 segs = [(i, *g[0])]
                 for blk, gap in zip(p, g[1:]):
                     segs += [(block(blk), 1, 1), (i, *gap)]
-                parts.append(self.joined(segs))
+                parts.append(self.joined(segs, comma))
         return alt(*parts)
 
     def unique_groups(self, s: dict) -> list[list] | None:
@@ -235,8 +254,10 @@ class ArrayMixin:
             parts.append(seq(lit("["), self.ws, once, self.ws, lit("]")))
         return intersect(*parts)
 
-    def joined(self, segs: list[tuple[Expr, int, int | None]]) -> Expr:
-        """Segments ``(element, min, max)`` in order, elements separated by commas."""
+    def joined(self, segs: list[tuple[Expr, int, int | None]], comma: Expr | None = None) -> Expr:
+        """Segments ``(element, min, max)`` in order, elements separated by commas (``comma``,
+        by default the compiler's)."""
+        comma = self.comma if comma is None else comma
         memo: dict = {}
 
         def f(j: int, first: bool) -> Expr:
@@ -248,9 +269,9 @@ class ArrayMixin:
             if b == 0:
                 out = f(j + 1, first)
             elif not first:
-                out = seq(rep(seq(self.comma, x), a, b), f(j + 1, False))
+                out = seq(rep(seq(comma, x), a, b), f(j + 1, False))
             else:
-                some = seq(x, rep(seq(self.comma, x), max(a - 1, 0), None if b is None else b - 1), f(j + 1, False))
+                some = seq(x, rep(seq(comma, x), max(a - 1, 0), None if b is None else b - 1), f(j + 1, False))
                 out = alt(some, f(j + 1, True)) if a == 0 else some
             memo[j, first] = out
             return out

@@ -98,6 +98,8 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         self.strict = strict
         self.lenient = lenient
         self.notes: list[str] = []
+        self.unique_ptrs: list[str] = []  # uniqueItems checked at run time (see json_arrays.marked_array)
+        self.runtime_unique = True
         self.rules: dict[str, Expr] = {}
         self.stack: list[str] = []
         self.flattening: list[str] = []  # $ref targets whose keywords are being merged (allOf)
@@ -365,8 +367,8 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
             if kw not in s:
                 continue
             v = s[kw]
-            if kw == "uniqueItems" and (v is False or self.unique_groups(s) is not None):
-                continue  # (enforced by compile_array over a few item values)
+            if kw == "uniqueItems" and (v is False or self.runtime_unique or self.unique_groups(s) is not None):
+                continue  # enforced by compile_array (over a few item values, else at run time)
             if kw in ("contains", "minContains", "maxContains"):
                 continue  # compile_array enforces or relaxes them
             if kw == "if" and "then" not in s and "else" not in s:
@@ -479,6 +481,7 @@ def schema_to_grammar(
     whitespace: str = "compact",
     strict: bool = False,
     lenient: bool = False,
+    runtime_unique: bool = True,
 ) -> Grammar:
     """Lower a JSON Schema to a grammar whose start rule accepts exactly its valid JSON texts.
 
@@ -492,6 +495,9 @@ def schema_to_grammar(
         Forbid object keys that the schema does not declare (``additionalProperties: false``).
     lenient:
         Relax keywords the grammar cannot enforce instead of raising; ``grammar.notes`` says which.
+    runtime_unique:
+        Enforce ``uniqueItems`` over items that cannot be enumerated with a run-time check
+        (:mod:`.unique`); False: such a ``uniqueItems`` is unsupported (relaxed if lenient).
 
     Raises
     ------
@@ -503,9 +509,16 @@ def schema_to_grammar(
     """
     root = _load(schema)
     c = _SchemaCompiler(root, whitespace, strict, lenient)
+    c.runtime_unique = runtime_unique
     start = c.ref("#", "#")
     if start == NOTHING or (isinstance(start, Ref) and c.rules.get(start.name) == NOTHING):
         why = "".join(f"; {m} at {p}" for m, p in c.unsat[:3])
         raise ConstraintError("schema is unsatisfiable: no JSON value is valid" + why, path="#")
     rules = {"start": start, **c.rules}
-    return Grammar(rules=rules, start="start", notes=c.notes)
+    unique = tuple(dict.fromkeys(c.unique_ptrs))
+    fallback = None
+    if unique and lenient:
+        def fallback() -> Grammar:
+            return schema_to_grammar(schema, whitespace=whitespace, strict=strict, lenient=True,
+                                     runtime_unique=False)
+    return Grammar(rules=rules, start="start", notes=c.notes, unique=unique, fallback=fallback)

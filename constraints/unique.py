@@ -1,0 +1,313 @@
+"""``uniqueItems`` checked at run time.
+
+Where the items of a ``uniqueItems`` array cannot be enumerated (objects, free strings), the
+JSON Schema front end writes the array with three marker bytes, never found in UTF-8 text:
+:data:`MARK_OPEN` right before its ``[``, :data:`MARK_SEP` right before each ``,`` that
+separates two items and :data:`MARK_CLOSE` right before its ``]`` (``json_arrays.marked_array``).
+Every marker is followed by its fixed byte, so the automaton drops the marker edges
+(:func:`eliminate`): a transition ``s --M--> t --b--> u`` becomes ``s --b--> u`` tagged ``M``.
+A state with both a tagged and an untagged way to read ``b`` would make the checks depend on
+a parse the text does not determine: that is a compile error naming the keyword.
+
+At run time a configuration carries, per stack of the automaton (one for a DFA), the open
+uniqueItems arrays: a tuple of frames ``(start of the current item, frozenset of the keys of
+the completed items)``. ``OPEN`` pushes a frame, ``SEP`` completes an item (rejected when its
+JSON value equals an earlier item's: :func:`item_key`, JSON Schema equality), ``CLOSE``
+completes the last item (if any) and pops. Matchers keep a tuple of ``(configuration, frames)``
+groups; a DFA has one group.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from .errors import ConstraintError
+from .ir import ByteSet
+
+OPEN, SEP, CLOSE = 0xFB, 0xFC, 0xFD  # marker bytes (never in UTF-8)
+MARK_OPEN, MARK_SEP, MARK_CLOSE = ByteSet(1 << OPEN), ByteSet(1 << SEP), ByteSet(1 << CLOSE)
+FOLLOW = {OPEN: ord("["), SEP: ord(","), CLOSE: ord("]")}  # the byte each marker comes before
+_WS = b" \t\r\n"
+
+
+class Tags:
+    """The tags of an automaton's transitions: ``kind[(state, class)]`` is OPEN, SEP or CLOSE."""
+
+    def __init__(self, kind: dict[tuple[int, int], int], n_states: int, pointers: tuple[str, ...],
+                 trigger: bytes) -> None:
+        self.kind = kind
+        tagged = np.zeros(n_states, dtype=bool)
+        for s, _ in kind:
+            tagged[s] = True
+        self.tagged = tagged.tolist()
+        self.pointers = pointers
+        self.trigger = trigger  # the bytes whose transitions may carry a tag
+
+
+def eliminate(a, pointers: tuple[str, ...]):
+    """The automaton ``a`` without its marker edges, its tags as ``.unique`` (None where it
+    has no marker: the uniqueItems arrays were compiled away)."""
+    from .automaton import Automaton
+
+    cls = a.cls
+    mcls = {m: int(cls[m]) for m in FOLLOW}
+    where = ", ".join(pointers)
+    for c in mcls.values():
+        if int((cls == c).sum()) != 1:
+            raise ConstraintError(f"JSON Schema keyword 'uniqueItems' cannot be enforced here (at {where}): the "
+                                  "grammar uses bytes reserved for its markers")
+    table = a.table
+    marked = np.zeros(len(table), dtype=bool)
+    for c in mcls.values():
+        marked |= table[:, c] >= 0
+    if not marked.any():
+        return a
+    if a.counters is not None:  # (not made: compile_grammar counts nothing when there are markers)
+        raise ConstraintError(f"JSON Schema keyword 'uniqueItems' cannot be enforced with counted repetitions "
+                              f"(at {where})")
+    new = table.copy()
+    kind: dict[tuple[int, int], int] = {}
+    for s in np.flatnonzero(marked).tolist():
+        for m, c in mcls.items():
+            t = int(table[s, c])
+            if t < 0:
+                continue
+            fc = int(cls[FOLLOW[m]])
+            u = int(table[t, fc])
+            others = [x for x in range(table.shape[1]) if x != fc and table[t, x] >= 0]
+            if u < 0 or others or a.calls[t] or a.accepting[t]:
+                raise ConstraintError(f"JSON Schema keyword 'uniqueItems' cannot be enforced here (at {where}): a "
+                                      "marker is not followed by its bracket or comma")
+            if table[s, fc] >= 0 or (s, fc) in kind:
+                raise ConstraintError(
+                    f"JSON Schema keyword 'uniqueItems' cannot be enforced here (at {where}): the same text may be "
+                    "an array with uniqueItems or without (e.g. anyOf branches that differ only in uniqueItems); "
+                    "pass lenient=True to relax it")  # (lenient: compile_grammar relaxes it)
+            new[s, fc] = u
+            kind[(s, fc)] = m
+    for c in mcls.values():
+        new[:, c] = -1
+    out = Automaton(new, cls, a.accepting, a.calls, a.start, a.rule_names, None)
+    trigger = bytes(sorted({FOLLOW[m] for m in kind.values()}))
+    out.unique = Tags(kind, len(new), pointers, trigger)
+    return out
+
+
+# ------------------------------------------------------------------------ JSON values
+
+
+def _canon(v: object):
+    """A hashable key equal for values JSON Schema calls equal (1 == 1.0, key order
+    irrelevant, true != 1)."""
+    if isinstance(v, bool) or v is None:
+        return ("b", v)
+    if isinstance(v, (int, float)):
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = int(v)
+        return ("n", v)
+    if isinstance(v, str):
+        return ("s", v)
+    if isinstance(v, list):
+        return ("a", tuple(_canon(x) for x in v))
+    return ("o", frozenset((k, _canon(x)) for k, x in v.items()))
+
+
+def item_key(text: bytes):
+    """The equality key of an item's JSON text (surrounding whitespace allowed)."""
+    try:
+        return _canon(json.loads(text.decode("utf-8")))
+    except (ValueError, UnicodeDecodeError):  # pragma: no cover - the grammar writes JSON
+        return ("raw", text)
+
+
+def _text(buf, data: bytes, start: int, end: int) -> bytes:
+    n = len(buf)
+    if end <= n:
+        return bytes(buf[start:end])
+    head = bytes(buf[start:]) if start < n else b""
+    return head + data[max(0, start - n): end - n]
+
+
+def apply(frames: tuple, kind: int, pos: int, buf, data: bytes):
+    """Frames after a tag read at absolute position ``pos`` (``buf + data`` the text up to
+    and including it); None when it completes a duplicate item."""
+    if kind == OPEN:
+        return frames + ((pos + 1, frozenset()),)
+    if not frames:  # pragma: no cover - tags are balanced by the grammar
+        return frames
+    start, seen = frames[-1]
+    text = _text(buf, data, start, pos)
+    if kind == CLOSE and not text.strip(_WS):
+        return frames[:-1]  # an empty array
+    key = item_key(text)
+    if key in seen:
+        return None
+    if kind == CLOSE:
+        return frames[:-1]
+    return frames[:-1] + ((pos + 1, seen | {key}),)
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def step(a, groups: tuple, data: bytes, buf) -> tuple | None:
+    """Groups ``((configuration, frames), ...)`` after ``data`` (``buf``: the text before it);
+    None if no group survives."""
+    tags = a.unique
+    kind, tagged = tags.kind, tags.tagged
+    cls = a._cls_list
+    base = len(buf)
+    if a.is_regular:
+        out = []
+        for s, fr in groups:
+            for j, b in enumerate(data):
+                c = cls[b]
+                t = a.row(s)[c]
+                if t < 0:
+                    fr = None
+                    break
+                if tagged[s]:
+                    k = kind.get((s, c))
+                    if k is not None:
+                        fr = apply(fr, k, base + j, buf, data)
+                        if fr is None:
+                            break
+                s = t
+            if fr is not None and (s, fr) not in out:
+                out.append((s, fr))
+        return tuple(out) if out else None
+    cur = list(groups)
+    for j, b in enumerate(data):
+        c = cls[b]
+        moved: dict = {}
+        for cfg, fr in cur:
+            for st in cfg.stacks:
+                top = st[-1]
+                t = a.row(top)[c]
+                if t < 0:
+                    continue
+                f2 = fr
+                if tagged[top]:
+                    k = kind.get((top, c))
+                    if k is not None:
+                        f2 = apply(fr, k, base + j, buf, data)
+                        if f2 is None:
+                            continue
+                moved.setdefault(f2, []).append(st[:-1] + (t,))
+        cur = []
+        for f2, sts in moved.items():
+            cfg = a.closure(sts)
+            if cfg is not None:
+                cur.append((cfg, f2))
+        if not cur:
+            return None
+    return tuple(cur)
+
+
+def events(a, s: int, data: bytes) -> tuple | None:
+    """A DFA's tags met reading ``data`` from state ``s``: ((offset, kind), ...); None if dead."""
+    tags = a.unique
+    kind, tagged, cls = tags.kind, tags.tagged, a._cls_list
+    out = []
+    for j, b in enumerate(data):
+        c = cls[b]
+        t = a.row(s)[c]
+        if t < 0:
+            return None
+        if tagged[s]:
+            k = kind.get((s, c))
+            if k is not None:
+                out.append((j, k))
+        s = t
+    return tuple(out)
+
+
+def accepts(a, data: bytes) -> bool:
+    """Does ``data`` match the whole grammar, uniqueItems included?"""
+    if a.initial is None:
+        return False
+    groups = step(a, ((a.initial, ()),), data, b"")
+    return groups is not None and any(a.can_end(cfg) for cfg, _ in groups)
+
+
+def is_prefix(a, data: bytes) -> bool:
+    return a.initial is not None and step(a, ((a.initial, ()),), data, b"") is not None
+
+
+class Runtime:
+    """Per compiled constraint: the tokens that may carry a tag and, per configuration, those
+    of them a row allows (with their tags, for a DFA)."""
+
+    MEMO = 8192
+
+    def __init__(self, compiled) -> None:
+        self.compiled = compiled
+        a = compiled.automaton
+        self.a = a
+        trig = a.unique.trigger
+        tb = compiled.vocab.token_bytes
+        ids = [i for i, x in enumerate(tb) if x and any(b in x for b in trig)]
+        self.trig_ids = np.array(ids, dtype=np.int64)
+        flag = np.zeros(compiled.vocab_size, dtype=bool)
+        flag[self.trig_ids] = True
+        self.has_trig = flag.tolist()
+        self._cands: dict = {}
+
+    def candidates(self, cfg, row: np.ndarray) -> list:
+        """Tokens allowed by ``row`` (the configuration's) that meet a tag: for a DFA
+        ``(token, ((offset, kind), ...))``, else ``(token, None)``."""
+        hit = self._cands.get(cfg)
+        if hit is not None:
+            return hit
+        ids = self.trig_ids
+        words = row.view(np.uint32)
+        on = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)] if len(ids) else ids
+        tb = self.compiled.vocab.token_bytes
+        a = self.a
+        out = []
+        if a.is_regular:
+            for t in on.tolist():
+                ev = events(a, cfg, tb[t])
+                if ev:
+                    out.append((t, ev))
+        else:
+            out = [(t, None) for t in on.tolist()]
+        if len(self._cands) >= self.MEMO:
+            self._cands.clear()
+        self._cands[cfg] = out
+        return out
+
+    def row(self, groups: tuple, buf) -> np.ndarray:
+        """The mask row of groups: each configuration's row without the tokens that would
+        complete a duplicate item."""
+        c = self.compiled
+        a = self.a
+        tb = c.vocab.token_bytes
+        acc = None
+        for cfg, fr in groups:
+            row = c.mask_row(cfg)
+            drop = []
+            for t, ev in self.candidates(cfg, row):
+                data = tb[t]
+                if ev is not None:
+                    f2 = fr
+                    for j, k in ev:
+                        f2 = apply(f2, k, len(buf) + j, buf, data)
+                        if f2 is None:
+                            drop.append(t)
+                            break
+                elif step(a, ((cfg, fr),), data, buf) is None:
+                    drop.append(t)
+            if drop:
+                row = row.copy()
+                w = row.view(np.uint32)
+                for t in drop:
+                    w[t >> 5] &= ~np.uint32(1 << (t & 31))
+            if acc is None:
+                acc = row
+            else:
+                acc = acc | row
+        return acc

@@ -1,0 +1,247 @@
+"""uniqueItems over items that cannot be enumerated: checked at run time (constraints/unique.py).
+
+- Byte level: arrays with duplicate items are rejected and others accepted, as ``jsonschema``
+  judges them (1 == 1.0, key order, escaped strings, nested arrays).
+- Token level: accept / rollback over an item end / copy(); mask rows equal a token-by-token
+  reference (``copy().accept(t)``) and never hold a token that completes a duplicate; forced
+  tokens stop before a duplicate; seeded random walks end in outputs ``jsonschema`` accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from deepinfer.constraints import Compiler, Matcher
+from deepinfer.constraints.automaton import compile_grammar
+from deepinfer.constraints.errors import ConstraintError
+from deepinfer.constraints.json_schema import schema_to_grammar
+
+from .vocabs import small_vocab
+
+OBJ = {"type": "array", "uniqueItems": True, "items": {"type": "object"}}
+STR = {"type": "array", "uniqueItems": True, "items": {"type": "string", "maxLength": 3}, "maxItems": 4}
+ANY = {"type": "array", "uniqueItems": True}
+NUM = {"type": "array", "uniqueItems": True, "items": {"type": "number"}}
+NESTED = {"type": "array", "uniqueItems": True, "items": {"type": "array", "uniqueItems": True,
+                                                           "items": {"type": "integer"}}}
+IN_ITEMS = {"type": "array", "items": {"type": "object", "properties": {
+    "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}}, "required": ["tags"]}}
+PREFIX = {"type": "array", "uniqueItems": True, "prefixItems": [{"type": "object"}, {"type": "object"}],
+          "items": {"type": "string"}}
+CONTAINS = {"type": "array", "uniqueItems": True, "items": {"type": "object"}, "contains": {"required": ["a"]}}
+RECURSIVE = {"$defs": {"t": {"type": "object", "properties": {"kids": {"type": "array", "uniqueItems": True,
+                                                                        "items": {"$ref": "#/$defs/t"}}}}},
+             "$ref": "#/$defs/t"}
+
+# (name, schema, texts): each text is judged against jsonschema's verdict
+CASES = [
+    ("objects", OBJ, ['[]', '[{}]', '[{},{}]', '[{"a":1},{"a":1.0}]', '[{"a":1},{"a":2}]',
+                      '[{"a":1,"b":2},{"b":2,"a":1}]', '[{"a":"a"},{"a":"\\u0061"}]', '[{"a":true},{"a":1}]',
+                      '[{"a":[1,{"x":2}]},{"a":[1,{"x":2.0}]}]', '[{"a":null},{"b":null},{"a":null}]',
+                      '[{"a":{}},{"a":[]}]', '[{"a":0},{"a":false}]', '[{"a":1e2},{"a":100}]']),
+    ("strings", STR, ['["a"]', '["a","b"]', '["a","a"]', '["a","\\u0061"]', '["ab","b","ab"]', '["","x",""]',
+                      '["\\n","\\u000a"]', '["é","\\u00e9"]']),
+    ("any values", ANY, ['[1,1.0]', '[1,true]', '[0,false]', '[null,null]', '["1",1]', '[[1],[1.0]]',
+                         '[{"a":[1,2]},{"a":[2,1]}]', '[[],{}]', '[1,2,3,1]', '[-0,0]', '[1e400,2e400]']),
+    ("numbers", NUM, ['[1,1.0]', '[1,10]', '[1.5,15e-1]', '[0,-0.0]', '[2,3,2.0]']),
+    ("nested", NESTED, ['[[1,2],[2,1]]', '[[1,2],[1,2]]', '[[1,1]]', '[[],[]]', '[[1],[1,2],[1.0]]']),
+    ("in items", IN_ITEMS, ['[{"tags":["a","b"]},{"tags":["a","b"]}]', '[{"tags":["a","a"]}]',
+                            '[{"tags":[]},{"tags":["x","y","x"]}]']),
+    ("prefix", PREFIX, ['[{},{}]', '[{},{"a":1}]', '[{},{"a":1},"x","x"]', '[{},{"a":1},"x","y"]']),
+    ("contains", CONTAINS, ['[{"a":1},{"a":1}]', '[{"a":1},{"b":1}]', '[{"b":1},{"b":1},{"a":1}]']),
+    ("recursive", RECURSIVE, ['{"kids":[{},{}]}', '{"kids":[{},{"kids":[]}]}', '{"kids":[{"kids":[{},{}]}]}',
+                              '{"kids":[{"kids":[{}]},{"kids":[{}]}]}']),
+]
+
+
+def _valid(schema, text: str) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+
+
+@pytest.mark.parametrize("name,schema,texts", CASES, ids=[c[0] for c in CASES])
+def test_bytes_agree_with_jsonschema(name, schema, texts):
+    a = compile_grammar(schema_to_grammar(schema))
+    assert a.unique is not None
+    for text in texts:
+        want = _valid(schema, text)
+        assert a.accepts(text.encode()) == want, (text, want)
+    if schema is OBJ:  # a duplicate is refused as soon as the item is complete
+        assert a.is_prefix(b'[{"a":1},{"a":1}') and not a.is_prefix(b'[{"a":1},{"a":1},')
+
+
+@pytest.mark.parametrize("name,schema,texts", CASES, ids=[c[0] for c in CASES])
+def test_flexible_whitespace(name, schema, texts):
+    a = compile_grammar(schema_to_grammar(schema, whitespace="flexible"))
+    for text in texts:
+        pretty = json.dumps(json.loads(text), indent=2)
+        assert a.accepts(pretty.encode()) == _valid(schema, text), pretty
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    return Compiler(small_vocab())
+
+
+def _tokens(vocab, data: bytes) -> list[int]:
+    return vocab.index().greedy_tokenize(data, vocab)
+
+
+@pytest.mark.parametrize("name,schema,texts", CASES, ids=[c[0] for c in CASES])
+def test_matcher_accepts_tokens(compiler, name, schema, texts):
+    compiled = compiler.json_schema(schema)
+    vocab = compiled.vocab
+    for text in texts:
+        m = Matcher(compiled)
+        ok = all(m.accept(t) for t in _tokens(vocab, text.encode()))
+        assert (ok and m.can_end()) == _valid(schema, text), text
+        m = Matcher(compiled)
+        ok = all(m.accept_bytes(bytes([b])) for b in text.encode())
+        assert (ok and m.can_end()) == _valid(schema, text), text
+
+
+def _bit(row, t: int) -> bool:
+    return bool((int(row[t >> 5]) >> (t & 31)) & 1)
+
+
+def _check_mask(m: Matcher) -> None:
+    """The row equals a token-by-token reference."""
+    row = m.mask_row()
+    for t in range(m.compiled.vocab_size):
+        assert _bit(row, t) == m.copy().accept(t), (t, m.compiled.vocab.token_bytes[t])
+
+
+def test_rollback_and_copy_over_item_end(compiler):
+    compiled = compiler.json_schema(OBJ)
+    v = compiled.vocab
+    comma, close = v.token_bytes.index(b","), v.token_bytes.index(b"]")
+    m = Matcher(compiled)
+    for t in _tokens(v, b'[{"a":1},{"a":1'):
+        assert m.accept(t)
+    assert m.accept(v.token_bytes.index(b"}"))
+    assert not m.accept(comma) and not m.accept(close)  # both complete a duplicate
+    assert not _bit(m.mask_row(), comma) and not _bit(m.mask_row(), close)
+    m.rollback(1)  # back inside the second item: "1" becomes "12"
+    c = m.copy()
+    assert c.accept_bytes(b"2}") and c.accept(comma) and c.accept_bytes(b'{"a":1}')
+    assert not c.accept(close)  # {"a":1} again
+    c.rollback(1)
+    assert c.accept_bytes(b'{"a":1.5}') and c.accept(close) and c.can_end() and c.is_terminated()
+    # the original is untouched by its copy
+    assert m.accept(v.token_bytes.index(b"}")) and not m.accept(comma)
+    m.rollback(1)
+    assert m.accept_bytes(b'0}') and m.accept(close) and m.can_end() and m.is_terminated()
+    m.reset()
+    assert m.num_accepted() == 0 and m.accept_bytes(b'[{},') and not m.accept_bytes(b'{}]')
+
+
+@pytest.mark.parametrize("schema", [OBJ, STR, NESTED, IN_ITEMS], ids=["objects", "strings", "nested", "in items"])
+def test_mask_rows_equal_reference(compiler, schema):
+    compiled = compiler.json_schema(schema)
+    v = compiled.vocab
+    full = {id(OBJ): b'[{"a":1},{"a":1}', id(STR): b'["a","ab","a"', id(NESTED): b'[[1,2],[2,1],[1,2]',
+            id(IN_ITEMS): b'[{"tags":["a","b","a"'}[id(schema)]
+    m = Matcher(compiled)
+    for i in range(len(full)):
+        _check_mask(m)
+        assert m.accept_bytes(full[i:i + 1]), full[: i + 1]
+    _check_mask(m)
+    row = m.mask_row()
+    for t, tb in enumerate(v.token_bytes):
+        if tb and tb[:1] in (b",", b"]"):
+            assert not _bit(row, t), tb  # every one of them would complete the duplicate
+
+
+def test_forced_tokens_stop_before_a_duplicate(compiler):
+    schema = {"type": "array", "uniqueItems": True, "items": {"const": {"a": True}}, "minItems": 2, "maxItems": 2}
+    compiled = compiler.json_schema(schema)
+    m = Matcher(compiled)
+    assert m.forced_bytes() == b'[{"a":true},{"a":true}'  # the closing ] would repeat the item
+    for t in m.forced_tokens():
+        assert m.accept(t)
+    assert not m.can_end() and not m.is_terminated()
+    assert not m.allowed_tokens().size
+    ok = {"type": "array", "uniqueItems": True, "items": {"type": "object", "maxProperties": 0}, "minItems": 1}
+    m = Matcher(compiler.json_schema(ok))
+    assert m.forced_bytes() == b"[{}"
+    assert m.accept_bytes(b"[{}") and m.copy().accept_bytes(b",")  # (a dead end: no other value)
+    assert m.copy().accept_bytes(b",{}") and not m.copy().accept_bytes(b",{}]")
+    assert m.accept_bytes(b"]") and m.is_terminated()
+
+
+WALKS = [("objects", {**OBJ, "maxItems": 4, "items": {"type": "object", "maxProperties": 2,
+                                                     "additionalProperties": {"type": "integer", "maximum": 20}}}),
+         ("strings", STR), ("nested", {**NESTED, "maxItems": 3, "items": {**NESTED["items"], "maxItems": 3,
+                                                                           "items": {"enum": [1, 2, 3, 4.0]}}}),
+         ("any", {"type": "array", "uniqueItems": True, "maxItems": 6,
+                  "items": {"anyOf": [{"type": "boolean"}, {"type": "integer", "minimum": 0, "maximum": 3},
+                                      {"type": "number", "minimum": 0, "maximum": 3}]}})]
+
+
+@pytest.mark.parametrize("name,schema", WALKS, ids=[w[0] for w in WALKS])
+def test_random_walks_are_valid(compiler, name, schema):
+    compiled = compiler.json_schema(schema)
+    vocab = compiled.vocab
+    eos = set(vocab.eos_ids)
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(name)
+    finished = 0
+    for walk in range(60):
+        m = Matcher(compiled)
+        out = bytearray()
+        for _step in range(80):
+            if walk < 2:
+                _check_mask(m)
+            allowed = [int(t) for t in m.allowed_tokens()]
+            if not allowed:
+                break  # a dead end uniqueness alone causes (e.g. every value used up)
+            if any(t in eos for t in allowed) and (rng.random() < 0.5 or all(t in eos for t in allowed)):
+                finished += 1
+                value = json.loads(out.decode("utf-8"))
+                assert validator.is_valid(value), bytes(out)
+                assert m.accept(next(t for t in allowed if t in eos)) and m.is_terminated()
+                break
+            # prefer short tokens that close structures, so that walks end
+            choices = [t for t in allowed if t not in eos]
+            closing = [t for t in choices if vocab.token_bytes[t][:1] in (b"]", b"}", b'"', b",")]
+            t = rng.choice(closing if closing and rng.random() < 0.5 else choices)
+            assert m.accept(t), vocab.token_bytes[t]
+            out += vocab.token_bytes[t]
+            if rng.random() < 0.1:  # rollback and redo
+                m.rollback(1)
+                assert m.accept(t)
+    assert finished >= 10
+
+
+def test_other_constraints_keep_the_plain_path(compiler):
+    compiled = compiler.json_schema({"type": "array", "items": {"type": "object"}})
+    assert compiled.unique is None and compiled.automaton.unique is None
+    enum = compiler.json_schema({"type": "array", "uniqueItems": True, "items": {"enum": ["a", "b"]}})
+    assert enum.unique is None  # a few values: the product automaton, as before
+    m = Matcher(compiled)
+    assert m.accept_bytes(b"[{},{}]") and m.can_end()
+
+
+def test_ambiguous_marking_is_refused_or_exact():
+    """anyOf branches that differ only in uniqueItems: refused with the keyword, or exact."""
+    schema = {"anyOf": [{"type": "array", "uniqueItems": True, "items": {"type": "object"}},
+                        {"type": "array", "items": {"type": "object"}, "maxItems": 2}]}
+    try:
+        a = compile_grammar(schema_to_grammar(schema))
+    except ConstraintError as e:
+        assert "uniqueItems" in str(e)
+        return
+    for text in ['[{},{}]', '[{},{},{}]', '[{},{"a":1},{}]', '[{},{"a":1},{"b":1}]']:
+        assert a.accepts(text.encode()) == _valid(schema, text), text
+
+
+def test_lenient_relaxes_what_cannot_be_marked(compiler):
+    schema = {"anyOf": [{"type": "array", "uniqueItems": True, "items": {"type": "object"}},
+                        {"type": "array", "items": {"type": "object"}, "maxItems": 2}]}
+    relaxed = compiler.json_schema(schema, lenient=True)
+    assert relaxed.notes == ["uniqueItems at #/anyOf/0/uniqueItems"] and relaxed.unique is None
+    enforced = compiler.json_schema(OBJ, lenient=True)
+    assert enforced.notes == [] and enforced.unique is not None
