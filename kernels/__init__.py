@@ -192,6 +192,9 @@ def apply_bitmask_(
     return _backend(backend, logits.device).apply_bitmask_(logits, bitmask, idx)
 
 
+KINDS = ("greedy", "sample", "top_p", "filter")  # sample(kinds=...): fewest launches first
+
+
 def sample(
     logits: torch.Tensor,
     *,
@@ -230,10 +233,10 @@ def sample(
         Also return the chosen tokens' log-probabilities.
     validate : bool
         Check argument values (a host sync on CUDA); shapes and dtypes are always checked.
-    kinds : {"greedy", "sample", "filter"}, optional
+    kinds : {"greedy", "sample", "top_p", "filter"}, optional
         What the rows need, known on the host: every row greedy; some row samples but none
-        with top-k or top-p; some row samples with top-k or top-p. The Triton path leaves out
-        the launches no row needs. None: worked out from the arguments when they are host
+        with top-k or top-p; some row samples with top-p but none with top-k; some row samples
+        with top-k. The Triton path leaves out the launches (and the top-k counts) no row needs. None: worked out from the arguments when they are host
         values, else "filter" (always correct). A wrong value is not checked and gives wrong
         tokens.
 
@@ -253,8 +256,8 @@ def sample(
     idx = _check_indices(indices, B, dev, validate)
     if kinds is None:
         kinds = sample_kinds(temperature, top_k, top_p, logits.shape[1])
-    elif kinds not in ("greedy", "sample", "filter"):
-        raise ValueError(f"kinds must be 'greedy', 'sample' or 'filter', got {kinds!r}")
+    elif kinds not in KINDS:
+        raise ValueError(f"kinds must be one of {', '.join(map(repr, KINDS))}, got {kinds!r}")
     temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
         B, dev, validate, temperature, top_k, top_p, min_p, seed, step
     )
@@ -267,8 +270,8 @@ def sample(
 
 
 def sample_kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int) -> str:
-    """What the rows need (``sample(kinds=...)``: "greedy" / "sample" / "filter"), from host
-    values; "filter" if any is on a device (reading it would sync)."""
+    """What the rows need (``sample(kinds=...)``: "greedy" / "sample" / "top_p" / "filter"),
+    from host values; "filter" if any is on a device (reading it would sync)."""
     if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in (temperature, top_k, top_p)):
         return "filter"
     try:
@@ -276,8 +279,10 @@ def sample_kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int) -> s
     except RuntimeError:  # shapes that do not fit: _sampling_rows says which
         return "filter"
     sampling = t != 0
-    if bool((sampling & (((k > 0) & (k < V)) | (p < 1))).any()):
+    if bool((sampling & (k > 0) & (k < V)).any()):
         return "filter"
+    if bool((sampling & (p < 1)).any()):
+        return "top_p"
     return "sample" if bool(sampling.any()) else "greedy"
 
 

@@ -168,9 +168,11 @@ def test_kinds_from_host_values():
     assert _kinds(0.0, 0, 1.0, 1000) == "greedy"
     assert _kinds([0.0, 0.7], 0, 1.0, 1000) == "sample"
     assert _kinds([0.0, 0.7], [0, 5], 1.0, 1000) == "filter"
+    assert _kinds([0.0, 0.7], 0, [1.0, 0.9], 1000) == "top_p"  # no top-k: the test pass skips counts
+    assert _kinds([0.7, 0.7], [0, 5], [0.9, 1.0], 1000) == "filter"
     assert _kinds([0.7, 0.0], [0, 5], 1.0, 1000) == "sample"  # top-k on a greedy row only
     assert _kinds(0.7, 1000, 1.0, 1000) == "sample"  # top-k >= V keeps every token
-    assert _kinds(torch.tensor([0.7]), 0, torch.tensor([0.9]), 1000) == "filter"
+    assert _kinds(torch.tensor([0.7]), 0, torch.tensor([0.9]), 1000) == "top_p"
 
 
 def test_kinds_hint_gives_the_same_tokens(impl, split):
@@ -178,8 +180,9 @@ def test_kinds_hint_gives_the_same_tokens(impl, split):
     gen = torch.Generator().manual_seed(21)
     B, V = 5, 900
     logits = torch.randn(B, V, generator=gen) * 2
-    for kinds, temperature in (("greedy", 0.0), ("sample", 0.8)):
-        full = _run(impl, logits, temperature=temperature, kinds="filter")
-        assert _run(impl, logits, temperature=temperature, kinds=kinds).tokens.tolist() == full.tokens.tolist()
+    for kinds, temperature, top_p in (("greedy", 0.0, 1.0), ("sample", 0.8, 1.0), ("top_p", 0.8, 0.6)):
+        full = _run(impl, logits, temperature=temperature, top_p=top_p, kinds="filter")
+        got = _run(impl, logits, temperature=temperature, top_p=top_p, kinds=kinds)
+        assert got.tokens.tolist() == full.tokens.tolist()
     with pytest.raises(ValueError, match="kinds"):
         _run(impl, logits, temperature=0.0, kinds="fast")
