@@ -271,7 +271,31 @@ class LLM:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(seqs), desc="generate", unit="req", leave=False)
+        # Deferred matcher work (CUDA, inline masks): a constrained row's sampled token joins
+        # its output at once, and its matcher accepts it while the next forward runs (before
+        # that step's masks are filled), not between the read-back and the next launch. A row
+        # its constraint ends there was decoded one step too many: that token is dropped.
+        pending: list[tuple[Sequence, int]] = []
+
+        def finished(s: Sequence) -> None:
+            free_slots.append(s.slot)
+            s.slot = None
+            if bar is not None:
+                bar.update(1)
+
+        def settle() -> None:
+            for s, t in pending:
+                s.settle(t, self.tokenizer)
+                if s.is_finished:
+                    finished(s)
+            pending.clear()
+
         while waiting or running:
+            if pending and (waiting or any(self.dspark.speculates(s, self.deterministic) for s in running)):
+                settle()  # a prefill or DSpark step next: every matcher up to date first
+                running = [s for s in running if not s.is_finished]
+                if not running and not waiting:
+                    break
             if not waiting:  # the batch only shrinks now: keep its rows in the lowest slots
                 self.runner.compact(running, free_slots)
             # 1. schedule: admit waiting requests into free slots (prefill), else decode all
@@ -294,24 +318,27 @@ class LLM:
                 plan = self.dspark.plan(self, running)  # DSpark drafts for this step, or None
                 if plan is not None:  # verified in one multi-position forward (deepinfer/spec)
                     for s in self.dspark.step(self, plan, masks):  # the sequences that finished
-                        free_slots.append(s.slot)
-                        s.slot = None
-                        if bar is not None:
-                            bar.update(1)
+                        finished(s)
                     running = [s for s in running if not s.is_finished]
                     continue
                 logits = self.runner.decode(running)
             self.masks.launched()
+            settle()  # the previous step's deferred matcher work, behind this forward
             # 3.-4. apply masks + sample in one launch, accept
             tokens = self._sample(batch, logits, *masks.wait())
+            defer = self.masks.inline
             for s, t in zip(batch, tokens):
+                if s.is_finished:  # ended by its constraint in settle(): this step's token is dropped
+                    continue
+                if defer and s.defers(t):
+                    s.push_token(t)
+                    pending.append((s, t))
+                    continue
                 s.on_token(t, self.tokenizer)
                 if s.is_finished:
-                    free_slots.append(s.slot)
-                    s.slot = None
-                    if bar is not None:
-                        bar.update(1)
+                    finished(s)
             running = [s for s in running if not s.is_finished]
+        settle()
         if bar is not None:
             bar.close()
 
@@ -326,26 +353,21 @@ class LLM:
             if len(constrained) < len(seqs):  # every row constrained: no index list to copy
                 indices = torch.tensor(constrained, dtype=torch.int64).to(dev, non_blocking=True)
         p = [s.params for s in seqs]
-        temperature = torch.tensor([x.temperature for x in p], dtype=torch.float32)
-        top_k = torch.tensor([x.top_k for x in p], dtype=torch.int64)
-        top_p = torch.tensor([x.top_p for x in p], dtype=torch.float32)
-
-        def per_row(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
-
-        def on_dev(t):
-            return t.to(dev, non_blocking=True)
-
+        temperature, top_k, top_p = [x.temperature for x in p], [x.top_k for x in p], [x.top_p for x in p]
+        # the per-row values in two host tensors and two copies (not six)
+        f = torch.tensor([temperature, top_p, [x.min_p for x in p]], dtype=torch.float32).to(dev, non_blocking=True)
+        i = torch.tensor([top_k, [s.seed for s in seqs], [len(s.output_token_ids) for s in seqs]],
+                         dtype=torch.int64).to(dev, non_blocking=True)
         out = self.sample_fn(
             logits,
             bitmask=bitmask,
             indices=indices,
-            temperature=on_dev(temperature),
-            top_k=on_dev(top_k),
-            top_p=on_dev(top_p),
-            min_p=per_row([x.min_p for x in p], torch.float32),
-            seed=per_row([s.seed for s in seqs], torch.int64),
-            step=per_row([len(s.output_token_ids) for s in seqs], torch.int64),
+            temperature=f[0],
+            top_k=i[0],
+            top_p=f[1],
+            min_p=f[2],
+            seed=i[1],
+            step=i[2],
             validate=False,
             # read on the host, before the copies: the launches no row needs are left out
             kinds=kernels.sample_kinds(temperature, top_k, top_p, logits.shape[1]),

@@ -95,6 +95,33 @@ class Sequence:
         self.error = message
         self._finish("error", None, tokenizer)
 
+    def defers(self, token_id: int) -> bool:
+        """Could this token's matcher work wait (``push_token`` now, ``settle`` later)? Only
+        when nothing but the constraint could end the request at it: a constrained row, a
+        sampled token that is no stop token, no stop strings, not the last allowed token."""
+        return (
+            self.constraint is not None
+            and token_id >= 0
+            and token_id not in self._stop_ids
+            and not self.params.stop
+            and len(self.output_token_ids) + 1 < self.max_tokens
+        )
+
+    def push_token(self, token_id: int) -> None:
+        """The first half of ``on_token`` for a token that ``defers``: it joins the output (the
+        next forward reads it); the matcher sees it in ``settle``."""
+        self.output_token_ids.append(token_id)
+
+    def settle(self, token_id: int, tokenizer: Tokenizer) -> None:
+        """The second half: the matcher accepts the pushed token; the request ends as
+        ``on_token`` would have ended it (rejected token: error; constraint complete: stop)."""
+        m = self.constraint
+        if not m.accept(token_id):
+            self.output_token_ids.pop()
+            self.fail(f"the constraint rejected sampled token {token_id}", tokenizer)
+        elif m.is_terminated():
+            self._finish("stop", None, tokenizer)
+
     def on_token(self, token_id: int, tokenizer: Tokenizer) -> None:
         """Accept a sampled token, then finish on a stop token, stop string or length (or
         when the constraint is complete)."""

@@ -271,7 +271,19 @@ def sample(
 
 def sample_kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int) -> str:
     """What the rows need (``sample(kinds=...)``: "greedy" / "sample" / "top_p" / "filter"),
-    from host values; "filter" if any is on a device (reading it would sync)."""
+    from host values; "filter" if any is on a device (reading it would sync). Lists of Python
+    numbers (what an engine step has) are read without torch."""
+    if all(isinstance(x, (list, tuple, int, float)) for x in (temperature, top_k, top_p)):
+        rows = [x if isinstance(x, (list, tuple)) else [x] for x in (temperature, top_k, top_p)]
+        n = max(len(r) for r in rows)
+        if all(len(r) in (1, n) for r in rows):
+            t, k, p = (r * n if len(r) == 1 else r for r in rows)
+            sampling = [i for i in range(n) if t[i] != 0]
+            if any(0 < k[i] < V for i in sampling):
+                return "filter"
+            if any(p[i] < 1 for i in sampling):
+                return "top_p"
+            return "sample" if sampling else "greedy"
     if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in (temperature, top_k, top_p)):
         return "filter"
     try:

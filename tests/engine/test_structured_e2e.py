@@ -152,7 +152,8 @@ def test_mixed_batch_equals_alone_greedy(llm, mixed):
 BAD = [
     ({"json_schema": {"type": "object", "properties": {"a": {"type": "strin"}}}},
      r"json_schema: unknown type 'strin' \(at #/properties/a/type\)"),
-    ({"json_schema": {"type": "array", "uniqueItems": True}}, r"'uniqueItems'.*lenient=True.*#/uniqueItems"),
+    ({"json_schema": {"type": "object", "unevaluatedProperties": False}},
+     r"'unevaluatedProperties'.*lenient=True.*#/unevaluatedProperties"),
     ({"json_schema": '{"type": "object",'}, r"not valid JSON.*line 1 column 19"),
     ({"regex": "(abc"}, r"regex: invalid regex: missing \).*position 0"),
     ({"grammar": 'start: NUM OP NUM\nOP: "+" "(\nNUM: /[0-9]+/\n'}, r"grammar: .*syntax error.*line 2, column 9"),
@@ -182,15 +183,23 @@ def test_bad_constraints_fail_alone(llm):
 
 
 def test_lenient_relaxes_and_reports(llm):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "unevaluatedProperties": {"type": "string"}}
+    p = SamplingParams(json_schema=schema, lenient=True, temperature=0, max_tokens=24)
+    o = llm.chat(chat("A digit as JSON, key n."), p, use_tqdm=False)[0]
+    assert o.relaxed == ["unevaluatedProperties at #/unevaluatedProperties"]
+    obj = json.loads(o.text)  # the grammar enforced the rest; jsonschema judged the relaxed keyword
+    assert o.valid == jsonschema.Draft202012Validator(schema).is_valid(obj)
+
+
+def test_unique_items_is_enforced_not_relaxed(llm):
     p = SamplingParams(json_schema={"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
-                                    "maxItems": 3, "uniqueItems": True},
+                                    "minItems": 3, "maxItems": 3, "uniqueItems": True},
                        lenient=True, temperature=0, max_tokens=16)
     o = llm.chat(chat("Three digits as a JSON array."), p, use_tqdm=False)[0]
-    assert o.relaxed == ["uniqueItems at #/uniqueItems"]
-    arr = json.loads(o.text)  # the grammar enforced the rest; jsonschema judged uniqueness
-    assert o.valid == (len(set(arr)) == len(arr))
-    if not o.valid:
-        assert "non-unique" in o.error
+    assert o.relaxed == [] and o.valid
+    arr = json.loads(o.text)
+    assert len(arr) == 3 and len(set(arr)) == 3
 
 
 @pytest.mark.parametrize("kw", [{"json_schema": Person}, {"regex": DATE}, {"grammar": SUM_GRAMMAR}],

@@ -175,6 +175,21 @@ def test_kinds_from_host_values():
     assert _kinds(torch.tensor([0.7]), 0, torch.tensor([0.9]), 1000) == "top_p"
 
 
+def test_kinds_from_lists_match_the_tensor_path():
+    """sample_kinds reads lists of Python numbers without torch (an engine step's values): the
+    same answer as from tensors, on random rows with broadcast scalars."""
+    import random
+
+    from deepinfer.kernels import sample_kinds as _kinds
+
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randint(1, 6)
+        args = [[rng.choice(vals) for _ in range(n)] for vals in ([0.0, 0.7], [0, 5, 1000, 2000], [1.0, 0.9])]
+        args = [a[0] if rng.random() < 0.3 else a for a in args]
+        assert _kinds(*args, 1000) == _kinds(*(torch.tensor(a) for a in args), 1000), args
+
+
 def test_kinds_hint_gives_the_same_tokens(impl, split):
     """A batch sampled with the launches its kinds allow returns the tokens of the full path."""
     gen = torch.Generator().manual_seed(21)
