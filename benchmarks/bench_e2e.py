@@ -101,6 +101,7 @@ def bench(llm, label: str, batches: list[int], max_tokens: int, schemas: list[di
         _run(llm, prompts, free)
         t_cold, n_cold, st_cold = _run(llm, prompts, cons)
         _run(llm, prompts, spec)
+        _run(llm, prompts, spec)  # DSpark probes verify shapes as it goes: a second pass captures the rest
         t_free, n_free, _ = _run(llm, prompts, free)
         t_cons, n_cons, st = _run(llm, prompts, cons)
         t_spec, n_spec, _ = _run(llm, prompts, spec)
