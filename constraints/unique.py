@@ -19,8 +19,10 @@ groups; a DFA has one group.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
+import re
 
 import numpy as np
 
@@ -237,11 +239,75 @@ def is_prefix(a, data: bytes) -> bool:
     return a.initial is not None and step(a, ((a.initial, ()),), data, b"") is not None
 
 
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"?', re.S)  # JSON strings (the last one may be open)
+_TYPE = {ord('"'): "s", ord("{"): "o", ord("["): "a", ord("t"): "b", ord("f"): "b", ord("n"): "b"}
+
+
+def symbolic_events(a, cfg, data: bytes) -> tuple:
+    """The tag sequences ``((offset, kind), ...)`` of the parses of ``data`` from ``cfg``
+    that survive it, whatever the frames (a duplicate is judged later, by :func:`survives`)."""
+    tags = a.unique
+    kind, tagged, cls = tags.kind, tags.tagged, a._cls_list
+    if a.is_regular:
+        ev = events(a, cfg, data)
+        return () if ev is None else (ev,)
+    cur = [(cfg, ())]
+    for j, b in enumerate(data):
+        c = cls[b]
+        moved: dict = {}
+        for cf, ev in cur:
+            for st in cf.stacks:
+                top = st[-1]
+                t = a.row(top)[c]
+                if t < 0:
+                    continue
+                e2 = ev
+                if tagged[top]:
+                    k = kind.get((top, c))
+                    if k is not None:
+                        e2 = ev + ((j, k),)
+                moved.setdefault(e2, []).append(st[:-1] + (t,))
+        cur = []
+        for e2, sts in moved.items():
+            cf = a.closure(sts)
+            if cf is not None:
+                cur.append((cf, e2))
+        if not cur:
+            return ()
+    return tuple(ev for _, ev in cur)
+
+
+def survives(seqs: tuple, frames: tuple, buf, data: bytes) -> bool:
+    """Does one of the tag sequences ``seqs`` (of one token, ``data``) complete no duplicate?"""
+    base = len(buf)
+    for ev in seqs:
+        f2 = frames
+        for j, k in ev:
+            f2 = apply(f2, k, base + j, buf, data)
+            if f2 is None:
+                break
+        else:
+            return True
+    return False
+
+
 class Runtime:
-    """Per compiled constraint: the tokens that may carry a tag and, per configuration, those
-    of them a row allows (with their tags, for a DFA)."""
+    """Per compiled constraint: what mask rows of uniqueItems groups need beyond the plain
+    rows.
+
+    A token can be dropped from a row only where it completes an item equal to an earlier
+    one of the same array. :meth:`row` checks only the allowed tokens that can (a sound
+    filter, :meth:`_suspects`) by their tag sequences from the configuration (memoised per
+    configuration and token): with no earlier item in any open array that is the tokens with
+    a ``,`` followed by a ``,`` or ``]`` (two items ended in one token); an earlier item of
+    the innermost array adds the tokens with ``,`` or ``]`` that may end the current item
+    with a value equal to one (string prefixes, nesting depth); an earlier item of an outer
+    array adds the tokens with a ``]`` followed by a ``,`` or ``]``. The rows equal
+    :meth:`row_reference` (the simulation of every allowed token with ``[``, ``,`` or ``]``).
+    """
 
     MEMO = 8192
+    EVENTS_MEMO = 1 << 16
 
     def __init__(self, compiled) -> None:
         self.compiled = compiled
@@ -255,6 +321,200 @@ class Runtime:
         flag[self.trig_ids] = True
         self.has_trig = flag.tolist()
         self._cands: dict = {}
+        # token classes (subsets of trig_ids) for the fast rows
+        pair = re.compile(rb",.*[,\]]", re.S)
+        cpair = re.compile(rb"\].*[,\]]", re.S)
+        comp = [i for i in ids if b"," in tb[i] or b"]" in tb[i]]
+        self.comp = np.array(comp, dtype=np.int64)
+        self.pair = frozenset(i for i in comp if pair.search(tb[i]))
+        self.cpair = frozenset(i for i in comp if cpair.search(tb[i]))
+        self.backslash = frozenset(i for i in comp if b"\\" in tb[i])
+        self.closers = {i: tb[i].count(b"}") + tb[i].count(b"]") for i in comp}
+        self._by_bytes = sorted((tb[i], i) for i in comp)
+        self._by_bytes_ws = sorted((tb[i].lstrip(_WS), i) for i in comp)
+        self._on: dict = {}
+        self._events: dict = {}
+        self._frame: dict = {}
+
+    # ------------------------------------------------------------------ fast rows
+
+    def _allowed(self, cfg, row: np.ndarray) -> list:
+        """What a configuration's row holds of the tokens that may meet a tag (those with
+        ',' or ']' whose parse is not surely tag-free, :meth:`_in_frame`): ``[those in
+        pair, those in cpair, all of them (a set, made when first asked)]``; memoised."""
+        hit = self._on.get(cfg)
+        if hit is not None:
+            return hit
+        ids = self.comp
+        if len(ids):
+            words = row.view(np.uint32)
+            on = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)].tolist()
+        else:
+            on = []
+        tops = (cfg,) if self.a.is_regular else tuple({st[-1] for st in cfg.stacks})
+        in_frame = self._in_frame
+        pair, cpair = self.pair, self.cpair
+        hit = [[t for t in on if t in pair and not all(in_frame(s, t) for s in tops)],
+               [t for t in on if t in cpair and not all(in_frame(s, t) for s in tops)], None, on, tops]
+        if len(self._on) >= self.MEMO:
+            self._on.clear()
+        self._on[cfg] = hit
+        return hit
+
+    def _unsafe(self, hit: list) -> frozenset:
+        out = hit[2]
+        if out is None:
+            in_frame, tops = self._in_frame, hit[4]
+            out = hit[2] = frozenset(t for t in hit[3] if not all(in_frame(s, t) for s in tops))
+        return out
+
+    def _prefixed(self, keys: list, prefix: bytes, out: set) -> None:
+        i = bisect.bisect_left(keys, (prefix,))
+        while i < len(keys) and keys[i][0].startswith(prefix):
+            out.add(keys[i][1])
+            i += 1
+
+    def _top_suspects(self, start: int, seen: frozenset, buf, on: frozenset):
+        """Allowed tokens that may end the innermost array's current item (``buf[start:]`` so
+        far) with a value in ``seen``: a set, or ``on`` itself where no filter applies."""
+        text = bytes(buf[start:]).lstrip(_WS)
+        types = {k[0] for k in seen}
+        if "raw" in types:
+            return on
+        if not text:  # the item is all in the token
+            if types != {"s"}:
+                return on
+            out = set(self.backslash)
+            for _, v in seen:
+                self._prefixed(self._by_bytes_ws, b'"' + v.encode("utf-8", "surrogatepass") + b'"', out)
+            return out
+        ty = _TYPE.get(text[0], "n")
+        if ty not in types:
+            return ()
+        if ty == "s":
+            if text.find(b"\\", 1) >= 0:
+                return on
+            q = text.find(b'"', 1)
+            if q >= 0:  # the string is complete
+                try:
+                    value = text[1:q].decode("utf-8")
+                except UnicodeDecodeError:
+                    return on
+                return on if ("s", value) in seen else ()
+            content = text[1:]
+            out = set(self.backslash)
+            for t, v in seen:
+                if t == "s":
+                    vb = v.encode("utf-8", "surrogatepass")
+                    if vb.startswith(content):
+                        self._prefixed(self._by_bytes, vb[len(content):] + b'"', out)
+            return out
+        if ty in "oa":
+            bare = _STRINGS.sub(b"", text)
+            depth = bare.count(b"{") + bare.count(b"[") - bare.count(b"}") - bare.count(b"]")
+            if depth <= 0:
+                return on
+            closers = self.closers
+            return [t for t in on if closers[t] >= depth]
+        return on
+
+    def _suspects(self, hit: list, frames: tuple, buf):
+        """The tokens of a row (``hit``: its :meth:`_allowed`) that may complete a duplicate
+        item, given the open arrays ``frames``."""
+        if not frames:
+            return hit[0]
+        outer = len(frames) > 1 and hit[1] and any(seen for _, seen in frames[:-1])
+        start, seen = frames[-1]
+        if not seen:
+            return hit[0] + hit[1] if outer else hit[0]
+        on = self._unsafe(hit)
+        if not on:
+            return ()
+        top = self._top_suspects(start, seen, buf, on)
+        if top is on:
+            return on
+        out = set(hit[0])
+        if outer:
+            out.update(hit[1])
+        out.update(t for t in top if t in on)
+        return out
+
+    def _seqs(self, cfg, t: int) -> tuple:
+        key = (cfg, t)
+        hit = self._events.get(key)
+        if hit is None:
+            hit = symbolic_events(self.a, cfg, self.compiled.vocab.token_bytes[t])
+            hit = tuple(ev for ev in hit if ev) if all(hit) else ()  # () where one parse meets no tag
+            if len(self._events) >= self.EVENTS_MEMO:
+                self._events.clear()
+            self._events[key] = hit
+        return hit
+
+    def _in_frame(self, top: int, t: int) -> bool:
+        """Does token ``t`` read from a stack with top state ``top`` surely meet no tag? True
+        where its bytes stay in that frame (no state before the last byte may call or
+        return) and no transition they take is tagged; False where unsure."""
+        key = (top, t)
+        hit = self._frame.get(key)
+        if hit is not None:
+            return hit
+        a = self.a
+        tags = a.unique
+        kind, tagged, cls = tags.kind, tags.tagged, a._cls_list
+        data = self.compiled.vocab.token_bytes[t]
+        regular = a.is_regular
+        acc, calls = a._acc_list, a.calls
+        s = top
+        hit = True
+        last = len(data) - 1
+        for j, b in enumerate(data):
+            c = cls[b]
+            nxt = a.row(s)[c]
+            if nxt < 0:
+                break  # this parse dies: it meets no tag
+            if tagged[s] and (s, c) in kind:
+                hit = False
+                break
+            s = nxt
+            if j < last and not regular and (acc[s] or calls[s]):
+                hit = False
+                break
+        if len(self._frame) >= self.EVENTS_MEMO:
+            self._frame.clear()
+        self._frame[key] = hit
+        return hit
+
+    def row(self, groups: tuple, buf) -> np.ndarray:
+        """The mask row of groups: each configuration's row without the tokens that would
+        complete a duplicate item (equal to :meth:`row_reference`)."""
+        c = self.compiled
+        acc = None
+        for cfg, fr in groups:
+            row = c.mask_row(cfg)
+            hit = self._on.get(cfg)
+            if hit is None:
+                hit = self._allowed(cfg, row)
+            if fr or hit[0]:
+                drop = None
+                tb = c.vocab.token_bytes
+                for t in self._suspects(hit, fr, buf):
+                    seqs = self._seqs(cfg, t)
+                    if seqs and not survives(seqs, fr, buf, tb[t]):
+                        if drop is None:
+                            drop = []
+                        drop.append(t)
+                if drop:
+                    row = row.copy()
+                    w = row.view(np.uint32)
+                    for t in drop:
+                        w[t >> 5] &= ~np.uint32(1 << (t & 31))
+            if acc is None:
+                acc = row
+            else:
+                acc = acc | row
+        return acc
+
+    # ------------------------------------------------------------------ the reference
 
     def candidates(self, cfg, row: np.ndarray) -> list:
         """Tokens allowed by ``row`` (the configuration's) that meet a tag: for a DFA
@@ -280,9 +540,9 @@ class Runtime:
         self._cands[cfg] = out
         return out
 
-    def row(self, groups: tuple, buf) -> np.ndarray:
-        """The mask row of groups: each configuration's row without the tokens that would
-        complete a duplicate item."""
+    def row_reference(self, groups: tuple, buf) -> np.ndarray:
+        """The mask row of groups, by simulating every allowed token that holds a tag byte
+        (the reference of :meth:`row`)."""
         c = self.compiled
         a = self.a
         tb = c.vocab.token_bytes

@@ -10,13 +10,17 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 
 from deepinfer.constraints import Compiler, Matcher
 from deepinfer.constraints.automaton import compile_grammar
+from deepinfer.constraints.bitmask import unpack_bitmask
 from deepinfer.constraints.errors import ConstraintError
 from deepinfer.constraints.json_schema import schema_to_grammar
 
@@ -245,3 +249,72 @@ def test_lenient_relaxes_what_cannot_be_marked(compiler):
     assert relaxed.notes == ["uniqueItems at #/anyOf/0/uniqueItems"] and relaxed.unique is None
     enforced = compiler.json_schema(OBJ, lenient=True)
     assert enforced.notes == [] and enforced.unique is not None
+
+
+# ------------------------------------------------------------ fast rows against the reference
+
+SHARED = Path(os.environ.get("DEEPINFER_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+MASKBENCH_UNIQUE = ["JsonSchemaStore---bootstraprc.json", "JsonSchemaStore---cryproj.54.schema.json"]
+FAST = [("objects", WALKS[0][1], "compact"), ("strings", STR, "compact"), ("strings ws", STR, "flexible"),
+        ("nested", WALKS[2][1], "compact"), ("any", WALKS[3][1], "compact"), ("in items", IN_ITEMS, "compact"),
+        ("prefix", PREFIX, "compact"), ("recursive", RECURSIVE, "compact"), ("objects ws", OBJ, "flexible"),
+        ("free strings", {"type": "array", "uniqueItems": True, "items": {"type": "string"}}, "compact")]
+
+
+def _fast_equals_reference(compiled, name: str, walks: int, steps: int) -> int:
+    """Seeded random walks (with rollbacks); at every step the fast row equals the reference
+    row. Returns the number of tokens the uniqueness check dropped on the way."""
+    rt = compiled.unique
+    vocab = compiled.vocab
+    tb = vocab.token_bytes
+    eos = set(vocab.eos_ids)
+    rng = random.Random(name)
+    dropped = 0
+    for _walk in range(walks):
+        m = Matcher(compiled)
+        for _step in range(steps):
+            groups = m._hist[-1]
+            if m._ended[-1]:
+                break
+            fast = rt.row(groups, m._buf)
+            ref = rt.row_reference(groups, m._buf)
+            assert np.array_equal(fast, ref), (name, bytes(m._buf))
+            plain = None
+            for cfg, _ in groups:
+                r = compiled.mask_row(cfg)
+                plain = r if plain is None else plain | r
+            dropped += int(np.unpackbits(np.bitwise_xor(plain, fast).view(np.uint8)).sum())
+            allowed = [int(t) for t in np.nonzero(unpack_bitmask(fast[None], vocab.vocab_size)[0])[0]]
+            choices = [t for t in allowed if t not in eos]
+            if not choices:
+                break
+            # prefer tokens already in the output (items repeat) and tokens that end items
+            echo = [t for t in choices if tb[t] in m._buf]
+            closing = [t for t in choices if tb[t][:1] in (b"]", b"}", b'"', b",")]
+            u = rng.random()
+            t = rng.choice(echo if echo and u < 0.6 else closing if closing and u < 0.8 else choices)
+            assert m.accept(t), tb[t]
+            if rng.random() < 0.1:
+                m.rollback(1)
+                assert m.accept(t)
+    return dropped
+
+
+@pytest.mark.parametrize("name,schema,ws", FAST, ids=[f[0] for f in FAST])
+def test_fast_rows_equal_reference_rows(name, schema, ws):
+    compiled = Compiler(small_vocab()).json_schema(schema, whitespace=ws)
+    assert compiled.unique is not None
+    dropped = _fast_equals_reference(compiled, name, walks=25, steps=60)
+    if name in ("strings", "strings ws", "objects", "nested"):
+        assert dropped, "the walks should meet duplicates"
+
+
+@pytest.mark.parametrize("fname", MASKBENCH_UNIQUE)
+def test_fast_rows_equal_reference_rows_maskbench(fname):
+    path = SHARED / "maskbench-dev" / fname
+    if not path.exists():
+        pytest.skip(f"{path} not found (set DEEPINFER_SHARED_DATA)")
+    schema = json.loads(path.read_text())["schema"]
+    compiled = Compiler(small_vocab()).json_schema(schema)
+    assert compiled.unique is not None
+    _fast_equals_reference(compiled, fname, walks=12, steps=150)
