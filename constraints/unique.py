@@ -27,6 +27,11 @@ import re
 import numpy as np
 
 from .errors import ConstraintError
+
+try:  # numba is a listed dependency; the pure-Python fallback keeps the package importable
+    from numba import njit
+except ImportError:  # pragma: no cover
+    njit = None
 from .ir import ByteSet
 
 OPEN, SEP, CLOSE = 0xFB, 0xFC, 0xFD  # marker bytes (never in UTF-8)
@@ -240,7 +245,68 @@ def is_prefix(a, data: bytes) -> bool:
 
 
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"?', re.S)  # JSON strings (the last one may be open)
+_STRING = re.compile(rb'"((?:[^"\\]|\\.)*)(")?', re.S)  # a JSON string's content, closed or not
+_OPEN_U = re.compile(rb'\\u[0-9a-fA-F]{0,3}$')
+_NONE = (frozenset(), [], [])
+
+
+def _decoded_prefix(content: bytes) -> bytes | None:
+    """The UTF-8 bytes of the value an open JSON string's ``content`` starts, whatever comes
+    next; None where unsure (an open \\u escape, a surrogate escape)."""
+    if b"\\" not in content:
+        return content
+    if _OPEN_U.search(content):
+        return None
+    for k in range(4):  # a UTF-8 sequence may be cut at the end
+        head = content[: len(content) - k]
+        if b"\\" in content[len(head):]:
+            return None
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        try:
+            value = json.loads('"' + text + '"')
+        except ValueError:
+            return None
+        if any(0xD800 <= ord(ch) < 0xE000 for ch in value):
+            return None
+        return value.encode("utf-8") + content[len(head):]
+    return None
 _TYPE = {ord('"'): "s", ord("{"): "o", ord("["): "a", ord("t"): "b", ord("f"): "b", ord("n"): "b"}
+
+
+def _unsafe_py(table, cls, tagmat, stop, tops, words, ids, flat, offs, out):
+    """``out[k]``: token ``ids[k]`` is allowed by the row ``words`` and its bytes
+    (``flat[offs[k]:offs[k + 1]]``), read from one of the states ``tops``, may meet a tag:
+    they take a tagged transition, or reach a state that may call or return (``stop``)
+    before their last byte. Returns the number of such tokens."""
+    n = 0
+    for k in range(len(ids)):
+        t = ids[k]
+        if not (words[t >> 5] >> (t & 31)) & 1:
+            continue
+        a, b = offs[k], offs[k + 1]
+        for s0 in tops:
+            s = s0
+            hit = False
+            for j in range(a, b):
+                c = cls[flat[j]]
+                nxt = table[s, c]
+                if nxt < 0:
+                    break
+                if tagmat[s, c] or (j < b - 1 and stop[nxt]):
+                    hit = True
+                    break
+                s = nxt
+            if hit:
+                out[k] = True
+                n += 1
+                break
+    return n
+
+
+_unsafe = njit(cache=True, nogil=True)(_unsafe_py) if njit is not None else _unsafe_py
 
 
 def symbolic_events(a, cfg, data: bytes) -> tuple:
@@ -334,39 +400,46 @@ class Runtime:
         self._by_bytes_ws = sorted((tb[i].lstrip(_WS), i) for i in comp)
         self._on: dict = {}
         self._events: dict = {}
-        self._frame: dict = {}
+        # per configuration, the walk of _unsafe over those tokens (numba)
+        self._flat = np.frombuffer(b"".join(tb[i] for i in comp), dtype=np.uint8)
+        self._offs = np.cumsum([0] + [len(tb[i]) for i in comp]).astype(np.int64)
+        ncls = a.table.shape[1]
+        tagmat = np.zeros((len(a.table), ncls), dtype=np.bool_)
+        for (st, c) in a.unique.kind:
+            tagmat[st, c] = True
+        self._tagmat = tagmat
+        self._stop = np.zeros(len(a.table), dtype=np.bool_) if a.is_regular else (a.accepting | a.has_calls)
+        self._table = np.ascontiguousarray(a.table)
+        self._cls = np.ascontiguousarray(a.cls, dtype=np.int64)
+        # compile (or load) the kernel now, not at the first mask (rows are read-only arrays)
+        words = np.zeros(compiled.n_words, dtype=np.uint32)
+        words.flags.writeable = False
+        _unsafe(self._table, self._cls, self._tagmat, self._stop, np.array([a.start], dtype=np.int64), words,
+                self.comp, self._flat, self._offs, np.zeros(len(comp), dtype=np.bool_))
 
     # ------------------------------------------------------------------ fast rows
 
-    def _allowed(self, cfg, row: np.ndarray) -> list:
+    def _allowed(self, cfg, row: np.ndarray) -> tuple:
         """What a configuration's row holds of the tokens that may meet a tag (those with
-        ',' or ']' whose parse is not surely tag-free, :meth:`_in_frame`): ``[those in
-        pair, those in cpair, all of them (a set, made when first asked)]``; memoised."""
+        ',' or ']' whose parse is not surely tag-free, see :func:`_unsafe`): ``(all of
+        them as a set, those in pair, those in cpair)``; memoised per configuration."""
         hit = self._on.get(cfg)
         if hit is not None:
             return hit
+        tops = np.array([cfg] if self.a.is_regular else sorted({st[-1] for st in cfg.stacks}), dtype=np.int64)
         ids = self.comp
-        if len(ids):
-            words = row.view(np.uint32)
-            on = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)].tolist()
+        out = np.zeros(len(ids), dtype=np.bool_)
+        if _unsafe(self._table, self._cls, self._tagmat, self._stop, tops, row.view(np.uint32), ids, self._flat,
+                   self._offs, out):
+            on = ids[out].tolist()
+            pair, cpair = self.pair, self.cpair
+            hit = (frozenset(on), [t for t in on if t in pair], [t for t in on if t in cpair])
         else:
-            on = []
-        tops = (cfg,) if self.a.is_regular else tuple({st[-1] for st in cfg.stacks})
-        in_frame = self._in_frame
-        pair, cpair = self.pair, self.cpair
-        hit = [[t for t in on if t in pair and not all(in_frame(s, t) for s in tops)],
-               [t for t in on if t in cpair and not all(in_frame(s, t) for s in tops)], None, on, tops]
+            hit = _NONE
         if len(self._on) >= self.MEMO:
             self._on.clear()
         self._on[cfg] = hit
         return hit
-
-    def _unsafe(self, hit: list) -> frozenset:
-        out = hit[2]
-        if out is None:
-            in_frame, tops = self._in_frame, hit[4]
-            out = hit[2] = frozenset(t for t in hit[3] if not all(in_frame(s, t) for s in tops))
-        return out
 
     def _prefixed(self, keys: list, prefix: bytes, out: set) -> None:
         i = bisect.bisect_left(keys, (prefix,))
@@ -392,22 +465,25 @@ class Runtime:
         if ty not in types:
             return ()
         if ty == "s":
-            if text.find(b"\\", 1) >= 0:
-                return on
-            q = text.find(b'"', 1)
-            if q >= 0:  # the string is complete
+            m = _STRING.match(text)
+            content = m.group(1)
+            if m.group(2):  # the string is complete
                 try:
-                    value = text[1:q].decode("utf-8")
-                except UnicodeDecodeError:
+                    value = json.loads(text[: m.end()].decode("utf-8"))
+                except (ValueError, UnicodeDecodeError):
                     return on
                 return on if ("s", value) in seen else ()
-            content = text[1:]
+            if m.end() != len(text):
+                return on  # an escape is open
+            done = _decoded_prefix(content)
+            if done is None:
+                return on
             out = set(self.backslash)
             for t, v in seen:
                 if t == "s":
                     vb = v.encode("utf-8", "surrogatepass")
-                    if vb.startswith(content):
-                        self._prefixed(self._by_bytes, vb[len(content):] + b'"', out)
+                    if vb.startswith(done):
+                        self._prefixed(self._by_bytes, vb[len(done):] + b'"', out)
             return out
         if ty in "oa":
             bare = _STRINGS.sub(b"", text)
@@ -418,24 +494,22 @@ class Runtime:
             return [t for t in on if closers[t] >= depth]
         return on
 
-    def _suspects(self, hit: list, frames: tuple, buf):
+    def _suspects(self, hit: tuple, frames: tuple, buf):
         """The tokens of a row (``hit``: its :meth:`_allowed`) that may complete a duplicate
         item, given the open arrays ``frames``."""
+        on, pair, cpair = hit
         if not frames:
-            return hit[0]
-        outer = len(frames) > 1 and hit[1] and any(seen for _, seen in frames[:-1])
+            return pair
+        outer = len(frames) > 1 and cpair and any(seen for _, seen in frames[:-1])
         start, seen = frames[-1]
         if not seen:
-            return hit[0] + hit[1] if outer else hit[0]
-        on = self._unsafe(hit)
-        if not on:
-            return ()
+            return pair + cpair if outer else pair
         top = self._top_suspects(start, seen, buf, on)
         if top is on:
             return on
-        out = set(hit[0])
+        out = set(pair)
         if outer:
-            out.update(hit[1])
+            out.update(cpair)
         out.update(t for t in top if t in on)
         return out
 
@@ -450,40 +524,6 @@ class Runtime:
             self._events[key] = hit
         return hit
 
-    def _in_frame(self, top: int, t: int) -> bool:
-        """Does token ``t`` read from a stack with top state ``top`` surely meet no tag? True
-        where its bytes stay in that frame (no state before the last byte may call or
-        return) and no transition they take is tagged; False where unsure."""
-        key = (top, t)
-        hit = self._frame.get(key)
-        if hit is not None:
-            return hit
-        a = self.a
-        tags = a.unique
-        kind, tagged, cls = tags.kind, tags.tagged, a._cls_list
-        data = self.compiled.vocab.token_bytes[t]
-        regular = a.is_regular
-        acc, calls = a._acc_list, a.calls
-        s = top
-        hit = True
-        last = len(data) - 1
-        for j, b in enumerate(data):
-            c = cls[b]
-            nxt = a.row(s)[c]
-            if nxt < 0:
-                break  # this parse dies: it meets no tag
-            if tagged[s] and (s, c) in kind:
-                hit = False
-                break
-            s = nxt
-            if j < last and not regular and (acc[s] or calls[s]):
-                hit = False
-                break
-        if len(self._frame) >= self.EVENTS_MEMO:
-            self._frame.clear()
-        self._frame[key] = hit
-        return hit
-
     def row(self, groups: tuple, buf) -> np.ndarray:
         """The mask row of groups: each configuration's row without the tokens that would
         complete a duplicate item (equal to :meth:`row_reference`)."""
@@ -494,7 +534,7 @@ class Runtime:
             hit = self._on.get(cfg)
             if hit is None:
                 hit = self._allowed(cfg, row)
-            if fr or hit[0]:
+            if hit[0] and (fr or hit[1]):
                 drop = None
                 tb = c.vocab.token_bytes
                 for t in self._suspects(hit, fr, buf):

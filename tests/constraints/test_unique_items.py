@@ -309,6 +309,16 @@ def test_fast_rows_equal_reference_rows(name, schema, ws):
         assert dropped, "the walks should meet duplicates"
 
 
+def test_fast_rows_python_walk(monkeypatch):
+    """The pure-Python walk (no numba) gives the same rows."""
+    from deepinfer.constraints import unique
+
+    monkeypatch.setattr(unique, "_unsafe", unique._unsafe_py)
+    for name, schema in (("strings py", STR), ("recursive py", RECURSIVE)):
+        compiled = Compiler(small_vocab()).json_schema(schema)
+        _fast_equals_reference(compiled, name, walks=8, steps=40)
+
+
 @pytest.mark.parametrize("fname", MASKBENCH_UNIQUE)
 def test_fast_rows_equal_reference_rows_maskbench(fname):
     path = SHARED / "maskbench-dev" / fname
