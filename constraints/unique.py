@@ -20,6 +20,7 @@ groups; a DFA has one group.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import re
@@ -122,6 +123,7 @@ def _canon(v: object):
     return ("o", frozenset((k, _canon(x)) for k, x in v.items()))
 
 
+@functools.lru_cache(maxsize=1024)  # a row checks many tokens that end the same item
 def item_key(text: bytes):
     """The equality key of an item's JSON text (surrounding whitespace allowed)."""
     try:
