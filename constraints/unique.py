@@ -162,76 +162,74 @@ def apply(frames: tuple, kind: int, pos: int, buf, data: bytes):
 # ----------------------------------------------------------------------------- steps
 
 
-def step(a, groups: tuple, data: bytes, buf) -> tuple | None:
-    """Groups ``((configuration, frames), ...)`` after ``data`` (``buf``: the text before it);
-    None if no group survives."""
+def _walk(a, groups, data: bytes, fold) -> list:
+    """The groups ``((configuration, acc), ...)`` that survive ``data``; ``acc`` is folded over
+    each tagged transition met at offset j: ``fold(acc, kind, j)``, None drops that parse."""
     tags = a.unique
-    kind, tagged = tags.kind, tags.tagged
-    cls = a._cls_list
-    base = len(buf)
+    kind, tagged, cls = tags.kind, tags.tagged, a._cls_list
     if a.is_regular:
         out = []
-        for s, fr in groups:
+        for s, acc in groups:
             for j, b in enumerate(data):
                 c = cls[b]
                 t = a.row(s)[c]
                 if t < 0:
-                    fr = None
+                    acc = None
                     break
                 if tagged[s]:
                     k = kind.get((s, c))
                     if k is not None:
-                        fr = apply(fr, k, base + j, buf, data)
-                        if fr is None:
+                        acc = fold(acc, k, j)
+                        if acc is None:
                             break
                 s = t
-            if fr is not None and (s, fr) not in out:
-                out.append((s, fr))
-        return tuple(out) if out else None
+            if acc is not None and (s, acc) not in out:
+                out.append((s, acc))
+        return out
     cur = list(groups)
     for j, b in enumerate(data):
         c = cls[b]
         moved: dict = {}
-        for cfg, fr in cur:
+        for cfg, acc in cur:
             for st in cfg.stacks:
                 top = st[-1]
                 t = a.row(top)[c]
                 if t < 0:
                     continue
-                f2 = fr
+                a2 = acc
                 if tagged[top]:
                     k = kind.get((top, c))
                     if k is not None:
-                        f2 = apply(fr, k, base + j, buf, data)
-                        if f2 is None:
+                        a2 = fold(acc, k, j)
+                        if a2 is None:
                             continue
-                moved.setdefault(f2, []).append(st[:-1] + (t,))
+                moved.setdefault(a2, []).append(st[:-1] + (t,))
         cur = []
-        for f2, sts in moved.items():
+        for a2, sts in moved.items():
             cfg = a.closure(sts)
             if cfg is not None:
-                cur.append((cfg, f2))
+                cur.append((cfg, a2))
         if not cur:
-            return None
-    return tuple(cur)
+            return []
+    return cur
+
+
+def _add_event(ev: tuple, k: int, j: int) -> tuple:
+    return ev + ((j, k),)
+
+
+def step(a, groups: tuple, data: bytes, buf) -> tuple | None:
+    """Groups ``((configuration, frames), ...)`` after ``data`` (``buf``: the text before it);
+    None if no group survives."""
+    base = len(buf)
+    out = _walk(a, groups, data, lambda fr, k, j: apply(fr, k, base + j, buf, data))
+    return tuple(out) if out else None
 
 
 def events(a, s: int, data: bytes) -> tuple | None:
     """A DFA's tags met reading ``data`` from state ``s``: ((offset, kind), ...); None if dead."""
-    tags = a.unique
-    kind, tagged, cls = tags.kind, tags.tagged, a._cls_list
-    out = []
-    for j, b in enumerate(data):
-        c = cls[b]
-        t = a.row(s)[c]
-        if t < 0:
-            return None
-        if tagged[s]:
-            k = kind.get((s, c))
-            if k is not None:
-                out.append((j, k))
-        s = t
-    return tuple(out)
+    out = _walk(a, ((s, ()),), data, _add_event)
+    return out[0][1] if out else None
 
 
 def accepts(a, data: bytes) -> bool:
@@ -314,35 +312,7 @@ _unsafe = njit(cache=True, nogil=True)(_unsafe_py) if njit is not None else _uns
 def symbolic_events(a, cfg, data: bytes) -> tuple:
     """The tag sequences ``((offset, kind), ...)`` of the parses of ``data`` from ``cfg``
     that survive it, whatever the frames (a duplicate is judged later, by :func:`survives`)."""
-    tags = a.unique
-    kind, tagged, cls = tags.kind, tags.tagged, a._cls_list
-    if a.is_regular:
-        ev = events(a, cfg, data)
-        return () if ev is None else (ev,)
-    cur = [(cfg, ())]
-    for j, b in enumerate(data):
-        c = cls[b]
-        moved: dict = {}
-        for cf, ev in cur:
-            for st in cf.stacks:
-                top = st[-1]
-                t = a.row(top)[c]
-                if t < 0:
-                    continue
-                e2 = ev
-                if tagged[top]:
-                    k = kind.get((top, c))
-                    if k is not None:
-                        e2 = ev + ((j, k),)
-                moved.setdefault(e2, []).append(st[:-1] + (t,))
-        cur = []
-        for e2, sts in moved.items():
-            cf = a.closure(sts)
-            if cf is not None:
-                cur.append((cf, e2))
-        if not cur:
-            return ()
-    return tuple(ev for _, ev in cur)
+    return tuple(ev for _, ev in _walk(a, ((cfg, ()),), data, _add_event))
 
 
 def survives(seqs: tuple, frames: tuple, buf, data: bytes) -> bool:
