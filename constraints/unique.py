@@ -214,6 +214,15 @@ def _walk(a, groups, data: bytes, fold) -> list:
     return cur
 
 
+def _cleared(row: np.ndarray, drop: list) -> np.ndarray:
+    """A copy of the int32 mask row without the tokens in ``drop``."""
+    row = row.copy()
+    w = row.view(np.uint32)
+    for t in drop:
+        w[t >> 5] &= ~np.uint32(1 << (t & 31))
+    return row
+
+
 def _add_event(ev: tuple, k: int, j: int) -> tuple:
     return ev + ((j, k),)
 
@@ -516,14 +525,8 @@ class Runtime:
                             drop = []
                         drop.append(t)
                 if drop:
-                    row = row.copy()
-                    w = row.view(np.uint32)
-                    for t in drop:
-                        w[t >> 5] &= ~np.uint32(1 << (t & 31))
-            if acc is None:
-                acc = row
-            else:
-                acc = acc | row
+                    row = _cleared(row, drop)
+            acc = row if acc is None else acc | row
         return acc
 
     # ------------------------------------------------------------------ the reference
@@ -574,12 +577,6 @@ class Runtime:
                 elif step(a, ((cfg, fr),), data, buf) is None:
                     drop.append(t)
             if drop:
-                row = row.copy()
-                w = row.view(np.uint32)
-                for t in drop:
-                    w[t >> 5] &= ~np.uint32(1 << (t & 31))
-            if acc is None:
-                acc = row
-            else:
-                acc = acc | row
+                row = _cleared(row, drop)
+            acc = row if acc is None else acc | row
         return acc
