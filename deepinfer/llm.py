@@ -276,6 +276,7 @@ class LLM:
         # that step's masks are filled), not between the read-back and the next launch. A row
         # its constraint ends there was decoded one step too many: that token is dropped.
         pending: list[tuple[Sequence, int]] = []
+        drafting = {s.request_id for s in seqs if self.dspark.speculates(s, self.deterministic)}
 
         def finished(s: Sequence) -> None:
             free_slots.append(s.slot)
@@ -291,7 +292,7 @@ class LLM:
             pending.clear()
 
         while waiting or running:
-            if pending and (waiting or any(self.dspark.speculates(s, self.deterministic) for s in running)):
+            if pending and (waiting or (drafting and any(s.request_id in drafting for s in running))):
                 settle()  # a prefill or DSpark step next: every matcher up to date first
                 running = [s for s in running if not s.is_finished]
                 if not running and not waiting:

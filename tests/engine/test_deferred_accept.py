@@ -14,11 +14,12 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0
           "required": ["n"], "additionalProperties": False}
 
 
-def _requests():
+def _requests(speculative):
     prompts, params = [], []
     for i in range(12):
         kind = i % 6
-        kw = dict(temperature=0.0 if i < 6 else 0.9, seed=100 + i, max_tokens=24 if i % 4 else 5)
+        kw = dict(temperature=0.0 if i < 6 else 0.9, seed=100 + i, max_tokens=24 if i % 4 else 5,
+                  speculative=speculative)
         if kind == 0:
             kw.update(json_schema=SCHEMA)
         elif kind == 1:
@@ -34,11 +35,12 @@ def _requests():
         prompts.append(f"request {i}: write something")
         params.append(SamplingParams(**kw))
     prompts.append("bad schema")
-    params.append(SamplingParams(json_schema={"type": "object", "properties": {"a": {"$ref": "#/nope"}}}))
+    params.append(SamplingParams(json_schema={"type": "object", "properties": {"a": {"$ref": "#/nope"}}},
+                                 speculative=speculative))
     return prompts, params
 
 
-def _run(llm, inline: bool, monkeypatch):
+def _run(llm, inline: bool, monkeypatch, speculative):
     calls = []
     settle = Sequence.settle
 
@@ -49,14 +51,17 @@ def _run(llm, inline: bool, monkeypatch):
     with monkeypatch.context() as mp:
         mp.setattr(Sequence, "settle", counted)
         mp.setattr(llm.masks, "inline", inline)
-        prompts, params = _requests()
+        prompts, params = _requests(speculative)
         outs = llm.generate(prompts, params, use_tqdm=False)
     return [(o.token_ids, o.finish_reason, o.text, o.error) for o in outs], calls
 
 
-def test_deferred_accept_gives_the_same_outputs(tiny_llm, monkeypatch):
-    want, calls_off = _run(tiny_llm, False, monkeypatch)
-    got, calls_on = _run(tiny_llm, True, monkeypatch)
+@pytest.mark.parametrize("speculative", [False, None], ids=["plain", "dspark-default"])
+def test_deferred_accept_gives_the_same_outputs(tiny_llm, monkeypatch, speculative):
+    """Plain decode steps only (settled behind each next forward), and the LLM's DSpark default
+    (constrained rows draft: pending rows settle before every drafting step)."""
+    want, calls_off = _run(tiny_llm, False, monkeypatch, speculative)
+    got, calls_on = _run(tiny_llm, True, monkeypatch, speculative)
     assert calls_off == [] and len(calls_on) > 20  # the deferred path ran
     assert got == want
     reasons = {r for _, r, _, e in want if e is None}
