@@ -202,6 +202,18 @@ class Matcher:
             return self._uq.row(self._hist[-1], self._buf)
         return c.mask_row(self._hist[-1])
 
+    def empty_reason(self) -> str | None:
+        """Why this step's mask allows nothing, when the reason is not the grammar itself: the
+        tokens the grammar allows all complete an array item equal to an earlier one of that
+        array (``uniqueItems`` is checked as items end, not looked ahead). None otherwise."""
+        if self._uq is None or self._ended[-1] or self.mask_row().any():
+            return None
+        c = self.compiled
+        if not any(c.mask_row(cfg).any() for cfg, _ in self._hist[-1]):
+            return None
+        return ("uniqueItems: every token the grammar allows here completes an array item equal to an "
+                "earlier item of the same array")
+
     def fill_bitmask(self, bitmask, row: int = 0) -> None:
         """Write this step's allowed tokens into ``bitmask[row]`` (int32 [B, ceil(V/32)];
         a numpy array or a CPU torch tensor)."""

@@ -127,7 +127,9 @@ class Sequence:
         when the constraint is complete)."""
         m = self.constraint
         if token_id < 0:
-            self.fail("the constraint allows no token at this point (empty mask)", tokenizer)
+            why = m.empty_reason() if m is not None else None
+            self.fail("the constraint allows no token at this point (empty mask)" + (f": {why}" if why else ""),
+                      tokenizer)
             return
         if m is not None and not m.accept(token_id):
             self.fail(f"the constraint rejected sampled token {token_id}", tokenizer)

@@ -142,6 +142,20 @@ def test_rollback_and_copy_over_item_end(compiler):
     assert m.num_accepted() == 0 and m.accept_bytes(b'[{},') and not m.accept_bytes(b'{}]')
 
 
+def test_empty_reason_names_unique_items(compiler):
+    """A dead end made by uniqueness (the grammar allows tokens, all complete a duplicate) is
+    named; a mask that is not empty, or a constraint without the check, gives no reason."""
+    compiled = compiler.json_schema(OBJ)
+    m = Matcher(compiled)
+    assert m.accept_bytes(b'[{"a":1},{"a":1}')
+    assert not m.mask_row().any()
+    assert "uniqueItems" in m.empty_reason()
+    m.rollback(1)
+    assert m.mask_row().any() and m.empty_reason() is None
+    plain = Matcher(compiler.json_schema({"type": "array", "items": {"type": "object"}}))
+    assert plain.accept_bytes(b'[{"a":1},{"a":1}') and plain.empty_reason() is None
+
+
 @pytest.mark.parametrize("schema", [OBJ, STR, NESTED, IN_ITEMS], ids=["objects", "strings", "nested", "in items"])
 def test_mask_rows_equal_reference(compiler, schema):
     compiled = compiler.json_schema(schema)

@@ -50,3 +50,20 @@ def test_no_constrained_rows_means_no_mask():
     for inline in (False, True):
         filler = MaskFiller(vocab.vocab_size, pin=False, inline=inline)
         assert filler.start(seqs).wait() == (None, [])
+
+
+def test_empty_mask_error_names_unique_items():
+    """A request whose mask went empty because every allowed token repeats an earlier array item
+    fails with an error that says so."""
+    vocab = small_vocab()
+    compiled = Compiler(vocab).json_schema({"type": "array", "uniqueItems": True, "items": {"type": "object"}})
+    s = Sequence(0, None, [3, 4], SamplingParams(max_tokens=8), seed=0, eos_token_ids=(1,), max_len=64)
+    s.constraint = Matcher(compiled)
+    assert s.constraint.accept_bytes(b'[{"a":1},{"a":1}')
+
+    class _Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return ""
+
+    s.on_token(-1, _Tok())
+    assert s.finish_reason == "error" and "empty mask" in s.error and "uniqueItems" in s.error
