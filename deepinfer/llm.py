@@ -339,7 +339,6 @@ class LLM:
                 if s.is_finished:
                     finished(s)
             running = [s for s in running if not s.is_finished]
-        settle()
         if bar is not None:
             bar.close()
 

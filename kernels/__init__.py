@@ -192,9 +192,6 @@ def apply_bitmask_(
     return _backend(backend, logits.device).apply_bitmask_(logits, bitmask, idx)
 
 
-KINDS = ("greedy", "sample", "top_p", "filter")  # sample(kinds=...): fewest launches first
-
-
 def sample(
     logits: torch.Tensor,
     *,
@@ -236,8 +233,9 @@ def sample(
     kinds : {"greedy", "sample", "top_p", "filter"}, optional
         What the rows need, known on the host: every row greedy; some row samples but none
         with top-k or top-p; some row samples with top-p but none with top-k; some row samples
-        with top-k. The Triton path leaves out the launches (and the top-k counts) no row needs. None: worked out from the arguments when they are host
-        values, else "filter" (always correct). A wrong value is not checked and gives wrong
+        with top-k. The Triton path leaves out the launches (and the top-k counts) no row
+        needs. None: worked out from the arguments when they are host values, else "filter"
+        (always correct). A wrong value is not checked and gives wrong
         tokens.
 
     Returns
@@ -256,8 +254,8 @@ def sample(
     idx = _check_indices(indices, B, dev, validate)
     if kinds is None:
         kinds = sample_kinds(temperature, top_k, top_p, logits.shape[1])
-    elif kinds not in KINDS:
-        raise ValueError(f"kinds must be one of {', '.join(map(repr, KINDS))}, got {kinds!r}")
+    elif kinds not in reference.KINDS:
+        raise ValueError(f"kinds must be one of {', '.join(map(repr, reference.KINDS))}, got {kinds!r}")
     temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
         B, dev, validate, temperature, top_k, top_p, min_p, seed, step
     )
@@ -271,31 +269,24 @@ def sample(
 
 def sample_kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int) -> str:
     """What the rows need (``sample(kinds=...)``: "greedy" / "sample" / "top_p" / "filter"),
-    from host values; "filter" if any is on a device (reading it would sync). Lists of Python
-    numbers (what an engine step has) are read without torch."""
-    if all(isinstance(x, (list, tuple, int, float)) for x in (temperature, top_k, top_p)):
-        rows = [x if isinstance(x, (list, tuple)) else [x] for x in (temperature, top_k, top_p)]
-        n = max(len(r) for r in rows)
-        if all(len(r) in (1, n) for r in rows):
-            t, k, p = (r * n if len(r) == 1 else r for r in rows)
-            sampling = [i for i in range(n) if t[i] != 0]
-            if any(0 < k[i] < V for i in sampling):
-                return "filter"
-            if any(p[i] < 1 for i in sampling):
-                return "top_p"
-            return "sample" if sampling else "greedy"
-    if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in (temperature, top_k, top_p)):
+    from host values; "filter" if any is on a device (reading it would sync) or the lengths do
+    not broadcast (``_sampling_rows`` says why). Lists of Python numbers (what an engine step
+    has) are read as they are, without torch."""
+    rows = []
+    for x in (temperature, top_k, top_p):
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            return "filter"
+        rows.append(x if isinstance(x, (list, tuple)) else torch.as_tensor(x).reshape(-1).tolist())
+    n = max(len(r) for r in rows)
+    if any(len(r) not in (1, n) for r in rows):
         return "filter"
-    try:
-        t, k, p = torch.broadcast_tensors(*(torch.as_tensor(x).reshape(-1) for x in (temperature, top_k, top_p)))
-    except RuntimeError:  # shapes that do not fit: _sampling_rows says which
+    t, k, p = (r * n if len(r) == 1 else r for r in rows)
+    sampling = [i for i in range(n) if t[i] != 0]
+    if any(0 < k[i] < V for i in sampling):
         return "filter"
-    sampling = t != 0
-    if bool((sampling & (k > 0) & (k < V)).any()):
-        return "filter"
-    if bool((sampling & (p < 1)).any()):
+    if any(p[i] < 1 for i in sampling):
         return "top_p"
-    return "sample" if bool(sampling.any()) else "greedy"
+    return "sample" if sampling else "greedy"
 
 
 def verify(

@@ -644,8 +644,6 @@ def sample(
     top-k or top-p: no test pass), "top_p" (no row samples with top-k: the test pass without
     the counts), "filter" (all of them).
     """
-    if kinds not in ("greedy", "sample", "top_p", "filter"):
-        raise ValueError(f"kinds must be 'greedy', 'sample', 'top_p' or 'filter', got {kinds!r}")
     B, V = logits.shape
     dev = logits.device
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
