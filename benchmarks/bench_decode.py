@@ -187,8 +187,10 @@ MODES = {  # name: ModelRunner keywords
     "eager": dict(cuda_graphs=False),
     "graphs": dict(cuda_graphs=True),  # decode attention: torch SDPA with a length mask
     "graphs-triton": dict(cuda_graphs=True, attention="triton"),
-    "deterministic": dict(cuda_graphs=True, deterministic=True),  # attention in fixed 256-key blocks
-    "deterministic-triton": dict(cuda_graphs=True, deterministic=True, attention="triton"),
+    # batch-invariant Triton matmul, RMSNorm and attention in the same bucketed graphs
+    "deterministic": dict(cuda_graphs=True, deterministic=True),
+    # torch kernels over fixed tiles of slots, attention in fixed 256-key blocks (the CPU way)
+    "deterministic-tiles": dict(cuda_graphs=True, deterministic=True, invariant_kernels=False),
 }
 
 

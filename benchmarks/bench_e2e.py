@@ -133,7 +133,9 @@ def bench_deterministic(make_llm, label: str, batches: list[int], max_tokens: in
             params = [SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=i, ignore_eos=True) for i in range(b)]
             _run(llm, prompts[:1], params[:1])
             dt, n, _ = _run(llm, prompts, params)
-            rows.append([label, "deterministic" if det else "default", b, f"{n / dt:.1f}"])
+            base = next((float(r[3]) for r in rows if r[1] == "default" and r[2] == b), None)
+            vs = f"{n / dt / base - 1:+.0%}" if det and base else ""
+            rows.append([label, "deterministic" if det else "default", b, f"{n / dt:.1f}", vs])
             print("  measured", rows[-1], flush=True)
         del llm
     return rows
@@ -235,7 +237,7 @@ def main() -> None:
     _table(header, rows)
     if det_rows:
         print()
-        _table(["model", "mode", "batch", "tok/s"], det_rows)
+        _table(["model", "mode", "batch", "tok/s", "vs default"], det_rows)
 
 
 if __name__ == "__main__":

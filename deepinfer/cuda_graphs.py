@@ -125,8 +125,8 @@ class _Graph:
 class DecodeGraphs:
     """One CUDA graph of `model.decode_static` per (tile, kv_len), for one KV cache."""
 
-    def __init__(self, model: LlamaModel, cache: KVCache, *, attention: str):
-        self.model, self.cache, self.attention = model, cache, attention
+    def __init__(self, model: LlamaModel, cache: KVCache, *, attention: str, invariant: bool = False):
+        self.model, self.cache, self.attention, self.invariant = model, cache, attention, invariant
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Tile, _Graph] = {}
 
@@ -155,6 +155,7 @@ class DecodeGraphs:
             return self.model.decode_static(
                 inputs[0], inputs[1], inputs[2], self.cache,
                 slot_start=tile.slot_start, kv_len=tile.kv_len, attention=self.attention,
+                invariant=self.invariant,
             )
 
         side = torch.cuda.Stream(dev)  # warm up (cuBLAS handles, workspaces) off the capture

@@ -72,7 +72,8 @@ class LLM:
         Draws the seeds of requests that give none.
     deterministic : bool
         Batch-invariant forward: a request (prompt + seed) gets bit-identical logits and tokens
-        alone, in any batch and at any batch position (prefill one request at a time, decode in
+        alone, in any batch and at any batch position (prefill one request at a time; decode on
+        CUDA through batch-invariant Triton matmul, RMSNorm and attention kernels, on CPU in
         fixed tiles with fixed-order attention). Costs throughput: README, "Deterministic mode".
     enforce_eager : bool
         Never capture CUDA graphs (decode launches every kernel from Python; for debugging).
@@ -173,8 +174,8 @@ class LLM:
         scale): decode for every batch bucket up to ``max_num_seqs`` and key bucket up to
         ``max_len`` (default ``max_model_len``), and DSpark's verify forward at every width up to
         ``max_drafts + 1`` (``verify``: None = when DSpark is on by default). Serving code calls
-        it once at start so no request pays a capture. Returns the number captured (0 off CUDA
-        and in deterministic mode, which captures nothing)."""
+        it once at start so no request pays a capture. Returns the number captured (0 off CUDA;
+        in deterministic mode decode only, as DSpark does not run there)."""
         from .spec.graphs import t_bucket
 
         max_len = min(max_len or self.max_model_len, self.max_model_len)

@@ -8,9 +8,11 @@ Decode, three ways:
 - CUDA graphs (default on CUDA): the fixed-shape `decode_static`, captured once per batch bucket
   and kv-length bucket and replayed (see cuda_graphs.py); one graph launch instead of ~25 kernel
   launches a layer;
-- deterministic: `decode_static` over fixed tiles of slots with batch-invariant attention
-  (models/decode_attention.py; replayed as graphs on CUDA), and prefill one request at a time,
-  so a request's logits are bit-identical whatever else is batched with it and wherever it sits.
+- deterministic: prefill one request at a time, and decode with kernels whose per-row
+  arithmetic does not depend on the batch: on CUDA `decode_static(invariant=True)` (Triton
+  matmul, RMSNorm and attention, models/invariant.py) replayed as the same bucketed graphs; on
+  CPU fixed tiles of slots (every tile one shape) with the block attention. Either way a
+  request's logits are bit-identical whatever else is batched with it and wherever it sits.
 No path synchronizes with the device: inputs go through pinned memory, logits come back as a
 device tensor the caller reads when it needs to (so host work overlaps the forward).
 """
@@ -26,9 +28,9 @@ from .models.kv_cache import KVCache
 from .models.llama import DECODE_ATTENTION, ForwardBatch, LlamaModel
 from .sequence import Sequence
 
-# Rows of a deterministic decode tile. Every tile has this many rows whatever the batch, so a
-# row's arithmetic never changes; on CUDA a 64-row matmul reads the weights once like a 1-row one.
-DETERMINISTIC_TILE = {"cpu": 8, "cuda": 64}
+# Rows of a deterministic decode tile (torch kernels: every tile has this many rows whatever the
+# batch, so a row's arithmetic never changes). Not used with the batch-invariant kernels.
+DETERMINISTIC_TILE = 8
 
 
 class ModelRunner:
@@ -40,17 +42,20 @@ class ModelRunner:
         Replay decode steps as CUDA graphs; None = on CUDA only.
     deterministic : bool
         Batch-invariant forward: a request's logits do not depend on the rest of the batch.
-        Invariance comes from fixed shapes alone (each kernel sees the same problem whatever
-        the batch), so no global torch setting is changed.
+        No global torch setting is changed.
+    invariant_kernels : bool or None
+        In deterministic mode, how: True = the batch-invariant Triton kernels (matmul, RMSNorm,
+        attention) at any batch shape; False = torch kernels over fixed tiles of
+        DETERMINISTIC_TILE slots (each kernel sees one problem whatever the batch). None: True
+        on CUDA, False on CPU (where Triton only interprets).
     attention : "sdpa", "torch", "triton" or None
         Attention of the fixed-shape decode (`LlamaModel.decode_static`). None: "sdpa" (torch's
-        SDPA with a length mask), and in deterministic mode the batch-invariant "torch" (fixed
-        key blocks; the version run on the H200). "triton" is the one-launch batch-invariant
-        kernel (tested on CPU under TRITON_INTERPRET=1, not yet on a GPU).
+        SDPA with a length mask); in deterministic mode "triton" with the invariant kernels, else
+        the batch-invariant "torch" (fixed key blocks).
     """
 
     def __init__(self, model: LlamaModel, *, cuda_graphs: bool | None = None, deterministic: bool = False,
-                 attention: str | None = None):
+                 invariant_kernels: bool | None = None, attention: str | None = None):
         self.model = model
         self.device = model.device
         on_cuda = self.device.type == "cuda"
@@ -58,11 +63,12 @@ class ModelRunner:
             raise ValueError(f"cuda_graphs=True needs a CUDA model, this one is on {self.device}")
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         self.deterministic = deterministic
-        self.tile = DETERMINISTIC_TILE["cuda" if on_cuda else "cpu"] if deterministic else None
+        self.invariant = deterministic and (on_cuda if invariant_kernels is None else invariant_kernels)
+        self.tile = DETERMINISTIC_TILE if deterministic and not self.invariant else None
         if attention is None:
-            attention = "torch" if deterministic else "sdpa"
-        if attention not in DECODE_ATTENTION or (deterministic and attention == "sdpa"):
-            allowed = DECODE_ATTENTION[1:] if deterministic else DECODE_ATTENTION
+            attention = "triton" if self.invariant else "torch" if deterministic else "sdpa"
+        allowed = ("triton",) if self.invariant else DECODE_ATTENTION[1:] if deterministic else DECODE_ATTENTION
+        if attention not in allowed:
             raise ValueError(f"attention must be one of {allowed} here, got {attention!r}")
         self.attention = attention
         # decode through decode_static (graph-shaped); also settable for tests of that path on CPU
@@ -78,10 +84,10 @@ class ModelRunner:
             tile = self.tile or 1
             spare = -(-num_slots // tile) * tile - num_slots + 1  # whole tiles + the scratch slot
             self.cache = self.model.new_cache(
-                num_slots, max_len, spare_slots=spare, len_multiple=ATTN_CHUNK if self.deterministic else 1
+                num_slots, max_len, spare_slots=spare, len_multiple=ATTN_CHUNK if self.tile else 1
             )
             if self.cuda_graphs:
-                self.graphs = DecodeGraphs(self.model, self.cache, attention=self.attention)
+                self.graphs = DecodeGraphs(self.model, self.cache, attention=self.attention, invariant=self.invariant)
 
     def verify_graphs(self):
         """DSpark's verify forward as CUDA graphs over this cache (``spec.graphs.VerifyGraphs``),
@@ -98,7 +104,7 @@ class ModelRunner:
         capture on first use: one graph per batch bucket x key bucket up to ``max_len`` keys.
         Returns the number of graphs captured."""
         assert self.cache is not None, "ensure_cache() first"
-        if not self.cuda_graphs or self.deterministic:
+        if not self.cuda_graphs or self.tile:
             return 0
         cache, n = self.cache, 0
         kvs, kv = [], 0
@@ -108,7 +114,7 @@ class ModelRunner:
         for rows in batch_buckets(cache.num_slots):
             for kv in kvs:
                 n += self.graphs.ensure(Tile(0, rows, kv))
-                for T in positions:
+                for T in positions if not self.deterministic else ():  # no drafts in deterministic mode
                     n += self.verify_graphs().ensure(rows, T, kv)
         return n
 
@@ -119,7 +125,7 @@ class ModelRunner:
         the full bucket. Sequences in slots >= len(running) move, with their KV entries, into
         the free slots below it (one copy each of K and V); ``free_slots`` is updated. Only for
         the graphs' single tile (not deterministic tiles). Returns the number moved."""
-        if not self.cuda_graphs or self.deterministic or not running or self.cache is None:
+        if not self.cuda_graphs or self.tile or not running or self.cache is None:
             return 0
         n = len(running)
         buckets = batch_buckets(self.cache.num_slots)
@@ -187,7 +193,7 @@ class ModelRunner:
                 x = inputs.to(self.device, non_blocking=True)
                 outs.append(self.model.decode_static(
                     x[0], x[1], x[2], cache, slot_start=tile.slot_start, kv_len=tile.kv_len,
-                    attention=self.attention,
+                    attention=self.attention, invariant=self.invariant,
                 ))
         order = host[at:].to(self.device, non_blocking=True)
         logits = outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -26,7 +26,7 @@ import math
 import torch
 
 ATTN_CHUNK = 256  # keys per block of the torch version (a deterministic cache's length is a multiple)
-BLOCK_N = 16  # keys per step of the Triton program
+BLOCK_N = 64  # keys per step of the Triton program
 
 
 def decode_attention_torch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

@@ -234,6 +234,7 @@ class LlamaModel:
         kv_len: int,
         attention: str = "sdpa",
         out: torch.Tensor | None = None,
+        invariant: bool = False,
     ) -> torch.Tensor:
         """T new tokens per row (T = 1: decode; T > 1: DSpark's verify forward), shapes fixed by
         (B, T, kv_len): logits float32 [B, V] for 1-D inputs, [B, T, V] for 2-D ones (written
@@ -249,6 +250,9 @@ class LlamaModel:
         or, for T = 1, a batch-invariant one from decode_attention.py: "torch" (fixed 256-key
         blocks; kv_len a multiple of 256) or "triton" (reads each row's length on the device;
         kv_len unused).
+        invariant: matmuls and norms through models/invariant.py (Triton kernels whose per-row
+        arithmetic does not depend on B) with attention="triton": a row's logits are then the
+        same bits at any B and any row (deterministic mode on CUDA, no fixed tiles needed).
         """
         c = self.config
         one = tokens.dim() == 1
@@ -265,6 +269,20 @@ class LlamaModel:
             raise ValueError(f"decode of slots [{s0}, {s0 + B}) x {kv_len} keys exceeds the KV cache")
         if attention == "torch" and kv_len % ATTN_CHUNK:
             raise ValueError(f"attention='torch' needs kv_len a multiple of {ATTN_CHUNK}, got {kv_len}")
+        if invariant and attention != "triton":
+            raise ValueError(f"invariant=True needs attention='triton' (batch-invariant), got {attention!r}")
+        if invariant:
+            from . import invariant as bi
+
+            mm = bi.matmul
+
+            def norm(x, w):
+                return bi.rms_norm(x, w, eps)
+        else:
+            mm = torch.matmul
+
+            def norm(x, w):
+                return F.rms_norm(x, (x.shape[-1],), w, eps)
 
         x = F.embedding(tokens, self.embed)  # [B, T, H]
         cos = self.cos[positions].unsqueeze(2)  # [B, T, 1, hd]
@@ -281,8 +299,11 @@ class LlamaModel:
             visible = visible[:, 0]  # [B, kv_len], as the "torch" attention takes it
         write = write_slots.view(B, 1)
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), layer.ln1, eps)
-            qkv = h @ layer.wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h.view(B * T, -1), layer.wqkv)
+            h = norm(x, layer.ln1)
+            if layer.bqkv is None:
+                qkv = mm(h, layer.wqkv)
+            else:
+                qkv = mm(h, layer.wqkv) + layer.bqkv if invariant else torch.addmm(layer.bqkv, h.view(B * T, -1), layer.wqkv)
             qkv = qkv.view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
             qk = qkv[:, :, :nqk]
             qk = qk * cos + _rotate_half(qk) * sin
@@ -301,14 +322,14 @@ class LlamaModel:
                 else:
                     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
             o = o.reshape(B, nkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(B, T, nh * hd)
-            x = x + o @ layer.wo
-            h = F.rms_norm(x, (x.shape[-1],), layer.ln2, eps)
-            gate, up = (h @ layer.wgu).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer.wd
+            x = x + mm(o, layer.wo)
+            h = norm(x, layer.ln2)
+            gate, up = mm(h, layer.wgu).chunk(2, dim=-1)
+            x = x + mm(F.silu(gate) * up, layer.wd)
         if one:
             x = x[:, 0]
-        x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
+        x = norm(x, self.norm)
         if out is not None:
-            return out.copy_(x @ self.lm_head)
-        return (x @ self.lm_head).float()
+            return out.copy_(mm(x, self.lm_head))
+        return mm(x, self.lm_head).float()
 

@@ -86,9 +86,9 @@ def test_alone_equals_batch_equals_other_position(det_llm):
         det_llm.runner.cache = None
 
 
-def _runner_logits(model, prompts, slots, steps, num_slots, deterministic=True, attention=None):
+def _runner_logits(model, prompts, slots, steps, num_slots, deterministic=True, attention=None, **kw):
     """Prefill then greedy decode; every step's logits [B, V] (float32, on CPU)."""
-    runner = ModelRunner(model, deterministic=deterministic, attention=attention)
+    runner = ModelRunner(model, deterministic=deterministic, attention=attention, **kw)
     runner.ensure_cache(num_slots, 64)
     sp = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
     seqs = [Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=256) for i, p in enumerate(prompts)]
@@ -141,19 +141,21 @@ def test_embedded_model_alone_equals_batch():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attention", ["triton", "torch"])
-def test_cuda_alone_equals_batch_of_64(attention):
-    """On CUDA (graphs, 64-row tiles, bf16): alone == in a batch of 64 mixed == another position,
-    with either batch-invariant attention."""
+@pytest.mark.parametrize(("invariant", "attention"), [(True, None), (False, "torch"), (False, "triton")])
+def test_cuda_alone_equals_batch_of_64(invariant, attention):
+    """On CUDA (graphs, bf16): alone == in a batch of 64 mixed == another position, with the
+    batch-invariant kernels (one graph bucket of 1, then of 64 or 80 rows) and with torch kernels
+    over fixed tiles (either batch-invariant attention)."""
     hf, d = tiny_hf_model("llama-gqa-untied")
     model = LlamaModel(ModelConfig.from_hf(d), dict(hf.state_dict()), dtype=torch.bfloat16, device="cuda")
     prompts = [list(range(3 + i, 3 + i + 1 + (7 * i) % 23)) for i in range(64)]
     target = [1, 5, 9, 300, 301]
-    alone = _runner_logits(model, [target], [0], 8, 1, attention=attention)
+    kw = dict(attention=attention, invariant_kernels=invariant)
+    alone = _runner_logits(model, [target], [0], 8, 1, **kw)
     for at, slots in ((0, list(range(64))[::-1]), (37, list(range(6, 70)))):  # slot 63; slot 43
         ps = list(prompts)
         ps[at] = target
-        batch = _runner_logits(model, ps, slots, 8, 70, attention=attention)  # 70 slots: two 64-row tiles
+        batch = _runner_logits(model, ps, slots, 8, 70, **kw)  # 70 slots
         for a, b in zip(alone, batch):
             assert torch.equal(a[0], b[at])
     default = _runner_logits(model, [target], [0], 1, 1, deterministic=False)
