@@ -8,11 +8,12 @@ Decode, three ways:
 - CUDA graphs (default on CUDA): the fixed-shape `decode_static`, captured once per batch bucket
   and kv-length bucket and replayed (see cuda_graphs.py); one graph launch instead of ~25 kernel
   launches a layer;
-- deterministic: prefill one request at a time, and decode with kernels whose per-row
-  arithmetic does not depend on the batch: on CUDA `decode_static(invariant=True)` (Triton
-  matmul, RMSNorm and attention, models/invariant.py) replayed as the same bucketed graphs; on
-  CPU fixed tiles of slots (every tile one shape) with the block attention. Either way a
-  request's logits are bit-identical whatever else is batched with it and wherever it sits.
+- deterministic: kernels whose per-row arithmetic does not depend on the batch. On CUDA the
+  Triton matmul, RMSNorm and attention of models/invariant.py, in batched prefill
+  (`forward(invariant=True)`) and in decode (`decode_static(invariant=True)`, replayed as the
+  same bucketed graphs); on CPU prefill one request at a time and decode in fixed tiles of
+  slots (every tile one shape) with the block attention. Either way a request's logits are
+  bit-identical whatever else is batched with it and wherever it sits.
 No path synchronizes with the device: inputs go through pinned memory, logits come back as a
 device tensor the caller reads when it needs to (so host work overlaps the forward).
 """
@@ -150,7 +151,7 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
         """Run every uncached token of each sequence; logits [B, V] of each one's last token."""
-        if self.deterministic and len(seqs) > 1:  # a request's prefill never sees its neighbours
+        if self.tile and len(seqs) > 1:  # torch kernels: a request's prefill never sees its neighbours
             return torch.cat([self.prefill([s]) for s in seqs])
         chunks = [s.all_token_ids[s.num_cached :] for s in seqs]
         T = max(len(c) for c in chunks)
@@ -212,5 +213,5 @@ class ModelRunner:
             self._to, [s.slot for s in seqs], tokens, positions,
             logits_index=last if len(tokens[0]) > 1 else None, from_zero=from_zero,
         )
-        logits = self.model.forward(batch, self.cache)
+        logits = self.model.forward(batch, self.cache, invariant=self.invariant)
         return logits if logits.dim() == 2 else logits[:, -1]

@@ -19,12 +19,13 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, slots_ptr,
     slot_start, scale,
     stride_ks, stride_kh, stride_kl,
     stride_vs, stride_vh, stride_vl,
     NKV: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
     G_PAD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    ROW_SLOTS: tl.constexpr,
 ):
     # one program: batch row b, KV head h; its G query heads as a [G_PAD, HD_PAD] block (rows
     # past G are zeros: tl.dot needs 16), scores and values through tl.dot
@@ -37,7 +38,10 @@ def _decode_attention_kernel(
     q_mask = (gi[:, None] < G) & (d[None, :] < HD)
     q_off = ((b * NKV + h) * G + gi[:, None]) * HD + d[None, :]  # q, o: contiguous [B, NKV, G, HD]
     q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
-    slot = (slot_start + b).to(tl.int64)
+    if ROW_SLOTS:  # each row names its slot (prefill: a row per token)
+        slot = tl.load(slots_ptr + b).to(tl.int64)
+    else:
+        slot = (slot_start + b).to(tl.int64)
     k_base = k_ptr + slot * stride_ks + h * stride_kh
     v_base = v_ptr + slot * stride_vs + h * stride_vh
     m = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -69,15 +73,16 @@ def _decode_attention_kernel(
 
 
 def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-           positions: torch.Tensor, slot_start: int, scale: float, block_n: int) -> None:
+           positions: torch.Tensor, slot_start: int, scale: float, block_n: int,
+           slots: torch.Tensor | None = None) -> None:
     B, nkv, g, hd = q.shape
     _decode_attention_kernel[(B, nkv)](
-        q, k_cache, v_cache, out, positions,
+        q, k_cache, v_cache, out, positions, positions if slots is None else slots,
         slot_start, scale,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NKV=nkv, G=g, HD=hd,
         G_PAD=max(16, triton.next_power_of_2(g)), HD_PAD=max(16, triton.next_power_of_2(hd)),
-        BLOCK_N=block_n, IEEE=q.dtype == torch.float32 or INTERPRET,
+        BLOCK_N=block_n, IEEE=q.dtype == torch.float32 or INTERPRET, ROW_SLOTS=slots is not None,
         num_warps=4,
     )

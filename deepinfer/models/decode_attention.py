@@ -61,17 +61,22 @@ def decode_attention_torch(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
 
 
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            positions: torch.Tensor, slot_start: int) -> torch.Tensor:
+                            positions: torch.Tensor, slot_start: int = 0, *,
+                            slots: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, nkv, g, hd]; k_cache, v_cache: [S, nkv, L, hd] (one layer, last dim contiguous);
-    positions: [B] int64. -> [B, nkv, g, hd] in q's dtype. One launch, no host sync."""
+    positions: [B] int64. -> [B, nkv, g, hd] in q's dtype. One launch, no host sync.
+    Row b reads slot ``slot_start + b``, or ``slots[b]`` when given ([B] int64: a batch-invariant
+    prefill passes one row per token, each with its sequence's slot and its own position)."""
     from ._decode_attention_triton import launch
 
     B, nkv, g, hd = q.shape
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("decode_attention_triton needs caches contiguous in head_dim")
-    if slot_start + B > k_cache.shape[0]:
+    if slots is None and slot_start + B > k_cache.shape[0]:
         raise ValueError(f"slots [{slot_start}, {slot_start + B}) exceed the cache's {k_cache.shape[0]}")
     q = q.contiguous()
     out = torch.empty_like(q)
-    launch(q, k_cache, v_cache, out, positions, slot_start, 1.0 / math.sqrt(hd), BLOCK_N)
+    positions = positions.contiguous()  # the kernel reads row b at offset b
+    slots = None if slots is None else slots.contiguous()
+    launch(q, k_cache, v_cache, out, positions, slot_start, 1.0 / math.sqrt(hd), BLOCK_N, slots)
     return out

@@ -103,6 +103,24 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def _ops(invariant: bool, eps: float):
+    """(matmul, rms_norm) of a forward: torch's, or the batch-invariant Triton kernels of
+    models/invariant.py (a row's bits do not depend on the other rows)."""
+    if invariant:
+        from . import invariant as bi
+
+        return bi.matmul, lambda x, w: bi.rms_norm(x, w, eps)
+    return torch.matmul, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def _qkv(h: torch.Tensor, layer: _Layer, mm, invariant: bool) -> torch.Tensor:
+    if layer.bqkv is None:
+        return mm(h, layer.wqkv)
+    if invariant:
+        return mm(h, layer.wqkv) + layer.bqkv
+    return torch.addmm(layer.bqkv, h.reshape(-1, h.shape[-1]), layer.wqkv)
+
+
 class LlamaModel:
     def __init__(
         self,
@@ -169,8 +187,13 @@ class LlamaModel:
         )
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
-        """Logits float32: [B, V] at `batch.logits_index`, or [B, T, V] when it is None."""
+    def forward(self, batch: ForwardBatch, cache: KVCache, *, invariant: bool = False) -> torch.Tensor:
+        """Logits float32: [B, V] at `batch.logits_index`, or [B, T, V] when it is None.
+
+        invariant: matmuls and norms through models/invariant.py and attention through the
+        Triton decode kernel with one row per token (its slot, its position): each token's
+        result is the same bits whatever else is in the batch and however it is padded
+        (deterministic mode's batched prefill)."""
         c = self.config
         tokens, pos = batch.tokens, batch.positions
         B, T = tokens.shape
@@ -183,8 +206,8 @@ class LlamaModel:
         sin = self.sin[pos].unsqueeze(2)
         # mask[b, 0, t, j]: key position j is visible to query (b, t) iff j <= pos[b, t]
         causal = False
-        if B == 1 and T == 1:
-            mask = None  # the single query sees all L = pos + 1 keys
+        if invariant or (B == 1 and T == 1):
+            mask = None  # each row reads its own keys / the single query sees all L = pos + 1 keys
         elif batch.from_zero and T == L:
             mask, causal = None, True  # every row is positions 0..T-1: the plain causal mask
         else:
@@ -194,33 +217,39 @@ class LlamaModel:
         s0 = batch.slot_start
         eps = c.rms_norm_eps
         nqk = nh + nkv
+        mm, norm = _ops(invariant, eps)
+        if invariant:  # attention rows: one per token, with its sequence's slot and its position
+            row_slots, row_pos = slot_idx.expand(B, T).contiguous().view(-1), pos.reshape(-1)
 
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), layer.ln1, eps)
-            qkv = h @ layer.wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h.view(B * T, -1), layer.wqkv)
-            qkv = qkv.view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
+            h = norm(x, layer.ln1)
+            qkv = _qkv(h, layer, mm, invariant).view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
             qk = qkv[:, :, :nqk]
             qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads in one go
             q = qk[:, :, :nh].transpose(1, 2)  # [B, nh, T, hd]
             kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
             kc[slot_idx, :, pos] = qk[:, :, nh:]  # [B, T, nkv, hd] at (slot, :, pos)
             vc[slot_idx, :, pos] = qkv[:, :, nqk:]
-            if s0 is not None:
-                keys, values = kc[s0 : s0 + B, :, :L], vc[s0 : s0 + B, :, :L]
+            if invariant:
+                qr = qk[:, :, :nh].reshape(B * T, nkv, nh // nkv, hd)
+                o = decode_attention_triton(qr, kc, vc, row_pos, slots=row_slots).view(B, T, nh * hd)
             else:
-                keys, values = kc[batch.slots, :, :L], vc[batch.slots, :, :L]
-            o = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=nkv != nh
-            )
-            x = x + o.transpose(1, 2).reshape(B, T, nh * hd) @ layer.wo
-            h = F.rms_norm(x, (x.shape[-1],), layer.ln2, eps)
-            g, u = (h @ layer.wgu).chunk(2, dim=-1)
-            x = x + (F.silu(g) * u) @ layer.wd
+                if s0 is not None:
+                    keys, values = kc[s0 : s0 + B, :, :L], vc[s0 : s0 + B, :, :L]
+                else:
+                    keys, values = kc[batch.slots, :, :L], vc[batch.slots, :, :L]
+                o = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=nkv != nh
+                ).transpose(1, 2).reshape(B, T, nh * hd)
+            x = x + mm(o, layer.wo)
+            h = norm(x, layer.ln2)
+            g, u = mm(h, layer.wgu).chunk(2, dim=-1)
+            x = x + mm(F.silu(g) * u, layer.wd)
 
         if batch.logits_index is not None:
             x = x[torch.arange(B, device=x.device), batch.logits_index]  # [B, H]
-        x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
-        return (x @ self.lm_head).float()
+        x = norm(x, self.norm)
+        return mm(x, self.lm_head).float()
 
     @torch.inference_mode()
     def decode_static(
@@ -271,18 +300,7 @@ class LlamaModel:
             raise ValueError(f"attention='torch' needs kv_len a multiple of {ATTN_CHUNK}, got {kv_len}")
         if invariant and attention != "triton":
             raise ValueError(f"invariant=True needs attention='triton' (batch-invariant), got {attention!r}")
-        if invariant:
-            from . import invariant as bi
-
-            mm = bi.matmul
-
-            def norm(x, w):
-                return bi.rms_norm(x, w, eps)
-        else:
-            mm = torch.matmul
-
-            def norm(x, w):
-                return F.rms_norm(x, (x.shape[-1],), w, eps)
+        mm, norm = _ops(invariant, eps)
 
         x = F.embedding(tokens, self.embed)  # [B, T, H]
         cos = self.cos[positions].unsqueeze(2)  # [B, T, 1, hd]
@@ -300,11 +318,7 @@ class LlamaModel:
         write = write_slots.view(B, 1)
         for i, layer in enumerate(self.layers):
             h = norm(x, layer.ln1)
-            if layer.bqkv is None:
-                qkv = mm(h, layer.wqkv)
-            else:
-                qkv = mm(h, layer.wqkv) + layer.bqkv if invariant else torch.addmm(layer.bqkv, h.view(B * T, -1), layer.wqkv)
-            qkv = qkv.view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
+            qkv = _qkv(h, layer, mm, invariant).view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
             qk = qkv[:, :, :nqk]
             qk = qk * cos + _rotate_half(qk) * sin
             kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]

@@ -94,3 +94,18 @@ def test_triton_rejects_slots_past_the_cache():
     q, kc, vc = _inputs(1, 1, 16, torch.float32, "cpu", B=3, S=4)
     with pytest.raises(ValueError, match="exceed the cache"):
         decode_attention_triton(q, kc, vc, torch.zeros(3, dtype=torch.int64), 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_rows_with_their_own_slots(device):
+    """slots=[...]: row b reads slots[b] (a prefill's rows: one per token, several rows per
+    slot at increasing positions), the same bits as that row read through slot_start."""
+    if (device == "cpu") != INTERPRET:
+        pytest.skip("Triton runs on CPU only under TRITON_INTERPRET=1, on CUDA only without it")
+    q, kc, vc = _inputs(2, 3, 64, torch.bfloat16, device, B=5)
+    slots = torch.tensor([4, 4, 4, 1, 6], device=device)
+    pos = torch.tensor([0, 1, 70, 33, 300], device=device)
+    got = decode_attention_triton(q, kc, vc, pos, slots=slots)
+    for b, s in enumerate(slots.tolist()):
+        one = decode_attention_triton(q[b : b + 1], kc, vc, pos[b : b + 1], s)
+        assert torch.equal(got[b], one[0])

@@ -144,9 +144,11 @@ def test_invariant_decode_alone_equals_batch(device, bias):
         for a, b in zip(alone, batch):
             assert torch.equal(a[0], b[at])
     default = _runner_logits(model, [target], [0], 3, 1, deterministic=False)
-    tol = dict(atol=1e-4, rtol=0) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
-    for a, b in zip(alone, default):
-        torch.testing.assert_close(a, b, **tol)
+    if dtype == torch.float32:  # every step (the greedy tokens agree)
+        for a, b in zip(alone, default):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    else:  # the prefill's logits: the same input (bf16 rounding may flip a later greedy token)
+        torch.testing.assert_close(alone[0], default[0], atol=0.1, rtol=0.05)
 
 
 def test_invariant_kernels_need_triton_attention():
