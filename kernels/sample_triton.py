@@ -362,6 +362,57 @@ def _split_pass1_kernel(
 
 # fmt: off
 @triton.jit
+def _split_greedy_kernel(
+    logits_ptr, stride_lb, stride_lv,  # [B, V]
+    mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
+    pm_ptr, pi_ptr,  # scratch [B, S]: each chunk's max and its lowest argmax
+    count_ptr,  # [>= B] int32: chunks of the row finished; zero on entry, reset to zero on exit
+    tokens_ptr, empty_ptr,  # out: [B] int64 (-1: nothing allowed), bool
+    V, S,
+    HAS_MASK: tl.constexpr,
+    HAS_ROW_MAP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SP: tl.constexpr,
+    PACKED: tl.constexpr,  # bfloat16 logits: value and index in one int32 key (CHUNK <= 65536)
+):
+    # fmt: on
+    # program (row, c) of an all-greedy batch: the max of tile c and its lowest index; the row's
+    # last program to finish (an atomic count) takes the S chunks' results in chunk order and
+    # writes the token -- one launch, where the other kinds end in _sample_kernel. The argmax
+    # is exact, whichever program finishes last.
+    r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
+                                        V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
+    if PACKED:
+        # x holds bfloat16 values (low 16 bits zero): the float's bits made monotone as an int32
+        # (negatives: magnitude bits flipped; -0.0 taken as +0.0) in the high half, 65535 - index
+        # in the low half, so one integer max gives the max and, among equal values, the lowest
+        # index (a plain max instead of a max carrying an index)
+        b = (x + 0.0).to(tl.int32, bitcast=True)
+        k = (b ^ ((b >> 31) & 0x7FFFFFFF)) & -65536
+        best = tl.max(k | (65535 - tl.arange(0, CHUNK)), 0)
+        bi = 65535 - (best & 65535)
+        kh = best & -65536
+        m = tl.where(kh < 0, (kh | 65535) ^ 0x7FFFFFFF, kh).to(tl.float32, bitcast=True)
+    else:
+        m, bi = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(pm_ptr + row * S + c, m)
+    tl.store(pi_ptr + row * S + c, c * CHUNK + bi)
+    tl.debug_barrier()  # this program's stores before its count (released by the atomic)
+    done = tl.atomic_add(count_ptr + r, 1, sem="acq_rel")
+    if done == S - 1:
+        cs = tl.arange(0, SP)
+        ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"), cache_modifier=".cg")
+        idxs = tl.load(pi_ptr + row * S + cs, mask=cs < S, other=0, cache_modifier=".cg")
+        mx, bc = tl.max(ms, 0, return_indices=True, return_indices_tie_break_left=True)
+        empty = mx == float("-inf")
+        tok = tl.where(empty, -1, tl.sum(tl.where(cs == bc, idxs, 0), 0))
+        tl.store(tokens_ptr + r, tok.to(tl.int64))
+        tl.store(empty_ptr + r, empty)
+        tl.store(count_ptr + r, 0)
+
+
+# fmt: off
+@triton.jit
 def _split_draw_kernel(
     logits_ptr, stride_lb, stride_lv,  # [B, V]
     mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
@@ -581,6 +632,23 @@ SPLIT = os.environ.get("DEEPINFER_SAMPLE_SPLIT", "auto")
 # with the split: "1" runs the top-k / top-p test pass over (row, chunk) programs too; "0" in the
 # per-row kernel (one program streams the row: latency-bound)
 SPLIT2 = os.environ.get("DEEPINFER_SAMPLE_SPLIT2", "1")
+# with the split, an all-greedy call without logprobs: "1" one launch (_split_greedy_kernel),
+# "0" pass 1 then the per-row kernel
+GREEDY1 = os.environ.get("DEEPINFER_SAMPLE_GREEDY1", "1")
+_counts: dict[torch.device, torch.Tensor] = {}
+
+
+def _row_counts(dev: torch.device, B: int) -> torch.Tensor:
+    """[>= B] int32 zeros for _split_greedy_kernel, kept per device: every call leaves them at
+    zero, so no launch clears them. (One stream at a time: two concurrent calls would share
+    them.) Inside a CUDA-graph capture a missing buffer is made for that graph alone."""
+    buf = _counts.get(dev)
+    if buf is not None and buf.numel() >= B:
+        return buf
+    buf = torch.zeros(max(B, 1024), dtype=torch.int32, device=dev)
+    if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _counts[dev] = buf
+    return buf
 
 
 def _block(V: int) -> int:
@@ -668,6 +736,15 @@ def sample(
     S = triton.cdiv(V, chunk)
     SP = triton.next_power_of_2(S)
     pm = pz = pi = dx = ps = tokens  # unused without the split
+    if split and kinds == "greedy" and not return_logprobs and GREEDY1 == "1":
+        pm = torch.empty(B, S, dtype=torch.float32, device=dev)
+        pi = torch.empty(B, S, dtype=torch.int32, device=dev)
+        _split_greedy_kernel[(B * S,)](
+            logits, logits.stride(0), logits.stride(1), *mask_args, pm, pi, _row_counts(dev, B),
+            tokens, empty, V, S, CHUNK=chunk, SP=SP, PACKED=logits.dtype == torch.bfloat16 and chunk <= 65536,
+            **flags, **_launch_opts(SPLIT_WARPS),
+        )  # fmt: skip
+        return tokens, empty, None
     if split:
         lv = (logits, logits.stride(0), logits.stride(1))
         pm = torch.empty(B, S, dtype=torch.float32, device=dev)

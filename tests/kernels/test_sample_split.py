@@ -201,3 +201,36 @@ def test_kinds_hint_gives_the_same_tokens(impl, split):
         assert got.tokens.tolist() == full.tokens.tolist()
     with pytest.raises(ValueError, match="kinds"):
         _run(impl, logits, temperature=0.0, kinds="fast")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_hint_one_launch(impl, split, dtype):
+    """kinds="greedy" without logprobs: with the split, one launch (each chunk's argmax; the
+    row's last program to finish takes them in chunk order; bf16 through one int32 max of packed
+    value and index). The reference's tokens exactly: a tie across chunks and one inside a chunk
+    (lowest id), negative maxima, -0.0 beside +0.0, an all -inf row, a row the mask empties, a
+    scattered mask; twice (the per-row counts are left at zero for the next call)."""
+    from deepinfer.kernels import sample_triton
+
+    gen = torch.Generator().manual_seed(5)
+    B, V = 7, 700
+    logits = (torch.randn(B, V, generator=gen) * 3).to(dtype)
+    top = logits.float().max() + 1
+    logits[0, 650], logits[0, 100], logits[0, 101] = top, top, top  # -> 100
+    logits[1] = -5.0
+    logits[1, 300], logits[1, 299], logits[1, 5] = -1.0, -1.0, -1.5  # -> 299
+    logits[2] = -1.0
+    logits[2, 20], logits[2, 10] = 0.0, -0.0  # equal: -> 10
+    logits[3] = float("-inf")  # -> -1, empty
+    allowed = torch.rand(B, V, generator=gen) < 0.3
+    allowed[:4] = True
+    allowed[5] = False  # -> -1, empty
+    bitmask = pack_bitmask(allowed)
+    want = _run(("torch", "cpu"), logits, bitmask, temperature=0.0)
+    assert want.tokens[:4].tolist() == [100, 299, 10, -1] and want.tokens[5] == -1
+    for _ in range(2):
+        got = _run(impl, logits, bitmask, temperature=0.0, kinds="greedy")
+        assert got.tokens.tolist() == want.tokens.tolist()
+        assert got.empty.tolist() == want.empty.tolist()
+    for buf in sample_triton._counts.values():
+        assert int(buf.abs().sum()) == 0
