@@ -374,14 +374,35 @@ def _split_greedy_kernel(
     CHUNK: tl.constexpr,
     SP: tl.constexpr,
     PACKED: tl.constexpr,  # bfloat16 logits: value and index in one int32 key (CHUNK <= 65536)
+    MASK2D: tl.constexpr,  # the tile as [CHUNK / 32, 32]: one bitmask word per 32 tokens
 ):
     # fmt: on
     # program (row, c) of an all-greedy batch: the max of tile c and its lowest index; the row's
     # last program to finish (an atomic count) takes the S chunks' results in chunk order and
     # writes the token -- one launch, where the other kinds end in _sample_kernel. The argmax
     # is exact, whichever program finishes last.
-    r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
-                                        V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
+    if MASK2D:
+        # [CHUNK / 32, 32]: each word of the bitmask is loaded once and shifted by the column
+        # (no per-token gather of its word)
+        pid = tl.program_id(0)
+        r = pid // S
+        c = pid - r * S
+        row = r.to(tl.int64)
+        lrow = logits_ptr + row * stride_lb
+        w = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
+        bit = tl.arange(0, 32)
+        offs = w[:, None] * 32 + bit[None, :]
+        x = tl.load(lrow + offs.to(tl.int64) * stride_lv, mask=offs < V, other=float("-inf")).to(tl.float32)
+        if HAS_MASK:
+            words = tl.load(mask_ptr + row * stride_mb + w, mask=w * 32 < V, other=-1)
+            if HAS_ROW_MAP:
+                words = tl.where(tl.load(mask_row_ptr + r) != 0, words, -1)
+            x = tl.where(((words[:, None] >> bit[None, :]) & 1) != 0, x, float("-inf"))
+        local = offs - c * CHUNK
+    else:
+        r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
+                                            V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
+        local = tl.arange(0, CHUNK)
     if PACKED:
         # x holds bfloat16 values (low 16 bits zero): the float's bits made monotone as an int32
         # (negatives: magnitude bits flipped; -0.0 taken as +0.0) in the high half, 65535 - index
@@ -389,10 +410,18 @@ def _split_greedy_kernel(
         # index (a plain max instead of a max carrying an index)
         b = (x + 0.0).to(tl.int32, bitcast=True)
         k = (b ^ ((b >> 31) & 0x7FFFFFFF)) & -65536
-        best = tl.max(k | (65535 - tl.arange(0, CHUNK)), 0)
+        keys = k | (65535 - local)
+        if MASK2D:
+            best = tl.max(tl.max(keys, 1), 0)
+        else:
+            best = tl.max(keys, 0)
         bi = 65535 - (best & 65535)
         kh = best & -65536
         m = tl.where(kh < 0, (kh | 65535) ^ 0x7FFFFFFF, kh).to(tl.float32, bitcast=True)
+    elif MASK2D:
+        m = tl.max(tl.max(x, 1), 0)
+        bi = tl.min(tl.min(tl.where(x == m, local, CHUNK), 1), 0)  # the lowest index holding it
+        bi = tl.where(bi == CHUNK, 0, bi)  # (NaN max: index 0)
     else:
         m, bi = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
     tl.store(pm_ptr + row * S + c, m)
@@ -635,6 +664,8 @@ SPLIT2 = os.environ.get("DEEPINFER_SAMPLE_SPLIT2", "1")
 # with the split, an all-greedy call without logprobs: "1" one launch (_split_greedy_kernel),
 # "0" pass 1 then the per-row kernel
 GREEDY1 = os.environ.get("DEEPINFER_SAMPLE_GREEDY1", "1")
+# that kernel's tile as [CHUNK / 32, 32] (one bitmask word a row) "1", or flat "0"
+MASK2D = os.environ.get("DEEPINFER_SAMPLE_MASK2D", "1")
 _counts: dict[torch.device, torch.Tensor] = {}
 
 
@@ -742,7 +773,7 @@ def sample(
         _split_greedy_kernel[(B * S,)](
             logits, logits.stride(0), logits.stride(1), *mask_args, pm, pi, _row_counts(dev, B),
             tokens, empty, V, S, CHUNK=chunk, SP=SP, PACKED=logits.dtype == torch.bfloat16 and chunk <= 65536,
-            **flags, **_launch_opts(SPLIT_WARPS),
+            MASK2D=MASK2D == "1" and chunk >= 32, **flags, **_launch_opts(SPLIT_WARPS),
         )  # fmt: skip
         return tokens, empty, None
     if split:
