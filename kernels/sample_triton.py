@@ -21,7 +21,9 @@ V only, so a row's token depends on that row alone: ``_split_pass1_kernel`` (per
 sum of exp, greedy argmax), ``_split_draw_kernel`` ((row, draw) programs: the chunk that holds
 the draw from the chunks' masses, then one tile's cumulative sum), ``_split_pass2_kernel``
 (the test pass per chunk), and the per-row ``_sample_kernel`` adds the chunks' results in chunk
-order and decides. Otherwise ``_sample_kernel`` runs every pass itself, looping over the row.
+order and decides. An all-greedy batch without logprobs is one launch, ``_split_greedy_kernel``
+(its row's last chunk program decides). Otherwise ``_sample_kernel`` runs every pass itself,
+looping over the row.
 """
 
 from __future__ import annotations
