@@ -3,8 +3,8 @@
 Imported only when a batch-invariant forward runs: importing triton is not free, and the default
 paths never need it. Under TRITON_INTERPRET=1 (set before this import) they run on CPU tensors.
 
-Every kernel is compiled once per problem (N, K, dtype) whatever the number of rows M: M is a
-plain runtime argument (``do_not_specialize``), the block sizes and the K split are chosen from
+Every kernel is compiled once per problem (N, K, dtype) whatever the number of rows M: M (and
+the partials' stride M * N) is a plain runtime argument (``do_not_specialize``), the block sizes and the K split are chosen from
 (N, K) alone, and a row's products are accumulated in the same k order by the same instructions
 in every launch. Rows never mix, so a row's bits cannot depend on the others.
 """
@@ -39,7 +39,7 @@ def config(n: int, k: int) -> tuple[int, int, int]:
     return block_n, triton.cdiv(k, per), per
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "stride_cs"])
 def _mm_kernel(
     a_ptr, w_ptr, c_ptr, M, N, K, stride_am, stride_wk, stride_cs, stride_cm,
     K_PER_SPLIT: tl.constexpr, IEEE: tl.constexpr,
