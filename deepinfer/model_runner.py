@@ -49,10 +49,11 @@ class ModelRunner:
         attention) at any batch shape; False = torch kernels over fixed tiles of
         DETERMINISTIC_TILE slots (each kernel sees one problem whatever the batch). None: True
         on CUDA, False on CPU (where Triton only interprets).
-    attention : "sdpa", "torch", "triton" or None
+    attention : "sdpa", "torch", "triton", "rows" or None
         Attention of the fixed-shape decode (`LlamaModel.decode_static`). None: "sdpa" (torch's
-        SDPA with a length mask); in deterministic mode "triton" with the invariant kernels, else
-        the batch-invariant "torch" (fixed key blocks).
+        SDPA with a length mask); in deterministic mode "triton" with the invariant kernels,
+        else the batch-invariant "rows" on CPU (one SDPA call per decoded row over its own keys)
+        and "torch" (fixed key blocks) on CUDA, where "rows" is not allowed (host reads).
     """
 
     def __init__(self, model: LlamaModel, *, cuda_graphs: bool | None = None, deterministic: bool = False,
@@ -67,8 +68,13 @@ class ModelRunner:
         self.invariant = deterministic and (on_cuda if invariant_kernels is None else invariant_kernels)
         self.tile = DETERMINISTIC_TILE if deterministic and not self.invariant else None
         if attention is None:
-            attention = "triton" if self.invariant else "torch" if deterministic else "sdpa"
-        allowed = ("triton",) if self.invariant else DECODE_ATTENTION[1:] if deterministic else DECODE_ATTENTION
+            attention = "triton" if self.invariant else ("rows" if not on_cuda else "torch") if deterministic else "sdpa"
+        if self.invariant:
+            allowed = ("triton",)
+        elif deterministic:
+            allowed = ("torch", "triton") + (() if on_cuda else ("rows",))
+        else:
+            allowed = DECODE_ATTENTION[:3] if on_cuda else DECODE_ATTENTION
         if attention not in allowed:
             raise ValueError(f"attention must be one of {allowed} here, got {attention!r}")
         self.attention = attention

@@ -7,7 +7,10 @@ come as a [g, hd] block (GQA without repeating K/V). What it computes, as a Pyth
     for b, h:  keys = k_cache[slot_start + b, h, : positions[b] + 1]     # [n, hd]
                o[b, h] = softmax(q[b, h] @ keys.T / sqrt(hd)) @ v_cache[slot_start + b, h, :n]
 
-Two implementations, neither of which lets the rest of the batch change a row's arithmetic:
+Three implementations, none of which lets the rest of the batch change a row's arithmetic:
+- `decode_attention_rows` (CPU): one SDPA call per row over exactly its own keys, so nothing
+  but the row's own data and length shapes the call; the lengths are read on the host. The
+  CPU's deterministic decode uses it: a 1-row request in an 8-row tile then costs one row.
 - `decode_attention_torch` (any device): fixed ATTN_CHUNK-key blocks merged in order (online
   softmax); every op has one shape whatever kv_len and the other rows are, and a block past a
   row's length is an exact no-op. ~20 small kernels a layer on CUDA.
@@ -16,7 +19,7 @@ Two implementations, neither of which lets the rest of the batch change a row's 
   is read on the device, so a CUDA graph needs no kv-length bucket for it. Checked against the
   reference on CPU under TRITON_INTERPRET=1; not yet run on a GPU (the deterministic mode uses
   the torch version by default until it has been).
-The two differ from each other in rounding (block sizes); each is invariant on its own.
+They differ from each other in rounding (block sizes); each is invariant on its own.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 ATTN_CHUNK = 256  # keys per block of the torch version (a deterministic cache's length is a multiple)
 BLOCK_N = 64  # keys per step of the Triton program
@@ -58,6 +62,21 @@ def decode_attention_torch(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
         acc = acc * alpha + (p.to(v.dtype) @ v).float()
         m = m_new
     return (acc / denom).to(q.dtype)
+
+
+def decode_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          lengths: list[int | None], slot_start: int) -> torch.Tensor:
+    """q: [B, nkv, g, hd]; k_cache, v_cache: [S, nkv, L, hd] (one layer); lengths: keys of each
+    row (its position + 1), None for a padding row (its output is zeros). -> [B, nkv, g, hd].
+    Row b: softmax(q[b] k^T / sqrt(hd)) v over keys [0, lengths[b]) of slot slot_start + b, the
+    g query heads of a KV head as g queries of one head (no mask: every key is visible)."""
+    out = torch.zeros_like(q)
+    for b, n in enumerate(lengths):
+        if n is not None:
+            s = slot_start + b
+            out[b] = F.scaled_dot_product_attention(q[b : b + 1], k_cache[s : s + 1, :, :n],
+                                                    v_cache[s : s + 1, :, :n])[0]
+    return out
 
 
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

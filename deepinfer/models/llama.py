@@ -18,10 +18,15 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from .decode_attention import ATTN_CHUNK, decode_attention_torch, decode_attention_triton
+from .decode_attention import (
+    ATTN_CHUNK,
+    decode_attention_rows,
+    decode_attention_torch,
+    decode_attention_triton,
+)
 from .kv_cache import KVCache
 
-DECODE_ATTENTION = ("sdpa", "torch", "triton")
+DECODE_ATTENTION = ("sdpa", "torch", "triton", "rows")
 
 
 @dataclass
@@ -277,8 +282,9 @@ class LlamaModel:
         tokens, positions: [B] or [B, T] int64 on the model's device; write_slots: [B].
         attention: "sdpa" (torch SDPA over kv_len >= max(positions) + 1 keys with a length mask),
         or, for T = 1, a batch-invariant one from decode_attention.py: "torch" (fixed 256-key
-        blocks; kv_len a multiple of 256) or "triton" (reads each row's length on the device;
-        kv_len unused).
+        blocks; kv_len a multiple of 256), "triton" (reads each row's length on the device;
+        kv_len unused) or "rows" (CPU: one SDPA call per decoded row over its own keys, the
+        lengths read on the host; padding rows, which write the scratch slot, are skipped).
         invariant: matmuls and norms through models/invariant.py (Triton kernels whose per-row
         arithmetic does not depend on B) with attention="triton": a row's logits are then the
         same bits at any B and any row (deterministic mode on CUDA, no fixed tiles needed).
@@ -298,6 +304,8 @@ class LlamaModel:
             raise ValueError(f"decode of slots [{s0}, {s0 + B}) x {kv_len} keys exceeds the KV cache")
         if attention == "torch" and kv_len % ATTN_CHUNK:
             raise ValueError(f"attention='torch' needs kv_len a multiple of {ATTN_CHUNK}, got {kv_len}")
+        if attention == "rows" and tokens.device.type != "cpu":
+            raise ValueError("attention='rows' reads the rows' lengths on the host: CPU only")
         if invariant and attention != "triton":
             raise ValueError(f"invariant=True needs attention='triton' (batch-invariant), got {attention!r}")
         mm, norm = _ops(invariant, eps)
@@ -305,8 +313,11 @@ class LlamaModel:
         x = F.embedding(tokens, self.embed)  # [B, T, H]
         cos = self.cos[positions].unsqueeze(2)  # [B, T, 1, hd]
         sin = self.sin[positions].unsqueeze(2)
-        visible = bias = None
-        if attention != "triton":  # the kernel reads each row's length itself
+        visible = bias = lengths = None
+        if attention == "rows":  # decoded rows write their own slot; padding rows the scratch one
+            lengths = [p + 1 if w == s0 + b else None
+                       for b, (p, w) in enumerate(zip(positions[:, 0].tolist(), write_slots.tolist()))]
+        elif attention != "triton":  # the kernel reads each row's length itself
             visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(2)  # [B, T, kv_len]
         if attention == "sdpa":  # additive mask, one row per (batch row, query): [B, 1, g*T or 1, kv_len]
             zero = torch.zeros((), dtype=self.dtype, device=tokens.device)
@@ -329,6 +340,8 @@ class LlamaModel:
             q = qk[:, :, :nh].reshape(B, T, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, hd)
             if attention == "triton":
                 o = decode_attention_triton(q, kc, vc, positions[:, 0], s0)
+            elif attention == "rows":
+                o = decode_attention_rows(q, kc, vc, lengths, s0)
             else:
                 keys, values = kc[s0 : s0 + B, :, :kv_len], vc[s0 : s0 + B, :, :kv_len]
                 if attention == "torch":

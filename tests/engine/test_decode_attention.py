@@ -109,3 +109,16 @@ def test_triton_rows_with_their_own_slots(device):
     for b, s in enumerate(slots.tolist()):
         one = decode_attention_triton(q[b : b + 1], kc, vc, pos[b : b + 1], s)
         assert torch.equal(got[b], one[0])
+
+
+def test_rows_matches_reference_and_skips_padding():
+    """The CPU's per-row attention: each decoded row against the float64 loop (its own keys
+    only); a padding row (length None) gives zeros."""
+    q, kc, vc = _inputs(2, 3, 64, torch.float32, "cpu", B=3)
+    positions = torch.tensor([0, 37, 300])
+    from deepinfer.models.decode_attention import decode_attention_rows
+
+    got = decode_attention_rows(q, kc, vc, [1, None, 301], 2)
+    want = _reference(q, kc, vc, positions, 2)
+    torch.testing.assert_close(got[[0, 2]].double(), want[[0, 2]], atol=2e-5, rtol=0)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))

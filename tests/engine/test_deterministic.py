@@ -102,19 +102,21 @@ def _runner_logits(model, prompts, slots, steps, num_slots, deterministic=True, 
     return [x.cpu() for x in out]
 
 
+@pytest.mark.parametrize("attention", ["rows", "torch"])
 @pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
-def test_runner_logits_bitwise_across_slots_and_tiles(variant):
-    """Every model variant: a row's logits alone in slot 0 == in slot 13 of a 16-slot batch
-    (second tile) == in slot 2, beside neighbours of other lengths."""
+def test_runner_logits_bitwise_across_slots_and_tiles(variant, attention):
+    """Every model variant, with the CPU's per-row attention (the default) and the fixed-block
+    one: a row's logits alone in slot 0 == in slot 13 of a 16-slot batch (second tile) == in
+    slot 2, beside neighbours of other lengths."""
     hf, d = tiny_hf_model(variant)
     model = LlamaModel(ModelConfig.from_hf(d), dict(hf.state_dict()), dtype=torch.float32)
     prompts = [list(range(3 + 2 * i, 3 + 2 * i + 1 + 3 * (i % 5))) for i in range(16)]
     target = [1, 5, 9, 300, 301]
-    alone = _runner_logits(model, [target], [0], 6, 1)
+    alone = _runner_logits(model, [target], [0], 6, 1, attention=attention)
     for at in (13, 2):
         ps = list(prompts)
         ps[at] = target
-        batch = _runner_logits(model, ps, list(range(16))[::-1], 6, 16)  # slot = 15 - index
+        batch = _runner_logits(model, ps, list(range(16))[::-1], 6, 16, attention=attention)  # slot = 15 - index
         for a, b in zip(alone, batch):
             assert torch.equal(a[0], b[at])
     # the deterministic forward computes the same model (close to the default path)
