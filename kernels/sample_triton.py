@@ -310,20 +310,27 @@ def _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m
 
 
 @_helper
+def _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, S, HAS_ROW_MAP: tl.constexpr):
+    # program (row, c) of a split pass -> (row index, c, row as int64, the row's logits and
+    # bitmask pointers, whether the row is masked)
+    pid = tl.program_id(0)
+    r = pid // S
+    c = pid - r * S
+    row = r.to(tl.int64)
+    has_row_mask = True
+    if HAS_ROW_MAP:
+        has_row_mask = tl.load(mask_row_ptr + r) != 0
+    return r, c, row, logits_ptr + row * stride_lb, mask_ptr + row * stride_mb, has_row_mask
+
+
+@_helper
 def _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr, V, S,
                    HAS_MASK: tl.constexpr, HAS_ROW_MAP: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
     # program (row, c) of a split pass -> (row index, c, row as int64, the row's logits pointer,
     # x = tile c of its masked logits); the tile is loaded first, before anything about the row
     # is known (no load waits on another)
-    pid = tl.program_id(0)
-    r = pid // S
-    c = pid - r * S
-    row = r.to(tl.int64)
-    lrow = logits_ptr + row * stride_lb
-    mrow_ptr = mask_ptr + row * stride_mb
-    has_row_mask = True
-    if HAS_ROW_MAP:
-        has_row_mask = tl.load(mask_row_ptr + r) != 0
+    r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
+                                                         S, HAS_ROW_MAP)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, 1.0, HAS_MASK)
     return r, c, row, lrow, x
@@ -386,19 +393,15 @@ def _split_greedy_kernel(
     if MASK2D:
         # [CHUNK / 32, 32]: each word of the bitmask is loaded once and shifted by the column
         # (no per-token gather of its word)
-        pid = tl.program_id(0)
-        r = pid // S
-        c = pid - r * S
-        row = r.to(tl.int64)
-        lrow = logits_ptr + row * stride_lb
+        r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb,
+                                                             mask_row_ptr, S, HAS_ROW_MAP)
         w = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
         bit = tl.arange(0, 32)
         offs = w[:, None] * 32 + bit[None, :]
         x = tl.load(lrow + offs.to(tl.int64) * stride_lv, mask=offs < V, other=float("-inf")).to(tl.float32)
         if HAS_MASK:
-            words = tl.load(mask_ptr + row * stride_mb + w, mask=w * 32 < V, other=-1)
-            if HAS_ROW_MAP:
-                words = tl.where(tl.load(mask_row_ptr + r) != 0, words, -1)
+            words = tl.load(mrow_ptr + w, mask=w * 32 < V, other=-1)
+            words = tl.where(has_row_mask, words, -1)
             x = tl.where(((words[:, None] >> bit[None, :]) & 1) != 0, x, float("-inf"))
         local = offs - c * CHUNK
     else:
