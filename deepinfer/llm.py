@@ -72,9 +72,10 @@ class LLM:
         Draws the seeds of requests that give none.
     deterministic : bool
         Batch-invariant forward: a request (prompt + seed) gets bit-identical logits and tokens
-        alone, in any batch and at any batch position (prefill one request at a time; decode on
-        CUDA through batch-invariant Triton matmul, RMSNorm and attention kernels, on CPU in
-        fixed tiles with fixed-order attention). Costs throughput: README, "Deterministic mode".
+        alone, in any batch and at any batch position (on CUDA, prefill and decode through
+        batch-invariant Triton matmul, RMSNorm and attention kernels; on CPU, prefill one
+        request at a time and decode in fixed tiles with per-row attention). Costs throughput:
+        README, "Deterministic mode".
     enforce_eager : bool
         Never capture CUDA graphs (decode launches every kernel from Python; for debugging).
     dspark : bool, dict or None

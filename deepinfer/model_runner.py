@@ -67,14 +67,15 @@ class ModelRunner:
         self.deterministic = deterministic
         self.invariant = deterministic and (on_cuda if invariant_kernels is None else invariant_kernels)
         self.tile = DETERMINISTIC_TILE if deterministic and not self.invariant else None
-        if attention is None:
-            attention = "triton" if self.invariant else ("rows" if not on_cuda else "torch") if deterministic else "sdpa"
+        # the attentions this mode allows, its default first ("rows" reads lengths on the host)
         if self.invariant:
             allowed = ("triton",)
         elif deterministic:
-            allowed = ("torch", "triton") + (() if on_cuda else ("rows",))
+            allowed = ("torch", "triton") if on_cuda else ("rows", "torch", "triton")
         else:
-            allowed = DECODE_ATTENTION[:3] if on_cuda else DECODE_ATTENTION
+            allowed = tuple(a for a in DECODE_ATTENTION if not (on_cuda and a == "rows"))
+        if attention is None:
+            attention = allowed[0]
         if attention not in allowed:
             raise ValueError(f"attention must be one of {allowed} here, got {attention!r}")
         self.attention = attention

@@ -231,7 +231,6 @@ class LlamaModel:
             qkv = _qkv(h, layer, mm, invariant).view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
             qk = qkv[:, :, :nqk]
             qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads in one go
-            q = qk[:, :, :nh].transpose(1, 2)  # [B, nh, T, hd]
             kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
             kc[slot_idx, :, pos] = qk[:, :, nh:]  # [B, T, nkv, hd] at (slot, :, pos)
             vc[slot_idx, :, pos] = qkv[:, :, nqk:]
@@ -243,6 +242,7 @@ class LlamaModel:
                     keys, values = kc[s0 : s0 + B, :, :L], vc[s0 : s0 + B, :, :L]
                 else:
                     keys, values = kc[batch.slots, :, :L], vc[batch.slots, :, :L]
+                q = qk[:, :, :nh].transpose(1, 2)  # [B, nh, T, hd]
                 o = F.scaled_dot_product_attention(
                     q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=nkv != nh
                 ).transpose(1, 2).reshape(B, T, nh * hd)
