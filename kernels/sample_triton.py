@@ -222,12 +222,12 @@ def _score(lrow, stride_lv, tok, inv_t):
 
 # fmt: off
 @_helper
-def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, z_split, S, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
+def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
     # fmt: on
     # The first of the draws x0..x3 (samples of softmax(s)) that the filters keep; a draw is
     # kept iff count / mass strictly above its score pass top-k / top-p and e >= min_p. The test
     # pass measures the four at once (SPLIT2: _split_pass2_kernel did it per chunk, added here
-    # in chunk order, with z_split the row's sum of exp(s - m) from pass 1); min-p alone needs none. All four cut: rounds of one draw from {s > low}
+    # in chunk order); min-p alone needs none. All four cut: rounds of one draw from {s > low}
     # and one test each (see the module docstring).
     kmax = tl.where(top_k > 0, top_k, 2147483647)
     k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
@@ -250,7 +250,7 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
             if SPLIT2:
                 c = tl.arange(0, SP)
                 cm = c < S
-                zz = z_split
+                zz = tl.sum(tl.load(sums_ptr + c, mask=cm, other=0.0), 0)
                 mass0 = tl.sum(tl.load(sums_ptr + S + c, mask=cm, other=0.0), 0)
                 mass1 = tl.sum(tl.load(sums_ptr + 2 * S + c, mask=cm, other=0.0), 0)
                 mass2 = tl.sum(tl.load(sums_ptr + 3 * S + c, mask=cm, other=0.0), 0)
@@ -311,7 +311,7 @@ def _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m
         x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, tl.full((), 3, tl.uint32),
                        k0, k1, HAS_MASK, CHUNK)
     return _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                   lrow, 0.0, 1, HAS_MASK, BLOCK, CHUNK, False, SP)
+                   lrow, 1, HAS_MASK, BLOCK, CHUNK, False, SP)
 
 
 @_helper
@@ -348,20 +348,16 @@ def _split_pass1_kernel(
     mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
     temp_ptr,  # [B] float32
     pm_ptr, pz_ptr, pi_ptr,  # out: [B, S] float32 max s, int64 quanta sum, int32 greedy argmax
-    ps_ptr,  # out (TEST_SUMS): [B, 9, S] float32, [:, 0]: sum exp(s - chunk max) (_split_pass2_kernel: the rest)
     V, S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
-    TEST_SUMS: tl.constexpr,  # the test pass runs next (_split_pass2_kernel)
     CHUNK: tl.constexpr,
 ):
     # fmt: on
     # program (row, c) runs pass 1 on tokens [c * CHUNK, (c + 1) * CHUNK) of the row, one tile:
     # the max of s, its lowest index (greedy rows) and the quanta sum (sampling rows, or for the
-    # logprob); for the test pass, the sum of exp(s - max) too (its normaliser, so the test pass
-    # need not read a chunk that no draw's threshold reaches). CHUNK depends on V only, so a
-    # row's result depends on that row.
+    # logprob). CHUNK depends on V only, so a row's result depends on that row.
     r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
                                         V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
     temp = tl.load(temp_ptr + r)
@@ -376,9 +372,6 @@ def _split_pass1_kernel(
     tl.store(pm_ptr + row * S + c, m)
     if RETURN_LOGPROBS | (greedy == 0):
         tl.store(pz_ptr + row * S + c, tl.sum(_quanta(s, m, float("-inf")), 0))
-    if TEST_SUMS:
-        if greedy == 0:
-            tl.store(ps_ptr + row * 9 * S + c, tl.sum(tl.exp(s - tl.where(m == float("-inf"), 0.0, m)), 0))
 
 
 # fmt: off
@@ -507,7 +500,7 @@ def _split_pass2_kernel(
     temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B] float32, int64, float32, float32
     pm_ptr,  # [B, S] float32 written by _split_pass1_kernel
     dq_ptr,  # [B, NDRAW] float32 written by _split_draw_kernel
-    ps_ptr,  # out: [B, 9, S] float32: [:, 1:5] mass above q0..q3, [:, 5:9] count above them ([:, 0]: pass 1)
+    ps_ptr,  # out: [B, 9, S] float32: sum exp(s - m), mass above q0..q3, count above q0..q3
     V, S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
@@ -517,12 +510,11 @@ def _split_pass2_kernel(
 ):
     # fmt: on
     # program (row, c): the test pass of _decide on tokens [c * CHUNK, (c + 1) * CHUNK) of a
-    # sampling row with top-k or top-p on (other rows: nothing): the mass and count above each
-    # draw's score. A chunk whose max is at or below all four scores holds no such token: its
-    # sums are 0 and its tile is not read (with peaked logits, most chunks). So the tile's load
-    # waits for the chunk maxima and the scores (small loads); a greedy row's tile is never read.
-    r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, S,
-                                                         HAS_ROW_MAP)
+    # sampling row with top-k or top-p on (other rows: nothing). Every load is issued before the
+    # row's kind is known (as in pass 1: no load waits on another; the launch happens only
+    # when some row filters, so a greedy row's tile is read for nothing only in mixed batches)
+    r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
+                                        V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
     cs = tl.arange(0, SP)
     ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
     dq = dq_ptr + row * NDRAW
@@ -533,22 +525,12 @@ def _split_pass2_kernel(
     temp = tl.load(temp_ptr + r)
     k_on, cut_p, active = _filter_on(tl.load(top_k_ptr + r), tl.load(top_p_ptr + r), tl.load(min_p_ptr + r), V)
     if (temp != 0) & (k_on | cut_p):
+        s = x * tl.math.div_rn(1.0, temp)  # as _load_scores with inv_t (x * 1.0 is exact)
+        m = tl.max(ms, 0)
+        sums = _tile_sums(s, tl.where(m == float("-inf"), 0.0, m), q0, q1, q2, q3, k_on if K_ON else False)
+        zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
         out = ps_ptr + row * 9 * S + c
-        mass0 = 0.0
-        mass1 = 0.0
-        mass2 = 0.0
-        mass3 = 0.0
-        cnt0 = 0
-        cnt1 = 0
-        cnt2 = 0
-        cnt3 = 0
-        mc = tl.sum(tl.where(cs == c, ms, 0.0), 0)
-        if mc > tl.minimum(tl.minimum(q0, q1), tl.minimum(q2, q3)):
-            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, c * CHUNK + tl.arange(0, CHUNK), V,
-                             tl.math.div_rn(1.0, temp), HAS_MASK)
-            m = tl.max(ms, 0)
-            sums = _tile_sums(s, tl.where(m == float("-inf"), 0.0, m), q0, q1, q2, q3, k_on if K_ON else False)
-            _zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
+        tl.store(out, zz)
         tl.store(out + S, mass0)
         tl.store(out + 2 * S, mass1)
         tl.store(out + 3 * S, mass2)
@@ -613,14 +595,10 @@ def _sample_kernel(
             tok = 0
             if m > float("-inf"):
                 dx = dx_ptr + row * NDRAW
-                z_split = 0.0
-                if SPLIT2:  # sum exp(s - m): the chunks' sums from pass 1, in chunk order
-                    fs = tl.load(ps_ptr + row * 9 * S + cs, mask=cs < S, other=0.0)
-                    z_split = tl.sum(tl.where(ms == float("-inf"), 0.0, fs * tl.exp(ms - m)), 0)
                 tok = _decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
                               tl.load(dx + 3).to(tl.int32), m, top_k, top_p,
                               min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                              ps_ptr + row * 9 * S, z_split, S, HAS_MASK, BLOCK, CHUNK, SPLIT2, SP)
+                              ps_ptr + row * 9 * S, S, HAS_MASK, BLOCK, CHUNK, SPLIT2, SP)
     elif greedy:  # one pass: m = max(s) and its lowest argmax
         arange = tl.arange(0, BLOCK)
         m = float("-inf")
@@ -820,11 +798,9 @@ def sample(
         pm = torch.empty(B, S, dtype=torch.float32, device=dev)
         pz = torch.empty(B, S, dtype=torch.int64, device=dev)
         pi = torch.empty(B, S, dtype=torch.int32, device=dev)
-        if split2:
-            ps = torch.empty(B, 9, S, dtype=torch.float32, device=dev)
         _split_pass1_kernel[(B * S,)](
-            *lv, *mask_args, temperature, pm, pz, pi, ps, V, S,
-            RETURN_LOGPROBS=return_logprobs, TEST_SUMS=split2, CHUNK=chunk, **flags, **_launch_opts(SPLIT_WARPS),
+            *lv, *mask_args, temperature, pm, pz, pi, V, S,
+            RETURN_LOGPROBS=return_logprobs, CHUNK=chunk, **flags, **_launch_opts(SPLIT_WARPS),
         )  # fmt: skip
         if kinds != "greedy":
             dx = torch.empty(B, N_DRAWS, dtype=torch.int32, device=dev)
@@ -834,6 +810,7 @@ def sample(
                 CHUNK=chunk, SP=SP, **flags, **_launch_opts(SPLIT_WARPS),
             )  # fmt: skip
         if split2:
+            ps = torch.empty(B, 9, S, dtype=torch.float32, device=dev)
             _split_pass2_kernel[(B * S,)](
                 *lv, *mask_args, temperature, top_k, top_p, min_p, pm, dq, ps, V, S,
                 CHUNK=chunk, SP=SP, K_ON=kinds == "filter", **flags, **_launch_opts(PASS2_WARPS),
