@@ -234,3 +234,25 @@ def test_greedy_hint_one_launch(impl, split, dtype):
         assert got.empty.tolist() == want.empty.tolist()
     for buf in sample_triton._counts.values():
         assert int(buf.abs().sum()) == 0
+
+
+def test_split_top_p_on_peaked_rows(impl, split):
+    """Peaked rows (the mass in a few tokens of one chunk, every other chunk far below, as a
+    real model's logits) give the reference's tokens and logprobs for top-p, top-k and both,
+    with the peak in the first, a middle and the partial last chunk."""
+    gen = torch.Generator().manual_seed(31)
+    B, V = 9, 1000  # chunk 64: 16 chunks, the last partial
+    logits = torch.randn(B, V, generator=gen) - 20.0
+    for b, at in enumerate([3, 500, 990] * 3):
+        logits[b, at : at + 5] = torch.tensor([6.0, 5.5, 5.0, 4.0, 6.0])  # a tie at the top too
+    args = dict(
+        temperature=1.0,
+        top_p=torch.tensor([0.5, 0.9, 0.99] * 3),
+        top_k=torch.tensor([0, 0, 0, 2, 3, 1, 2, 4, 5]),
+        seed=torch.arange(B) * 131,
+        step=torch.arange(B),
+    )
+    got = _check(impl, logits, **args)
+    for b, at in enumerate([3, 500, 990] * 3):
+        assert at <= int(got.tokens[b]) < at + 5
+    _check(impl, logits, random_bitmask(B, V, 0.7, gen), **args)
