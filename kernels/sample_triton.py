@@ -11,8 +11,7 @@ min-p is ``{i : s_i >= tau}`` for an unknown threshold tau; it is never searched
     test pass (top-k / top-p only): count and mass above s_x0..s_x3 at once
     token = the first kept x_j (rejection sampling: exact for the kept distribution)
     all four cut (probability ~ (1 - kept mass)**4): rounds j = 4, 5, ...: draw x_j from
-      {s > low} (low = the highest cut score so far: every token at or below it is cut), test it;
-      one pass a round (the pass that tests x_j also weighs the chunks above s_xj, for x_j+1)
+      {s > low} (low = the highest cut score so far: every token at or below it is cut), test it
 
 Passes over V: greedy 1; sampling 1 plus 4 tiles; top-k / top-p 2 plus 4 tiles; no host
 synchronisation, no sort, no per-token random numbers (no hashing of the vocabulary).
@@ -129,38 +128,11 @@ def _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low,
     zs = tl.zeros([SP], tl.int64)
     for start in range(0, V, CHUNK):
         s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + tl.arange(0, CHUNK), V, inv_t, HAS_MASK)
-        ms, zs = _chunk_into(s, start // CHUNK, low, ms, zs, cs)
+        mc = tl.max(s, 0)
+        zc = tl.sum(_quanta(s, mc, low), 0)
+        ms = tl.where(cs == start // CHUNK, mc, ms)
+        zs = tl.where(cs == start // CHUNK, zc, zs)
     return ms, zs, cs
-
-
-@_helper
-def _chunk_into(s, c, low, ms, zs, cs):
-    # chunk c's tile of scores -> its max and quanta sum over {s > low} put in ms[c], zs[c]
-    mc = tl.max(s, 0)
-    zc = tl.sum(_quanta(s, mc, low), 0)
-    return tl.where(cs == c, mc, ms), tl.where(cs == c, zc, zs)
-
-
-@_helper
-def _round_pass(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q, k_on,
-                HAS_MASK: tl.constexpr, CHUNK: tl.constexpr, SP: tl.constexpr):  # fmt: skip
-    # one pass over the row by chunks for a round's draw scoring q: its test (sum exp(s - m),
-    # and the mass and count above q, as _test_loop) and the chunk weights over {s > q}
-    # (_row_chunks with low = q), which the next round draws from if q is cut
-    cs = tl.arange(0, SP)
-    ms = tl.full([SP], float("-inf"), tl.float32)
-    zs = tl.zeros([SP], tl.int64)
-    zz = 0.0
-    mass = 0.0
-    cnt = 0
-    for start in range(0, V, CHUNK):
-        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + tl.arange(0, CHUNK), V, inv_t, HAS_MASK)
-        ms, zs = _chunk_into(s, start // CHUNK, q, ms, zs, cs)
-        bz, b0, _b1, _b2, _b3, n0, _n1, _n2, _n3 = _tile_sums(s, m, q, q, q, q, k_on)
-        zz += bz
-        mass += b0
-        cnt += n0
-    return zz, mass, cnt, ms, zs
 
 
 @_helper
@@ -303,16 +275,15 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
         searching = (keep0 | keep1 | keep2 | keep3) == 0
         if searching:
             # every token scoring at or below a cut draw is cut: draw again above the highest
-            # (one pass a round: the pass that tests a draw also weighs the chunks above it)
             low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
             j = tl.full((), NDRAW, tl.uint32)
-            ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, HAS_MASK, CHUNK, SP)
             while searching:
+                ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, HAS_MASK, CHUNK, SP)
                 tok = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1,
                                 HAS_MASK, CHUNK)
                 q = _score(lrow, stride_lv, tok, inv_t)
-                zz, mass0, cnt0, ms, zs = _round_pass(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q, k_on,
-                                                      HAS_MASK, CHUNK, SP)
+                zz, mass0, _b1, _b2, _b3, cnt0, _n1, _n2, _n3 = _test_loop(
+                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q, q, q, q, k_on, HAS_MASK, BLOCK)
                 keep = (cnt0 < kmax) & ((cut_p == 0) | (mass0 < top_p * zz)) & (tl.exp(q - m) >= min_p)
                 low = q
                 j += 1
