@@ -36,6 +36,14 @@ import triton.language as tl
 
 from . import reference
 
+try:  # grid dependency control (Hopper and later): a dependent launch starts while the previous ends
+    from triton.backends.nvidia.compiler import CUDAOptions as _CUDAOptions
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _HAS_PDL = "launch_pdl" in _CUDAOptions.__dataclass_fields__
+except Exception:  # noqa: BLE001 - an older Triton: every launch waits for the one before
+    _HAS_PDL = False
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Device helpers are inlined by the compiler; under the interpreter each @triton.jit call
 # re-patches triton.language (~0.4 ms), so there they are plain functions (same code).
@@ -353,8 +361,11 @@ def _split_pass1_kernel(
     HAS_ROW_MAP: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr,  # the launches after this one start early and wait for it (gdc_wait)
 ):
     # fmt: on
+    if PDL:
+        gdc_launch_dependents()
     # program (row, c) runs pass 1 on tokens [c * CHUNK, (c + 1) * CHUNK) of the row, one tile:
     # the max of s, its lowest index (greedy rows) and the quanta sum (sampling rows, or for the
     # logprob). CHUNK depends on V only, so a row's result depends on that row.
@@ -464,8 +475,12 @@ def _split_draw_kernel(
     HAS_ROW_MAP: tl.constexpr,
     CHUNK: tl.constexpr,
     SP: tl.constexpr,
+    PDL: tl.constexpr,  # launched early, as a dependent of pass 1
 ):
     # fmt: on
+    if PDL:  # every program waits, so this launch ends after pass 1 (the later ones rely on it)
+        gdc_launch_dependents()
+        gdc_wait()
     # program (row, j): inverse-CDF draw j of a sampling row (only j = 0 without a filter): the
     # chunk from the chunks' weights, then the token from that one tile's running quanta sum
     pid = tl.program_id(0)
@@ -507,6 +522,7 @@ def _split_pass2_kernel(
     CHUNK: tl.constexpr,
     SP: tl.constexpr,
     K_ON: tl.constexpr,  # some row has top-k on (else the counts are left out)
+    PDL: tl.constexpr,  # launched early: the tile is read before waiting for the draws
 ):
     # fmt: on
     # program (row, c): the test pass of _decide on tokens [c * CHUNK, (c + 1) * CHUNK) of a
@@ -515,6 +531,9 @@ def _split_pass2_kernel(
     # when some row filters, so a greedy row's tile is read for nothing only in mixed batches)
     r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
                                         V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     cs = tl.arange(0, SP)
     ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
     dq = dq_ptr + row * NDRAW
@@ -564,6 +583,7 @@ def _sample_kernel(
     SPLIT: tl.constexpr,  # pass 1 and the draws ran over (row, chunk) programs: combine them
     SPLIT2: tl.constexpr,  # (with SPLIT) the test pass too
     SP: tl.constexpr,  # next power of 2 >= S
+    PDL: tl.constexpr,  # (SPLIT) launched early: wait for the split passes before their results
 ):
     # fmt: on
     pid = tl.program_id(0)
@@ -583,6 +603,8 @@ def _sample_kernel(
     cs = tl.arange(0, SP)
     log_z = 0.0
     if SPLIT:
+        if PDL:
+            gdc_wait()
         # the chunks' results, in chunk order: max, argmax (lowest id), quanta sum
         ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
         idxs = tl.load(pi_ptr + row * S + cs, mask=cs < S, other=0)  # with ms: no load waits on another
@@ -678,6 +700,9 @@ SPLIT2 = os.environ.get("DEEPINFER_SAMPLE_SPLIT2", "1")
 # with the split, an all-greedy call without logprobs: "1" one launch (_split_greedy_kernel),
 # "0" pass 1 then the per-row kernel
 GREEDY1 = os.environ.get("DEEPINFER_SAMPLE_GREEDY1", "1")
+# with the split on a GPU that has it: "1" each launch after pass 1 starts while the one before
+# ends (programmatic dependent launch) and waits for it only before reading its results
+PDL = os.environ.get("DEEPINFER_SAMPLE_PDL", "1")
 # that kernel's tile as [CHUNK / 32, 32] (one bitmask word a row) "1", or flat "0"
 MASK2D = os.environ.get("DEEPINFER_SAMPLE_MASK2D", "1")
 _counts: dict[torch.device, torch.Tensor] = {}
@@ -793,6 +818,9 @@ def sample(
             **flags, **_launch_opts(GREEDY_WARPS),
         )  # fmt: skip
         return tokens, empty, None
+    pdl = split and PDL == "1" and _HAS_PDL and not _INTERPRET and dev.type == "cuda"
+    pdl = pdl and torch.cuda.get_device_capability(dev)[0] >= 9
+    chained = {"launch_pdl": True} if pdl else {}  # (pass 1 waits for everything before it)
     if split:
         lv = (logits, logits.stride(0), logits.stride(1))
         pm = torch.empty(B, S, dtype=torch.float32, device=dev)
@@ -800,20 +828,20 @@ def sample(
         pi = torch.empty(B, S, dtype=torch.int32, device=dev)
         _split_pass1_kernel[(B * S,)](
             *lv, *mask_args, temperature, pm, pz, pi, V, S,
-            RETURN_LOGPROBS=return_logprobs, CHUNK=chunk, **flags, **_launch_opts(SPLIT_WARPS),
+            RETURN_LOGPROBS=return_logprobs, CHUNK=chunk, PDL=pdl, **flags, **_launch_opts(SPLIT_WARPS),
         )  # fmt: skip
         if kinds != "greedy":
             dx = torch.empty(B, N_DRAWS, dtype=torch.int32, device=dev)
             dq = torch.empty(B, N_DRAWS, dtype=torch.float32, device=dev)
             _split_draw_kernel[(B * N_DRAWS,)](
                 *lv, *mask_args, temperature, top_k, top_p, min_p, seed, step, pm, pz, dx, dq, V, S,
-                CHUNK=chunk, SP=SP, **flags, **_launch_opts(SPLIT_WARPS),
+                CHUNK=chunk, SP=SP, PDL=pdl, **flags, **_launch_opts(SPLIT_WARPS), **chained,
             )  # fmt: skip
         if split2:
             ps = torch.empty(B, 9, S, dtype=torch.float32, device=dev)
             _split_pass2_kernel[(B * S,)](
                 *lv, *mask_args, temperature, top_k, top_p, min_p, pm, dq, ps, V, S,
-                CHUNK=chunk, SP=SP, K_ON=kinds == "filter", **flags, **_launch_opts(PASS2_WARPS),
+                CHUNK=chunk, SP=SP, K_ON=kinds == "filter", PDL=pdl, **flags, **_launch_opts(PASS2_WARPS), **chained,
             )  # fmt: skip
     _sample_kernel[(B,)](
         logits, logits.stride(0), logits.stride(1),
@@ -825,8 +853,8 @@ def sample(
         pm, pz, pi, dx, ps,
         V, S,
         RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V), CHUNK=chunk,
-        SPLIT=split, SPLIT2=split2, SP=SP, **flags,
-        **_launch_opts(),
+        SPLIT=split, SPLIT2=split2, SP=SP, PDL=pdl, **flags,
+        **_launch_opts(), **chained,
     )  # fmt: skip
     return tokens, empty, (logprobs if return_logprobs else None)
 
