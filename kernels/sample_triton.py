@@ -706,6 +706,7 @@ PDL = os.environ.get("DEEPINFER_SAMPLE_PDL", "1")
 # that kernel's tile as [CHUNK / 32, 32] (one bitmask word a row) "1", or flat "0"
 MASK2D = os.environ.get("DEEPINFER_SAMPLE_MASK2D", "1")
 _counts: dict[torch.device, torch.Tensor] = {}
+_pdl_ok: dict[torch.device, bool] = {}
 
 
 def _row_counts(dev: torch.device, B: int) -> torch.Tensor:
@@ -719,6 +720,16 @@ def _row_counts(dev: torch.device, B: int) -> torch.Tensor:
     if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         _counts[dev] = buf
     return buf
+
+
+def _pdl_device(dev: torch.device) -> bool:
+    """Whether launches on ``dev`` can use programmatic dependent launch (a CUDA device of compute
+    capability 9 or later, a Triton that has it, not the interpreter); kept per device."""
+    ok = _pdl_ok.get(dev)
+    if ok is None:
+        ok = _HAS_PDL and not _INTERPRET and dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+        _pdl_ok[dev] = ok
+    return ok
 
 
 def _block(V: int) -> int:
@@ -818,8 +829,7 @@ def sample(
             **flags, **_launch_opts(GREEDY_WARPS),
         )  # fmt: skip
         return tokens, empty, None
-    pdl = split and PDL == "1" and _HAS_PDL and not _INTERPRET and dev.type == "cuda"
-    pdl = pdl and torch.cuda.get_device_capability(dev)[0] >= 9
+    pdl = split and PDL == "1" and _pdl_device(dev)
     chained = {"launch_pdl": True} if pdl else {}  # (pass 1 waits for everything before it)
     if split:
         lv = (logits, logits.stride(0), logits.stride(1))

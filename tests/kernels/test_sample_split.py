@@ -256,3 +256,18 @@ def test_split_top_p_on_peaked_rows(impl, split):
     for b, at in enumerate([3, 500, 990] * 3):
         assert at <= int(got.tokens[b]) < at + 5
     _check(impl, logits, random_bitmask(B, V, 0.7, gen), **args)
+
+
+def test_dependent_launch_only_where_it_exists(monkeypatch):
+    """Programmatic dependent launch is asked for only on a CUDA device of capability 9 or later
+    with a Triton that has it, never under the interpreter or on the CPU; the answer is kept per
+    device."""
+    from deepinfer.kernels import sample_triton as st
+
+    monkeypatch.setattr(st, "_pdl_ok", {})
+    assert not st._pdl_device(torch.device("cpu"))
+    if st._INTERPRET or not torch.cuda.is_available():
+        assert st._pdl_ok == {torch.device("cpu"): False}
+        return
+    dev = torch.device("cuda", torch.cuda.current_device())
+    assert st._pdl_device(dev) == (st._HAS_PDL and torch.cuda.get_device_capability(dev)[0] >= 9)
