@@ -4,8 +4,8 @@
 For B in {1, 16, 128, 512}, V in {49152, 128256, 262144}, fp32 and bf16 logits, a random
 bitmask (half the tokens allowed), µs per call of
 
-- fused greedy    ``deepinfer.kernels.sample(temperature=0)`` (mask + argmax; pass 1 split over
-                  (row, chunk) programs, then a per-row combine: two launches)
+- fused greedy    ``deepinfer.kernels.sample(temperature=0)`` (mask + argmax over (row, tile)
+                  programs; the row's last program combines them: one launch)
 - fused top-p     temperature 1, top_p 0.9
 - fused top-k     temperature 1, top_k 50, top_p 0.9
 - torch           unpack the bitmask + masked_fill, softmax, sort-based top-p, multinomial
