@@ -33,6 +33,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 from . import reference
 
@@ -61,11 +62,10 @@ else:
 
     @triton.jit
     def _exp(x):
-        # exp(x) per token as one ex2.approx.ftz: results below 2**-126 flush to 0 (tl.exp
-        # rescales around them: four more instructions a token)
-        return tl.inline_asm_elementwise(
-            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634], dtype=tl.float32, is_pure=True, pack=1
-        )
+        # exp(x) per token as 2 ** (x * log2 e) by libdevice's exp2, which Triton builds flushing
+        # denormals: one ex2.approx.ftz (tl.exp adds a rescale around results below 2**-126,
+        # four instructions a token; those flush to 0 here: weights under 2**-126 of the max)
+        return libdevice.exp2(x * 1.4426950408889634)
 
 
 @_helper
@@ -370,11 +370,11 @@ def _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK: tl.constexp
     if HAS_MASK:
         words = tl.load(mrow_ptr + start // 32, mask=start < V, other=-1)
         words = tl.where(has_row_mask, words, -1)
-        if G == 32:
-            bit = col[None, :]
+        if G == 32:  # one AND a token against the column's bit
+            ok = (words[:, None] & (1 << col)[None, :]) != 0
         else:
-            bit = (start % 32)[:, None] + col[None, :]
-        x = tl.where(((words[:, None] >> bit) & 1) != 0, x, float("-inf"))
+            ok = ((words[:, None] >> ((start % 32)[:, None] + col[None, :])) & 1) != 0
+        x = tl.where(ok, x, float("-inf"))
     return x, offs - c * CHUNK
 
 
@@ -561,6 +561,7 @@ def _split_pass2_kernel(
     CHUNK: tl.constexpr,
     SP: tl.constexpr,
     K_ON: tl.constexpr,  # some row has top-k on (else the counts are left out)
+    TILE2D: tl.constexpr,  # the tile as [CHUNK / 32, 32] (_tile2d), else flat
     PDL: tl.constexpr,  # launched early: the tile is read before waiting for the draws
 ):
     # fmt: on
@@ -568,11 +569,17 @@ def _split_pass2_kernel(
     # sampling row with top-k or top-p on (other rows: nothing). Every load is issued before the
     # row's kind is known (as in pass 1: no load waits on another; the launch happens only
     # when some row filters, so a greedy row's tile is read for nothing only in mixed batches).
-    # The tile is flat here: read as [CHUNK / 32, 32] (_tile2d, as pass 1) the call took 64.6
-    # against 57.7 us; taking the tiles last first took it to 54.1 (H200, top-p, fp32, B = 128,
-    # V = 128,256; no change at B = 512, whose 256 MB of logits leave nothing in L2)
-    r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
-                                        V, S, HAS_MASK, HAS_ROW_MAP, CHUNK, True)
+    # The tiles are taken last first: top-p 57.7 -> 54.1 us (H200, fp32, B = 128, V = 128,256;
+    # no change at B = 512, whose 256 MB of logits leave nothing in L2). TILE2D (2-byte logits)
+    # reads the tile as [CHUNK / 32, 32] as pass 1 does: 60.1 -> 57.3 us for bf16 there, but
+    # 54.0 -> 61.7 for fp32 (96 against 125 registers, and more instructions a token)
+    if TILE2D:
+        r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb,
+                                                             mask_row_ptr, S, HAS_ROW_MAP, True)
+        x, _local = _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
+    else:
+        r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
+                                            V, S, HAS_MASK, HAS_ROW_MAP, CHUNK, True)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -893,7 +900,8 @@ def sample(
             ps = torch.empty(B, 9, S, dtype=torch.float32, device=dev)
             _split_pass2_kernel[(B * S,)](
                 *lv, *mask_args, temperature, top_k, top_p, min_p, pm, dq, ps, V, S,
-                CHUNK=chunk, SP=SP, K_ON=kinds == "filter", PDL=pdl, **flags, **_launch_opts(PASS2_WARPS), **chained,
+                CHUNK=chunk, SP=SP, K_ON=kinds == "filter", TILE2D=logits.element_size() < 4, PDL=pdl, **flags,
+                **_launch_opts(PASS2_WARPS), **chained,
             )  # fmt: skip
     _sample_kernel[(B,)](
         logits, logits.stride(0), logits.stride(1),
