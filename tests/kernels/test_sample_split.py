@@ -68,6 +68,30 @@ def test_split_greedy_random(impl, split, dtype):
     _check(impl, (torch.randn(B, V, generator=gen) * 4).to(dtype), bitmask, temperature=0.0)
 
 
+@pytest.mark.parametrize("chunk", [8, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_chunks_narrower_than_a_word(impl, monkeypatch, chunk, dtype):
+    """Chunks of 8 or 16 tokens: a row of the 2-D tile starts inside a bitmask word (greedy,
+    sampling, top-k, top-p, min-p, partial last chunk and word)."""
+    from deepinfer.kernels import reference, sample_triton
+
+    monkeypatch.setattr(sample_triton, "SPLIT", "1")
+    monkeypatch.setattr(sample_triton, "SPLIT2", "1")
+    monkeypatch.setattr(reference, "CHUNK_MAX", chunk)
+    gen = torch.Generator().manual_seed(chunk)
+    B, V = 6, 77
+    logits = (torch.randn(B, V, generator=gen) * 2).to(dtype)
+    bitmask = random_bitmask(B, V, 0.6, gen)
+    bitmask[1] = 0
+    one = torch.zeros(1, V, dtype=torch.bool)
+    one[0, V - 1] = True
+    bitmask[4] = pack_bitmask(one)[0]
+    _check(impl, logits, bitmask, temperature=0.0)
+    _check(impl, logits, bitmask, temperature=[1.0, 0.5, 0.0, 2.0, 1.0, 0.7])
+    _check(impl, logits, bitmask, temperature=0.9, top_k=[1, 2, 3, 0, 4, 9], top_p=[0.5, 0.9, 1.0, 0.3, 0.8, 0.6])
+    _check(impl, logits, bitmask, temperature=1.2, min_p=[0.0, 0.1, 0.5, 0.2, 0.9, 0.05])
+
+
 def test_split_greedy_ties_across_chunk_borders(impl, split):
     V = 300
     logits = torch.zeros(6, V)
