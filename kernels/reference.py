@@ -182,10 +182,10 @@ def sample(
             x_j = inverse_cdf(s, low=-inf, t[2j], t[2j + 1]) for j in 0..3  # x_j ~ softmax(s)
             if some x_j is kept: tokens[b] = the first kept x_j; continue
             low = max(s[x_0..x_3]); j = 4                                 # all cut: so is s <= low
-            while True:
-                x = inverse_cdf(s, low, t[2j], t[2j + 1])                 # x ~ softmax(s) on s > low
-                if kept(x): tokens[b] = x; break
-                low = s[x]; j += 1
+            while True:                                                   # rounds of four draws
+                x_i = inverse_cdf(s, low, t[2i], t[2i + 1]) for i in j..j+3  # ~ softmax(s) on s > low
+                if some x_i is kept: tokens[b] = the first kept x_i; break
+                low = max(s[x_j..x_j+3]); j += 4
 
     The three filters are thresholds on the same score, so the kept set is an upper set of
     the scores (ties at the boundary are all kept) and top-k / top-p / min-p are applied
@@ -244,7 +244,7 @@ class _Kept:
 
 
 def _draw_kept(s: torch.Tensor, kept: _Kept, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """The first kept of four inverse-CDF draws per row, then the rounds (see :func:`sample`)."""
+    """The first kept of four inverse-CDF draws per row, then rounds of four (see :func:`sample`)."""
     R = s.shape[0]
     ninf = torch.full((R,), float("-inf"), device=s.device)
     mc, q, z = chunk_weights(s, ninf)
@@ -257,13 +257,15 @@ def _draw_kept(s: torch.Tensor, kept: _Kept, seed: torch.Tensor, step: torch.Ten
     for r in (~k.any(dim=1)).nonzero().flatten().tolist():  # all four cut: rare
         low = s[r, x[r]].max()
         j = 4
-        while True:
+        r4 = torch.full((4,), r, device=s.device)
+        while True:  # rounds of four draws from {s > low}, tested together
             mc_r, q_r, z_r = chunk_weights(s[r : r + 1], low[None])
-            t = draw_bits(seed[r : r + 1], step[r : r + 1], 2 * j + 2)
-            tok = inverse_cdf(mc_r, q_r, z_r, t[:, 2 * j], t[:, 2 * j + 1])
-            if bool(kept(torch.tensor([r], device=s.device), tok)[0]):
-                tokens[r] = tok[0]
+            t = draw_bits(seed[r : r + 1], step[r : r + 1], 2 * j + 8)
+            xs = torch.cat([inverse_cdf(mc_r, q_r, z_r, t[:, 2 * i], t[:, 2 * i + 1]) for i in range(j, j + 4)])
+            ok = kept(r4, xs)
+            if bool(ok.any()):
+                tokens[r] = xs[int(ok.to(torch.int8).argmax())]
                 break
-            low = s[r, tok[0]]
-            j += 1
+            low = s[r, xs].max()
+            j += 4
     return tokens

@@ -10,8 +10,9 @@ min-p is ``{i : s_i >= tau}`` for an unknown threshold tau; it is never searched
     draws:  x_0..x_3 = 4 inverse-CDF draws from softmax(s) (u_0..u_3), one tile each
     test pass (top-k / top-p only): count and mass above s_x0..s_x3 at once
     token = the first kept x_j (rejection sampling: exact for the kept distribution)
-    all four cut (probability ~ (1 - kept mass)**4): rounds j = 4, 5, ...: draw x_j from
-      {s > low} (low = the highest cut score so far: every token at or below it is cut), test it
+    all four cut (probability ~ (1 - kept mass)**4): rounds r = 1, 2, ... of four draws
+      x_4r..x_4r+3 from {s > low} (low = the highest cut score so far: every token at or below
+      it is cut), tested in one pass; the token is the first kept one
 
 Passes over V: greedy 1; sampling 1 plus 4 tiles; top-k / top-p 2 plus 4 tiles; no host
 synchronisation, no sort, no per-token random numbers (no hashing of the vocabulary).
@@ -244,6 +245,22 @@ def _score(lrow, stride_lv, tok, inv_t):
     return tl.load(lrow + tl.maximum(tok, 0).to(tl.int64) * stride_lv).to(tl.float32) * inv_t
 
 
+@_helper
+def _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3,
+                kmax, cut_p, top_p, min_p):  # fmt: skip
+    # the first of the draws x0..x3 (scores q0..q3) that every filter keeps (ties at a threshold
+    # are kept), from the count and mass strictly above each score -> (token, none kept)
+    pz = top_p * zz
+    keep0 = (cnt0 < kmax) & ((cut_p == 0) | (mass0 < pz)) & (tl.exp(q0 - m) >= min_p)
+    keep1 = (cnt1 < kmax) & ((cut_p == 0) | (mass1 < pz)) & (tl.exp(q1 - m) >= min_p)
+    keep2 = (cnt2 < kmax) & ((cut_p == 0) | (mass2 < pz)) & (tl.exp(q2 - m) >= min_p)
+    keep3 = (cnt3 < kmax) & ((cut_p == 0) | (mass3 < pz)) & (tl.exp(q3 - m) >= min_p)
+    tok = tl.where(keep2, x2, x3)
+    tok = tl.where(keep1, x1, tok)
+    tok = tl.where(keep0, x0, tok)
+    return tok, (keep0 | keep1 | keep2 | keep3) == 0
+
+
 # fmt: off
 @_helper
 def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
@@ -251,8 +268,8 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
     # The first of the draws x0..x3 (samples of softmax(s)) that the filters keep; a draw is
     # kept iff count / mass strictly above its score pass top-k / top-p and e >= min_p. The test
     # pass measures the four at once (SPLIT2: _split_pass2_kernel did it per chunk, added here
-    # in chunk order); min-p alone needs none. All four cut: rounds of one draw from {s > low}
-    # and one test each (see the module docstring).
+    # in chunk order); min-p alone needs none. All four cut: rounds of four draws from
+    # {s > low} and one test pass each (see the module docstring).
     kmax = tl.where(top_k > 0, top_k, 2147483647)
     k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
     tok = x0
@@ -287,31 +304,33 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
             else:
                 zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
                     lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, HAS_MASK, BLOCK)
-        # kept: a token scoring q survives every filter (ties at a threshold are kept)
-        pz = top_p * zz
-        keep0 = (cnt0 < kmax) & ((cut_p == 0) | (mass0 < pz)) & (tl.exp(q0 - m) >= min_p)
-        keep1 = (cnt1 < kmax) & ((cut_p == 0) | (mass1 < pz)) & (tl.exp(q1 - m) >= min_p)
-        keep2 = (cnt2 < kmax) & ((cut_p == 0) | (mass2 < pz)) & (tl.exp(q2 - m) >= min_p)
-        keep3 = (cnt3 < kmax) & ((cut_p == 0) | (mass3 < pz)) & (tl.exp(q3 - m) >= min_p)
-        tok = tl.where(keep2, x2, x3)
-        tok = tl.where(keep1, x1, tok)
-        tok = tl.where(keep0, x0, tok)
-        searching = (keep0 | keep1 | keep2 | keep3) == 0
+        tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
+                                     cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p)
         if searching:
-            # every token scoring at or below a cut draw is cut: draw again above the highest
+            # every token scoring at or below a cut draw is cut: draw four again above the
+            # highest, and test them in one pass
             low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
             j = tl.full((), NDRAW, tl.uint32)
             while searching:
                 ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, HAS_MASK, CHUNK, SP)
-                tok = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1,
-                                HAS_MASK, CHUNK)
-                q = _score(lrow, stride_lv, tok, inv_t)
-                zz, mass0, _b1, _b2, _b3, cnt0, _n1, _n2, _n3 = _test_loop(
-                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q, q, q, q, k_on, HAS_MASK, BLOCK)
-                keep = (cnt0 < kmax) & ((cut_p == 0) | (mass0 < top_p * zz)) & (tl.exp(q - m) >= min_p)
-                low = q
-                j += 1
-                searching = keep == 0
+                x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1,
+                               HAS_MASK, CHUNK)
+                x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 1, k0, k1,
+                               HAS_MASK, CHUNK)
+                x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 2, k0, k1,
+                               HAS_MASK, CHUNK)
+                x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 3, k0, k1,
+                               HAS_MASK, CHUNK)
+                q0 = _score(lrow, stride_lv, x0, inv_t)
+                q1 = _score(lrow, stride_lv, x1, inv_t)
+                q2 = _score(lrow, stride_lv, x2, inv_t)
+                q3 = _score(lrow, stride_lv, x3, inv_t)
+                zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
+                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, HAS_MASK, BLOCK)
+                tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
+                                             cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p)
+                low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
+                j += NDRAW
     return tok
 
 

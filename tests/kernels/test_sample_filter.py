@@ -145,12 +145,16 @@ def test_same_row_many_steps(impl):
 @pytest.mark.skipif(not INTERPRET, reason="counts helper calls under TRITON_INTERPRET=1")
 def test_rounds_only_when_all_draws_are_cut(monkeypatch):
     """Top-p near 1 keeps one of the four draws (no round: four draws a row); top-k 1 on a flat
-    row cuts all four almost always and needs the rounds; both return the reference's token."""
+    row cuts all four almost always and needs the rounds, each of four draws tested in one pass;
+    both return the reference's token."""
     from deepinfer.kernels import sample_triton
 
     calls = []
     real = sample_triton._row_draw
     monkeypatch.setattr(sample_triton, "_row_draw", lambda *a: calls.append(1) or real(*a))
+    passes = []  # one weighing pass over the row per row (pass 1), then one a round
+    real_chunks = sample_triton._row_chunks
+    monkeypatch.setattr(sample_triton, "_row_chunks", lambda *a: passes.append(1) or real_chunks(*a))
     gen = torch.Generator().manual_seed(16)
     B, V = 8, 3000
     logits = torch.randn(B, V, generator=gen)
@@ -162,4 +166,6 @@ def test_rounds_only_when_all_draws_are_cut(monkeypatch):
     got = _run(("triton", "cpu"), logits, **args)
     torch.testing.assert_close(got, _want(logits, **args), rtol=0, atol=0)
     assert got.tolist() == logits.argmax(1).tolist()
-    assert len(calls) > 4 * B
+    rounds = len(passes) - 2 * B  # (pass 1 of both calls)
+    assert rounds > 0
+    assert len(calls) == 4 * B + 4 * rounds
