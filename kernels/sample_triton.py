@@ -380,7 +380,7 @@ def _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK: tl.constexp
     # tile c of a row's masked logits as [CHUNK / G, G], G = min(32, CHUNK): token
     # c * CHUNK + G * i + j at [i, j] (-inf outside V or where the bitmask forbids), and the
     # tokens' indices in the tile. A row of the tile lies in one bitmask word, so each word is
-    # loaded once and shifted by the column (no per-token gather of its word)
+    # loaded once and tested against the column's bit (no per-token gather of its word)
     G: tl.constexpr = 32 if CHUNK >= 32 else CHUNK
     start = c * CHUNK + G * tl.arange(0, CHUNK // G)  # each row's first token
     col = tl.arange(0, G)
@@ -478,8 +478,8 @@ def _split_greedy_kernel(
     # writes the token -- one launch, where the other kinds end in _sample_kernel. The argmax
     # is exact, whichever program finishes last.
     if MASK2D:
-        # [CHUNK / 32, 32]: each word of the bitmask is loaded once and shifted by the column
-        # (no per-token gather of its word)
+        # [CHUNK / 32, 32] (_tile2d): each word of the bitmask is loaded once and tested against
+        # the column's bit (no per-token gather of its word)
         r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb,
                                                              mask_row_ptr, S, HAS_ROW_MAP)
         x, local = _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
