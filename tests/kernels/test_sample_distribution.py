@@ -48,7 +48,11 @@ CASES = [  # (id, mask kind, temperature, top_k, top_p, min_p)
     ("all-top-p", "all", 1.0, 0, 0.7, 0.0),
     ("all-min-p", "all", 1.2, 0, 1.0, 0.15),
     ("scattered-joint", "scattered", 0.7, 8, 0.9, 0.02),
+    # flat (T = 3) with top-k 2: all four first draws are cut in most rows, so the rounds of
+    # four draws above the highest cut score pick the token
+    ("all-top-k-rounds", "all", 3.0, 2, 1.0, 0.0),
 ]
+ROUNDS_SAMPLES = 4000  # torch on CPU: the rounds run row by row
 # the interpreter runs ~30 ms a row: fewer samples there (its tokens equal the reference's anyway)
 SAMPLES = {"cpu": {"torch": 20000, "triton": 300}, "cuda": {"torch": 20000, "triton": 20000}}
 TRITON_CPU_CASES = {"one-token", "all-top-p", "scattered-joint"}
@@ -61,6 +65,8 @@ def test_frequencies_match_target(impl, case):
     if (backend, device) == ("triton", "cpu") and name not in TRITON_CPU_CASES:
         pytest.skip("interpreter: a subset of the cases")
     n = SAMPLES[device][backend]
+    if name == "all-top-k-rounds" and device == "cpu":
+        n = ROUNDS_SAMPLES
     gen = torch.Generator().manual_seed(11)
     logits = torch.randn(V, generator=gen) * 1.5
     allowed = _allowed(kind)
