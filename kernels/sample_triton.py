@@ -173,6 +173,17 @@ def _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low
 
 
 @_helper
+def _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1,
+               HAS_MASK: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    # draws j .. j + 3 over {s > low} (_row_draw)
+    x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1, HAS_MASK, CHUNK)
+    x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 1, k0, k1, HAS_MASK, CHUNK)
+    x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 2, k0, k1, HAS_MASK, CHUNK)
+    x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 3, k0, k1, HAS_MASK, CHUNK)
+    return x0, x1, x2, x3
+
+
+@_helper
 def _log_z(ms, zs):
     # log sum exp(s - m) from the chunks' quanta sums (the logprob's normaliser), m = max(ms)
     m = tl.max(ms, 0)
@@ -246,6 +257,12 @@ def _score(lrow, stride_lv, tok, inv_t):
 
 
 @_helper
+def _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t):
+    return (_score(lrow, stride_lv, x0, inv_t), _score(lrow, stride_lv, x1, inv_t), _score(lrow, stride_lv, x2, inv_t),
+            _score(lrow, stride_lv, x3, inv_t))  # fmt: skip
+
+
+@_helper
 def _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3,
                 kmax, cut_p, top_p, min_p):  # fmt: skip
     # the first of the draws x0..x3 (scores q0..q3) that every filter keeps (ties at a threshold
@@ -274,10 +291,7 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
     k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
     tok = x0
     if active:
-        q0 = _score(lrow, stride_lv, x0, inv_t)
-        q1 = _score(lrow, stride_lv, x1, inv_t)
-        q2 = _score(lrow, stride_lv, x2, inv_t)
-        q3 = _score(lrow, stride_lv, x3, inv_t)
+        q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
         zz = 0.0
         mass0 = 0.0
         mass1 = 0.0
@@ -313,18 +327,9 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
             j = tl.full((), NDRAW, tl.uint32)
             while searching:
                 ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, HAS_MASK, CHUNK, SP)
-                x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1,
-                               HAS_MASK, CHUNK)
-                x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 1, k0, k1,
-                               HAS_MASK, CHUNK)
-                x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 2, k0, k1,
-                               HAS_MASK, CHUNK)
-                x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 3, k0, k1,
-                               HAS_MASK, CHUNK)
-                q0 = _score(lrow, stride_lv, x0, inv_t)
-                q1 = _score(lrow, stride_lv, x1, inv_t)
-                q2 = _score(lrow, stride_lv, x2, inv_t)
-                q3 = _score(lrow, stride_lv, x3, inv_t)
+                x0, x1, x2, x3 = _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j,
+                                            k0, k1, HAS_MASK, CHUNK)
+                q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
                 zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
                     lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, HAS_MASK, BLOCK)
                 tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
@@ -340,19 +345,16 @@ def _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m
     # a sampling row in one program, after its pass 1 by chunks (_row_chunks): the four draws
     # (a tile each), then the first kept one (_decide, test pass in the loop)
     ninf = float("-inf")
-    x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, tl.full((), 0, tl.uint32),
-                   k0, k1, HAS_MASK, CHUNK)
-    x1 = x0
-    x2 = x0
-    x3 = x0
+    j0 = tl.full((), 0, tl.uint32)
     k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
-    if active:  # (without a filter the token is x0: _decide)
-        x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, tl.full((), 1, tl.uint32),
-                       k0, k1, HAS_MASK, CHUNK)
-        x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, tl.full((), 2, tl.uint32),
-                       k0, k1, HAS_MASK, CHUNK)
-        x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, tl.full((), 3, tl.uint32),
-                       k0, k1, HAS_MASK, CHUNK)
+    if active:
+        x0, x1, x2, x3 = _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, j0, k0, k1,
+                                    HAS_MASK, CHUNK)
+    else:  # the token is x0 (_decide)
+        x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, j0, k0, k1, HAS_MASK, CHUNK)
+        x1 = x0
+        x2 = x0
+        x3 = x0
     return _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
                    lrow, 1, HAS_MASK, BLOCK, CHUNK, False, SP)
 
