@@ -142,10 +142,10 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
     row["floor"] = nbytes / (floor_tbs * 1e12) * 1e6  # µs
     row["greedy"], g1 = _bench(fused(0.0, 0, 1.0))
     row["top_p"], g2 = _bench(fused(1.0, 0, 0.9))
+    row["top_k"], g3 = _bench(fused(1.0, 50, 0.9))
     if not peers:
         row["plain"], _ = _bench(fused(1.0, 0, 1.0))  # sampling without a filter: no test pass
         return row
-    row["top_k"], g3 = _bench(fused(1.0, 50, 0.9))
     row["torch"], g4 = _bench(lambda: torch_sample(logits, torch_unpack(bitmask, V), 0.9))
     row["graph"] = g1 and g2 and g3 and g4
     if _xgr_apply is not None:

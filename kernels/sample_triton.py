@@ -264,29 +264,78 @@ def _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t):
 
 @_helper
 def _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3,
-                kmax, cut_p, top_p, min_p):  # fmt: skip
+                kmax, cut_p, top_p, min_p, v0, v1, v2, v3):  # fmt: skip
     # the first of the draws x0..x3 (scores q0..q3) that every filter keeps (ties at a threshold
-    # are kept), from the count and mass strictly above each score -> (token, none kept)
+    # are kept), from the count and mass strictly above each score, or from its verdict v
+    # (_verdict: 1 kept, -1 cut, 0 measured) -> (token, none kept)
     pz = top_p * zz
-    keep0 = (cnt0 < kmax) & ((cut_p == 0) | (mass0 < pz)) & (tl.exp(q0 - m) >= min_p)
-    keep1 = (cnt1 < kmax) & ((cut_p == 0) | (mass1 < pz)) & (tl.exp(q1 - m) >= min_p)
-    keep2 = (cnt2 < kmax) & ((cut_p == 0) | (mass2 < pz)) & (tl.exp(q2 - m) >= min_p)
-    keep3 = (cnt3 < kmax) & ((cut_p == 0) | (mass3 < pz)) & (tl.exp(q3 - m) >= min_p)
+    keep0 = (v0 == 1) | ((v0 == 0) & (cnt0 < kmax) & ((cut_p == 0) | (mass0 < pz)) & (tl.exp(q0 - m) >= min_p))
+    keep1 = (v1 == 1) | ((v1 == 0) & (cnt1 < kmax) & ((cut_p == 0) | (mass1 < pz)) & (tl.exp(q1 - m) >= min_p))
+    keep2 = (v2 == 1) | ((v2 == 0) & (cnt2 < kmax) & ((cut_p == 0) | (mass2 < pz)) & (tl.exp(q2 - m) >= min_p))
+    keep3 = (v3 == 1) | ((v3 == 0) & (cnt3 < kmax) & ((cut_p == 0) | (mass3 < pz)) & (tl.exp(q3 - m) >= min_p))
     tok = tl.where(keep2, x2, x3)
     tok = tl.where(keep1, x1, tok)
     tok = tl.where(keep0, x0, tok)
     return tok, (keep0 | keep1 | keep2 | keep3) == 0
 
 
+VERDICT_SLACK = tl.constexpr(1.0 / 1024)  # of Z: how far a bound must clear a threshold (rounding: ~1e-6)
+
+
+@_helper
+def _verdict(q, ct, m, ms, zs, cs, kmax, k_on, cut_p, top_p, min_p):
+    # a draw of score q in chunk ct against pass 1's chunk results alone (m = max(ms)) -> 1:
+    # every filter keeps it, -1: one cuts it, 0: only the test pass can tell. In quanta
+    # (2**32 = exp(0)): only the chunks whose max is above q hold tokens above it. The mass
+    # above q is at most theirs (less the draw's own weight, in its chunk) and at least their
+    # maxima's; the count above q is at least the number of those chunks, and at most that plus
+    # their mass besides the maxima (and the draw) over exp(q - m), which every token above q
+    # outweighs. Bounds clear a threshold by VERDICT_SLACK * Z (over the rounding of the sums
+    # and the quanta's floor, at most V quanta), so the test pass would agree.
+    ninf = float("-inf")
+    w = tl.where(ms == ninf, 0.0, zs.to(tl.float32) * tl.exp(ms - m))
+    z = tl.sum(w, 0)
+    slack = VERDICT_SLACK * z
+    e = tl.exp(q - m)
+    eq = e * 4294967296.0
+    above = ms > q
+    own = tl.sum(tl.where(above & (cs == ct), eq, 0.0), 0)  # the draw's weight, if its chunk is above q
+    mass = tl.sum(tl.where(above, w, 0.0), 0) - own
+    tops = tl.sum(tl.where(above, tl.exp(ms - m), 0.0), 0) * 4294967296.0
+    n_lo = tl.sum(above.to(tl.int32), 0)
+    n_up = n_lo.to(tl.float32) + (mass - tops + slack) / eq
+    keep_min = e >= min_p  # (as _first_kept)
+    keep = keep_min & ((k_on == 0) | (n_up < kmax.to(tl.float32))) & ((cut_p == 0) | (mass + slack < top_p * z))
+    cut = (keep_min == 0) | (k_on & (n_lo >= kmax)) | (cut_p & (tops - slack >= top_p * z))
+    return tl.where(cut, -1, tl.where(keep, 1, 0))
+
+
+@_helper
+def _test_low(q0, q1, q2, q3, v0, v1, v2, v3):
+    # the lowest score among the draws the test pass must settle: those with verdict 0 before the
+    # first one kept for sure (+inf: none, the verdicts decide). A chunk whose max is at or
+    # below it has nothing above any of them: its tile is not read
+    inf = float("inf")
+    open1 = v0 != 1
+    open2 = open1 & (v1 != 1)
+    open3 = open2 & (v2 != 1)
+    low = tl.where(v0 == 0, q0, inf)
+    low = tl.minimum(low, tl.where(open1 & (v1 == 0), q1, inf))
+    low = tl.minimum(low, tl.where(open2 & (v2 == 0), q2, inf))
+    return tl.minimum(low, tl.where(open3 & (v3 == 0), q3, inf))
+
+
 # fmt: off
 @_helper
-def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
+def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, ms, zs, dv_ptr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
     # fmt: on
     # The first of the draws x0..x3 (samples of softmax(s)) that the filters keep; a draw is
     # kept iff count / mass strictly above its score pass top-k / top-p and e >= min_p. The test
-    # pass measures the four at once (SPLIT2: _split_pass2_kernel did it per chunk, added here
-    # in chunk order); min-p alone needs none. All four cut: rounds of four draws from
-    # {s > low} and one test pass each (see the module docstring).
+    # pass measures the four at once; min-p alone needs none. SPLIT2: _split_pass2_kernel did it
+    # per chunk, on the chunks whose max is above _test_low of the draws' verdicts (dv_ptr, from
+    # pass 1's chunk max ms and quanta sums zs, which also give Z); added here in chunk order.
+    # All four cut: rounds of four draws from {s > low} and one test pass each (see the module
+    # docstring).
     kmax = tl.where(top_k > 0, top_k, 2147483647)
     k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
     tok = x0
@@ -301,25 +350,34 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
         cnt1 = 0
         cnt2 = 0
         cnt3 = 0
+        v0 = 0
+        v1 = 0
+        v2 = 0
+        v3 = 0
         if k_on | cut_p:
             if SPLIT2:
+                v0 = tl.load(dv_ptr)
+                v1 = tl.load(dv_ptr + 1)
+                v2 = tl.load(dv_ptr + 2)
+                v3 = tl.load(dv_ptr + 3)
                 c = tl.arange(0, SP)
-                cm = c < S
-                zz = tl.sum(tl.load(sums_ptr + c, mask=cm, other=0.0), 0)
-                mass0 = tl.sum(tl.load(sums_ptr + S + c, mask=cm, other=0.0), 0)
-                mass1 = tl.sum(tl.load(sums_ptr + 2 * S + c, mask=cm, other=0.0), 0)
-                mass2 = tl.sum(tl.load(sums_ptr + 3 * S + c, mask=cm, other=0.0), 0)
-                mass3 = tl.sum(tl.load(sums_ptr + 4 * S + c, mask=cm, other=0.0), 0)
+                rd = (c < S) & (ms > _test_low(q0, q1, q2, q3, v0, v1, v2, v3))  # the chunks tested
+                zz = tl.sum(tl.where(ms == float("-inf"), 0.0, zs.to(tl.float32) * tl.exp(ms - m)), 0)
+                zz = zz * (1.0 / 4294967296.0)
+                mass0 = tl.sum(tl.load(sums_ptr + c, mask=rd, other=0.0), 0)
+                mass1 = tl.sum(tl.load(sums_ptr + S + c, mask=rd, other=0.0), 0)
+                mass2 = tl.sum(tl.load(sums_ptr + 2 * S + c, mask=rd, other=0.0), 0)
+                mass3 = tl.sum(tl.load(sums_ptr + 3 * S + c, mask=rd, other=0.0), 0)
                 if k_on:
-                    cnt0 = tl.sum(tl.load(sums_ptr + 5 * S + c, mask=cm, other=0.0), 0).to(tl.int32)
-                    cnt1 = tl.sum(tl.load(sums_ptr + 6 * S + c, mask=cm, other=0.0), 0).to(tl.int32)
-                    cnt2 = tl.sum(tl.load(sums_ptr + 7 * S + c, mask=cm, other=0.0), 0).to(tl.int32)
-                    cnt3 = tl.sum(tl.load(sums_ptr + 8 * S + c, mask=cm, other=0.0), 0).to(tl.int32)
+                    cnt0 = tl.sum(tl.load(sums_ptr + 4 * S + c, mask=rd, other=0.0), 0).to(tl.int32)
+                    cnt1 = tl.sum(tl.load(sums_ptr + 5 * S + c, mask=rd, other=0.0), 0).to(tl.int32)
+                    cnt2 = tl.sum(tl.load(sums_ptr + 6 * S + c, mask=rd, other=0.0), 0).to(tl.int32)
+                    cnt3 = tl.sum(tl.load(sums_ptr + 7 * S + c, mask=rd, other=0.0), 0).to(tl.int32)
             else:
                 zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
                     lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, HAS_MASK, BLOCK)
         tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
-                                     cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p)
+                                     cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p, v0, v1, v2, v3)
         if searching:
             # every token scoring at or below a cut draw is cut: draw four again above the
             # highest, and test them in one pass
@@ -333,7 +391,7 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
                 zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
                     lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, HAS_MASK, BLOCK)
                 tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
-                                             cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p)
+                                             cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p, 0, 0, 0, 0)
                 low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
                 j += NDRAW
     return tok
@@ -356,7 +414,7 @@ def _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m
         x2 = x0
         x3 = x0
     return _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                   lrow, 1, HAS_MASK, BLOCK, CHUNK, False, SP)
+                   lrow, 1, ms, zs, lrow, HAS_MASK, BLOCK, CHUNK, False, SP)
 
 
 @_helper
@@ -529,7 +587,7 @@ def _split_draw_kernel(
     temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B] float32, int64, float32, float32
     seed_ptr, step_ptr,  # [B] int64
     pm_ptr, pz_ptr,  # [B, S] float32, int64 written by _split_pass1_kernel
-    dx_ptr, dq_ptr,  # out: [B, NDRAW] int32 drawn tokens, float32 their scores
+    dx_ptr, dq_ptr, dv_ptr,  # out: [B, NDRAW] int32 drawn tokens, float32 their scores, int32 verdicts
     V, S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
@@ -542,13 +600,17 @@ def _split_draw_kernel(
         gdc_launch_dependents()
         gdc_wait()
     # program (row, j): inverse-CDF draw j of a sampling row (only j = 0 without a filter): the
-    # chunk from the chunks' weights, then the token from that one tile's running quanta sum
+    # chunk from the chunks' weights, then the token from that one tile's running quanta sum;
+    # and the draw's verdict from the chunks' results (_verdict: kept or cut for sure, or test)
     pid = tl.program_id(0)
     r = pid // NDRAW
     j = pid - r * NDRAW
     row = r.to(tl.int64)
     temp = tl.load(temp_ptr + r)
-    k_on, cut_p, active = _filter_on(tl.load(top_k_ptr + r), tl.load(top_p_ptr + r), tl.load(min_p_ptr + r), V)
+    top_k = tl.load(top_k_ptr + r)
+    top_p = tl.load(top_p_ptr + r)
+    min_p = tl.load(min_p_ptr + r)
+    k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
     if (temp != 0) & ((j == 0) | active):
         cs = tl.arange(0, SP)
         ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
@@ -563,8 +625,13 @@ def _split_draw_kernel(
             k0, k1 = _row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
             x = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
                           j.to(tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            q = _score(lrow, stride_lv, x, inv_t)
             tl.store(dx_ptr + row * NDRAW + j, x)
-            tl.store(dq_ptr + row * NDRAW + j, _score(lrow, stride_lv, x, inv_t))
+            tl.store(dq_ptr + row * NDRAW + j, q)
+            if active:
+                kmax = tl.where(top_k > 0, top_k, 2147483647)
+                v = _verdict(q, x // CHUNK, tl.max(ms, 0), ms, zs, cs, kmax, k_on, cut_p, top_p, min_p)
+                tl.store(dv_ptr + row * NDRAW + j, v)
 
 
 # fmt: off
@@ -574,8 +641,8 @@ def _split_pass2_kernel(
     mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
     temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B] float32, int64, float32, float32
     pm_ptr,  # [B, S] float32 written by _split_pass1_kernel
-    dq_ptr,  # [B, NDRAW] float32 written by _split_draw_kernel
-    ps_ptr,  # out: [B, 9, S] float32: sum exp(s - m), mass above q0..q3, count above q0..q3
+    dq_ptr, dv_ptr,  # [B, NDRAW] float32, int32 written by _split_draw_kernel
+    ps_ptr,  # out: [B, 8, S] float32: mass above q0..q3, count above q0..q3
     V, S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
@@ -583,53 +650,56 @@ def _split_pass2_kernel(
     SP: tl.constexpr,
     K_ON: tl.constexpr,  # some row has top-k on (else the counts are left out)
     TILE2D: tl.constexpr,  # the tile as [CHUNK / 32, 32] (_tile2d), else flat
-    PDL: tl.constexpr,  # launched early: the tile is read before waiting for the draws
+    PDL: tl.constexpr,  # launched early: waits for the draws, then reads what it needs
 ):
     # fmt: on
     # program (row, c): the test pass of _decide on tokens [c * CHUNK, (c + 1) * CHUNK) of a
-    # sampling row with top-k or top-p on (other rows: nothing). Every load is issued before the
-    # row's kind is known (as in pass 1: no load waits on another; the launch happens only
-    # when some row filters, so a greedy row's tile is read for nothing only in mixed batches).
+    # sampling row with top-k or top-p on (other rows: nothing), only where the chunk's max is
+    # above _test_low of the draws' verdicts: a chunk at or below it adds nothing to any mass or
+    # count the decision needs, and a row the verdicts decide reads nothing (on a real model's
+    # peaked logits, most rows). The tile is read after the draws, so a pass that reads every
+    # tile loses the overlap of its first wave with the draws.
     # The tiles are taken last first: top-p 57.7 -> 54.1 us (H200, fp32, B = 128, V = 128,256;
     # no change at B = 512, whose 256 MB of logits leave nothing in L2). TILE2D (2-byte logits)
     # reads the tile as [CHUNK / 32, 32] as pass 1 does: 60.1 -> 57.3 us for bf16 there, but
     # 54.0 -> 61.7 for fp32 (96 against 125 registers, and more instructions a token)
-    if TILE2D:
-        r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb,
-                                                             mask_row_ptr, S, HAS_ROW_MAP, True)
-        x, _local = _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
-    else:
-        r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
-                                            V, S, HAS_MASK, HAS_ROW_MAP, CHUNK, True)
+    r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
+                                                         S, HAS_ROW_MAP, True)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    cs = tl.arange(0, SP)
-    ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
-    dq = dq_ptr + row * NDRAW
-    q0 = tl.load(dq)
-    q1 = tl.load(dq + 1)
-    q2 = tl.load(dq + 2)
-    q3 = tl.load(dq + 3)
     temp = tl.load(temp_ptr + r)
     k_on, cut_p, active = _filter_on(tl.load(top_k_ptr + r), tl.load(top_p_ptr + r), tl.load(min_p_ptr + r), V)
     if (temp != 0) & (k_on | cut_p):
-        s = x * tl.math.div_rn(1.0, temp)  # as _load_scores with inv_t (x * 1.0 is exact)
-        m = tl.max(ms, 0)
-        sums = _tile_sums(s, tl.where(m == float("-inf"), 0.0, m), q0, q1, q2, q3, k_on if K_ON else False)
-        zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
-        out = ps_ptr + row * 9 * S + c
-        tl.store(out, zz)
-        tl.store(out + S, mass0)
-        tl.store(out + 2 * S, mass1)
-        tl.store(out + 3 * S, mass2)
-        tl.store(out + 4 * S, mass3)
-        if K_ON:  # (a constant: the counts' code is left out)
-            if k_on:
-                tl.store(out + 5 * S, cnt0.to(tl.float32))
-                tl.store(out + 6 * S, cnt1.to(tl.float32))
-                tl.store(out + 7 * S, cnt2.to(tl.float32))
-                tl.store(out + 8 * S, cnt3.to(tl.float32))
+        dq = dq_ptr + row * NDRAW
+        dv = dv_ptr + row * NDRAW
+        q0 = tl.load(dq)
+        q1 = tl.load(dq + 1)
+        q2 = tl.load(dq + 2)
+        q3 = tl.load(dq + 3)
+        low = _test_low(q0, q1, q2, q3, tl.load(dv), tl.load(dv + 1), tl.load(dv + 2), tl.load(dv + 3))
+        if tl.load(pm_ptr + row * S + c) > low:  # (an empty row has no draws: its max is -inf)
+            if TILE2D:
+                x, _local = _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
+            else:
+                x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, c * CHUNK + tl.arange(0, CHUNK), V, 1.0,
+                                 HAS_MASK)
+            cs = tl.arange(0, SP)
+            m = tl.max(tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf")), 0)
+            s = x * tl.math.div_rn(1.0, temp)  # as _load_scores with inv_t (x * 1.0 is exact)
+            sums = _tile_sums(s, m, q0, q1, q2, q3, k_on if K_ON else False)
+            _zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
+            out = ps_ptr + row * 8 * S + c
+            tl.store(out, mass0)
+            tl.store(out + S, mass1)
+            tl.store(out + 2 * S, mass2)
+            tl.store(out + 3 * S, mass3)
+            if K_ON:  # (a constant: the counts' code is left out)
+                if k_on:
+                    tl.store(out + 4 * S, cnt0.to(tl.float32))
+                    tl.store(out + 5 * S, cnt1.to(tl.float32))
+                    tl.store(out + 6 * S, cnt2.to(tl.float32))
+                    tl.store(out + 7 * S, cnt3.to(tl.float32))
 
 
 # fmt: off
@@ -642,8 +712,8 @@ def _sample_kernel(
     seed_ptr, step_ptr,  # [B] int64
     tokens_ptr, empty_ptr, logprobs_ptr,  # [B] int64, bool, float32
     pm_ptr, pz_ptr, pi_ptr,  # SPLIT: [B, S] float32, int64, int32 written by _split_pass1_kernel
-    dx_ptr,  # SPLIT: [B, NDRAW] int32 written by _split_draw_kernel
-    ps_ptr,  # SPLIT2: [B, 9, S] float32 written by _split_pass2_kernel
+    dx_ptr, dv_ptr,  # SPLIT: [B, NDRAW] int32 drawn tokens, their verdicts (_split_draw_kernel)
+    ps_ptr,  # SPLIT2: [B, 8, S] float32 written by _split_pass2_kernel
     V, S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
@@ -687,10 +757,14 @@ def _sample_kernel(
             tok = 0
             if m > float("-inf"):
                 dx = dx_ptr + row * NDRAW
+                zs = tl.zeros([SP], tl.int64)  # (unused without SPLIT2)
+                if SPLIT2:
+                    zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)
                 tok = _decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
                               tl.load(dx + 3).to(tl.int32), m, top_k, top_p,
                               min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                              ps_ptr + row * 9 * S, S, HAS_MASK, BLOCK, CHUNK, SPLIT2, SP)
+                              ps_ptr + row * 8 * S, S, ms, zs, dv_ptr + row * NDRAW, HAS_MASK, BLOCK, CHUNK, SPLIT2,
+                              SP)
     elif greedy:  # one pass: m = max(s) and its lowest argmax
         arange = tl.arange(0, BLOCK)
         m = float("-inf")
@@ -886,7 +960,7 @@ def sample(
     chunk = _split_chunk(V)
     S = triton.cdiv(V, chunk)
     SP = triton.next_power_of_2(S)
-    pm = pz = pi = dx = ps = tokens  # unused without the split
+    pm = pz = pi = dx = dv = ps = tokens  # unused without the split
     if split and kinds == "greedy" and not return_logprobs and GREEDY1 == "1":
         gchunk = min(chunk * max(1, 4 // logits.element_size()), triton.next_power_of_2(V))
         gS = triton.cdiv(V, gchunk)
@@ -913,14 +987,15 @@ def sample(
         if kinds != "greedy":
             dx = torch.empty(B, N_DRAWS, dtype=torch.int32, device=dev)
             dq = torch.empty(B, N_DRAWS, dtype=torch.float32, device=dev)
+            dv = torch.empty(B, N_DRAWS, dtype=torch.int32, device=dev)
             _split_draw_kernel[(B * N_DRAWS,)](
-                *lv, *mask_args, temperature, top_k, top_p, min_p, seed, step, pm, pz, dx, dq, V, S,
+                *lv, *mask_args, temperature, top_k, top_p, min_p, seed, step, pm, pz, dx, dq, dv, V, S,
                 CHUNK=chunk, SP=SP, PDL=pdl, **flags, **_launch_opts(SPLIT_WARPS), **chained,
             )  # fmt: skip
         if split2:
-            ps = torch.empty(B, 9, S, dtype=torch.float32, device=dev)
+            ps = torch.empty(B, 8, S, dtype=torch.float32, device=dev)
             _split_pass2_kernel[(B * S,)](
-                *lv, *mask_args, temperature, top_k, top_p, min_p, pm, dq, ps, V, S,
+                *lv, *mask_args, temperature, top_k, top_p, min_p, pm, dq, dv, ps, V, S,
                 CHUNK=chunk, SP=SP, K_ON=kinds == "filter", TILE2D=logits.element_size() < 4, PDL=pdl, **flags,
                 **_launch_opts(PASS2_WARPS), **chained,
             )  # fmt: skip
@@ -931,7 +1006,7 @@ def sample(
         top_k, top_p, min_p,
         seed, step,
         tokens, empty, logprobs,
-        pm, pz, pi, dx, ps,
+        pm, pz, pi, dx, dv, ps,
         V, S,
         RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V), CHUNK=chunk,
         SPLIT=split, SPLIT2=split2, SP=SP, PDL=pdl, **flags,
