@@ -327,7 +327,7 @@ def _test_low(q0, q1, q2, q3, v0, v1, v2, v3):
 
 # fmt: off
 @_helper
-def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, ms, zs, dv_ptr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
+def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, ms, zs, dq_ptr, dv_ptr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
     # fmt: on
     # The first of the draws x0..x3 (samples of softmax(s)) that the filters keep; a draw is
     # kept iff count / mass strictly above its score pass top-k / top-p and e >= min_p. The test
@@ -340,7 +340,13 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
     k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
     tok = x0
     if active:
-        q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
+        if SPLIT2:  # the draws' scores as the draw kernel stored them (the same product)
+            q0 = tl.load(dq_ptr)
+            q1 = tl.load(dq_ptr + 1)
+            q2 = tl.load(dq_ptr + 2)
+            q3 = tl.load(dq_ptr + 3)
+        else:
+            q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
         zz = 0.0
         mass0 = 0.0
         mass1 = 0.0
@@ -361,18 +367,19 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
                 v2 = tl.load(dv_ptr + 2)
                 v3 = tl.load(dv_ptr + 3)
                 c = tl.arange(0, SP)
-                rd = (c < S) & (ms > _test_low(q0, q1, q2, q3, v0, v1, v2, v3))  # the chunks tested
+                cm = c < S
+                rd = cm & (ms > _test_low(q0, q1, q2, q3, v0, v1, v2, v3))  # the chunks tested (the others: 0)
                 zz = tl.sum(tl.where(ms == float("-inf"), 0.0, zs.to(tl.float32) * tl.exp(ms - m)), 0)
                 zz = zz * (1.0 / 4294967296.0)
-                mass0 = tl.sum(tl.load(sums_ptr + c, mask=rd, other=0.0), 0)
-                mass1 = tl.sum(tl.load(sums_ptr + S + c, mask=rd, other=0.0), 0)
-                mass2 = tl.sum(tl.load(sums_ptr + 2 * S + c, mask=rd, other=0.0), 0)
-                mass3 = tl.sum(tl.load(sums_ptr + 3 * S + c, mask=rd, other=0.0), 0)
+                mass0 = tl.sum(tl.where(rd, tl.load(sums_ptr + c, mask=cm, other=0.0), 0.0), 0)
+                mass1 = tl.sum(tl.where(rd, tl.load(sums_ptr + S + c, mask=cm, other=0.0), 0.0), 0)
+                mass2 = tl.sum(tl.where(rd, tl.load(sums_ptr + 2 * S + c, mask=cm, other=0.0), 0.0), 0)
+                mass3 = tl.sum(tl.where(rd, tl.load(sums_ptr + 3 * S + c, mask=cm, other=0.0), 0.0), 0)
                 if k_on:
-                    cnt0 = tl.sum(tl.load(sums_ptr + 4 * S + c, mask=rd, other=0.0), 0).to(tl.int32)
-                    cnt1 = tl.sum(tl.load(sums_ptr + 5 * S + c, mask=rd, other=0.0), 0).to(tl.int32)
-                    cnt2 = tl.sum(tl.load(sums_ptr + 6 * S + c, mask=rd, other=0.0), 0).to(tl.int32)
-                    cnt3 = tl.sum(tl.load(sums_ptr + 7 * S + c, mask=rd, other=0.0), 0).to(tl.int32)
+                    cnt0 = tl.sum(tl.where(rd, tl.load(sums_ptr + 4 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
+                    cnt1 = tl.sum(tl.where(rd, tl.load(sums_ptr + 5 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
+                    cnt2 = tl.sum(tl.where(rd, tl.load(sums_ptr + 6 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
+                    cnt3 = tl.sum(tl.where(rd, tl.load(sums_ptr + 7 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
             else:
                 zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
                     lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, HAS_MASK, BLOCK)
@@ -414,7 +421,7 @@ def _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m
         x2 = x0
         x3 = x0
     return _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                   lrow, 1, ms, zs, lrow, HAS_MASK, BLOCK, CHUNK, False, SP)
+                   lrow, 1, ms, zs, lrow, lrow, HAS_MASK, BLOCK, CHUNK, False, SP)
 
 
 @_helper
@@ -668,38 +675,48 @@ def _split_pass2_kernel(
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+    # every load that decides whether to read the tile at once (one round trip; for rows
+    # without a test they read what the draws left, unused)
     temp = tl.load(temp_ptr + r)
-    k_on, cut_p, active = _filter_on(tl.load(top_k_ptr + r), tl.load(top_p_ptr + r), tl.load(min_p_ptr + r), V)
-    if (temp != 0) & (k_on | cut_p):
-        dq = dq_ptr + row * NDRAW
-        dv = dv_ptr + row * NDRAW
-        q0 = tl.load(dq)
-        q1 = tl.load(dq + 1)
-        q2 = tl.load(dq + 2)
-        q3 = tl.load(dq + 3)
-        low = _test_low(q0, q1, q2, q3, tl.load(dv), tl.load(dv + 1), tl.load(dv + 2), tl.load(dv + 3))
-        if tl.load(pm_ptr + row * S + c) > low:  # (an empty row has no draws: its max is -inf)
-            if TILE2D:
-                x, _local = _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
-            else:
-                x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, c * CHUNK + tl.arange(0, CHUNK), V, 1.0,
-                                 HAS_MASK)
-            cs = tl.arange(0, SP)
-            m = tl.max(tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf")), 0)
-            s = x * tl.math.div_rn(1.0, temp)  # as _load_scores with inv_t (x * 1.0 is exact)
-            sums = _tile_sums(s, m, q0, q1, q2, q3, k_on if K_ON else False)
-            _zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
-            out = ps_ptr + row * 8 * S + c
-            tl.store(out, mass0)
-            tl.store(out + S, mass1)
-            tl.store(out + 2 * S, mass2)
-            tl.store(out + 3 * S, mass3)
-            if K_ON:  # (a constant: the counts' code is left out)
-                if k_on:
-                    tl.store(out + 4 * S, cnt0.to(tl.float32))
-                    tl.store(out + 5 * S, cnt1.to(tl.float32))
-                    tl.store(out + 6 * S, cnt2.to(tl.float32))
-                    tl.store(out + 7 * S, cnt3.to(tl.float32))
+    top_k = tl.load(top_k_ptr + r)
+    top_p = tl.load(top_p_ptr + r)
+    min_p = tl.load(min_p_ptr + r)
+    dq = dq_ptr + row * NDRAW
+    dv = dv_ptr + row * NDRAW
+    q0 = tl.load(dq)
+    q1 = tl.load(dq + 1)
+    q2 = tl.load(dq + 2)
+    q3 = tl.load(dq + 3)
+    v0 = tl.load(dv)
+    v1 = tl.load(dv + 1)
+    v2 = tl.load(dv + 2)
+    v3 = tl.load(dv + 3)
+    mc = tl.load(pm_ptr + row * S + c)
+    k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
+    # (one condition: the compiler would wait for the first loads before issuing the others.
+    # An empty row has no draws: its max is -inf)
+    if (temp != 0) & (k_on | cut_p) & (mc > _test_low(q0, q1, q2, q3, v0, v1, v2, v3)):
+        if TILE2D:
+            x, _local = _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
+        else:
+            x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, c * CHUNK + tl.arange(0, CHUNK), V, 1.0,
+                             HAS_MASK)
+        cs = tl.arange(0, SP)
+        m = tl.max(tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf")), 0)
+        s = x * tl.math.div_rn(1.0, temp)  # as _load_scores with inv_t (x * 1.0 is exact)
+        sums = _tile_sums(s, m, q0, q1, q2, q3, k_on if K_ON else False)
+        _zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
+        out = ps_ptr + row * 8 * S + c
+        tl.store(out, mass0)
+        tl.store(out + S, mass1)
+        tl.store(out + 2 * S, mass2)
+        tl.store(out + 3 * S, mass3)
+        if K_ON:  # (a constant: the counts' code is left out)
+            if k_on:
+                tl.store(out + 4 * S, cnt0.to(tl.float32))
+                tl.store(out + 5 * S, cnt1.to(tl.float32))
+                tl.store(out + 6 * S, cnt2.to(tl.float32))
+                tl.store(out + 7 * S, cnt3.to(tl.float32))
 
 
 # fmt: off
@@ -712,7 +729,7 @@ def _sample_kernel(
     seed_ptr, step_ptr,  # [B] int64
     tokens_ptr, empty_ptr, logprobs_ptr,  # [B] int64, bool, float32
     pm_ptr, pz_ptr, pi_ptr,  # SPLIT: [B, S] float32, int64, int32 written by _split_pass1_kernel
-    dx_ptr, dv_ptr,  # SPLIT: [B, NDRAW] int32 drawn tokens, their verdicts (_split_draw_kernel)
+    dx_ptr, dq_ptr, dv_ptr,  # SPLIT: [B, NDRAW] drawn tokens, scores, verdicts (_split_draw_kernel)
     ps_ptr,  # SPLIT2: [B, 8, S] float32 written by _split_pass2_kernel
     V, S,
     HAS_MASK: tl.constexpr,
@@ -763,8 +780,8 @@ def _sample_kernel(
                 tok = _decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
                               tl.load(dx + 3).to(tl.int32), m, top_k, top_p,
                               min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                              ps_ptr + row * 8 * S, S, ms, zs, dv_ptr + row * NDRAW, HAS_MASK, BLOCK, CHUNK, SPLIT2,
-                              SP)
+                              ps_ptr + row * 8 * S, S, ms, zs, dq_ptr + row * NDRAW, dv_ptr + row * NDRAW, HAS_MASK,
+                              BLOCK, CHUNK, SPLIT2, SP)
     elif greedy:  # one pass: m = max(s) and its lowest argmax
         arange = tl.arange(0, BLOCK)
         m = float("-inf")
@@ -960,7 +977,7 @@ def sample(
     chunk = _split_chunk(V)
     S = triton.cdiv(V, chunk)
     SP = triton.next_power_of_2(S)
-    pm = pz = pi = dx = dv = ps = tokens  # unused without the split
+    pm = pz = pi = dx = dq = dv = ps = tokens  # unused without the split
     if split and kinds == "greedy" and not return_logprobs and GREEDY1 == "1":
         gchunk = min(chunk * max(1, 4 // logits.element_size()), triton.next_power_of_2(V))
         gS = triton.cdiv(V, gchunk)
@@ -1006,7 +1023,7 @@ def sample(
         top_k, top_p, min_p,
         seed, step,
         tokens, empty, logprobs,
-        pm, pz, pi, dx, dv, ps,
+        pm, pz, pi, dx, dq, dv, ps,
         V, S,
         RETURN_LOGPROBS=return_logprobs, BLOCK=_block(V), CHUNK=chunk,
         SPLIT=split, SPLIT2=split2, SP=SP, PDL=pdl, **flags,
