@@ -7,14 +7,18 @@ integer hash in both backends) over integer weights (``reference.chunk_weights``
 min-p is ``{i : s_i >= tau}`` for an unknown threshold tau; it is never searched for:
 
     pass 1: m = max(s), Z = sum exp(s - m)            (greedy: m and the lowest argmax only)
-    draws:  x_0..x_3 = 4 inverse-CDF draws from softmax(s) (u_0..u_3), one tile each
-    test pass (top-k / top-p only): count and mass above s_x0..s_x3 at once
+    draws:  x_0..x_3 = 4 inverse-CDF draws from softmax(s) (u_0..u_3), one tile each, and
+            each one's verdict from pass 1's chunk maxima and sums (_verdict): kept or cut for
+            sure, or left to the test pass
+    test pass (top-k / top-p only): count and mass above s_x0..s_x3 at once, over the chunks
+            whose max is above a draw left to it (none when the verdicts settle the row)
     token = the first kept x_j (rejection sampling: exact for the kept distribution)
     all four cut (probability ~ (1 - kept mass)**4): rounds r = 1, 2, ... of four draws
       x_4r..x_4r+3 from {s > low} (low = the highest cut score so far: every token at or below
       it is cut), tested in one pass; the token is the first kept one
 
-Passes over V: greedy 1; sampling 1 plus 4 tiles; top-k / top-p 2 plus 4 tiles; no host
+Passes over V: greedy 1; sampling 1 plus 4 tiles; top-k / top-p 2 plus 4 tiles (1 plus 4 when the
+verdicts settle the row, as on most rows of a real model's peaked logits); no host
 synchronisation, no sort, no per-token random numbers (no hashing of the vocabulary).
 
 When V is over one chunk (``SPLIT``) each pass runs over (row, chunk) programs, ``CHUNK`` from
