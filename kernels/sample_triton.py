@@ -852,6 +852,10 @@ NUM_WARPS = 16
 # split passes: programs per row = cdiv(V, CHUNK), CHUNK = reference.chunk_size(V) (V only,
 # never B: it is part of what a seed samples)
 SPLIT_WARPS = 8  # 16 tokens a thread
+# the draws: 4 warps (H200, against 8: top-p 56.1 -> 52.7 us at fp32, B = 128, V = 128,256, and
+# 23.5 -> 22.1 on the model's logits at B = 128; 11.5 -> 11.8 at B = 1). Their B * 4 programs
+# then fit in one wave; a program's work is one tile and its running sum
+DRAW_WARPS = 4
 # the all-greedy kernel: a tile of CHUNK tokens of 4-byte logits, 2 * CHUNK of 2-byte ones (any
 # tile gives the same argmax), 4 warps; H200, B = 128, V = 128,256: bf16 13.0 us (16.6 with CHUNK
 # and 8 warps), fp32 21.2 (22.4)
@@ -1011,7 +1015,7 @@ def sample(
             dv = torch.empty(B, N_DRAWS, dtype=torch.int32, device=dev)
             _split_draw_kernel[(B * N_DRAWS,)](
                 *lv, *mask_args, temperature, top_k, top_p, min_p, seed, step, pm, pz, dx, dq, dv, V, S,
-                CHUNK=chunk, SP=SP, PDL=pdl, **flags, **_launch_opts(SPLIT_WARPS), **chained,
+                CHUNK=chunk, SP=SP, PDL=pdl, **flags, **_launch_opts(DRAW_WARPS), **chained,
             )  # fmt: skip
         if split2:
             ps = torch.empty(B, 8, S, dtype=torch.float32, device=dev)
