@@ -148,19 +148,24 @@ def _pick_in_tile(s, mc, low, zc, offs, t):
 
 
 @_helper
-def _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low,
+def _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, prev,
                 HAS_MASK: tl.constexpr, CHUNK: tl.constexpr, SP: tl.constexpr):  # fmt: skip
     # one pass over the row by chunks -> each chunk's max and quanta sum over {s > low}, as
-    # [SP] vectors (what _split_pass1_kernel stores per chunk)
+    # [SP] vectors (what _split_pass1_kernel stores per chunk). prev: the chunks' maxima from
+    # an earlier pass (+inf: none); a chunk whose max is at or below low is not read (its
+    # weight is 0 either way; its max is left at -inf)
     cs = tl.arange(0, SP)
     ms = tl.full([SP], float("-inf"), tl.float32)
     zs = tl.zeros([SP], tl.int64)
     for start in range(0, V, CHUNK):
-        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + tl.arange(0, CHUNK), V, inv_t, HAS_MASK)
-        mc = tl.max(s, 0)
-        zc = tl.sum(_quanta(s, mc, low), 0)
-        ms = tl.where(cs == start // CHUNK, mc, ms)
-        zs = tl.where(cs == start // CHUNK, zc, zs)
+        c = start // CHUNK
+        if tl.max(tl.where(cs == c, prev, float("-inf")), 0) > low:
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + tl.arange(0, CHUNK), V, inv_t,
+                             HAS_MASK)
+            mc = tl.max(s, 0)
+            zc = tl.sum(_quanta(s, mc, low), 0)
+            ms = tl.where(cs == c, mc, ms)
+            zs = tl.where(cs == c, zc, zs)
     return ms, zs, cs
 
 
@@ -219,9 +224,11 @@ def _tile_sums(s, m, q0, q1, q2, q3, k_on):
 
 
 @_helper
-def _test_loop(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on,
-               HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    # the test pass over the whole row: _tile_sums added block by block
+def _test_loop(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, ms, cs, low,
+               HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    # the test pass over the row: _tile_sums added block by block, over the blocks holding a
+    # chunk whose max (ms) is above low (the others add nothing to the masses and counts above
+    # q0..q3 >= low; zz then covers only the blocks read)
     arange = tl.arange(0, BLOCK)
     zz = 0.0
     mass0 = 0.0
@@ -233,17 +240,19 @@ def _test_loop(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2,
     cnt2 = 0
     cnt3 = 0
     for start in range(0, V, BLOCK):
-        s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-        bz, b0, b1, b2, b3, n0, n1, n2, n3 = _tile_sums(s, m, q0, q1, q2, q3, k_on)
-        zz += bz
-        mass0 += b0
-        mass1 += b1
-        mass2 += b2
-        mass3 += b3
-        cnt0 += n0
-        cnt1 += n1
-        cnt2 += n2
-        cnt3 += n3
+        held = (cs >= start // CHUNK) & (cs <= (start + BLOCK - 1) // CHUNK)  # the chunks the block meets
+        if tl.max(tl.where(held, ms, float("-inf")), 0) > low:
+            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+            bz, b0, b1, b2, b3, n0, n1, n2, n3 = _tile_sums(s, m, q0, q1, q2, q3, k_on)
+            zz += bz
+            mass0 += b0
+            mass1 += b1
+            mass2 += b2
+            mass3 += b3
+            cnt0 += n0
+            cnt1 += n1
+            cnt2 += n2
+            cnt3 += n3
     return zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3
 
 
@@ -334,11 +343,13 @@ def _test_low(q0, q1, q2, q3, v0, v1, v2, v3):
 def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, ms, zs, dq_ptr, dv_ptr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
     # fmt: on
     # The first of the draws x0..x3 (samples of softmax(s)) that the filters keep; a draw is
-    # kept iff count / mass strictly above its score pass top-k / top-p and e >= min_p. The test
-    # pass measures the four at once; min-p alone needs none. SPLIT2: _split_pass2_kernel did it
-    # per chunk, on the chunks whose max is above _test_low of the draws' verdicts (dv_ptr, from
-    # pass 1's chunk max ms and quanta sums zs, which also give Z); added here in chunk order.
-    # All four cut: rounds of four draws from {s > low} and one test pass each (see the module
+    # kept iff count / mass strictly above its score pass top-k / top-p and e >= min_p. Each
+    # draw's verdict (_verdict, from pass 1's chunk maxima ms and quanta sums zs, which also give
+    # Z) settles it or leaves it to the test pass, which measures the four at once on the chunks
+    # whose max is above _test_low of the verdicts; min-p alone needs none. SPLIT2:
+    # _split_pass2_kernel did it per chunk (verdicts in dv_ptr), added here in chunk order;
+    # else _test_loop does it here. All four cut: rounds of four draws from {s > low} and one
+    # test pass each, both over the chunks that still hold a token above it (see the module
     # docstring).
     kmax = tl.where(top_k > 0, top_k, 2147483647)
     k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
@@ -351,7 +362,9 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
             q3 = tl.load(dq_ptr + 3)
         else:
             q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
-        zz = 0.0
+        # Z = sum exp(s - m) from the chunks' quanta sums (the test pass may read only some)
+        zz = tl.sum(tl.where(ms == float("-inf"), 0.0, zs.to(tl.float32) * tl.exp(ms - m)), 0)
+        zz = zz * (1.0 / 4294967296.0)
         mass0 = 0.0
         mass1 = 0.0
         mass2 = 0.0
@@ -364,17 +377,15 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
         v1 = 0
         v2 = 0
         v3 = 0
+        c = tl.arange(0, SP)
         if k_on | cut_p:
             if SPLIT2:
                 v0 = tl.load(dv_ptr)
                 v1 = tl.load(dv_ptr + 1)
                 v2 = tl.load(dv_ptr + 2)
                 v3 = tl.load(dv_ptr + 3)
-                c = tl.arange(0, SP)
                 cm = c < S
                 rd = cm & (ms > _test_low(q0, q1, q2, q3, v0, v1, v2, v3))  # the chunks tested (the others: 0)
-                zz = tl.sum(tl.where(ms == float("-inf"), 0.0, zs.to(tl.float32) * tl.exp(ms - m)), 0)
-                zz = zz * (1.0 / 4294967296.0)
                 mass0 = tl.sum(tl.where(rd, tl.load(sums_ptr + c, mask=cm, other=0.0), 0.0), 0)
                 mass1 = tl.sum(tl.where(rd, tl.load(sums_ptr + S + c, mask=cm, other=0.0), 0.0), 0)
                 mass2 = tl.sum(tl.where(rd, tl.load(sums_ptr + 2 * S + c, mask=cm, other=0.0), 0.0), 0)
@@ -385,8 +396,13 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
                     cnt2 = tl.sum(tl.where(rd, tl.load(sums_ptr + 6 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
                     cnt3 = tl.sum(tl.where(rd, tl.load(sums_ptr + 7 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
             else:
-                zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
-                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, HAS_MASK, BLOCK)
+                v0 = _verdict(q0, x0 // CHUNK, m, ms, zs, c, kmax, k_on, cut_p, top_p, min_p)
+                v1 = _verdict(q1, x1 // CHUNK, m, ms, zs, c, kmax, k_on, cut_p, top_p, min_p)
+                v2 = _verdict(q2, x2 // CHUNK, m, ms, zs, c, kmax, k_on, cut_p, top_p, min_p)
+                v3 = _verdict(q3, x3 // CHUNK, m, ms, zs, c, kmax, k_on, cut_p, top_p, min_p)
+                _zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
+                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, ms, c,
+                    _test_low(q0, q1, q2, q3, v0, v1, v2, v3), HAS_MASK, BLOCK, CHUNK)
         tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
                                      cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p, v0, v1, v2, v3)
         if searching:
@@ -394,13 +410,18 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
             # highest, and test them in one pass
             low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
             j = tl.full((), NDRAW, tl.uint32)
+            rms = ms
             while searching:
-                ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, HAS_MASK, CHUNK, SP)
-                x0, x1, x2, x3 = _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j,
+                # (a chunk whose max is at or below low is read by neither pass)
+                rms, rzs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, rms, HAS_MASK,
+                                           CHUNK, SP)
+                x0, x1, x2, x3 = _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, rms, rzs, cs, low, j,
                                             k0, k1, HAS_MASK, CHUNK)
                 q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
-                zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
-                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, HAS_MASK, BLOCK)
+                qmin = tl.minimum(tl.minimum(q0, q1), tl.minimum(q2, q3))
+                _zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
+                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, rms, cs, qmin,
+                    HAS_MASK, BLOCK, CHUNK)
                 tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
                                              cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p, 0, 0, 0, 0)
                 low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
@@ -778,9 +799,7 @@ def _sample_kernel(
             tok = 0
             if m > float("-inf"):
                 dx = dx_ptr + row * NDRAW
-                zs = tl.zeros([SP], tl.int64)  # (unused without SPLIT2)
-                if SPLIT2:
-                    zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)
+                zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)
                 tok = _decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
                               tl.load(dx + 3).to(tl.int32), m, top_k, top_p,
                               min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
@@ -803,8 +822,8 @@ def _sample_kernel(
         log_z = tl.log(tl.where(m == float("-inf"), 1.0, z))
     else:  # pass 1 by chunks; the draws (a tile each); then the first kept one
         tok = 0
-        ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, float("-inf"), HAS_MASK, CHUNK,
-                                 SP)
+        ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, float("-inf"), float("inf"),
+                                 HAS_MASK, CHUNK, SP)
         m = tl.max(ms, 0)
         if RETURN_LOGPROBS:
             log_z = _log_z(ms, zs)

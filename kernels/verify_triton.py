@@ -53,8 +53,8 @@ def _target_token(lrow, stride_lv, mrow_ptr, has_row_mask, V, temp, top_k, top_p
             m = tl.maximum(m, bm)
     else:  # pass 1 by chunks, the four draws, then the first kept one, as sample_triton._sample_kernel
         tok = 0
-        ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, float("-inf"), HAS_MASK, CHUNK,
-                                 SP)
+        ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, float("-inf"), float("inf"),
+                                 HAS_MASK, CHUNK, SP)
         m = tl.max(ms, 0)
         if m > float("-inf"):
             tok = _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k, top_p, min_p,

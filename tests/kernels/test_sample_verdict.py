@@ -139,12 +139,16 @@ def test_verdicts_at_the_thresholds(impl, monkeypatch):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="counts helper calls under TRITON_INTERPRET=1")
-def test_test_pass_reads_only_undecided_chunks(monkeypatch):
-    """Split over chunks of 64 (16 a row): on peaked rows the verdicts settle the draws, and the
-    test pass reads at most the peak's chunk of a row (not the 16); on flat rows it reads
-    nearly all of them. The tokens are the reference's in both."""
-    monkeypatch.setattr(sample_triton, "SPLIT", "1")
-    monkeypatch.setattr(sample_triton, "SPLIT2", "1")
+@pytest.mark.parametrize("split, split2", [("1", "1"), ("1", "0"), ("0", "1")], ids=["split", "rowtest", "row"])
+def test_test_pass_reads_only_undecided_chunks(monkeypatch, split, split2):
+    """Chunks (and test-pass tiles) of 64, 16 a row; the test pass split over (row, chunk)
+    programs, or in the per-row kernel after a split pass 1, or all in the per-row kernel (as
+    the DSpark verify kernel). On peaked rows the verdicts settle the draws, and the test pass
+    reads at most the peak's chunk of a row (not the 16); on flat rows it reads nearly all of
+    them. The tokens are the reference's in both."""
+    monkeypatch.setattr(sample_triton, "SPLIT", split)
+    monkeypatch.setattr(sample_triton, "SPLIT2", split2)
+    monkeypatch.setattr(sample_triton, "BLOCK_MAX", 64)
     monkeypatch.setattr(reference, "CHUNK_MAX", 64)
     tiles = []
     real = sample_triton._tile_sums
@@ -167,3 +171,35 @@ def test_test_pass_reads_only_undecided_chunks(monkeypatch):
     got = _run(("triton", "cpu"), flat, **args)
     assert got.tokens.tolist() == want.tokens.tolist()
     assert len(tiles) >= B * 16 // 2
+
+
+@pytest.mark.skipif(not INTERPRET, reason="counts helper calls under TRITON_INTERPRET=1")
+def test_rounds_read_only_chunks_above_the_cut(monkeypatch):
+    """Top-k 1 on flat rows cuts the first draws; each round draws above the highest cut score,
+    and its passes read only the chunks whose max is above it (the weighing pass) or above the
+    round's lowest draw (the test pass): fewer tiles than 16 a pass (the test pass: under half).
+    Tokens: the argmax."""
+    monkeypatch.setattr(sample_triton, "SPLIT", "0")
+    monkeypatch.setattr(sample_triton, "BLOCK_MAX", 64)
+    monkeypatch.setattr(reference, "CHUNK_MAX", 64)
+    tiles = []
+    real = sample_triton._tile_sums
+    monkeypatch.setattr(sample_triton, "_tile_sums", lambda *a: tiles.append(1) or real(*a))
+    weighed = []
+    real_q = sample_triton._quanta  # once a chunk weighed, and once a draw's tile
+    monkeypatch.setattr(sample_triton, "_quanta", lambda *a: weighed.append(1) or real_q(*a))
+    passes = []
+    real_chunks = sample_triton._row_chunks
+    monkeypatch.setattr(sample_triton, "_row_chunks", lambda *a: passes.append(1) or real_chunks(*a))
+    gen = torch.Generator().manual_seed(9)
+    B, V = 6, 1000
+    logits = torch.randn(B, V, generator=gen)
+    args = dict(temperature=1.0, top_k=1, seed=torch.arange(B), step=0)
+    want = _run(("torch", "cpu"), logits, **args)
+    got = _run(("triton", "cpu"), logits, **args)
+    assert got.tokens.tolist() == want.tokens.tolist() == logits.argmax(1).tolist()
+    rounds = len(passes) - B
+    assert rounds > 0
+    draws = 4 * B + 4 * rounds
+    assert len(tiles) < (B + rounds) * 16 // 2, (len(tiles), rounds)
+    assert len(weighed) - draws < (B + rounds) * 16, (len(weighed) - draws, rounds)  # (231 of 288 here)
