@@ -19,3 +19,12 @@ def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
     padded[:, :V] = allowed.long()
     words = (padded.view(B, W, 32) << torch.arange(32)).sum(-1)  # < 2**32
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def count_calls(monkeypatch, module, name: str) -> list:
+    """Wrap ``module.name`` so each call appends to the returned list (Triton helpers are plain
+    functions under TRITON_INTERPRET=1, looked up by name at each call)."""
+    calls: list = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or real(*a))
+    return calls

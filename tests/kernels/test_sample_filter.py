@@ -9,7 +9,7 @@ import torch
 
 from deepinfer import kernels
 
-from ._util import pack_bitmask, random_bitmask
+from ._util import count_calls, pack_bitmask, random_bitmask
 from .conftest import INTERPRET
 
 
@@ -149,12 +149,8 @@ def test_rounds_only_when_all_draws_are_cut(monkeypatch):
     both return the reference's token."""
     from deepinfer.kernels import sample_triton
 
-    calls = []
-    real = sample_triton._row_draw
-    monkeypatch.setattr(sample_triton, "_row_draw", lambda *a: calls.append(1) or real(*a))
-    passes = []  # one weighing pass over the row per row (pass 1), then one a round
-    real_chunks = sample_triton._row_chunks
-    monkeypatch.setattr(sample_triton, "_row_chunks", lambda *a: passes.append(1) or real_chunks(*a))
+    calls = count_calls(monkeypatch, sample_triton, "_row_draw")
+    passes = count_calls(monkeypatch, sample_triton, "_row_chunks")  # pass 1 of each row, then one a round
     gen = torch.Generator().manual_seed(16)
     B, V = 8, 3000
     logits = torch.randn(B, V, generator=gen)

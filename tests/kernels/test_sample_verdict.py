@@ -15,7 +15,7 @@ import triton.language as tl
 from deepinfer.kernels import reference, sample_triton
 from deepinfer.kernels.sample_triton import _filter_on, _verdict
 
-from ._util import random_bitmask
+from ._util import count_calls, random_bitmask
 from .conftest import INTERPRET
 from .test_sample_exact import _run
 
@@ -150,9 +150,7 @@ def test_test_pass_reads_only_undecided_chunks(monkeypatch, split, split2):
     monkeypatch.setattr(sample_triton, "SPLIT2", split2)
     monkeypatch.setattr(sample_triton, "BLOCK_MAX", 64)
     monkeypatch.setattr(reference, "CHUNK_MAX", 64)
-    tiles = []
-    real = sample_triton._tile_sums
-    monkeypatch.setattr(sample_triton, "_tile_sums", lambda *a: tiles.append(1) or real(*a))
+    tiles = count_calls(monkeypatch, sample_triton, "_tile_sums")
     gen = torch.Generator().manual_seed(8)
     B, V = 8, 1000
     peaked = torch.randn(B, V, generator=gen) - 15.0
@@ -182,15 +180,9 @@ def test_rounds_read_only_chunks_above_the_cut(monkeypatch):
     monkeypatch.setattr(sample_triton, "SPLIT", "0")
     monkeypatch.setattr(sample_triton, "BLOCK_MAX", 64)
     monkeypatch.setattr(reference, "CHUNK_MAX", 64)
-    tiles = []
-    real = sample_triton._tile_sums
-    monkeypatch.setattr(sample_triton, "_tile_sums", lambda *a: tiles.append(1) or real(*a))
-    weighed = []
-    real_q = sample_triton._quanta  # once a chunk weighed, and once a draw's tile
-    monkeypatch.setattr(sample_triton, "_quanta", lambda *a: weighed.append(1) or real_q(*a))
-    passes = []
-    real_chunks = sample_triton._row_chunks
-    monkeypatch.setattr(sample_triton, "_row_chunks", lambda *a: passes.append(1) or real_chunks(*a))
+    tiles = count_calls(monkeypatch, sample_triton, "_tile_sums")
+    weighed = count_calls(monkeypatch, sample_triton, "_quanta")  # once a chunk weighed, once a draw's tile
+    passes = count_calls(monkeypatch, sample_triton, "_row_chunks")
     gen = torch.Generator().manual_seed(9)
     B, V = 6, 1000
     logits = torch.randn(B, V, generator=gen)
