@@ -134,7 +134,7 @@ def _pick_chunk(ms, zs, cs, t):
     # weights W_c = int64(float(Z_c) * exp(m_c - m)), g = floor(sum(W) * t / 2**24)
     m = tl.max(ms, 0)
     safe_m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.where(ms == float("-inf"), 0, (zs.to(tl.float32) * tl.exp(ms - safe_m)).to(tl.int64))
+    w = _chunk_mass(ms, zs, safe_m).to(tl.int64)
     cum = tl.cumsum(w, 0)
     g = _scale(tl.max(cum, 0), t)
     return tl.sum((cum <= g).to(tl.int32), 0)
@@ -193,20 +193,24 @@ def _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, lo
 
 
 @_helper
+def _chunk_mass(ms, zs, m):
+    # the chunks' masses sum exp(s - m) over each chunk, in quanta (2**32 = exp(0)), from their
+    # maxima ms and quanta sums zs; m > -inf
+    return tl.where(ms == float("-inf"), 0.0, zs.to(tl.float32) * tl.exp(ms - m))
+
+
+@_helper
 def _log_z(ms, zs):
     # log sum exp(s - m) from the chunks' quanta sums (the logprob's normaliser), m = max(ms)
     m = tl.max(ms, 0)
-    safe_m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.where(ms == float("-inf"), 0.0, zs.to(tl.float32) * tl.exp(ms - safe_m))
-    z = tl.sum(w, 0) * (1.0 / 4294967296.0)
+    z = tl.sum(_chunk_mass(ms, zs, tl.where(m == float("-inf"), 0.0, m)), 0) * (1.0 / 4294967296.0)
     return tl.log(tl.where(z > 0.0, z, 1.0))  # 0 only on an empty row (logprob -inf anyway)
 
 
 @_helper
 def _tile_sums(s, m, q0, q1, q2, q3, k_on):
-    # one tile of scores -> sum exp(s - m), and the mass (and count, if top-k is on) above q0..q3
+    # one tile of scores -> the mass sum exp(s - m) (and count, if top-k is on) above q0..q3
     e = _exp(s - m)
-    zz = tl.sum(e)
     mass0 = tl.sum(tl.where(s > q0, e, 0.0))
     mass1 = tl.sum(tl.where(s > q1, e, 0.0))
     mass2 = tl.sum(tl.where(s > q2, e, 0.0))
@@ -220,7 +224,7 @@ def _tile_sums(s, m, q0, q1, q2, q3, k_on):
         cnt1 = tl.sum((s > q1).to(tl.int32))
         cnt2 = tl.sum((s > q2).to(tl.int32))
         cnt3 = tl.sum((s > q3).to(tl.int32))
-    return zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3
+    return mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3
 
 
 @_helper
@@ -228,9 +232,8 @@ def _test_loop(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2,
                HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
     # the test pass over the row: _tile_sums added block by block, over the blocks holding a
     # chunk whose max (ms) is above low (the others add nothing to the masses and counts above
-    # q0..q3 >= low; zz then covers only the blocks read)
+    # q0..q3 >= low)
     arange = tl.arange(0, BLOCK)
-    zz = 0.0
     mass0 = 0.0
     mass1 = 0.0
     mass2 = 0.0
@@ -243,8 +246,7 @@ def _test_loop(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2,
         held = (cs >= start // CHUNK) & (cs <= (start + BLOCK - 1) // CHUNK)  # the chunks the block meets
         if tl.max(tl.where(held, ms, float("-inf")), 0) > low:
             s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-            bz, b0, b1, b2, b3, n0, n1, n2, n3 = _tile_sums(s, m, q0, q1, q2, q3, k_on)
-            zz += bz
+            b0, b1, b2, b3, n0, n1, n2, n3 = _tile_sums(s, m, q0, q1, q2, q3, k_on)
             mass0 += b0
             mass1 += b1
             mass2 += b2
@@ -253,7 +255,7 @@ def _test_loop(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2,
             cnt1 += n1
             cnt2 += n2
             cnt3 += n3
-    return zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3
+    return mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3
 
 
 @_helper
@@ -296,8 +298,9 @@ VERDICT_SLACK = tl.constexpr(1.0 / 1024)  # of Z: how far a bound must clear a t
 
 
 @_helper
-def _verdict(q, ct, m, ms, zs, cs, kmax, k_on, cut_p, top_p, min_p):
-    # a draw of score q in chunk ct against pass 1's chunk results alone (m = max(ms)) -> 1:
+def _verdict(q, ct, m, ms, w, z, cs, kmax, k_on, cut_p, top_p, min_p):
+    # a draw of score q in chunk ct against pass 1's chunk results alone (m = max(ms); w, z: the
+    # chunks' masses and their total, _chunk_mass) -> 1:
     # every filter keeps it, -1: one cuts it, 0: only the test pass can tell. In quanta
     # (2**32 = exp(0)): only the chunks whose max is above q hold tokens above it. The mass
     # above q is at most theirs (less the draw's own weight, in its chunk) and at least their
@@ -305,9 +308,6 @@ def _verdict(q, ct, m, ms, zs, cs, kmax, k_on, cut_p, top_p, min_p):
     # their mass besides the maxima (and the draw) over exp(q - m), which every token above q
     # outweighs. Bounds clear a threshold by VERDICT_SLACK * Z (over the rounding of the sums
     # and the quanta's floor, at most V quanta), so the test pass would agree.
-    ninf = float("-inf")
-    w = tl.where(ms == ninf, 0.0, zs.to(tl.float32) * tl.exp(ms - m))
-    z = tl.sum(w, 0)
     slack = VERDICT_SLACK * z
     e = tl.exp(q - m)
     eq = e * 4294967296.0
@@ -363,8 +363,9 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
         else:
             q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
         # Z = sum exp(s - m) from the chunks' quanta sums (the test pass may read only some)
-        zz = tl.sum(tl.where(ms == float("-inf"), 0.0, zs.to(tl.float32) * tl.exp(ms - m)), 0)
-        zz = zz * (1.0 / 4294967296.0)
+        w = _chunk_mass(ms, zs, m)
+        zq = tl.sum(w, 0)
+        zz = zq * (1.0 / 4294967296.0)
         mass0 = 0.0
         mass1 = 0.0
         mass2 = 0.0
@@ -396,11 +397,11 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
                     cnt2 = tl.sum(tl.where(rd, tl.load(sums_ptr + 6 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
                     cnt3 = tl.sum(tl.where(rd, tl.load(sums_ptr + 7 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
             else:
-                v0 = _verdict(q0, x0 // CHUNK, m, ms, zs, c, kmax, k_on, cut_p, top_p, min_p)
-                v1 = _verdict(q1, x1 // CHUNK, m, ms, zs, c, kmax, k_on, cut_p, top_p, min_p)
-                v2 = _verdict(q2, x2 // CHUNK, m, ms, zs, c, kmax, k_on, cut_p, top_p, min_p)
-                v3 = _verdict(q3, x3 // CHUNK, m, ms, zs, c, kmax, k_on, cut_p, top_p, min_p)
-                _zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
+                v0 = _verdict(q0, x0 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
+                v1 = _verdict(q1, x1 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
+                v2 = _verdict(q2, x2 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
+                v3 = _verdict(q3, x3 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
+                mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
                     lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, ms, c,
                     _test_low(q0, q1, q2, q3, v0, v1, v2, v3), HAS_MASK, BLOCK, CHUNK)
         tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
@@ -419,7 +420,7 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
                                             k0, k1, HAS_MASK, CHUNK)
                 q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
                 qmin = tl.minimum(tl.minimum(q0, q1), tl.minimum(q2, q3))
-                _zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
+                mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
                     lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, rms, cs, qmin,
                     HAS_MASK, BLOCK, CHUNK)
                 tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
@@ -499,13 +500,12 @@ def _argmax2d(x, local, CHUNK: tl.constexpr):
 
 @_helper
 def _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr, V, S,
-                   HAS_MASK: tl.constexpr, HAS_ROW_MAP: tl.constexpr, CHUNK: tl.constexpr,
-                   LAST_FIRST: tl.constexpr = False):  # fmt: skip
+                   HAS_MASK: tl.constexpr, HAS_ROW_MAP: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
     # program (row, c) of a split pass -> (row index, c, row as int64, the row's logits pointer,
     # x = tile c of its masked logits); the tile is loaded first, before anything about the row
     # is known (no load waits on another)
     r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
-                                                         S, HAS_ROW_MAP, LAST_FIRST)
+                                                         S, HAS_ROW_MAP)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     x = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, 1.0, HAS_MASK)
     return r, c, row, lrow, x
@@ -662,7 +662,9 @@ def _split_draw_kernel(
             tl.store(dq_ptr + row * NDRAW + j, q)
             if active:
                 kmax = tl.where(top_k > 0, top_k, 2147483647)
-                v = _verdict(q, x // CHUNK, tl.max(ms, 0), ms, zs, cs, kmax, k_on, cut_p, top_p, min_p)
+                m = tl.max(ms, 0)
+                w = _chunk_mass(ms, zs, m)
+                v = _verdict(q, x // CHUNK, m, ms, w, tl.sum(w, 0), cs, kmax, k_on, cut_p, top_p, min_p)
                 tl.store(dv_ptr + row * NDRAW + j, v)
 
 
@@ -730,7 +732,7 @@ def _split_pass2_kernel(
         m = tl.max(tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf")), 0)
         s = x * tl.math.div_rn(1.0, temp)  # as _load_scores with inv_t (x * 1.0 is exact)
         sums = _tile_sums(s, m, q0, q1, q2, q3, k_on if K_ON else False)
-        _zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
+        mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = sums
         out = ps_ptr + row * 8 * S + c
         tl.store(out, mass0)
         tl.store(out + S, mass1)

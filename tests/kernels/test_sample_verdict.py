@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.kernels import reference, sample_triton
-from deepinfer.kernels.sample_triton import _filter_on, _verdict
+from deepinfer.kernels.sample_triton import _chunk_mass, _filter_on, _verdict
 
 from ._util import count_calls, random_bitmask
 from .conftest import INTERPRET
@@ -33,7 +33,9 @@ def _verdict_kernel(q_ptr, ct_ptr, ms_ptr, zs_ptr, k_ptr, p_ptr, mp_ptr, out_ptr
     min_p = tl.load(mp_ptr + i)
     k_on, cut_p, _active = _filter_on(top_k, top_p, min_p, V)
     kmax = tl.where(top_k > 0, top_k, 2147483647)
-    v = _verdict(tl.load(q_ptr + i), tl.load(ct_ptr + i), tl.max(ms, 0), ms, zs, cs, kmax, k_on, cut_p, top_p, min_p)
+    m = tl.max(ms, 0)
+    w = _chunk_mass(ms, zs, m)
+    v = _verdict(tl.load(q_ptr + i), tl.load(ct_ptr + i), m, ms, w, tl.sum(w, 0), cs, kmax, k_on, cut_p, top_p, min_p)
     tl.store(out_ptr + i, v)
 
 
