@@ -338,6 +338,13 @@ def _test_low(q0, q1, q2, q3, v0, v1, v2, v3):
     return tl.minimum(low, tl.where(open3 & (v3 == 0), q3, inf))
 
 
+@_helper
+def _tested_sum(ptr, c, cm, rd):
+    # one of the test pass's per-chunk sums (ptr: its [S] row), added in chunk order over the
+    # chunks it tested (rd); every load is issued whether tested or not (no load waits on rd)
+    return tl.sum(tl.where(rd, tl.load(ptr + c, mask=cm, other=0.0), 0.0), 0)
+
+
 # fmt: off
 @_helper
 def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, ms, zs, dq_ptr, dv_ptr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
@@ -387,15 +394,15 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
                 v3 = tl.load(dv_ptr + 3)
                 cm = c < S
                 rd = cm & (ms > _test_low(q0, q1, q2, q3, v0, v1, v2, v3))  # the chunks tested (the others: 0)
-                mass0 = tl.sum(tl.where(rd, tl.load(sums_ptr + c, mask=cm, other=0.0), 0.0), 0)
-                mass1 = tl.sum(tl.where(rd, tl.load(sums_ptr + S + c, mask=cm, other=0.0), 0.0), 0)
-                mass2 = tl.sum(tl.where(rd, tl.load(sums_ptr + 2 * S + c, mask=cm, other=0.0), 0.0), 0)
-                mass3 = tl.sum(tl.where(rd, tl.load(sums_ptr + 3 * S + c, mask=cm, other=0.0), 0.0), 0)
+                mass0 = _tested_sum(sums_ptr, c, cm, rd)
+                mass1 = _tested_sum(sums_ptr + S, c, cm, rd)
+                mass2 = _tested_sum(sums_ptr + 2 * S, c, cm, rd)
+                mass3 = _tested_sum(sums_ptr + 3 * S, c, cm, rd)
                 if k_on:
-                    cnt0 = tl.sum(tl.where(rd, tl.load(sums_ptr + 4 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
-                    cnt1 = tl.sum(tl.where(rd, tl.load(sums_ptr + 5 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
-                    cnt2 = tl.sum(tl.where(rd, tl.load(sums_ptr + 6 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
-                    cnt3 = tl.sum(tl.where(rd, tl.load(sums_ptr + 7 * S + c, mask=cm, other=0.0), 0.0), 0).to(tl.int32)
+                    cnt0 = _tested_sum(sums_ptr + 4 * S, c, cm, rd).to(tl.int32)
+                    cnt1 = _tested_sum(sums_ptr + 5 * S, c, cm, rd).to(tl.int32)
+                    cnt2 = _tested_sum(sums_ptr + 6 * S, c, cm, rd).to(tl.int32)
+                    cnt3 = _tested_sum(sums_ptr + 7 * S, c, cm, rd).to(tl.int32)
             else:
                 v0 = _verdict(q0, x0 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
                 v1 = _verdict(q1, x1 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
@@ -646,7 +653,8 @@ def _split_draw_kernel(
     if (temp != 0) & ((j == 0) | active):
         cs = tl.arange(0, SP)
         ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
-        if tl.max(ms, 0) > float("-inf"):
+        m = tl.max(ms, 0)
+        if m > float("-inf"):
             zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)
             lrow = logits_ptr + row * stride_lb
             mrow_ptr = mask_ptr + row * stride_mb
@@ -662,7 +670,6 @@ def _split_draw_kernel(
             tl.store(dq_ptr + row * NDRAW + j, q)
             if active:
                 kmax = tl.where(top_k > 0, top_k, 2147483647)
-                m = tl.max(ms, 0)
                 w = _chunk_mass(ms, zs, m)
                 v = _verdict(q, x // CHUNK, m, ms, w, tl.sum(w, 0), cs, kmax, k_on, cut_p, top_p, min_p)
                 tl.store(dv_ptr + row * NDRAW + j, v)
@@ -792,16 +799,16 @@ def _sample_kernel(
         # the chunks' results, in chunk order: max, argmax (lowest id), quanta sum
         ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
         idxs = tl.load(pi_ptr + row * S + cs, mask=cs < S, other=0)  # with ms: no load waits on another
+        zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)  # (greedy rows: unused unless logprobs)
         m, bc = tl.max(ms, 0, return_indices=True, return_indices_tie_break_left=True)
         if RETURN_LOGPROBS:
-            log_z = _log_z(ms, tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0))
+            log_z = _log_z(ms, zs)
         if greedy:  # the first chunk holding the max, its lowest argmax: the row's lowest argmax
             tok = tl.sum(tl.where(cs == bc, idxs, 0), 0)
         else:
             tok = 0
             if m > float("-inf"):
                 dx = dx_ptr + row * NDRAW
-                zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)
                 tok = _decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
                               tl.load(dx + 3).to(tl.int32), m, top_k, top_p,
                               min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
