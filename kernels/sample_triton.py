@@ -173,23 +173,29 @@ def _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, prev,
 def _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1,
               HAS_MASK: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
     # inverse-CDF draw j over {s > low}: the chunk (hash id 2j), then the token in it (id 2j + 1)
+    # -> (token, its score). The score is loaded again: taken from the tile, it would keep the
+    # tile alive through the running sum (the draw kernel: 96 -> 168 registers)
     c = _pick_chunk(ms, zs, cs, _draw_t(2 * j, k0, k1))
     offs = c * CHUNK + tl.arange(0, CHUNK)
     s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
     mc = tl.sum(tl.where(cs == c, ms, 0.0), 0)
     zc = tl.sum(tl.where(cs == c, zs, 0), 0)
-    return _pick_in_tile(s, mc, low, zc, offs, _draw_t(2 * j + 1, k0, k1))
+    x = _pick_in_tile(s, mc, low, zc, offs, _draw_t(2 * j + 1, k0, k1))
+    return x, tl.load(lrow + x.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
 
 
 @_helper
 def _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1,
                HAS_MASK: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
-    # draws j .. j + 3 over {s > low} (_row_draw)
-    x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1, HAS_MASK, CHUNK)
-    x1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 1, k0, k1, HAS_MASK, CHUNK)
-    x2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 2, k0, k1, HAS_MASK, CHUNK)
-    x3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 3, k0, k1, HAS_MASK, CHUNK)
-    return x0, x1, x2, x3
+    # draws j .. j + 3 over {s > low} (_row_draw) -> their tokens, then their scores
+    x0, q0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j, k0, k1, HAS_MASK, CHUNK)
+    x1, q1 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 1, k0, k1, HAS_MASK,
+                       CHUNK)
+    x2, q2 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 2, k0, k1, HAS_MASK,
+                       CHUNK)
+    x3, q3 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low, j + 3, k0, k1, HAS_MASK,
+                       CHUNK)
+    return x0, x1, x2, x3, q0, q1, q2, q3
 
 
 @_helper
@@ -267,17 +273,6 @@ def _filter_on(top_k, top_p, min_p, V):
 
 
 @_helper
-def _score(lrow, stride_lv, tok, inv_t):
-    return tl.load(lrow + tl.maximum(tok, 0).to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-
-
-@_helper
-def _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t):
-    return (_score(lrow, stride_lv, x0, inv_t), _score(lrow, stride_lv, x1, inv_t), _score(lrow, stride_lv, x2, inv_t),
-            _score(lrow, stride_lv, x3, inv_t))  # fmt: skip
-
-
-@_helper
 def _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3,
                 kmax, cut_p, top_p, min_p, v0, v1, v2, v3):  # fmt: skip
     # the first of the draws x0..x3 (scores q0..q3) that every filter keeps (ties at a threshold
@@ -339,36 +334,41 @@ def _test_low(q0, q1, q2, q3, v0, v1, v2, v3):
 
 
 @_helper
-def _tested_sum(ptr, c, cm, rd):
-    # one of the test pass's per-chunk sums (ptr: its [S] row), added in chunk order over the
-    # chunks it tested (rd); every load is issued whether tested or not (no load waits on rd)
-    return tl.sum(tl.where(rd, tl.load(ptr + c, mask=cm, other=0.0), 0.0), 0)
+def _tested_sum(p, rd):
+    # one of the test pass's per-chunk sums p [SP] (loaded whether tested or not: no load waits
+    # on rd), added in chunk order over the chunks it tested (rd)
+    return tl.sum(tl.where(rd, p, 0.0), 0)
 
 
 # fmt: off
 @_helper
-def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, ms, zs, dq_ptr, dv_ptr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
+def _decide(x0, x1, x2, x3, q0, q1, q2, q3, v0, v1, v2, v3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, ms, zs, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DRAWN: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
     # fmt: on
-    # The first of the draws x0..x3 (samples of softmax(s)) that the filters keep; a draw is
-    # kept iff count / mass strictly above its score pass top-k / top-p and e >= min_p. Each
-    # draw's verdict (_verdict, from pass 1's chunk maxima ms and quanta sums zs, which also give
-    # Z) settles it or leaves it to the test pass, which measures the four at once on the chunks
-    # whose max is above _test_low of the verdicts; min-p alone needs none. SPLIT2:
-    # _split_pass2_kernel did it per chunk (verdicts in dv_ptr), added here in chunk order;
-    # else _test_loop does it here. All four cut: rounds of four draws from {s > low} and one
-    # test pass each, both over the chunks that still hold a token above it (see the module
-    # docstring).
+    # The first of the draws x0..x3 (samples of softmax(s); scores q0..q3) that the filters keep;
+    # a draw is kept iff count / mass strictly above its score pass top-k / top-p and
+    # e >= min_p (m = max(s); -inf: an empty row, token x0). Each draw's verdict (_verdict, from
+    # pass 1's chunk maxima ms and quanta sums zs, which also give Z) settles it or leaves it to
+    # the test pass, which measures the four at once on the chunks whose max is above _test_low
+    # of the verdicts; min-p alone needs none. DRAWN: the verdicts are v0..v3 (the draw
+    # kernel's), else they are found here. SPLIT2: _split_pass2_kernel did the test pass per
+    # chunk (its sums at sums_ptr), added here in chunk order; else _test_loop does it here. All
+    # four cut: rounds of four draws from {s > low} and one test pass each, both over the chunks
+    # that still hold a token above it (see the module docstring).
     kmax = tl.where(top_k > 0, top_k, 2147483647)
     k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
+    c = tl.arange(0, SP)
+    cm = c < S
+    if SPLIT2:  # the test pass's sums, loaded before anything decides whether they are used
+        p0 = tl.load(sums_ptr + c, mask=cm, other=0.0)
+        p1 = tl.load(sums_ptr + S + c, mask=cm, other=0.0)
+        p2 = tl.load(sums_ptr + 2 * S + c, mask=cm, other=0.0)
+        p3 = tl.load(sums_ptr + 3 * S + c, mask=cm, other=0.0)
+        p4 = tl.load(sums_ptr + 4 * S + c, mask=cm, other=0.0)  # (the counts: unwritten without top-k)
+        p5 = tl.load(sums_ptr + 5 * S + c, mask=cm, other=0.0)
+        p6 = tl.load(sums_ptr + 6 * S + c, mask=cm, other=0.0)
+        p7 = tl.load(sums_ptr + 7 * S + c, mask=cm, other=0.0)
     tok = x0
-    if active:
-        if SPLIT2:  # the draws' scores as the draw kernel stored them (the same product)
-            q0 = tl.load(dq_ptr)
-            q1 = tl.load(dq_ptr + 1)
-            q2 = tl.load(dq_ptr + 2)
-            q3 = tl.load(dq_ptr + 3)
-        else:
-            q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
+    if active & (m > float("-inf")):
         # Z = sum exp(s - m) from the chunks' quanta sums (the test pass may read only some)
         w = _chunk_mass(ms, zs, m)
         zq = tl.sum(w, 0)
@@ -381,38 +381,39 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
         cnt1 = 0
         cnt2 = 0
         cnt3 = 0
-        v0 = 0
-        v1 = 0
-        v2 = 0
-        v3 = 0
-        c = tl.arange(0, SP)
+        u0 = 0
+        u1 = 0
+        u2 = 0
+        u3 = 0
         if k_on | cut_p:
-            if SPLIT2:
-                v0 = tl.load(dv_ptr)
-                v1 = tl.load(dv_ptr + 1)
-                v2 = tl.load(dv_ptr + 2)
-                v3 = tl.load(dv_ptr + 3)
-                cm = c < S
-                rd = cm & (ms > _test_low(q0, q1, q2, q3, v0, v1, v2, v3))  # the chunks tested (the others: 0)
-                mass0 = _tested_sum(sums_ptr, c, cm, rd)
-                mass1 = _tested_sum(sums_ptr + S, c, cm, rd)
-                mass2 = _tested_sum(sums_ptr + 2 * S, c, cm, rd)
-                mass3 = _tested_sum(sums_ptr + 3 * S, c, cm, rd)
-                if k_on:
-                    cnt0 = _tested_sum(sums_ptr + 4 * S, c, cm, rd).to(tl.int32)
-                    cnt1 = _tested_sum(sums_ptr + 5 * S, c, cm, rd).to(tl.int32)
-                    cnt2 = _tested_sum(sums_ptr + 6 * S, c, cm, rd).to(tl.int32)
-                    cnt3 = _tested_sum(sums_ptr + 7 * S, c, cm, rd).to(tl.int32)
+            if DRAWN:
+                u0 = v0
+                u1 = v1
+                u2 = v2
+                u3 = v3
             else:
-                v0 = _verdict(q0, x0 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
-                v1 = _verdict(q1, x1 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
-                v2 = _verdict(q2, x2 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
-                v3 = _verdict(q3, x3 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
+                u0 = _verdict(q0, x0 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
+                u1 = _verdict(q1, x1 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
+                u2 = _verdict(q2, x2 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
+                u3 = _verdict(q3, x3 // CHUNK, m, ms, w, zq, c, kmax, k_on, cut_p, top_p, min_p)
+            tlow = _test_low(q0, q1, q2, q3, u0, u1, u2, u3)
+            if SPLIT2:
+                rd = cm & (ms > tlow)  # the chunks tested (the others: 0)
+                mass0 = _tested_sum(p0, rd)
+                mass1 = _tested_sum(p1, rd)
+                mass2 = _tested_sum(p2, rd)
+                mass3 = _tested_sum(p3, rd)
+                if k_on:
+                    cnt0 = _tested_sum(p4, rd).to(tl.int32)
+                    cnt1 = _tested_sum(p5, rd).to(tl.int32)
+                    cnt2 = _tested_sum(p6, rd).to(tl.int32)
+                    cnt3 = _tested_sum(p7, rd).to(tl.int32)
+            else:
                 mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
-                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, ms, c,
-                    _test_low(q0, q1, q2, q3, v0, v1, v2, v3), HAS_MASK, BLOCK, CHUNK)
+                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, ms, c, tlow, HAS_MASK,
+                    BLOCK, CHUNK)
         tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
-                                     cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p, v0, v1, v2, v3)
+                                     cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p, u0, u1, u2, u3)
         if searching:
             # every token scoring at or below a cut draw is cut: draw four again above the
             # highest, and test them in one pass
@@ -423,9 +424,8 @@ def _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, h
                 # (a chunk whose max is at or below low is read by neither pass)
                 rms, rzs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, rms, HAS_MASK,
                                            CHUNK, SP)
-                x0, x1, x2, x3 = _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, rms, rzs, cs, low, j,
-                                            k0, k1, HAS_MASK, CHUNK)
-                q0, q1, q2, q3 = _scores(lrow, stride_lv, x0, x1, x2, x3, inv_t)
+                x0, x1, x2, x3, q0, q1, q2, q3 = _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, rms,
+                                                            rzs, cs, low, j, k0, k1, HAS_MASK, CHUNK)
                 qmin = tl.minimum(tl.minimum(q0, q1), tl.minimum(q2, q3))
                 mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
                     lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, rms, cs, qmin,
@@ -446,15 +446,19 @@ def _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m
     j0 = tl.full((), 0, tl.uint32)
     k_on, cut_p, active = _filter_on(top_k, top_p, min_p, V)
     if active:
-        x0, x1, x2, x3 = _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, j0, k0, k1,
-                                    HAS_MASK, CHUNK)
+        x0, x1, x2, x3, q0, q1, q2, q3 = _row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf,
+                                                    j0, k0, k1, HAS_MASK, CHUNK)
     else:  # the token is x0 (_decide)
-        x0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, j0, k0, k1, HAS_MASK, CHUNK)
+        x0, q0 = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, j0, k0, k1, HAS_MASK,
+                           CHUNK)
         x1 = x0
         x2 = x0
         x3 = x0
-    return _decide(x0, x1, x2, x3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                   lrow, 1, ms, zs, lrow, lrow, HAS_MASK, BLOCK, CHUNK, False, SP)
+        q1 = q0
+        q2 = q0
+        q3 = q0
+    return _decide(x0, x1, x2, x3, q0, q1, q2, q3, 0, 0, 0, 0, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr,
+                   has_row_mask, V, inv_t, k0, k1, lrow, 1, ms, zs, HAS_MASK, BLOCK, CHUNK, False, False, SP)
 
 
 @_helper
@@ -663,9 +667,8 @@ def _split_draw_kernel(
                 has_row_mask = tl.load(mask_row_ptr + r) != 0
             inv_t = tl.math.div_rn(1.0, temp)
             k0, k1 = _row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
-            x = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                          j.to(tl.uint32), k0, k1, HAS_MASK, CHUNK)
-            q = _score(lrow, stride_lv, x, inv_t)
+            x, q = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                             j.to(tl.uint32), k0, k1, HAS_MASK, CHUNK)
             tl.store(dx_ptr + row * NDRAW + j, x)
             tl.store(dq_ptr + row * NDRAW + j, q)
             if active:
@@ -805,15 +808,15 @@ def _sample_kernel(
             log_z = _log_z(ms, zs)
         if greedy:  # the first chunk holding the max, its lowest argmax: the row's lowest argmax
             tok = tl.sum(tl.where(cs == bc, idxs, 0), 0)
-        else:
-            tok = 0
-            if m > float("-inf"):
-                dx = dx_ptr + row * NDRAW
-                tok = _decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
-                              tl.load(dx + 3).to(tl.int32), m, top_k, top_p,
-                              min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                              ps_ptr + row * 8 * S, S, ms, zs, dq_ptr + row * NDRAW, dv_ptr + row * NDRAW, HAS_MASK,
-                              BLOCK, CHUNK, SPLIT2, SP)
+        else:  # the draws' tokens, scores and verdicts load with the chunks' results (an empty row's: unused)
+            dx = dx_ptr + row * NDRAW
+            dq = dq_ptr + row * NDRAW
+            dv = dv_ptr + row * NDRAW
+            tok = _decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
+                          tl.load(dx + 3).to(tl.int32), tl.load(dq), tl.load(dq + 1), tl.load(dq + 2), tl.load(dq + 3),
+                          tl.load(dv), tl.load(dv + 1), tl.load(dv + 2), tl.load(dv + 3), m, top_k, top_p, min_p,
+                          lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, ps_ptr + row * 8 * S, S, ms, zs,
+                          HAS_MASK, BLOCK, CHUNK, True, SPLIT2, SP)
     elif greedy:  # one pass: m = max(s) and its lowest argmax
         arange = tl.arange(0, BLOCK)
         m = float("-inf")
