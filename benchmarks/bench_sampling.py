@@ -133,7 +133,7 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
 
     def fused(t, k, p):
         # kinds: what the engine tells the kernel from its host-side parameters
-        kinds = kernels.sample_kinds(t, k, p, V)
+        kinds = kernels.sample_kinds(t, k, p, V, 0.0)
         args = dict(common, temperature=f32(t), top_k=i64(k), top_p=f32(p), kinds=kinds)
         return lambda: kernels.sample(logits, **args)
 

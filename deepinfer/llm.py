@@ -356,8 +356,9 @@ class LLM:
                 indices = torch.tensor(constrained, dtype=torch.int64).to(dev, non_blocking=True)
         p = [s.params for s in seqs]
         temperature, top_k, top_p = [x.temperature for x in p], [x.top_k for x in p], [x.top_p for x in p]
+        min_p = [x.min_p for x in p]
         # the per-row values in two host tensors and two copies (not six)
-        f = torch.tensor([temperature, top_p, [x.min_p for x in p]], dtype=torch.float32).to(dev, non_blocking=True)
+        f = torch.tensor([temperature, top_p, min_p], dtype=torch.float32).to(dev, non_blocking=True)
         i = torch.tensor([top_k, [s.seed for s in seqs], [len(s.output_token_ids) for s in seqs]],
                          dtype=torch.int64).to(dev, non_blocking=True)
         out = self.sample_fn(
@@ -372,7 +373,7 @@ class LLM:
             step=i[2],
             validate=False,
             # read on the host, before the copies: the launches no row needs are left out
-            kinds=kernels.sample_kinds(temperature, top_k, top_p, logits.shape[1]),
+            kinds=kernels.sample_kinds(temperature, top_k, top_p, logits.shape[1], min_p),
         )
         # a row whose mask allows nothing comes back as -1 (out.empty): its sequence fails
         # in on_token, the others go on

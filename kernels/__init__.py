@@ -230,10 +230,10 @@ def sample(
         Also return the chosen tokens' log-probabilities.
     validate : bool
         Check argument values (a host sync on CUDA); shapes and dtypes are always checked.
-    kinds : {"greedy", "sample", "top_p", "filter"}, optional
+    kinds : {"greedy", "plain", "sample", "top_p", "filter"}, optional
         What the rows need, known on the host: every row greedy; some row samples but none
-        with top-k or top-p; some row samples with top-p but none with top-k; some row samples
-        with top-k. The Triton path leaves out the launches (and the top-k counts) no row
+        with a filter (top-k, top-p or min-p); some row samples but none with top-k or top-p;
+        some row samples with top-p but none with top-k; some row samples with top-k. The Triton path leaves out the launches (and the top-k counts) no row
         needs. None: worked out from the arguments when they are host values, else "filter"
         (always correct). A wrong value is not checked and gives wrong
         tokens.
@@ -253,7 +253,7 @@ def sample(
         raise ValueError("indices given without a bitmask")
     idx = _check_indices(indices, B, dev, validate)
     if kinds is None:
-        kinds = sample_kinds(temperature, top_k, top_p, logits.shape[1])
+        kinds = sample_kinds(temperature, top_k, top_p, logits.shape[1], min_p)
     elif kinds not in reference.KINDS:
         raise ValueError(f"kinds must be one of {', '.join(map(repr, reference.KINDS))}, got {kinds!r}")
     temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
@@ -267,26 +267,31 @@ def sample(
     return SampleOutput(tokens, empty, logprobs)
 
 
-def sample_kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int) -> str:
-    """What the rows need (``sample(kinds=...)``: "greedy" / "sample" / "top_p" / "filter"),
-    from host values; "filter" if any is on a device (reading it would sync) or the lengths do
-    not broadcast (``_sampling_rows`` says why). Lists of Python numbers (what an engine step
-    has) are read as they are, without torch."""
+def sample_kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int, min_p: PerRow | None = None) -> str:
+    """What the rows need (``sample(kinds=...)``: "greedy" / "plain" / "sample" / "top_p" /
+    "filter"), from host values; "filter" if any is on a device (reading it would sync) or the
+    lengths do not broadcast (``_sampling_rows`` says why). "plain" (no sampling row has a
+    filter) needs min_p as well; without it, or with it on a device, "sample" stands for both.
+    Lists of Python numbers (what an engine step has) are read as they are, without torch."""
+    if min_p is None or (isinstance(min_p, torch.Tensor) and min_p.device.type != "cpu"):
+        min_p = 1.0  # unknown: taken as on
     rows = []
-    for x in (temperature, top_k, top_p):
+    for x in (temperature, top_k, top_p, min_p):
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             return "filter"
         rows.append(x if isinstance(x, (list, tuple)) else torch.as_tensor(x).reshape(-1).tolist())
     n = max(len(r) for r in rows)
     if any(len(r) not in (1, n) for r in rows):
         return "filter"
-    t, k, p = (r * n if len(r) == 1 else r for r in rows)
+    t, k, p, mp = (r * n if len(r) == 1 else r for r in rows)
     sampling = [i for i in range(n) if t[i] != 0]
     if any(0 < k[i] < V for i in sampling):
         return "filter"
     if any(p[i] < 1 for i in sampling):
         return "top_p"
-    return "sample" if sampling else "greedy"
+    if not sampling:
+        return "greedy"
+    return "sample" if any(mp[i] > 0 for i in sampling) else "plain"
 
 
 def verify(

@@ -68,7 +68,7 @@ def draw_bits(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
 
 
 # sample(kinds=...) hints, fewest launches first (the Triton path's; this reference needs none)
-KINDS = ("greedy", "sample", "top_p", "filter")
+KINDS = ("greedy", "plain", "sample", "top_p", "filter")
 CHUNK_MAX = 4096  # tokens per chunk of the inverse-CDF draws (part of what a seed samples)
 
 

@@ -680,6 +680,57 @@ def _split_draw_kernel(
 
 # fmt: off
 @triton.jit
+def _split_plain_kernel(
+    logits_ptr, stride_lb, stride_lv,  # [B, V]
+    mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
+    temp_ptr,  # [B] float32
+    seed_ptr, step_ptr,  # [B] int64
+    pm_ptr, pz_ptr, pi_ptr,  # [B, S] written by _split_pass1_kernel
+    tokens_ptr, empty_ptr, logprobs_ptr,  # out: [B] int64, bool, float32
+    V, S,
+    HAS_MASK: tl.constexpr,
+    HAS_ROW_MAP: tl.constexpr,
+    RETURN_LOGPROBS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SP: tl.constexpr,
+    PDL: tl.constexpr,  # launched early, as a dependent of pass 1
+):
+    # fmt: on
+    # program r ends row r of a call where no row has a filter (kinds "plain"), in place of the
+    # draw kernel and the per-row kernel: a greedy row's token from the chunks' maxima and
+    # argmaxes, a sampling row's from its draw 0 (which _decide would return: the token is x0
+    # without a filter), and the logprob
+    r = tl.program_id(0)
+    row = r.to(tl.int64)
+    lrow = logits_ptr + row * stride_lb
+    mrow_ptr = mask_ptr + row * stride_mb
+    has_row_mask = True
+    if HAS_ROW_MAP:
+        has_row_mask = tl.load(mask_row_ptr + r) != 0
+    temp = tl.load(temp_ptr + r)
+    k0, k1 = _row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
+    if PDL:
+        gdc_wait()
+    cs = tl.arange(0, SP)
+    ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
+    idxs = tl.load(pi_ptr + row * S + cs, mask=cs < S, other=0)  # (greedy rows')
+    zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)  # (sampling rows', or for the logprob)
+    m, bc = tl.max(ms, 0, return_indices=True, return_indices_tie_break_left=True)
+    tok = tl.sum(tl.where(cs == bc, idxs, 0), 0)  # greedy: the first chunk's lowest argmax
+    q = m  # (its score)
+    empty = m == float("-inf")
+    if (temp != 0) & (empty == 0):
+        inv_t = tl.math.div_rn(1.0, temp)  # IEEE, as torch
+        tok, q = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
+                           tl.full((), 0, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+    tl.store(tokens_ptr + r, tl.where(empty, -1, tok).to(tl.int64))
+    tl.store(empty_ptr + r, empty)
+    if RETURN_LOGPROBS:
+        tl.store(logprobs_ptr + r, tl.where(empty, float("-inf"), q - m - _log_z(ms, zs)))
+
+
+# fmt: off
+@triton.jit
 def _split_pass2_kernel(
     logits_ptr, stride_lb, stride_lv,  # [B, V]
     mask_ptr, stride_mb, mask_row_ptr,  # as _sample_kernel
@@ -809,14 +860,16 @@ def _sample_kernel(
         if greedy:  # the first chunk holding the max, its lowest argmax: the row's lowest argmax
             tok = tl.sum(tl.where(cs == bc, idxs, 0), 0)
         else:  # the draws' tokens, scores and verdicts load with the chunks' results (an empty row's: unused)
+            # (cast: an all-greedy call passes placeholders of another type, never read)
             dx = dx_ptr + row * NDRAW
             dq = dq_ptr + row * NDRAW
             dv = dv_ptr + row * NDRAW
             tok = _decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
-                          tl.load(dx + 3).to(tl.int32), tl.load(dq), tl.load(dq + 1), tl.load(dq + 2), tl.load(dq + 3),
-                          tl.load(dv), tl.load(dv + 1), tl.load(dv + 2), tl.load(dv + 3), m, top_k, top_p, min_p,
-                          lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, ps_ptr + row * 8 * S, S, ms, zs,
-                          HAS_MASK, BLOCK, CHUNK, True, SPLIT2, SP)
+                          tl.load(dx + 3).to(tl.int32), tl.load(dq).to(tl.float32), tl.load(dq + 1).to(tl.float32),
+                          tl.load(dq + 2).to(tl.float32), tl.load(dq + 3).to(tl.float32), tl.load(dv).to(tl.int32),
+                          tl.load(dv + 1).to(tl.int32), tl.load(dv + 2).to(tl.int32), tl.load(dv + 3).to(tl.int32), m,
+                          top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
+                          ps_ptr + row * 8 * S, S, ms, zs, HAS_MASK, BLOCK, CHUNK, True, SPLIT2, SP)
     elif greedy:  # one pass: m = max(s) and its lowest argmax
         arange = tl.arange(0, BLOCK)
         m = float("-inf")
@@ -989,7 +1042,8 @@ def sample(
     top_k / seed / step int64 (``deepinfer.kernels.sample`` prepares them). One launch when V
     is one chunk; else up to four (pass 1, the draws, the test pass, the per-row decision),
     plus one small scatter when ``indices`` is given. ``kinds`` (known on the host) leaves out
-    launches no row needs: "greedy" (every row greedy: no draws), "sample" (no row samples with
+    launches no row needs: "greedy" (every row greedy: no draws), "plain" (no row samples with
+    a filter: pass 1, then one program a row draws and ends it), "sample" (no row samples with
     top-k or top-p: no test pass), "top_p" (no row samples with top-k: the test pass without
     the counts), "filter" (all of them).
     """
@@ -1040,6 +1094,13 @@ def sample(
             *lv, *mask_args, temperature, pm, pz, pi, V, S,
             RETURN_LOGPROBS=return_logprobs, CHUNK=chunk, PDL=pdl, **flags, **_launch_opts(SPLIT_WARPS),
         )  # fmt: skip
+        if kinds == "plain":  # no filter: the draw (or the argmax) ends the row
+            _split_plain_kernel[(B,)](
+                *lv, *mask_args, temperature, seed, step, pm, pz, pi, tokens, empty, logprobs, V, S,
+                RETURN_LOGPROBS=return_logprobs, CHUNK=chunk, SP=SP, PDL=pdl, **flags, **_launch_opts(DRAW_WARPS),
+                **chained,
+            )  # fmt: skip
+            return tokens, empty, (logprobs if return_logprobs else None)
         if kinds != "greedy":
             dx = torch.empty(B, N_DRAWS, dtype=torch.int32, device=dev)
             dq = torch.empty(B, N_DRAWS, dtype=torch.float32, device=dev)

@@ -197,6 +197,14 @@ def test_kinds_from_host_values():
     assert _kinds([0.7, 0.0], [0, 5], 1.0, 1000) == "sample"  # top-k on a greedy row only
     assert _kinds(0.7, 1000, 1.0, 1000) == "sample"  # top-k >= V keeps every token
     assert _kinds(torch.tensor([0.7]), 0, torch.tensor([0.9]), 1000) == "top_p"
+    # with min_p known: "plain" when no sampling row has any filter
+    assert _kinds([0.0, 0.7], 0, 1.0, 1000, 0.0) == "plain"
+    assert _kinds([0.0, 0.7], 0, 1.0, 1000, [0.0, 0.1]) == "sample"
+    assert _kinds([0.0, 0.7], 0, 1.0, 1000, [0.1, 0.0]) == "plain"  # min-p on a greedy row only
+    assert _kinds([0.0, 0.7], 0, [1.0, 0.9], 1000, 0.0) == "top_p"
+    assert _kinds(0.0, 0, 1.0, 1000, 0.0) == "greedy"
+    assert _kinds(0.7, 0, 1.0, 1000, [0.0, 0.0, 0.0]) == "plain"  # (broadcast)
+    assert _kinds([0.7, 0.7], 0, 1.0, 1000, [0.0, 0.0, 0.0]) == "filter"  # lengths 2 and 3
 
 
 def test_kinds_from_lists_match_the_tensor_path():
@@ -212,6 +220,8 @@ def test_kinds_from_lists_match_the_tensor_path():
         args = [[rng.choice(vals) for _ in range(n)] for vals in ([0.0, 0.7], [0, 5, 1000, 2000], [1.0, 0.9])]
         args = [a[0] if rng.random() < 0.3 else a for a in args]
         assert _kinds(*args, 1000) == _kinds(*(torch.tensor(a) for a in args), 1000), args
+        min_p = [rng.choice([0.0, 0.0, 0.1]) for _ in range(n)]
+        assert _kinds(*args, 1000, min_p) == _kinds(*(torch.tensor(a) for a in args), 1000, torch.tensor(min_p))
 
 
 def test_kinds_hint_gives_the_same_tokens(impl, split):
@@ -219,12 +229,57 @@ def test_kinds_hint_gives_the_same_tokens(impl, split):
     gen = torch.Generator().manual_seed(21)
     B, V = 5, 900
     logits = torch.randn(B, V, generator=gen) * 2
-    for kinds, temperature, top_p in (("greedy", 0.0, 1.0), ("sample", 0.8, 1.0), ("top_p", 0.8, 0.6)):
+    for kinds, temperature, top_p in (("greedy", 0.0, 1.0), ("plain", 0.8, 1.0), ("sample", 0.8, 1.0),
+                                      ("top_p", 0.8, 0.6)):
         full = _run(impl, logits, temperature=temperature, top_p=top_p, kinds="filter")
         got = _run(impl, logits, temperature=temperature, top_p=top_p, kinds=kinds)
         assert got.tokens.tolist() == full.tokens.tolist()
     with pytest.raises(ValueError, match="kinds"):
         _run(impl, logits, temperature=0.0, kinds="fast")
+
+
+class _Launches:
+    """A Triton kernel that counts its launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.n = kernel, 0
+
+    def __getitem__(self, grid):
+        self.n += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_plain_hint_two_launches(impl, split, monkeypatch, logprobs):
+    """kinds="plain" (no sampling row has a filter): with the split, pass 1 and one program a
+    row that draws (or takes a greedy row's argmax) and ends the row -- no draw kernel, no
+    per-row kernel. Greedy and sampling rows, a row the mask empties, a scattered mask: the
+    tokens, flags and logprobs of the full path and of the reference."""
+    from deepinfer.kernels import sample_triton
+
+    draws = _Launches(sample_triton._split_draw_kernel)
+    rows = _Launches(sample_triton._sample_kernel)
+    monkeypatch.setattr(sample_triton, "_split_draw_kernel", draws)
+    monkeypatch.setattr(sample_triton, "_sample_kernel", rows)
+    gen = torch.Generator().manual_seed(23)
+    B, V = 6, 900
+    logits = torch.randn(B, V, generator=gen) * 2
+    allowed = torch.rand(B, V, generator=gen) < 0.4
+    allowed[1] = True
+    allowed[3] = False  # -> -1, empty
+    bitmask = pack_bitmask(allowed)
+    args = dict(temperature=torch.tensor([0.8, 0.0, 1.3, 0.8, 0.5, 0.0]), return_logprobs=logprobs)
+    want = _run(("torch", "cpu"), logits, bitmask, **args)
+    full = _run(impl, logits, bitmask, kinds="filter", **args)
+    launches = (draws.n, rows.n)
+    got = _run(impl, logits, bitmask, kinds="plain", **args)
+    assert got.tokens.tolist() == full.tokens.tolist() == want.tokens.tolist()
+    assert got.empty.tolist() == want.empty.tolist() and want.tokens[3] == -1
+    if logprobs:
+        torch.testing.assert_close(got.logprobs, full.logprobs, rtol=0, atol=0)
+        torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
+    if split[0] != "0":  # the split: the full path's draw and per-row launches are left out
+        assert launches == (1, 1) and (draws.n, rows.n) == launches, (launches, draws.n, rows.n)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
