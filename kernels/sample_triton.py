@@ -472,11 +472,19 @@ def _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, S, HAS_
         pid = tl.num_programs(0) - 1 - pid
     r = pid // S
     c = pid - r * S
+    row, lrow, mrow_ptr, has_row_mask = _row_ptrs(r, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
+                                                  HAS_ROW_MAP)
+    return r, c, row, lrow, mrow_ptr, has_row_mask
+
+
+@_helper
+def _row_ptrs(r, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, HAS_ROW_MAP: tl.constexpr):
+    # row r -> (row as int64, its logits and bitmask pointers, whether the row is masked)
     row = r.to(tl.int64)
     has_row_mask = True
     if HAS_ROW_MAP:
         has_row_mask = tl.load(mask_row_ptr + r) != 0
-    return r, c, row, logits_ptr + row * stride_lb, mask_ptr + row * stride_mb, has_row_mask
+    return row, logits_ptr + row * stride_lb, mask_ptr + row * stride_mb, has_row_mask
 
 
 @_helper
@@ -648,7 +656,8 @@ def _split_draw_kernel(
     pid = tl.program_id(0)
     r = pid // NDRAW
     j = pid - r * NDRAW
-    row = r.to(tl.int64)
+    row, lrow, mrow_ptr, has_row_mask = _row_ptrs(r, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
+                                                  HAS_ROW_MAP)
     temp = tl.load(temp_ptr + r)
     top_k = tl.load(top_k_ptr + r)
     top_p = tl.load(top_p_ptr + r)
@@ -660,11 +669,6 @@ def _split_draw_kernel(
         m = tl.max(ms, 0)
         if m > float("-inf"):
             zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)
-            lrow = logits_ptr + row * stride_lb
-            mrow_ptr = mask_ptr + row * stride_mb
-            has_row_mask = True
-            if HAS_ROW_MAP:
-                has_row_mask = tl.load(mask_row_ptr + r) != 0
             inv_t = tl.math.div_rn(1.0, temp)
             k0, k1 = _row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
             x, q = _row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
@@ -701,12 +705,8 @@ def _split_plain_kernel(
     # argmaxes, a sampling row's from its draw 0 (which _decide would return: the token is x0
     # without a filter), and the logprob
     r = tl.program_id(0)
-    row = r.to(tl.int64)
-    lrow = logits_ptr + row * stride_lb
-    mrow_ptr = mask_ptr + row * stride_mb
-    has_row_mask = True
-    if HAS_ROW_MAP:
-        has_row_mask = tl.load(mask_row_ptr + r) != 0
+    row, lrow, mrow_ptr, has_row_mask = _row_ptrs(r, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
+                                                  HAS_ROW_MAP)
     temp = tl.load(temp_ptr + r)
     k0, k1 = _row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
     if PDL:
@@ -832,12 +832,8 @@ def _sample_kernel(
 ):
     # fmt: on
     pid = tl.program_id(0)
-    row = pid.to(tl.int64)
-    lrow = logits_ptr + row * stride_lb
-    mrow_ptr = mask_ptr + row * stride_mb
-    has_row_mask = True
-    if HAS_ROW_MAP:
-        has_row_mask = tl.load(mask_row_ptr + pid) != 0
+    row, lrow, mrow_ptr, has_row_mask = _row_ptrs(pid, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
+                                                  HAS_ROW_MAP)
     temp = tl.load(temp_ptr + pid)
     greedy = temp == 0
     inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp)))  # IEEE, as torch
