@@ -27,8 +27,9 @@ sum of exp, greedy argmax), ``_split_draw_kernel`` ((row, draw) programs: the ch
 the draw from the chunks' masses, then one tile's cumulative sum), ``_split_pass2_kernel``
 (the test pass per chunk), and the per-row ``_sample_kernel`` adds the chunks' results in chunk
 order and decides. An all-greedy batch without logprobs is one launch, ``_split_greedy_kernel``
-(its row's last chunk program decides). Otherwise ``_sample_kernel`` runs every pass itself,
-looping over the row.
+(its row's last chunk program decides); a batch whose sampling rows have no filter is two, pass
+1 and ``_split_plain_kernel`` (one program a row: draw 0, or a greedy row's argmax). Without the
+split, ``_sample_kernel`` runs every pass itself, looping over the row.
 """
 
 from __future__ import annotations
