@@ -89,13 +89,17 @@ def chunk_weights(s: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, tor
     R, V = s.shape
     C = chunk_size(V)
     S = -(-V // C)
-    s3 = torch.full((R, S * C), float("-inf"), dtype=torch.float32, device=s.device)
-    s3[:, :V] = s
-    s3 = s3.view(R, S, C)
+    if S * C == V:  # no padding: a view
+        s3 = s.float().contiguous().view(R, S, C)
+    else:
+        s3 = torch.full((R, S * C), float("-inf"), dtype=torch.float32, device=s.device)
+        s3[:, :V] = s
+        s3 = s3.view(R, S, C)
     mc = s3.amax(dim=2)
     safe = torch.where(mc == float("-inf"), torch.zeros_like(mc), mc)
     q = (torch.exp(s3 - safe[:, :, None]) * 4294967296.0).to(torch.int64)
-    q = torch.where(s3 > low[:, None, None], q, torch.zeros_like(q))
+    if bool((low > float("-inf")).any()):  # (at low = -inf only s = -inf is cut, whose q is 0)
+        q = torch.where(s3 > low[:, None, None], q, torch.zeros_like(q))
     return mc, q, q.sum(dim=2)
 
 
@@ -202,15 +206,21 @@ def sample(
     m_raw = x.max(dim=1).values
     empty = m_raw == float("-inf")
     greedy = temperature == 0
-    tokens = x.argmax(dim=1)  # greedy rows (lowest id on ties); sampled rows replaced below
+    if bool(greedy.any()):
+        tokens = x.argmax(dim=1)  # greedy rows (lowest id on ties); sampled rows replaced below
+    else:
+        tokens = torch.zeros(B, dtype=torch.int64, device=x.device)
 
     # Only rows that sample pay for the draws; kept() is evaluated at the drawn tokens only
     # (count and mass above one score are a masked sum: no sort of the vocabulary)
     rows = torch.nonzero(~greedy & ~empty).flatten()
-    if rows.numel():
+    if rows.numel() == B:  # every row samples: no copies of the rows
+        s_rows = x * (1.0 / temperature).float()[:, None]
+        keep = _Kept(s_rows, top_k.to(torch.int64), top_p.float(), min_p.float())
+        tokens = _draw_kept(s_rows, keep, seed, step)
+    elif rows.numel():
         s_rows = x[rows] * (1.0 / temperature[rows]).float()[:, None]
-        e = torch.exp(s_rows - s_rows.max(dim=1, keepdim=True).values)  # 0 where masked
-        keep = _Kept(s_rows, e, top_k[rows].to(torch.int64), top_p[rows].float(), min_p[rows].float())
+        keep = _Kept(s_rows, top_k[rows].to(torch.int64), top_p[rows].float(), min_p[rows].float())
         tokens[rows] = _draw_kept(s_rows, keep, seed[rows], step[rows])
     tokens = torch.where(empty, torch.full_like(tokens, -1), tokens)
     logprobs = None
@@ -225,22 +235,39 @@ def sample(
 
 
 class _Kept:
-    """kept(i) of :func:`sample` for sampling rows, evaluated at given tokens: count and mass of
-    the scores strictly above s_i against top-k / top-p, and e_i against min-p."""
+    """kept(i) of :func:`sample` for sampling rows s [R, V], evaluated at given tokens: count and
+    mass of the scores strictly above s_i against top-k / top-p, and e_i against min-p. A filter
+    no row has on is not evaluated (without any, every allowed token is kept)."""
 
-    def __init__(self, s: torch.Tensor, e: torch.Tensor, k: torch.Tensor, p: torch.Tensor, mp: torch.Tensor):
-        self.s, self.e, self.k, self.p, self.mp = s, e, k, p, mp
-        self.z = e.sum(dim=1)
+    def __init__(self, s: torch.Tensor, k: torch.Tensor, p: torch.Tensor, mp: torch.Tensor):
+        self.s, self.k, self.p, self.mp = s, k, p, mp
+        self.k_on = bool(((k > 0) & (k < s.shape[1])).any())  # (top-k >= V keeps every token)
+        self.p_on = bool((p < 1).any())
+        self.mp_on = bool((mp > 0).any())
+        self.any_on = self.k_on or self.p_on or self.mp_on
+        if self.p_on or self.mp_on:
+            self.m = s.max(dim=1).values
+        if self.p_on:
+            self.e = torch.exp(s - self.m[:, None])  # 0 where masked
+            self.z = self.e.sum(dim=1)
 
-    def __call__(self, rows: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-        """[n] bool: is token tok[i] of row rows[i] kept."""
-        s, e = self.s[rows], self.e[rows]
+    def __call__(self, rows: torch.Tensor | None, tok: torch.Tensor) -> torch.Tensor:
+        """[n] bool: is token tok[i] of row rows[i] kept (rows None: row i)."""
+        s = self.s if rows is None else self.s[rows]
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])  # noqa: E731
         q = s.gather(1, tok[:, None])
-        above = s > q
-        k, p = self.k[rows], self.p[rows]
-        ok = (k <= 0) | (above.sum(dim=1) < k)
-        ok &= (p >= 1) | (torch.where(above, e, 0.0).sum(dim=1) < p * self.z[rows])
-        return ok & (e.gather(1, tok[:, None])[:, 0] >= self.mp[rows]) & (q[:, 0] > float("-inf"))
+        ok = q[:, 0] > float("-inf")
+        if self.k_on or self.p_on:
+            above = s > q
+            if self.k_on:
+                k = pick(self.k)
+                ok &= (k <= 0) | (above.sum(dim=1) < k)
+            if self.p_on:
+                p = pick(self.p)
+                ok &= (p >= 1) | (torch.where(above, pick(self.e), 0.0).sum(dim=1) < p * pick(self.z))
+        if self.mp_on:
+            ok &= torch.exp(q[:, 0] - pick(self.m)) >= pick(self.mp)
+        return ok
 
 
 def _draw_kept(s: torch.Tensor, kept: _Kept, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
@@ -249,9 +276,10 @@ def _draw_kept(s: torch.Tensor, kept: _Kept, seed: torch.Tensor, step: torch.Ten
     ninf = torch.full((R,), float("-inf"), device=s.device)
     mc, q, z = chunk_weights(s, ninf)
     t = draw_bits(seed, step, 8)
+    if not kept.any_on:  # no filter: every drawn token is kept, the first one is the token
+        return inverse_cdf(mc, q, z, t[:, 0], t[:, 1])
     x = torch.stack([inverse_cdf(mc, q, z, t[:, 2 * j], t[:, 2 * j + 1]) for j in range(4)], dim=1)  # [R, 4]
-    r_all = torch.arange(R, device=s.device)
-    k = torch.stack([kept(r_all, x[:, j]) for j in range(4)], dim=1)
+    k = torch.stack([kept(None, x[:, j]) for j in range(4)], dim=1)
     first = torch.where(k.any(dim=1), k.to(torch.int8).argmax(dim=1), 0)
     tokens = x.gather(1, first[:, None])[:, 0]
     for r in (~k.any(dim=1)).nonzero().flatten().tolist():  # all four cut: rare

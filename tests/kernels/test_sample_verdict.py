@@ -70,8 +70,7 @@ def _verdicts(impl, s: torch.Tensor, rows, tok, top_k, top_p, min_p) -> torch.Te
 
 def _kept(s: torch.Tensor, rows, tok, top_k, top_p, min_p) -> torch.Tensor:
     """[P] the exact filters (the reference's kept()) at the same tokens."""
-    e = torch.exp(s - s.max(dim=1, keepdim=True).values)
-    return reference._Kept(s[rows], e[rows], top_k, top_p, min_p)(torch.arange(rows.numel()), tok)
+    return reference._Kept(s[rows], top_k, top_p, min_p)(None, tok)
 
 
 def _check_sound(v: torch.Tensor, kept: torch.Tensor) -> None:
