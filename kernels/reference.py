@@ -264,7 +264,8 @@ class _Kept:
                 ok &= (k <= 0) | (above.sum(dim=1) < k)
             if self.p_on:
                 p = pick(self.p)
-                ok &= (p >= 1) | (torch.where(above, pick(self.e), 0.0).sum(dim=1) < p * pick(self.z))
+                mass = (pick(self.e) * above).sum(dim=1)  # (e is finite: the masked sum, 4x faster than where)
+                ok &= (p >= 1) | (mass < p * pick(self.z))
         if self.mp_on:
             ok &= torch.exp(q[:, 0] - pick(self.m)) >= pick(self.mp)
         return ok
