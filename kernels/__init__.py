@@ -233,10 +233,10 @@ def sample(
     kinds : {"greedy", "plain", "sample", "top_p", "filter"}, optional
         What the rows need, known on the host: every row greedy; some row samples but none
         with a filter (top-k, top-p or min-p); some row samples but none with top-k or top-p;
-        some row samples with top-p but none with top-k; some row samples with top-k. The Triton path leaves out the launches (and the top-k counts) no row
-        needs. None: worked out from the arguments when they are host values, else "filter"
-        (always correct). A wrong value is not checked and gives wrong
-        tokens.
+        some row samples with top-p but none with top-k; some row samples with top-k. The
+        Triton path leaves out the launches (and the top-k counts) no row needs. None: worked
+        out from the arguments when they are host values, else "filter" (always correct). A
+        wrong value is not checked and gives wrong tokens.
 
     Returns
     -------

@@ -214,14 +214,11 @@ def sample(
     # Only rows that sample pay for the draws; kept() is evaluated at the drawn tokens only
     # (count and mass above one score are a masked sum: no sort of the vocabulary)
     rows = torch.nonzero(~greedy & ~empty).flatten()
-    if rows.numel() == B:  # every row samples: no copies of the rows
-        s_rows = x * (1.0 / temperature).float()[:, None]
-        keep = _Kept(s_rows, top_k.to(torch.int64), top_p.float(), min_p.float())
-        tokens = _draw_kept(s_rows, keep, seed, step)
-    elif rows.numel():
-        s_rows = x[rows] * (1.0 / temperature[rows]).float()[:, None]
-        keep = _Kept(s_rows, top_k[rows].to(torch.int64), top_p[rows].float(), min_p[rows].float())
-        tokens[rows] = _draw_kept(s_rows, keep, seed[rows], step[rows])
+    if rows.numel():
+        sel = slice(None) if rows.numel() == B else rows  # every row samples: views, no copies
+        s_rows = x[sel] * (1.0 / temperature[sel]).float()[:, None]
+        keep = _Kept(s_rows, top_k[sel].to(torch.int64), top_p[sel].float(), min_p[sel].float())
+        tokens[sel] = _draw_kept(s_rows, keep, seed[sel], step[sel])
     tokens = torch.where(empty, torch.full_like(tokens, -1), tokens)
     logprobs = None
     if return_logprobs:
