@@ -583,13 +583,17 @@ def _split_greedy_kernel(
     SP: tl.constexpr,
     PACKED: tl.constexpr,  # bfloat16 logits: value and index in one int32 key (CHUNK <= 65536)
     MASK2D: tl.constexpr,  # the tile as [CHUNK / 32, 32]: one bitmask word per 32 tokens
+    TILES: tl.constexpr,  # (PACKED) program c takes tiles c * TILES .. (c + 1) * TILES - 1 in turn
 ):
     # fmt: on
     # program (row, c) of an all-greedy batch: the max of tile c and its lowest index; the row's
     # last program to finish (an atomic count) takes the S chunks' results in chunk order and
     # writes the token -- one launch, where the other kinds end in _sample_kernel. The argmax
     # is exact, whichever program finishes last.
-    if MASK2D:
+    if PACKED:
+        r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb,
+                                                             mask_row_ptr, S, HAS_ROW_MAP)
+    elif MASK2D:
         # [CHUNK / 32, 32] (_tile2d): each word of the bitmask is loaded once and tested against
         # the column's bit (no per-token gather of its word)
         r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb,
@@ -601,22 +605,30 @@ def _split_greedy_kernel(
         local = tl.arange(0, CHUNK)
     if PACKED:
         # x holds bfloat16 values (low 16 bits zero): the float's bits made monotone as an int32
-        # (negatives: magnitude bits flipped; -0.0 taken as +0.0) in the high half, 65535 - index
-        # in the low half, so one integer max gives the max and, among equal values, the lowest
-        # index (a plain max instead of a max carrying an index)
-        b = (x + 0.0).to(tl.int32, bitcast=True)
-        k = (b ^ ((b >> 31) & 0x7FFFFFFF)) & -65536
-        keys = k | (65535 - local)
-        best = tl.max(keys)
-        bi = 65535 - (best & 65535)
+        # in the high half (b >= 0: b; a negative float of magnitude bits M: -M, so -0.0 and +0.0
+        # are both 0; (b ^ (sg & 0x7FFFFFFF)) - sg with sg = b >> 31, three integer operations),
+        # 65535 - index in the low half, so one integer max gives the max and, among equal
+        # values, the lowest index (a plain max instead of a max carrying an index)
+        # TILES tiles in turn (_tile2d): a later one wins only with a larger value
+        best = tl.full((), -2147483648, tl.int32)
+        bt = 0
+        for t in tl.static_range(TILES):
+            x, local = _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c * TILES + t, V, HAS_MASK, CHUNK)
+            b = x.to(tl.int32, bitcast=True)
+            sg = b >> 31
+            tb = tl.max((b ^ (sg & 0x7FFFFFFF)) - sg + (65535 - local))
+            win = (tb & -65536) > (best & -65536)
+            best = tl.where(win, tb, best)
+            bt = tl.where(win, t, bt)
+        bi = bt * CHUNK + 65535 - (best & 65535)
         kh = best & -65536
-        m = tl.where(kh < 0, (kh | 65535) ^ 0x7FFFFFFF, kh).to(tl.float32, bitcast=True)
+        m = tl.where(kh < 0, (-kh) | -2147483648, kh).to(tl.float32, bitcast=True)
     elif MASK2D:
         m, bi = _argmax2d(x, local, CHUNK)
     else:
         m, bi = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
     tl.store(pm_ptr + row * S + c, m)
-    tl.store(pi_ptr + row * S + c, c * CHUNK + bi)
+    tl.store(pi_ptr + row * S + c, c * (CHUNK * TILES) + bi)
     tl.debug_barrier()  # this program's stores before its count (released by the atomic)
     done = tl.atomic_add(count_ptr + r, 1, sem="acq_rel")
     if done == S - 1:
@@ -941,6 +953,10 @@ DRAW_WARPS = 4
 # tile gives the same argmax), 4 warps; H200, B = 128, V = 128,256: bf16 13.0 us (16.6 with CHUNK
 # and 8 warps), fp32 21.2 (22.4)
 GREEDY_WARPS = 4
+# bfloat16 (packed keys): a program takes GREEDY_TILES tiles of CHUNK in turn (H200, µs, against
+# one tile of 2 * CHUNK: B = 128, V = 128,256 12.16 -> 11.98; V = 262,144 24.96 -> 24.27;
+# B = 512, V = 49,152 19.68 -> 18.75; B = 128, V = 49,152 6.29 -> 6.05; 4 tiles: slower)
+GREEDY_TILES = 2
 PASS2_WARPS = 4  # the test pass: 32 tokens a thread (H200: 1.3-1.8x faster than 8 at B >= 128)
 # "auto": split when a row has more than one chunk; "1": always; "0": never (one program per row)
 SPLIT = os.environ.get("DEEPINFER_SAMPLE_SPLIT", "auto")
@@ -953,7 +969,7 @@ GREEDY1 = os.environ.get("DEEPINFER_SAMPLE_GREEDY1", "1")
 # with the split on a GPU that has it: "1" each launch after pass 1 starts while the one before
 # ends (programmatic dependent launch) and waits for it only before reading its results
 PDL = os.environ.get("DEEPINFER_SAMPLE_PDL", "1")
-# that kernel's tile as [CHUNK / 32, 32] (one bitmask word a row) "1", or flat "0"
+# that kernel's tile as [CHUNK / 32, 32] (one bitmask word a row) "1", or flat "0" (bfloat16: always 2-D)
 MASK2D = os.environ.get("DEEPINFER_SAMPLE_MASK2D", "1")
 _counts: dict[torch.device, torch.Tensor] = {}
 _pdl_ok: dict[torch.device, bool] = {}
@@ -1069,14 +1085,18 @@ def sample(
     SP = triton.next_power_of_2(S)
     pm = pz = pi = dx = dq = dv = ps = tokens  # unused without the split
     if split and kinds == "greedy" and not return_logprobs and GREEDY1 == "1":
-        gchunk = min(chunk * max(1, 4 // logits.element_size()), triton.next_power_of_2(V))
-        gS = triton.cdiv(V, gchunk)
+        packed = logits.dtype == torch.bfloat16 and chunk <= 65536
+        # a program takes CHUNK tokens of 4-byte logits, 2 * CHUNK of 2-byte ones (two tiles in
+        # turn when packed); any tiling gives the same argmax
+        tiles = GREEDY_TILES if packed else 1
+        gchunk = min(chunk * (1 if packed else max(1, 4 // logits.element_size())), triton.next_power_of_2(V))
+        gS = triton.cdiv(V, gchunk * tiles)
         pm = torch.empty(B, gS, dtype=torch.float32, device=dev)
         pi = torch.empty(B, gS, dtype=torch.int32, device=dev)
         _split_greedy_kernel[(B * gS,)](
             logits, logits.stride(0), logits.stride(1), *mask_args, pm, pi, _row_counts(dev, B),
             tokens, empty, V, gS, CHUNK=gchunk, SP=triton.next_power_of_2(gS),
-            PACKED=logits.dtype == torch.bfloat16 and gchunk <= 65536, MASK2D=MASK2D == "1" and gchunk >= 32,
+            PACKED=packed, MASK2D=MASK2D == "1" and gchunk >= 32, TILES=tiles,
             **flags, **_launch_opts(GREEDY_WARPS),
         )  # fmt: skip
         return tokens, empty, None

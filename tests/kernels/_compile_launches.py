@@ -83,6 +83,7 @@ def main() -> None:
     for kinds in reference.KINDS:
         for logprobs in (False, True):
             _sample(3, V, torch.float32, kinds, logprobs, masked=True)
+    _sample(3, V, torch.bfloat16, "greedy", False, masked=True)  # the packed keys, two tiles a program
     for split2 in ("0", "1"):  # the test pass in the per-row kernel, 2-byte logits
         sample_triton.SPLIT2 = split2
         _sample(3, V, torch.bfloat16, "filter", False, masked=False)
