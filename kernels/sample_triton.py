@@ -590,15 +590,13 @@ def _split_greedy_kernel(
     # last program to finish (an atomic count) takes the S chunks' results in chunk order and
     # writes the token -- one launch, where the other kinds end in _sample_kernel. The argmax
     # is exact, whichever program finishes last.
-    if PACKED:
-        r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb,
-                                                             mask_row_ptr, S, HAS_ROW_MAP)
-    elif MASK2D:
+    if PACKED or MASK2D:
         # [CHUNK / 32, 32] (_tile2d): each word of the bitmask is loaded once and tested against
         # the column's bit (no per-token gather of its word)
         r, c, row, lrow, mrow_ptr, has_row_mask = _chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb,
                                                              mask_row_ptr, S, HAS_ROW_MAP)
-        x, local = _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
+        if not PACKED:  # (the packed keys read their TILES tiles below)
+            x, local = _tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
     else:
         r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
                                             V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
