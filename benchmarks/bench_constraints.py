@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """JSON Schema constraint benchmark: deepinfer.constraints against xgrammar, llguidance and
-outlines-core on the MaskBench schemas (../shared/data/maskbench-dev), single thread.
+outlines-core on the MaskBench schemas (``maskbench-dev``), single thread.
 
 For each tokenizer and engine, per schema: compile the schema, create a matcher, fill the
 first mask; then teacher-force every VALID instance (``json.dumps`` compact, tokenized as the
@@ -13,9 +13,12 @@ Each engine runs in its own worker process (spawned, one at a time, so the measu
 single-threaded and a hang or crash costs one schema): a schema over its time limit
 (``--timeout`` for outlines-core, ``--engine-timeout`` for the others) counts as not compiled.
 
+The schemas are the ``*.json`` files of ``--data DIR``, by default
+``$DEEPINFER_SHARED_DATA/maskbench-dev`` (the variable the tests use for the shared data).
+
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/bench_constraints.py --tokenizer both --limit 100
+    DEEPINFER_SHARED_DATA=/path/to/data .venv/bin/python benchmarks/bench_constraints.py --tokenizer both --limit 100
 
 Not a test: it prints tables (and, for deepinfer, where the time goes).
 """
@@ -49,9 +52,8 @@ import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-DEFAULT_DATA = os.path.join(os.path.dirname(REPO), "shared", "data", "maskbench-dev")
-if not os.path.isdir(DEFAULT_DATA):
-    DEFAULT_DATA = "/work/shared/data/maskbench-dev"
+DATA_ENV = "DEEPINFER_SHARED_DATA"  # a folder holding maskbench-dev/ (as for the tests)
+DEFAULT_DATA = os.path.join(os.environ[DATA_ENV], "maskbench-dev") if os.environ.get(DATA_ENV) else None
 ENGINES = ("deepinfer", "xgrammar", "llguidance", "outlines")
 PEERS = ENGINES[1:]
 ns = time.perf_counter_ns
@@ -130,16 +132,16 @@ class DeepInferEngine(_Engine):
     def phases(self, schema: Any) -> dict | None:
         """Redo the compile in its phases (cold, not cached) for the analysis."""
         try:
-            from deepinfer.constraints.automaton import compile_grammar
             from deepinfer.constraints.compiled import CompiledConstraint
             from deepinfer.constraints.json_schema import schema_to_grammar
+            from deepinfer.constraints.unique_items import attach, compile_unique
 
             t0 = ns()
             g = schema_to_grammar(schema, whitespace=self.ws, strict=False, lenient=self.cfg["lenient"])
             t1 = ns()
-            a = compile_grammar(g, self.compiler.limits)
+            a, tags = compile_unique(g, self.compiler.limits)
             t2 = ns()
-            cc = CompiledConstraint(a, self.vocab, "json_schema", "phases", g.notes)
+            cc = attach(CompiledConstraint(a, self.vocab, "json_schema", "phases", g.notes), tags)
             m = self._Matcher(cc)
             t3 = ns()
             m.fill_bitmask(self.bitmask, 0)
@@ -728,7 +730,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="a seeded sample of N schemas (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default=None, help="regex on schema file names")
-    ap.add_argument("--data", default=DEFAULT_DATA)
+    ap.add_argument("--data", default=DEFAULT_DATA, metavar="DIR",
+                    help=f"the MaskBench schemas (default: ${DATA_ENV}/maskbench-dev)")
     ap.add_argument("--timeout", type=float, default=10.0, help="per-schema limit for outlines-core (s)")
     ap.add_argument("--engine-timeout", type=float, default=60.0, help="per-schema limit for the others (s)")
     ap.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
@@ -750,6 +753,10 @@ def main(argv=None) -> int:
     import _tokenizers
 
     toks = ["smollm2", "llama3"] if args.tokenizer == "both" else [args.tokenizer]
+    if args.data is None or not os.path.isdir(args.data):
+        where = args.data or f"${DATA_ENV}/maskbench-dev (${DATA_ENV} is not set)"
+        ap.error(f"no MaskBench schemas at {where}: pass --data DIR or set {DATA_ENV} to the folder holding "
+                 "maskbench-dev/")
     schemas = load_schemas(args.data, args.limit, args.seed, args.only)
     print(f"# {len(schemas)} schemas from {args.data}; engines: {', '.join(engines)}; "
           f"whitespace={args.whitespace}; 1 thread; python {sys.version.split()[0]}", flush=True)

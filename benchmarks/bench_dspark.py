@@ -1,6 +1,6 @@
 """DSpark benchmark on an extraction workload: prints tables, asserts nothing.
 
-Workload: instances of ../shared/data/maskbench-dev (schemas that compile, valid test data of a
+Workload: instances of maskbench-dev, found at $DEEPINFER_SHARED_DATA/maskbench-dev (schemas that compile, valid test data of a
 modest size). Each prompt shows the instance's content as plain "key: value" text and asks for
 it as JSON under the schema (shown too), so the answer copies spans of the prompt and the
 schema forces keys, quotes and brackets: the two draft sources DSpark has.
@@ -42,7 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_decode import _table  # noqa: E402
 
-DATA = os.environ.get("DEEPINFER_SHARED_DATA", os.path.join(HERE, "..", "..", "shared", "data"))
+DATA = os.environ.get("DEEPINFER_SHARED_DATA")  # the folder holding maskbench-dev/
 TRACE = os.path.join(HERE, "dspark_acceptance.json")
 # P(draft accepted | the drafts before it were), by confidence class (drafts.K_*: forced, first
 # copied token after a 1 / 2 / 3+ token match, continued copy): used when no trace file exists
@@ -75,7 +75,9 @@ def render(value, indent: int = 0) -> str:
 
 def workload(n: int, compile_fn, *, max_data: int = 400, max_schema: int = 1500, seed: int = 0) -> list[dict]:
     """n extraction tasks: {name, schema, data, text}; schemas that compile, data of modest size."""
-    files = sorted(glob.glob(os.path.join(DATA, "maskbench-dev", "*.json")))
+    files = sorted(glob.glob(os.path.join(DATA, "maskbench-dev", "*.json"))) if DATA else []
+    if not files:
+        sys.exit(f"no maskbench-dev/*.json under DEEPINFER_SHARED_DATA={DATA!r}: set it to the folder holding maskbench-dev/")
     random.Random(seed).shuffle(files)
     tasks, seen = [], set()
     for f in files:
@@ -104,7 +106,7 @@ def prompt_text(task: dict) -> str:
 
 
 def _generate(llm, prompts, params, dspark):
-    from deepinfer.spec import DSpark
+    from deepinfer.dspark import DSpark
 
     llm.dspark = dspark if isinstance(dspark, DSpark) else DSpark(dspark)
     llm.dspark.stats.reset()
@@ -302,7 +304,7 @@ _TOKEN_BYTES: dict[int, list] = {}
 
 
 def forced_tokens(matcher) -> tuple[int, ...]:
-    from deepinfer.spec.drafts import forced_tokens as memo
+    from deepinfer.dspark.drafts import forced_tokens as memo
 
     return memo(matcher)
 
@@ -372,14 +374,14 @@ class Replay:
         import torch
 
         from deepinfer import kernels
-        from deepinfer.spec import DSpark
+        from deepinfer.dspark import DSpark
 
         replay = self
 
         class ReplayDSpark(DSpark):
-            def step(self, llm, plan, masks):
+            def step(self, plan, masks, **kw):
                 self._plan = plan
-                return super().step(llm, plan, masks)
+                return super().step(plan, masks, **kw)
 
             def replay_verify(self, logits, drafts, *, bitmask=None, indices=None, **kw):
                 # the real kernel runs; the replay's decisions are host work that does not wait for
@@ -556,14 +558,15 @@ class StepProfile:
     the verifier's calls). Hooks the classes, so it sees every run."""
 
     HOST = (("DSpark", "plan", "DSpark.plan"), ("DSpark", "step", "DSpark.step"),
-            ("Verifier", "start_masks", "Verifier.start_masks"), ("Verifier", "forward", "Verifier.forward"),
+            ("Verifier", "start_masks", "Verifier.start_masks"), ("ModelRunner", "verify", "ModelRunner.verify"),
             ("Verifier", "bitmask", "Verifier.bitmask"), ("Verifier", "inputs", "Verifier.inputs"),
-            ("VerifyGraphs", "_make", "capture verify graph"),
-            ("DecodeGraphs", "_capture", "capture decode graph"))  # fmt: skip
+            ("StepGraphs", "_make", "capture graph (decode or verify)"))  # fmt: skip
 
     def __init__(self) -> None:
-        from deepinfer.cuda_graphs import DecodeGraphs
-        from deepinfer.spec import dspark, graphs, scheduler, verify
+        from deepinfer.cuda_graphs import StepGraphs
+        from deepinfer.dspark import dspark, verify
+        from deepinfer.dspark import policy as scheduler
+        from deepinfer.model_runner import ModelRunner
 
         self.mode = "off"
         self.steps: dict[tuple, list[float]] = {}
@@ -578,8 +581,8 @@ class StepProfile:
             return plan(d, *a, **kw)
 
         dspark.DSpark.plan = plan_in_mode
-        classes = {"DSpark": dspark.DSpark, "Verifier": verify.Verifier, "VerifyGraphs": graphs.VerifyGraphs,
-                   "DecodeGraphs": DecodeGraphs}  # fmt: skip
+        classes = {"DSpark": dspark.DSpark, "Verifier": verify.Verifier, "ModelRunner": ModelRunner,
+                   "StepGraphs": StepGraphs}  # fmt: skip
         for cls, name, key in self.HOST:
             setattr(classes[cls], name, self._timed(getattr(classes[cls], name), key))
         observe = scheduler.CostModel.observe
@@ -634,8 +637,7 @@ def graph_times(llm, kv_need: int, batches=(1, 8, 64), widths=(1, 2, 3, 5, 9), r
     by CUDA events over ``reps`` back-to-back replays: the forward alone, no host work."""
     import torch
 
-    from deepinfer.cuda_graphs import Tile, batch_buckets, bucket_for, kv_bucket
-    from deepinfer.spec.graphs import t_bucket
+    from deepinfer.cuda_graphs import Tile, batch_buckets, bucket_for, kv_bucket, t_bucket
 
     runner = llm.runner
     kv = kv_bucket(kv_need, runner.cache.max_len)
@@ -644,10 +646,7 @@ def graph_times(llm, kv_need: int, batches=(1, 8, 64), widths=(1, 2, 3, 5, 9), r
         Bp = bucket_for(b, batch_buckets(runner.cache.num_slots))
         out = [Bp]
         for T in widths:
-            if T == 1:
-                g = runner.graphs.graphs.get(Tile(0, Bp, kv))
-            else:
-                g = runner.verify_graphs().graphs.get((Bp, t_bucket(T), kv))
+            g = runner.graphs.graphs.get(Tile(0, Bp, kv, t_bucket(T) if T > 1 else 1))
             if g is None:
                 out.append("-")
                 continue

@@ -6,7 +6,8 @@ Device, random weights at real shapes (output length forced through max_tokens):
     python benchmarks/bench_e2e.py --device cuda --shapes smollm2-135m,llama3-8b --batches 1,8,32,128
     (needs the SmolLM2 tokenizer exported beforehand: --export-tokenizer writes it here)
 
-Schemas come from ../shared/data/maskbench-dev (those that compile). Per row it prints
+Schemas come from $DEEPINFER_SHARED_DATA/maskbench-dev (those that compile; one fixed schema
+when it is unset). Per row it prints
 tokens/s unconstrained and constrained (DSpark off), their ratio, host time per step spent
 on masks, the share of it hidden behind the device step (1 - wait / mask), and tokens/s
 constrained with DSpark on. Each mode runs once untimed first (graph captures, constraint
@@ -30,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_decode import SHAPES, _random_weights, _table  # noqa: E402
 
-DATA = os.environ.get("DEEPINFER_SHARED_DATA", os.path.join(HERE, "..", "..", "shared", "data"))
+DATA = os.environ.get("DEEPINFER_SHARED_DATA")  # the folder holding maskbench-dev/
 TOKENIZER_CACHE = os.path.join(HERE, ".cache")
 
 
@@ -38,7 +39,10 @@ def _schemas(n: int) -> list[dict]:
     from deepinfer.constraints.json_schema import schema_to_grammar
 
     out = []
-    for f in sorted(glob.glob(os.path.join(DATA, "maskbench-dev", "*.json"))):
+    files = sorted(glob.glob(os.path.join(DATA, "maskbench-dev", "*.json"))) if DATA else []
+    if not files:
+        print(f"no maskbench-dev/*.json under DEEPINFER_SHARED_DATA={DATA!r}: one fixed schema instead")
+    for f in files:
         d = json.load(open(f))
         try:
             schema_to_grammar(d["schema"])

@@ -23,11 +23,13 @@ Usage (from the repository root, on a CUDA machine)::
     python benchmarks/bench_sampling.py [--quick] [--batches 128 512] [--vocabs 128256]
     python benchmarks/bench_sampling.py --compare --batches 128 512   # per-row vs split pass 1
     python benchmarks/bench_sampling.py --split-sweep --compare --batches 128 --vocabs 128256
+    python benchmarks/bench_sampling.py --quick --tuning pdl=0      # A/B of a SampleTuning field
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "0")
@@ -37,6 +39,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from deepinfer import kernels  # noqa: E402
+from deepinfer.kernels import DEFAULT_TUNING, SampleTuning  # noqa: E402
 
 try:  # optional peer
     from xgrammar import apply_token_bitmask_inplace as _xgr_apply
@@ -119,7 +122,8 @@ def make_logits(B: int, V: int, dtype: torch.dtype, gen, kind: str) -> torch.Ten
     return _recorded.repeat(reps, 1)[:B].to(dtype).contiguous()
 
 
-def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True, kind: str = "random") -> dict | None:
+def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True, kind: str = "random",
+        tuning: SampleTuning = DEFAULT_TUNING) -> dict | None:  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(B * V)
     logits = make_logits(B, V, dtype, gen, kind)
     if logits is None:
@@ -129,7 +133,8 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
     f32 = lambda v: torch.full((B,), v, device="cuda", dtype=torch.float32)  # noqa: E731
     i64 = lambda v: torch.full((B,), v, device="cuda", dtype=torch.int64)  # noqa: E731
     seed, step = torch.arange(B, device="cuda", dtype=torch.int64), i64(3)
-    common = dict(bitmask=bitmask, seed=seed, step=step, min_p=f32(0.0), validate=False, backend="triton")
+    common = dict(bitmask=bitmask, seed=seed, step=step, min_p=f32(0.0), validate=False, backend="triton",
+                  tuning=tuning)  # fmt: skip
 
     def fused(t, k, p):
         # kinds: what the engine tells the kernel from its host-side parameters
@@ -164,75 +169,82 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
     return row
 
 
-def sweep() -> None:
+def sweep(base: SampleTuning) -> None:
     """Greedy / top-p µs for kernel tile sizes and warp counts (tuning; not part of the table)."""
-    from deepinfer.kernels import sample_triton
-
-    saved = sample_triton.BLOCK_MAX, sample_triton.NUM_WARPS
     print("| dtype | B | V | BLOCK | warps | greedy | top-p |")
     print("|---|---|---|---|---|---|---|")
     for dtype in (torch.float32, torch.bfloat16):
         for B, V in ((128, 128256),):
             for block in (2048, 4096, 8192):
                 for warps in (4, 8, 16):
-                    sample_triton.BLOCK_MAX, sample_triton.NUM_WARPS = block, warps
-                    r = run(dtype, B, V, 4.3, peers=False)
+                    tuning = dataclasses.replace(base, block_max=block, num_warps=warps)
+                    r = run(dtype, B, V, 4.3, peers=False, tuning=tuning)
                     print(
                         f"| {str(dtype)[6:]} | {B} | {V} | {block} | {warps} | {r['greedy']:.1f} | {r['top_p']:.1f} |"
                     )
-    sample_triton.BLOCK_MAX, sample_triton.NUM_WARPS = saved  # the table runs the shipped defaults
 
 
-def compare(shapes: list[tuple[int, int]], floor_tbs: float) -> None:
+def compare(shapes: list[tuple[int, int]], floor_tbs: float, base: SampleTuning) -> None:
     """Greedy, plain sampling (T 1, no filter: pass 1 only) and top-p µs for three layouts:
     "row" = one program per row for everything (split off), "split1" = pass 1 over (row, chunk)
     programs and the top-p test pass in the per-row kernel, "split" = both passes over (row,
     chunk) programs (the default); with greedy's % of the floor and top-p / greedy."""
-    from deepinfer.kernels import sample_triton as st
-
-    saved = st.SPLIT, st.SPLIT2
-    modes = {"row": ("0", "1"), "split1": ("1", "0"), "split": ("1", "1")}
+    modes = {
+        "row": dataclasses.replace(base, split="never"),
+        "split1": dataclasses.replace(base, split="always", split2=False),
+        "split": dataclasses.replace(base, split="always", split2=True),
+    }
     head = ("| dtype | B | V | floor µs | greedy row | greedy split | % floor split | plain row | plain split "
             "| top-p row | top-p split1 | top-p split | top-p / greedy |")  # fmt: skip
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    try:
-        for dtype in (torch.float32, torch.bfloat16):
-            for B, V in shapes:
-                r = {}
-                for name, (s1, s2) in modes.items():
-                    st.SPLIT, st.SPLIT2 = s1, s2
-                    r[name] = run(dtype, B, V, floor_tbs, peers=False)
-                f = r["row"]["floor"]
-                g = r["split"]["greedy"]
-                print(f"| {str(dtype)[6:]} | {B} | {V} | {f:.1f} | {r['row']['greedy']:.1f} | {g:.1f} "
-                      f"| {100 * f / g:.0f}% | {r['row']['plain']:.1f} | {r['split']['plain']:.1f} "
-                      f"| {r['row']['top_p']:.1f} | {r['split1']['top_p']:.1f} | {r['split']['top_p']:.1f} "
-                      f"| {r['split']['top_p'] / g:.2f} |", flush=True)  # fmt: skip
-                torch.cuda.empty_cache()
-    finally:
-        st.SPLIT, st.SPLIT2 = saved
+    for dtype in (torch.float32, torch.bfloat16):
+        for B, V in shapes:
+            r = {name: run(dtype, B, V, floor_tbs, peers=False, tuning=tuning) for name, tuning in modes.items()}
+            f = r["row"]["floor"]
+            g = r["split"]["greedy"]
+            print(f"| {str(dtype)[6:]} | {B} | {V} | {f:.1f} | {r['row']['greedy']:.1f} | {g:.1f} "
+                  f"| {100 * f / g:.0f}% | {r['row']['plain']:.1f} | {r['split']['plain']:.1f} "
+                  f"| {r['row']['top_p']:.1f} | {r['split1']['top_p']:.1f} | {r['split']['top_p']:.1f} "
+                  f"| {r['split']['top_p'] / g:.2f} |", flush=True)  # fmt: skip
+            torch.cuda.empty_cache()
 
 
-def split_sweep(vocabs: list[int], floor_tbs: float) -> None:
-    """Greedy / top-p µs of the split path for chunk sizes and warp counts at B = 128 (tuning)."""
-    from deepinfer.kernels import sample_triton as st
-
-    saved = st.SPLIT, st.reference.CHUNK_MAX, st.SPLIT_WARPS
+def split_sweep(vocabs: list[int], floor_tbs: float, base: SampleTuning) -> None:
+    """Greedy / top-p µs of the split path for chunk sizes and warp counts at B = 128 (tuning;
+    the chunk size is part of what a seed samples: other chunks, other tokens)."""
     print("| dtype | B | V | CHUNK | warps | greedy | % floor | top-p |")
     print("|---|---|---|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        for V in vocabs:
+            for chunk in (2048, 4096, 8192):
+                for warps in (4, 8):
+                    tuning = dataclasses.replace(base, split="always", chunk_max=chunk, split_warps=warps)
+                    r = run(dtype, 128, V, floor_tbs, peers=False, tuning=tuning)
+                    print(f"| {str(dtype)[6:]} | 128 | {V} | {chunk} | {warps} | {r['greedy']:.1f} "
+                          f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p']:.1f} |", flush=True)  # fmt: skip
+
+
+def parse_tuning(items: list[str]) -> SampleTuning:
+    """``["pdl=0", "split=never", "num_warps=8"]`` -> SampleTuning (0/1/true/false for the bools)."""
+    kw: dict[str, object] = {}
+    types = {f.name: f.type for f in dataclasses.fields(SampleTuning)}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in types:
+            raise SystemExit(f"--tuning: no field {name!r}; fields: {', '.join(types)}")
+        if types[name] == "bool":
+            if value.lower() not in ("0", "1", "false", "true"):
+                raise SystemExit(f"--tuning {name}: 0/1/true/false, got {value!r}")
+            kw[name] = value.lower() in ("1", "true")
+        elif types[name] == "int":
+            kw[name] = int(value)
+        else:
+            kw[name] = value
     try:
-        st.SPLIT = "1"
-        for dtype in (torch.float32, torch.bfloat16):
-            for V in vocabs:
-                for chunk in (2048, 4096, 8192):
-                    for warps in (4, 8):
-                        st.reference.CHUNK_MAX, st.SPLIT_WARPS = chunk, warps
-                        r = run(dtype, 128, V, floor_tbs, peers=False)
-                        print(f"| {str(dtype)[6:]} | 128 | {V} | {chunk} | {warps} | {r['greedy']:.1f} "
-                              f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p']:.1f} |", flush=True)  # fmt: skip
-    finally:
-        st.SPLIT, st.reference.CHUNK_MAX, st.SPLIT_WARPS = saved
+        return SampleTuning(**kw)
+    except ValueError as e:
+        raise SystemExit(f"--tuning: {e}") from e
 
 
 def main() -> None:
@@ -252,7 +264,10 @@ def main() -> None:
                     help="N(0, 4) logits, or the embedded model's recorded rows (V = 49,152; see --record-logits)")
     ap.add_argument("--record-logits", action="store_true",
                     help=f"CPU: record the embedded model's logits to {MODEL_LOGITS} and exit")
+    ap.add_argument("--tuning", nargs="+", default=[], metavar="FIELD=VALUE",
+                    help="SampleTuning fields every run starts from, e.g. pdl=0 greedy1=0 split=never")
     args = ap.parse_args()
+    tuning = parse_tuning(args.tuning)
     if args.record_logits:
         os.makedirs(os.path.dirname(MODEL_LOGITS), exist_ok=True)
         record_logits(MODEL_LOGITS)
@@ -261,22 +276,22 @@ def main() -> None:
         raise SystemExit("bench_sampling.py needs a CUDA device")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"xgrammar {'yes' if _xgr_apply else 'not importable'}; µs per call; floor {args.floor} TB/s; "
-          f"logits {args.logits}")  # fmt: skip
+          f"logits {args.logits}; {tuning}")  # fmt: skip
     head = ("| dtype | B | V | fused greedy | fused top-p | fused top-k+p | torch | xgr+torch | floor µs "
             "| greedy GB/s | % floor | top-p/greedy | torch/top-p |")  # fmt: skip
     if args.sweep:
-        sweep()
+        sweep(tuning)
     if args.split_sweep:
-        split_sweep(args.vocabs, args.floor)
+        split_sweep(args.vocabs, args.floor, tuning)
     shapes = [(128, 128256)] if args.quick else [(B, V) for V in args.vocabs for B in args.batches]
     if args.compare:
-        compare(shapes, args.floor)
+        compare(shapes, args.floor, tuning)
         return
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for dtype in (torch.float32, torch.bfloat16):
         for B, V in shapes:
-            r = run(dtype, B, V, args.floor, kind=args.logits)
+            r = run(dtype, B, V, args.floor, kind=args.logits, tuning=tuning)
             if r is None:
                 continue
             xgr = f"{r['xgr']:.1f}" if "xgr" in r else "-"

@@ -1,6 +1,18 @@
 """deepinfer.constraints: regexes, JSON Schemas and Lark grammars → token bitmasks.
 
-Depends on numpy, numba, lark, interegular and jsonschema; never on torch or the engine.
+Depends on numpy, numba, lark and jsonschema (pydantic for model classes); never on torch
+or the engine.
+
+The stages: front ends (:mod:`.frontends`: regex, Lark; :mod:`.json_schema`) lower a
+constraint to the grammar IR (:mod:`.ir`); :mod:`.automaton` compiles the IR to a
+byte-level pushdown automaton; :mod:`.tokens` walks the vocabulary trie from its states;
+:mod:`.compiled` joins the automaton to the vocabulary (mask rows), :mod:`.matcher` walks
+one request through it and :mod:`.unique_items` wraps the matcher with the uniqueItems
+check; :mod:`.compiler` drives it all. Imports form no cycle: :mod:`.ir` and
+:mod:`.errors` import nothing of the package, :mod:`.automaton` only them, the front ends
+also the automaton (the JSON Schema lowering asks it whether a repetition is counted and
+whether a key language is empty), :mod:`.tokens` the automaton's kernels, and each
+top-level module only the stages before it.
 
 >>> vocab = Vocabulary.from_tokenizer(tokenizer)           # doctest: +SKIP
 >>> compiled = Compiler(vocab).json_schema(MyModel)        # doctest: +SKIP
@@ -11,6 +23,7 @@ from .bitmask import allocate_bitmask, apply_bitmask_, bitmask_width, unpack_bit
 from .compiled import CompiledConstraint
 from .compiler import Compiler
 from .errors import ConstraintError, ConstraintTooComplex
+from .json_schema.loader import load_schema
 from .matcher import Matcher
 from .vocab import Vocabulary
 
@@ -24,5 +37,6 @@ __all__ = [
     "allocate_bitmask",
     "apply_bitmask_",
     "bitmask_width",
+    "load_schema",
     "unpack_bitmask",
 ]

@@ -7,9 +7,9 @@ row is computed under the constraint's lock (its kernels share scratch space).
 A cold row (see :meth:`CompiledConstraint._context_independent`): a permissive state
 (inside a JSON string) takes the tokens without ``"`` from a row shared per vocabulary,
 keyed by the canonical form of what it reaches over other bytes (numba kernels in
-:mod:`.row_kernels`; a region is minimised or matched against known forms once, then
-every state in it is a lookup; JSON key and value strings are primed with the
-vocabulary); every other walk takes the fast trie walk of :mod:`.index` (whole subtrees
+:mod:`.tokens.rows`; a region is minimised or matched against known forms once, then
+every state in it is a lookup; JSON key and value strings are primed when a compiler is
+made for the vocabulary); every other walk takes the fast trie walk of :mod:`.tokens.trie` (whole subtrees
 at once where the automaton provably stays alive). Pushdown boundaries continue through
 memoised closures. The pure-Python canonical form and ``VocabIndex.walk`` stay as
 references for the tests.
@@ -22,12 +22,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from . import counted as ct
-from .automaton import Automaton, Config
+from .automaton import counted as ct
+from .automaton.nfa import equivalent_blocks
+from .automaton.pushdown import Automaton, Config
 from .bitmask import unpack_bitmask
-from .index import WalkMemo
-from .nfa import equivalent_blocks
-from .row_kernels import canonical_key, count_bytes, match_form, unquoted_region
+from .tokens.rows import canonical_key, count_bytes, match_form, unquoted_region
+from .tokens.trie import WalkMemo
 
 ROW_CACHE_SIZE = 8192
 QUOTE = 0x22
@@ -101,12 +101,10 @@ class CompiledConstraint:
         self._eos = np.array(vocab.eos_ids, dtype=np.int64)
         # accepted steps seen before: the common accept is one dict hit (bounded; see matcher)
         self.step_memo: dict = {}
-        # uniqueItems checked at run time (see .unique): None for every other constraint
-        self.unique = None
-        if automaton.unique is not None:
-            from .unique import Runtime
-
-            self.unique = Runtime(self)
+        # a run-time check the automaton cannot express, set by whoever compiled the
+        # constraint (uniqueItems: see .unique_items.attach); Matcher(compiled) returns its
+        # matchers. None for every other constraint
+        self.check = None
 
     @property
     def vocab_size(self) -> int:
@@ -220,10 +218,13 @@ class CompiledConstraint:
             trie = self.index
             words = np.zeros(self.n_words, dtype=np.uint32)
             if fast:
-                nodes, states = trie.walk_fast(self._walk_memo(n_bytes >= self.fast_min_bytes), inner, state, words)
+                nodes, states = trie.walk_fast(
+                    self._walk_memo(n_bytes >= self.fast_min_bytes), inner, state, words
+                )
             else:
-                nodes, states = trie.walk(a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom,
-                                          words)
+                nodes, states = trie.walk(
+                    a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, words
+                )
         else:
             split = self._split
             if split is None:
@@ -243,8 +244,9 @@ class CompiledConstraint:
             if fast:
                 nodes, states = trie.walk_fast(self._walk_memo(False), inner, state, words)
             else:
-                nodes, states = trie.walk(a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom,
-                                          words)
+                nodes, states = trie.walk(
+                    a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, words
+                )
         hit = (words, nodes, states, trie)
         self._ci[key] = hit
         return hit
@@ -302,7 +304,9 @@ class CompiledConstraint:
         forms = self.vocab.shared_forms()
         for i, entry in enumerate(forms[:MAX_FORM_TRIES]):
             form = entry[1]
-            code, states, block = match_form(a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES, scratch, form)
+            code, states, block = match_form(
+                a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES, scratch, form
+            )
             if code < 0:
                 if code == -2:
                     self._canon_big[states] = True
@@ -314,8 +318,9 @@ class CompiledConstraint:
                             forms.insert(0, forms.pop(j))
                             break
                 return self._canon_add(states, block, form)
-        code, states, block, quotient = unquoted_region(a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES,
-                                                         scratch)
+        code, states, block, quotient = unquoted_region(
+            a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES, scratch
+        )
         if code < 0:
             if code == -2:
                 self._canon_big[states] = True
@@ -412,8 +417,9 @@ class CompiledConstraint:
                     self._bottom_counted(st[0], words)
                     continue
                 if self._counted_frame(st):  # near a region in a called rule: the counted walk
-                    nodes, states = self.index.walk_counted(a.table, a.counters, a.cls, st[-1] % n, st[-1] // n,
-                                                            words, self._bnd_inner)
+                    nodes, states = self.index.walk_counted(
+                        a.table, a.counters, a.cls, st[-1] % n, st[-1] // n, words, self._bnd_inner
+                    )
                     if len(nodes):
                         self._continue(st[:-1], nodes, states, words, self.index)
                     continue
@@ -569,8 +575,9 @@ class CompiledConstraint:
         memo[state] = hit
         return hit
 
-    def _continue(self, base: tuple[int, ...], nodes: np.ndarray, states: np.ndarray,
-                  words: np.ndarray, trie) -> None:
+    def _continue(
+        self, base: tuple[int, ...], nodes: np.ndarray, states: np.ndarray, words: np.ndarray, trie
+    ) -> None:
         """Tokens that pass trie ``nodes[i]`` with stack ``base + (states[i],)`` and go on
         through a call or a return: walk those subtrees from every *other* stack of the
         closure (the caller's walk already follows the stack itself). Boundaries that
@@ -593,8 +600,16 @@ class CompiledConstraint:
                     continue
                 if a.counters is not None and self._counted_frame(st):
                     n = a.n_states  # a bottom frame, or a region's: with its count
-                    n2, t2 = trie.walk_counted(a.table, a.counters, a.cls, st[-1] % n, st[-1] // n, words,
-                                               self._bnd_bottom if len(st) == 1 else self._bnd_inner, roots)
+                    n2, t2 = trie.walk_counted(
+                        a.table,
+                        a.counters,
+                        a.cls,
+                        st[-1] % n,
+                        st[-1] // n,
+                        words,
+                        self._bnd_bottom if len(st) == 1 else self._bnd_inner,
+                        roots,
+                    )
                 elif self.fast_min_bytes <= 256:
                     n2, t2 = trie.walk_fast(self._walk_memo(False), len(st) > 1, st[-1], words, roots)
                 else:  # the reference
@@ -647,20 +662,4 @@ def _warm_up_counted(index) -> None:
     _COUNTED_WARM.append(True)
 
 
-def prime_shared_rows(vocab) -> None:
-    """Compute the shared rows of JSON strings (keys and values) for ``vocab`` now, at
-    vocabulary set-up: otherwise the first request pays two whole-trie walks (~1 ms)."""
-    from .automaton import compile_grammar
-    from .json_schema import schema_to_grammar
-
-    g = schema_to_grammar({"type": "object", "properties": {"a": {"type": "string"}}}, whitespace="compact",
-                          strict=False, lenient=False)
-    c = CompiledConstraint(compile_grammar(g), vocab, "json_schema", "prime")
-    a = c.automaton
-    for prefix in (b'{"', b'{"a":"'):
-        cfg = a.step_bytes(a.initial, prefix)
-        if cfg is not None:
-            c.mask_row(cfg)
-
-
-__all__ = ["CompiledConstraint", "Config", "prime_shared_rows"]
+__all__ = ["CompiledConstraint", "Config"]

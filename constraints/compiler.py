@@ -1,7 +1,8 @@
 """One compiler per vocabulary: front ends → grammar IR → automaton → compiled constraint.
 
 Compiled constraints are cached (bounded LRU) by (kind, spec, options), so every request
-with the same constraint shares one immutable :class:`CompiledConstraint`.
+with the same constraint shares one immutable :class:`CompiledConstraint`. A grammar with
+uniqueItems markers gets its run-time check (:mod:`.unique_items`): :func:`compile_constraint`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from collections import OrderedDict
 from typing import Any
 
 from . import ir
-from .automaton import compile_grammar
+from .automaton.nfa import Limits
+from .automaton.pushdown import compile_grammar
 from .compiled import CompiledConstraint
 from .errors import ConstraintError
-from .nfa import Limits
+from .json_schema.loader import schema_key
+from .unique_items import attach, compile_unique
 
 
 class Compiler:
@@ -32,6 +35,7 @@ class Compiler:
         vocab.index()
         vocab.split_index(0x22)
         _warm_up(vocab)
+        prime_shared_rows(vocab)
 
     def _cached(self, key: tuple, build) -> CompiledConstraint:
         with self._lock:
@@ -40,10 +44,7 @@ class Compiler:
                 self._cache.move_to_end(key)
                 return hit
         kind, spec = key[0], key[1]
-        grammar = build()
-        compiled = CompiledConstraint(
-            compile_grammar(grammar, self.limits), self.vocab, kind, spec, grammar.notes
-        )
+        compiled = compile_constraint(build(), self.vocab, kind, spec, self.limits)
         with self._lock:
             self._cache[key] = compiled
             if len(self._cache) > self._cache_size:
@@ -56,7 +57,7 @@ class Compiler:
             raise ConstraintError(f"regex must be a str, got {type(pattern).__name__}")
 
         def build():
-            from .regex import regex_to_ir
+            from .frontends.regex import regex_to_ir  # (front ends load on first use)
 
             return ir.Grammar({"start": regex_to_ir(pattern, flags=flags)})
 
@@ -70,13 +71,14 @@ class Compiler:
         strict: bool = False,
         lenient: bool = False,
     ) -> CompiledConstraint:
-        """JSON documents valid under ``schema`` (dict, JSON text, bool, or pydantic model)."""
+        """JSON documents valid under ``schema`` (dict, bool, JSON text, pydantic model or type:
+        see :func:`~.json_schema.loader.load_schema`)."""
         if whitespace not in ("compact", "flexible"):
             raise ConstraintError(f"whitespace must be 'compact' or 'flexible', got {whitespace!r}")
         spec = schema_key(schema)
 
         def build():
-            from .json_schema import schema_to_grammar
+            from .json_schema.lowering import schema_to_grammar
 
             return schema_to_grammar(schema, whitespace=whitespace, strict=strict, lenient=lenient)
 
@@ -86,7 +88,7 @@ class Compiler:
         """Outputs in the language of a Lark EBNF grammar."""
 
         def build():
-            from .ebnf import lark_to_grammar
+            from .frontends.lark import lark_to_grammar
 
             return lark_to_grammar(text, start=start)
 
@@ -103,7 +105,16 @@ class Compiler:
 
     def from_ir(self, grammar: ir.Grammar, *, name: str = "ir") -> CompiledConstraint:
         """Compile an IR grammar directly (not cached)."""
-        return CompiledConstraint(compile_grammar(grammar, self.limits), self.vocab, "ir", name, grammar.notes)
+        return compile_constraint(grammar, self.vocab, "ir", name, self.limits)
+
+
+def compile_constraint(
+    grammar: ir.Grammar, vocab, kind: str, spec: str, limits: Limits | None = None
+) -> CompiledConstraint:
+    """A grammar's compiled constraint over ``vocab``, with its run-time check if it needs
+    one (uniqueItems markers: :func:`~.unique_items.compile_unique`)."""
+    automaton, tags = compile_unique(grammar, limits)
+    return attach(CompiledConstraint(automaton, vocab, kind, spec, grammar.notes), tags)
 
 
 def _warm_up(vocab) -> None:
@@ -111,26 +122,43 @@ def _warm_up(vocab) -> None:
 
     idx = vocab.index()
     table = np.full((1, 1), -1, dtype=np.int32)
-    idx.walk(table, np.zeros(256, dtype=np.int32), 0, np.zeros(1, dtype=bool),
-             np.zeros(idx.n_words, dtype=np.uint32))
+    idx.walk(
+        table,
+        np.zeros(256, dtype=np.int32),
+        0,
+        np.zeros(1, dtype=bool),
+        np.zeros(idx.n_words, dtype=np.uint32),
+    )
     # and the automaton kernels (byte classes, subset construction, minimisation, products),
     # on a small recursive grammar with a spliced string and on a difference: loaded from
     # numba's disk cache, or compiled once
-    from .ebnf import lark_to_grammar
+    from .frontends.lark import lark_to_grammar
 
     compile_grammar(lark_to_grammar('start: "[" (v ("," v)*)? "]"\nv: start | /"[a-z]{0,4}"/'))
     word = ir.plus(ir.byte_range(0x61, 0x7A))
     compile_grammar(ir.Grammar({"start": ir.difference(word, ir.lit("ab"))}))
 
 
-def schema_key(schema: Any) -> str:
-    """A cache key for a schema given as dict / bool / JSON text / pydantic model class."""
-    if isinstance(schema, str):
-        return schema
-    if isinstance(schema, (dict, bool)):
-        return json.dumps(schema, ensure_ascii=False)
-    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return f"{schema.__module__}.{schema.__qualname__}:" + json.dumps(schema.model_json_schema())
-    raise ConstraintError(
-        f"json_schema must be a dict, a JSON string, a bool or a pydantic model class, got {type(schema).__name__}"
-    )
+def prime_shared_rows(vocab) -> None:
+    """Compute the shared rows of JSON strings (keys and values) for ``vocab`` now, once per
+    vocabulary: otherwise the first request pays two whole-trie walks (~1 ms)."""
+    if vocab.__dict__.get("_primed"):
+        return
+    vocab.__dict__["_primed"] = True
+    from .json_schema.lowering import schema_to_grammar
+
+    try:
+        g = schema_to_grammar(
+            {"type": "object", "properties": {"a": {"type": "string"}}},
+            whitespace="compact",
+            strict=False,
+            lenient=False,
+        )
+        c = CompiledConstraint(compile_grammar(g), vocab, "json_schema", "prime")
+        a = c.automaton
+        for prefix in (b'{"', b'{"a":"'):
+            cfg = a.step_bytes(a.initial, prefix)
+            if cfg is not None:
+                c.mask_row(cfg)
+    except Exception:  # noqa: BLE001 # pragma: no cover - a cache, never needed for correctness
+        pass

@@ -45,8 +45,10 @@ class Expr:
         """Set the cached hash (over the key, sub-expressions by their cached hash: no
         Python-level ``__hash__`` call per child), size, refs and ``_long`` (a
         :class:`Repeat` of more than :data:`LONG_REPEAT` copies lies below, not under a
-        ``Diff``: the automaton may count it, see :mod:`.counted`)."""
-        _set(self, "_hash", hash((type(self).__name__, *[k._hash if isinstance(k, Expr) else k for k in key])))
+        ``Diff``: the automaton may count it, see :mod:`.automaton.counted`)."""
+        _set(
+            self, "_hash", hash((type(self).__name__, *[k._hash if isinstance(k, Expr) else k for k in key]))
+        )
         _set(self, "_size", size)
         _set(self, "_refs", refs)
         _set(self, "_long", long)
@@ -83,7 +85,7 @@ class ByteSet(Expr):
         return out
 
 
-class _Items(Expr):
+class Items(Expr):
     """A node over a tuple of sub-expressions (Seq, Alt, And)."""
 
     __slots__ = ("items",)
@@ -103,13 +105,13 @@ class _Items(Expr):
         return f"{type(self).__name__}({self.items!r})"
 
 
-class Seq(_Items):
+class Seq(Items):
     """Concatenation of ``items``."""
 
     __slots__ = ()
 
 
-class Alt(_Items):
+class Alt(Items):
     """Alternation of ``items``."""
 
     __slots__ = ()
@@ -122,8 +124,12 @@ class Repeat(Expr):
         object.__setattr__(self, "item", item)
         object.__setattr__(self, "min", min)
         object.__setattr__(self, "max", max)  # None: unbounded
-        self._init((item, min, max), 1 + item._size, item._refs,
-                   item._long or max is None and min > LONG_REPEAT or max is not None and max > LONG_REPEAT)
+        self._init(
+            (item, min, max),
+            1 + item._size,
+            item._refs,
+            item._long or max is None and min > LONG_REPEAT or max is not None and max > LONG_REPEAT,
+        )
 
     def _key(self) -> tuple:
         return (self.item, self.min, self.max)
@@ -172,7 +178,7 @@ class Ref(Expr):
         return f"Ref({self.name!r})"
 
 
-class And(_Items):
+class And(Items):
     """Strings every item matches (items must not refer to rules)."""
 
     __slots__ = ()
@@ -214,12 +220,23 @@ class Grammar:
     start: str = "start"
     # free-form notes from the front end (e.g. relaxed JSON Schema keywords)
     notes: list[str] = field(default_factory=list)
-    # JSON pointers of the uniqueItems arrays written with marker bytes (checked at run time,
-    # see .unique); empty when the grammar has no markers
+    # JSON pointers of the uniqueItems arrays written with the marker bytes below (checked
+    # at run time, see ..unique_items); empty when the grammar has no markers
     unique: tuple[str, ...] = ()
     # (lenient JSON Schema with markers) the grammar with uniqueItems relaxed instead, made if
-    # the markers cannot be kept (see automaton.compile_grammar)
+    # the markers cannot be kept (see ..unique_items.compile_unique)
     fallback: object = None
+
+
+# uniqueItems markers: bytes never found in UTF-8 text, written right before the ``[``, each
+# ``,`` between two items and the ``]`` of an array whose items are checked for uniqueness
+# at run time (see ..unique_items)
+UNIQUE_OPEN, UNIQUE_SEP, UNIQUE_CLOSE = 0xFB, 0xFC, 0xFD
+MARK_OPEN, MARK_SEP, MARK_CLOSE = (
+    ByteSet(1 << UNIQUE_OPEN),
+    ByteSet(1 << UNIQUE_SEP),
+    ByteSet(1 << UNIQUE_CLOSE),
+)
 
 
 # ---------------------------------------------------------------------------- builders
@@ -408,3 +425,38 @@ def refs(expr: Expr) -> set[str]:
 def size(expr: Expr) -> int:
     """Number of nodes (Repeat counts its item once; shared sub-trees count each time)."""
     return expr._size
+
+
+def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -> set[int]:
+    """The byte sets of every rule reachable from ``roots`` (shared nodes visited once)."""
+    masks: set[int] = set()
+    add = masks.add
+    seen_rules: set[str] = set()
+    seen: set[int] = set()
+    stack: list[Expr] = [rules[r] for r in roots]
+    byte_set, repeat, ref = ByteSet, Repeat, Ref
+    while stack:
+        e = stack.pop()
+        t = type(e)
+        if t is byte_set:
+            add(e.mask)
+            continue
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if t is repeat:
+            stack.append(e.item)
+        elif t is ref:
+            if e.name not in seen_rules and e.name in rules:
+                seen_rules.add(e.name)
+                stack.append(rules[e.name])
+        elif t is Dfa:
+            for _, m, _ in e.edges:
+                add(m)
+        else:  # Seq, Alt, And, Diff
+            for it in e.items:
+                if type(it) is byte_set:
+                    add(it.mask)
+                else:
+                    stack.append(it)
+    return masks

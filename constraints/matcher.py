@@ -3,9 +3,10 @@
 State is persistent: every accepted token pushes one immutable configuration on a
 history list, so ``rollback(n)`` is a slice and ``copy()`` is cheap.
 
-A constraint with uniqueItems checked at run time (``compiled.unique``, see :mod:`.unique`)
-pushes ``((configuration, frames), ...)`` groups instead, and keeps the output bytes (item
-values are compared as JSON); every other constraint takes the plain path.
+A compiled constraint may carry a run-time check that its automaton cannot express
+(``compiled.check``: uniqueItems, see :mod:`.unique_items`); ``Matcher(compiled)`` then
+returns the check's matcher, which wraps a plain one (:meth:`Matcher.plain`) and has the
+same interface.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from . import unique as uq
 from .bitmask import unpack_bitmask
 from .compiled import CompiledConstraint
 
@@ -26,15 +26,25 @@ _MISS = object()
 class Matcher:
     """Walks one request's output through a :class:`CompiledConstraint`."""
 
-    __slots__ = ("compiled", "_hist", "_ended", "_uq", "_buf", "_lens")
+    __slots__ = ("compiled", "_hist", "_ended")
+
+    def __new__(cls, compiled: CompiledConstraint):
+        check = getattr(compiled, "check", None) if cls is Matcher else None
+        if check is not None:  # the check's matcher (it holds a plain one: see plain)
+            return check.matcher()
+        return super().__new__(cls)
 
     def __init__(self, compiled: CompiledConstraint) -> None:
         self.compiled = compiled
-        self._uq = compiled.unique
-        self._hist: list[Any] = [compiled.initial if self._uq is None else ((compiled.initial, ()),)]
+        self._hist: list[Any] = [compiled.initial]
         self._ended: list[bool] = [False]  # EOS accepted at this point of history
-        self._buf = bytearray()  # (uniqueItems only) the output bytes
-        self._lens: list[int] = [0]  # (uniqueItems only) len(_buf) at each point of history
+
+    @classmethod
+    def plain(cls, compiled: CompiledConstraint) -> Matcher:
+        """A matcher of the automaton alone, without the constraint's run-time check."""
+        m = object.__new__(cls)
+        m.__init__(compiled)
+        return m
 
     # ------------------------------------------------------------------ state
 
@@ -42,21 +52,19 @@ class Matcher:
     def state(self):
         return self._hist[-1]
 
+    @property
+    def ended(self) -> bool:
+        """EOS was accepted."""
+        return self._ended[-1]
+
     def can_end(self) -> bool:
         """May the output end here (is EOS allowed)?"""
-        if self._uq is not None:
-            a = self.compiled.automaton
-            return not self._ended[-1] and any(a.can_end(cfg) for cfg, _ in self._hist[-1])
         return not self._ended[-1] and self.compiled.automaton.can_end(self._hist[-1])
 
     def is_terminated(self) -> bool:
         """EOS was accepted, or the constraint is complete and allows nothing more."""
         if self._ended[-1]:
             return True
-        if self._uq is not None:
-            a = self.compiled.automaton
-            groups = self._hist[-1]
-            return any(a.can_end(cfg) for cfg, _ in groups) and not any(a.next_bytes(cfg) for cfg, _ in groups)
         a = self.compiled.automaton
         cfg = self._hist[-1]
         if not a.can_end(cfg):
@@ -76,8 +84,6 @@ class Matcher:
         """Advance by one token; on False the state is unchanged."""
         if self._ended[-1]:
             return False
-        if self._uq is not None:
-            return self._accept_unique(token_id)
         c = self.compiled
         cfg = self._hist[-1]
         memo = c.step_memo
@@ -101,62 +107,10 @@ class Matcher:
         self._ended.append(False)
         return True
 
-    def _step_groups(self, groups: tuple, token_id: int | None, data: bytes) -> tuple | None:
-        """(uniqueItems) groups after ``data``: a token that cannot meet a tag takes the
-        memoised plain step of each configuration."""
-        c = self.compiled
-        a = c.automaton
-        if token_id is not None and not self._uq.has_trig[token_id]:
-            memo = c.step_memo
-            out = []
-            for cfg, fr in groups:
-                key = (cfg, token_id)
-                nxt = memo.get(key, _MISS)
-                if nxt is _MISS:
-                    nxt = a.step_bytes(cfg, data)
-                    if len(memo) >= STEP_MEMO_SIZE:
-                        memo.clear()
-                    memo[key] = nxt
-                if nxt is not None:
-                    out.append((nxt, fr))
-            return tuple(out) if out else None
-        return uq.step(a, groups, data, self._buf)
-
-    def _push_unique(self, groups: tuple, data: bytes) -> None:
-        self._hist.append(groups)
-        self._ended.append(False)
-        self._buf += data
-        self._lens.append(len(self._buf))
-
-    def _accept_unique(self, token_id: int) -> bool:
-        c = self.compiled
-        groups = self._hist[-1]
-        if token_id in c.vocab.eos_ids:
-            if not self.can_end():
-                return False
-            self._hist.append(groups)
-            self._ended.append(True)
-            self._lens.append(len(self._buf))
-            return True
-        data = c.vocab.token_bytes[token_id] if 0 <= token_id < c.vocab_size else None
-        if not data:
-            return False
-        nxt = self._step_groups(groups, token_id, data)
-        if nxt is None:
-            return False
-        self._push_unique(nxt, data)
-        return True
-
     def accept_bytes(self, data: bytes) -> bool:
         """Advance by raw bytes (as one history entry); on False the state is unchanged."""
         if self._ended[-1]:
             return False
-        if self._uq is not None:
-            nxt = uq.step(self.compiled.automaton, self._hist[-1], data, self._buf) if data else self._hist[-1]
-            if nxt is None:
-                return False
-            self._push_unique(nxt, data)
-            return True
         nxt = self.compiled.automaton.step_bytes(self._hist[-1], data)
         if nxt is None:
             return False
@@ -171,24 +125,16 @@ class Matcher:
         if n:
             del self._hist[-n:]
             del self._ended[-n:]
-            if self._uq is not None:
-                del self._lens[-n:]
-                del self._buf[self._lens[-1]:]
 
     def reset(self) -> None:
         del self._hist[1:]
         del self._ended[1:]
-        del self._lens[1:]
-        del self._buf[:]
 
     def copy(self) -> Matcher:
-        m = Matcher.__new__(Matcher)
+        m = object.__new__(Matcher)
         m.compiled = self.compiled
-        m._uq = self._uq
         m._hist = list(self._hist)
         m._ended = list(self._ended)
-        m._buf = bytearray(self._buf)
-        m._lens = list(self._lens)
         return m
 
     # ----------------------------------------------------------------- masks
@@ -198,21 +144,12 @@ class Matcher:
         c = self.compiled
         if self._ended[-1]:
             return c.mask_row_eos_only()
-        if self._uq is not None:
-            return self._uq.row(self._hist[-1], self._buf)
         return c.mask_row(self._hist[-1])
 
     def empty_reason(self) -> str | None:
-        """Why this step's mask allows nothing, when the reason is not the grammar itself: the
-        tokens the grammar allows all complete an array item equal to an earlier one of that
-        array (``uniqueItems`` is checked as items end, not looked ahead). None otherwise."""
-        if self._uq is None or self._ended[-1] or self.mask_row().any():
-            return None
-        c = self.compiled
-        if not any(c.mask_row(cfg).any() for cfg, _ in self._hist[-1]):
-            return None
-        return ("uniqueItems: every token the grammar allows here completes an array item equal to an "
-                "earlier item of the same array")
+        """Why this step's mask allows nothing, when the reason is not the grammar itself
+        (a run-time check: see :mod:`.unique_items`); None here."""
+        return None
 
     def fill_bitmask(self, bitmask, row: int = 0) -> None:
         """Write this step's allowed tokens into ``bitmask[row]`` (int32 [B, ceil(V/32)];
@@ -223,8 +160,21 @@ class Matcher:
         else:  # torch tensor on the CPU (pinned or not)
             bitmask[row].numpy()[: src.shape[0]] = src
 
+    @staticmethod
+    def write_row(bitmask, row: int, src: np.ndarray) -> None:
+        """Copy the mask row ``src`` into ``bitmask[row]`` (numpy, or a CPU torch tensor)."""
+        if isinstance(bitmask, np.ndarray):
+            bitmask[row, : src.shape[0]] = src
+        else:  # torch tensor on the CPU (pinned or not)
+            bitmask[row].numpy()[: src.shape[0]] = src
+
     def allowed_tokens(self) -> np.ndarray:
-        return np.nonzero(unpack_bitmask(self.mask_row()[None], self.compiled.vocab_size)[0])[0]
+        return Matcher.row_tokens(self.mask_row(), self.compiled.vocab_size)
+
+    @staticmethod
+    def row_tokens(row: np.ndarray, vocab_size: int) -> np.ndarray:
+        """The token ids a mask row allows."""
+        return np.nonzero(unpack_bitmask(row[None], vocab_size)[0])[0]
 
     # -------------------------------------------------------------- jump-forward
 
@@ -233,8 +183,6 @@ class Matcher:
         if self._ended[-1]:
             return b""
         a = self.compiled.automaton
-        if self._uq is not None:
-            return self._forced_unique(a)
         cfg = self._hist[-1]
         out = bytearray()
         while len(out) < MAX_FORCED_BYTES and not a.can_end(cfg):
@@ -247,34 +195,23 @@ class Matcher:
                 break
         return bytes(out)
 
-    def _forced_unique(self, a) -> bytes:
-        """Forced bytes of uniqueItems groups: never a byte that completes a duplicate item."""
-        groups = self._hist[-1]
-        out = bytearray()
-        while len(out) < MAX_FORCED_BYTES and not any(a.can_end(cfg) for cfg, _ in groups):
-            nb = sorted({b for cfg, _ in groups for b in a.next_bytes(cfg)})
-            if len(nb) != 1:
-                break
-            nxt = uq.step(a, groups, bytes(nb), self._buf + out)
-            if nxt is None:
-                break
-            out.append(nb[0])
-            groups = nxt
-        return bytes(out)
-
     def forced_tokens(self) -> list[int]:
-        """Forced bytes as tokens: the tokenizer's canonical encoding when the vocabulary
-        has one and the matcher accepts it, else a greedy longest-match tokenization."""
-        data = self.forced_bytes()
-        if not data:
-            return []
-        c = self.compiled
-        encode = getattr(c.vocab, "encode", None)
-        if encode is not None:
-            try:
-                ids = list(encode(data.decode("utf-8")))
-            except UnicodeDecodeError:
-                ids = []
-            if ids and b"".join(c.vocab.token_bytes[i] or b"\0" for i in ids) == data:
-                return ids
-        return c.index.greedy_tokenize(data, c.vocab)
+        """Forced bytes as tokens (:func:`encode_forced`)."""
+        return encode_forced(self.compiled, self.forced_bytes())
+
+
+def encode_forced(compiled: CompiledConstraint, data: bytes) -> list[int]:
+    """Forced bytes as tokens: the tokenizer's canonical encoding when the vocabulary has
+    one and it spells ``data`` exactly, else a greedy longest-match tokenization."""
+    if not data:
+        return []
+    c = compiled
+    encode = getattr(c.vocab, "encode", None)
+    if encode is not None:
+        try:
+            ids = list(encode(data.decode("utf-8")))
+        except UnicodeDecodeError:
+            ids = []
+        if ids and b"".join(c.vocab.token_bytes[i] or b"\0" for i in ids) == data:
+            return ids
+    return c.index.greedy_tokenize(data, c.vocab)

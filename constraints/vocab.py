@@ -127,7 +127,7 @@ class Vocabulary:
         for i in self.eos_ids:
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"eos id {i} is outside the vocabulary of {self.vocab_size} tokens")
-        self._index: Any = None  # built lazily by constraints.index.VocabIndex
+        self._index: Any = None  # built lazily: a tokens.trie.VocabIndex
         # canonical tokenization of text, when built from a tokenizer (jump-forward drafts)
         self.encode: Any = None
 
@@ -147,7 +147,15 @@ class Vocabulary:
             tok = tok.backend_tokenizer
         token_bytes, special = token_bytes_from_tokenizer(tok)
         if eos_ids is None:
-            names = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<eos>", "<end_of_turn>")
+            names = (
+                "</s>",
+                "<|endoftext|>",
+                "<|im_end|>",
+                "<|eot_id|>",
+                "<|end_of_text|>",
+                "<eos>",
+                "<end_of_turn>",
+            )
             eos_ids = [i for n in names if (i := tok.token_to_id(n)) is not None]
         vocab = cls(token_bytes, eos_ids, special, vocab_size)
         vocab.encode = lambda text: tok.encode(text, add_special_tokens=False).ids
@@ -161,7 +169,7 @@ class Vocabulary:
         cache = self.__dict__.setdefault("_split", {})
         hit = cache.get(byte)
         if hit is None:
-            from .index import VocabIndex
+            from .tokens.trie import VocabIndex
 
             ch = bytes([byte])
             hit = (VocabIndex(self, keep=lambda b: ch not in b), VocabIndex(self, keep=lambda b: ch in b))
@@ -182,15 +190,9 @@ class Vocabulary:
     def index(self) -> Any:
         """The shared per-vocabulary token trie (built once, on first use)."""
         if self._index is None:
-            from .index import VocabIndex
-            from .row_kernels import warm_up
+            from .tokens.rows import warm_up
+            from .tokens.trie import VocabIndex
 
             self._index = VocabIndex(self)
             warm_up(self._index)  # the cold-row kernels: loaded now, not on the first mask
-            from .compiled import prime_shared_rows
-
-            try:
-                prime_shared_rows(self)
-            except Exception:  # noqa: BLE001 # pragma: no cover - a cache, never needed for correctness
-                pass
         return self._index

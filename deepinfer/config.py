@@ -82,7 +82,8 @@ class ModelConfig:
         arch = meta.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
-                f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+                f"GGUF architecture {arch!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
 
         def get(key: str, default: Any = None) -> Any:

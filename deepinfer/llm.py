@@ -1,15 +1,17 @@
-"""LLM: the user-facing engine. Load a model, then generate / chat in batches.
+"""LLM: the user-facing engine. Load a model, then generate / chat in batches, or drive the
+engine core a step at a time: ``add_request`` / ``step`` / ``abort_request`` /
+``has_unfinished_requests`` (what ``generate`` does, and what a server loop would do).
 
-The step loop (`_run`) reads top to bottom: schedule -> forward -> per-request bitmask ->
-sample -> per-request on_token. Requests join (prefill) when a KV slot is free and leave
-when they finish, between steps.
+One ``step`` reads top to bottom: schedule (``Scheduler``: admissions, the decode batch, slot
+moves) -> forward (``ModelRunner``) with the per-request bitmasks filled meanwhile -> sample ->
+per-request on_token. Requests join (prefill) when a KV slot is free and leave when they
+finish, between steps.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections import deque
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -17,13 +19,14 @@ import torch
 
 from . import _threads, kernels
 from .config import ModelConfig
+from .dspark import DSpark
 from .loader import load_model
 from .model_runner import ModelRunner
 from .models.llama import LlamaModel
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
-from .sequence import Sequence, Status
-from .spec import DSpark
+from .scheduler import Scheduler
+from .sequence import Sequence
 from .structured import MaskFiller, Structured, judge
 from .tokenizer import Message, Tokenizer
 
@@ -81,7 +84,7 @@ class LLM:
     dspark : bool, dict or None
         DSpark speculative decoding (README, "DSpark"): True = on for requests with a
         constraint, False = off unless a request sets ``speculative=True``, a dict = the fields
-        of ``deepinfer.spec.DSparkConfig``. Lossless: drafts are verified by the model. None
+        of ``deepinfer.dspark.DSparkConfig``. Lossless: drafts are verified by the model. None
         (default) = True on the CPU, where it was measured 1.5-2x faster on extraction, and
         False on CUDA, where its verify step has not yet been measured to pay (README).
     """
@@ -133,6 +136,19 @@ class LLM:
         self.dspark = DSpark(dspark)  # speculative decoding: drafts verified in one forward
         self._seed_rng = random.Random(seed)
         self._next_id = 0
+        self._special_ids = frozenset(self.tokenizer.special_token_ids) | frozenset(
+            self.tokenizer.eos_token_ids
+        )
+        # the engine core: requests added and not yet handed back, by id
+        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens)
+        self._requests: dict[Any, Sequence] = {}
+        self._relaxed: dict[Any, list[str]] = {}  # lenient mode's notes of a request's constraint
+        self._stream: set = set()  # requests whose partial outputs step() returns
+        # Deferred matcher work (CUDA, inline masks): a constrained row's sampled token joins
+        # its output at once, and its matcher accepts it while the next forward runs (before
+        # that step's masks are filled), not between the read-back and the next launch. A row
+        # its constraint ends there was decoded one step too many: that token is dropped.
+        self._pending: list[tuple[Sequence, int]] = []
         self.load_seconds = time.perf_counter() - t0
 
     # -- public API ----------------------------------------------------------------------------
@@ -143,9 +159,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for each prompt (text, or token ids); outputs in prompt order."""
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)
-        ):
+        if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # one prompt (text or ids)
         prompts = list(prompts)
         if params is None:
@@ -153,22 +167,86 @@ class LLM:
         param_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(param_list) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(param_list)} SamplingParams")
-        seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, param_list)]
-        relaxed: dict[int, list[str]] = {}
-        for s in seqs:  # compile constraints (cached, shared); a bad one fails its request only
-            if s.params.constraint_kind is not None:
-                try:
-                    compiled = self.structured.compile(s.params)
-                except ValueError as e:  # ConstraintError: names what is wrong and where
-                    s.fail(f"{s.params.constraint_kind}: {e}", self.tokenizer)
-                    continue
-                except Exception as e:  # an internal failure still fails this request only
-                    s.fail(f"{s.params.constraint_kind}: {type(e).__name__}: {e}", self.tokenizer)
-                    continue
-                s.constraint = self.structured.matcher(compiled)
-                relaxed[s.request_id] = list(compiled.notes)
-        self._run([s for s in seqs if not s.is_finished], use_tqdm)
-        return [self._output(s, relaxed.get(s.request_id, [])) for s in seqs]
+        if self.has_unfinished_requests():
+            raise RuntimeError("generate() with requests of add_request() unfinished: step() them out first")
+        seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, param_list)]  # all checked first
+        for s in seqs:
+            self._add(s)
+        counted = {s.request_id for s in seqs if not s.is_finished}  # the bar counts what runs
+        bar = None
+        if use_tqdm and counted:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(counted), desc="generate", unit="req", leave=False)
+        outputs: dict[Any, RequestOutput] = {}
+        try:
+            while self.has_unfinished_requests():
+                for o in self.step():
+                    outputs[o.request_id] = o
+                    if bar is not None and o.request_id in counted:
+                        bar.update(1)
+        except BaseException:
+            self._discard(seqs)  # the engine is left as it was before the call
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [outputs[s.request_id] for s in seqs]
+
+    # -- engine core ---------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | Seq[int],
+        params: SamplingParams | None = None,
+        request_id: Any = None,
+        *,
+        stream: bool = False,
+    ) -> Any:
+        """Queue one request (prompt text or token ids); it joins the running batch at a later
+        ``step``. Its constraint is compiled here: a bad one fails this request only (its output,
+        finish_reason "error", comes back from the next ``step``). ``request_id``: any hashable
+        not in use (default: the next integer). ``stream``: ``step`` also returns its partial
+        outputs (``finished=False``) whenever it gains tokens. Returns the request id."""
+        seq = self._make_sequence(prompt, SamplingParams() if params is None else params, request_id)
+        self._add(seq, stream)
+        return seq.request_id
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step: schedule -> forward -> sample -> post-process. Returns an output per
+        request that finished (since the last step: ``finished=True``, in no particular order)
+        and, for streamed requests, a partial one per request that gained tokens."""
+        sch = self.scheduler
+        if self._pending and (sch.waiting or self._drafting(sch.running)):
+            self._settle()  # a prefill or DSpark step next: every matcher up to date first
+        if sch.waiting and sch.idle:  # between runs: the KV cache sized for the requests present
+            sch.set_capacity(*self._allocate_cache(*sch.needs()))
+        out = sch.schedule()  # free finished rows' slots; admissions (prefill) or decode; slot moves
+        if out.batch:
+            self.runner.move_slots(out.moves)
+            masks = self.masks.start(out.batch)  # bitmasks on a host thread while the device runs
+            if out.decode:
+                out.verify = self._plan_drafts(out.decode)  # DSpark drafts, or None: plain decode
+            if out.verify is not None:  # drafts verified in one multi-position forward
+                self.dspark.step(out.verify, masks, forward=self.runner.verify, tokenizer=self.tokenizer,
+                                 vocab_size=self.config.vocab_size, device=self.device)  # fmt: skip
+            else:
+                logits = self.runner.prefill(out.prefill) if out.prefill else self.runner.decode(out.decode)
+                self.masks.launched()
+                self._settle()  # the previous step's deferred matcher work, behind this forward
+                tokens = self._sample(out.batch, logits, *masks.wait())  # masks applied + sampled
+                self._accept(out.batch, tokens)
+        return self._outputs(out.finished + sch.reap(), out.batch)
+
+    def abort_request(self, request_id: Any) -> None:
+        """End a request, waiting or running (its KV slot is freed); its output, finish_reason
+        "abort", comes back from the next ``step``. No-op for an unknown or finished request."""
+        s = self.scheduler.abort(request_id)
+        if s is not None:
+            s.abort(self.tokenizer)
+
+    def has_unfinished_requests(self) -> bool:
+        """Requests added whose final output ``step`` has not returned yet."""
+        return bool(self._requests)
 
     def capture_graphs(self, max_len: int | None = None, *, verify: bool | None = None) -> int:
         """Capture now the CUDA graphs that decoding captures on first use (~0.1 s each at 8B
@@ -177,8 +255,10 @@ class LLM:
         ``max_drafts + 1`` (``verify``: None = when DSpark is on by default). Serving code calls
         it once at start so no request pays a capture. Returns the number captured (0 off CUDA;
         in deterministic mode decode only, as DSpark does not run there)."""
-        from .spec.graphs import t_bucket
+        from .cuda_graphs import t_bucket
 
+        if not self.scheduler.idle:
+            raise RuntimeError("capture_graphs() while requests are running (it may reallocate the KV cache)")
         max_len = min(max_len or self.max_model_len, self.max_model_len)
         self.runner.ensure_cache(self.max_num_seqs, max_len)
         cfg = self.dspark.config
@@ -197,7 +277,7 @@ class LLM:
 
     def _output(self, s: Sequence, relaxed: list[str]) -> RequestOutput:
         parsed, error = None, s.error
-        if s.constraint is not None and error is None:
+        if s.constraint is not None and error is None and s.finish_reason != "abort":
             parsed, error = judge(s.params, s.text or "", s.finish_reason or "length")
         return RequestOutput(
             request_id=s.request_id,
@@ -237,9 +317,13 @@ class LLM:
         return outs
 
     # -- internals -----------------------------------------------------------------------------
-    def _make_sequence(self, prompt: str | Seq[int], params: SamplingParams) -> Sequence:
+    def _make_sequence(
+        self, prompt: str | Seq[int], params: SamplingParams, request_id: Any = None
+    ) -> Sequence:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if request_id is not None and request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         else:
@@ -247,8 +331,13 @@ class LLM:
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
             if bad:
                 raise ValueError(f"prompt token ids out of range [0, {self.config.vocab_size}): {bad[:5]}")
+        auto = request_id is None
+        if auto:
+            while self._next_id in self._requests:  # an id a caller chose
+                self._next_id += 1
+            request_id = self._next_id
         seq = Sequence(
-            self._next_id,
+            request_id,
             text,
             ids,
             params,
@@ -256,96 +345,104 @@ class LLM:
             eos_token_ids=self.tokenizer.eos_token_ids,
             max_len=self.max_model_len,
         )
-        self._next_id += 1
+        if auto:
+            self._next_id += 1
         return seq
 
-    def _run(self, seqs: list[Sequence], use_tqdm: bool) -> None:
-        if not seqs:
-            return
-        max_len = max(len(s) + s.max_tokens for s in seqs)
-        num_slots = min(len(seqs), self.max_num_seqs)
-        self.runner.ensure_cache(num_slots, max_len)
-        free_slots = list(range(self.runner.cache.num_slots))
-        waiting: deque[Sequence] = deque(seqs)
-        running: list[Sequence] = []
-        bar = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(seqs), desc="generate", unit="req", leave=False)
-        # Deferred matcher work (CUDA, inline masks): a constrained row's sampled token joins
-        # its output at once, and its matcher accepts it while the next forward runs (before
-        # that step's masks are filled), not between the read-back and the next launch. A row
-        # its constraint ends there was decoded one step too many: that token is dropped.
-        pending: list[tuple[Sequence, int]] = []
-        drafting = {s.request_id for s in seqs if self.dspark.speculates(s, self.deterministic)}
-
-        def finished(s: Sequence) -> None:
-            free_slots.append(s.slot)
-            s.slot = None
-            if bar is not None:
-                bar.update(1)
-
-        def settle() -> None:
-            for s, t in pending:
-                s.settle(t, self.tokenizer)
-                if s.is_finished:
-                    finished(s)
-            pending.clear()
-
-        while waiting or running:
-            if pending and (waiting or (drafting and any(s.request_id in drafting for s in running))):
-                settle()  # a prefill or DSpark step next: every matcher up to date first
-                running = [s for s in running if not s.is_finished]
-                if not running and not waiting:
-                    break
-            if not waiting:  # the batch only shrinks now: keep its rows in the lowest slots
-                self.runner.compact(running, free_slots)
-            # 1. schedule: admit waiting requests into free slots (prefill), else decode all
-            admitted: list[Sequence] = []
-            budget = self.max_num_batched_tokens
-            while waiting and free_slots and (not admitted or len(waiting[0]) <= budget):
-                s = waiting.popleft()
-                s.slot, s.status = min(free_slots), Status.RUNNING
-                free_slots.remove(s.slot)
-                budget -= len(s)
-                admitted.append(s)
-            # 2. masks on a host thread while the device runs the forward
-            batch = admitted or running
-            masks = self.masks.start(batch)
-            if admitted:
-                logits = self.runner.prefill(admitted)
-                running.extend(admitted)
-                running.sort(key=lambda s: s.slot)
+    def _add(self, s: Sequence, stream: bool = False) -> None:
+        """Compile the request's constraint (cached, shared; a bad one fails this request only)
+        and queue it."""
+        if s.params.constraint_kind is not None:
+            try:
+                compiled = self.structured.compile(s.params)
+            except ValueError as e:  # ConstraintError: names what is wrong and where
+                s.fail(f"{s.params.constraint_kind}: {e}", self.tokenizer)
+            except Exception as e:  # an internal failure still fails this request only
+                s.fail(f"{s.params.constraint_kind}: {type(e).__name__}: {e}", self.tokenizer)
             else:
-                plan = self.dspark.plan(self, running)  # DSpark drafts for this step, or None
-                if plan is not None:  # verified in one multi-position forward (deepinfer/spec)
-                    for s in self.dspark.step(self, plan, masks):  # the sequences that finished
-                        finished(s)
-                    running = [s for s in running if not s.is_finished]
-                    continue
-                logits = self.runner.decode(running)
-            self.masks.launched()
-            settle()  # the previous step's deferred matcher work, behind this forward
-            # 3.-4. apply masks + sample in one launch, accept
-            tokens = self._sample(batch, logits, *masks.wait())
-            defer = self.masks.inline
-            for s, t in zip(batch, tokens):
-                if s.is_finished:  # ended by its constraint in settle(): this step's token is dropped
-                    continue
-                if defer and s.defers(t):
-                    s.push_token(t)
-                    pending.append((s, t))
-                    continue
-                s.on_token(t, self.tokenizer)
-                if s.is_finished:
-                    finished(s)
-            running = [s for s in running if not s.is_finished]
-        if bar is not None:
-            bar.close()
+                s.constraint = self.structured.matcher(compiled)
+                self._relaxed[s.request_id] = list(compiled.notes)
+        self._requests[s.request_id] = s
+        if stream:
+            self._stream.add(s.request_id)
+        self.scheduler.add(s)
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, host: torch.Tensor | None,
-                constrained: list[int]) -> list[int]:
+    def _discard(self, seqs: list[Sequence]) -> None:
+        """Drop these requests and their outputs (generate() interrupted)."""
+        for s in seqs:
+            if self.scheduler.abort(s.request_id) is not None:
+                s.abort(self.tokenizer)
+        self.scheduler.reap()
+        gone = {s.request_id for s in seqs}
+        self._pending = [(s, t) for s, t in self._pending if s.request_id not in gone]
+        for rid in gone:
+            self._requests.pop(rid, None)
+            self._relaxed.pop(rid, None)
+            self._stream.discard(rid)
+
+    def _allocate_cache(self, num_slots: int, max_len: int) -> tuple[int, int, list[int] | None]:
+        """The KV cache for (at least) these sizes; what the scheduler schedules into."""
+        self.runner.ensure_cache(num_slots, max_len)
+        cache = self.runner.cache
+        return cache.num_slots, cache.max_len, self.runner.slot_buckets()
+
+    def _drafting(self, running: list[Sequence]) -> bool:
+        return any(self.dspark.speculates(s, self.deterministic) for s in running)
+
+    def _plan_drafts(self, seqs: list[Sequence]):
+        return self.dspark.plan(
+            seqs, cache_len=self.runner.cache.max_len, token_budget=self.max_num_batched_tokens,
+            special_ids=self._special_ids, device_type=self.device.type, deterministic=self.deterministic,
+        )  # fmt: skip
+
+    def _settle(self) -> None:
+        for s, t in self._pending:
+            if not s.is_finished:  # (unless aborted meanwhile)
+                s.settle(t, self.tokenizer)
+        self._pending.clear()
+
+    def _accept(self, batch: list[Sequence], tokens: list[int]) -> None:
+        defer = self.masks.inline
+        for s, t in zip(batch, tokens):
+            if s.is_finished:  # ended by its constraint in settle(): this step's token is dropped
+                continue
+            if defer and s.defers(t):
+                s.push_token(t)
+                self._pending.append((s, t))
+                continue
+            s.on_token(t, self.tokenizer)
+
+    def _outputs(self, finished: list[Sequence], batch: list[Sequence]) -> list[RequestOutput]:
+        outs = []
+        for s in finished:
+            rid = s.request_id
+            if self._requests.pop(rid, None) is None:
+                continue  # discarded
+            self._stream.discard(rid)
+            outs.append(self._output(s, self._relaxed.pop(rid, [])))
+        if self._stream:
+            pending = {s.request_id for s, _ in self._pending}
+            for s in batch:
+                if s.request_id in self._stream and not s.is_finished:
+                    outs.append(self._partial(s, s.request_id in pending))
+        return outs
+
+    def _partial(self, s: Sequence, pending: bool) -> RequestOutput:
+        """A streamed request's output so far (a deferred token, not yet accepted, left out)."""
+        ids = s.output_token_ids[: len(s.output_token_ids) - pending]
+        return RequestOutput(
+            request_id=s.request_id,
+            prompt=s.prompt,
+            prompt_token_ids=s.prompt_token_ids,
+            text=self.tokenizer.decode(ids, skip_special_tokens=s.params.skip_special_tokens),
+            token_ids=ids,
+            finish_reason=None,
+            finished=False,
+        )
+
+    def _sample(
+        self, seqs: list[Sequence], logits: torch.Tensor, host: torch.Tensor | None, constrained: list[int]
+    ) -> list[int]:
         """One fused sampler call: the constrained rows' bitmask (filled on the host while
         the forward ran) goes to the device in one copy; the kernel masks and samples."""
         dev = logits.device
@@ -359,8 +456,9 @@ class LLM:
         min_p = [x.min_p for x in p]
         # the per-row values in two host tensors and two copies (not six)
         f = torch.tensor([temperature, top_p, min_p], dtype=torch.float32).to(dev, non_blocking=True)
-        i = torch.tensor([top_k, [s.seed for s in seqs], [len(s.output_token_ids) for s in seqs]],
-                         dtype=torch.int64).to(dev, non_blocking=True)
+        i = torch.tensor(
+            [top_k, [s.seed for s in seqs], [len(s.output_token_ids) for s in seqs]], dtype=torch.int64
+        ).to(dev, non_blocking=True)
         out = self.sample_fn(
             logits,
             bitmask=bitmask,

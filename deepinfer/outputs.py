@@ -1,4 +1,5 @@
-"""What `LLM.generate` returns: one RequestOutput per prompt, in prompt order."""
+"""What `LLM.generate` returns (one RequestOutput per prompt, in prompt order) and `LLM.step`
+returns (one per request that finished, or -- streamed -- gained tokens, that step)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # "stop": EOS, a stop string/id, or the constraint ended; "length": max_tokens cut it
-# (a constrained output cut so is never valid); "error": the request failed (see .error)
-FinishReason = Literal["stop", "length", "error"]
+# (a constrained output cut so is never valid); "error": the request failed (see .error);
+# "abort": LLM.abort_request ended it
+FinishReason = Literal["stop", "length", "error", "abort"]
 
 
 @dataclass
@@ -17,21 +19,23 @@ class RequestOutput:
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
-    finish_reason: FinishReason | str
+    finish_reason: FinishReason | str | None  # None while not finished (a streamed partial output)
     stop_reason: str | int | None = None  # the stop string or token id that ended it, if any
     parsed: Any = None  # JSON Schema: the validated object (a pydantic instance for a model)
     error: str | None = None  # why the output is not valid, or why the request failed
     relaxed: list[str] = field(default_factory=list)  # lenient mode: keywords not enforced
+    finished: bool = True  # False: a partial output of a streamed request (LLM.step)
 
     @property
     def valid(self) -> bool:
         """The request had a constraint and its output satisfies it (or had none and ran)."""
-        return self.error is None and self.finish_reason != "error"
+        return self.error is None and self.finish_reason not in ("error", "abort")
 
     def __repr__(self) -> str:
         return (
             f"RequestOutput(id={self.request_id}, text={self.text!r}, "
             f"tokens={len(self.token_ids)}, finish_reason={self.finish_reason!r}"
             + (f", error={self.error!r}" if self.error else "")
+            + ("" if self.finished else ", finished=False")
             + ")"
         )

@@ -114,10 +114,11 @@ class SamplingParams:
         if len(given) > 1:
             raise ValueError(f"SamplingParams takes at most one constraint, got {', '.join(given)}")
         js = self.json_schema
-        if js is not None and not (
-            isinstance(js, dict | str | bool) or (isinstance(js, type) and hasattr(js, "model_json_schema"))
-        ):
-            raise _bad("json_schema", js, "a dict, a JSON string, a bool or a pydantic model class")
+        if js is not None:
+            from .constraints.json_schema.loader import KINDS, is_schema_source  # (the one schema loader)
+
+            if not is_schema_source(js):
+                raise _bad("json_schema", js, KINDS)
         if self.regex is not None and not isinstance(self.regex, str):
             raise _bad("regex", self.regex, "a str")
         if self.grammar is not None and not (isinstance(self.grammar, str) and self.grammar.strip()):

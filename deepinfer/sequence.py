@@ -18,7 +18,6 @@ import numpy as np
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-
     from .tokenizer import Tokenizer
 
 
@@ -95,6 +94,10 @@ class Sequence:
         self.error = message
         self._finish("error", None, tokenizer)
 
+    def abort(self, tokenizer: Tokenizer) -> None:
+        """End this request at the caller's asking (``LLM.abort_request``): finish_reason "abort"."""
+        self._finish("abort", None, tokenizer)
+
     def defers(self, token_id: int) -> bool:
         """Could this token's matcher work wait (``push_token`` now, ``settle`` later)? Only
         when nothing but the constraint could end the request at it: a constrained row, a
@@ -128,8 +131,10 @@ class Sequence:
         m = self.constraint
         if token_id < 0:
             why = m.empty_reason() if m is not None else None
-            self.fail("the constraint allows no token at this point (empty mask)" + (f": {why}" if why else ""),
-                      tokenizer)
+            self.fail(
+                "the constraint allows no token at this point (empty mask)" + (f": {why}" if why else ""),
+                tokenizer,
+            )
             return
         if m is not None and not m.accept(token_id):
             self.fail(f"the constraint rejected sampled token {token_id}", tokenizer)

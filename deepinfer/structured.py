@@ -28,12 +28,10 @@ def resolve_grammar(spec: str) -> str:
 
 
 def schema_dict(schema: Any) -> Any:
-    """The JSON Schema as a dict (or bool) for validation."""
-    if isinstance(schema, str):
-        return json.loads(schema)
-    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
-    return schema
+    """The JSON Schema as a dict (or bool) for validation (the constraints' one loader)."""
+    from .constraints.json_schema.loader import load_schema
+
+    return load_schema(schema)
 
 
 class Structured:

@@ -77,7 +77,12 @@ def load_schema(spec: str) -> Schema:
         raise UsageError(f"--schema {spec}: module {module_name!r} has no attribute {attr!r}")
     if not (isinstance(model, type) and hasattr(model, "model_json_schema")):
         raise UsageError(f"--schema {spec}: {attr!r} is not a pydantic model class")
-    return _checked(Schema(model, model.model_json_schema(), spec))
+    from deepinfer.constraints import ConstraintError, load_schema  # (the one schema loader)
+
+    try:
+        return _checked(Schema(model, load_schema(model), spec))
+    except ConstraintError as e:
+        raise UsageError(f"--schema {spec}: {e}") from e
 
 
 def _schema_file(path: str) -> Schema:
@@ -86,12 +91,16 @@ def _schema_file(path: str) -> Schema:
             text = fh.read()
     except OSError as e:
         raise UsageError(f"schema file {path}: cannot read it: {e.strerror or e}") from e
+    from deepinfer.constraints import ConstraintError, load_schema  # (the one schema loader)
+
     try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"schema file {path}: not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from e
-    if not isinstance(schema, dict | bool):
-        raise UsageError(f"schema file {path}: a JSON Schema is an object or a bool, got {type(schema).__name__}")
+        schema = load_schema(text)
+    except ConstraintError as e:
+        bad = e.__cause__
+        if isinstance(bad, json.JSONDecodeError):
+            raise UsageError(f"schema file {path}: not valid JSON: {bad.msg} at line {bad.lineno}, column "
+                             f"{bad.colno}") from e
+        raise UsageError(f"schema file {path}: {e}") from e
     return _checked(Schema(schema, schema, path))
 
 

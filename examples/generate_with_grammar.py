@@ -34,9 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     spec = args.grammar
-    if "\n" not in spec and ":" not in spec and not os.path.exists(spec) \
-            and spec.removesuffix(".lark") not in grammars.available():
-        ap.error(f"--grammar {spec!r}: no such file, and not a packaged grammar ({', '.join(grammars.available())})")
+    if (
+        "\n" not in spec
+        and ":" not in spec
+        and not os.path.exists(spec)
+        and spec.removesuffix(".lark") not in grammars.available()
+    ):
+        ap.error(
+            f"--grammar {spec!r}: no such file, and not a packaged grammar "
+            f"({', '.join(grammars.available())})"
+        )
     try:
         text = resolve_grammar(spec)
     except ValueError as e:
@@ -49,8 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"grammar {args.grammar!r} is not valid Lark: {e}")
 
     llm = LLM(args.model, seed=args.seed)
-    params = SamplingParams(grammar=text, grammar_start=args.start, max_tokens=args.max_tokens,
-                            temperature=args.temperature, seed=args.seed)
+    params = SamplingParams(
+        grammar=text,
+        grammar_start=args.start,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
     t = time.perf_counter()
     if args.raw:
         out = llm.generate([args.prompt], params, use_tqdm=False)[0]
@@ -58,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
     dt = time.perf_counter() - t
     print(out.text)
-    print(f"--- {len(out.token_ids)} tokens in {dt:.2f} s ({len(out.token_ids) / dt:.1f} tok/s), "
-          f"finish_reason={out.finish_reason}", file=sys.stderr)
+    print(
+        f"--- {len(out.token_ids)} tokens in {dt:.2f} s ({len(out.token_ids) / dt:.1f} tok/s), "
+        f"finish_reason={out.finish_reason}",
+        file=sys.stderr,
+    )
     if out.error:
         print(f"--- engine: {out.error}", file=sys.stderr)
     try:

@@ -34,8 +34,11 @@ def _report(label: str, outs: list[RequestOutput], seconds: float) -> None:
 
 def _show(o: RequestOutput, what: str = "") -> None:
     valid = "" if o.error is None and what == "free" else f", valid={o.valid}"
-    print(f"  {what + ': ' if what else ''}{o.text!r}  ({o.finish_reason}{valid}"
-          + (f", error={o.error!r}" if o.error else "") + ")")
+    print(
+        f"  {what + ': ' if what else ''}{o.text!r}  ({o.finish_reason}{valid}"
+        + (f", error={o.error!r}" if o.error else "")
+        + ")"
+    )
 
 
 def main() -> None:
@@ -48,8 +51,10 @@ def main() -> None:
 
     t0 = time.perf_counter()
     llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=0)
-    print(f"loaded {args.model or 'embedded SmolLM2-135M-Instruct'} on {llm.device} ({llm.dtype}) "
-          f"in {llm.load_seconds:.1f} s")
+    print(
+        f"loaded {args.model or 'embedded SmolLM2-135M-Instruct'} on {llm.device} ({llm.dtype}) "
+        f"in {llm.load_seconds:.1f} s"
+    )
 
     # 1. Chat: the model's own chat template (jinja2), greedy.
     chat = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
@@ -70,13 +75,16 @@ def main() -> None:
     # Constrained requests from here on. A constraint is compiled on its first use (then
     # cached), and the times below include that.
     # 3. JSON through a pydantic model: .parsed is a City instance, validated with jsonschema.
-    ask = [{"role": "system", "content": "You reply with a JSON object only."},
-           {"role": "user", "content": "Describe Paris as JSON with name, country and the year it was founded."}]
+    ask = [
+        {"role": "system", "content": "You reply with a JSON object only."},
+        {"role": "user", "content": "Describe Paris as JSON with name, country and the year it was founded."},
+    ]
     t = time.perf_counter()
     # strict=True: no properties beyond the model's (pydantic allows extra ones by default,
     # and a small model may then keep inventing keys until max_tokens).
-    outs = llm.chat(ask, SamplingParams(json_schema=City, strict=True, temperature=0, max_tokens=64),
-                    use_tqdm=False)
+    outs = llm.chat(
+        ask, SamplingParams(json_schema=City, strict=True, temperature=0, max_tokens=64), use_tqdm=False
+    )
     _report("json_schema=City", outs, time.perf_counter() - t)
     _show(outs[0])
     print(f"  .parsed = {outs[0].parsed!r}")
@@ -84,24 +92,35 @@ def main() -> None:
     # 4. A regex: an ISO date ([0-9], not \d: as in Python's re, \d is any Unicode digit).
     ask = [{"role": "user", "content": "On what date did the Apollo 11 crew land on the Moon?"}]
     t = time.perf_counter()
-    outs = llm.chat(ask, SamplingParams(regex=r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
-                                        temperature=0, max_tokens=16), use_tqdm=False)
+    outs = llm.chat(
+        ask,
+        SamplingParams(
+            regex=r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])", temperature=0, max_tokens=16
+        ),
+        use_tqdm=False,
+    )
     _report("regex=ISO date", outs, time.perf_counter() - t)
     _show(outs[0])
 
     # 5. A grammar file: the SELECT subset of SQL in grammars/sql.lark (ends at ';').
     ask = [{"role": "user", "content": "Write a SQL query: names of users older than 30, oldest first."}]
     t = time.perf_counter()
-    outs = llm.chat(ask, SamplingParams(grammar=os.path.join(GRAMMARS, "sql.lark"), temperature=0,
-                                        max_tokens=48), use_tqdm=False)
+    outs = llm.chat(
+        ask,
+        SamplingParams(grammar=os.path.join(GRAMMARS, "sql.lark"), temperature=0, max_tokens=48),
+        use_tqdm=False,
+    )
     _report("grammar=grammars/sql.lark", outs, time.perf_counter() - t)
     _show(outs[0])
 
     # 6. A choice: exactly one of the strings.
     ask = [{"role": "user", "content": "Is this review positive or negative? 'The food was cold and late.'"}]
     t = time.perf_counter()
-    outs = llm.chat(ask, SamplingParams(choice=["positive", "negative", "neutral"], temperature=0, max_tokens=8),
-                    use_tqdm=False)
+    outs = llm.chat(
+        ask,
+        SamplingParams(choice=["positive", "negative", "neutral"], temperature=0, max_tokens=8),
+        use_tqdm=False,
+    )
     _report("choice", outs, time.perf_counter() - t)
     _show(outs[0])
 
@@ -112,21 +131,36 @@ def main() -> None:
 
     batch = [
         (user("Name a colour."), SamplingParams(temperature=0, max_tokens=16), "free"),
-        (user("A phone number for the office?"),
-         SamplingParams(regex=r"\+1-[0-9]{3}-[0-9]{3}-[0-9]{4}", temperature=0.8, seed=7, max_tokens=24), "regex"),
-        (user("Give a city as JSON."), SamplingParams(json_schema=City, strict=True, temperature=0.8, seed=7,
-                                                       max_tokens=64), "json"),
-        (user("Compute something."), SamplingParams(grammar="arithmetic", temperature=0, max_tokens=8), "grammar (cut)"),
-        (user("Yes or no: is water wet?"), SamplingParams(choice=["yes", "no"], temperature=0, max_tokens=4),
-         "choice"),
+        (
+            user("A phone number for the office?"),
+            SamplingParams(regex=r"\+1-[0-9]{3}-[0-9]{3}-[0-9]{4}", temperature=0.8, seed=7, max_tokens=24),
+            "regex",
+        ),
+        (
+            user("Give a city as JSON."),
+            SamplingParams(json_schema=City, strict=True, temperature=0.8, seed=7, max_tokens=64),
+            "json",
+        ),
+        (
+            user("Compute something."),
+            SamplingParams(grammar="arithmetic", temperature=0, max_tokens=8),
+            "grammar (cut)",
+        ),
+        (
+            user("Yes or no: is water wet?"),
+            SamplingParams(choice=["yes", "no"], temperature=0, max_tokens=4),
+            "choice",
+        ),
     ]
     t = time.perf_counter()
     outs = llm.chat([b[0] for b in batch], [b[1] for b in batch], use_tqdm=False)
     _report("mixed batch", outs, time.perf_counter() - t)
     for o, (_, _, what) in zip(outs, batch):
         _show(o, what)
-    print("  (arithmetic expressions can go on forever and 8 tokens cut this one: finish_reason='length',"
-          " never reported valid)")
+    print(
+        "  (arithmetic expressions can go on forever and 8 tokens cut this one: finish_reason='length',"
+        " never reported valid)"
+    )
     print(f"\ndemo done in {time.perf_counter() - t0:.1f} s")
 
 

@@ -1,30 +1,49 @@
-"""Device side of structured generation: bitmask apply, the fused sampling kernel, and DSpark
-draft verification.
+"""Device side of structured generation: bitmask apply, the fused sampling kernel, DSpark draft
+verification, and the batch-invariant model kernels (``invariant``, ``decode_attention``).
 
 ``backend="auto"`` runs the Triton kernel on CUDA tensors and the torch reference on CPU;
 ``"triton"`` forces Triton (on CPU only under ``TRITON_INTERPRET=1``); ``"torch"`` forces the
-reference. Triton is imported only when a Triton backend is chosen.
+reference. Triton is imported only when a Triton backend is chosen. ``tuning``
+(:class:`SampleTuning`) picks how the Triton sampling path launches its kernels.
+
+Modules: ``sample_triton`` (the launches of ``sample``) over ``triton_common``,
+``sample_filters``, ``sample_rows``, ``sample_split``, ``sample_greedy``, beside
+``sample_reference``; ``verify_triton`` / ``verify_reference``; ``bitmask_triton`` /
+``bitmask_reference``; ``validate`` (argument checks); ``tuning``.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-from . import reference, reference_verify
+from . import bitmask_reference, sample_reference, verify_reference
+from .tuning import DEFAULT_TUNING, SampleTuning
+from .validate import (
+    PerRow,
+    check_bitmask,
+    check_drafts,
+    check_indices,
+    check_kinds,
+    check_logits,
+    check_num_drafts,
+    check_verify_bitmask,
+    check_verify_logits,
+    per_row,
+    sampling_rows,
+    use_triton,
+)
+
+# the torch references under their former names
+reference = sample_reference
+reference_verify = verify_reference
 
 __all__ = [
-    "SampleOutput", "VerifyOutput", "apply_bitmask_", "reference", "reference_verify", "sample", "sample_kinds", "verify",
-]
-
-_BACKENDS = ("auto", "triton", "torch")
-_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-Scalar = int | float
-PerRow = torch.Tensor | Sequence[Scalar] | Scalar
+    "DEFAULT_TUNING", "SampleOutput", "SampleTuning", "VerifyOutput", "apply_bitmask_", "reference",
+    "reference_verify", "sample", "sample_kinds", "verify",
+]  # fmt: skip
 
 
 class SampleOutput(NamedTuple):
@@ -66,100 +85,25 @@ class VerifyOutput(NamedTuple):
     tokens: torch.Tensor
 
 
-def _backend(backend: str, device: torch.device, kind: str = "sample"):
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
-        return reference if kind == "sample" else reference_verify
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError(
-            f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1 set before import, got device {device}"
-        )
+def _backend(backend: str, device: torch.device, kind: str):
+    """The module that runs ``kind`` ("sample", "verify" or "bitmask"): Triton's or the reference."""
+    if not use_triton(backend, device):
+        return {"sample": sample_reference, "verify": verify_reference, "bitmask": bitmask_reference}[kind]
     try:
         if kind == "sample":
             from . import sample_triton as module
-        else:
+        elif kind == "verify":
             from . import verify_triton as module
+        else:
+            from . import bitmask_triton as module
     except ImportError as e:  # pragma: no cover - triton is a dependency
         raise ImportError("backend='triton' needs the 'triton' package: pip install triton") from e
     return module
 
 
-def _check_logits(logits: torch.Tensor) -> None:
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a 2-D tensor [batch, vocab], got {shape}")
-    if logits.dtype not in _LOGIT_DTYPES:
-        raise ValueError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
-
-
-def _check_bitmask(bitmask: torch.Tensor, logits: torch.Tensor) -> None:
-    B, V = logits.shape
-    if not isinstance(bitmask, torch.Tensor):
-        raise ValueError(f"bitmask must be an int32 tensor, got {type(bitmask).__name__}")
-    if bitmask.dtype != torch.int32:
-        raise ValueError(f"bitmask must have dtype torch.int32, got {bitmask.dtype}")
-    want = (B, (V + 31) // 32)
-    if tuple(bitmask.shape) != want:
-        raise ValueError(
-            f"bitmask must have shape [batch, ceil(vocab/32)] = {list(want)}, got {list(bitmask.shape)}"
-        )
-    if bitmask.device != logits.device:
-        raise ValueError(f"bitmask must be on the logits' device {logits.device}, got {bitmask.device}")
-    if bitmask.stride(1) != 1:
-        raise ValueError("bitmask must be contiguous along its last dimension")
-
-
-def _check_indices(indices, B: int, device: torch.device, validate: bool) -> torch.Tensor | None:
-    if indices is None:
-        return None
-    t = torch.as_tensor(indices, device=device)
-    if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
-        raise ValueError(f"indices must be a 1-D integer sequence of row ids, got {t.dtype} {list(t.shape)}")
-    t = t.to(torch.int64)
-    if validate and t.numel() and (bool((t < 0).any()) or bool((t >= B).any())):
-        raise ValueError(f"indices must be row ids in [0, {B}), got {t.tolist()}")
-    return t
-
-
-def _per_row(name: str, value: PerRow, B: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    t = torch.as_tensor(value, device=device)
-    if t.dtype == torch.bool or (dtype.is_floating_point is False and t.dtype.is_floating_point):
-        raise ValueError(
-            f"{name} must be {'integers' if not dtype.is_floating_point else 'numbers'}, got {t.dtype}"
-        )
-    if t.dim() == 0:
-        t = t.expand(B)
-    if t.shape != (B,):
-        raise ValueError(f"{name} must be a scalar or have shape [{B}], got {list(t.shape)}")
-    return t.to(dtype).contiguous()
-
-
-def _check_values(temperature, top_k, top_p, min_p) -> None:
-    # a host sync on CUDA: pass validate=False on the hot path (values checked upstream)
-    if not bool(torch.isfinite(temperature).all()) or bool((temperature < 0).any()):
-        raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature.tolist()}")
-    if bool((top_k < 0).any()):
-        raise ValueError(f"top_k must be >= 0 (0 = no top-k), got {top_k.tolist()}")
-    if not bool(((top_p > 0) & (top_p <= 1)).all()):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p.tolist()}")
-    if not bool(((min_p >= 0) & (min_p <= 1)).all()):
-        raise ValueError(f"min_p must be in [0, 1], got {min_p.tolist()}")
-
-
-def _sampling_rows(B: int, dev: torch.device, validate: bool, temperature, top_k, top_p, min_p, seed, step):
-    """The per-row sampling settings as [B] tensors on ``dev`` (values checked if ``validate``)."""
-    rows = (
-        _per_row("temperature", temperature, B, dev, torch.float32),
-        _per_row("top_k", top_k, B, dev, torch.int64),
-        _per_row("top_p", top_p, B, dev, torch.float32),
-        _per_row("min_p", min_p, B, dev, torch.float32),
-        _per_row("seed", seed, B, dev, torch.int64),
-        _per_row("step", step, B, dev, torch.int64),
-    )
-    if validate:
-        _check_values(*rows[:4])
-    return rows
+def _check_tuning(tuning: SampleTuning) -> None:
+    if not isinstance(tuning, SampleTuning):
+        raise ValueError(f"tuning must be a SampleTuning, got {type(tuning).__name__}")
 
 
 def apply_bitmask_(
@@ -186,10 +130,10 @@ def apply_bitmask_(
     torch.Tensor
         ``logits``.
     """
-    _check_logits(logits)
-    _check_bitmask(bitmask, logits)
-    idx = _check_indices(indices, logits.shape[0], logits.device, validate=True)
-    return _backend(backend, logits.device).apply_bitmask_(logits, bitmask, idx)
+    check_logits(logits)
+    check_bitmask(bitmask, logits)
+    idx = check_indices(indices, logits.shape[0], logits.device, validate=True)
+    return _backend(backend, logits.device, "bitmask").apply_bitmask_(logits, bitmask, idx)
 
 
 def sample(
@@ -207,6 +151,7 @@ def sample(
     return_logprobs: bool = False,
     validate: bool = True,
     kinds: str | None = None,
+    tuning: SampleTuning = DEFAULT_TUNING,
 ) -> SampleOutput:
     """Mask, temper, filter and sample one token per row in one launch.
 
@@ -237,6 +182,10 @@ def sample(
         Triton path leaves out the launches (and the top-k counts) no row needs. None: worked
         out from the arguments when they are host values, else "filter" (always correct). A
         wrong value is not checked and gives wrong tokens.
+    tuning : SampleTuning
+        How the Triton path launches its kernels (``tuning.py``); the tokens are the same under
+        any, except that ``chunk_max`` (the chunks of the draws) is part of what a seed samples
+        (both backends take it).
 
     Returns
     -------
@@ -244,33 +193,39 @@ def sample(
         ``(tokens [B] int64, empty [B] bool, logprobs [B] float32 | None)``; rows whose mask
         allows no token get ``tokens == -1`` and ``empty == True``.
     """
-    _check_logits(logits)
+    check_logits(logits)
+    _check_tuning(tuning)
     B, _ = logits.shape
     dev = logits.device
     if bitmask is not None:
-        _check_bitmask(bitmask, logits)
+        check_bitmask(bitmask, logits)
     elif indices is not None:
         raise ValueError("indices given without a bitmask")
-    idx = _check_indices(indices, B, dev, validate)
+    idx = check_indices(indices, B, dev, validate)
     if kinds is None:
         kinds = sample_kinds(temperature, top_k, top_p, logits.shape[1], min_p)
-    elif kinds not in reference.KINDS:
-        raise ValueError(f"kinds must be one of {', '.join(map(repr, reference.KINDS))}, got {kinds!r}")
-    temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
+    else:
+        check_kinds(kinds)
+    temperature, top_k, top_p, min_p, seed, step = sampling_rows(
         B, dev, validate, temperature, top_k, top_p, min_p, seed, step
     )
-    impl = _backend(backend, dev)
-    extra = {"kinds": kinds} if impl is not reference else {}
+    impl = _backend(backend, dev, "sample")
+    if impl is sample_reference:
+        extra = {"chunk_max": tuning.chunk_max}
+    else:
+        extra = {"kinds": kinds, "tuning": tuning}
     tokens, empty, logprobs = impl.sample(
         logits, bitmask, idx, temperature, top_k, top_p, min_p, seed, step, return_logprobs, **extra
     )
     return SampleOutput(tokens, empty, logprobs)
 
 
-def sample_kinds(temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int, min_p: PerRow | None = None) -> str:
+def sample_kinds(
+    temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int, min_p: PerRow | None = None
+) -> str:
     """What the rows need (``sample(kinds=...)``: "greedy" / "plain" / "sample" / "top_p" /
     "filter"), from host values; "filter" if any is on a device (reading it would sync) or the
-    lengths do not broadcast (``_sampling_rows`` says why). "plain" (no sampling row has a
+    lengths do not broadcast (``validate.sampling_rows`` says why). "plain" (no sampling row has a
     filter) needs min_p as well; without it, or with it on a device, "sample" stands for both.
     Lists of Python numbers (what an engine step has) are read as they are, without torch."""
     if min_p is None or (isinstance(min_p, torch.Tensor) and min_p.device.type != "cpu"):
@@ -309,6 +264,7 @@ def verify(
     indices: torch.Tensor | Sequence[int] | None = None,
     backend: str = "auto",
     validate: bool = True,
+    tuning: SampleTuning = DEFAULT_TUNING,
 ) -> VerifyOutput:
     """Verify deterministic draft tokens against the target model's logits in one launch.
 
@@ -318,7 +274,7 @@ def verify(
     first one that differs from its target token, and the target token there is the bonus.
     For drafts that are point masses this is speculative rejection sampling (accept d with
     probability p(d), else sample the residual p without d), so the emitted tokens are exactly
-    those plain decoding would produce step by step (see ``kernels/reference_verify.py``).
+    those plain decoding would produce step by step (see ``kernels/verify_reference.py``).
 
     Parameters
     ----------
@@ -338,49 +294,33 @@ def verify(
     backend : {"auto", "triton", "torch"}
     validate : bool
         Check argument values (a host sync on CUDA); shapes and dtypes are always checked.
+    tuning : SampleTuning
+        As in :func:`sample` (use the same one for the same tokens).
 
     Returns
     -------
     VerifyOutput
         ``(accepted [B] int64, bonus [B] int64, tokens [B, K+1] int64)``.
     """
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a 3-D tensor [batch, drafts + 1, vocab], got {shape}")
-    if logits.dtype not in _LOGIT_DTYPES:
-        raise ValueError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
+    check_verify_logits(logits)
+    _check_tuning(tuning)
     B, T, V = logits.shape
     dev = logits.device
-    if T < 1:
-        raise ValueError("logits must have at least one position (K + 1 >= 1)")
-    drafts = torch.as_tensor(drafts, device=dev)
-    if drafts.dim() != 2 or tuple(drafts.shape) != (B, T - 1) or drafts.dtype.is_floating_point:
-        raise ValueError(f"drafts must be an integer tensor of shape [{B}, {T - 1}], got "
-                         f"{drafts.dtype} {list(drafts.shape)}")
-    drafts = drafts.to(torch.int64)
+    drafts = check_drafts(drafts, B, T, dev)
     if bitmask is not None:
-        if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
-            raise ValueError(f"bitmask must be an int32 tensor, got {getattr(bitmask, 'dtype', type(bitmask))}")
-        want = (B, T, (V + 31) // 32)
-        if tuple(bitmask.shape) != want:
-            raise ValueError(f"bitmask must have shape [batch, drafts + 1, ceil(vocab/32)] = {list(want)}, "
-                             f"got {list(bitmask.shape)}")
-        if bitmask.device != dev:
-            raise ValueError(f"bitmask must be on the logits' device {dev}, got {bitmask.device}")
-        if bitmask.stride(2) != 1:
-            raise ValueError("bitmask must be contiguous along its last dimension")
+        check_verify_bitmask(bitmask, logits)
     elif indices is not None:
         raise ValueError("indices given without a bitmask")
-    idx = _check_indices(indices, B, dev, validate)
-    n = _per_row("num_drafts", T - 1 if num_drafts is None else num_drafts, B, dev, torch.int64)
-    temperature, top_k, top_p, min_p, seed, step = _sampling_rows(
+    idx = check_indices(indices, B, dev, validate)
+    n = per_row("num_drafts", T - 1 if num_drafts is None else num_drafts, B, dev, torch.int64)
+    temperature, top_k, top_p, min_p, seed, step = sampling_rows(
         B, dev, validate, temperature, top_k, top_p, min_p, seed, step
     )
     if validate:
-        if bool((n < 0).any()) or bool((n > T - 1).any()):
-            raise ValueError(f"num_drafts must be in [0, {T - 1}], got {n.tolist()}")
+        check_num_drafts(n, T - 1)
     impl = _backend(backend, dev, "verify")
+    extra = {"chunk_max": tuning.chunk_max} if impl is verify_reference else {"tuning": tuning}
     accepted, bonus, tokens = impl.verify(
-        logits, drafts, n, bitmask, idx, temperature, top_k, top_p, min_p, seed, step
+        logits, drafts, n, bitmask, idx, temperature, top_k, top_p, min_p, seed, step, **extra
     )
     return VerifyOutput(accepted, bonus, tokens)

@@ -1,8 +1,8 @@
-"""Triton kernel: DSpark verification of deterministic drafts (see ``reference_verify`` for the
+"""Triton kernel: DSpark verification of deterministic drafts (see ``verify_reference`` for the
 definition and the derivation of the acceptance rule).
 
 Grid (B, K+1): program (b, k) computes the target token of row b at draft position k exactly as
-``sample_triton`` does for one row (bitmask, temperature, top-k / top-p / min-p, the draws with
+``sample_rows`` does for one row (bitmask, temperature, top-k / top-p / min-p, the draws with
 the random numbers of (seed[b], step[b] + k)), stores it, and -- for a draft position whose target token
 differs from the draft -- lowers the row's accepted length with an atomic min. The accepted
 length starts at num_drafts[b] (every draft matched); the minimum over mismatching positions is
@@ -20,45 +20,82 @@ import torch
 import triton
 import triton.language as tl
 
-from .sample_triton import (
-    _INTERPRET,
-    _block,
-    _launch_opts,
-    _load_scores,
-    _row_chunks,
-    _row_keys,
-    _sample_row,
-    _split_chunk,
-)
-
-_helper = (lambda fn: fn) if _INTERPRET else triton.jit
+from .sample_reference import chunk_size
+from .sample_rows import sample_row
+from .triton_common import block_size, helper, launch_opts, load_scores, row_chunks, row_keys
+from .tuning import DEFAULT_TUNING, SampleTuning
 
 
-@_helper
-def _target_token(lrow, stride_lv, mrow_ptr, has_row_mask, V, temp, top_k, top_p, min_p, seed, step,
-                  HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SP: tl.constexpr):
-    # The token sample_triton._sample_kernel picks for one row (same chunks, same draws, same
+@helper
+def _target_token(
+    lrow,
+    stride_lv,
+    mrow_ptr,
+    has_row_mask,
+    V,
+    temp,
+    top_k,
+    top_p,
+    min_p,
+    seed,
+    step,
+    HAS_MASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SP: tl.constexpr,
+):
+    # The token sample_rows._sample_kernel picks for one row (same chunks, same draws, same
     # integer sums: the same token whether sample() ran split or not).
     greedy = temp == 0
     inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp)))
-    k0, k1 = _row_keys(seed, step)
+    k0, k1 = row_keys(seed, step)
     if greedy:
         arange = tl.arange(0, BLOCK)
         m = float("-inf")
         tok = 0
         for start in range(0, V, BLOCK):
-            s = _load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+            s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
             bm, bi = tl.max(s, 0, return_indices=True, return_indices_tie_break_left=True)
             tok = tl.where(bm > m, start + bi, tok)
             m = tl.maximum(m, bm)
-    else:  # pass 1 by chunks, the four draws, then the first kept one, as sample_triton._sample_kernel
+    else:  # pass 1 by chunks, the four draws, then the first kept one, as sample_rows._sample_kernel
         tok = 0
-        ms, zs, cs = _row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, float("-inf"), float("inf"),
-                                 HAS_MASK, CHUNK, SP)
+        ms, zs, cs = row_chunks(
+            lrow,
+            stride_lv,
+            mrow_ptr,
+            has_row_mask,
+            V,
+            inv_t,
+            float("-inf"),
+            float("inf"),
+            HAS_MASK,
+            CHUNK,
+            SP,
+        )
         m = tl.max(ms, 0)
         if m > float("-inf"):
-            tok = _sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k, top_p, min_p,
-                              k0, k1, HAS_MASK, BLOCK, CHUNK, SP)
+            tok = sample_row(
+                lrow,
+                stride_lv,
+                mrow_ptr,
+                has_row_mask,
+                V,
+                inv_t,
+                ms,
+                zs,
+                cs,
+                m,
+                top_k,
+                top_p,
+                min_p,
+                k0,
+                k1,
+                HAS_MASK,
+                BLOCK,
+                CHUNK,
+                SP,
+            )
     empty = m == float("-inf")
     return tl.where(empty, -1, tok)
 
@@ -118,8 +155,10 @@ def verify(
     min_p: torch.Tensor,
     seed: torch.Tensor,
     step: torch.Tensor,
+    tuning: SampleTuning = DEFAULT_TUNING,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton version of :func:`reference_verify.verify` (arguments already validated)."""
+    """Triton version of :func:`verify_reference.verify` (arguments already validated; of
+    ``tuning``, the per-row kernel's block and warps and the chunk size)."""
     B, T, V = logits.shape
     dev = logits.device
     tokens = torch.empty((B, T), dtype=torch.int64, device=dev)
@@ -131,6 +170,7 @@ def verify(
         row_map = torch.zeros(B, dtype=torch.int32, device=dev)
         row_map[indices.to(device=dev, dtype=torch.int64)] = 1
     d = drafts if drafts.shape[1] else tokens  # K = 0: never read
+    chunk = chunk_size(V, tuning.chunk_max)
     _verify_kernel[(B, T)](
         logits, logits.stride(0), logits.stride(1), logits.stride(2),
         d, d.stride(0), d.stride(1),
@@ -143,9 +183,9 @@ def verify(
         tokens, tokens.stride(0),
         accepted,
         V,
-        HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None, BLOCK=_block(V),
-        CHUNK=_split_chunk(V), SP=triton.next_power_of_2(triton.cdiv(V, _split_chunk(V))),
-        **_launch_opts(),
+        HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None, BLOCK=block_size(V, tuning.block_max),
+        CHUNK=chunk, SP=triton.next_power_of_2(triton.cdiv(V, chunk)),
+        **launch_opts(tuning.num_warps),
     )  # fmt: skip
     accepted = accepted.to(torch.int64)
     bonus = tokens.gather(1, accepted[:, None])[:, 0]

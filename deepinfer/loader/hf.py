@@ -67,7 +67,9 @@ def load_hf(model: str) -> LoadedModel:
         )
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
-        raise FileNotFoundError(f"{folder!r} has no *.safetensors weights (pickled .bin files are never loaded)")
+        raise FileNotFoundError(
+            f"{folder!r} has no *.safetensors weights (pickled .bin files are never loaded)"
+        )
     try:
         tokenizer = Tokenizer.from_file(tok_path)
     except Exception as e:  # tokenizers raises a bare Exception
@@ -86,7 +88,9 @@ def load_hf(model: str) -> LoadedModel:
         with open(jinja_path, encoding="utf-8") as fh:
             template = fh.read()
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-        template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+        template = next(
+            (t["template"] for t in template if t.get("name") == "default"), template[0]["template"]
+        )
 
     eos_ids = list(config.eos_token_ids)
     gen_path = os.path.join(folder, "generation_config.json")

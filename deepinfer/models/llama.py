@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from .decode_attention import (
+from ..kernels.decode_attention import (
     ATTN_CHUNK,
     decode_attention_rows,
     decode_attention_torch,
@@ -112,7 +112,7 @@ def _ops(invariant: bool, eps: float):
     """(matmul, rms_norm) of a forward: torch's, or the batch-invariant Triton kernels of
     models/invariant.py (a row's bits do not depend on the other rows)."""
     if invariant:
-        from . import invariant as bi
+        from ..kernels import invariant as bi
 
         return bi.matmul, lambda x, w: bi.rms_norm(x, w, eps)
     return torch.matmul, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)

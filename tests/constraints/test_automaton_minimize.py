@@ -7,9 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from deepinfer.constraints.dfa_kernels import _hopcroft_py
-from deepinfer.constraints.nfa import RawDFA, _moore_blocks, equivalent_blocks, live_states, minimize
+from deepinfer.constraints.automaton.dfa_kernels import _hopcroft_py
+from deepinfer.constraints.automaton.nfa import RawDFA, equivalent_blocks, live_states, minimize
 
+from .oracles.nfa_reference import moore_blocks
 from .test_nfa_fast_paths import _random_nfa, _same_dfa
 
 
@@ -53,7 +54,7 @@ def test_minimize_keeps_the_language_and_matches_moore_on_acyclic(seed):
     table = np.vstack([table, np.full((1, d.table.shape[1]), n)])
     acc = np.append(d.accepting & live, False)
     init = np.unique(np.where(np.append(live, False), acc, -1), return_inverse=True)[1].reshape(-1)
-    moore = _moore_blocks(table, acc, [[] for _ in range(n + 1)], init)
+    moore = moore_blocks(table, acc, [[] for _ in range(n + 1)], init)
     reachable_moore = len({int(moore[s]) for s in _reachable(table, n)} - {int(moore[n])})
     assert len(m.accepting) == reachable_moore  # minimal, cycles included
 
@@ -74,13 +75,15 @@ def test_hopcroft_blocks_equal_moore_with_call_edges(seed):
                 calls[s].append((r, int(rng.integers(0, n))))  # missing = the sink
     fast = equivalent_blocks(table, calls, init, n)
     _, lab = np.unique(init, return_inverse=True)
-    ref = _moore_blocks(table, np.zeros(n + 1, bool), calls, lab.reshape(-1).astype(np.int64))
+    ref = moore_blocks(table, np.zeros(n + 1, bool), calls, lab.reshape(-1).astype(np.int64))
     # the same partition: a bijection between labels
     pairs = set(zip(fast.tolist(), ref.tolist()))
     assert len(pairs) == len(set(fast.tolist())) == len(set(ref.tolist()))
     # the pure-Python kernel is the one numba compiles
-    assert (_hopcroft_py(np.ascontiguousarray(table.astype(np.int64)), lab.reshape(-1).astype(np.int64))
-            == equivalent_blocks(table, [], init, n)).all()
+    assert (
+        _hopcroft_py(np.ascontiguousarray(table.astype(np.int64)), lab.reshape(-1).astype(np.int64))
+        == equivalent_blocks(table, [], init, n)
+    ).all()
 
 
 def _reachable(table, dead):
@@ -96,7 +99,9 @@ def _reachable(table, dead):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_numba_determinize_equals_the_python_reference(seed):
-    from deepinfer.constraints.nfa import Limits, _determinize_reference, determinize
+    from deepinfer.constraints.automaton.nfa import Limits, determinize
+
+    from .oracles.nfa_reference import determinize_reference
 
     rng = random.Random(seed)
     n_classes = rng.randint(1, 5)
@@ -105,7 +110,7 @@ def test_numba_determinize_equals_the_python_reference(seed):
     reps = list(range(n_classes))
     accept = rng.randrange(nfa.n)
     fast = determinize(nfa, 0, accept, cls, reps, Limits())
-    ref = _determinize_reference(nfa, 0, accept, cls, reps, Limits())
+    ref = determinize_reference(nfa, 0, accept, cls, reps, Limits())
     assert len(fast.accepting) == len(ref.accepting)
     assert int(fast.accepting.sum()) == int(ref.accepting.sum())
     _same_dfa(fast, ref)  # the same automaton up to numbering (a lockstep walk from the start)
@@ -113,7 +118,7 @@ def test_numba_determinize_equals_the_python_reference(seed):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_byte_classes_partition_bytes_by_mask_membership(seed):
-    from deepinfer.constraints.nfa import byte_classes, mask_classes
+    from .oracles.nfa_reference import byte_classes, mask_classes
 
     rng = random.Random(seed)
     masks = {rng.getrandbits(256) & rng.getrandbits(256) for _ in range(rng.randint(0, 12))}
@@ -131,7 +136,7 @@ def test_byte_classes_partition_bytes_by_mask_membership(seed):
 
 @pytest.mark.parametrize("seed", range(30))
 def test_product_accepts_the_intersection_or_difference(seed):
-    from deepinfer.constraints.nfa import Limits, product
+    from deepinfer.constraints.automaton.nfa import Limits, product
 
     rng = random.Random(seed)
     k = rng.randint(1, 3)

@@ -4,29 +4,41 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import jsonschema
 import pytest
 
-from deepinfer.constraints.automaton import CALL_ABOVE, _compile, compile_grammar
+from deepinfer.constraints.automaton.nfa import Limits
+from deepinfer.constraints.automaton.pushdown import CALL_ABOVE, _compile, compile_grammar
 from deepinfer.constraints.errors import ConstraintTooComplex
 from deepinfer.constraints.json_schema import schema_to_grammar
-from deepinfer.constraints.nfa import Limits
+
+from .shared_data import need_shared
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = Path(os.environ.get("DEEPINFER_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 def _object(prefix: str, n: int) -> dict:
-    return {"type": "object", "additionalProperties": False,
-            "properties": {f"{prefix}{i}": {"type": "string", "maxLength": 6} for i in range(n)}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {f"{prefix}{i}": {"type": "string", "maxLength": 6} for i in range(n)},
+    }
 
 
 SCHEMA = {"anyOf": [_object("a", 6), _object("b", 6), _object("ab", 6)]}
-CASES = [{"a0": "x", "a3": "yy"}, {"b1": ""}, {"ab5": "zzz"}, {}, {"a0": "x", "b1": "y"},
-         {"a0": "toolong!"}, {"ab0": "x", "a1": "y"}, {"c": "1"}, {"a1": "x", "a5": "y"}]  # schema key order
+CASES = [
+    {"a0": "x", "a3": "yy"},
+    {"b1": ""},
+    {"ab5": "zzz"},
+    {},
+    {"a0": "x", "b1": "y"},
+    {"a0": "toolong!"},
+    {"ab0": "x", "a1": "y"},
+    {"c": "1"},
+    {"a1": "x", "a5": "y"},
+]  # schema key order
 
 
 def test_rules_kept_as_rules_accept_the_same_language():
@@ -48,9 +60,7 @@ def test_the_first_error_is_reported_when_both_attempts_fail():
 
 
 def test_a_schema_too_large_inlined_compiles_with_its_rules_kept():
-    path = SHARED / "maskbench-dev" / "Kubernetes---kb_862_Normalized.json"
-    if not path.exists():
-        pytest.skip(f"conformance data not found at {path} (set DEEPINFER_SHARED_DATA)")
+    path = need_shared("maskbench-dev", "Kubernetes---kb_862_Normalized.json")
     case = json.loads(path.read_text())
     g = schema_to_grammar(case["schema"])
     with pytest.raises(ConstraintTooComplex):

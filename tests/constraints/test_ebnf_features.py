@@ -16,8 +16,8 @@ import pytest
 
 lark = pytest.importorskip("lark")
 
-from deepinfer.constraints.ebnf import IGNORE_RULE, lark_to_grammar  # noqa: E402
 from deepinfer.constraints.errors import ConstraintError  # noqa: E402
+from deepinfer.constraints.frontends.lark import IGNORE_RULE, lark_to_grammar  # noqa: E402
 from deepinfer.constraints.ir import Ref, refs  # noqa: E402
 
 # feature: (grammar, [(text, accepted), ...])
@@ -36,7 +36,7 @@ FEATURES: dict[str, tuple[str, list[tuple[str, bool]]]] = {
     ),
     "string_escapes_unicode": (
         'start: "tab\\t" "quote\\"" "é€😀"',
-        [("tab\tquote\"é€😀", True), ("tab quote\"é€😀", False), ("tab\tquote\"e€😀", False)],
+        [('tab\tquote"é€😀', True), ('tab quote"é€😀', False), ('tab\tquote"e€😀', False)],
     ),
     "regex": (
         'start: /[0-9]{2,3}/ "-" /[a-z]+/',
@@ -47,7 +47,7 @@ FEATURES: dict[str, tuple[str, list[tuple[str, bool]]]] = {
         [("ABC:abc", True), ("aBc:a\nc", True), ("abd:abc", False)],
     ),
     "regex_unicode": (
-        'start: /[α-ω]+/ /\\d/',
+        "start: /[α-ω]+/ /\\d/",
         [("αβγ1", True), ("ω٣", True), ("a1", False)],
     ),
     "optional": (
@@ -61,8 +61,10 @@ FEATURES: dict[str, tuple[str, list[tuple[str, bool]]]] = {
     "many_optionals": (  # lark expands these into 2^5 alternatives; the front end factors them
         'start: "a"? "b" "c"? ("d" | "e")? "f"? "g"?',
         [("b", True), ("abcdfg", True), ("bef", True), ("acg", False), ("bdeg", False), ("abcdefg", False)]
-        + [("".join(c for c, keep in zip("abcdfg", f"{m:06b}") if keep == "1"), m & 0b010000 != 0)
-           for m in range(64)],
+        + [
+            ("".join(c for c, keep in zip("abcdfg", f"{m:06b}") if keep == "1"), m & 0b010000 != 0)
+            for m in range(64)
+        ],
     ),
     "star": (
         'start: "a" "b"* "c"',
@@ -97,7 +99,7 @@ FEATURES: dict[str, tuple[str, list[tuple[str, bool]]]] = {
         [("#abc", True), ("#a0b1c2", True), ("#ab", False), ("#abcdef0", False)],
     ),
     "import_common": (
-        "start: SIGNED_NUMBER (\",\" SIGNED_NUMBER)* \";\" CNAME \";\" ESCAPED_STRING\n"
+        'start: SIGNED_NUMBER ("," SIGNED_NUMBER)* ";" CNAME ";" ESCAPED_STRING\n'
         "%import common.SIGNED_NUMBER\n%import common.CNAME\n%import common.ESCAPED_STRING",
         [
             ('1,-2.5,+3e4;_x9;"hi \\" there"', True),
@@ -137,7 +139,13 @@ FEATURES: dict[str, tuple[str, list[tuple[str, bool]]]] = {
     ),
     "case_insensitive_string": (
         'start: "select"i " " KW\nKW: "abc"i',
-        [("SELECT abc", True), ("SeLeCt ABC", True), ("select aBc", True), ("SELECTabc", False), ("selekt abc", False)],
+        [
+            ("SELECT abc", True),
+            ("SeLeCt ABC", True),
+            ("select aBc", True),
+            ("SELECTabc", False),
+            ("selekt abc", False),
+        ],
     ),
     "templates": (
         'start: _sep{"a", ","} ";" _sep{"b", "-"}\n_sep{x, s}: x (s x)*',
@@ -222,7 +230,7 @@ def test_scannerless_differs_from_lark_dynamic_lexer():
 def test_escaped_string_is_read_as_lark_lexes_it():
     # common.ESCAPED_STRING's regex (lazy, with a lookbehind) fullmatches '"a"b"'; lark's
     # lexers end the string at the first unescaped quote, and so does the front end.
-    grammar = 'start: ESCAPED_STRING\n%import common.ESCAPED_STRING'
+    grammar = "start: ESCAPED_STRING\n%import common.ESCAPED_STRING"
     assert re.fullmatch(r'".*?(?<!\\)(\\\\)*?"', '"a"b"')
     assert not lark_accepts(grammar, '"a"b"')
     a = automaton(grammar)

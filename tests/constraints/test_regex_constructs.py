@@ -12,8 +12,8 @@ import re
 import pytest
 
 from deepinfer.constraints.errors import ConstraintError
+from deepinfer.constraints.frontends.regex import regex_to_ir
 from deepinfer.constraints.ir import Grammar, size
-from deepinfer.constraints.regex import regex_to_ir
 from tests.constraints.test_regex_oracle import ir_accepts
 
 I, S, X, A, M = re.IGNORECASE, re.DOTALL, re.VERBOSE, re.ASCII, re.MULTILINE
@@ -333,13 +333,16 @@ def test_regex_same_language_through_the_automaton(pattern: str, string: str, ex
     assert aut.accepts(string.encode()) is expected
 
 
-@pytest.mark.parametrize("pattern,string,expected", [
-    (r"a$\n?", "a", True),  # ECMA's $: only the end, so no newline can follow it
-    (r"a$\n?", "a\n", False),
-    (r"(a$|b)\s*", "a", True),
-    (r"(a$|b)\s*", "a ", False),
-    (r"(a$|b)\s*", "b\n", True),
-])
+@pytest.mark.parametrize(
+    "pattern,string,expected",
+    [
+        (r"a$\n?", "a", True),  # ECMA's $: only the end, so no newline can follow it
+        (r"a$\n?", "a\n", False),
+        (r"(a$|b)\s*", "a", True),
+        (r"(a$|b)\s*", "a ", False),
+        (r"(a$|b)\s*", "b\n", True),
+    ],
+)
 def test_regex_end_only(pattern: str, string: str, expected: bool) -> None:
     """``end_only``: $ matches only at the end of the text (JSON Schema's ECMA reading)."""
     assert ir_accepts(regex_to_ir(pattern, end_only=True), string.encode()) is expected

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from deepinfer.constraints.errors import ConstraintError, ConstraintTooComplex
-from deepinfer.constraints.regex import regex_to_ir
+from deepinfer.constraints.frontends.regex import regex_to_ir
 
 # (pattern, construct named in the message, position)
 UNSUPPORTED = [

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from deepinfer.constraints.regex import regex_to_ir
+from deepinfer.constraints.frontends.regex import regex_to_ir
 from tests.constraints.test_regex_oracle import ir_accepts, ir_sample
 
 ALPHABET = [

@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-from deepinfer.constraints import regex_classes as rx
+from deepinfer.constraints.frontends import regex_classes as rx
 
 ALL_TEXT = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
 
@@ -29,7 +29,7 @@ def _ranges_of(op_av_pattern: str, flags: int) -> tuple[tuple[int, int], ...]:
     tree = rx._sre_parse.parse(op_av_pattern, flags)
     ((op, av),) = list(tree)
     fl = tree.state.flags
-    ranges = rx._icase_ranges(op, av, fl) if fl & re.I else rx._plain_ranges(op, av, fl)
+    ranges = rx._icase_ranges(op, av, fl) if fl & re.I else rx.plain_ranges(op, av, fl)
     return rx._subtract(ranges, ((0xD800, 0xDFFF),))
 
 

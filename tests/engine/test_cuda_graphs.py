@@ -10,6 +10,7 @@ from deepinfer.cuda_graphs import Tile, batch_buckets, bucket_for, kv_bucket, pl
 from deepinfer.model_runner import ModelRunner
 from deepinfer.models.llama import LlamaModel
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.scheduler import compaction_moves
 from deepinfer.sequence import Sequence
 
 from .conftest import TINY_VARIANTS, tiny_hf_model
@@ -43,8 +44,17 @@ def test_bucket_for_too_large():
 
 @pytest.mark.parametrize(
     ("need", "max_len", "unit", "expected"),
-    [(1, 4096, 1, 256), (256, 4096, 1, 256), (257, 4096, 1, 512), (3000, 4096, 1, 4096),
-     (200, 240, 1, 240), (257, 1000, 1, 512), (600, 1000, 1, 1000), (300, 768, 256, 512), (600, 768, 256, 768)],
+    [
+        (1, 4096, 1, 256),
+        (256, 4096, 1, 256),
+        (257, 4096, 1, 512),
+        (3000, 4096, 1, 4096),
+        (200, 240, 1, 240),
+        (257, 1000, 1, 512),
+        (600, 1000, 1, 1000),
+        (300, 768, 256, 512),
+        (600, 768, 256, 768),
+    ],
 )
 def test_kv_bucket(need, max_len, unit, expected):
     assert kv_bucket(need, max_len, unit=unit, floor=256) == expected
@@ -81,6 +91,7 @@ def test_plan_rejects_shared_slot():
 
 
 # -- the fixed-shape decode, run eagerly (what a graph replays) vs the ordinary forward --------
+
 
 def _greedy(runner, prompts, slots, n, num_slots, max_len):
     """Prefill then n greedy decode steps: (tokens per sequence, logits of each step on CPU)."""
@@ -135,7 +146,10 @@ def test_compact_moves_rows_and_their_kv_to_the_lowest_slots():
         runner.static_decode = True
         runner.ensure_cache(8, 320)
         sp = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-        seqs = [Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=4096) for i, p in enumerate(_prompts(8))]
+        seqs = [
+            Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=4096)
+            for i, p in enumerate(_prompts(8))
+        ]
         for s, slot in zip(seqs, [7, 6, 5, 4, 3, 2, 1, 0]):
             s.slot = slot
         logits = runner.prefill(seqs)
@@ -146,12 +160,16 @@ def test_compact_moves_rows_and_their_kv_to_the_lowest_slots():
             if step == 4:  # all but three rows finish
                 free = [s.slot for s in seqs if s.slot not in (7, 5, 2)]
                 seqs = [s for s in seqs if s.slot in (7, 5, 2)]
-                if compact:
-                    runner.cuda_graphs = True  # compact() acts for the graphs' tile only
-                    assert runner.compact(seqs, free) == 2
-                    runner.cuda_graphs = False
-                    assert [s.slot for s in seqs] == [0, 1, 2] and sorted(free) == [3, 4, 5, 6, 7]
-                    assert runner.compact(seqs, free) == 0
+                if compact:  # the scheduler decides the moves, the runner copies the KV entries
+                    seqs.sort(key=lambda s: s.slot)
+                    moves = compaction_moves(seqs, free, batch_buckets(8))
+                    assert [(src, dst) for _, src, dst in moves] == [(5, 0), (7, 1)]
+                    runner.move_slots(moves)
+                    for s, src, dst in moves:
+                        s.slot = dst
+                        free[free.index(dst)] = src
+                    assert sorted(s.slot for s in seqs) == [0, 1, 2] and sorted(free) == [3, 4, 5, 6, 7]
+                    assert compaction_moves(sorted(seqs, key=lambda s: s.slot), free, batch_buckets(8)) == []
             logits = runner.decode(seqs)
             for s, row in zip(seqs, logits):
                 out.setdefault(s.request_id, []).append(row)
@@ -166,6 +184,7 @@ def test_compact_moves_rows_and_their_kv_to_the_lowest_slots():
 
 # -- CUDA graphs ---------------------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention", ["sdpa", "triton"])
 @pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
@@ -173,8 +192,9 @@ def test_graphs_equal_eager_on_cuda(variant, attention):
     torch.backends.cuda.matmul.allow_tf32 = False
     model = _model(variant, "cuda")
     for batch, slots, num_slots in CASES:
-        ref_tokens, ref = _greedy(ModelRunner(model, cuda_graphs=False), _prompts(batch), slots, 32,
-                                  num_slots, 320)
+        ref_tokens, ref = _greedy(
+            ModelRunner(model, cuda_graphs=False), _prompts(batch), slots, 32, num_slots, 320
+        )
         graphed = ModelRunner(model, cuda_graphs=True, attention=attention)
         tokens, got = _greedy(graphed, _prompts(batch), slots, 32, num_slots, 320)
         assert tokens == ref_tokens, (variant, batch)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.spec import DSpark, DSparkConfig
-from deepinfer.spec.drafts import FORCED, K_COPY2, K_COPY_NEXT, K_FORCED, NGRAM, NgramIndex, propose
-from deepinfer.spec.graphs import VerifyGraphs, t_bucket
-from deepinfer.spec.scheduler import CostModel, RequestStats, SourceStats, choose_positions
-from deepinfer.spec.verify import Verifier, fill_position_masks
+from deepinfer.cuda_graphs import t_bucket
+from deepinfer.dspark import DSpark, DSparkConfig
+from deepinfer.dspark.drafts import FORCED, K_COPY2, K_COPY_NEXT, K_FORCED, NGRAM, NgramIndex, propose
+from deepinfer.dspark.policy import CostModel, RequestStats, SourceStats, choose_positions
+from deepinfer.dspark.verify import fill_position_masks
 
 SCHEMA = {
     "type": "object",
@@ -84,7 +84,10 @@ def test_rollback_leaves_matcher_exactly_as_before(llm):
     for j, t in enumerate(drafts, 1):
         assert walk.accept(t)
         assert np.array_equal(rows[j], walk.mask_row()), j
-    bad = [drafts[0], llm.tokenizer.encode("}", add_special_tokens=False)[0]]  # '}' inside a string? no: rejected
+    bad = [
+        drafts[0],
+        llm.tokenizer.encode("}", add_special_tokens=False)[0],
+    ]  # '}' inside a string? no: rejected
     if not m.copy().accept(bad[0]) or m.copy().accept(bad[1]):
         bad = [drafts[0], 0]  # token 0 is special: never allowed inside a constraint
     with pytest.raises(RuntimeError, match="rejected by the constraint"):
@@ -99,8 +102,16 @@ def test_drafts_alternate_forced_and_ngram(llm):
     given to propose() is a copy, advanced only there."""
     tok = llm.tokenizer
     props = {"name": {"type": "string"}, "city": {"type": "string"}}
-    compiled = llm.structured.compile(SamplingParams(json_schema={
-        "type": "object", "properties": props, "required": ["name", "city"], "additionalProperties": False}))
+    compiled = llm.structured.compile(
+        SamplingParams(
+            json_schema={
+                "type": "object",
+                "properties": props,
+                "required": ["name", "city"],
+                "additionalProperties": False,
+            }
+        )
+    )
     prompt = tok.encode('name: "Alice Smith", city: "Paris"')
 
     def drafts_after(text):
@@ -117,7 +128,7 @@ def test_drafts_alternate_forced_and_ngram(llm):
     assert text == '"name":"' and set(sources) == {FORCED}
     text, sources = drafts_after('{"name":"Alice')
     assert text.startswith(' Smith","city":"'), text
-    assert sources[0] == NGRAM and FORCED in sources[sources.index(FORCED):]
+    assert sources[0] == NGRAM and FORCED in sources[sources.index(FORCED) :]
     off = propose(prompt, None, None, 12, forced=False, stop_ids=frozenset())
     assert len(off) == 0
     # the model's tokenization habit: where it rejected '":"' for '":' it is drafted next time
@@ -128,7 +139,9 @@ def test_drafts_alternate_forced_and_ngram(llm):
     plain = propose(prompt, m.copy(), None, 3, forced=True, stop_ids=frozenset())
     assert plain.tokens[:1] == colon and len(colon) == 1
     model = tok.encode('":', add_special_tokens=False)
-    habit = propose(prompt, m.copy(), None, 3, forced=True, stop_ids=frozenset(), preferred={colon[0]: model[0]})
+    habit = propose(
+        prompt, m.copy(), None, 3, forced=True, stop_ids=frozenset(), preferred={colon[0]: model[0]}
+    )
     assert tok.decode(habit.tokens) == '":"' and habit.tokens[0] == model[0]
 
 
@@ -186,8 +199,8 @@ def test_tiny_kv_lengths_stops_and_mixed_batch(tiny):
     seen = []  # every verify step leaves num_cached == len - 1 (the bonus token is not cached)
     step = DSpark.step
 
-    def spy(self, llm, plan, masks):
-        done = step(self, llm, plan, masks)
+    def spy(self, plan, masks, **kw):
+        done = step(self, plan, masks, **kw)
         seen.extend(s.num_cached == len(s) - 1 for s in plan.seqs if not s.is_finished)
         return done
 
@@ -206,8 +219,10 @@ def test_deterministic_mode_turns_dspark_off(tiny_folder, monkeypatch_session, t
     model (no near-ties) they also equal the non-deterministic DSpark run."""
     det = LLM(tiny_folder[0], dtype="float32", device="cpu", seed=0, deterministic=True)
     prompts = [[1, 5, 9], [1, 7, 7, 7, 7]]
-    params = [SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
-              SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True, speculative=True)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True, speculative=True),
+    ]
     on, st = _tiny_run(det, {"schedule": "fixed"}, params, prompts)
     assert st.verify_steps == 0
     off, _ = _tiny_run(det, False, params, prompts)
@@ -232,16 +247,18 @@ def _fixed_shape_vs_eager(llm, capture: bool):
     for s in seqs:
         s.output_token_ids.append(11)  # sampled, not cached yet
     drafts = [[5, 6], [], [7, 8]]
-    eager = Verifier(llm.config.vocab_size, llm.device).eager_forward(llm.model, llm.runner.cache, seqs, drafts, 3)
-    graphs = VerifyGraphs(llm.model, llm.runner.cache, capture=capture)
+    runner = llm.runner
+    eager = runner.verify_eager(seqs, drafts, 3)
+    graphs = runner.graphs  # the decode graphs' class (captured on CUDA, run eagerly on the CPU)
+    assert graphs.capture == capture and graphs._outs == []
     assert graphs.fits(seqs, 3) and t_bucket(3) == 3 and t_bucket(4) == 5
-    fixed = graphs.run(seqs, drafts, 3)
+    fixed = runner.verify_static(seqs, drafts, 3)
     assert fixed.shape == eager.shape == (3, 3, llm.config.vocab_size)
     torch.testing.assert_close(fixed.cpu(), eager.cpu(), rtol=1e-4, atol=1e-4)
-    again = graphs.run(seqs[:1], drafts[:1], 4).cpu()  # T bucketed to 5, rows to a smaller bucket
+    again = runner.verify_static(seqs[:1], drafts[:1], 4).cpu()  # T bucketed to 5, rows to a smaller bucket
     torch.testing.assert_close(again[0, :3], eager[0].cpu(), rtol=1e-4, atol=1e-4)
     # slot-major rows: slots 2 and 0 (slot 1 a padding row), asked for in that order
-    mixed = graphs.run([seqs[2], seqs[0]], [drafts[2], drafts[0]], 3).cpu()
+    mixed = runner.verify_static([seqs[2], seqs[0]], [drafts[2], drafts[0]], 3).cpu()
     assert mixed.shape == (2, 3, llm.config.vocab_size)
     torch.testing.assert_close(mixed, eager[[2, 0]].cpu(), rtol=1e-4, atol=1e-4)
     # every shape writes its logits into the front of one shared buffer
@@ -257,8 +274,10 @@ def test_verify_cuda_graphs_equal_eager(tiny_folder, monkeypatch_session):
     llm = LLM(tiny_folder[0], dtype="float32", device="cuda", seed=0)
     _fixed_shape_vs_eager(llm, capture=True)
     prompts = [[1, 5, 9], [1, 7, 7, 7, 7]]
-    params = [SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
-              SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True, speculative=True)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True, speculative=True),
+    ]
     base, _ = _tiny_run(llm, False, params, prompts)
     got, st = _tiny_run(llm, {"schedule": "fixed"}, params, prompts)
     assert got == base and st.verify_steps > 0
@@ -269,18 +288,21 @@ def test_capture_graphs_up_front_leaves_nothing_to_capture(tiny_folder, monkeypa
     llm = LLM(tiny_folder[0], dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512,
               dspark={"default": "all", "schedule": "fixed", "max_drafts": 4})  # fmt: skip
     n = llm.capture_graphs(300)
-    decode, verify = llm.runner.graphs.graphs, llm.runner.verify_graphs().graphs
+    graphs = llm.runner.graphs.graphs
+    decode, verify = [{k for k in graphs if (k.positions > 1) == v} for v in (False, True)]
     # batch buckets 1, 2, 4 x key buckets 256, 512; verify widths 2, 3, 5
     assert n == len(decode) + len(verify) == 6 + 18
     keys = (set(decode), set(verify))
     prompts = [[1, 5, 9], [1, 7, 7, 7, 7], [1, 300, 301], [1, 2]]
-    params = [SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
-              SamplingParams(temperature=0.8, seed=3, max_tokens=20, ignore_eos=True)] * 2
+    params = [
+        SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=20, ignore_eos=True),
+    ] * 2
     base, _ = _tiny_run(llm, False, params, prompts)
     got, st = _tiny_run(llm, {"default": "all", "schedule": "fixed", "max_drafts": 4}, params, prompts)
     assert got == base and st.verify_steps > 0
-    assert (set(decode), set(verify)) == keys and llm.capture_graphs(300) == 0
-    assert len(llm.runner.verify_graphs()._outs) == 1  # 18 verify graphs, one logits buffer
+    assert set(graphs) == keys[0] | keys[1] and llm.capture_graphs(300) == 0
+    assert len(llm.runner.graphs._outs) == 1  # 18 verify graphs, one logits buffer
 
 
 def test_capture_graphs_is_a_no_op_without_cuda(tiny):
@@ -398,8 +420,8 @@ def test_replay_accepts_drafts_at_the_configured_rates(tiny):
     seen = []
     step = type(dspark).step
 
-    def spy(self, llm, plan, masks):
-        done = step(self, llm, plan, masks)
+    def spy(self, plan, masks, **kw):
+        done = step(self, plan, masks, **kw)
         seen.extend(s.num_cached == len(s) - 1 for s in plan.seqs if not s.is_finished)
         return done
 

@@ -24,7 +24,16 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from deepinfer.kernels import reference, sample_triton, verify_triton  # noqa: E402
+from deepinfer.kernels import (  # noqa: E402
+    DEFAULT_TUNING,
+    SampleTuning,
+    sample_greedy,
+    sample_reference,
+    sample_rows,
+    sample_split,
+    sample_triton,
+    verify_triton,
+)
 
 TARGET = GPUTarget("cuda", 90, 32)
 _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32",
@@ -63,30 +72,31 @@ class _Compile:
             compiled[key] = self.kernel.fn.__name__
 
 
-def _sample(B: int, V: int, dtype: torch.dtype, kinds: str, logprobs: bool, masked: bool) -> None:
+def _sample(B: int, V: int, dtype: torch.dtype, kinds: str, logprobs: bool, masked: bool,
+            tuning: SampleTuning = DEFAULT_TUNING) -> None:  # fmt: skip
     logits = torch.zeros(B, V, dtype=dtype)
     bitmask = torch.zeros(B, (V + 31) // 32, dtype=torch.int32) if masked else None
     indices = torch.tensor([0]) if masked else None
     f32 = torch.zeros(B)
     i64 = torch.zeros(B, dtype=torch.int64)
     sample_triton.sample(logits, bitmask, indices, f32, i64, f32, f32, i64, i64, return_logprobs=logprobs,
-                         kinds=kinds)  # fmt: skip
+                         kinds=kinds, tuning=tuning)  # fmt: skip
 
 
 def main() -> None:
-    for name in ("_split_pass1_kernel", "_split_greedy_kernel", "_split_draw_kernel", "_split_plain_kernel",
-                 "_split_pass2_kernel", "_sample_kernel"):  # fmt: skip
-        setattr(sample_triton, name, _Compile(getattr(sample_triton, name)))
-    verify_triton._verify_kernel = _Compile(verify_triton._verify_kernel)
-    sample_triton._pdl_device = lambda dev: True  # the Hopper launches (gdc_wait / gdc_launch_dependents)
-    V = reference.CHUNK_MAX + 100  # two chunks: the split kernels
-    for kinds in reference.KINDS:
+    for module, name in ((sample_split, "_split_pass1_kernel"), (sample_greedy, "_split_greedy_kernel"),
+                         (sample_split, "_split_draw_kernel"), (sample_split, "_split_plain_kernel"),
+                         (sample_split, "_split_pass2_kernel"), (sample_rows, "_sample_kernel"),
+                         (verify_triton, "_verify_kernel")):  # fmt: skip
+        setattr(module, name, _Compile(getattr(module, name)))
+    sample_triton.pdl_device = lambda dev: True  # the Hopper launches (gdc_wait / gdc_launch_dependents)
+    V = sample_reference.CHUNK_MAX + 100  # two chunks: the split kernels
+    for kinds in sample_reference.KINDS:
         for logprobs in (False, True):
             _sample(3, V, torch.float32, kinds, logprobs, masked=True)
     _sample(3, V, torch.bfloat16, "greedy", False, masked=True)  # the packed keys, two tiles a program
-    for split2 in ("0", "1"):  # the test pass in the per-row kernel, 2-byte logits
-        sample_triton.SPLIT2 = split2
-        _sample(3, V, torch.bfloat16, "filter", False, masked=False)
+    for split2 in (False, True):  # the test pass in the per-row kernel, 2-byte logits
+        _sample(3, V, torch.bfloat16, "filter", False, masked=False, tuning=SampleTuning(split2=split2))
     _sample(3, 1000, torch.float32, "filter", True, masked=True)  # one chunk: the per-row kernel alone
     B, K = 2, 3
     z = torch.zeros(B, dtype=torch.int64)

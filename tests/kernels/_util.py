@@ -21,10 +21,29 @@ def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-def count_calls(monkeypatch, module, name: str) -> list:
-    """Wrap ``module.name`` so each call appends to the returned list (Triton helpers are plain
-    functions under TRITON_INTERPRET=1, looked up by name at each call)."""
+def count_calls(monkeypatch, name: str) -> list:
+    """Wrap the Triton helper ``name`` of deepinfer.kernels so each call appends to the returned
+    list. Under TRITON_INTERPRET=1 the helpers are plain functions, looked up by name at each call
+    in the caller's module: the wrapper takes the name's place in every kernels module that has it."""
+    from deepinfer.kernels import (
+        sample_filters,
+        sample_greedy,
+        sample_rows,
+        sample_split,
+        triton_common,
+        verify_triton,
+    )
+
+    mods = [m for m in (triton_common, sample_filters, sample_rows, sample_split, sample_greedy, verify_triton)
+            if hasattr(m, name)]  # fmt: skip
+    real = getattr(mods[0], name)
+    assert all(getattr(m, name) is real for m in mods), name
     calls: list = []
-    real = getattr(module, name)
-    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or real(*a))
+
+    def counted(*a):
+        calls.append(1)
+        return real(*a)
+
+    for m in mods:
+        monkeypatch.setattr(m, name, counted)
     return calls

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.kernels import reference
+from deepinfer.kernels import sample_reference
 
 
 def _loop_row(x, temperature, top_k, top_p, min_p, seed, step) -> int:
@@ -31,9 +31,9 @@ def _loop_row(x, temperature, top_k, top_p, min_p, seed, step) -> int:
         )
 
     def draw(j: int, low: float) -> int:
-        mc, q, zq = reference.chunk_weights(s[None], torch.tensor([low]))
-        t = reference.draw_bits(seed, step, 2 * j + 2)
-        return int(reference.inverse_cdf(mc, q, zq, t[:, 2 * j], t[:, 2 * j + 1])[0])
+        mc, q, zq = sample_reference.chunk_weights(s[None], torch.tensor([low]))
+        t = sample_reference.draw_bits(seed, step, 2 * j + 2)
+        return int(sample_reference.inverse_cdf(mc, q, zq, t[:, 2 * j], t[:, 2 * j + 1])[0])
 
     low, j = float("-inf"), 0
     while True:  # four draws, the first kept one; all cut: four more above the highest
@@ -46,9 +46,16 @@ def _loop_row(x, temperature, top_k, top_p, min_p, seed, step) -> int:
 
 def _loop_sample(logits, bitmask, temperature, top_k, top_p, min_p, seed, step) -> list[int]:
     B, V = logits.shape
-    allowed = reference.unpack_bitmask(bitmask, V) if bitmask is not None else torch.ones(B, V, dtype=torch.bool)
+    allowed = (
+        sample_reference.unpack_bitmask(bitmask, V)
+        if bitmask is not None
+        else torch.ones(B, V, dtype=torch.bool)
+    )
     x = logits.float().masked_fill(~allowed, float("-inf"))
-    return [_loop_row(x[b], *(a[b : b + 1] for a in (temperature, top_k, top_p, min_p, seed, step))) for b in range(B)]
+    return [
+        _loop_row(x[b], *(a[b : b + 1] for a in (temperature, top_k, top_p, min_p, seed, step)))
+        for b in range(B)
+    ]
 
 
 def test_reference_is_its_loop():
@@ -74,6 +81,6 @@ def test_reference_is_its_loop():
         seed = torch.randint(0, 2**40, (B,), generator=g)
         step = torch.randint(0, 1000, (B,), generator=g)
         want = _loop_sample(logits, bitmask, temp, top_k, top_p, min_p, seed, step)
-        got, empty, _ = reference.sample(logits, bitmask, None, temp, top_k, top_p, min_p, seed, step)
+        got, empty, _ = sample_reference.sample(logits, bitmask, None, temp, top_k, top_p, min_p, seed, step)
         assert got.tolist() == want, (it, got.tolist(), want)
         assert empty.tolist() == [w == -1 for w in want]

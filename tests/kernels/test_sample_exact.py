@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from deepinfer import kernels
+from deepinfer.kernels import SampleTuning
+from deepinfer.kernels.bitmask_reference import unpack_bitmask
 
 from ._util import pack_bitmask, random_bitmask
 
@@ -58,7 +60,7 @@ def test_matches_reference(impl, case):
     torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
     assert want.empty.tolist() == [False, True, False, False, False, False]
     assert want.tokens[1] == -1 and want.tokens[4] == V - 1
-    allowed = kernels.reference.unpack_bitmask(bitmask, V)
+    allowed = unpack_bitmask(bitmask, V)
     for b in (0, 2, 3, 5):
         assert allowed[b, want.tokens[b]]
 
@@ -139,7 +141,7 @@ def test_apply_bitmask(impl, V):
     logits = torch.randn(5, V, generator=gen)
     bitmask = random_bitmask(5, V, 0.3, gen)
     want = kernels.apply_bitmask_(logits.clone(), bitmask, backend="torch")
-    allowed = kernels.reference.unpack_bitmask(bitmask, V)
+    allowed = unpack_bitmask(bitmask, V)
     assert torch.equal(torch.isfinite(want), allowed)
     got = kernels.apply_bitmask_(logits.clone().to(device), bitmask.to(device), backend=backend).cpu()
     assert torch.equal(got, want)
@@ -178,18 +180,15 @@ def test_llm_sized_rows_match_reference_on_gpu(dtype):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_matches_reference_small_tiles(impl, case, monkeypatch):
+def test_matches_reference_small_tiles(impl, case):
     """Small tiles: every pass loops over many blocks (cross-block max, argmax and sums)."""
     backend, _ = impl
     if backend != "triton":
         pytest.skip("Triton tiling")
-    from deepinfer.kernels import sample_triton
-
-    monkeypatch.setattr(sample_triton, "BLOCK_MAX", 64)
     _, V, dtype, args = case
     logits, bitmask = _inputs(V, dtype, seed=1)
     want = _run(("torch", "cpu"), logits, bitmask, return_logprobs=True, **args)
-    got = _run(impl, logits, bitmask, return_logprobs=True, **args)
+    got = _run(impl, logits, bitmask, return_logprobs=True, tuning=SampleTuning(block_max=64), **args)
     torch.testing.assert_close(got.tokens, want.tokens, rtol=0, atol=0)
     torch.testing.assert_close(got.empty, want.empty)
     torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from deepinfer import kernels
+from deepinfer.kernels import SampleTuning
 
 from ._util import count_calls, pack_bitmask, random_bitmask
 from .conftest import INTERPRET
@@ -51,7 +52,9 @@ def test_random_rows_match_reference(impl, dtype, V):
     logits = (torch.randn(B, V, generator=gen) * 2).to(dtype)
     bitmask = random_bitmask(B, V, 0.5, gen)
     args = _params(B, gen)
-    torch.testing.assert_close(_run(impl, logits, bitmask, **args), _want(logits, bitmask, **args), rtol=0, atol=0)
+    torch.testing.assert_close(
+        _run(impl, logits, bitmask, **args), _want(logits, bitmask, **args), rtol=0, atol=0
+    )
 
 
 def test_only_top_p_near_one_and_near_zero(impl):
@@ -114,20 +117,18 @@ def test_masks_leaving_few_tokens(impl, n_allowed):
     assert allowed[torch.arange(B), got].all()
 
 
-def test_many_small_tiles(impl, monkeypatch):
+def test_many_small_tiles(impl):
     """64-token tiles: candidates enter from many tiles, the test pass and rounds cross tiles."""
     backend, _ = impl
     if backend != "triton":
         pytest.skip("Triton tiling")
-    from deepinfer.kernels import sample_triton
-
-    monkeypatch.setattr(sample_triton, "BLOCK_MAX", 64)
     gen = torch.Generator().manual_seed(14)
     B, V = 16, 1000
     logits = (torch.randn(B, V, generator=gen) * 2).to(torch.bfloat16)
     bitmask = random_bitmask(B, V, 0.4, gen)
     args = _params(B, gen)
-    torch.testing.assert_close(_run(impl, logits, bitmask, **args), _want(logits, bitmask, **args), rtol=0, atol=0)
+    got = _run(impl, logits, bitmask, tuning=SampleTuning(block_max=64), **args)
+    torch.testing.assert_close(got, _want(logits, bitmask, **args), rtol=0, atol=0)
 
 
 def test_same_row_many_steps(impl):
@@ -147,10 +148,8 @@ def test_rounds_only_when_all_draws_are_cut(monkeypatch):
     """Top-p near 1 keeps one of the four draws (no round: four draws a row); top-k 1 on a flat
     row cuts all four almost always and needs the rounds, each of four draws tested in one pass;
     both return the reference's token."""
-    from deepinfer.kernels import sample_triton
-
-    calls = count_calls(monkeypatch, sample_triton, "_row_draw")
-    passes = count_calls(monkeypatch, sample_triton, "_row_chunks")  # pass 1 of each row, then one a round
+    calls = count_calls(monkeypatch, "row_draw")
+    passes = count_calls(monkeypatch, "row_chunks")  # pass 1 of each row, then one a round
     gen = torch.Generator().manual_seed(16)
     B, V = 8, 3000
     logits = torch.randn(B, V, generator=gen)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from deepinfer import kernels
+from deepinfer.kernels import SampleTuning
 
 from ._util import pack_bitmask, random_bitmask
 from .test_sample_exact import CASES, _inputs, _run
@@ -22,20 +23,21 @@ def _triton_only(impl):
 
 
 @pytest.fixture(
-    params=[("1", 64, "1"), ("1", 64, "0"), ("1", 256, "1"), ("auto", 128, "1"), ("0", 64, "1")],
+    params=[
+        ("always", 64, True),
+        ("always", 64, False),
+        ("always", 256, True),
+        ("auto", 128, True),
+        ("never", 64, True),
+    ],
     ids=["s64", "s64-rowtest", "s256", "auto128", "off"],
 )
-def split(request, monkeypatch):
+def split(request) -> SampleTuning:
     """Split on with small chunks (many chunks per row, partial last chunk; the test pass split
-    too, or in the per-row kernel), auto, and off."""
-    from deepinfer.kernels import reference, sample_triton
-
-    mode, chunk, mode2 = request.param
-    monkeypatch.setattr(sample_triton, "SPLIT", mode)
-    monkeypatch.setattr(sample_triton, "SPLIT2", mode2)
-    monkeypatch.setattr(reference, "CHUNK_MAX", chunk)  # the draws' chunks: reference and kernel
-    monkeypatch.setattr(sample_triton, "BLOCK_MAX", 128)
-    return request.param
+    too, or in the per-row kernel), auto, and off; the chunks are the draws' (reference and
+    kernel: both take the tuning)."""
+    mode, chunk, split2 = request.param
+    return SampleTuning(split=mode, split2=split2, chunk_max=chunk, block_max=128)
 
 
 def _check(impl, logits, bitmask=None, **args):
@@ -51,7 +53,7 @@ def _check(impl, logits, bitmask=None, **args):
 def test_split_matches_reference(impl, split, case):
     _, V, dtype, args = case
     logits, bitmask = _inputs(V, dtype, seed=3)
-    got = _check(impl, logits, bitmask, **args)
+    got = _check(impl, logits, bitmask, **args, tuning=split)
     assert got.tokens[1] == -1 and got.empty[1]
 
 
@@ -63,21 +65,17 @@ def test_split_greedy_random(impl, split, dtype):
     logits = torch.randint(-3, 4, (B, V), generator=gen).to(dtype)
     bitmask = random_bitmask(B, V, 0.3, gen)
     bitmask[2] = 0
-    _check(impl, logits, bitmask, temperature=0.0)
-    _check(impl, logits, temperature=0.0)
-    _check(impl, (torch.randn(B, V, generator=gen) * 4).to(dtype), bitmask, temperature=0.0)
+    _check(impl, logits, bitmask, temperature=0.0, tuning=split)
+    _check(impl, logits, temperature=0.0, tuning=split)
+    _check(impl, (torch.randn(B, V, generator=gen) * 4).to(dtype), bitmask, temperature=0.0, tuning=split)
 
 
 @pytest.mark.parametrize("chunk", [8, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_chunks_narrower_than_a_word(impl, monkeypatch, chunk, dtype):
+def test_split_chunks_narrower_than_a_word(impl, chunk, dtype):
     """Chunks of 8 or 16 tokens: a row of the 2-D tile starts inside a bitmask word (greedy,
     sampling, top-k, top-p, min-p, partial last chunk and word)."""
-    from deepinfer.kernels import reference, sample_triton
-
-    monkeypatch.setattr(sample_triton, "SPLIT", "1")
-    monkeypatch.setattr(sample_triton, "SPLIT2", "1")
-    monkeypatch.setattr(reference, "CHUNK_MAX", chunk)
+    tuning = SampleTuning(split="always", split2=True, chunk_max=chunk)
     gen = torch.Generator().manual_seed(chunk)
     B, V = 6, 77
     logits = (torch.randn(B, V, generator=gen) * 2).to(dtype)
@@ -86,10 +84,18 @@ def test_split_chunks_narrower_than_a_word(impl, monkeypatch, chunk, dtype):
     one = torch.zeros(1, V, dtype=torch.bool)
     one[0, V - 1] = True
     bitmask[4] = pack_bitmask(one)[0]
-    _check(impl, logits, bitmask, temperature=0.0)
-    _check(impl, logits, bitmask, temperature=[1.0, 0.5, 0.0, 2.0, 1.0, 0.7])
-    _check(impl, logits, bitmask, temperature=0.9, top_k=[1, 2, 3, 0, 4, 9], top_p=[0.5, 0.9, 1.0, 0.3, 0.8, 0.6])
-    _check(impl, logits, bitmask, temperature=1.2, min_p=[0.0, 0.1, 0.5, 0.2, 0.9, 0.05])
+    _check(impl, logits, bitmask, temperature=0.0, tuning=tuning)
+    _check(impl, logits, bitmask, temperature=[1.0, 0.5, 0.0, 2.0, 1.0, 0.7], tuning=tuning)
+    _check(
+        impl,
+        logits,
+        bitmask,
+        temperature=0.9,
+        top_k=[1, 2, 3, 0, 4, 9],
+        top_p=[0.5, 0.9, 1.0, 0.3, 0.8, 0.6],
+        tuning=tuning,
+    )
+    _check(impl, logits, bitmask, temperature=1.2, min_p=[0.0, 0.1, 0.5, 0.2, 0.9, 0.05], tuning=tuning)
 
 
 def test_split_greedy_ties_across_chunk_borders(impl, split):
@@ -102,13 +108,13 @@ def test_split_greedy_ties_across_chunk_borders(impl, split):
     logits[4] = float("-inf")
     logits[4, [131, 130]] = -7.0
     logits[5, 64:] = 3.0  # a whole chunk of ties after a lower chunk
-    got = _check(impl, logits, temperature=0.0)
+    got = _check(impl, logits, temperature=0.0, tuning=split)
     assert got.tokens.tolist() == [63, 255, 200, -1, 130, 64]
     assert got.empty.tolist() == [False, False, False, True, False, False]
     # the same ties under a mask that forbids the first of each pair
     allowed = torch.ones(6, V, dtype=torch.bool)
     allowed[0, 63] = allowed[1, 255] = allowed[2, 200] = False
-    got = _check(impl, logits, pack_bitmask(allowed), temperature=0.0)
+    got = _check(impl, logits, pack_bitmask(allowed), temperature=0.0, tuning=split)
     assert got.tokens.tolist()[:3] == [64, 256, 299]
 
 
@@ -119,9 +125,9 @@ def test_split_all_masked_and_only_last_token(impl, split):
     allowed[1, V - 1] = True
     allowed[2, 0] = True
     allowed[3] = True
-    got = _check(impl, logits, pack_bitmask(allowed), temperature=[0.0, 0.0, 1.0, 0.0])
+    got = _check(impl, logits, pack_bitmask(allowed), temperature=[0.0, 0.0, 1.0, 0.0], tuning=split)
     assert got.tokens.tolist()[:3] == [-1, V - 1, 0]
-    got = _check(impl, logits, pack_bitmask(allowed), temperature=1.0, top_p=0.5)
+    got = _check(impl, logits, pack_bitmask(allowed), temperature=1.0, top_p=0.5, tuning=split)
     assert got.tokens.tolist()[:3] == [-1, V - 1, 0]
 
 
@@ -130,10 +136,10 @@ def test_split_noncontiguous_and_indices(impl, split):
     base = torch.randn(1001, 8, generator=gen) * 2  # base.t(): strides (1, 8)
     bitmask = random_bitmask(8, 1001, 0.4, gen)
     args = dict(temperature=[0.0, 1.0, 0.0, 0.5, 0.0, 0.0, 2.0, 0.0], top_p=0.8)
-    _check(impl, base.t(), bitmask, **args)
+    _check(impl, base.t(), bitmask, **args, tuning=split)
     sliced = (torch.randn(8, 2002, generator=gen) * 2).to(torch.bfloat16)[:, ::2]
-    _check(impl, sliced, bitmask, indices=[0, 3, 4], **args)
-    _check(impl, sliced, bitmask, indices=[5], temperature=0.0)
+    _check(impl, sliced, bitmask, indices=[0, 3, 4], **args, tuning=split)
+    _check(impl, sliced, bitmask, indices=[5], temperature=0.0, tuning=split)
 
 
 def test_split_batch_invariance(impl, split):
@@ -142,14 +148,14 @@ def test_split_batch_invariance(impl, split):
     row = torch.randint(-2, 3, (1, V), generator=gen).float()  # ties
     row_mask = random_bitmask(1, V, 0.5, gen)
     for args in (dict(temperature=0.0), dict(temperature=0.9, top_k=30, top_p=0.9, min_p=0.01)):
-        alone = _run(impl, row, row_mask, seed=12345, step=9, **args)
+        alone = _run(impl, row, row_mask, seed=12345, step=9, **args, tuning=split)
         for size, pos in [(2, 1), (5, 3), (9, 0)]:
             logits = torch.randint(-2, 3, (size, V), generator=gen).float()
             bitmask = random_bitmask(size, V, 0.5, gen)
             logits[pos], bitmask[pos] = row[0], row_mask[0]
             seed = torch.randint(0, 2**40, (size,), generator=gen)
             seed[pos] = 12345
-            got = _run(impl, logits, bitmask, seed=seed, step=9, **args)
+            got = _run(impl, logits, bitmask, seed=seed, step=9, **args, tuning=split)
             assert got.tokens[pos] == alone.tokens[0], (size, pos, args)
 
 
@@ -166,21 +172,23 @@ def test_split_sampled_rows_match_reference(impl, split):
         seed=torch.randint(0, 2**62, (B,), generator=gen),
         step=torch.arange(B),
     )
-    _check(impl, logits, bitmask, **args)
+    _check(impl, logits, bitmask, **args, tuning=split)
 
 
-def test_split_is_chosen_by_shape(monkeypatch):
-    from deepinfer.kernels import sample_triton as st
+def test_split_is_chosen_by_shape():
+    from deepinfer.kernels.sample_triton import use_split
 
-    monkeypatch.setattr(st, "SPLIT", "auto")
-    monkeypatch.setattr(st.reference, "CHUNK_MAX", 4096)
-    assert st._use_split(1, 128256) and st._use_split(512, 49152)
-    assert not st._use_split(128, 4096) and not st._use_split(1, 1000)
-    monkeypatch.setattr(st, "SPLIT", "0")
-    assert not st._use_split(128, 128256)
-    monkeypatch.setattr(st, "SPLIT", "yes")
-    with pytest.raises(ValueError):
-        st._use_split(1, 128256)
+    auto = SampleTuning(split="auto", chunk_max=4096)
+    assert use_split(128256, auto) and use_split(49152, auto)
+    assert not use_split(4096, auto) and not use_split(1000, auto)
+    assert not use_split(128256, SampleTuning(split="never"))
+    assert use_split(1000, SampleTuning(split="always"))
+    with pytest.raises(ValueError, match="split"):
+        SampleTuning(split="yes")
+    with pytest.raises(ValueError, match="split2"):
+        SampleTuning(split2="1")
+    with pytest.raises(ValueError, match="chunk_max"):
+        SampleTuning(chunk_max=100)
     assert kernels  # the package under test
 
 
@@ -221,7 +229,9 @@ def test_kinds_from_lists_match_the_tensor_path():
         args = [a[0] if rng.random() < 0.3 else a for a in args]
         assert _kinds(*args, 1000) == _kinds(*(torch.tensor(a) for a in args), 1000), args
         min_p = [rng.choice([0.0, 0.0, 0.1]) for _ in range(n)]
-        assert _kinds(*args, 1000, min_p) == _kinds(*(torch.tensor(a) for a in args), 1000, torch.tensor(min_p))
+        assert _kinds(*args, 1000, min_p) == _kinds(
+            *(torch.tensor(a) for a in args), 1000, torch.tensor(min_p)
+        )
 
 
 def test_kinds_hint_gives_the_same_tokens(impl, split):
@@ -229,13 +239,17 @@ def test_kinds_hint_gives_the_same_tokens(impl, split):
     gen = torch.Generator().manual_seed(21)
     B, V = 5, 900
     logits = torch.randn(B, V, generator=gen) * 2
-    for kinds, temperature, top_p in (("greedy", 0.0, 1.0), ("plain", 0.8, 1.0), ("sample", 0.8, 1.0),
-                                      ("top_p", 0.8, 0.6)):
-        full = _run(impl, logits, temperature=temperature, top_p=top_p, kinds="filter")
-        got = _run(impl, logits, temperature=temperature, top_p=top_p, kinds=kinds)
+    for kinds, temperature, top_p in (
+        ("greedy", 0.0, 1.0),
+        ("plain", 0.8, 1.0),
+        ("sample", 0.8, 1.0),
+        ("top_p", 0.8, 0.6),
+    ):
+        full = _run(impl, logits, temperature=temperature, top_p=top_p, kinds="filter", tuning=split)
+        got = _run(impl, logits, temperature=temperature, top_p=top_p, kinds=kinds, tuning=split)
         assert got.tokens.tolist() == full.tokens.tolist()
     with pytest.raises(ValueError, match="kinds"):
-        _run(impl, logits, temperature=0.0, kinds="fast")
+        _run(impl, logits, temperature=0.0, kinds="fast", tuning=split)
 
 
 class _Launches:
@@ -255,12 +269,12 @@ def test_plain_hint_two_launches(impl, split, monkeypatch, logprobs):
     row that draws (or takes a greedy row's argmax) and ends the row -- no draw kernel, no
     per-row kernel. Greedy and sampling rows, a row the mask empties, a scattered mask: the
     tokens, flags and logprobs of the full path and of the reference."""
-    from deepinfer.kernels import sample_triton
+    from deepinfer.kernels import sample_rows, sample_split
 
-    draws = _Launches(sample_triton._split_draw_kernel)
-    rows = _Launches(sample_triton._sample_kernel)
-    monkeypatch.setattr(sample_triton, "_split_draw_kernel", draws)
-    monkeypatch.setattr(sample_triton, "_sample_kernel", rows)
+    draws = _Launches(sample_split._split_draw_kernel)
+    rows = _Launches(sample_rows._sample_kernel)
+    monkeypatch.setattr(sample_split, "_split_draw_kernel", draws)
+    monkeypatch.setattr(sample_rows, "_sample_kernel", rows)
     gen = torch.Generator().manual_seed(23)
     B, V = 6, 900
     logits = torch.randn(B, V, generator=gen) * 2
@@ -269,16 +283,16 @@ def test_plain_hint_two_launches(impl, split, monkeypatch, logprobs):
     allowed[3] = False  # -> -1, empty
     bitmask = pack_bitmask(allowed)
     args = dict(temperature=torch.tensor([0.8, 0.0, 1.3, 0.8, 0.5, 0.0]), return_logprobs=logprobs)
-    want = _run(("torch", "cpu"), logits, bitmask, **args)
-    full = _run(impl, logits, bitmask, kinds="filter", **args)
+    want = _run(("torch", "cpu"), logits, bitmask, **args, tuning=split)
+    full = _run(impl, logits, bitmask, kinds="filter", **args, tuning=split)
     launches = (draws.n, rows.n)
-    got = _run(impl, logits, bitmask, kinds="plain", **args)
+    got = _run(impl, logits, bitmask, kinds="plain", **args, tuning=split)
     assert got.tokens.tolist() == full.tokens.tolist() == want.tokens.tolist()
     assert got.empty.tolist() == want.empty.tolist() and want.tokens[3] == -1
     if logprobs:
         torch.testing.assert_close(got.logprobs, full.logprobs, rtol=0, atol=0)
         torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
-    if split[0] != "0":  # the split: the full path's draw and per-row launches are left out
+    if split.split != "never":  # the split: the full path's draw and per-row launches are left out
         assert launches == (1, 1) and (draws.n, rows.n) == launches, (launches, draws.n, rows.n)
 
 
@@ -289,7 +303,7 @@ def test_greedy_hint_one_launch(impl, split, dtype):
     value and index). The reference's tokens exactly: a tie across chunks and one inside a chunk
     (lowest id), negative maxima, -0.0 beside +0.0, an all -inf row, a row the mask empties, a
     scattered mask; twice (the per-row counts are left at zero for the next call)."""
-    from deepinfer.kernels import sample_triton
+    from deepinfer.kernels import sample_greedy
 
     gen = torch.Generator().manual_seed(5)
     B, V = 7, 700
@@ -305,13 +319,13 @@ def test_greedy_hint_one_launch(impl, split, dtype):
     allowed[:4] = True
     allowed[5] = False  # -> -1, empty
     bitmask = pack_bitmask(allowed)
-    want = _run(("torch", "cpu"), logits, bitmask, temperature=0.0)
+    want = _run(("torch", "cpu"), logits, bitmask, temperature=0.0, tuning=split)
     assert want.tokens[:4].tolist() == [100, 299, 10, -1] and want.tokens[5] == -1
     for _ in range(2):
-        got = _run(impl, logits, bitmask, temperature=0.0, kinds="greedy")
+        got = _run(impl, logits, bitmask, temperature=0.0, kinds="greedy", tuning=split)
         assert got.tokens.tolist() == want.tokens.tolist()
         assert got.empty.tolist() == want.empty.tolist()
-    for buf in sample_triton._counts.values():
+    for buf in sample_greedy._counts.values():
         assert int(buf.abs().sum()) == 0
 
 
@@ -331,22 +345,22 @@ def test_split_top_p_on_peaked_rows(impl, split):
         seed=torch.arange(B) * 131,
         step=torch.arange(B),
     )
-    got = _check(impl, logits, **args)
+    got = _check(impl, logits, **args, tuning=split)
     for b, at in enumerate([3, 500, 990] * 3):
         assert at <= int(got.tokens[b]) < at + 5
-    _check(impl, logits, random_bitmask(B, V, 0.7, gen), **args)
+    _check(impl, logits, random_bitmask(B, V, 0.7, gen), **args, tuning=split)
 
 
 def test_dependent_launch_only_where_it_exists(monkeypatch):
     """Programmatic dependent launch is asked for only on a CUDA device of capability 9 or later
     with a Triton that has it, never under the interpreter or on the CPU; the answer is kept per
     device."""
-    from deepinfer.kernels import sample_triton as st
+    from deepinfer.kernels import triton_common as tc
 
-    monkeypatch.setattr(st, "_pdl_ok", {})
-    assert not st._pdl_device(torch.device("cpu"))
-    if st._INTERPRET or not torch.cuda.is_available():
-        assert st._pdl_ok == {torch.device("cpu"): False}
+    monkeypatch.setattr(tc, "_pdl_ok", {})
+    assert not tc.pdl_device(torch.device("cpu"))
+    if tc.INTERPRET or not torch.cuda.is_available():
+        assert tc._pdl_ok == {torch.device("cpu"): False}
         return
     dev = torch.device("cuda", torch.cuda.current_device())
-    assert st._pdl_device(dev) == (st._HAS_PDL and torch.cuda.get_device_capability(dev)[0] >= 9)
+    assert tc.pdl_device(dev) == (tc.HAS_PDL and torch.cuda.get_device_capability(dev)[0] >= 9)

@@ -12,8 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels import reference, sample_triton
-from deepinfer.kernels.sample_triton import _chunk_mass, _filter_on, _verdict
+from deepinfer.kernels import SampleTuning, sample_reference
+from deepinfer.kernels.sample_filters import filter_on, verdict
+from deepinfer.kernels.triton_common import chunk_mass
 
 from ._util import count_calls, random_bitmask
 from .conftest import INTERPRET
@@ -31,11 +32,13 @@ def _verdict_kernel(q_ptr, ct_ptr, ms_ptr, zs_ptr, k_ptr, p_ptr, mp_ptr, out_ptr
     top_k = tl.load(k_ptr + i)
     top_p = tl.load(p_ptr + i)
     min_p = tl.load(mp_ptr + i)
-    k_on, cut_p, _active = _filter_on(top_k, top_p, min_p, V)
+    k_on, cut_p, _active = filter_on(top_k, top_p, min_p, V)
     kmax = tl.where(top_k > 0, top_k, 2147483647)
     m = tl.max(ms, 0)
-    w = _chunk_mass(ms, zs, m)
-    v = _verdict(tl.load(q_ptr + i), tl.load(ct_ptr + i), m, ms, w, tl.sum(w, 0), cs, kmax, k_on, cut_p, top_p, min_p)
+    w = chunk_mass(ms, zs, m)
+    v = verdict(
+        tl.load(q_ptr + i), tl.load(ct_ptr + i), m, ms, w, tl.sum(w, 0), cs, kmax, k_on, cut_p, top_p, min_p
+    )
     tl.store(out_ptr + i, v)
 
 
@@ -54,15 +57,23 @@ def _rows(gen: torch.Generator, V: int) -> torch.Tensor:
     return torch.stack([flat, wide, peaked, peaked2, ties, masked])
 
 
-def _verdicts(impl, s: torch.Tensor, rows, tok, top_k, top_p, min_p) -> torch.Tensor:
+def _verdicts(impl, s: torch.Tensor, rows, tok, top_k, top_p, min_p, chunk_max: int) -> torch.Tensor:
     """[P] verdicts of tokens tok[i] of rows rows[i] of s (tempered scores, -inf where masked)
-    under filters top_k[i], top_p[i], min_p[i]."""
+    under filters top_k[i], top_p[i], min_p[i]; chunks of chunk_max tokens."""
     R, V = s.shape
-    mc, _q, z = reference.chunk_weights(s, torch.full((R,), float("-inf")))
+    mc, _q, z = sample_reference.chunk_weights(s, torch.full((R,), float("-inf")), chunk_max)
     S = mc.shape[1]
     dev = impl[1]
     out = torch.empty(rows.numel(), dtype=torch.int32, device=dev)
-    args = (s[rows, tok], tok // reference.chunk_size(V), mc[rows], z[rows], top_k, top_p, min_p)
+    args = (
+        s[rows, tok],
+        tok // sample_reference.chunk_size(V, chunk_max),
+        mc[rows],
+        z[rows],
+        top_k,
+        top_p,
+        min_p,
+    )
     _verdict_kernel[(rows.numel(),)](*(a.contiguous().to(dev) for a in args), out, V, S,
                                      SP=triton.next_power_of_2(S))  # fmt: skip
     return out.cpu()
@@ -70,7 +81,7 @@ def _verdicts(impl, s: torch.Tensor, rows, tok, top_k, top_p, min_p) -> torch.Te
 
 def _kept(s: torch.Tensor, rows, tok, top_k, top_p, min_p) -> torch.Tensor:
     """[P] the exact filters (the reference's kept()) at the same tokens."""
-    return reference._Kept(s[rows], top_k, top_p, min_p)(None, tok)
+    return sample_reference._Kept(s[rows], top_k, top_p, min_p)(None, tok)
 
 
 def _check_sound(v: torch.Tensor, kept: torch.Tensor) -> None:
@@ -80,15 +91,22 @@ def _check_sound(v: torch.Tensor, kept: torch.Tensor) -> None:
 
 @pytest.mark.parametrize(
     "top_k, top_p, min_p",
-    [(0, 0.9, 0.0), (0, 0.5, 0.0), (0, 0.99, 0.0), (2, 1.0, 0.0), (50, 1.0, 0.0), (50, 0.9, 0.05), (0, 1.0, 0.1)],
+    [
+        (0, 0.9, 0.0),
+        (0, 0.5, 0.0),
+        (0, 0.99, 0.0),
+        (2, 1.0, 0.0),
+        (50, 1.0, 0.0),
+        (50, 0.9, 0.05),
+        (0, 1.0, 0.1),
+    ],
 )
-def test_verdicts_never_contradict_the_filters(impl, monkeypatch, top_k, top_p, min_p):
+def test_verdicts_never_contradict_the_filters(impl, top_k, top_p, min_p):
     """On every token of every kind of row (chunks of 32: many per row, the last partial), a
     verdict of 1 is a kept token and -1 a cut one; on the peaked rows the verdicts decide
     nearly all the mass (the draws are rarely left to the test pass)."""
     if impl[0] != "triton":
         pytest.skip("Triton helper")
-    monkeypatch.setattr(reference, "CHUNK_MAX", 32)
     gen = torch.Generator().manual_seed(5)
     s = _rows(gen, 200) * 1.25  # (a temperature of 0.8)
     R, V = s.shape
@@ -96,7 +114,7 @@ def test_verdicts_never_contradict_the_filters(impl, monkeypatch, top_k, top_p, 
     tok = torch.arange(V).repeat(R)
     P = rows.numel()
     filters = (torch.full((P,), top_k), torch.full((P,), top_p), torch.full((P,), min_p))
-    v = _verdicts(impl, s, rows, tok, *filters)
+    v = _verdicts(impl, s, rows, tok, *filters, chunk_max=32)
     allowed = s[rows, tok] > float("-inf")
     _check_sound(v[allowed], _kept(s, rows, tok, *filters)[allowed])
     decided = (torch.softmax(s, dim=1).flatten() * (v != 0)).view(R, V).sum(dim=1)  # P(draw needs no test)
@@ -105,13 +123,12 @@ def test_verdicts_never_contradict_the_filters(impl, monkeypatch, top_k, top_p, 
         assert (v[allowed] != 0).all()
 
 
-def test_verdicts_at_the_thresholds(impl, monkeypatch):
+def test_verdicts_at_the_thresholds(impl):
     """Rows of a few tokens a chunk (chunks of 32), each token tested with top-p just above and
     just below its mass above (by 2e-4 of Z: inside the verdicts' slack) and with top-k equal to
     its count above and one more: no verdict contradicts the filters there either."""
     if impl[0] != "triton":
         pytest.skip("Triton helper")
-    monkeypatch.setattr(reference, "CHUNK_MAX", 32)
     gen = torch.Generator().manual_seed(6)
     R, V = 12, 256
     s = torch.full((R, V), float("-inf"))
@@ -135,23 +152,21 @@ def test_verdicts_at_the_thresholds(impl, monkeypatch):
         (count + 1, (mass + 2e-4).clamp(max=0.9999), zeros),
     ]
     for top_k, top_p, min_p in settings:
-        v = _verdicts(impl, s, rows, tok, top_k, top_p, min_p)
+        v = _verdicts(impl, s, rows, tok, top_k, top_p, min_p, chunk_max=32)
         _check_sound(v, _kept(s, rows, tok, top_k, top_p, min_p))
 
 
 @pytest.mark.skipif(not INTERPRET, reason="counts helper calls under TRITON_INTERPRET=1")
-@pytest.mark.parametrize("split, split2", [("1", "1"), ("1", "0"), ("0", "1")], ids=["split", "rowtest", "row"])
+@pytest.mark.parametrize("split, split2", [("always", True), ("always", False), ("never", True)],
+                         ids=["split", "rowtest", "row"])  # fmt: skip
 def test_test_pass_reads_only_undecided_chunks(monkeypatch, split, split2):
     """Chunks (and test-pass tiles) of 64, 16 a row; the test pass split over (row, chunk)
     programs, or in the per-row kernel after a split pass 1, or all in the per-row kernel (as
     the DSpark verify kernel). On peaked rows the verdicts settle the draws, and the test pass
     reads at most the peak's chunk of a row (not the 16); on flat rows it reads nearly all of
     them. The tokens are the reference's in both."""
-    monkeypatch.setattr(sample_triton, "SPLIT", split)
-    monkeypatch.setattr(sample_triton, "SPLIT2", split2)
-    monkeypatch.setattr(sample_triton, "BLOCK_MAX", 64)
-    monkeypatch.setattr(reference, "CHUNK_MAX", 64)
-    tiles = count_calls(monkeypatch, sample_triton, "_tile_sums")
+    tuning = SampleTuning(split=split, split2=split2, block_max=64, chunk_max=64)
+    tiles = count_calls(monkeypatch, "tile_sums")
     gen = torch.Generator().manual_seed(8)
     B, V = 8, 1000
     peaked = torch.randn(B, V, generator=gen) - 15.0
@@ -159,7 +174,8 @@ def test_test_pass_reads_only_undecided_chunks(monkeypatch, split, split2):
         at = 100 * b + 30
         peaked[b, at : at + 4] = torch.tensor([7.0, 6.0, 5.0, 4.5])
     args = dict(temperature=1.0, top_p=torch.tensor([0.9, 0.95, 0.5, 0.99] * 2),
-                top_k=torch.tensor([0, 0, 0, 0, 50, 2, 1, 40]), seed=torch.arange(B) * 7, step=3)  # fmt: skip
+                top_k=torch.tensor([0, 0, 0, 0, 50, 2, 1, 40]), seed=torch.arange(B) * 7, step=3,
+                tuning=tuning)  # fmt: skip
     want = _run(("torch", "cpu"), peaked, **args)
     got = _run(("triton", "cpu"), peaked, **args)
     assert got.tokens.tolist() == want.tokens.tolist()
@@ -178,16 +194,14 @@ def test_rounds_read_only_chunks_above_the_cut(monkeypatch):
     and its passes read only the chunks whose max is above it (the weighing pass) or above the
     round's lowest draw (the test pass): fewer tiles than 16 a pass (the test pass: under half).
     Tokens: the argmax."""
-    monkeypatch.setattr(sample_triton, "SPLIT", "0")
-    monkeypatch.setattr(sample_triton, "BLOCK_MAX", 64)
-    monkeypatch.setattr(reference, "CHUNK_MAX", 64)
-    tiles = count_calls(monkeypatch, sample_triton, "_tile_sums")
-    weighed = count_calls(monkeypatch, sample_triton, "_quanta")  # once a chunk weighed, once a draw's tile
-    passes = count_calls(monkeypatch, sample_triton, "_row_chunks")
+    tiles = count_calls(monkeypatch, "tile_sums")
+    weighed = count_calls(monkeypatch, "quanta")  # once a chunk weighed, once a draw's tile
+    passes = count_calls(monkeypatch, "row_chunks")
     gen = torch.Generator().manual_seed(9)
     B, V = 6, 1000
     logits = torch.randn(B, V, generator=gen)
-    args = dict(temperature=1.0, top_k=1, seed=torch.arange(B), step=0)
+    args = dict(temperature=1.0, top_k=1, seed=torch.arange(B), step=0,
+                tuning=SampleTuning(split="never", block_max=64, chunk_max=64))  # fmt: skip
     want = _run(("torch", "cpu"), logits, **args)
     got = _run(("triton", "cpu"), logits, **args)
     assert got.tokens.tolist() == want.tokens.tolist() == logits.argmax(1).tolist()

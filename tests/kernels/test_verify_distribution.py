@@ -21,7 +21,9 @@ N = 20000
 def _chi2(counts: torch.Tensor, q: torch.Tensor) -> float:
     """p-value of counts against probabilities q (bins with expected < 5 pooled)."""
     n = counts.sum()
-    assert counts[q == 0].sum() == 0, f"sampled impossible tokens {torch.nonzero(counts * (q == 0)).flatten()}"
+    assert counts[q == 0].sum() == 0, (
+        f"sampled impossible tokens {torch.nonzero(counts * (q == 0)).flatten()}"
+    )
     exp = q * n
     big = exp >= 5
     obs = torch.cat([counts[big], counts[~big & (q > 0)].sum().reshape(1)])
@@ -50,7 +52,9 @@ def test_first_token_follows_target(case):
     allowed[1] = True
     p = expected_probs(logits[0], allowed[0], temperature, top_k, top_p, min_p)
     order = torch.argsort(p, descending=True)
-    d = {"likely": order[0], "unlikely": order[int((p > 0).sum()) - 1], "masked": torch.tensor(1)}[which].item()
+    d = {"likely": order[0], "unlikely": order[int((p > 0).sum()) - 1], "masked": torch.tensor(1)}[
+        which
+    ].item()
     out = kernels.verify(
         logits[None].expand(N, 2, V), torch.full((N, 1), d),
         bitmask=pack_bitmask(allowed)[None].expand(N, 2, -1).contiguous(),
@@ -82,8 +86,14 @@ def test_two_positions_compose():
     p1 = torch.softmax(logits[1].double(), 0)
     d0 = int(p0.argmax())
     d1 = int(torch.argsort(p1, descending=True)[1])  # the second most likely token
-    out = kernels.verify(logits[None].expand(N, 3, V), torch.tensor([[d0, d1]]).expand(N, 2),
-                         temperature=1.0, seed=torch.arange(N) + 99, step=torch.arange(N) % 7, backend="torch")
+    out = kernels.verify(
+        logits[None].expand(N, 3, V),
+        torch.tensor([[d0, d1]]).expand(N, 2),
+        temperature=1.0,
+        seed=torch.arange(N) + 99,
+        step=torch.arange(N) % 7,
+        backend="torch",
+    )
     assert binomtest(int((out.accepted >= 1).sum()), N, float(p0[d0])).pvalue > 1e-3
     both = out.accepted >= 1
     second = out.tokens[both, 1]  # the token after an accepted d0 (accepted d1 or the bonus)

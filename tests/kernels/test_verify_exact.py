@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from deepinfer import kernels
+from deepinfer.kernels.bitmask_reference import unpack_bitmask
 
 from ._util import random_bitmask
 
@@ -29,8 +30,9 @@ def _inputs(V: int, dtype: torch.dtype, seed: int = 0, match: float = 0.7):
     logits = (torch.randn(B, K + 1, V, generator=gen) * 3).to(dtype)
     bitmask = random_bitmask(B * (K + 1), V, 0.6, gen).view(B, K + 1, -1)
     bitmask[3, 2] = 0  # row 3: nothing allowed at position 2
-    masked = logits.float().masked_fill(~kernels.reference.unpack_bitmask(bitmask.view(B * (K + 1), -1), V)
-                                        .view(B, K + 1, V), float("-inf"))
+    masked = logits.float().masked_fill(
+        ~unpack_bitmask(bitmask.view(B * (K + 1), -1), V).view(B, K + 1, V), float("-inf")
+    )
     drafts = masked.argmax(-1)[:, :K]
     noise = torch.randint(0, V, (B, K), generator=gen)
     drafts = torch.where(torch.rand(B, K, generator=gen) < match, drafts, noise)
@@ -122,7 +124,10 @@ def test_index_list_strides_and_batch_invariance(impl):
     "kwargs, match",
     [
         (dict(logits=torch.zeros(2, 5)), r"3-D tensor \[batch, drafts \+ 1, vocab\]"),
-        (dict(drafts=torch.zeros(2, 3, dtype=torch.int64)), r"drafts must be an integer tensor of shape \[2, 2\]"),
+        (
+            dict(drafts=torch.zeros(2, 3, dtype=torch.int64)),
+            r"drafts must be an integer tensor of shape \[2, 2\]",
+        ),
         (dict(bitmask=torch.zeros(2, 3, 2, dtype=torch.int32)), r"bitmask must have shape .* = \[2, 3, 1\]"),
         (dict(bitmask=torch.zeros(2, 3, 1, dtype=torch.int64)), "int32"),
         (dict(num_drafts=[0, 3]), r"num_drafts must be in \[0, 2\]"),
@@ -130,8 +135,13 @@ def test_index_list_strides_and_batch_invariance(impl):
     ],
 )
 def test_errors(kwargs, match):
-    args = dict(logits=torch.zeros(2, 3, 10), drafts=torch.zeros(2, 2, dtype=torch.int64), temperature=0.0,
-                seed=0, step=0)
+    args = dict(
+        logits=torch.zeros(2, 3, 10),
+        drafts=torch.zeros(2, 2, dtype=torch.int64),
+        temperature=0.0,
+        seed=0,
+        step=0,
+    )
     args.update(kwargs)
     logits, drafts = args.pop("logits"), args.pop("drafts")
     with pytest.raises(ValueError, match=match):

@@ -1,0 +1,594 @@
+"""Grammar → byte-level pushdown automaton.
+
+Each rule that must stay a rule (recursive, or large and shared) becomes a minimal DFA
+over byte classes and *call* edges; every other rule is inlined into its callers, so a
+non-recursive constraint (most JSON Schemas, every regex) is a single DFA and its
+configurations are plain ints.
+
+A configuration of a recursive grammar is a set of stacks (nondeterminism is rare and
+bounded); a stack is a tuple of global DFA states, bottom first: every frame below the
+top is the state to return to once the frame above it accepts. Stacks in a
+configuration always have byte edges out of their top state (epsilon moves — calls and
+returns — are taken eagerly by :meth:`Automaton.closure`).
+
+Direct left recursion (``a: a x | y``) is rewritten to ``a: y x*``; other left recursion
+is a compile error naming the rules involved.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ir
+from ..errors import ConstraintError, ConstraintTooComplex
+from ..ir import Alt, Expr, Grammar, Ref, Seq
+from . import counted as ct
+from .hoist import hoist_repeated
+from .nfa import (
+    NFA,
+    SHARED_DFAS,
+    Alphabet,
+    DFAMemo,
+    FragmentBuilder,
+    Limits,
+    call_edge_arrays,
+    determinize,
+    live_states,
+    minimize,
+)
+
+MAX_STACK_DEPTH = 4_000
+MAX_STACKS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A configuration of a recursive grammar: live stacks + whether it may end here."""
+
+    stacks: frozenset[tuple[int, ...]]
+    can_end: bool
+
+
+class Automaton:
+    """The compiled byte-level automaton of a grammar (immutable, shareable)."""
+
+    def __init__(
+        self,
+        table: np.ndarray,
+        cls: np.ndarray,
+        accepting: np.ndarray,
+        calls: list[tuple[tuple[int, int], ...]],
+        start: int,
+        rule_names: list[str],
+        counters: ct.Counters | None = None,
+    ) -> None:
+        self.table = table  # int32 [N, n_classes], -1 dead
+        self.cls = cls  # int32 [256] byte -> class
+        self.accepting = accepting  # bool [N]
+        self.calls = calls  # per state: ((callee start state, return state), ...)
+        self.has_calls = np.array([bool(c) for c in calls], dtype=bool)
+        self.has_bytes = (table >= 0).any(axis=1) if len(table) else np.zeros(0, bool)
+        self.start = start
+        self.rule_names = rule_names
+        self.is_regular = not self.has_calls.any()
+        self.n_states = len(accepting)
+        self.cls_list = cls.tolist()
+        self._rows: list[list[int] | None] = [None] * self.n_states
+        self._acc_list = accepting.tolist()
+        self._has_bytes_list = self.has_bytes.tolist()
+        # counted repetitions (see .counted): a configuration, or in a pushdown automaton the
+        # top frame of a stack (a region has no calls), is state + n_states * count
+        self.counters = counters
+        if counters is not None:
+            self._act_rows: list[list[int] | None] = [None] * self.n_states
+            self._region_list = counters.region.tolist()
+            self._need_list = counters.need.tolist()
+            self._lo_list = counters.lo.tolist()
+            self._hi_list = counters.hi.tolist()
+        self.initial = self.start if self.is_regular else self.closure([(self.start,)])
+
+    # ----------------------------------------------------------------- single steps
+
+    def _bottom(self, v: int) -> tuple[int, bool]:
+        """A frame of a pushdown automaton with counters: (state, may end or return here)."""
+        n = self.n_states
+        s = v % n
+        r = self._region_list[s]
+        return s, self._acc_list[s] and (r < 0 or v // n >= self._lo_list[r])
+
+    def row(self, s: int) -> list[int]:
+        r = self._rows[s]
+        if r is None:
+            r = self.table[s].tolist()
+            self._rows[s] = r
+        return r
+
+    def closure(self, stacks) -> Config | None:
+        """Take every call and return; keep stacks whose top can read a byte."""
+        out: set[tuple[int, ...]] = set()
+        seen: set[tuple[int, ...]] = set()
+        work = list(stacks)
+        can_end = False
+        acc, hb, calls = self._acc_list, self._has_bytes_list, self.calls
+        counted = self.counters is not None
+        while work:
+            st = work.pop()
+            if st in seen:
+                continue
+            seen.add(st)
+            top = st[-1]
+            ends = None
+            if counted:  # a frame in a region is a top frame: state + n_states * count
+                top, ends = self._bottom(top)
+            if hb[top]:
+                out.add(st)
+            if calls[top]:  # (never in a region: a bottom frame with a call holds its state)
+                if len(st) >= MAX_STACK_DEPTH:
+                    continue  # nesting bound: deeper structure is not generated
+                base = st[:-1]
+                for callee, ret in calls[top]:
+                    work.append(base + (ret, callee))
+            if acc[top] if ends is None else ends:
+                if len(st) == 1:
+                    can_end = True
+                else:
+                    work.append(st[:-1])
+            if len(seen) > 64 * MAX_STACKS:
+                raise ConstraintTooComplex("grammar is too ambiguous: too many parse stacks")
+        if not out and not can_end:
+            return None
+        if len(out) > MAX_STACKS:
+            raise ConstraintTooComplex(f"grammar is too ambiguous: more than {MAX_STACKS} parse stacks")
+        return Config(frozenset(out), can_end)
+
+    def step_byte(self, config, b: int):
+        """Advance a configuration (int state or Config) by one byte; None if dead."""
+        c = self.cls_list[b]
+        counted = self.counters is not None
+        if self.is_regular:
+            if counted:
+                return ct.step_counted(self, config, bytes((b,)))
+            t = self.row(config)[c]
+            return t if t >= 0 else None
+        moved = []
+        for st in config.stacks:
+            if counted:
+                t = ct.step_counted(self, st[-1], bytes((b,)))
+                if t is not None:
+                    moved.append(st[:-1] + (t,))
+                continue
+            t = self.row(st[-1])[c]
+            if t >= 0:
+                moved.append(st[:-1] + (t,))
+        if not moved:
+            return None
+        return self.closure(moved)
+
+    def step_bytes(self, config, data: bytes):
+        if self.counters is not None and self.is_regular:
+            return ct.step_counted(self, config, data)
+        if self.is_regular:
+            s = config
+            cls, rows = self.cls_list, self._rows
+            for b in data:
+                r = rows[s]
+                if r is None:
+                    r = self.row(s)
+                s = r[cls[b]]
+                if s < 0:
+                    return None
+            return s
+        for b in data:
+            config = self.step_byte(config, b)
+            if config is None:
+                return None
+        return config
+
+    def can_end(self, config) -> bool:
+        if self.counters is not None and self.is_regular:
+            n = self.n_states
+            s = config % n
+            r = self._region_list[s]
+            return self._acc_list[s] and (r < 0 or config // n >= self._lo_list[r])
+        if self.is_regular:
+            return self._acc_list[config]
+        return config.can_end
+
+    def next_bytes(self, config) -> list[int]:
+        """Bytes that can come next (in increasing order)."""
+        if self.counters is not None:
+            if self.is_regular:
+                lives = [ct.live_classes(self, config)]
+            else:
+                lives = [ct.live_classes(self, st[-1]) for st in config.stacks]
+            return [b for b in range(256) if any(live[self.cls_list[b]] for live in lives)]
+        rows = [self.row(config)] if self.is_regular else [self.row(st[-1]) for st in config.stacks]
+        return [b for b in range(256) if any(r[self.cls_list[b]] >= 0 for r in rows)]
+
+    # ------------------------------------------------------------------ whole inputs
+
+    def accepts(self, data: bytes) -> bool:
+        """Does ``data`` match the whole grammar?"""
+        cfg = self.step_bytes(self.initial, data) if self.initial is not None else None
+        return cfg is not None and self.can_end(cfg)
+
+    def is_prefix(self, data: bytes) -> bool:
+        """Can ``data`` be extended to a match?"""
+        return self.initial is not None and self.step_bytes(self.initial, data) is not None
+
+
+# --------------------------------------------------------------------- compilation
+
+
+def _rewrite_direct_left_recursion(name: str, body: Expr) -> Expr:
+    items = body.items if isinstance(body, Alt) else (body,)
+    bases: list[Expr] = []
+    rests: list[Expr] = []
+    for it in items:
+        if it == Ref(name):
+            continue  # a: a — adds nothing
+        if isinstance(it, Seq) and it.items and it.items[0] == Ref(name):
+            rests.append(ir.seq(*it.items[1:]))
+        else:
+            bases.append(it)
+    if not rests:
+        return body
+    return ir.seq(ir.alt(*bases), ir.star(ir.alt(*rests)))
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on:
+                    low[v] = min(low[v], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                out.append(comp)
+    return out
+
+
+def compile_grammar(grammar: Grammar, limits: Limits | None = None, *, count: bool = True) -> Automaton:
+    """Compile a grammar to an :class:`Automaton` (raises ConstraintError).
+
+    Rules are inlined into their callers where that keeps the automaton small. When the
+    inlined automaton is too large (alternatives of big objects interleave in the subset
+    construction), it is compiled again keeping every sizeable rule a rule: smaller DFAs,
+    and the nondeterminism moves into the pushdown configurations (sets of stacks).
+    Before that, a grammar with long repetitions is compiled counting every countable one
+    (the first attempt counts only those whose copies would be large: see :mod:`.counted`).
+    ``count=False``: count nothing, every repetition is unrolled (every byte of a text is a
+    plain transition of the table, for transforms of the table that rely on it).
+    """
+    limits = limits or Limits()
+    start = time.monotonic()
+    skipped: list[int] = []  # repetitions the first attempt could have counted but copied
+    none = None if count else -1  # count_above of the attempts that count the large ones
+    try:  # half the time budget for the first attempt, the rest for the others
+        return _compile(
+            grammar, limits, None, start + limits.max_seconds / 2, skipped=skipped, count_above=none
+        )
+    except ConstraintTooComplex as first:
+        if skipped:
+            try:
+                # (a short slice: where counting helps, this attempt is quick)
+                retry_end = min(
+                    start + 0.65 * limits.max_seconds, time.monotonic() + 0.15 * limits.max_seconds
+                )
+                return _compile(grammar, limits, None, retry_end, count_above=0)
+            except ConstraintTooComplex:
+                pass
+        if hoist_repeated(dict(grammar.rules), grammar.start, limits.max_inline_size):
+            try:  # big items of repetitions as called rules: one copy each, not one per repetition
+                hoist_end = min(
+                    start + 0.8 * limits.max_seconds, time.monotonic() + 0.15 * limits.max_seconds
+                )
+                return _compile(
+                    grammar, limits, None, hoist_end, hoist=True, count_above=0 if skipped else none
+                )
+            except ConstraintTooComplex:
+                pass
+        if len(grammar.rules) < 2:
+            raise
+        try:
+            return _compile(grammar, limits, CALL_ABOVE, start + limits.max_seconds, count_above=none)
+        except ConstraintTooComplex:
+            raise first from None
+
+
+CALL_ABOVE = 64  # IR nodes: on the second attempt, rules larger than this stay rules
+
+
+def _rule_key(name: str, body: Expr, rule_index: dict[str, int]) -> tuple | None:
+    """What a rule's DFA depends on when none of its references is inlined: its body and
+    the call numbering of the rules it refers to (None if it inlines some rule)."""
+    refs = body._refs
+    if any(r not in rule_index for r in refs):
+        return None
+    return ("rule", body, tuple(sorted((r, rule_index[r]) for r in refs)))
+
+
+def _compile(
+    grammar: Grammar,
+    limits: Limits,
+    call_above: int | None,
+    deadline: float,
+    memo: DFAMemo | None = SHARED_DFAS,
+    count_above: int | None = None,
+    skipped: list[int] | None = None,
+    hoist: bool = False,
+) -> Automaton:
+    """One attempt of :func:`compile_grammar`. ``count_above``: count repetitions whose
+    copies would exceed this many states (None: :data:`~.counted.COUNT_MIN_STATES`;
+    negative: none); ``skipped`` gets the number of countable ones left to copy; ``hoist``:
+    big repeated items become called rules (:func:`~.hoist.hoist_repeated`)."""
+    rules = dict(grammar.rules)
+    if grammar.start not in rules:
+        raise ConstraintError(f"start rule {grammar.start!r} is not defined")
+    hoisted = hoist_repeated(rules, grammar.start, limits.max_inline_size) if hoist else []
+    regions: dict[str, ct.Region] = {}
+    if (count_above is None or count_above >= 0) and any(b._long for b in rules.values()):
+        # long repetitions of countable items: counters
+        old_limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old_limit, 20_000))
+        try:
+            regions = ct.extract_counted(
+                rules, limits, deadline, ct.COUNT_MIN_STATES if count_above is None else count_above, skipped
+            )
+        except RecursionError:
+            raise ConstraintTooComplex("constraint is nested too deeply to compile") from None
+        finally:
+            sys.setrecursionlimit(old_limit)
+    graph = {name: ir.refs(body) for name, body in rules.items()}
+    for name, deps in graph.items():
+        for d in deps:
+            if d not in rules:
+                raise ConstraintError(f"rule {name!r} refers to undefined rule {d!r}")
+    # Rules reachable from start only.
+    reach, work = {grammar.start}, [grammar.start]
+    while work:
+        for d in graph[work.pop()]:
+            if d not in reach:
+                reach.add(d)
+                work.append(d)
+    graph = {n: graph[n] for n in rules if n in reach}
+    rules = {n: rules[n] for n in graph}
+
+    recursive: set[str] = set()
+    for comp in _strongly_connected(graph):
+        if len(comp) > 1 or comp[0] in graph[comp[0]]:
+            recursive.update(comp)
+    for name in recursive:
+        rules[name] = _rewrite_direct_left_recursion(name, rules[name])
+    graph = {name: ir.refs(body) for name, body in rules.items()}
+    recursive = set()
+    for comp in _strongly_connected(graph):
+        if len(comp) > 1 or comp[0] in graph[comp[0]]:
+            recursive.update(comp)
+    # Large rules referenced more than once stay rules too (inlining would copy them).
+    ref_count: dict[str, int] = {}
+    for deps in graph.values():
+        for d in deps:
+            ref_count[d] = ref_count.get(d, 0) + 1
+    called = set(recursive) | {grammar.start} | set(regions) | (set(hoisted) & reach)
+    for name, n in ref_count.items():
+        if n > 1 and ir.size(rules[name]) > limits.max_inline_size:
+            called.add(name)
+        elif call_above is not None and ir.size(rules[name]) > call_above:
+            called.add(name)
+    if regions and grammar.start in recursive:
+        # counters are kept in the bottom frame of a stack: the start rule's (repetitions unrolled)
+        return _uncounted(grammar, limits, call_above, deadline, memo, count_above, hoist)
+    order = [grammar.start] + sorted(called - {grammar.start})
+    rule_index = {name: i for i, name in enumerate(order)}
+
+    alphabet = Alphabet(ir.collect_masks(rules, order, called))
+    cls, reps = alphabet.cls, alphabet.reps
+    # the start rule is the constraint's own: only the rules it calls are worth sharing
+    keys = [
+        None if name == grammar.start or name in regions else _rule_key(name, rules[name], rule_index)
+        for name in order
+    ]
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old_limit, 20_000))
+    try:
+        raw = []
+        dfa_memo: dict = {}
+        for name, key in zip(order, keys):
+            if name in regions:
+                raw.append(ct.region_dfa(regions[name], alphabet))
+                continue
+            d = memo.get(key, alphabet, limits) if memo is not None and key is not None else None
+            if d is None:
+                nfa = NFA(limits, deadline, alphabet)
+                builder = FragmentBuilder(nfa, rules, rule_index, dfa_memo, memo)
+                s0 = nfa.new()
+                end = builder.build(rules[name], s0)
+                d = determinize(nfa, s0, end, cls, reps, limits)
+                if memo is not None and key is not None:
+                    memo.put(key, cls, d, limits)
+            raw.append(d)
+    except RecursionError:
+        raise ConstraintTooComplex("constraint is nested too deeply to compile") from None
+    finally:
+        sys.setrecursionlimit(old_limit)
+
+    # Productive rules: those that derive at least one finite string.
+    productive: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, dfa in enumerate(raw):
+            if i not in productive and live_states(dfa, productive)[0]:
+                productive.add(i)
+                changed = True
+    if 0 not in productive:
+        bad = [order[i] for i in range(len(order)) if i not in productive]
+        raise ConstraintError(
+            "the constraint matches no finite output (unsatisfiable, or recursion with no base case"
+            f" in {', '.join(repr(b) for b in bad)})"
+        )
+    dfas = {}
+    for i in productive:
+        if order[i] in regions:  # its states carry ticks (see .counted): as built
+            dfas[i] = raw[i]
+            continue
+        key = (
+            None
+            if keys[i] is None or memo is None
+            else ("minimal", keys[i], tuple(sorted(j for _, j in keys[i][2] if j in productive)))
+        )
+        d = memo.get(key, alphabet, limits) if key is not None else None
+        if d is None:
+            d = minimize(raw[i], live_states(raw[i], productive), productive)
+            if key is not None:
+                memo.put(key, cls, d, limits)
+        dfas[i] = d
+    _check_left_recursion(dfas, order)
+
+    offsets: dict[int, int] = {}
+    total = 0
+    for i in sorted(dfas):
+        offsets[i] = total
+        total += len(dfas[i].accepting)
+    if total > limits.max_dfa_states:
+        raise ConstraintTooComplex(
+            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+        )
+    n_classes = len(reps)
+    table = np.full((total, n_classes), -1, dtype=np.int32)
+    accepting = np.zeros(total, dtype=bool)
+    calls: list[tuple[tuple[int, int], ...]] = []
+    for i in sorted(dfas):
+        d, off = dfas[i], offsets[i]
+        n = len(d.accepting)
+        table[off : off + n] = np.where(d.table >= 0, d.table + off, -1)
+        accepting[off : off + n] = d.accepting
+        src, rule, dst = call_edge_arrays(d)
+        here = [()] * n
+        for s, r, t in zip(src.tolist(), rule.tolist(), dst.tolist()):
+            here[s] += ((offsets[r], t + off),)
+        calls.extend(here)
+    if not regions:
+        return Automaton(table, cls, accepting, calls, offsets[0], order)
+    spans = {offsets[i]: (dfas[i], regions[order[i]]) for i in dfas if order[i] in regions}
+    try:
+        table, accepting, calls, start_state, counters = ct.inline_regions(
+            table, accepting, calls, offsets[0], spans, offsets[0] + len(dfas[0].accepting)
+        )
+    except ct.NotCounted:  # a repetition in a called rule, or one that cannot be counted exactly
+        return _uncounted(grammar, limits, call_above, deadline, memo, count_above, hoist)
+    if len(accepting) > limits.max_dfa_states:
+        raise ConstraintTooComplex(
+            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+        )
+    return Automaton(table, cls, accepting, calls, start_state, order, counters)
+
+
+def _uncounted(
+    grammar: Grammar,
+    limits: Limits,
+    call_above: int | None,
+    deadline: float,
+    memo: DFAMemo | None,
+    count_above: int | None,
+    hoist: bool = False,
+) -> Automaton:
+    """The attempt again with every repetition unrolled; on the retry that counts every
+    countable repetition (``count_above == 0``), the first attempt did that already."""
+    if count_above == 0 and call_above is None:
+        raise ConstraintTooComplex("counted repetitions cannot be kept exactly here")
+    return _compile(grammar, limits, call_above, deadline, memo, count_above=-1, hoist=hoist)
+
+
+def _calls_by_state(d) -> tuple[np.ndarray, list[int], list[int]]:
+    """A DFA's call edges as CSR: state s's are rule[ptr[s]:ptr[s + 1]], dst[...]."""
+    src, rule, dst = call_edge_arrays(d)
+    if len(src) > 1 and (src[1:] < src[:-1]).any():
+        order = np.argsort(src, kind="stable")
+        src, rule, dst = src[order], rule[order], dst[order]
+    ptr = np.searchsorted(src, np.arange(len(d.accepting) + 1))
+    return ptr, rule.tolist(), dst.tolist()
+
+
+def _check_left_recursion(dfas: dict, order: list[str]) -> None:
+    """Reject grammars where a rule can call itself before reading a byte."""
+    by_state = {i: _calls_by_state(d) for i, d in dfas.items()}
+    nullable: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, d in dfas.items():
+            if i in nullable:
+                continue
+            ptr, rule, dst = by_state[i]
+            seen, work = {0}, [0]
+            while work:
+                s = work.pop()
+                if d.accepting[s]:
+                    nullable.add(i)
+                    changed = True
+                    break
+                for j in range(ptr[s], ptr[s + 1]):
+                    r, t = rule[j], dst[j]
+                    if r in nullable and t not in seen:
+                        seen.add(t)
+                        work.append(t)
+    left: dict[int, set[int]] = {}
+    for i in dfas:
+        ptr, rule, dst = by_state[i]
+        callees: set[int] = set()
+        seen, work = {0}, [0]
+        while work:
+            s = work.pop()
+            for j in range(ptr[s], ptr[s + 1]):
+                r, t = rule[j], dst[j]
+                callees.add(r)
+                if r in nullable and t not in seen:
+                    seen.add(t)
+                    work.append(t)
+        left[i] = callees
+    names = {str(i): i for i in dfas}
+    graph = {str(i): {str(j) for j in left[i] if j in dfas} for i in dfas}
+    for comp in _strongly_connected(graph):
+        if len(comp) > 1 or comp[0] in graph[comp[0]]:
+            cyc = " -> ".join(order[names[c]] for c in comp)
+            raise ConstraintError(
+                f"left recursion is not supported (rules {cyc}); rewrite it with repetition"
+            )

@@ -1,0 +1,341 @@
+"""Lark EBNF grammars to the byte-level grammar IR.
+
+The grammar text is read by ``lark``'s own grammar loader (``lark.load_grammar``), which
+resolves ``%import`` (lark's ``common`` library and the grammars packaged in
+``deepinfer.grammars``), expands templates, ``~ n`` / ``~ n..m`` repeats and the EBNF
+operators ``? * + [] ()`` into plain BNF rules with helper rules (``__start_star_0`` ...).
+This module maps that BNF to :mod:`deepinfer.constraints.ir`:
+
+- a rule becomes ``Alt`` of ``Seq`` of ``Ref`` (rules and terminals are both IR rules:
+  lark names rules in lower case and terminals in upper case, so they never collide);
+- a string terminal becomes its UTF-8 bytes (``"..."i``: each cased character matches
+  its upper and lower case forms); a regex terminal goes through
+  :func:`deepinfer.constraints.regex.regex_to_ir` with its flags;
+- direct left recursion (``r: r x | y``, which is how lark expands ``x*`` and ``x+``)
+  becomes ``y x*`` here, so those helper rules stay regular;
+- a rule's alternatives are factored (shared prefixes and suffixes): lark turns each
+  ``x?`` of an alternative into two alternatives, so ``k`` of them make ``2^k``; factoring
+  gives most of that back (still, prefer a nullable rule ``_ws: WS?`` over many inline
+  ``WS?`` in one alternative);
+- ``%ignore T`` inserts ``(T1 | T2 ...)*`` after every terminal of every rule and at the
+  start of the start rule, i.e. between any two terminals and at both ends of the text,
+  never inside a terminal. Like lark's, the run of ignored text is unbounded (a note on
+  the grammar says so); grammars meant for generation should spell out bounded
+  whitespace instead of ``%ignore WS``.
+
+Semantics: **scannerless**. The language compiled is the language of the grammar with
+every terminal read as a regular set of strings, i.e. what lark's Earley parser with
+``lexer="dynamic_complete"`` accepts. Lark's lexers (``basic``/``contextual``, and
+``dynamic``, which tries only each regex's own greedy match) can reject some of those
+texts because of longest match and terminal priorities; we do not model that. One
+exception: ``common.ESCAPED_STRING`` (written with a lookbehind, which the regex front end
+refuses) is read as lark's lexer reads it, ending at the first unescaped quote. Other
+lookaround in a terminal is a ``ConstraintError``.
+Priorities (``rule.2``, ``TERM.2``), aliases (``-> name``) and ``?rule`` inlining shape
+lark's parse trees only and do not change the language, so they are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from ..errors import ConstraintError
+from ..ir import (
+    EMPTY,
+    NOTHING,
+    Alt,
+    ByteSet,
+    Expr,
+    Grammar,
+    Ref,
+    Repeat,
+    Seq,
+    alt,
+    lit,
+    plus,
+    seq,
+    star,
+    utf8_class,
+)
+
+IGNORE_RULE = "%ignore"  # lark names cannot contain '%', so this never collides
+
+_RE_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "u": re.UNICODE}
+# Terminals of lark's common.lark written with lookaround, read as lark's lexer reads them.
+# ESCAPED_STRING's regex, taken as a set of strings, also holds '"a"b"' (the lazy .*? may
+# pass a quote); the lexer ends the string at the first unescaped quote, and so do we.
+_KNOWN_PATTERNS = {
+    r'".*?(?<!\\)(\\\\)*?"': r'"(?:[^"\\\n]|\\[^\n])*"',  # common.ESCAPED_STRING
+}
+_POSITION = re.compile(r"at line (\d+) column (\d+)")
+_UNDEFINED = re.compile(r"(?:Rule|Terminal) '([^']+)' used but not defined(?: \(in rule ([^)]+)\))?")
+
+
+def lark_to_grammar(text: str, start: str = "start") -> Grammar:
+    """Compile a Lark grammar to the byte-level grammar IR.
+
+    Parameters
+    ----------
+    text:
+        The grammar in Lark's EBNF syntax. ``%import common.X`` and
+        ``%import <packaged grammar>.X`` (e.g. ``%import json.value``) resolve.
+    start:
+        The rule every output must match.
+
+    Returns
+    -------
+    Grammar
+        One IR rule per Lark rule and per terminal, plus ``"%ignore"`` when the grammar
+        has ``%ignore`` directives; ``grammar.start == start``.
+
+    Raises
+    ------
+    ConstraintError
+        On a syntax error (with line and column), an undefined rule or terminal (named,
+        with the line and column of its first use), a missing start rule, a
+        ``%declare``-d terminal (it has no pattern to enforce), or a regex terminal the
+        regex front end rejects.
+    """
+    terminals, rules, ignore = _load(text, start)
+
+    out: dict[str, Expr] = {}
+    term_by_name = {t.name: t for t in terminals}
+    used_terms = {str(s.name) for r in rules for s in r.expansion if s.is_term} | {str(n) for n in ignore}
+    for name in sorted(used_terms):
+        if name not in term_by_name:
+            raise ConstraintError(
+                f"terminal {name!r} is declared (%declare) but has no pattern to enforce",
+                **_locate(text, name),
+            )
+        out[name] = _terminal_ir(term_by_name[name], text)
+
+    ign: Expr | None = None
+    if ignore:
+        out[IGNORE_RULE] = star(alt(*(Ref(n) for n in ignore)))
+        ign = Ref(IGNORE_RULE)
+
+    expansions: dict[str, list[list[Expr]]] = {}
+    for r in rules:
+        items: list[Expr] = []
+        for s in r.expansion:
+            items.append(Ref(str(s.name)))
+            if s.is_term and ign is not None:
+                items.append(ign)
+        expansions.setdefault(str(r.origin.name), []).append(items)
+    for name, alts in expansions.items():
+        out[name] = _rule_ir(name, alts)
+    if ign is not None:
+        out[start] = seq(ign, out[start])
+    dead = _unproductive(out)
+    if start in dead:
+        raise ConstraintError(
+            f"start rule {start!r} derives no finite text (every alternative recurses forever "
+            f"through {', '.join(sorted(n for n in dead if not n.startswith('__'))) or start})"
+        )
+
+    notes = []
+    if ignore:
+        notes.append(
+            f"%ignore {', '.join(ignore)}: unbounded runs of ignored text are allowed between "
+            "terminals and at both ends (lark semantics); spell out bounded whitespace to limit them"
+        )
+    return Grammar(rules=out, start=start, notes=notes)
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def _load(text: str, start: str):  # -> (terminals, rules, ignore) as lark compiles them
+    from lark.exceptions import GrammarError, LarkError, UnexpectedInput
+    from lark.load_grammar import FromPackageLoader, load_grammar
+
+    try:
+        grammar, _ = load_grammar(text, "<grammar>", [FromPackageLoader("deepinfer.grammars", ("",))], True)
+        defined = [str(d[0]) for d in grammar.rule_defs]
+        if start not in defined:
+            public = [n for n in defined if not n.startswith("_")]
+            raise ConstraintError(
+                f"start rule {start!r} is not defined in the grammar (rules: {', '.join(public) or 'none'})"
+            )
+        return grammar.compile([start], set())
+    except UnexpectedInput as e:
+        raise ConstraintError(
+            f"Lark grammar syntax error: {_first_line(str(e))}", line=e.line, column=e.column
+        ) from None
+    except GrammarError as e:
+        raise _grammar_error(str(e), text) from None
+    except LarkError as e:
+        raise ConstraintError(f"invalid Lark grammar: {_first_line(str(e))}") from None
+    except (OSError, ImportError) as e:
+        raise ConstraintError(f"invalid Lark grammar: %import failed ({e})") from None
+
+
+def _first_line(msg: str) -> str:
+    return msg.strip().split("\n")[0].rstrip(", ")
+
+
+def _grammar_error(msg: str, text: str) -> ConstraintError:
+    m = _POSITION.search(msg)
+    if m:
+        head = _first_line(msg[: m.start()]).rstrip(", ")
+        return ConstraintError(
+            f"Lark grammar syntax error: {head}", line=int(m.group(1)), column=int(m.group(2))
+        )
+    u = _UNDEFINED.search(msg)
+    if u:
+        name = u.group(1)
+        kind = "terminal" if name.lstrip("_").isupper() else "rule"
+        where = f" (used in rule {u.group(2)})" if u.group(2) else ""
+        return ConstraintError(f"undefined {kind} {name!r}{where}", **_locate(text, name))
+    return ConstraintError(f"invalid Lark grammar: {_first_line(msg)}")
+
+
+def _locate(text: str, name: str) -> dict[str, int]:
+    """Line and column (1-based) of the first use of ``name`` outside a definition."""
+    word = re.compile(r"(?<![\w.])" + re.escape(name) + r"(?![\w])")
+    for i, line in enumerate(text.splitlines(), 1):
+        code = re.sub(r'"(?:[^"\\]|\\.)*"|/(?:[^/\\\n]|\\.)+/|//.*', lambda m: " " * len(m.group()), line)
+        for m in word.finditer(code):
+            before = code[: m.start()].strip()
+            after = code[m.end() :].lstrip()
+            is_definition = before in ("", "?", "!") and (after.startswith(":") or after.startswith("."))
+            if not is_definition and not before.startswith("%declare"):
+                return {"line": i, "column": m.start() + 1}
+    return {}
+
+
+# --------------------------------------------------------------------------- mapping
+
+
+def _rule_ir(name: str, alts: list[list[Expr]]) -> Expr:
+    """``name: alt1 | alt2 ...`` as IR, with two rewrites that keep the language:
+
+    - direct left recursion ``name: name beta | alpha`` becomes ``alpha beta*`` (``alpha+``
+      when ``beta == alpha``, which is how lark expands ``x+`` and ``x*``);
+    - alternatives are factored (shared prefixes, then shared suffixes), undoing most of
+      lark's expansion of ``x?`` / ``[x]`` into one alternative with and one without
+      ``x``: ``a x? b`` comes back as ``a (x b | b)`` instead of ``a x b | a b``, so
+      nested rules are not copied once per alternative.
+    """
+    me = Ref(name)
+    heads: list[tuple[Expr, ...]] = []
+    tails: list[tuple[Expr, ...]] = []
+    for items in alts:
+        if items and items[0] == me:
+            if len(items) > 1:  # `r: r` adds nothing
+                tails.append(tuple(items[1:]))
+        else:
+            heads.append(tuple(items))
+    head = _factor(heads) if heads else NOTHING
+    if not tails:
+        return head
+    tail = _factor(tails)
+    return plus(head) if tail == head else seq(head, star(tail))
+
+
+def _factor(alts: list[tuple[Expr, ...]]) -> Expr:
+    """``alt(*map(seq, alts))``, written with shared prefixes and suffixes factored out."""
+    alts = list(dict.fromkeys(alts))
+    if len(alts) == 1:
+        return seq(*alts[0]) if alts[0] else EMPTY
+    # common suffix of every alternative
+    k = 0
+    while all(len(a) > k for a in alts) and len({a[len(a) - 1 - k] for a in alts}) == 1:
+        k += 1
+    if k:
+        suffix = alts[0][len(alts[0]) - k :]
+        return seq(_factor([a[: len(a) - k] for a in alts]), *suffix)
+    # group by first item (a prefix trie), keeping the order of first appearance
+    groups: dict[Expr | None, list[tuple[Expr, ...]]] = {}
+    for a in alts:
+        groups.setdefault(a[0] if a else None, []).append(a[1:])
+    if len(groups) == len(alts):  # nothing shared at the front
+        return alt(*(seq(*a) if a else EMPTY for a in alts))
+    out = []
+    for first, rests in groups.items():
+        if first is None:
+            out.append(EMPTY)
+        else:
+            out.append(seq(first, _factor(rests)))
+    return alt(*out)
+
+
+def _unproductive(rules: dict[str, Expr]) -> set[str]:
+    """Rules that derive no finite string (least fixpoint of 'productive')."""
+    good: set[str] = set()
+
+    def ok(e: Expr) -> bool:
+        if isinstance(e, ByteSet):
+            return e.mask != 0
+        if isinstance(e, Ref):
+            return e.name in good
+        if isinstance(e, Seq):
+            return all(ok(i) for i in e.items)
+        if isinstance(e, Alt):
+            return any(ok(i) for i in e.items)
+        if isinstance(e, Repeat):
+            return e.min == 0 or ok(e.item)
+        return True  # an IR node of another front end: assume it matches something
+
+    changed = True
+    while changed:
+        changed = False
+        for name, e in rules.items():
+            if name not in good and ok(e):
+                good.add(name)
+                changed = True
+    return set(rules) - good
+
+
+def _terminal_ir(term, text: str) -> Expr:
+    from lark.lexer import PatternStr
+
+    pattern = term.pattern
+    flags = set(pattern.flags)
+    unknown = flags - set(_RE_FLAGS)
+    if unknown:
+        raise ConstraintError(
+            f"terminal {term.name!r}: unsupported regex flag(s) {''.join(sorted(unknown))!r}",
+            **_locate_terminal(text, term),
+        )
+    if isinstance(pattern, PatternStr):
+        return _caseless(pattern.value) if "i" in flags else lit(pattern.value)
+    from .regex import regex_to_ir  # lazy: the regex front end is a sibling module
+
+    bits = 0
+    for f in flags:
+        bits |= _RE_FLAGS[f]
+    try:
+        value = _KNOWN_PATTERNS.get(pattern.value, pattern.value)
+        re.compile(value, bits)
+        return regex_to_ir(value, flags=bits)
+    except (ConstraintError, re.error) as e:
+        raise ConstraintError(
+            f"terminal {term.name!r} (/{pattern.value}/): {e}", **_locate_terminal(text, term)
+        ) from None
+
+
+def _locate_terminal(text: str, term) -> dict[str, int]:
+    """Where a terminal is written: its definition, or an anonymous /regex/ inline."""
+    if term.name.startswith("__"):
+        at = text.find("/" + term.pattern.value + "/")
+    else:
+        m = re.search(r"^[ \t]*" + re.escape(term.name) + r"\s*(?:\.\s*-?\d+\s*)?:", text, re.M)
+        at = m.start() + m.group().index(term.name) if m else -1
+    if at < 0:
+        return _locate(text, term.name)
+    return {"line": text.count("\n", 0, at) + 1, "column": at - (text.rfind("\n", 0, at) + 1) + 1}
+
+
+def _caseless(value: str) -> Expr:
+    """``"value"i``: every cased character matches its single-character case variants."""
+    return seq(*(_char_variants(c) for c in value))
+
+
+def _char_variants(c: str) -> Expr:
+    forms: Iterable[str] = {c, c.lower(), c.upper(), c.casefold(), c.title()}
+    cps = sorted(ord(f) for f in forms if len(f) == 1)
+    if len(cps) == 1:
+        return lit(c)
+    return utf8_class([(cp, cp) for cp in cps])

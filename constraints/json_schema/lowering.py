@@ -1,0 +1,529 @@
+"""JSON Schema (draft 2020-12, plus draft-7 forms) → grammar IR.
+
+:func:`schema_to_grammar` lowers a schema to a :class:`~deepinfer.constraints.ir.Grammar`
+whose start rule accepts JSON texts valid under the schema. Choices the grammar makes
+(documented in the README):
+
+- objects list their declared ``properties`` in schema order; other keys (when allowed)
+  come after them; ``strict=True`` forbids keys not declared;
+- values are written canonically (``json.dumps(..., separators=(",", ":"),
+  ensure_ascii=False)``): bounded numbers are plain decimals without exponent, enum and
+  const values are their compact serialization (an integral number also as ``N.0``);
+- ``whitespace="flexible"`` allows, between tokens, at most one line break followed by at
+  most :data:`FLEX_INDENT` spaces or tabs (enough for ``json.dumps(indent=2)`` ten levels
+  deep), so a model cannot emit whitespace until max_tokens;
+- ``format`` is enforced (an assertion) for the formats in
+  :data:`~deepinfer.constraints.json_schema.formats.SUPPORTED_FORMATS`; others are annotations;
+- a keyword the grammar cannot enforce raises :class:`ConstraintError` naming it and its
+  JSON pointer, unless ``lenient=True``: then it is relaxed and listed in ``grammar.notes``.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import unquote
+
+from ..errors import ConstraintError, ConstraintTooComplex
+from ..ir import (
+    EMPTY,
+    NOTHING,
+    Expr,
+    Grammar,
+    Ref,
+    alt,
+    lit,
+    opt,
+    rep,
+    seq,
+    star,
+)
+from . import formats as jf
+from . import numbers as jn
+from .arrays import ArrayMixin
+from .common import (
+    FLEX_INDENT,
+    MAX_DEPTH,
+    MAX_ENUM,
+    MAX_REPEAT_COST,
+    ORIGIN,
+    TYPES,
+    UNSUPPORTED,
+    canon,
+    child,
+    constraining,
+    cost,
+    is_trivial,
+    join,
+    repeat_cost,
+)
+from .loader import load_schema
+from .logic import LogicMixin
+from .merge import MergeMixin
+from .objects import ObjectMixin
+from .scalars import ScalarMixin
+
+
+class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMixin):
+    def __init__(self, root: object, whitespace: str, strict: bool, lenient: bool) -> None:
+        if whitespace not in ("compact", "flexible"):
+            raise ConstraintError(f"whitespace must be 'compact' or 'flexible', got {whitespace!r}")
+        self.root = root
+        self.strict = strict
+        self.lenient = lenient
+        self.notes: list[str] = []
+        self.unique_ptrs: list[str] = []  # uniqueItems checked at run time (see arrays.marked_array)
+        self.runtime_unique = True
+        self.rules: dict[str, Expr] = {}
+        self.stack: list[str] = []
+        self.flattening: list[str] = []  # $ref targets whose keywords are being merged (allOf)
+        self.cache: dict[str, Expr] = {}
+        self.rule_names: dict[Expr, str] = {}  # rule body -> the name it is kept under
+        self.merge_names: dict[str, str] = {}  # canonical allOf-with-$ref schema -> its rule name
+        self.merge_taken: set[str] = set()  # (the names given)
+        self.recursive: set[str] = set()
+        self.depth = 0
+        self._validator = None
+        self.ids: dict[str, tuple[object, str]] = {}
+        # why subschemas compiled to NOTHING (named if the whole schema turns out unsatisfiable)
+        self.unsat: list[tuple[str, str]] = []
+        self.negating: list[str] = []  # operands of `not` being lowered (a residual stays)
+        self.neg_refs: list[str] = []  # $ref targets being negated (a cycle stays residual)
+        self._index_ids(root, "#")
+        ws = EMPTY
+        if whitespace == "flexible":
+            ws = seq(opt(seq(opt(lit("\r")), lit("\n"))), rep(jf.byte_set(b" \t"), 0, FLEX_INDENT))
+        self.ws = ws
+        self.comma = seq(ws, lit(","), ws)
+        self.colon = seq(ws, lit(":"), ws)
+
+    # ------------------------------------------------------------------ helpers
+    def unsatisfiable(self, why: str, ptr: str) -> Expr:
+        """An unsatisfiable subschema: NOTHING, so that an optional property, an item of an
+        array that may be empty or an anyOf branch drops it; the reason is kept for the error
+        if the whole schema is unsatisfiable."""
+        self.unsat.append((why, ptr))
+        return NOTHING
+
+    def relax(self, keyword: str, ptr: str, why: str = "") -> None:
+        if self.lenient:
+            self.notes.append(f"{keyword} at {ptr}" + (f" ({why})" if why else ""))
+            return
+        raise ConstraintError(
+            f"JSON Schema keyword '{keyword}' cannot be enforced by the grammar"
+            + (f": {why}" if why else "")
+            + "; pass lenient=True to relax it",
+            path=ptr,
+        )
+
+    def named(self, name: str, e: Expr) -> Ref:
+        """A reference to a rule whose body is ``e``: the rule already holding the same body
+        where there is one (the same subschema reached by several paths, e.g. an anyOf
+        repeated in several properties), so that the automaton sees one shared rule (kept a
+        rule, not inlined into every caller, when it is large) instead of equal copies."""
+        prev = self.rule_names.get(e)
+        if prev is None:
+            # a pointer compiled again in another context (merged with other keywords) gives
+            # another body: a name of its own
+            base, k = name, 1
+            while name in self.rules:
+                k += 1
+                name = f"{base}~{k}"
+            self.rules[name] = e
+            self.rule_names[e] = prev = name
+        return Ref(prev)
+
+    def repeat(self, item: Expr, lo: int, hi: int | None, ptr: str, what: str) -> Expr:
+        n = hi if hi is not None else lo
+        if n > 64 and repeat_cost(item, n) > MAX_REPEAT_COST:
+            raise ConstraintTooComplex(
+                f"{what} {n} of an item of {cost(item)} grammar nodes exceeds the size bound ({MAX_REPEAT_COST})",
+                path=ptr,
+            )
+        return rep(item, lo, hi)
+
+    def _id_keys(self) -> tuple[str, ...]:
+        """The identifier keyword of the root's draft: ``id`` up to draft-04, ``$id`` after
+        (both when the draft is not named)."""
+        sch = self.root.get("$schema") if isinstance(self.root, dict) else None
+        if isinstance(sch, str):
+            if "draft-03" in sch or "draft-04" in sch:
+                return ("id",)
+            if "json-schema.org" in sch:
+                return ("$id",)
+        return ("$id", "id")
+
+    def _fragment_anchors(self) -> bool:
+        """Whether ``id``/``$id: "#name"`` declares an anchor: up to draft-07 (and when the
+        draft is not named); from 2019-09 on, ``$anchor`` does."""
+        sch = self.root.get("$schema") if isinstance(self.root, dict) else None
+        return (
+            not isinstance(sch, str)
+            or "json-schema.org" not in sch
+            or any(d in sch for d in ("draft-03", "draft-04", "draft-06", "draft-07"))
+        )
+
+    def _index_ids(self, node: object, ptr: str) -> None:
+        if isinstance(node, dict):
+            for key in self._id_keys():
+                v = node.get(key)
+                if not isinstance(v, str):
+                    continue
+                base, _, frag = v.partition("#")
+                if base:
+                    # a new base URI (an empty fragment "x#" is the same as "x")
+                    self.ids[base] = (node, ptr)
+                    if frag:
+                        self.ids[v] = (node, ptr)
+                elif frag and not frag.startswith("/") and self._fragment_anchors():
+                    # "#name": a location-independent identifier (an anchor) up to draft-07;
+                    # "#" alone or a "#/pointer" identifies nothing new
+                    self.ids["#" + frag] = (node, ptr)
+            if isinstance(node.get("$anchor"), str):
+                self.ids["#" + node["$anchor"]] = (node, ptr)
+            for k, v in node.items():
+                if k not in ("enum", "const", "default", "examples"):
+                    self._index_ids(v, child(ptr, k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                self._index_ids(v, child(ptr, i))
+
+    def resolve(self, ref: str, ptr: str) -> tuple[object, str]:
+        if ref in self.ids:
+            return self.ids[ref]
+        if "#" in ref and not ref.startswith("#"):
+            base, frag = ref.split("#", 1)
+            if base in self.ids and base != "":
+                node, bptr = self.ids[base]
+                return self._walk(node, bptr, frag, ref, ptr)
+            root_id = self.root.get("$id") if isinstance(self.root, dict) else None
+            if not (isinstance(root_id, str) and root_id.split("#")[0] == base):
+                raise ConstraintError(
+                    f"$ref {ref!r} points outside this schema (remote refs are not fetched)", path=ptr
+                )
+            ref = "#" + frag
+        if not ref.startswith("#"):
+            raise ConstraintError(
+                f"$ref {ref!r} points outside this schema (remote refs are not fetched)", path=ptr
+            )
+        return self._walk(self.root, "#", ref[1:], ref, ptr)
+
+    def _walk(self, node: object, base: str, frag: str, ref: str, ptr: str) -> tuple[object, str]:
+        if frag and not frag.startswith("/"):
+            raise ConstraintError(f"$ref {ref!r}: unknown anchor", path=ptr)
+        target, tptr = node, base
+        for raw in frag.split("/")[1:]:
+            key = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and key in target:
+                target = target[key]
+            elif isinstance(target, list) and key.isdigit() and int(key) < len(target):
+                target = target[int(key)]
+            else:
+                raise ConstraintError(f"$ref {ref!r} does not resolve", path=ptr)
+            tptr = child(tptr, key)
+        return target, tptr
+
+    def validator(self, node: object):
+        import jsonschema
+
+        if self._validator is None:
+            cls = jsonschema.validators.validator_for(self.root, default=jsonschema.Draft202012Validator)
+            self._validator = cls(self.root)
+        return self._validator.evolve(schema=node)
+
+    # ----------------------------------------------------------------- compile
+    def ref(self, ref: str, ptr: str) -> Expr:
+        target, tptr = self.resolve(ref, ptr)
+        name = "ref:" + tptr
+        if tptr in self.stack:
+            self.recursive.add(tptr)
+            return Ref(name)
+        if tptr in self.cache:
+            return self.cache[tptr]
+        self.stack.append(tptr)
+        try:
+            e = self.compile(target, tptr)
+        finally:
+            self.stack.pop()
+        if tptr in self.recursive:
+            self.rules[name] = e  # (its body refers to the name)
+            self.rule_names.setdefault(e, name)
+            e = Ref(name)
+        elif tptr != "#" and cost(e) > 64:
+            # a named rule: the automaton inlines it where small, keeps it a rule where shared and large
+            e = self.named(name, e)
+        self.cache[tptr] = e
+        return e
+
+    def merged_rule(self, s: dict, ptr: str) -> Expr:
+        key = canon(s)
+        name = self.merge_names.get(key)
+        if name is None:
+            # other schemas merged at the same pointer (the blocks of several contains) are
+            # other rules: a name of their own
+            base, k = "merge:" + ptr, 1
+            name = base
+            while name in self.merge_taken:
+                k += 1
+                name = f"{base}~{k}"
+            self.merge_names[key] = name
+            self.merge_taken.add(name)
+        if name in self.stack:
+            self.recursive.add(name)
+            return Ref(name)
+        if name in self.cache:
+            return self.cache[name]
+        self.stack.append(name)
+        try:
+            e = self.compile(self.merge_all(s, ptr), ptr)
+        finally:
+            self.stack.pop()
+        if name in self.recursive:
+            self.rules[name] = e
+            e = Ref(name)
+        self.cache[name] = e
+        return e
+
+    def compile(self, s: object, ptr: str) -> Expr:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise ConstraintTooComplex(f"schema nesting deeper than {MAX_DEPTH} levels", path=ptr)
+            return self._compile(s, ptr)
+        finally:
+            self.depth -= 1
+
+    def _compile(self, s: object, ptr: str) -> Expr:
+        if s is True:
+            return self.any_value()
+        if s is False:
+            return NOTHING
+        if not isinstance(s, dict):
+            raise ConstraintError(
+                f"a schema must be an object or a boolean, got {type(s).__name__}", path=ptr
+            )
+        if "const" in s or "enum" in s:
+            # the values are checked by the validator against the whole (original) schema,
+            # so every keyword beside them holds, whether or not the grammar could enforce it
+            return self.compile_enum(s, ptr)
+        lowered = self.lower_logic(s, ptr)
+        if lowered is not None:
+            return self.compile_lowered(s, lowered, ptr)
+        self.check_unsupported(s, ptr)
+        if "$ref" in s and ORIGIN not in s:
+            rest = constraining({k: v for k, v in s.items() if k != "$ref"})
+            if not rest:
+                return self.ref(s["$ref"], child(ptr, "$ref"))
+            return self.compile(
+                {
+                    **{k: v for k, v in s.items() if k not in ("$ref", "allOf")},
+                    "allOf": [{"$ref": s["$ref"]}, *s.get("allOf", [])],
+                },
+                ptr,
+            )
+        if "allOf" in s:
+            rest = constraining({k: v for k, v in s.items() if k != "allOf"})
+            branches = s["allOf"]
+            if not isinstance(branches, list) or not branches:
+                raise ConstraintError("allOf must be a non-empty array", path=ptr)
+            nontrivial = [(i, b) for i, b in enumerate(branches) if not is_trivial(b)]
+            if not rest and len(nontrivial) <= 1:
+                if not nontrivial:
+                    return self.any_value()
+                i, b = nontrivial[0]
+                return self.compile(b, child(ptr, "allOf", i))
+            if any(isinstance(b, dict) and "$ref" in b for b in branches):
+                # a merge with a reference: one rule per distinct schema, so that a target
+                # merged again below itself (items: {allOf: [{$ref: node}, ...]}) recurses
+                return self.merged_rule(s, ptr)
+            merged = self.merge_all(s, ptr)
+            return self.compile(merged, ptr)
+        for kw in ("anyOf", "oneOf"):
+            if kw in s:
+                return self.compile_choice(s, kw, ptr)
+        if "const" in s or "enum" in s:
+            return self.compile_enum(s, ptr)
+        types = self.types_of(s, ptr)
+        parts = []
+        for t in types:
+            if t == "integer" and "number" in types:
+                continue
+            parts.append(self.compile_type(t, s, ptr))
+        return alt(*parts)
+
+    def check_unsupported(self, s: dict, ptr: str) -> None:
+        for kw in UNSUPPORTED:
+            if kw not in s:
+                continue
+            v = s[kw]
+            if kw == "uniqueItems" and (
+                v is False or self.runtime_unique or self.unique_groups(s) is not None
+            ):
+                continue  # enforced by compile_array (over a few item values, else at run time)
+            if kw in ("contains", "minContains", "maxContains"):
+                continue  # compile_array enforces or relaxes them
+            if kw == "if" and "then" not in s and "else" not in s:
+                continue
+            if kw in ("then", "else") and "if" not in s:
+                continue
+            if kw in ("then", "else"):
+                continue  # reported once, as "if"
+            if kw in ("unevaluatedProperties", "unevaluatedItems") and is_trivial(v):
+                continue
+            if kw in ("dependentRequired", "dependentSchemas", "dependencies") and not v:
+                continue
+            if kw == "not" and self.native_not(s):
+                continue
+            self.relax(kw, child(ptr, kw))
+
+    def types_of(self, s: dict, ptr: str) -> list[str]:
+        t = s.get("type")
+        if t is None:
+            return list(TYPES[:-1])
+        ts = [t] if isinstance(t, str) else t
+        if not isinstance(ts, list) or any(x not in TYPES for x in ts):
+            raise ConstraintError(f"unknown type {t!r}", path=child(ptr, "type"))
+        return list(dict.fromkeys(ts))
+
+    def compile_type(self, t: str, s: dict, ptr: str) -> Expr:
+        if t == "null":
+            return lit("null")
+        if t == "boolean":
+            return alt(lit("true"), lit("false"))
+        if t == "string":
+            return self.compile_string(s, ptr)
+        if t in ("number", "integer"):
+            return self.compile_number(s, ptr, integer=t == "integer")
+        if t == "array":
+            return self.compile_array(s, ptr)
+        return self.compile_object(s, ptr)
+
+    # ----------------------------------------------------------------- values
+    def any_value(self) -> Expr:
+        name = "json:value"
+        if name not in self.rules:
+            self.rules[name] = NOTHING
+            v = Ref(name)
+            member = seq(jf.string_of(jf.CHAR), self.colon, v)
+            obj = seq(lit("{"), self.ws, opt(seq(member, star(seq(self.comma, member)))), self.ws, lit("}"))
+            arr = seq(lit("["), self.ws, opt(seq(v, star(seq(self.comma, v)))), self.ws, lit("]"))
+            self.rules[name] = alt(
+                lit("null"), lit("true"), lit("false"), jn.NUMBER, jf.string_of(jf.CHAR), obj, arr
+            )
+        return Ref(name)
+
+    def value_lit(self, v: object) -> Expr:
+        if isinstance(v, dict):
+            members = [
+                seq(lit(json.dumps(k, ensure_ascii=False)), self.colon, self.value_lit(x))
+                for k, x in v.items()
+            ]
+            return seq(lit("{"), self.ws, *join(members, self.comma), self.ws, lit("}"))
+        if isinstance(v, list):
+            return seq(
+                lit("["), self.ws, *join([self.value_lit(x) for x in v], self.comma), self.ws, lit("]")
+            )
+        if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+            return alt(lit(str(int(v))), lit(json.dumps(v)))
+        if isinstance(v, int) and not isinstance(v, bool):
+            return alt(lit(str(v)), lit(f"{v}.0"))
+        return lit(json.dumps(v, ensure_ascii=False))
+
+    def compile_enum(self, s: dict, ptr: str) -> Expr:
+        if "const" in s:
+            values, kw = [s["const"]], "const"
+        else:
+            values, kw = s["enum"], "enum"
+            if not isinstance(values, list):
+                raise ConstraintError("enum must be an array", path=child(ptr, "enum"))
+        if len(values) > MAX_ENUM:
+            raise ConstraintTooComplex(
+                f"enum of {len(values)} values exceeds the bound ({MAX_ENUM})", path=child(ptr, kw)
+            )
+        node = s.get(ORIGIN, s)
+        check = self.validator(node)
+        ok = [v for v in values if check.is_valid(v)]
+        if not ok:
+            return self.unsatisfiable(f"no {kw} value satisfies the schema (unsatisfiable)", child(ptr, kw))
+        return alt(*(self.value_lit(v) for v in ok))
+
+    def compile_choice(self, s: dict, kw: str, ptr: str) -> Expr:
+        branches = s[kw]
+        if not isinstance(branches, list) or not branches:
+            raise ConstraintError(f"{kw} must be a non-empty array", path=child(ptr, kw))
+        base = {k: v for k, v in s.items() if k != kw}
+        exprs = None
+        if kw == "oneOf" and len(branches) > 1:
+            pairs = self.overlapping(branches, base)
+            if pairs:
+                exprs = self.exact_oneof(s, branches, base, pairs, ptr)
+        if exprs is None:
+            trivial_base = not constraining({k: v for k, v in base.items() if k != ORIGIN})
+            origin = s.get(ORIGIN, s)
+            # enum values in a branch are checked against the original schema and the branch
+            exprs = [
+                self.compile(b, child(ptr, kw, i))
+                if trivial_base
+                else self.compile({"allOf": [base, b], ORIGIN: {"allOf": [origin, b]}}, child(ptr, kw, i))
+                for i, b in enumerate(branches)
+            ]
+        parts = []
+        for i, e in enumerate(exprs):
+            bptr = child(ptr, kw, i)
+            if len(branches) > 1 and cost(e) > 64:
+                # a named rule: inlined unless the inlined automaton is too large (then the
+                # branches run side by side as pushdown stacks)
+                e = self.named("branch:" + bptr, e)
+            parts.append(e)
+        return alt(*parts)
+
+
+def schema_to_grammar(
+    schema: object,
+    *,
+    whitespace: str = "compact",
+    strict: bool = False,
+    lenient: bool = False,
+    runtime_unique: bool = True,
+) -> Grammar:
+    """Lower a JSON Schema to a grammar whose start rule accepts exactly its valid JSON texts.
+
+    Parameters
+    ----------
+    schema:
+        A schema as a dict or bool, its JSON text, or a pydantic model class.
+    whitespace:
+        ``"compact"`` (no whitespace) or ``"flexible"`` (bounded whitespace between tokens).
+    strict:
+        Forbid object keys that the schema does not declare (``additionalProperties: false``).
+    lenient:
+        Relax keywords the grammar cannot enforce instead of raising; ``grammar.notes`` says which.
+    runtime_unique:
+        Enforce ``uniqueItems`` over items that cannot be enumerated with a run-time check
+        (:mod:`..unique_items`); False: such a ``uniqueItems`` is unsupported (relaxed if lenient).
+
+    Raises
+    ------
+    ConstraintError
+        Unsupported keyword (without ``lenient``), bad or unsatisfiable schema; the message
+        names the JSON pointer.
+    ConstraintTooComplex
+        The schema would expand past a size bound (huge enums, counts, nesting).
+    """
+    root = load_schema(schema)
+    c = _SchemaCompiler(root, whitespace, strict, lenient)
+    c.runtime_unique = runtime_unique
+    start = c.ref("#", "#")
+    if start == NOTHING or (isinstance(start, Ref) and c.rules.get(start.name) == NOTHING):
+        why = "".join(f"; {m} at {p}" for m, p in c.unsat[:3])
+        raise ConstraintError("schema is unsatisfiable: no JSON value is valid" + why, path="#")
+    rules = {"start": start, **c.rules}
+    unique = tuple(dict.fromkeys(c.unique_ptrs))
+    fallback = None
+    if unique and lenient:
+
+        def fallback() -> Grammar:
+            return schema_to_grammar(
+                schema, whitespace=whitespace, strict=strict, lenient=True, runtime_unique=False
+            )
+
+    return Grammar(rules=rules, start="start", notes=c.notes, unique=unique, fallback=fallback)

@@ -1,0 +1,386 @@
+"""Objects for the JSON Schema front end (a mixin of the compiler)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .. import ir
+from ..errors import ConstraintError, ConstraintTooComplex
+from ..ir import (
+    EMPTY,
+    NOTHING,
+    Alt,
+    Expr,
+    Ref,
+    Repeat,
+    Seq,
+    alt,
+    difference,
+    intersect,
+    lit,
+    opt,
+    rep,
+    seq,
+    star,
+)
+from . import formats as jf
+from .common import ADDL, MAX_PATTERN_PROPERTIES, child, cost, is_trivial
+
+
+def _empty(key: Expr) -> bool:
+    """Whether a (small, Ref-free) key language is empty: decided by compiling it."""
+    from ..automaton.pushdown import compile_grammar
+
+    try:
+        compile_grammar(ir.Grammar({"start": key}))
+    except ConstraintTooComplex:
+        return False
+    except ConstraintError:
+        return True
+    return False
+
+
+class ObjectMixin:
+    def compile_object(self, s: dict, ptr: str, some: tuple[object, object] | None = None) -> Expr:
+        """Objects of ``s``; with ``some`` (keys, value schema), only those that have an
+        undeclared member whose key is one of the keys and whose value fails the schema."""
+        if "not" in s and some is None:
+            some = self.member_not(s["not"])
+            if some is not None:
+                return self.compile_member_not(s, some, ptr)
+        props = s.get("properties", {})
+        required = list(dict.fromkeys(s.get("required", [])))
+        pats = s.get("patternProperties", {})
+        addl = s.get("additionalProperties", True)
+        if self.strict:
+            addl = False
+        names = s.get("propertyNames")
+        pnames = names if names is not None and not is_trivial(names) else None
+        name_check = self.validator(pnames) if pnames is not None else None
+        members: list[tuple[str, object, str]] = []  # (key, schema, pointer) in schema order
+        for key, sub in props.items():
+            members.append((key, sub, child(ptr, "properties", key)))
+        for key in required:
+            if key not in props:
+                pm = [(p, v) for p, v in pats.items() if re.search(p, key)]
+                apart = [v for ps, v in s.get(ADDL, []) if not any(re.search(p, key) for p in ps)]
+                if pm:
+                    members.append(
+                        (
+                            key,
+                            {"allOf": [v for _, v in pm] + apart},
+                            child(ptr, "patternProperties", pm[0][0]),
+                        )
+                    )
+                elif addl is False:
+                    return self.unsatisfiable(
+                        f"required property {key!r} is not allowed (additionalProperties is false)",
+                        child(ptr, "required"),
+                    )
+                else:
+                    members.append(
+                        (
+                            key,
+                            {"allOf": [addl, *apart]} if apart else addl,
+                            child(ptr, "additionalProperties"),
+                        )
+                    )
+        items: list[tuple[Expr, bool]] = []
+        for key, sub, sptr in members:
+            pm = [v for p, v in pats.items() if key in props and re.search(p, key)]
+            if pm:
+                sub = {"allOf": [sub, *pm]}
+            value = self.compile(sub, sptr)
+            ok = value != NOTHING and (name_check is None or name_check.is_valid(key))
+            if not ok:
+                if key in required:
+                    # only a required unsatisfiable property makes the object unsatisfiable
+                    return self.unsatisfiable(f"required property {key!r} cannot be satisfied", sptr)
+                continue  # an optional one is dropped
+            if not isinstance(value, Ref) and cost(value) > 64:
+                # a named rule, like a $ref target: inlined where the automaton stays small,
+                # else a call (a long counted string would multiply the states of the object
+                # around it)
+                value = self.named("value:" + sptr, value)
+            items.append((seq(lit(json.dumps(key, ensure_ascii=False)), self.colon, value), key in required))
+        extra = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames)
+        special = None
+        if some is not None:
+            special = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames, some)
+            if special is None:
+                return NOTHING
+        lo = int(s.get("minProperties", 0))
+        hi = s.get("maxProperties")
+        hi = int(hi) if hi is not None else None
+        body = self.members_body(items, extra, lo, hi, ptr, special)
+        return seq(lit("{"), self.ws, body, self.ws, lit("}"))
+
+    def compile_member_not(self, s: dict, some: tuple[object, object], ptr: str) -> Expr:
+        """Objects of ``s`` (without its ``not``) that have a member whose key is one of
+        ``keys`` and whose value fails ``value`` (``some``): where the key is declared, the
+        object requiring it with that value; where it is not, an extra member written last
+        (so that, keys repeating, the value read is the failing one)."""
+        keys, value = some
+        base = {k: v for k, v in s.items() if k != "not"}
+        props = base.get("properties", {})
+        pats = base.get("patternProperties", {})
+        addl = False if self.strict else base.get("additionalProperties", True)
+        check = self.validator(keys)
+        parts = []
+        for key in dict.fromkeys([*props, *base.get("required", [])]):
+            if not check.is_valid(key):
+                continue
+            if key in props:
+                sub = props[key]
+            else:
+                # an undeclared required key: the schema it takes as an extra member
+                apart = [v for ps, v in base.get(ADDL, []) if not any(re.search(p, key) for p in ps)]
+                if any(re.search(p, key) for p in pats):
+                    sub = {"allOf": apart} if apart else True  # (patterns apply to declared keys too)
+                elif addl is False:
+                    continue
+                else:
+                    sub = {"allOf": [addl, *apart]}
+            variant = {
+                **base,
+                "required": list(dict.fromkeys([*base.get("required", []), key])),
+                "properties": {**props, key: {"allOf": [sub, {"not": value}]}},
+            }
+            parts.append(self.compile_object(variant, ptr))
+        parts.append(self.compile_object(base, ptr, some))
+        return alt(*parts)
+
+    def extra_member(
+        self,
+        s: dict,
+        ptr: str,
+        declared: list[str],
+        pats: dict,
+        addl: object,
+        pnames: object,
+        some: tuple[object, object] | None = None,
+    ) -> Expr | None:
+        """One member whose key is not declared, or None when no such key is allowed; with
+        ``some`` (keys, value schema), one whose key is also one of the keys and whose value
+        also fails the value schema.
+
+        Exact: a key matching some patterns takes the value of all of them (one branch per
+        set of matched patterns, the key language being their intersection minus the other
+        patterns and the declared keys); a key matching none takes ``additionalProperties``.
+        Key languages are product DFAs over canonical encodings, so they stay small."""
+        key_filter = None
+        if pnames is not None:
+            kptr = child(ptr, "propertyNames")
+            key_filter = self.inline(self.compile_key(pnames, kptr))
+            if key_filter is None:
+                self.relax(
+                    "propertyNames",
+                    kptr,
+                    "a recursive propertyNames schema is enforced on declared keys only",
+                )
+            elif key_filter == NOTHING:
+                return None
+        if some is not None:
+            some_keys = self.inline(self.compile_key(some[0], child(ptr, "not")))
+            key_filter = some_keys if key_filter is None else intersect(key_filter, some_keys)
+        plist = list(pats.items())
+        apart = s.get(ADDL, [])  # (patterns, schema): keys matching none of the patterns take schema
+        pptrs = [child(ptr, "patternProperties", p) for p, _ in plist]
+        raws = [self.pattern_raw(p, pp) for (p, _), pp in zip(plist, pptrs, strict=True)]
+        encs = [jf.encode_raw(r) for r in raws]
+        declared_enc = [lit(jf.encode_key(k)) for k in declared]
+        parts = []
+
+        def member(key: Expr, value: Expr) -> None:
+            k = seq(jf.QUOTE, key, jf.QUOTE)
+            if key_filter is not None:
+                k = intersect(k, key_filter)
+            parts.append(seq(k, self.colon, value))
+
+        n = len(plist)
+        if n > MAX_PATTERN_PROPERTIES and apart:
+            raise ConstraintTooComplex(
+                f"over {MAX_PATTERN_PROPERTIES} patternProperties merged with "
+                "additionalProperties under allOf",
+                path=child(ptr, "patternProperties"),
+            )
+        if n > MAX_PATTERN_PROPERTIES:
+            for i in range(n):
+                self.relax(
+                    "patternProperties",
+                    pptrs[i],
+                    f"over {MAX_PATTERN_PROPERTIES} patterns: overlaps between patterns are not resolved",
+                )
+                value = self.compile(self._failing(plist[i][1], some), pptrs[i])
+                if value != NOTHING:
+                    member(difference(encs[i], alt(*declared_enc)) if declared_enc else encs[i], value)
+        else:
+            for subset in range(1, 1 << n):
+                inside = [i for i in range(n) if subset >> i & 1]
+                minus = [encs[j] for j in range(n) if not subset >> j & 1] + declared_enc
+                key = intersect(*(encs[i] for i in inside))
+                if minus:
+                    key = difference(key, alt(*minus))
+                if n > 1 and _empty(key):
+                    continue
+                matched = {plist[i][0] for i in inside}
+                subs = [plist[i][1] for i in inside] + [v for ps, v in apart if not matched & set(ps)]
+                value = self.compile(
+                    self._failing(subs[0] if len(subs) == 1 else {"allOf": subs}, some), pptrs[inside[0]]
+                )
+                if value != NOTHING:
+                    member(key, value)
+        if addl is not False:
+            aptr = child(ptr, "additionalProperties")
+            value = self.compile(
+                self._failing({"allOf": [addl, *(v for _, v in apart)]} if apart else addl, some), aptr
+            )
+            if value != NOTHING:
+                if declared or raws:
+                    member(jf.keys_except(declared, raws), value)
+                else:
+                    member(star(jf.CHAR), value)  # every key, in every encoding
+        extra = alt(*parts)
+        return None if extra == NOTHING else extra  # e.g. additionalProperties unsatisfiable: no extra key
+
+    @staticmethod
+    def _failing(schema: object, some: tuple[object, object] | None) -> object:
+        return schema if some is None else {"allOf": [schema, {"not": some[1]}]}
+
+    def inline(self, e: Expr, depth: int = 0) -> Expr | None:
+        """``e`` with its rule references replaced by their bodies (None if recursive)."""
+        if not ir.refs(e):
+            return e
+        if depth > 32:
+            return None
+        if isinstance(e, Ref):
+            body = self.rules.get(e.name)
+            return None if body is None else self.inline(body, depth + 1)
+        if isinstance(e, (Seq, Alt)):
+            items = [self.inline(x, depth) for x in e.items]
+            if any(x is None for x in items):
+                return None
+            return seq(*items) if isinstance(e, Seq) else alt(*items)
+        if isinstance(e, Repeat):
+            x = self.inline(e.item, depth)
+            return None if x is None else rep(x, e.min, e.max)
+        return None
+
+    def compile_key(self, names: object, ptr: str) -> Expr:
+        """Keys under ``propertyNames`` (only its string part matters)."""
+        if isinstance(names, dict):
+            names = {**names, "type": "string"}
+        return self.compile(names, ptr)
+
+    def members_body(
+        self,
+        items: list[tuple[Expr, bool]],
+        extra: Expr | None,
+        lo: int,
+        hi: int | None,
+        ptr: str,
+        special: Expr | None = None,
+    ) -> Expr:
+        """The members between the braces: declared ones in order, then extra ones; with
+        ``special`` (an extra member of a narrower kind), at least one extra member, the
+        last being special."""
+        comma = self.comma
+        n_req = sum(1 for _, r in items if r)
+        n_max = len(items) if extra is None else None
+        if hi is not None and hi < max(lo, n_req) or (n_max is not None and n_max < lo):
+            return NOTHING
+        simple = lo <= n_req and (hi is None or (n_max is not None and hi >= n_max))
+        if simple:
+            rest: list[Expr] = [EMPTY] * (len(items) + 1)
+            for j in range(len(items) - 1, -1, -1):
+                m, r = items[j]
+                rest[j] = seq(seq(comma, m) if r else opt(seq(comma, m)), rest[j + 1])
+            firsts = []
+            for f, (m, r) in enumerate(items):
+                firsts.append(seq(m, rest[f + 1]))
+                if r:
+                    break
+            decl = alt(*firsts)
+            if extra is None:
+                return decl if n_req else opt(decl)
+            tail = star(seq(comma, extra))
+            if special is not None:
+                parts = [seq(decl, tail, comma, special)]
+                if not n_req:
+                    parts.append(seq(star(seq(extra, comma)), special))
+                return alt(*parts)
+            parts = [seq(decl, tail)]
+            if not n_req:
+                parts.append(opt(seq(extra, tail)))
+            return alt(*parts)
+        n_opt = len(items) - n_req
+        if n_opt > 12:
+            raise ConstraintTooComplex(
+                f"minProperties/maxProperties over {n_opt} optional properties exceeds the bound (12)",
+                path=ptr,
+            )
+        memo: dict = {}
+
+        def d(j: int, c: int, first: bool) -> Expr:
+            """Members j.. with exactly c of them present; ``first``: nothing emitted before."""
+            if (j, c, first) in memo:
+                return memo[j, c, first]
+            if j == len(items):
+                out = EMPTY if c == 0 else NOTHING
+            elif c < 0:
+                out = NOTHING
+            else:
+                m, r = items[j]
+                took = seq(EMPTY if first else comma, m, d(j + 1, c - 1, False))
+                out = took if r else alt(took, d(j + 1, c, first))
+            memo[j, c, first] = out
+            return out
+
+        parts = []
+        for c in range(n_req, len(items) + 1):
+            if hi is not None and c > hi:
+                break
+            decl = d(0, c, True)
+            if decl == NOTHING:
+                continue
+            if extra is None:
+                if c >= lo:
+                    parts.append(decl)
+                continue
+            e_lo, e_hi = max(0, lo - c), None if hi is None else hi - c
+            if special is not None:
+                if e_hi is not None and e_hi < 1:
+                    continue
+                # e_lo.. extra members (at least one), the last special
+                head = seq(comma, extra) if c > 0 else seq(extra, comma)
+                more = self.repeat(
+                    head,
+                    max(0, e_lo - 1),
+                    None if e_hi is None else e_hi - 1,
+                    child(ptr, "maxProperties"),
+                    "maxProperties",
+                )
+                parts.append(seq(decl, more, comma, special) if c > 0 else seq(more, special))
+                continue
+            if c > 0:
+                parts.append(
+                    seq(
+                        decl,
+                        self.repeat(
+                            seq(comma, extra), e_lo, e_hi, child(ptr, "maxProperties"), "maxProperties"
+                        ),
+                    )
+                )
+            elif e_hi != 0:
+                more = self.repeat(
+                    seq(comma, extra),
+                    max(0, e_lo - 1),
+                    None if e_hi is None else e_hi - 1,
+                    child(ptr, "maxProperties"),
+                    "maxProperties",
+                )
+                parts.append(seq(extra, more) if e_lo > 0 else opt(seq(extra, more)))
+            elif e_lo == 0:
+                parts.append(EMPTY)
+        return alt(*parts)

@@ -1,0 +1,972 @@
+"""Token level: the vocabulary as a DFS-ordered byte trie, walked by numba.
+
+One :class:`VocabIndex` per vocabulary (shared by every compiled constraint). Walking the
+trie from a DFA state visits only live nodes, so a restrictive state costs a few µs
+(measured: ``MEASUREMENTS.md``). The walk writes allowed tokens straight into an uint32
+bitmask row and reports *boundary* nodes: trie nodes where the DFA reached a state with
+a call edge or (above the bottom of the stack) an accepting state, so the pushdown
+matcher can continue those subtrees in other rules.
+
+Large walks (states allowing many bytes) take ``_walk_fast``: it takes a whole subtree at
+once when every byte below a node lies in a byte set (letters, alphanumerics, printable
+ASCII, ...) over which the automaton provably stays alive deeper than the subtree (the
+"alive depth" of each state, memoised per automaton in :class:`WalkMemo`). A string or
+counted-format state then costs ~90 µs instead of ~820 µs for the whole trie. ``_walk``
+stays the reference.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+try:  # numba is a listed dependency; the pure-Python fallback keeps the package importable
+    from numba import njit
+except ImportError:  # pragma: no cover
+    njit = None
+
+
+def _walk_py(
+    table,
+    cls,
+    start,
+    node_byte,
+    node_depth,
+    node_skip,
+    tok_lo,
+    tok_hi,
+    tok_ids,
+    lo,
+    hi,
+    base_depth,
+    boundary,
+    out,
+    bnd_nodes,
+    bnd_states,
+    states,
+):
+    """Walk trie nodes ``lo..hi-1`` (a DFS range whose roots are at ``base_depth + 1``)
+    from DFA state ``start``; set the bits of tokens that stay alive; return the number
+    of boundary (node, state) pairs written to ``bnd_nodes`` / ``bnd_states``."""
+    states[base_depth] = start
+    nb = 0
+    i = lo
+    while i < hi:
+        d = node_depth[i]
+        t = table[states[d - 1], cls[node_byte[i]]]
+        if t < 0:
+            i = node_skip[i]
+            continue
+        states[d] = t
+        for k in range(tok_lo[i], tok_hi[i]):
+            tid = tok_ids[k]
+            out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+        if boundary[t]:
+            bnd_nodes[nb] = i
+            bnd_states[nb] = t
+            nb += 1
+        i += 1
+    return nb
+
+
+_walk = njit(cache=True, nogil=True)(_walk_py) if njit is not None else _walk_py
+
+
+def _walk_many_py(
+    table,
+    cls,
+    start,
+    node_byte,
+    node_depth,
+    node_skip,
+    tok_lo,
+    tok_hi,
+    tok_ids,
+    roots,
+    boundary,
+    out,
+    bnd_nodes,
+    bnd_states,
+    states,
+):
+    """``_walk_py`` over the subtrees below each node of ``roots`` (children only)."""
+    nb = 0
+    for r in range(roots.shape[0]):
+        node = roots[r]
+        nb += _walk(
+            table,
+            cls,
+            start,
+            node_byte,
+            node_depth,
+            node_skip,
+            tok_lo,
+            tok_hi,
+            tok_ids,
+            node + 1,
+            node_skip[node],
+            node_depth[node],
+            boundary,
+            out,
+            bnd_nodes[nb:],
+            bnd_states[nb:],
+            states,
+        )
+    return nb
+
+
+_walk_many = njit(cache=True, nogil=True)(_walk_many_py) if njit is not None else _walk_many_py
+
+
+def _walk_counted_py(
+    table,
+    act,
+    cls,
+    region,
+    need,
+    lo,
+    hi,
+    start,
+    count,
+    node_byte,
+    node_depth,
+    node_skip,
+    tok_lo,
+    tok_hi,
+    tok_ids,
+    lo_i,
+    hi_i,
+    base_depth,
+    boundary,
+    out,
+    bnd_nodes,
+    bnd_states,
+    states,
+    counts,
+):
+    """``_walk_py`` for an automaton with counted repetitions (see :mod:`..automaton.counted`): the
+    configuration at each depth is (state, count), and a transition is live only if its
+    counter action allows it (EXIT needs count >= lo of the state's region; ENTER, EXIT set
+    the count to 0, TICK adds one) and, into a region state t, count + need[t] <= hi of its
+    region. Boundary states (never in a region) are reported as by ``_walk_py``."""
+    states[base_depth] = start
+    counts[base_depth] = count
+    nb = 0
+    i = lo_i
+    while i < hi_i:
+        d = node_depth[i]
+        s = states[d - 1]
+        c = counts[d - 1]
+        k = cls[node_byte[i]]
+        t = table[s, k]
+        if t >= 0:
+            a = act[s, k]
+            if a != 0:
+                if (a & 4) and c < lo[region[s]]:  # EXIT
+                    t = -1
+                else:
+                    if a & 12:  # EXIT | ENTER
+                        c = 0
+                    if a & 2:  # TICK
+                        c += 1
+            if t >= 0:
+                rt = region[t]
+                if rt >= 0 and c + need[t] > hi[rt]:
+                    t = -1
+        if t < 0:
+            i = node_skip[i]
+            continue
+        states[d] = t
+        counts[d] = c
+        for k2 in range(tok_lo[i], tok_hi[i]):
+            tid = tok_ids[k2]
+            out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+        if boundary[t]:
+            bnd_nodes[nb] = i
+            bnd_states[nb] = t
+            nb += 1
+        i += 1
+    return nb
+
+
+_walk_counted = njit(cache=True, nogil=True)(_walk_counted_py) if njit is not None else _walk_counted_py
+
+
+def _walk_counted_many_py(
+    table,
+    act,
+    cls,
+    region,
+    need,
+    lo,
+    hi,
+    start,
+    count,
+    node_byte,
+    node_depth,
+    node_skip,
+    tok_lo,
+    tok_hi,
+    tok_ids,
+    roots,
+    boundary,
+    out,
+    bnd_nodes,
+    bnd_states,
+    states,
+    counts,
+):
+    """``_walk_counted_py`` of the whole trie (``roots`` empty), else of the subtrees below
+    each node of ``roots`` (children only)."""
+    if roots.shape[0] == 0:
+        return _walk_counted(
+            table,
+            act,
+            cls,
+            region,
+            need,
+            lo,
+            hi,
+            start,
+            count,
+            node_byte,
+            node_depth,
+            node_skip,
+            tok_lo,
+            tok_hi,
+            tok_ids,
+            0,
+            node_byte.shape[0],
+            0,
+            boundary,
+            out,
+            bnd_nodes,
+            bnd_states,
+            states,
+            counts,
+        )
+    nb = 0
+    for r in range(roots.shape[0]):
+        node = roots[r]
+        nb += _walk_counted(
+            table,
+            act,
+            cls,
+            region,
+            need,
+            lo,
+            hi,
+            start,
+            count,
+            node_byte,
+            node_depth,
+            node_skip,
+            tok_lo,
+            tok_hi,
+            tok_ids,
+            node + 1,
+            node_skip[node],
+            node_depth[node],
+            boundary,
+            out,
+            bnd_nodes[nb:],
+            bnd_states[nb:],
+            states,
+            counts,
+        )
+    return nb
+
+
+_walk_counted_many = (
+    njit(cache=True, nogil=True)(_walk_counted_many_py) if njit is not None else _walk_counted_many_py
+)
+
+
+def _walk_crit_py(
+    table,
+    act,
+    cls,
+    region,
+    need,
+    start,
+    node_byte,
+    node_depth,
+    node_skip,
+    tok_lo,
+    tok_hi,
+    tok_ids,
+    crit,
+    states,
+    ticks,
+    crits,
+):
+    """For each token that stays inside ``start``'s counted region, the count margin it
+    needs: the most, over its path, of items started so far + ``need`` of the state
+    reached (allowed from count c iff c + crit <= hi). Other tokens keep their value."""
+    states[0] = start
+    ticks[0] = 0
+    crits[0] = 0
+    n = node_byte.shape[0]
+    i = 0
+    while i < n:
+        d = node_depth[i]
+        s = states[d - 1]
+        k = cls[node_byte[i]]
+        t = table[s, k]
+        if t < 0 or (act[s, k] & 12) != 0 or region[t] < 0:
+            i = node_skip[i]
+            continue
+        tk = ticks[d - 1] + (1 if act[s, k] & 2 else 0)
+        cr = max(crits[d - 1], tk + need[t])
+        states[d] = t
+        ticks[d] = tk
+        crits[d] = cr
+        for k2 in range(tok_lo[i], tok_hi[i]):
+            crit[tok_ids[k2]] = cr
+        i += 1
+    return 0
+
+
+_walk_crit = njit(cache=True, nogil=True)(_walk_crit_py) if njit is not None else _walk_crit_py
+
+
+# Byte sets for the walk's shortcut, each inside the next: a subtree whose bytes all lie
+# in a set is taken whole when the automaton stays alive (and off boundaries) for any
+# string over the set as long as the subtree is deep.
+_LOWER = set(range(0x61, 0x7B))
+_ALPHA = _LOWER | set(range(0x41, 0x5B))
+_ALNUM = _ALPHA | set(range(0x30, 0x3A))
+_WORD = _ALNUM | {0x2D, 0x2E, 0x5F}  # - . _
+_PRINT = set(range(0x20, 0x7F)) - {0x22, 0x5C}  # printable ASCII but " and \
+SHORTCUT_SETS = (_LOWER, _ALPHA, _ALNUM, _WORD, _PRINT)
+N_SETS = len(SHORTCUT_SETS)
+_SET_ROWS = np.concatenate([np.full(len(bs), j, dtype=np.int32) for j, bs in enumerate(SHORTCUT_SETS)])
+_SET_BYTES = np.concatenate([np.array(sorted(bs), dtype=np.int32) for bs in SHORTCUT_SETS])
+
+
+def _subtree_sets_py(node_byte, node_depth, node_skip, tok_lo, n_tok, byte_set, sub_set, sub_height, tok_end):
+    """Per node: the first shortcut set holding every byte below it (``N_SETS``: none or
+    no children), the depth of its subtree below it, and the end of its subtree's tokens
+    in ``tok_ids`` (tokens are stored in DFS order). ``byte_set[b]``: first set with b."""
+    n = node_byte.shape[0]
+    parent = np.full(n, -1, dtype=np.int64)
+    path = np.full(256, -1, dtype=np.int64)  # the last node met at each depth
+    for i in range(n):
+        sub_set[i] = N_SETS
+        sub_height[i] = 0
+        d = node_depth[i]
+        if d > 1:
+            parent[i] = path[d - 1]
+        if d >= path.shape[0]:
+            path = np.concatenate((path, np.full(d + 1, -1, dtype=np.int64)))
+        path[d] = i
+    for i in range(n - 1, -1, -1):
+        sk = node_skip[i]
+        tok_end[i] = tok_lo[sk] if sk < n else n_tok
+        p = parent[i]  # fold i into its parent
+        if p < 0:
+            continue
+        mine = byte_set[node_byte[i]]
+        if sub_height[i] > 0 and sub_set[i] > mine:
+            mine = sub_set[i]
+        if sub_height[p] == 0:
+            sub_set[p] = mine
+        elif mine > sub_set[p]:
+            sub_set[p] = mine
+        if sub_height[i] + 1 > sub_height[p]:
+            sub_height[p] = sub_height[i] + 1
+    return 0
+
+
+ALIVE_CAP = 127  # alive depths are kept up to this (deeper than any token)
+
+
+def _alive_depth(table, boundary, t, j, set_cls, depth_memo, level, nxt, mark, stamp, chain):
+    """A lower bound (exact below :data:`ALIVE_CAP`) of how deep every string over
+    shortcut set ``j`` keeps the automaton alive and off boundaries from ``t``: level by
+    level over the states reachable, or from the memo ``depth_memo[:, j]`` once a whole
+    level is in it. Levels of one state are memoised too (all paths pass through it)."""
+    nl = 1
+    level[0] = t
+    h = 0
+    nc = 0
+    n_cls = set_cls[j, 256]
+    while h < ALIVE_CAP:
+        if h > 0:
+            known = True
+            best = ALIVE_CAP
+            for x in range(nl):
+                v = depth_memo[level[x], j]
+                if v < 0:
+                    known = False
+                    break
+                if v < best:
+                    best = v
+            if known:
+                h = min(ALIVE_CAP, h + best)
+                break
+            if nl == 1:
+                chain[2 * nc] = level[0]
+                chain[2 * nc + 1] = h
+                nc += 1
+        stamp[0] += 1
+        nn = 0
+        bad = False
+        for x in range(nl):
+            s = level[x]
+            for k in range(n_cls):
+                u = table[s, set_cls[j, k]]
+                if u < 0 or boundary[u]:
+                    bad = True
+                    break
+                if mark[u] != stamp[0]:
+                    mark[u] = stamp[0]
+                    nxt[nn] = u
+                    nn += 1
+            if bad:
+                break
+        if bad:
+            break
+        if nn == 1 and nl == 1 and nxt[0] == level[0]:  # a self-loop: as deep as any token
+            h = ALIVE_CAP
+            break
+        h += 1
+        for x in range(nn):
+            level[x] = nxt[x]
+        nl = nn
+    depth_memo[t, j] = h
+    for x in range(nc):  # the only state at its level
+        u = chain[2 * x]
+        if depth_memo[u, j] < 0:
+            depth_memo[u, j] = max(0, h - chain[2 * x + 1])
+    return h
+
+
+# columns of VocabIndex.fast_nodes
+F_BYTE, F_DEPTH, F_SKIP, F_WORD, F_TOK_LO, F_TOK_HI, F_TOK_END, F_SUB = range(8)
+
+
+def _walk_range(
+    table,
+    cls,
+    boundary,
+    depth_memo,
+    set_cls,
+    level,
+    nxt,
+    mark,
+    stamp,
+    chain,
+    start,
+    nodes,
+    tok_bit,
+    tok_ids,
+    lo,
+    hi,
+    base_depth,
+    out,
+    bnd_nodes,
+    bnd_states,
+    states,
+):
+    """``_walk_py`` with three changes, same results: the state of the previous node is
+    kept when the next is its child; a node's first token is set without a branch; and
+    below a live, non-boundary node whose subtree's bytes lie in a shortcut set deeper
+    than the subtree (see :func:`_alive_depth`), every token is set without walking."""
+    states[base_depth] = start
+    nb = 0
+    i = lo
+    prev_d = base_depth
+    prev_s = start
+    while i < hi:
+        d = nodes[i, F_DEPTH]
+        s = prev_s if d == prev_d + 1 else states[d - 1]
+        t = table[s, cls[nodes[i, F_BYTE]]]
+        if t < 0:
+            i = nodes[i, F_SKIP]
+            continue
+        out[nodes[i, F_WORD]] |= tok_bit[i]
+        k0 = nodes[i, F_TOK_LO]
+        k1 = nodes[i, F_TOK_HI]
+        if k1 - k0 > 1:  # tokens with the same bytes (rare)
+            for k in range(k0 + 1, k1):
+                tid = tok_ids[k]
+                out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+        if boundary[t]:
+            bnd_nodes[nb] = i
+            bnd_states[nb] = t
+            nb += 1
+        else:
+            sub = nodes[i, F_SUB]
+            j = sub & 255
+            if j < N_SETS and depth_memo.shape[0]:  # (a light memo has no depths)
+                h = depth_memo[t, j]
+                if h < 0:
+                    h = _alive_depth(
+                        table, boundary, t, j, set_cls, depth_memo, level, nxt, mark, stamp, chain
+                    )
+                if (sub >> 8) <= h:
+                    for k in range(k1, nodes[i, F_TOK_END]):
+                        tid = tok_ids[k]
+                        out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                    i = nodes[i, F_SKIP]
+                    continue
+        states[d] = t
+        prev_d = d
+        prev_s = t
+        i += 1
+    return nb
+
+
+def _walk_fast_py(
+    table,
+    cls,
+    boundary,
+    depth_memo,
+    set_cls,
+    mscr,
+    start,
+    nodes,
+    tok_bit,
+    tok_ids,
+    roots,
+    root_of_byte,
+    out,
+    bnd_nodes,
+    bnd_states,
+    states,
+):
+    """:func:`_walk_range` over the whole trie when ``roots`` is empty, else over the
+    subtrees below each node of ``roots`` (children only). The whole trie is entered
+    only at the first bytes alive in ``start`` (``root_of_byte``: the depth-1 node of
+    each byte, -1: none), so dead first bytes cost no memory traffic. ``mscr``: the
+    memo's scratch (:class:`WalkMemo`). Returns the number of boundary pairs."""
+    n = table.shape[0]
+    stamp = mscr[0:1]
+    level = mscr[1 : 1 + n]
+    nxt = mscr[1 + n : 1 + 2 * n]
+    mark = mscr[1 + 2 * n : 1 + 3 * n]
+    chain = mscr[1 + 3 * n :]
+    nb = 0
+    if roots.shape[0] == 0:
+        for b in range(256):
+            r = root_of_byte[b]
+            if r < 0 or table[start, cls[b]] < 0:
+                continue
+            nb += _walk_range(
+                table,
+                cls,
+                boundary,
+                depth_memo,
+                set_cls,
+                level,
+                nxt,
+                mark,
+                stamp,
+                chain,
+                start,
+                nodes,
+                tok_bit,
+                tok_ids,
+                r,
+                nodes[r, F_SKIP],
+                0,
+                out,
+                bnd_nodes[nb:],
+                bnd_states[nb:],
+                states,
+            )
+        return nb
+    for r in range(roots.shape[0]):
+        node = roots[r]
+        nb += _walk_range(
+            table,
+            cls,
+            boundary,
+            depth_memo,
+            set_cls,
+            level,
+            nxt,
+            mark,
+            stamp,
+            chain,
+            start,
+            nodes,
+            tok_bit,
+            tok_ids,
+            node + 1,
+            nodes[node, F_SKIP],
+            nodes[node, F_DEPTH],
+            out,
+            bnd_nodes[nb:],
+            bnd_states[nb:],
+            states,
+        )
+    return nb
+
+
+def _set_classes_py(cls, set_rows, set_bytes, set_cls):
+    """``set_cls[j, :count]``: the classes of shortcut set j's bytes; count at column 256."""
+    seen = np.zeros((set_cls.shape[0], 256), dtype=np.bool_)
+    set_cls[:, 256] = 0
+    for x in range(set_rows.shape[0]):
+        j = set_rows[x]
+        c = cls[set_bytes[x]]
+        if not seen[j, c]:
+            seen[j, c] = True
+            set_cls[j, set_cls[j, 256]] = c
+            set_cls[j, 256] += 1
+    return 0
+
+
+if njit is not None:
+    _set_classes = njit(cache=True, nogil=True)(_set_classes_py)
+    _subtree_sets = njit(cache=True, nogil=True)(_subtree_sets_py)
+    _alive_depth = njit(cache=True, nogil=True)(_alive_depth)
+    _walk_range = njit(cache=True, nogil=True)(_walk_range)
+    _walk_fast = njit(cache=True, nogil=True)(_walk_fast_py)
+else:  # pragma: no cover
+    _set_classes = _set_classes_py
+    _subtree_sets = _subtree_sets_py
+    _walk_fast = _walk_fast_py
+
+
+_NO_ROOTS = np.zeros(0, dtype=np.int32)
+_NO_DEPTHS = np.zeros((0, N_SETS), dtype=np.int16)
+_NO_SET_CLS = np.zeros((N_SETS, 257), dtype=np.int32)
+_NO_SCRATCH = np.zeros(1, dtype=np.int64)
+
+
+class WalkMemo:
+    """Per automaton, what the fast walks learn about its states (the alive depth of each
+    state for each shortcut set, per boundary set: bottom of the stack or inner) and
+    their scratch space."""
+
+    def __init__(self, table: np.ndarray, cls: np.ndarray, bottom: np.ndarray, inner: np.ndarray) -> None:
+        n = table.shape[0]
+        self.table, self.cls = table, cls
+        self.boundary = (
+            np.ascontiguousarray(bottom, dtype=np.bool_),
+            np.ascontiguousarray(inner, dtype=np.bool_),
+        )
+        depth = np.full((2, n, N_SETS), -1, dtype=np.int16)
+        self.depth = (depth[0], depth[1])
+        self.set_cls = np.empty((N_SETS, 257), dtype=np.int32)
+        _set_classes(cls, _SET_ROWS, _SET_BYTES, self.set_cls)
+        self.scratch = np.zeros(3 * n + 2 * ALIVE_CAP + 3, dtype=np.int64)  # stamp, levels, marks, chain
+
+    @classmethod
+    def light(cls_, table: np.ndarray, cls: np.ndarray, bottom: np.ndarray, inner: np.ndarray) -> WalkMemo:
+        """A memo without alive depths (the walks take no shortcut): free to make, for
+        automata whose walks so far were small."""
+        m = cls_.__new__(cls_)
+        m.table, m.cls = table, cls
+        m.boundary = (
+            np.ascontiguousarray(bottom, dtype=np.bool_),
+            np.ascontiguousarray(inner, dtype=np.bool_),
+        )
+        m.depth = (_NO_DEPTHS, _NO_DEPTHS)
+        m.set_cls = _NO_SET_CLS
+        m.scratch = _NO_SCRATCH
+        return m
+
+
+class VocabIndex:
+    """The vocabulary's byte trie in DFS order (built once per vocabulary).
+
+    Arrays, one entry per trie node ``i``: ``node_byte[i]`` (the byte on the edge into
+    ``i``), ``node_depth[i]`` (1 for the first byte), ``node_skip[i]`` (the first node
+    after ``i``'s subtree); tokens ending at ``i`` are ``tok_ids[tok_lo[i]:tok_hi[i]]``.
+    """
+
+    def __init__(self, vocab, keep=None) -> None:
+        self.vocab_size = vocab.vocab_size
+        self.n_words = (self.vocab_size + 31) // 32
+        pairs = sorted((b, i) for i, b in enumerate(vocab.token_bytes) if b and (keep is None or keep(b)))
+        node_byte: list[int] = []
+        node_depth: list[int] = []
+        tok_lo: list[int] = []
+        tok_hi: list[int] = []
+        tok_ids: list[int] = []
+        path_nodes: list[int] = []  # node index at each depth of the current path
+        prev = b""
+        for data, tid in pairs:
+            common = 0
+            lim = min(len(prev), len(data))
+            while common < lim and prev[common] == data[common]:
+                common += 1
+            if common == len(data) and len(prev) == len(data):
+                # same bytes as the previous token: another id on the same node
+                tok_ids.append(tid)
+                tok_hi[path_nodes[-1]] = len(tok_ids)
+                continue
+            del path_nodes[common:]
+            for d in range(common, len(data)):
+                n = len(node_byte)
+                node_byte.append(data[d])
+                node_depth.append(d + 1)
+                tok_lo.append(len(tok_ids))
+                tok_hi.append(len(tok_ids))
+                path_nodes.append(n)
+            tok_ids.append(tid)
+            tok_lo[path_nodes[-1]] = len(tok_ids) - 1
+            tok_hi[path_nodes[-1]] = len(tok_ids)
+            prev = data
+        n = len(node_byte)
+        self.n_nodes = n
+        self.node_byte = np.array(node_byte, dtype=np.int32)
+        self.node_depth = np.array(node_depth, dtype=np.int32)
+        self.tok_lo = np.array(tok_lo, dtype=np.int32)
+        self.tok_hi = np.array(tok_hi, dtype=np.int32)
+        self.tok_ids = np.array(tok_ids, dtype=np.int32)
+        # skip[i]: first node after the subtree of i = next node with depth <= depth[i]
+        skip = np.full(n, n, dtype=np.int32)
+        stack: list[int] = []
+        for i, d in enumerate(node_depth):
+            while stack and node_depth[stack[-1]] >= d:
+                skip[stack.pop()] = i
+            stack.append(i)
+        self.node_skip = skip
+        self.max_depth = int(self.node_depth.max()) if n else 0
+        self._scratches: dict = {}
+        # each node's first token as (word, bit) for the packed walks; no token: bit 0
+        has = self.tok_hi > self.tok_lo
+        first = np.zeros(n, dtype=np.int64)
+        first[has] = self.tok_ids[self.tok_lo[has]]
+        tok_word = (first >> 5).astype(np.int32)
+        self.tok_bit = np.where(has, np.left_shift(np.uint32(1), (first & 31).astype(np.uint32)), 0).astype(
+            np.uint32
+        )
+        byte_set = np.full(256, N_SETS, dtype=np.int8)
+        for j in range(N_SETS - 1, -1, -1):
+            byte_set[sorted(SHORTCUT_SETS[j])] = j
+        sub_set = np.empty(n, dtype=np.int8)
+        sub_height = np.empty(n, dtype=np.int16)
+        tok_end = np.empty(n, dtype=np.int32)
+        _subtree_sets(
+            self.node_byte,
+            self.node_depth,
+            self.node_skip,
+            self.tok_lo,
+            len(self.tok_ids),
+            byte_set,
+            sub_set,
+            sub_height,
+            tok_end,
+        )
+        self.root_of_byte = np.full(256, -1, dtype=np.int32)
+        top = np.nonzero(self.node_depth == 1)[0]
+        self.root_of_byte[self.node_byte[top]] = top
+        # the fast walks read a node's fields from one row (columns F_*)
+        self.fast_nodes = np.ascontiguousarray(
+            np.stack(
+                [
+                    self.node_byte,
+                    self.node_depth,
+                    self.node_skip,
+                    tok_word,
+                    self.tok_lo,
+                    self.tok_hi,
+                    tok_end,
+                    sub_set.astype(np.int32) | (sub_height.astype(np.int32) << 8),
+                ],
+                axis=1,
+            ).astype(np.int32)
+        )
+
+    def walk(
+        self, table, cls, start: int, boundary, out, lo: int = 0, hi: int | None = None, base_depth: int = 0
+    ):
+        """Walk the subtree range ``lo..hi`` from DFA state ``start`` (see ``_walk_py``).
+
+        Returns ``(nodes, states)`` of the boundary pairs met.
+        """
+        hi = self.n_nodes if hi is None else hi
+        bnd_nodes, bnd_states, states = self._scratch()
+        nb = _walk(
+            table,
+            cls,
+            np.int32(start),
+            self.node_byte,
+            self.node_depth,
+            self.node_skip,
+            self.tok_lo,
+            self.tok_hi,
+            self.tok_ids,
+            lo,
+            hi,
+            base_depth,
+            boundary,
+            out,
+            bnd_nodes,
+            bnd_states,
+            states,
+        )
+        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
+
+    def walk_below(self, table, cls, start: int, boundary, out, roots: np.ndarray):
+        """Walk the subtrees below every node of ``roots`` from DFA state ``start``."""
+        cap = int((self.node_skip[roots] - roots).sum()) if len(roots) else 0
+        bnd_nodes = np.empty(cap, dtype=np.int32)
+        bnd_states = np.empty(cap, dtype=np.int32)
+        states = np.empty(self.max_depth + 1, dtype=np.int32)
+        nb = _walk_many(
+            table,
+            cls,
+            np.int32(start),
+            self.node_byte,
+            self.node_depth,
+            self.node_skip,
+            self.tok_lo,
+            self.tok_hi,
+            self.tok_ids,
+            roots.astype(np.int32),
+            boundary,
+            out,
+            bnd_nodes,
+            bnd_states,
+            states,
+        )
+        return bnd_nodes[:nb], bnd_states[:nb]
+
+    def walk_counted(
+        self,
+        table,
+        counters,
+        cls,
+        start: int,
+        count: int,
+        out,
+        boundary=None,
+        roots: np.ndarray | None = None,
+    ):
+        """Set the tokens allowed from configuration (``start``, ``count``) of an automaton
+        with counted repetitions (``counters``: its :class:`~..automaton.counted.Counters`), over the
+        whole trie or below ``roots``. Returns ``(nodes, states)`` of the boundary pairs met."""
+        bnd_nodes, bnd_states, states = self._scratch()
+        if boundary is None:
+            boundary = np.zeros(table.shape[0], dtype=np.bool_)
+        if roots is None:
+            roots = _NO_ROOTS
+        elif len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
+            cap = int((self.node_skip[roots] - roots).sum())
+            if cap > self.n_nodes:
+                bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
+        counts = np.empty(self.max_depth + 2, dtype=np.int64)
+        nb = _walk_counted_many(
+            table,
+            counters.act,
+            cls,
+            counters.region,
+            counters.need,
+            counters.lo,
+            counters.hi,
+            np.int32(start),
+            np.int64(count),
+            self.node_byte,
+            self.node_depth,
+            self.node_skip,
+            self.tok_lo,
+            self.tok_hi,
+            self.tok_ids,
+            np.asarray(roots, dtype=np.int32),
+            boundary,
+            out,
+            bnd_nodes,
+            bnd_states,
+            states,
+            counts,
+        )
+        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
+
+    def walk_crit(self, table, counters, cls, start: int, crit: np.ndarray) -> None:
+        """Write into ``crit`` (int64 [vocab]) the count margin of each token that stays
+        inside ``start``'s counted region (see ``_walk_crit_py``)."""
+        states = np.empty(self.max_depth + 2, dtype=np.int32)
+        ticks = np.empty(self.max_depth + 2, dtype=np.int64)
+        crits = np.empty(self.max_depth + 2, dtype=np.int64)
+        _walk_crit(
+            table,
+            counters.act,
+            cls,
+            counters.region,
+            counters.need,
+            np.int32(start),
+            self.node_byte,
+            self.node_depth,
+            self.node_skip,
+            self.tok_lo,
+            self.tok_hi,
+            self.tok_ids,
+            crit,
+            states,
+            ticks,
+            crits,
+        )
+
+    def _scratch(self):
+        """Boundary buffers and the state stack of a walk, one set per thread."""
+        key = threading.get_ident()
+        sc = self._scratches.get(key)
+        if sc is None:
+            sc = (
+                np.empty(self.n_nodes, dtype=np.int32),
+                np.empty(self.n_nodes, dtype=np.int32),
+                np.empty(self.max_depth + 2, dtype=np.int32),
+            )
+            self._scratches[key] = sc
+        return sc
+
+    def walk_fast(self, memo: WalkMemo, inner: bool, start: int, out, roots: np.ndarray | None = None):
+        """:meth:`walk` of the whole trie (or :meth:`walk_below` ``roots``) by
+        ``_walk_range`` (``memo``: the automaton and what earlier walks learnt; ``inner``:
+        the boundary set above the bottom of the stack). Returns ``(nodes, states)``."""
+        bnd_nodes, bnd_states, states = self._scratch()
+        if roots is None:
+            roots = _NO_ROOTS
+        elif len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
+            cap = int((self.node_skip[roots] - roots).sum())
+            if cap > self.n_nodes:
+                bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
+        nb = _walk_fast(
+            memo.table,
+            memo.cls,
+            memo.boundary[inner],
+            memo.depth[inner],
+            memo.set_cls,
+            memo.scratch,
+            start,
+            self.fast_nodes,
+            self.tok_bit,
+            self.tok_ids,
+            np.asarray(roots, dtype=np.int32),
+            self.root_of_byte,
+            out,
+            bnd_nodes,
+            bnd_states,
+            states,
+        )
+        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
+
+    def greedy_tokenize(self, data: bytes, vocab) -> list[int]:
+        """Longest-match tokenization of ``data`` (every token's bytes concatenate to it)."""
+        lookup = getattr(self, "_lookup", None)
+        if lookup is None:
+            lookup = {}
+            for i, b in enumerate(vocab.token_bytes):
+                if b and b not in lookup:
+                    lookup[b] = i
+            self._lookup = lookup
+        out: list[int] = []
+        pos = 0
+        while pos < len(data):
+            for end in range(min(len(data), pos + self.max_depth), pos, -1):
+                tid = lookup.get(data[pos:end])
+                if tid is not None:
+                    out.append(tid)
+                    pos = end
+                    break
+            else:
+                return out  # a byte with no token: stop before it
+        return out

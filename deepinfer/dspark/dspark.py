@@ -1,0 +1,297 @@
+"""DSpark: the engine's speculative decoding, called from the decode branch of ``LLM.step``.
+
+Per decode step: ``plan`` proposes drafts for every request that speculates (grammar-forced
+tokens, n-gram copies from the prompt and output) and chooses how many positions to verify
+(``policy.choose``); None means a plain decode step. ``step`` then runs the multi-position
+forward it is given (``ModelRunner.verify``) while a host thread writes each position's
+bitmask, verifies all rows in one kernel launch, and feeds the emitted tokens to the sequences.
+Both take plain inputs (sequences, sizes, the tokenizer, a forward callable), not the ``LLM``.
+
+Lossless: every emitted token is the target model's own choice at its position (greedy argmax,
+or its seeded sample with the same random numbers plain decoding would use), so outputs equal
+plain decoding's, token for token, whenever the multi-position forward's logits equal the
+one-position decode's. They agree up to float rounding (a different matmul shape): measured on
+the embedded model on CPU, max |logit difference| 5e-5 in float32 and 0.5 in bfloat16, so a
+near-tie can break the other way, as it can when the batch size changes. In deterministic mode
+(``LLM(deterministic=True)``), which promises bit-identical tokens whatever the batch, DSpark
+is off: its multi-position forward is not the batch-invariant decode.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .. import kernels
+from .config import DSparkConfig
+from .drafts import FORCED, NGRAM, Drafts, NgramIndex, forced_tokens, propose
+from .policy import PROBE_GAP, CostModel, RequestStats, choose
+from .verify import Verifier
+
+DEVICE_SLOPE = {"cpu": 0.2, "cuda": 0.005}
+PREFERRED_SIZE = 4096  # forced tokens whose model-preferred replacement is remembered
+
+
+@dataclass
+class DSparkStats:
+    """Counters since the last ``reset`` (benchmarks read them)."""
+
+    verify_steps: int = 0  # steps that ran a verify forward
+    decode_steps: int = 0  # decode steps left plain (no draft worth verifying, or none speculating)
+    rows: int = 0  # row-steps verified
+    plain_rows: int = 0  # row-steps decoded plainly
+    positions: int = 0  # row-positions in verify forwards (B * T summed)
+    drafted: list[int] = field(default_factory=lambda: [0, 0])  # by source: FORCED, NGRAM
+    accepted: list[int] = field(default_factory=lambda: [0, 0])
+    rejected: list[int] = field(default_factory=lambda: [0, 0])  # the first rejected draft's source
+    kind_accepted: list[int] = field(default_factory=lambda: [0] * 5)  # by confidence class (drafts.K_*)
+    kind_rejected: list[int] = field(default_factory=lambda: [0] * 5)
+    emitted: int = 0  # tokens emitted by verify steps (accepted drafts + bonus)
+    probes: int = 0  # verify steps taken to measure a shape predicted not to pay
+    drafting_steps: int = 0  # steps that made drafts (verified or not)
+    skipped: int = 0  # plain steps decided before drafting (drafting could not pay)
+    accept_hist: dict[tuple[int, int], int] = field(default_factory=dict)  # (drafts, accepted) -> rows
+
+    def reset(self) -> None:
+        fresh = DSparkStats()
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))
+
+    @property
+    def tokens_per_row_step(self) -> float:
+        """Tokens a row gains per verify step (1.0 = plain decoding)."""
+        return self.emitted / self.rows if self.rows else 1.0
+
+    def acceptance(self, source: int) -> float:
+        """P(a draft of this source is accepted | the drafts before it were)."""
+        seen = self.accepted[source] + self.rejected[source]
+        return self.accepted[source] / seen if seen else float("nan")
+
+
+@dataclass
+class Plan:
+    seqs: list
+    drafts: list[Drafts]
+    T: int  # positions per row (drafts + 1)
+    expected: float | None = None  # tokens the policy expected (None: schedule "fixed")
+
+
+class _Request:
+    __slots__ = ("stats", "index", "stop_ids", "history", "prompt_len")
+
+    def __init__(self, config: DSparkConfig, s, stop_ids: frozenset[int], prior: RequestStats) -> None:
+        self.stats = RequestStats(prior)
+        self.index = NgramIndex(config.ngram_min, config.ngram_max)
+        self.stop_ids = stop_ids
+        self.history = list(s.prompt_token_ids)  # prompt + output, extended as the output grows
+        self.prompt_len = len(self.history)
+
+    def tokens(self, s) -> list[int]:
+        out = s.output_token_ids
+        self.history.extend(out[len(self.history) - self.prompt_len :])
+        return self.history
+
+
+class DSpark:
+    """Speculative decoding for one LLM: settings, per-request draft statistics, cost model."""
+
+    def __init__(self, config: bool | dict | DSparkConfig = True) -> None:
+        self.config = DSparkConfig.parse(config)
+        self.stats = DSparkStats()
+        self.verify_fn = kernels.verify  # backend "auto": Triton on CUDA, torch reference on CPU
+        self._requests: dict[int, _Request] = {}
+        self._overall = RequestStats()  # every request's observations: the prior of new ones
+        self._preferred: dict[int, int] = {}  # first forced token -> the model's token instead
+        self._cost: CostModel | None = None
+        self._verifier: Verifier | None = None
+        # previous step: start time, path, tokens in its forward, request ids, rows
+        self._last: tuple[float, str, int, frozenset[int], int] | None = None
+        self._step = 0
+        self._last_probe = -(1 << 30)  # step of the last probe of a verify shape (policy.choose)
+
+    # -- which requests ---------------------------------------------------------------------
+    def speculates(self, s, deterministic: bool = False) -> bool:
+        """Does request ``s`` draft? Its ``speculative`` if set, else the LLM's default."""
+        if deterministic:
+            return False
+        sp = getattr(s.params, "speculative", None)
+        if sp is not None:
+            return bool(sp)
+        d = self.config.default
+        return d == "all" or (d == "constrained" and s.constraint is not None)
+
+    # -- one step -----------------------------------------------------------------------------
+    def plan(
+        self,
+        running: list,
+        *,
+        cache_len: int,
+        token_budget: int,
+        special_ids: frozenset[int] = frozenset(),
+        device_type: str = "cpu",
+        deterministic: bool = False,
+    ) -> Plan | None:
+        """Drafts for this decode step of ``running`` (the batch, in slot order), or None for a
+        plain decode step. ``cache_len``: positions a KV slot holds; ``token_budget``: most
+        tokens in the step's forward (rows x positions); ``special_ids``: token ids that end a
+        request's drafts besides its own stop ids (the tokenizer's specials and EOS);
+        ``device_type`` sets the cost model's prior; in ``deterministic`` mode nothing drafts.
+
+        The step's shape is decided before any per-row work where possible: when no verify
+        step of this batch could beat a plain one even with every draft accepted (or, once
+        measured, at the bucket's realized tokens per verify step: ``CostModel.may_pay``), no
+        drafts are made at all (but for a probe every PROBE_GAP steps). A plain step then runs
+        exactly the off mode's path (``runner.decode``: the decode CUDA graphs), and its time is
+        measured from the end of this call, so the cost model compares against that path's own
+        step time, not one that includes drafting."""
+        now = time.perf_counter()
+        ids = frozenset(s.request_id for s in running)
+        cost = self._cost_model(device_type)
+        if self._last is not None and ids <= self._last[3]:  # no prefill since: a clean interval
+            t0, path, tokens, _, rows = self._last
+            cost.observe(path, tokens, now - t0, rows=rows, step=self._step)
+        self._step += 1
+        spec = [self.speculates(s, deterministic) for s in running]
+        if not any(spec):
+            return self._plain(running, ids)
+        self._forget(ids)
+        cfg = self.config
+        room = min(cache_len - len(s) for s in running)  # positions L-1 .. L-1+T-1 fit the cache
+        budget = token_budget
+        kmax = min(cfg.max_drafts, room, max(s.max_tokens - len(s.output_token_ids) - 1
+                                             for s, on in zip(running, spec) if on))  # fmt: skip
+        if kmax <= 0:
+            return self._plain(running, ids)
+        if cfg.schedule != "fixed" and not cost.may_pay(len(running), kmax, budget):
+            if self._step - self._last_probe < PROBE_GAP:
+                self.stats.skipped += 1
+                return self._plain(running, ids)
+            # a probe is due: draft, and let ``choose`` probe a shape that has not been measured
+        self.stats.drafting_steps += 1
+        drafts: list[Drafts] = []
+        for s, on in zip(running, spec):
+            k = min(cfg.max_drafts, s.max_tokens - len(s.output_token_ids) - 1, room)
+            if not on or k <= 0:
+                drafts.append(Drafts())
+                continue
+            r = self._request(s, special_ids)
+            src = r.stats.sources
+            m = s.constraint.copy() if s.constraint is not None else None
+            ngram_on = src[NGRAM].enabled(self._step, cfg.min_acceptance)
+            drafts.append(propose(
+                r.tokens(s), m, r.index if ngram_on else None, k,
+                forced=src[FORCED].enabled(self._step, cfg.min_acceptance), stop_ids=r.stop_ids,
+                preferred=self._preferred,
+            ))  # fmt: skip
+        if cfg.schedule == "fixed":
+            T = min(max(len(d) for d in drafts) + 1, max(budget // len(running), 1))
+            expected = None
+        else:
+            conf = [self._requests[s.request_id].stats.confidence(d.kinds) if d else [] for s, d in
+                    zip(running, drafts)]  # fmt: skip
+            c = choose(conf, cost, budget, step=self._step, last_probe=self._last_probe)
+            T, expected = c.T, c.expected
+            if c.probe:
+                self._last_probe = self._step
+                self.stats.probes += 1
+        if T == 1:
+            return self._plain(running, ids)
+        for d in drafts:
+            d.truncate(T - 1)
+        self._last = (now, "verify", len(running) * T, ids, len(running))
+        return Plan(list(running), drafts, T, expected)
+
+    def _plain(self, running: list, ids: frozenset[int]) -> None:
+        """A plain decode step: the caller runs the off mode's ``runner.decode``; its time is
+        measured from here (not from the start of ``plan``)."""
+        self.stats.decode_steps += 1
+        self.stats.plain_rows += len(running)
+        self._last = (time.perf_counter(), "decode", len(running), ids, len(running))
+        return None
+
+    def step(self, plan: Plan, masks, *, forward, tokenizer, vocab_size: int, device) -> list:
+        """Verify ``plan``'s drafts in one forward + one kernel launch; feed the emitted tokens to
+        the sequences. ``masks``: the step's MaskFiller (position 0's bitmasks); ``forward(seqs,
+        drafts, T, graphs=...)``: the verify forward's logits [B, T, V] (``ModelRunner.verify``);
+        ``tokenizer``: what the sequences finish with; ``vocab_size``, ``device``: the bitmasks'
+        width and where they go. Returns the sequences that finished."""
+        seqs, T = plan.seqs, plan.T
+        drafts = [d.tokens for d in plan.drafts]
+        v = self._verifier
+        if v is None or v.device != device:
+            v = self._verifier = Verifier(vocab_size, device)
+        host0, constrained = masks.wait()  # position 0's rows (filled while drafts were made)
+        pending = v.start_masks(seqs, drafts, T, host0, constrained)
+        logits = forward(seqs, drafts, T, graphs=self.config.cuda_graphs)  # [B, T, V]
+        bitmask = v.bitmask(pending)  # [B, T, W] on the device, or None
+        out = self.verify_fn(
+            logits, bitmask=bitmask, validate=False, **v.inputs(seqs, drafts, T, constrained)
+        )
+        both = torch.cat([out.accepted[:, None], out.tokens], dim=1).tolist()  # one read-back
+        accepted, tokens = [r[0] for r in both], [r[1:] for r in both]
+        finished = []
+        st = self.stats
+        emitted0 = st.emitted
+        st.verify_steps += 1
+        st.rows += len(seqs)
+        st.positions += len(seqs) * T
+        for s, d, a, row in zip(seqs, plan.drafts, accepted, tokens):
+            s.num_cached = len(s) + a  # the last token and the accepted drafts are cached
+            if d:
+                self._requests[s.request_id].stats.observe(d.sources, d.kinds, a)
+                self._overall.observe(d.sources, d.kinds, a)
+                for src, ok in zip(d.sources, [True] * a + [False] * (len(d) - a)):
+                    st.drafted[src] += 1
+                    st.accepted[src] += ok
+                for kind in d.kinds[:a]:
+                    st.kind_accepted[kind] += 1
+                if a < len(d):
+                    st.rejected[d.sources[a]] += 1
+                    st.kind_rejected[d.kinds[a]] += 1
+            st.accept_hist[(len(d), a)] = st.accept_hist.get((len(d), a), 0) + 1
+            for i, t in enumerate(row[: a + 1]):
+                if i == a < len(d) and d.sources[a] == FORCED and t >= 0 and s.constraint is not None:
+                    self._prefer(s.constraint, t)  # the model's token where it rejected the forced one
+                s.on_token(t, tokenizer)
+                st.emitted += 1
+                if s.is_finished:
+                    finished.append(s)
+                    break
+        if plan.expected is not None:  # realized vs expected tokens, for the cost model
+            self._cost_model(device.type).observe_tokens(len(seqs), plan.expected, st.emitted - emitted0)
+        return finished
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _cost_model(self, device_type: str) -> CostModel:
+        if self._cost is None:
+            slope = self.config.cost_slope
+            if slope is None:
+                slope = DEVICE_SLOPE.get(device_type, DEVICE_SLOPE["cuda"])
+            self._cost = CostModel(slope)
+        return self._cost
+
+    def _prefer(self, matcher, token: int) -> None:
+        """Remember the model's token where it rejected a forced draft, keyed by the canonical
+        first forced token there (the model's tokenization habit, e.g. '":' + '"' for '":"')."""
+        f = forced_tokens(matcher)
+        if not f:
+            return
+        if token == f[0]:
+            self._preferred.pop(f[0], None)
+        elif len(self._preferred) < PREFERRED_SIZE:
+            self._preferred[f[0]] = token
+
+    def _request(self, s, special_ids: frozenset[int]) -> _Request:
+        r = self._requests.get(s.request_id)
+        if r is None:
+            stop = special_ids | frozenset(s.params.stop_token_ids)
+            r = self._requests[s.request_id] = _Request(self.config, s, stop, self._overall)
+        return r
+
+    def _forget(self, running_ids: frozenset[int]) -> None:
+        """Drop the statistics of requests that are no longer running."""
+        if len(self._requests) > len(running_ids):
+            for rid in [r for r in self._requests if r not in running_ids]:
+                del self._requests[rid]

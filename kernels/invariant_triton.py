@@ -1,0 +1,178 @@
+"""Triton kernels of invariant.py (see there for what they compute and why).
+
+Imported only when a batch-invariant forward runs: importing triton is not free, and the default
+paths never need it. Under TRITON_INTERPRET=1 (set before this import) they run on CPU tensors.
+
+Every kernel is compiled once per problem (N, K, dtype) whatever the number of rows M: M (and
+the partials' stride M * N) is a plain runtime argument (``do_not_specialize``), the block sizes and the K split are chosen from
+(N, K) alone, and a row's products are accumulated in the same k order by the same instructions
+in every launch. Rows never mix, so a row's bits cannot depend on the others.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# tl.dot of bfloat16 operands gives garbage under the interpreter (triton 3.9): under INTERPRET the
+# operands go to float32 first (exact products, float32 sums), on the GPU they stay 16-bit (tensor
+# cores)
+from .triton_common import INTERPRET
+
+BLOCK_M = 64  # rows per program, fixed for every M (a row's instructions never change)
+BLOCK_K = 64
+NUM_WARPS = 4
+TARGET_PROGRAMS = 66  # split K until one block of rows has ~half an H200's 132 SMs busy
+MIN_K_PER_SPLIT = 8 * BLOCK_K
+
+
+def config(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, splits, keys per split) of a [*, K] @ [K, N] product, from (N, K) alone: wide
+    tiles for 8B-scale K, and K split (at least MIN_K_PER_SPLIT keys a split) when N is too
+    narrow to fill the device. Tuned on an H200 against cuBLAS at M = 1..128 (README)."""
+    block_n = 64 if k < 2048 else 128
+    n_blocks = triton.cdiv(n, block_n)
+    splits = max(1, min(k // MIN_K_PER_SPLIT, triton.cdiv(TARGET_PROGRAMS, n_blocks)))
+    per = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
+    return block_n, triton.cdiv(k, per), per
+
+
+@triton.jit(do_not_specialize=["M", "stride_cs"])
+def _mm_kernel(
+    a_ptr,
+    w_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_wk,
+    stride_cs,
+    stride_cm,
+    K_PER_SPLIT: tl.constexpr,
+    IEEE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    # axis 0: row blocks (fastest, so the programs sharing a weight tile run together)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    kk = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    k0 = pid_s * K_PER_SPLIT
+    for start in range(0, K_PER_SPLIT, BK):
+        rk = k0 + start + kk
+        a = tl.load(
+            a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :],
+            mask=(rm[:, None] < M) & (rk[None, :] < K),
+            other=0.0,
+        )
+        w = tl.load(
+            w_ptr + rk[:, None].to(tl.int64) * stride_wk + rn[None, :],
+            mask=(rk[:, None] < K) & (rn[None, :] < N),
+            other=0.0,
+        )
+        if IEEE:
+            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc)
+    c = c_ptr + pid_s * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit(do_not_specialize=["total"])
+def _sum_splits_kernel(p_ptr, out_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    # out[i] = ((p[0, i] + p[1, i]) + p[2, i]) + ...: split order, whatever the row count
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < total
+    acc = tl.load(p_ptr + i, mask=m, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(p_ptr + s * total + i, mask=m, other=0.0)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=m)
+
+
+def matmul(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    M, K = a.shape
+    N = w.shape[1]
+    block_n, splits, per = config(N, K)
+    out = torch.empty(M, N, dtype=a.dtype, device=a.device)
+    if M == 0:
+        return out
+    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, block_n), splits)
+    ieee = a.dtype == torch.float32 or INTERPRET  # float32 operands: exact products
+    if splits == 1:
+        _mm_kernel[grid](
+            a,
+            w,
+            out,
+            M,
+            N,
+            K,
+            a.stride(0),
+            w.stride(0),
+            0,
+            out.stride(0),
+            K_PER_SPLIT=per,
+            IEEE=ieee,
+            BM=BLOCK_M,
+            BN=block_n,
+            BK=BLOCK_K,
+            num_warps=NUM_WARPS,
+            num_stages=4,
+        )
+        return out
+    part = torch.empty(splits, M, N, dtype=torch.float32, device=a.device)
+    _mm_kernel[grid](
+        a,
+        w,
+        part,
+        M,
+        N,
+        K,
+        a.stride(0),
+        w.stride(0),
+        part.stride(0),
+        part.stride(1),
+        K_PER_SPLIT=per,
+        IEEE=ieee,
+        BM=BLOCK_M,
+        BN=block_n,
+        BK=BLOCK_K,
+        num_warps=NUM_WARPS,
+        num_stages=4,
+    )
+    total = M * N
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(total, block),)](
+        part, out, total, SPLITS=splits, BLOCK=block, num_warps=4
+    )
+    return out
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, H, eps, BLOCK: tl.constexpr):
+    # one program a row; the whole row in one block, so its sum has one order
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < H
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
+    y = (x * r).to(out_ptr.dtype.element_ty)  # as torch: normalise in float32, cast, then weight
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    # the product of two 16-bit floats is exact in float32: one rounding, as a 16-bit multiply
+    tl.store(out_ptr + row * stride_o + cols, (y.to(tl.float32) * w).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    M, H = x.shape
+    out = torch.empty_like(x)
+    if M:
+        _rms_norm_kernel[(M,)](
+            x, weight, out, x.stride(0), out.stride(0), H, eps, BLOCK=triton.next_power_of_2(H), num_warps=4
+        )
+    return out

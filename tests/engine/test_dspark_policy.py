@@ -1,0 +1,216 @@
+"""DSpark's policy (policy.py) against a measured cost model: with synthetic step timings it turns
+drafting off where a verify step costs more than the tokens it is expected to add, on where it
+pays, by batch size; probes stale shapes; and the engine keeps outputs identical either way."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.dspark import DSpark
+from deepinfer.dspark.policy import (
+    PROBE_AGE,
+    PROBE_GAP,
+    YIELD_MIN,
+    CostModel,
+    StepTime,
+    batch_bucket,
+    choose,
+    width_bucket,
+)
+
+
+def _measured(decode: dict, verify: dict, slope: float = 0.005) -> CostModel:
+    """A CostModel fed synthetic step times: decode[B] seconds, verify[(B, T)] seconds."""
+    m = CostModel(slope)
+    for _ in range(5):
+        for B, t in decode.items():
+            m.observe("decode", B, t, rows=B, step=1)
+        for (B, T), t in verify.items():
+            m.observe("verify", B * T, t, rows=B, step=1)
+    return m
+
+
+def test_buckets_and_first_sample_dropped():
+    assert [batch_bucket(b) for b in (1, 2, 3, 8, 9, 64)] == [1, 2, 4, 8, 16, 64]
+    assert [width_bucket(t) for t in (1, 2, 4, 6, 9)] == [1, 2, 5, 9, 9]
+    t = StepTime()
+    assert not t.observe(5.0, 0) and not t.measured  # the first step of a shape (graph capture)
+    t.observe(0.010, 1)
+    t.observe(1.0, 2)  # an outlier: clipped to 3x the average
+    assert t.measured and t.mean == pytest.approx(0.010 + 0.1 * 0.020)
+    m = CostModel(0.005)
+    m.observe("verify", 8 * 5, 9.0, rows=8, step=0)
+    assert m.measured("verify", 8, 5) is None and m.fits["verify"].w == 0  # kept out of the fit too
+
+
+def test_drafting_off_when_verify_too_expensive_on_when_it_pays():
+    conf = [[0.9, 0.6, 0.4, 0.2]] * 8  # 2.1 expected extra tokens a row at T = 5
+    cheap = _measured({8: 0.010}, {(8, 5): 0.015})  # verify 1.5x a decode step: 3.1 / 1.5 > 1
+    c = choose(conf, cheap, 8192)
+    assert c.T == 5 and c.gain == pytest.approx((8 + 8 * 2.1) / 0.015 / (8 / 0.010))
+    costly = _measured({8: 0.010}, {(8, 5): 0.040, (8, 3): 0.035, (8, 2): 0.030})  # 3.1 / 4 < 1
+    c = choose(conf, costly, 8192)
+    assert c.T == 1 and not c.probe
+    # a narrower width that pays is found when the wide one does not
+    mid = _measured({8: 0.010}, {(8, 5): 0.040, (8, 2): 0.012})  # T = 2: 1.9 / 1.2 > 1
+    assert choose(conf, mid, 8192).T == 2
+
+
+def test_plain_step_probed_before_verifying_on_a_guess():
+    """With only verify steps measured at a batch, the plain step's time there is a guess (a fit
+    from verify steps): choose decodes plainly (a probe) until it is measured, then compares."""
+    conf = [[0.9, 0.6, 0.4, 0.2]] * 64
+    m = _measured({}, {(64, 5): 0.018, (64, 2): 0.016})
+    first = choose(conf, m, 8192, step=10)
+    assert first.T == 1 and first.probe
+    for step in (11, 12):
+        m.observe("decode", 64, 0.0088, rows=64, step=step)
+    c = choose(conf, m, 8192, step=13, last_probe=10)
+    # measured: 64 / 8.8 ms plain vs (64 + 64 * 2.1) / 18 ms at T = 5
+    assert c.T == 5 and not c.probe and c.gain == pytest.approx((64 + 64 * 2.1) / 0.018 / (64 / 0.0088))
+    # stale again after PROBE_AGE steps: probed once, then not again within PROBE_GAP
+    late = 12 + PROBE_AGE + 1
+    assert choose(conf, m, 8192, step=late, last_probe=13).probe
+    assert choose(conf, m, 8192, step=late + 1, last_probe=late).T == 5
+
+
+def test_decision_follows_batch_size():
+    """GPU-like timings: at batch 1 a verify step costs about a decode step (weight reads
+    dominate), at batch 64 it costs 2-3x (compute): drafts pay at batch 1 and not at batch 64."""
+    cost = _measured({1: 0.007, 64: 0.012}, {(1, 5): 0.0075, (64, 5): 0.040, (64, 3): 0.032, (64, 2): 0.023})
+    assert choose([[0.9, 0.6, 0.4, 0.2]], cost, 8192).T == 5
+    assert choose([[0.9, 0.6, 0.4, 0.2]] * 64, cost, 8192).T == 1
+    assert choose([[0.99] * 4] * 64, cost, 8192).T == 5  # near-certain drafts: 4.96 / 3.3 > 1
+
+
+def test_stale_or_unmeasured_shapes_are_probed_sparingly():
+    conf = [[0.9, 0.6, 0.4, 0.2]] * 8
+    cost = _measured({8: 0.010}, {(8, 5): 0.040, (8, 3): 0.035, (8, 2): 0.030})
+    assert choose(conf, cost, 8192, step=10, last_probe=-1000).T == 1  # measured recently: no probe
+    old = 1 + PROBE_AGE + 1
+    c = choose(conf, cost, 8192, step=old, last_probe=old - PROBE_GAP)
+    assert c.probe and c.T == 5  # measured long ago: probed (the widest shape with drafts)
+    assert choose(conf, cost, 8192, step=old, last_probe=old - 1).T == 1  # at most one per PROBE_GAP
+    fresh = _measured({8: 0.010}, {})  # verify never measured: the fit's prior says no (slope 10)
+    fresh.slope = 10.0
+    fresh.fits["verify"].slope = fresh.fits["decode"].slope = 10.0
+    assert choose(conf, fresh, 8192, step=5, last_probe=5).T == 1
+    assert choose(conf, fresh, 8192, step=5 + PROBE_GAP, last_probe=5).probe
+    assert choose([[]] * 8, cost, 8192, step=old, last_probe=-1000).T == 1  # nothing to draft: no probe
+
+
+class _Synthetic(CostModel):
+    """Step times from formulas, measurements ignored, every shape measured just now."""
+
+    def __init__(self, decode, verify):
+        super().__init__(0.005)
+        self.decode, self.verify = decode, verify
+
+    def observe(self, *a, **k):
+        pass
+
+    def measured(self, path, B, T):
+        t = StepTime()
+        t.samples, t.last = 2, 1 << 40
+        return t
+
+    def step_seconds(self, path, B, T):
+        return self.decode(B) if path == "decode" else self.verify(B, width_bucket(T))
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder, monkeypatch_session):
+    return LLM(tiny_folder[0], dtype="float32", device="cpu", seed=0)
+
+
+def test_engine_falls_back_to_plain_decode_when_verify_does_not_pay(tiny):
+    prompts = [[1, 5, 9, 5, 9], [1, 7, 7, 7, 7], [1, 300, 301], [1, 42, 43, 44]]
+    params = [SamplingParams(temperature=0 if i % 2 else 0.9, seed=i, max_tokens=24, json_schema=SCHEMA)
+              for i in range(4)]  # fmt: skip
+    tiny.dspark = DSpark(False)
+    base = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+    runs = {}
+    for name, verify in (
+        ("costly", lambda B, T: 0.001 * (1 + T)),
+        ("cheap", lambda B, T: 0.001 * (1 + 0.01 * T)),
+    ):
+        d = tiny.dspark = DSpark(True)
+        d._cost = _Synthetic(lambda B: 0.001, verify)
+        outs = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+        assert outs == base, name  # lossless either way
+        runs[name] = d.stats
+    assert runs["costly"].verify_steps == 0 and runs["costly"].decode_steps > 0
+    assert runs["cheap"].verify_steps > 0 and sum(runs["cheap"].accepted) > 0
+
+
+def test_may_pay_upper_bound_and_realized_tokens():
+    """Drafting is skipped before any draft is made when no verify shape can beat a plain step
+    even with every draft accepted, or (once measured) at the bucket's realized tokens."""
+    cost = _measured({64: 0.012}, {(64, 2): 0.030, (64, 3): 0.040, (64, 5): 0.065, (64, 9): 0.120})
+    assert not cost.may_pay(64, 8, 1 << 20)  # even B * T tokens: 9 / (0.120 / 0.012) < 1
+    cost = _measured({64: 0.012}, {(64, 2): 0.016, (64, 3): 0.020, (64, 5): 0.030, (64, 9): 0.050})
+    assert cost.may_pay(64, 8, 1 << 20)  # all accepted at T = 9: 9 / 4.2 > 1
+    assert not cost.may_pay(64, 8, 64)  # the token budget allows no verify shape
+    for _ in range(YIELD_MIN):  # verify steps at batch 64 realized 1.1 tokens a row, expected 3
+        cost.observe_tokens(64, 64 * 3.0, 64 * 1.1)
+    assert cost.realized_per_row(64) == pytest.approx(1.1)
+    assert not cost.may_pay(64, 8, 1 << 20)  # 1 + 1.5 * 0.1 = 1.15 a row cannot pay
+    assert cost.may_pay(8, 8, 1 << 20) or cost.realized_per_row(8) is None  # other buckets unaffected
+
+
+def test_choose_calibrates_confidence_by_realized_tokens():
+    conf = [[0.9, 0.6, 0.4, 0.2]] * 8  # 2.1 expected extra a row at T = 5
+    cost = _measured({8: 0.010}, {(8, 5): 0.020, (8, 3): 0.019, (8, 2): 0.018})
+    c = choose(conf, cost, 8192)
+    assert c.T == 5 and c.expected == pytest.approx(8 + 8 * 2.1)
+    for _ in range(YIELD_MIN):  # realized a quarter of the extra tokens expected
+        cost.observe_tokens(8, 8 * 3.1, 8 * (1 + 2.1 / 4))
+    assert cost.calibration(8) == pytest.approx(0.25)
+    assert choose(conf, cost, 8192).T == 1  # (1 + 0.525) / 2 < 1: plain decode
+
+
+def test_plain_steps_make_no_drafts_and_take_the_off_path(tiny, monkeypatch):
+    """A step where drafting cannot pay calls no draft source and runs ``runner.decode`` exactly
+    as the off mode does (same call count, same rows); outputs are identical."""
+    import deepinfer.dspark.dspark as dspark_mod
+
+    prompts = [[1, 5, 9, 5, 9], [1, 7, 7, 7, 7], [1, 300, 301], [1, 42, 43, 44]]
+    params = [SamplingParams(temperature=0 if i % 2 else 0.9, seed=i, max_tokens=16, json_schema=SCHEMA)
+              for i in range(4)]  # fmt: skip
+    calls = {"decode": [], "propose": 0}
+    decode = tiny.runner.decode
+
+    def counted_decode(seqs):
+        calls["decode"].append(len(seqs))
+        return decode(seqs)
+
+    real_propose = dspark_mod.propose
+
+    def counted_propose(*a, **k):
+        calls["propose"] += 1
+        return real_propose(*a, **k)
+
+    monkeypatch.setattr(tiny.runner, "decode", counted_decode)
+    monkeypatch.setattr(dspark_mod, "propose", counted_propose)
+    tiny.dspark = DSpark(False)
+    base = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+    off_decodes, calls["decode"] = calls["decode"], []
+    assert calls["propose"] == 0
+    d = tiny.dspark = DSpark(True)
+    d._cost = _Synthetic(lambda B: 0.001, lambda B, T: 0.001 * 2 * T)  # all accepted: T / 2T < 1
+    d._last_probe = 1 << 30  # no probe due during the run
+    outs = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
+    assert outs == base
+    assert calls["propose"] == 0 and d.stats.drafting_steps == 0 and d.stats.verify_steps == 0
+    assert d.stats.skipped >= d.stats.decode_steps - 1 > 0  # the last: no room for a draft at all
+    assert calls["decode"] == off_decodes  # the off mode's decode path, step for step
+    # a probe is still due now and then: then it drafts
+    d = tiny.dspark = DSpark(True)
+    d._cost = _Synthetic(lambda B: 0.001, lambda B, T: 0.001 * 2 * T)
+    assert [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)] == base
+    assert calls["propose"] > 0 and d.stats.drafting_steps >= 1

@@ -1,0 +1,139 @@
+"""The engine core API on the tiny random-weight model: add_request / step / abort_request /
+has_unfinished_requests, against generate()."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.dspark import DSpark
+
+REGEX = r"(alpha|beta) forced text, then [0-9]{3} and done"
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_folder, monkeypatch_session):
+    return LLM(tiny_folder[0], dtype="float32", device="cpu", seed=0, max_num_seqs=4)
+
+
+def _requests():
+    prompts = [[1, 5, 9], [1, 7, 7, 7, 7], "hello there", [1, 300, 301], [1, 42], [1, 8, 8]]
+    params = [
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=9, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=30, regex=REGEX),
+        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=7, max_tokens=20, regex=REGEX),
+        SamplingParams(regex="(unclosed"),  # fails to compile: this request only
+    ]
+    return prompts, params
+
+
+def _key(o):
+    return o.token_ids, o.finish_reason, o.text, o.error, o.stop_reason
+
+
+def _drain(llm) -> dict:
+    got = {}
+    while llm.has_unfinished_requests():
+        for o in llm.step():
+            assert o.finished and o.request_id not in got
+            got[o.request_id] = o
+    return got
+
+
+@pytest.mark.parametrize("dspark", [False, {"schedule": "fixed"}], ids=["plain", "dspark"])
+def test_step_loop_equals_generate(llm, dspark):
+    prompts, params = _requests()
+    llm.dspark = DSpark(dspark)
+    want = llm.generate(prompts, params, use_tqdm=False)
+    assert want[-1].finish_reason == "error" and want[2].error is None
+    llm.dspark = DSpark(dspark)
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+    assert len(set(ids)) == len(ids) and llm.has_unfinished_requests()
+    got = _drain(llm)
+    assert sorted(got, key=ids.index) == ids
+    assert [_key(got[i]) for i in ids] == [_key(o) for o in want]
+    assert not llm.has_unfinished_requests() and llm.step() == []
+
+
+def test_requests_added_between_steps_join_the_running_batch(llm):
+    prompts, params = _requests()
+    llm.dspark = DSpark(False)
+    want = llm.generate(prompts[:5], params[:5], use_tqdm=False)
+    first = [llm.add_request(p, sp) for p, sp in zip(prompts[:2], params[:2])]
+    got = {}
+    for o in llm.step() + llm.step() + llm.step():  # a prefill, then decode steps
+        got[o.request_id] = o
+    assert len(llm.scheduler.running) == 2
+    later = [llm.add_request(p, sp) for p, sp in zip(prompts[2:5], params[2:5])]
+    outs = llm.step()  # admits two of the three (max_num_seqs=4) while the first two run
+    assert not outs and len(llm.scheduler.running) == 4 and len(llm.scheduler.waiting) == 1
+    got.update(_drain(llm))
+    assert [_key(got[i]) for i in first + later] == [_key(o) for o in want]
+
+
+def test_abort_waiting_and_running(llm):
+    prompts, params = _requests()
+    llm.dspark = DSpark(False)
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ids = [llm.add_request([1, 5, 9 + i], long) for i in range(6)]  # 4 run, 2 wait
+    llm.step()
+    llm.step()
+    running = [s.request_id for s in llm.scheduler.running]
+    assert running == ids[:4]
+    llm.abort_request(ids[1])  # running: its slot is free for the next admission
+    llm.abort_request(ids[5])  # waiting
+    llm.abort_request("no such request")  # no-op
+    outs = {o.request_id: o for o in llm.step()}  # request 4 is admitted into slot 1
+    assert set(outs) == {ids[1], ids[5]}
+    assert (
+        outs[ids[1]].finish_reason == "abort" and len(outs[ids[1]].token_ids) == 2 and not outs[ids[1]].valid
+    )
+    assert outs[ids[5]].finish_reason == "abort" and outs[ids[5]].token_ids == []
+    assert [s.slot for s in llm.scheduler.running if s.request_id == ids[4]] == [1]
+    rest = _drain(llm)
+    assert sorted(rest) == [ids[0], ids[2], ids[3], ids[4]]
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 40 for o in rest.values())
+    # the survivors' tokens are those they get alone
+    alone = llm.generate([[1, 5, 9], [1, 5, 13]], long, use_tqdm=False)
+    assert rest[ids[0]].token_ids == alone[0].token_ids and rest[ids[4]].token_ids == alone[1].token_ids
+
+
+def test_streamed_partial_outputs_and_request_ids(llm):
+    llm.dspark = DSpark(False)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    rid = llm.add_request([1, 5, 9], sp, request_id="mine", stream=True)
+    assert rid == "mine"
+    with pytest.raises(ValueError, match="already in use"):
+        llm.add_request([1, 2], sp, request_id="mine")
+    with pytest.raises(RuntimeError):
+        llm.generate([[1, 2]], sp, use_tqdm=False)  # generate() runs its own requests only
+    seen = []
+    while llm.has_unfinished_requests():
+        seen += llm.step()
+    assert [o.finished for o in seen] == [False] * 5 + [True]
+    assert [len(o.token_ids) for o in seen] == [1, 2, 3, 4, 5, 6]
+    assert all(o.finish_reason is None for o in seen[:-1]) and seen[-1].finish_reason == "length"
+    assert seen[-1].token_ids[:5] == seen[-2].token_ids
+    assert llm.generate([[1, 5, 9]], sp, use_tqdm=False)[0].token_ids == seen[-1].token_ids
+
+
+def test_generate_interrupted_leaves_nothing_behind(llm, monkeypatch):
+    llm.dspark = DSpark(False)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    calls = {"n": 0}
+    decode = llm.runner.decode
+
+    def failing(seqs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return decode(seqs)
+
+    monkeypatch.setattr(llm.runner, "decode", failing)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[1, 5, 9], [1, 7]], sp, use_tqdm=False)
+    assert not llm.has_unfinished_requests() and not llm.scheduler.has_unfinished()
+    monkeypatch.undo()
+    assert len(llm.generate([[1, 5, 9]], sp, use_tqdm=False)[0].token_ids) == 8
