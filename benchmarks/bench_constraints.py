@@ -28,8 +28,14 @@ from __future__ import annotations
 import os
 
 # One thread everywhere, set before any engine is imported (workers inherit the env).
-for _var in ("RAYON_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS",
-             "OPENBLAS_NUM_THREADS", "TORCH_NUM_THREADS"):
+for _var in (
+    "RAYON_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "TORCH_NUM_THREADS",
+):
     os.environ[_var] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -81,8 +87,11 @@ class _Engine:
         return ""
 
     def warmup(self) -> None:
-        schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
-                  "required": ["a"]}
+        schema = {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+            "required": ["a"],
+        }
         c = self.compile(schema)
         m = self.matcher(c)
         self.fill(m)
@@ -110,8 +119,9 @@ class DeepInferEngine(_Engine):
         try:
             import subprocess
 
-            return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                  text=True, timeout=5).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
         except Exception:  # noqa: BLE001
             return ""
 
@@ -194,7 +204,9 @@ class XGrammarEngine(_Engine):
             return self.compiler.compile_json_schema(
                 json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=self.strict
             )
-        return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=True, strict_mode=self.strict)
+        return self.compiler.compile_json_schema(
+            json.dumps(schema), any_whitespace=True, strict_mode=self.strict
+        )
 
     def matcher(self, compiled):
         return self.xgr.GrammarMatcher(compiled)
@@ -552,8 +564,16 @@ def prepare(schemas, tok) -> list[dict]:
                 vmeta.append({"text": text, "offs": offs, "keys": key_spans(text)})
             else:
                 invalid.append(ids)
-        jobs.append({"name": name, "schema": d["schema"], "valid": valid, "invalid": invalid,
-                     "vmeta": vmeta, "size": len(json.dumps(d["schema"]))})
+        jobs.append(
+            {
+                "name": name,
+                "schema": d["schema"],
+                "valid": valid,
+                "invalid": invalid,
+                "vmeta": vmeta,
+                "size": len(json.dumps(d["schema"])),
+            }
+        )
     return jobs
 
 
@@ -608,24 +628,59 @@ def summarize(results: dict[str, dict], jobs: list[dict], names: set[str] | None
         "compile": (pct(comp, 50), pct(comp, 90), comp.max() if len(comp) else float("nan")),
         "ttfm": (pct(ttfm, 50), pct(ttfm, 90)),
         "first_mask": pct(fm, 50),
-        "mask": (masks.mean() if len(masks) else float("nan"), pct(masks, 50), pct(masks, 99),
-                 masks.max() if len(masks) else float("nan")),
+        "mask": (
+            masks.mean() if len(masks) else float("nan"),
+            pct(masks, 50),
+            pct(masks, 99),
+            masks.max() if len(masks) else float("nan"),
+        ),
         "accept": (pct(accs, 50), pct(accs, 99)),
         "warm": (pct(warm, 50), pct(warm, 99)),
         "n_masks": len(masks),
-        "fr": fr, "fr_key": fr_key, "mism": mism, "fa": fa, "nvalid": nvalid, "ninvalid": ninvalid,
+        "fr": fr,
+        "fr_key": fr_key,
+        "mism": mism,
+        "fa": fa,
+        "nvalid": nvalid,
+        "ninvalid": ninvalid,
     }
 
 
 def print_table(title: str, rows: list[tuple[str, dict, dict]], total: int) -> list[str]:
-    head = ["engine", "compiled", "compile p50", "p90", "max", "1st mask p50", "TTFM p50",
-            "mask mean", "p50", "p99", "max", "2nd pass p50", "p99", "accept p50", "p99",
-            "false rej (at key)", "false acc"]
-    lines = [[name, f"{s['n_ok']}/{total}", *(fmt_t(x) for x in s["compile"]), fmt_t(s["first_mask"]),
-              fmt_t(s["ttfm"][0]), *(fmt_t(x) for x in s["mask"]), *(fmt_t(x) for x in s["warm"]),
-              *(fmt_t(x) for x in s["accept"]),
-              f"{s['fr']}/{s['nvalid']} ({s['fr_key']})", f"{s['fa']}/{s['ninvalid']}"]
-             for name, s, _ in rows]
+    head = [
+        "engine",
+        "compiled",
+        "compile p50",
+        "p90",
+        "max",
+        "1st mask p50",
+        "TTFM p50",
+        "mask mean",
+        "p50",
+        "p99",
+        "max",
+        "2nd pass p50",
+        "p99",
+        "accept p50",
+        "p99",
+        "false rej (at key)",
+        "false acc",
+    ]
+    lines = [
+        [
+            name,
+            f"{s['n_ok']}/{total}",
+            *(fmt_t(x) for x in s["compile"]),
+            fmt_t(s["first_mask"]),
+            fmt_t(s["ttfm"][0]),
+            *(fmt_t(x) for x in s["mask"]),
+            *(fmt_t(x) for x in s["warm"]),
+            *(fmt_t(x) for x in s["accept"]),
+            f"{s['fr']}/{s['nvalid']} ({s['fr_key']})",
+            f"{s['fa']}/{s['ninvalid']}",
+        ]
+        for name, s, _ in rows
+    ]
     out = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in lines]
     return out
@@ -633,12 +688,17 @@ def print_table(title: str, rows: list[tuple[str, dict, dict]], total: int) -> l
 
 def ratio_table(peers: dict[str, dict], results: dict[str, dict], jobs) -> list[str]:
     """deepinfer ÷ peer on the schemas both compiled (< 1: deepinfer is faster)."""
-    out = ["", "deepinfer ÷ peer, on the schemas both compiled (below 1 = deepinfer faster):", "",
-           "| vs | common schemas | compile p50 | TTFM p50 | 1st mask p50 | mask mean | mask p50 | mask p99 |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "",
+        "deepinfer ÷ peer, on the schemas both compiled (below 1 = deepinfer faster):",
+        "",
+        "| vs | common schemas | compile p50 | TTFM p50 | 1st mask p50 | mask mean | mask p50 | mask p99 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for peer, pres in peers.items():
         common = {n for n, r in results.items() if r["status"] == "ok"} & {
-            n for n, r in pres.items() if r["status"] == "ok"}
+            n for n, r in pres.items() if r["status"] == "ok"
+        }
         if not common:
             continue
         a, b = summarize(results, jobs, common), summarize(pres, jobs, common)
@@ -646,38 +706,53 @@ def ratio_table(peers: dict[str, dict], results: dict[str, dict], jobs) -> list[
         def r(x, y):
             return f"{x / y:.2f}×" if y and y == y and x == x else "–"
 
-        out.append(f"| {peer} | {len(common)} | {r(a['compile'][0], b['compile'][0])} | "
-                   f"{r(a['ttfm'][0], b['ttfm'][0])} | {r(a['first_mask'], b['first_mask'])} | "
-                   f"{r(a['mask'][0], b['mask'][0])} | {r(a['mask'][1], b['mask'][1])} | "
-                   f"{r(a['mask'][2], b['mask'][2])} |")
+        out.append(
+            f"| {peer} | {len(common)} | {r(a['compile'][0], b['compile'][0])} | "
+            f"{r(a['ttfm'][0], b['ttfm'][0])} | {r(a['first_mask'], b['first_mask'])} | "
+            f"{r(a['mask'][0], b['mask'][0])} | {r(a['mask'][1], b['mask'][1])} | "
+            f"{r(a['mask'][2], b['mask'][2])} |"
+        )
     return out
 
 
 def reasons(results: dict[str, dict], top: int = 8) -> list[str]:
     c = collections.Counter(r["reason"] for r in results.values() if r["status"] != "ok")
     return [f"    {n:4d}  {why}" for why, n in c.most_common(top)] + (
-        [f"    ({len(c) - top} more reasons)"] if len(c) > top else [])
+        [f"    ({len(c) - top} more reasons)"] if len(c) > top else []
+    )
 
 
 def analysis(results: dict[str, dict], jobs: list[dict], n: int = 5) -> list[str]:
     """Where deepinfer spends its time: slowest compiles in phases, worst mask p99s."""
     by_name = {j["name"]: j for j in jobs}
     ok = [k for k, r in results.items() if r["status"] == "ok"]
-    out = ["", f"deepinfer: the {n} slowest schemas to first mask (TTFM), phases redone cold:", "",
-           "| schema | bytes | TTFM | compile | front end | automaton | join | first mask | rules | states |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "",
+        f"deepinfer: the {n} slowest schemas to first mask (TTFM), phases redone cold:",
+        "",
+        "| schema | bytes | TTFM | compile | front end | automaton | join | first mask | rules | states |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for k in sorted(ok, key=lambda k: -results[k]["ttfm_s"])[:n]:
         r, p = results[k], results[k].get("phases") or {}
         if "error" in p:
-            out.append(f"| {k} | {by_name[k]['size']} | {fmt_t(r['ttfm_s'])} | {fmt_t(r['compile_s'])} | "
-                       f"phases failed: {p['error']} |||||")
+            out.append(
+                f"| {k} | {by_name[k]['size']} | {fmt_t(r['ttfm_s'])} | {fmt_t(r['compile_s'])} | "
+                f"phases failed: {p['error']} |||||"
+            )
             continue
-        out.append(f"| {k} | {by_name[k]['size']} | {fmt_t(r['ttfm_s'])} | {fmt_t(r['compile_s'])} | "
-                   f"{fmt_t(p.get('front_end'))} | {fmt_t(p.get('automaton'))} | {fmt_t(p.get('join'))} | "
-                   f"{fmt_t(p.get('first_mask'))} | {p.get('rules', '–')} | {p.get('states', '–')} |")
-    out += ["", f"deepinfer: the {n} schemas with the worst per-token mask p99:", "",
-            "| schema | bytes | masks | p50 | p99 | max | > 100 µs | 2nd pass p99 | states | slowest mask: after … |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+        out.append(
+            f"| {k} | {by_name[k]['size']} | {fmt_t(r['ttfm_s'])} | {fmt_t(r['compile_s'])} | "
+            f"{fmt_t(p.get('front_end'))} | {fmt_t(p.get('automaton'))} | {fmt_t(p.get('join'))} | "
+            f"{fmt_t(p.get('first_mask'))} | {p.get('rules', '–')} | {p.get('states', '–')} |"
+        )
+    out += [
+        "",
+        f"deepinfer: the {n} schemas with the worst per-token mask p99:",
+        "",
+        "| schema | bytes | masks | p50 | p99 | max | > 100 µs | 2nd pass p99 | states | slowest mask: after … |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     scored = [(pct(results[k]["masks_ns"], 99), k) for k in ok if len(results[k]["masks_ns"])]
     for p99, k in sorted(scored, reverse=True)[:n]:
         m = results[k]["masks_ns"]
@@ -686,12 +761,14 @@ def analysis(results: dict[str, dict], jobs: list[dict], n: int = 5) -> list[str
             _, inst, ti = results[k]["slowest"][0]
             meta = by_name[k]["vmeta"][inst]
             cut = meta["offs"][min(ti, len(meta["offs"]) - 1)]
-            ctx = meta["text"].encode()[max(0, cut - 24):cut].decode("utf-8", "replace")
+            ctx = meta["text"].encode()[max(0, cut - 24) : cut].decode("utf-8", "replace")
             ctx = "`" + ctx.replace("|", "\\|").replace("`", "'") + "`"
-        out.append(f"| {k} | {by_name[k]['size']} | {len(m)} | {fmt_t(pct(m, 50) / 1e9)} | {fmt_t(p99 / 1e9)} | "
-                   f"{fmt_t(m.max() / 1e9)} | {int((m > 100_000).sum())} | "
-                   f"{fmt_t(pct(results[k]['masks_warm_ns'], 99) / 1e9)} | "
-                   f"{(results[k].get('phases') or {}).get('states', '–')} | {ctx} |")
+        out.append(
+            f"| {k} | {by_name[k]['size']} | {len(m)} | {fmt_t(pct(m, 50) / 1e9)} | {fmt_t(p99 / 1e9)} | "
+            f"{fmt_t(m.max() / 1e9)} | {int((m > 100_000).sum())} | "
+            f"{fmt_t(pct(results[k]['masks_warm_ns'], 99) / 1e9)} | "
+            f"{(results[k].get('phases') or {}).get('states', '–')} | {ctx} |"
+        )
     slow_c = sorted(((r["compile_s"], k) for k, r in results.items() if r["status"] == "ok"), reverse=True)
     over = [k for c, k in slow_c if c > 2.0]
     if over:
@@ -709,8 +786,11 @@ def false_lists(name: str, results: dict[str, dict], jobs: list[dict], limit: in
             if res is not None and len(out) < limit:
                 cut = meta["offs"][min(res[0], len(meta["offs"]) - 1)]
                 b = meta["text"].encode()
-                ctx = b[max(0, cut - 30):cut].decode("utf-8", "replace") + " ⟦" + \
-                    b[cut:cut + 20].decode("utf-8", "replace")
+                ctx = (
+                    b[max(0, cut - 30) : cut].decode("utf-8", "replace")
+                    + " ⟦"
+                    + b[cut : cut + 20].decode("utf-8", "replace")
+                )
                 out.append(f"    FR {k}: {res[1]} at token {res[0]}: …{ctx!r}")
         nfa = sum(bool(x) for x in r["invalid"])
         if nfa and len(out) < 2 * limit:
@@ -722,24 +802,39 @@ def false_lists(name: str, results: dict[str, dict], jobs: list[dict], limit: in
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tokenizer", choices=("smollm2", "llama3", "both"), default="smollm2")
-    ap.add_argument("--engines", default=",".join(ENGINES),
-                    help="comma-separated subset of " + ",".join(ENGINES))
+    ap.add_argument(
+        "--engines", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES)
+    )
     ap.add_argument("--limit", type=int, default=None, help="a seeded sample of N schemas (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default=None, help="regex on schema file names")
-    ap.add_argument("--data", default=DEFAULT_DATA, metavar="DIR",
-                    help=f"the MaskBench schemas (default: ${DATA_ENV}/maskbench-dev)")
+    ap.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        metavar="DIR",
+        help=f"the MaskBench schemas (default: ${DATA_ENV}/maskbench-dev)",
+    )
     ap.add_argument("--timeout", type=float, default=10.0, help="per-schema limit for outlines-core (s)")
     ap.add_argument("--engine-timeout", type=float, default=60.0, help="per-schema limit for the others (s)")
     ap.add_argument("--whitespace", choices=("compact", "flexible"), default="compact")
-    ap.add_argument("--lenient", action="store_true", help="deepinfer/llguidance: relax unenforceable keywords")
-    ap.add_argument("--xgrammar-strict", action="store_true",
-                    help="xgrammar strict_mode=True (its default): undeclared properties/items forbidden")
-    ap.add_argument("--outlines-max-bytes", type=int, default=20_000,
-                    help="skip outlines-core on schemas larger than this (counted as not compiled)")
+    ap.add_argument(
+        "--lenient", action="store_true", help="deepinfer/llguidance: relax unenforceable keywords"
+    )
+    ap.add_argument(
+        "--xgrammar-strict",
+        action="store_true",
+        help="xgrammar strict_mode=True (its default): undeclared properties/items forbidden",
+    )
+    ap.add_argument(
+        "--outlines-max-bytes",
+        type=int,
+        default=20_000,
+        help="skip outlines-core on schemas larger than this (counted as not compiled)",
+    )
     ap.add_argument("--details", action="store_true", help="list false rejections / acceptances")
     ap.add_argument("--verbose", action="store_true", help="keep xgrammar's C++ warnings")
     ap.add_argument("--json-out", default=None, help="write per-schema results here")
@@ -755,11 +850,16 @@ def main(argv=None) -> int:
     toks = ["smollm2", "llama3"] if args.tokenizer == "both" else [args.tokenizer]
     if args.data is None or not os.path.isdir(args.data):
         where = args.data or f"${DATA_ENV}/maskbench-dev (${DATA_ENV} is not set)"
-        ap.error(f"no MaskBench schemas at {where}: pass --data DIR or set {DATA_ENV} to the folder holding "
-                 "maskbench-dev/")
+        ap.error(
+            f"no MaskBench schemas at {where}: pass --data DIR or set {DATA_ENV} to the folder holding "
+            "maskbench-dev/"
+        )
     schemas = load_schemas(args.data, args.limit, args.seed, args.only)
-    print(f"# {len(schemas)} schemas from {args.data}; engines: {', '.join(engines)}; "
-          f"whitespace={args.whitespace}; 1 thread; python {sys.version.split()[0]}", flush=True)
+    print(
+        f"# {len(schemas)} schemas from {args.data}; engines: {', '.join(engines)}; "
+        f"whitespace={args.whitespace}; 1 thread; python {sys.version.split()[0]}",
+        flush=True,
+    )
     report: list[str] = []
     dump: dict = {}
     for tname in toks:
@@ -768,11 +868,20 @@ def main(argv=None) -> int:
         jobs = prepare(schemas, tok)
         nv, ni = sum(len(j["valid"]) for j in jobs), sum(len(j["invalid"]) for j in jobs)
         ntok = sum(len(x) for j in jobs for x in j["valid"])
-        print(f"\n## {tname}: {tok.vocab_size:,} tokens ({tok.source}); {nv} valid instances "
-              f"({ntok:,} tokens), {ni} invalid; tokenized in {time.time() - t0:.1f} s", flush=True)
-        cfg = {"tokenizer_json": tok.json, "token_bytes": tok.token_bytes, "eos_id": tok.eos_id,
-               "whitespace": args.whitespace, "lenient": args.lenient, "xgrammar_strict": args.xgrammar_strict,
-               "verbose": args.verbose}
+        print(
+            f"\n## {tname}: {tok.vocab_size:,} tokens ({tok.source}); {nv} valid instances "
+            f"({ntok:,} tokens), {ni} invalid; tokenized in {time.time() - t0:.1f} s",
+            flush=True,
+        )
+        cfg = {
+            "tokenizer_json": tok.json,
+            "token_bytes": tok.token_bytes,
+            "eos_id": tok.eos_id,
+            "whitespace": args.whitespace,
+            "lenient": args.lenient,
+            "xgrammar_strict": args.xgrammar_strict,
+            "verbose": args.verbose,
+        }
         all_res: dict[str, dict[str, dict]] = {}
         rows = []
         for eng in engines:
@@ -785,10 +894,17 @@ def main(argv=None) -> int:
             res: dict[str, dict] = {}
             for k, job in enumerate(jobs):
                 if eng == "outlines" and job["size"] > args.outlines_max_bytes:
-                    res[job["name"]] = {"status": "skipped", "reason": f"schema over {args.outlines_max_bytes} bytes"}
+                    res[job["name"]] = {
+                        "status": "skipped",
+                        "reason": f"schema over {args.outlines_max_bytes} bytes",
+                    }
                     continue
-                payload = {"schema": job["schema"], "valid": job["valid"], "invalid": job["invalid"],
-                           "phases": eng == "deepinfer"}
+                payload = {
+                    "schema": job["schema"],
+                    "valid": job["valid"],
+                    "invalid": job["invalid"],
+                    "phases": eng == "deepinfer",
+                }
                 limit = args.timeout if eng == "outlines" else args.engine_timeout
                 res[job["name"]] = w.run(payload, limit)
                 if (k + 1) % 25 == 0:
@@ -797,19 +913,26 @@ def main(argv=None) -> int:
             all_res[eng] = res
             s = summarize(res, jobs)
             rows.append((eng, s, w.info))
-            print(f"  {eng} {w.info.get('version', '')}: vocabulary init {w.info['init_s']:.2f} s; "
-                  f"{s['n_ok']}/{len(jobs)} compiled in {time.time() - t_e:.0f} s", flush=True)
+            print(
+                f"  {eng} {w.info.get('version', '')}: vocabulary init {w.info['init_s']:.2f} s; "
+                f"{s['n_ok']}/{len(jobs)} compiled in {time.time() - t_e:.0f} s",
+                flush=True,
+            )
             rs = reasons(res)
             if rs:
                 print("  not compiled, by reason:\n" + "\n".join(rs), flush=True)
             if args.details:
                 print("\n".join(false_lists(eng, res, jobs)), flush=True)
-        title = (f"{tname} ({tok.vocab_size:,} tokens), {len(jobs)} schemas, {nv} valid / {ni} invalid "
-                 f"instances, whitespace={args.whitespace}")
+        title = (
+            f"{tname} ({tok.vocab_size:,} tokens), {len(jobs)} schemas, {nv} valid / {ni} invalid "
+            f"instances, whitespace={args.whitespace}"
+        )
         lines = print_table(title, rows, len(jobs))
         lines.append("")
-        lines.append("vocabulary init (once per tokenizer): " + ", ".join(
-            f"{e} {info['init_s']:.2f} s" for e, _, info in rows))
+        lines.append(
+            "vocabulary init (once per tokenizer): "
+            + ", ".join(f"{e} {info['init_s']:.2f} s" for e, _, info in rows)
+        )
         if "deepinfer" in all_res:
             peers = {p: all_res[p] for p in PEERS if p in all_res}
             if peers:
@@ -817,8 +940,13 @@ def main(argv=None) -> int:
             lines += analysis(all_res["deepinfer"], jobs)
         print("\n" + "\n".join(lines), flush=True)
         report += [""] + lines
-        dump[tname] = {e: {k: {kk: (vv.tolist() if isinstance(vv, np.ndarray) else vv) for kk, vv in r.items()}
-                           for k, r in res.items()} for e, res in all_res.items()}
+        dump[tname] = {
+            e: {
+                k: {kk: (vv.tolist() if isinstance(vv, np.ndarray) else vv) for kk, vv in r.items()}
+                for k, r in res.items()
+            }
+            for e, res in all_res.items()
+        }
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(dump, fh)

@@ -109,8 +109,13 @@ def bench_cpu(args) -> None:
 
         def hf_gen(batch, n, ids):
             x = torch.tensor([ids] * batch)
-            kw = dict(attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                      pad_token_id=2)
+            kw = dict(
+                attention_mask=torch.ones_like(x),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=2,
+            )
             with torch.inference_mode():
                 return _timed(lambda: model.generate(x, **kw), args.repeat)
 
@@ -120,20 +125,33 @@ def bench_cpu(args) -> None:
             t1, tn = hf_gen(b, 1, dec_prompt), hf_gen(b, args.steps + 1, dec_prompt)
             hf[f"decode b={b}"] = b * args.steps / (tn - t1)
 
-    print(f"\nCPU, embedded SmolLM2-135M-Instruct (Q4_1 GGUF dequantized), {args.dtype}, "
-          f"{threads} torch thread(s), load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"\nCPU, embedded SmolLM2-135M-Instruct (Q4_1 GGUF dequantized), {args.dtype}, "
+        f"{threads} torch thread(s), load average {os.getloadavg()[0]:.1f}"
+    )
     rows = []
     for key, unit in [("load", "s"), ("prefill", "tok/s"), ("decode b=1", "tok/s"), ("decode b=8", "tok/s")]:
         label = f"prefill ({args.prompt_len}-token prompt)" if key == "prefill" else key
         o, h = ours[key], hf.get(key)
         ratio = "" if h is None else (f"{h / o:.2f}x faster" if unit == "s" else f"{o / h:.2f}x")
-        rows.append([f"{label} [{unit}]", f"{o:.2f}" if unit == "s" else f"{o:.1f}",
-                     "-" if h is None else (f"{h:.2f}" if unit == "s" else f"{h:.1f}"), ratio])
+        rows.append(
+            [
+                f"{label} [{unit}]",
+                f"{o:.2f}" if unit == "s" else f"{o:.1f}",
+                "-" if h is None else (f"{h:.2f}" if unit == "s" else f"{h:.1f}"),
+                ratio,
+            ]
+        )
     _table(["metric", "deepinfer", "transformers", "deepinfer vs transformers"], rows)
     if det:
         print("\nDeterministic mode (same process, same weights)")
-        _table(["metric", "default", "deterministic", "deterministic vs default"],
-               [[f"{k} [tok/s]", f"{ours[k]:.1f}", f"{det[k]:.1f}", f"{det[k] / ours[k] - 1:+.0%}"] for k in det])
+        _table(
+            ["metric", "default", "deterministic", "deterministic vs default"],
+            [
+                [f"{k} [tok/s]", f"{ours[k]:.1f}", f"{det[k]:.1f}", f"{det[k] / ours[k] - 1:+.0%}"]
+                for k in det
+            ],
+        )
 
 
 # -- CUDA: random weights at real shapes -----------------------------------------------------
@@ -142,9 +160,12 @@ def _random_weights(shape, device, dtype):
     g = torch.Generator(device=device).manual_seed(0)
 
     def rnd(*s):
-        return (torch.randn(*s, device=device, dtype=dtype, generator=g) * 0.02)
+        return torch.randn(*s, device=device, dtype=dtype, generator=g) * 0.02
 
-    w = {"model.embed_tokens.weight": rnd(V, H), "model.norm.weight": torch.ones(H, device=device, dtype=dtype)}
+    w = {
+        "model.embed_tokens.weight": rnd(V, H),
+        "model.norm.weight": torch.ones(H, device=device, dtype=dtype),
+    }
     if not tied:
         w["lm_head.weight"] = rnd(V, H)
     for i in range(L):
@@ -201,8 +222,10 @@ def _decode_seconds(runner, batch, args, device) -> float:
 
     runner.ensure_cache(batch, args.prompt_len + args.steps + 8)
     sp = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
-    seqs = [Sequence(i, None, list(range(1, args.prompt_len + 1)), sp, seed=0, eos_token_ids=(),
-                     max_len=4096) for i in range(batch)]
+    seqs = [
+        Sequence(i, None, list(range(1, args.prompt_len + 1)), sp, seed=0, eos_token_ids=(), max_len=4096)
+        for i in range(batch)
+    ]
     for i, s in enumerate(seqs):
         s.slot = i
     logits = runner.prefill(seqs)
@@ -227,23 +250,40 @@ def bench_cuda(args) -> None:
     modes = args.modes.split(",")
     if device.type != "cuda":  # the tiny check on CPU: no graphs, no Triton
         modes = [m for m in modes if m in ("eager", "deterministic")]
-    print(f"\n{dev_name}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, random weights, "
-          f"{args.steps} decode steps after a {args.prompt_len}-token prompt; modes: {', '.join(modes)}")
+    print(
+        f"\n{dev_name}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, random weights, "
+        f"{args.steps} decode steps after a {args.prompt_len}-token prompt; modes: {', '.join(modes)}"
+    )
     rows = []
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         L, H, I, nh, nkv, hd, V, tied, theta = shape
-        cfg = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
-                          num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
-                          max_position_embeddings=4096)
+        cfg = ModelConfig(
+            vocab_size=V,
+            hidden_size=H,
+            intermediate_size=I,
+            num_layers=L,
+            num_heads=nh,
+            num_kv_heads=nkv,
+            head_dim=hd,
+            rope_theta=theta,
+            tie_word_embeddings=tied,
+            max_position_embeddings=4096,
+        )
         weights = _random_weights(shape, device, dtype)
         model = LlamaModel(cfg, weights, dtype=dtype, device=device, max_len=args.prompt_len + args.steps + 8)
         del weights
-        weight_bytes = sum(t.numel() * t.element_size() for t in
-                           [model.lm_head] + [x for ly in model.layers for x in (ly.wqkv, ly.wo, ly.wgu, ly.wd)])
+        weight_bytes = sum(
+            t.numel() * t.element_size()
+            for t in [model.lm_head] + [x for ly in model.layers for x in (ly.wqkv, ly.wo, ly.wgu, ly.wd)]
+        )
         step = {}
         for mode in modes:
-            kw = MODES[mode] if device.type == "cuda" else {k: v for k, v in MODES[mode].items() if k != "cuda_graphs"}
+            kw = (
+                MODES[mode]
+                if device.type == "cuda"
+                else {k: v for k, v in MODES[mode].items() if k != "cuda_graphs"}
+            )
             runner = ModelRunner(model, **kw)
             for batch in (1, 16, 64):
                 try:
@@ -262,7 +302,9 @@ def bench_cuda(args) -> None:
             # at the copy's rate (bytes read + written per second: what HBM moves in all)
             kv_bytes = batch * (args.prompt_len + args.steps / 2) * L * 2 * nkv * hd * 2
             floor = (weight_bytes + kv_bytes) / bw
-            best = min((step[m, batch] for m in modes if step[m, batch] == step[m, batch]), default=float("nan"))
+            best = min(
+                (step[m, batch] for m in modes if step[m, batch] == step[m, batch]), default=float("nan")
+            )
             row = [name, batch] + [f"{step[m, batch] * 1e3:.2f}" for m in modes]
             row += [f"{batch / best:.0f}", f"{floor * 1e3:.3f}", f"{floor / best:.0%}"]
             if "graphs" in modes and "deterministic" in modes:
@@ -271,7 +313,11 @@ def bench_cuda(args) -> None:
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    header = ["shape", "batch"] + [f"{m} ms/step" for m in modes] + ["best tok/s", "floor ms/step", "best of floor"]
+    header = (
+        ["shape", "batch"]
+        + [f"{m} ms/step" for m in modes]
+        + ["best tok/s", "floor ms/step", "best of floor"]
+    )
     if "graphs" in modes and "deterministic" in modes:
         header.append("deterministic tok/s vs graphs")
     _table(header, rows)

@@ -77,7 +77,9 @@ def workload(n: int, compile_fn, *, max_data: int = 400, max_schema: int = 1500,
     """n extraction tasks: {name, schema, data, text}; schemas that compile, data of modest size."""
     files = sorted(glob.glob(os.path.join(DATA, "maskbench-dev", "*.json"))) if DATA else []
     if not files:
-        sys.exit(f"no maskbench-dev/*.json under DEEPINFER_SHARED_DATA={DATA!r}: set it to the folder holding maskbench-dev/")
+        sys.exit(
+            f"no maskbench-dev/*.json under DEEPINFER_SHARED_DATA={DATA!r}: set it to the folder holding maskbench-dev/"
+        )
     random.Random(seed).shuffle(files)
     tasks, seen = [], set()
     for f in files:
@@ -85,7 +87,11 @@ def workload(n: int, compile_fn, *, max_data: int = 400, max_schema: int = 1500,
         schema = d.get("schema")
         data = next((t["data"] for t in d.get("tests", []) if t.get("valid") and isinstance(t.get("data"), dict)
                      and len(t["data"]) >= 2), None)  # fmt: skip
-        if data is None or not 40 <= len(json.dumps(data)) <= max_data or len(json.dumps(schema)) > max_schema:
+        if (
+            data is None
+            or not 40 <= len(json.dumps(data)) <= max_data
+            or len(json.dumps(schema)) > max_schema
+        ):
             continue
         if frozenset(data) in seen:  # one instance per record shape
             continue
@@ -145,7 +151,9 @@ def _acc(r: dict, source: int) -> str:
     return f"{r['accepted'][source]}/{r['drafted'][source]}" if r["drafted"][source] else "-"
 
 
-def greedy_by_argmax(logits, *, bitmask=None, indices=None, temperature, top_k, top_p, min_p, seed, step, **_):
+def greedy_by_argmax(
+    logits, *, bitmask=None, indices=None, temperature, top_k, top_p, min_p, seed, step, **_
+):
     """A drop-in ``LLM.sample_fn`` with the same tokens as ``kernels.sample`` that takes greedy
     rows by masked argmax. The CPU path of ``kernels.sample`` (the torch reference) hashes noise
     for and sorts the whole vocabulary on every row, greedy ones too: 11 ms a row at V = 49,152
@@ -174,10 +182,17 @@ def bench_cpu(args) -> None:
     msgs = [[{"role": "user", "content": prompt_text(t)}] for t in tasks]
     prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(m, True), add_special_tokens=False)
                for m in msgs]  # fmt: skip
-    params = [SamplingParams(temperature=0, max_tokens=args.max_tokens, json_schema=t["schema"]) for t in tasks]
-    print(f"workload: {len(tasks)} maskbench-dev instances, prompt tokens "
-          f"{min(map(len, prompts))}-{max(map(len, prompts))}, dtype {llm.dtype}, greedy", flush=True)
-    _generate(llm, prompts[:2], [p.__class__(**{**p.__dict__, "max_tokens": 8}) for p in params[:2]], True)  # warm-up
+    params = [
+        SamplingParams(temperature=0, max_tokens=args.max_tokens, json_schema=t["schema"]) for t in tasks
+    ]
+    print(
+        f"workload: {len(tasks)} maskbench-dev instances, prompt tokens "
+        f"{min(map(len, prompts))}-{max(map(len, prompts))}, dtype {llm.dtype}, greedy",
+        flush=True,
+    )
+    _generate(
+        llm, prompts[:2], [p.__class__(**{**p.__dict__, "max_tokens": 8}) for p in params[:2]], True
+    )  # warm-up
     modes = {"off": False, "DSpark": True}
     if args.fixed:  # every draft found verified, no confidence scheduling
         modes["DSpark fixed"] = {"schedule": "fixed"}
@@ -204,10 +219,26 @@ def bench_cpu(args) -> None:
                     "tokens_per_verify_step": r["emitted"] / max(r["verify_rows"], 1),
                 }
     sampler = "engine sampler" if args.reference_sampler else "greedy by argmax in both modes"
-    print(f"\nCPU, embedded SmolLM2-135M-Instruct, {llm.dtype}, greedy ({sampler}), max_tokens {args.max_tokens}, "
-          f"{len(prompts)} extraction prompts (maskbench-dev); decode tokens/s (prefill subtracted)")
-    _table(["batch", "mode", "tokens", "tok/s", "vs off", "tok/row-step", "tok/verify step",
-            "forced acc", "n-gram acc", "same output", "valid"], rows)
+    print(
+        f"\nCPU, embedded SmolLM2-135M-Instruct, {llm.dtype}, greedy ({sampler}), max_tokens {args.max_tokens}, "
+        f"{len(prompts)} extraction prompts (maskbench-dev); decode tokens/s (prefill subtracted)"
+    )
+    _table(
+        [
+            "batch",
+            "mode",
+            "tokens",
+            "tok/s",
+            "vs off",
+            "tok/row-step",
+            "tok/verify step",
+            "forced acc",
+            "n-gram acc",
+            "same output",
+            "valid",
+        ],
+        rows,
+    )
     trace["source"] = f"bench_dspark.py CPU run, {llm.dtype}, {len(prompts)} prompts"
     with open(args.trace, "w") as fh:
         json.dump(trace, fh, indent=1)
@@ -260,7 +291,9 @@ class Script:
             yield off, self.at[off]
         yield len(self.data), self.eos
         for off in range(pos, len(self.data)):  # then the text's characters one by one (a '"' that closes)
-            ids = self.tok.encode(chr(self.data[off]), add_special_tokens=False) if self.data[off] < 128 else []
+            ids = (
+                self.tok.encode(chr(self.data[off]), add_special_tokens=False) if self.data[off] < 128 else []
+            )
             if len(ids) == 1:
                 yield off, ids[0]
 
@@ -360,7 +393,9 @@ class Replay:
                 if i in rows:
                     row = host[i].numpy()
                     if not _allowed(row, t):
-                        t = sc.resync(pos, len(s.output_token_ids), lambda x, row=row: _allowed(row, x), s.constraint)
+                        t = sc.resync(
+                            pos, len(s.output_token_ids), lambda x, row=row: _allowed(row, x), s.constraint
+                        )
                 if t is None:
                     self.fallback_tokens += 1
                 else:
@@ -467,13 +502,17 @@ def _resync_after(s, sc: Script, accepted: list[int], pos: int) -> int | None:
         m.rollback(n)
 
 
-def scripts_for(tasks: list[dict], n: int, tokenizer, eos: int, outputs: dict | None = None) -> dict[int, Script]:
+def scripts_for(
+    tasks: list[dict], n: int, tokenizer, eos: int, outputs: dict | None = None
+) -> dict[int, Script]:
     """seed i -> the script of task i % len(tasks): the real model's recorded answer where the
     trace has one, else the record as JSON."""
     out = {}
     for i in range(n):
         task = tasks[i % len(tasks)]
-        text = (outputs or {}).get(task["name"]) or json.dumps(task["data"], ensure_ascii=False, separators=(",", ":"))
+        text = (outputs or {}).get(task["name"]) or json.dumps(
+            task["data"], ensure_ascii=False, separators=(",", ":")
+        )
         out[i] = Script(text, tokenizer, eos)
     return out
 
@@ -496,7 +535,9 @@ def bench_device(args) -> None:
                       num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
                       max_position_embeddings=4096)  # fmt: skip
     w = _random_weights(shapes[args.shape], torch.device(args.device), torch.bfloat16)
-    loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=f"random {args.shape}", eos_token_ids=eos)
+    loaded = LoadedModel(
+        config=cfg, weights=w, tokenizer=tok, source=f"random {args.shape}", eos_token_ids=eos
+    )
     llm = LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=max(args.batches), max_model_len=2048,
               seed=0)  # fmt: skip
     tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s)))
@@ -542,13 +583,32 @@ def bench_device(args) -> None:
                          f"{r['emitted'] / r['verify_rows']:.2f}" if r["verify_rows"] else "-",
                          f"{r['verify_rows']}/{r['rows']}", _acc(r, 0), _acc(r, 1), f"{valid}/{len(prompts)}"])  # fmt: skip
             print("  measured", rows[-1], flush=True)
-        print(f"  script tokens {replay.script_tokens}, sampler's where the mask refused the script "
-              f"{replay.fallback_tokens}", flush=True)
-    print(f"\n{args.device}, {args.shape} (random weights, bf16) writing the extraction answers, seeded sampling, "
-          f"max_tokens {args.max_tokens}; decode tokens/s (prefill subtracted); acceptance "
-          f"{'replayed from the CPU measurement' if args.accept == 'rates' else 'of the scripts exactly'}")
-    _table(["batch", "mode", "tokens", "tok/s", "vs off", "tok/row-step", "tok/verify step", "verify rows",
-            "forced acc", "n-gram acc", "valid"], rows)
+        print(
+            f"  script tokens {replay.script_tokens}, sampler's where the mask refused the script "
+            f"{replay.fallback_tokens}",
+            flush=True,
+        )
+    print(
+        f"\n{args.device}, {args.shape} (random weights, bf16) writing the extraction answers, seeded sampling, "
+        f"max_tokens {args.max_tokens}; decode tokens/s (prefill subtracted); acceptance "
+        f"{'replayed from the CPU measurement' if args.accept == 'rates' else 'of the scripts exactly'}"
+    )
+    _table(
+        [
+            "batch",
+            "mode",
+            "tokens",
+            "tok/s",
+            "vs off",
+            "tok/row-step",
+            "tok/verify step",
+            "verify rows",
+            "forced acc",
+            "n-gram acc",
+            "valid",
+        ],
+        rows,
+    )
 
 
 class StepProfile:
@@ -628,8 +688,11 @@ class StepProfile:
                          f"{1e3 * xs[-1]:.2f}", f"{sum(xs):.3f}"])  # fmt: skip
         _table(["mode", "path", "batch bucket", "width bucket", "steps", "mean ms", "p50 ms", "max ms", "total s"],
                rows)  # fmt: skip
-        print("host time (s, calls): " + "; ".join(f"{m} {k} {v:.3f} ({self.calls[(m, k)]})"
-                                                    for (m, k), v in sorted(self.host.items())), flush=True)
+        print(
+            "host time (s, calls): "
+            + "; ".join(f"{m} {k} {v:.3f} ({self.calls[(m, k)]})" for (m, k), v in sorted(self.host.items())),
+            flush=True,
+        )
 
 
 def graph_times(llm, kv_need: int, batches=(1, 8, 64), widths=(1, 2, 3, 5, 9), reps: int = 20) -> None:
@@ -676,15 +739,30 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--trace", default=TRACE)
-    ap.add_argument("--fixed", action="store_true",
-                    help="CPU: also DSpark with schedule='fixed'; device: the replayed DSpark verifies every draft")
-    ap.add_argument("--reference-sampler", action="store_true",
-                    help="CPU: keep the engine's sampler for plain decode steps (see greedy_by_argmax)")
-    ap.add_argument("--replay", action="store_true", help="the random-weights replay on any device (smoke test)")
-    ap.add_argument("--accept", default="rates", choices=["rates", "script"],
-                    help="device: drafts accepted at the measured rates, or where they are the script's tokens")
-    ap.add_argument("--profile", action="store_true",
-                    help="device: print step times by shape, graph captures and DSpark's host time")
+    ap.add_argument(
+        "--fixed",
+        action="store_true",
+        help="CPU: also DSpark with schedule='fixed'; device: the replayed DSpark verifies every draft",
+    )
+    ap.add_argument(
+        "--reference-sampler",
+        action="store_true",
+        help="CPU: keep the engine's sampler for plain decode steps (see greedy_by_argmax)",
+    )
+    ap.add_argument(
+        "--replay", action="store_true", help="the random-weights replay on any device (smoke test)"
+    )
+    ap.add_argument(
+        "--accept",
+        default="rates",
+        choices=["rates", "script"],
+        help="device: drafts accepted at the measured rates, or where they are the script's tokens",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="device: print step times by shape, graph captures and DSpark's host time",
+    )
     args = ap.parse_args()
     if args.device == "cpu" and not args.replay:
         args.batches = [int(x) for x in (args.batches or "1,8").split(",")]

@@ -52,8 +52,13 @@ def _schemas(n: int) -> list[dict]:
         if len(out) >= n:
             break
     if not out:
-        out = [{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-                "required": ["name", "age"]}]
+        out = [
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                "required": ["name", "age"],
+            }
+        ]
     return out
 
 
@@ -65,38 +70,79 @@ def _run(llm, prompts, params) -> tuple[float, int, dict]:
     n = sum(len(o.token_ids) for o in outs)
     m = llm.masks
     valid = sum(o.error is None for o in outs)
-    return dt, n, {"mask": m.mask_seconds, "wait": m.wait_seconds, "steps": max(m.steps, 1), "valid": valid,
-                   "errors": [o.error for o in outs if o.error][:2]}
+    return (
+        dt,
+        n,
+        {
+            "mask": m.mask_seconds,
+            "wait": m.wait_seconds,
+            "steps": max(m.steps, 1),
+            "valid": valid,
+            "errors": [o.error for o in outs if o.error][:2],
+        },
+    )
 
 
 def forced_length(schema: dict) -> dict:
     """The schema's document, then a long string: random weights cannot end the output before
     max_tokens, so constrained rows stay in the batch as the unconstrained ones do (whose EOS
     is ignored) and the two runs decode the same number of rows per step."""
-    return {"type": "object", "properties": {"data": schema, "notes": {"type": "string", "minLength": 600}},
-            "required": ["data", "notes"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"data": schema, "notes": {"type": "string", "minLength": 600}},
+        "required": ["data", "notes"],
+        "additionalProperties": False,
+    }
 
 
-def bench(llm, label: str, batches: list[int], max_tokens: int, schemas: list[dict], temperature: float,
-          chat: bool) -> list[list]:
+def bench(
+    llm, label: str, batches: list[int], max_tokens: int, schemas: list[dict], temperature: float, chat: bool
+) -> list[list]:
     from deepinfer import SamplingParams
 
     rows = []
     for b in batches:
         sch = [schemas[i % len(schemas)] for i in range(b)]
-        texts = [f"Produce a JSON object that is valid under this JSON Schema:\n{json.dumps(s)[:1500]}\n"
-                 for s in sch]
+        texts = [
+            f"Produce a JSON object that is valid under this JSON Schema:\n{json.dumps(s)[:1500]}\n"
+            for s in sch
+        ]
         if chat:
-            prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": t}], True),
-                                            add_special_tokens=False) for t in texts]
+            prompts = [
+                llm.tokenizer.encode(
+                    llm.tokenizer.apply_chat_template([{"role": "user", "content": t}], True),
+                    add_special_tokens=False,
+                )
+                for t in texts
+            ]
         else:
             prompts = [llm.tokenizer.encode(t) for t in texts]
-        free = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, ignore_eos=True)
-                for i in range(b)]
-        cons = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, json_schema=s,
-                               whitespace="flexible", speculative=False) for i, s in enumerate(sch)]
-        spec = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, json_schema=s,
-                               whitespace="flexible", speculative=True) for i, s in enumerate(sch)]
+        free = [
+            SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, ignore_eos=True)
+            for i in range(b)
+        ]
+        cons = [
+            SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=i,
+                json_schema=s,
+                whitespace="flexible",
+                speculative=False,
+            )
+            for i, s in enumerate(sch)
+        ]
+        spec = [
+            SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=i,
+                json_schema=s,
+                whitespace="flexible",
+                speculative=True,
+            )
+            for i, s in enumerate(sch)
+        ]
         for s in set(json.dumps(x) for x in sch):  # compile every schema before timing
             llm.structured.compile(SamplingParams(json_schema=json.loads(s), whitespace="flexible"))
         # warm-up of both modes at this batch size: CUDA graph captures, numba, and the
@@ -109,15 +155,29 @@ def bench(llm, label: str, batches: list[int], max_tokens: int, schemas: list[di
         t_free, n_free, _ = _run(llm, prompts, free)
         t_cons, n_cons, st = _run(llm, prompts, cons)
         t_spec, n_spec, _ = _run(llm, prompts, spec)
-        print(f"  cold constrained pass: {n_cold / t_cold:.1f} tok/s, mask "
-              f"{st_cold['mask'] / st_cold['steps'] * 1e3:.2f} ms/step", flush=True)
+        print(
+            f"  cold constrained pass: {n_cold / t_cold:.1f} tok/s, mask "
+            f"{st_cold['mask'] / st_cold['steps'] * 1e3:.2f} ms/step",
+            flush=True,
+        )
         tps_free, tps_cons = n_free / t_free, n_cons / t_cons
         per_step = st["mask"] / st["steps"]
         hidden = 1 - st["wait"] / st["mask"] if st["mask"] > 0 else 1.0
         tps_spec = n_spec / t_spec
-        rows.append([label, b, f"{tps_free:.1f}", f"{tps_cons:.1f}", f"{tps_cons / tps_free:.2f}x",
-                     f"{per_step * 1e3:.2f}", f"{hidden:.0%}", f"{st['valid']}/{b}",
-                     f"{tps_spec:.1f}", f"{tps_spec / tps_free:.2f}x"])
+        rows.append(
+            [
+                label,
+                b,
+                f"{tps_free:.1f}",
+                f"{tps_cons:.1f}",
+                f"{tps_cons / tps_free:.2f}x",
+                f"{per_step * 1e3:.2f}",
+                f"{hidden:.0%}",
+                f"{st['valid']}/{b}",
+                f"{tps_spec:.1f}",
+                f"{tps_spec / tps_free:.2f}x",
+            ]
+        )
         print("  measured", rows[-1], st["errors"], flush=True)
     return rows
 
@@ -133,8 +193,13 @@ def bench_deterministic(make_llm, label: str, batches: list[int], max_tokens: in
             print("  LLM(deterministic=...) is not available")
             return rows
         for b in batches:
-            prompts = [llm.tokenizer.encode(f"Request {i}: tell me a story about number {i}.") for i in range(b)]
-            params = [SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=i, ignore_eos=True) for i in range(b)]
+            prompts = [
+                llm.tokenizer.encode(f"Request {i}: tell me a story about number {i}.") for i in range(b)
+            ]
+            params = [
+                SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=i, ignore_eos=True)
+                for i in range(b)
+            ]
             _run(llm, prompts, params)  # untimed first: this batch's graphs, kernels' first launches
             dt, n, _ = _run(llm, prompts, params)
             base = next((float(r[3]) for r in rows if r[1] == "default" and r[2] == b), None)
@@ -152,7 +217,9 @@ def _tokenizer_for(shape: str):
     if shape.startswith("smollm2"):
         path = os.path.join(TOKENIZER_CACHE, "smollm2-tokenizer.json")
         if not os.path.exists(path):
-            raise SystemExit(f"{path} is missing: run `python benchmarks/bench_e2e.py --export-tokenizer` first")
+            raise SystemExit(
+                f"{path} is missing: run `python benchmarks/bench_e2e.py --export-tokenizer` first"
+            )
         return Tokenizer.from_file(path), [2], None
     import importlib.util
 
@@ -186,7 +253,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--schemas", type=int, default=16)
     ap.add_argument("--deterministic", action="store_true")
-    ap.add_argument("--deterministic-only", action="store_true", help="only the deterministic vs default table")
+    ap.add_argument(
+        "--deterministic-only", action="store_true", help="only the deterministic vs default table"
+    )
     ap.add_argument("--export-tokenizer", action="store_true")
     ap.add_argument("--random", action="store_true", help="random weights at --shapes even on the CPU")
     args = ap.parse_args()
@@ -200,8 +269,18 @@ def main() -> None:
     from deepinfer.loader.types import LoadedModel
 
     schemas = _schemas(args.schemas)
-    header = ["model", "batch", "free tok/s", "constrained tok/s", "ratio", "mask ms/step", "mask hidden", "valid",
-              "+DSpark tok/s", "ratio"]
+    header = [
+        "model",
+        "batch",
+        "free tok/s",
+        "constrained tok/s",
+        "ratio",
+        "mask ms/step",
+        "mask hidden",
+        "valid",
+        "+DSpark tok/s",
+        "ratio",
+    ]
     rows, det_rows = [], []
     if args.device == "cpu" and not args.random:
         batches = [int(x) for x in (args.batches or "1,8").split(",")]
@@ -210,8 +289,9 @@ def main() -> None:
             llm = LLM(seed=0)
             rows += bench(llm, "SmolLM2-135M (embedded, CPU)", batches, max_tokens, schemas, 0.7, chat=True)
         if args.deterministic or args.deterministic_only:
-            det_rows += bench_deterministic(lambda d: LLM(seed=0, deterministic=d), "SmolLM2-135M CPU",
-                                            batches, max_tokens)
+            det_rows += bench_deterministic(
+                lambda d: LLM(seed=0, deterministic=d), "SmolLM2-135M CPU", batches, max_tokens
+            )
     else:
         batches = [int(x) for x in (args.batches or "1,8,32,128").split(",")]
         max_tokens = args.max_tokens or 64
@@ -219,22 +299,46 @@ def main() -> None:
         for name in args.shapes.split(","):
             L, H, I, nh, nkv, hd, V, tied, theta = SHAPES[name]
             tok, eos, tmpl = _tokenizer_for(name)
-            cfg = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
-                              num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
-                              max_position_embeddings=4096)
+            cfg = ModelConfig(
+                vocab_size=V,
+                hidden_size=H,
+                intermediate_size=I,
+                num_layers=L,
+                num_heads=nh,
+                num_kv_heads=nkv,
+                head_dim=hd,
+                rope_theta=theta,
+                tie_word_embeddings=tied,
+                max_position_embeddings=4096,
+            )
 
             def make(det: bool, cfg=cfg, shape=SHAPES[name], tok=tok, eos=eos, name=name):
                 w = _random_weights(shape, device, torch.bfloat16)
-                loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=f"random {name}",
-                                     eos_token_ids=eos)
+                loaded = LoadedModel(
+                    config=cfg, weights=w, tokenizer=tok, source=f"random {name}", eos_token_ids=eos
+                )
                 kw = {"deterministic": True} if det else {}
-                return LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=max(batches),
-                           max_model_len=2048, seed=0, **kw)
+                return LLM(
+                    loaded,
+                    device=args.device,
+                    dtype="bfloat16",
+                    max_num_seqs=max(batches),
+                    max_model_len=2048,
+                    seed=0,
+                    **kw,
+                )
 
             if not args.deterministic_only:
                 llm = make(False)
-                rows += bench(llm, f"{name} (random weights)", batches, max_tokens,
-                              [forced_length(x) for x in schemas], 1.0, chat=False)
+                rows += bench(
+                    llm,
+                    f"{name} (random weights)",
+                    batches,
+                    max_tokens,
+                    [forced_length(x) for x in schemas],
+                    1.0,
+                    chat=False,
+                )
                 del llm
                 if device.type == "cuda":
                     torch.cuda.empty_cache()

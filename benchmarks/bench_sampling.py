@@ -200,7 +200,10 @@ def compare(shapes: list[tuple[int, int]], floor_tbs: float, base: SampleTuning)
     print("|" + "---|" * (head.count("|") - 1))
     for dtype in (torch.float32, torch.bfloat16):
         for B, V in shapes:
-            r = {name: run(dtype, B, V, floor_tbs, peers=False, tuning=tuning) for name, tuning in modes.items()}
+            r = {
+                name: run(dtype, B, V, floor_tbs, peers=False, tuning=tuning)
+                for name, tuning in modes.items()
+            }
             f = r["row"]["floor"]
             g = r["split"]["greedy"]
             print(f"| {str(dtype)[6:]} | {B} | {V} | {f:.1f} | {r['row']['greedy']:.1f} | {g:.1f} "
@@ -260,12 +263,24 @@ def main() -> None:
         help="only greedy and top-p, pass 1 per row vs split over (row, chunk), side by side",
     )
     ap.add_argument("--split-sweep", action="store_true", help="first time split chunk x num_warps variants")
-    ap.add_argument("--logits", choices=("random", "model"), default="random",
-                    help="N(0, 4) logits, or the embedded model's recorded rows (V = 49,152; see --record-logits)")
-    ap.add_argument("--record-logits", action="store_true",
-                    help=f"CPU: record the embedded model's logits to {MODEL_LOGITS} and exit")
-    ap.add_argument("--tuning", nargs="+", default=[], metavar="FIELD=VALUE",
-                    help="SampleTuning fields every run starts from, e.g. pdl=0 greedy1=0 split=never")
+    ap.add_argument(
+        "--logits",
+        choices=("random", "model"),
+        default="random",
+        help="N(0, 4) logits, or the embedded model's recorded rows (V = 49,152; see --record-logits)",
+    )
+    ap.add_argument(
+        "--record-logits",
+        action="store_true",
+        help=f"CPU: record the embedded model's logits to {MODEL_LOGITS} and exit",
+    )
+    ap.add_argument(
+        "--tuning",
+        nargs="+",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="SampleTuning fields every run starts from, e.g. pdl=0 greedy1=0 split=never",
+    )
     args = ap.parse_args()
     tuning = parse_tuning(args.tuning)
     if args.record_logits:

@@ -117,6 +117,9 @@ def compile_constraint(
     return attach(CompiledConstraint(automaton, vocab, kind, spec, grammar.notes), tags)
 
 
+WARM_UP_SECONDS = 600.0  # the kernels' first compilation (numba, cold disk cache)
+
+
 def _warm_up(vocab) -> None:
     import numpy as np
 
@@ -131,12 +134,14 @@ def _warm_up(vocab) -> None:
     )
     # and the automaton kernels (byte classes, subset construction, minimisation, products),
     # on a small recursive grammar with a spliced string and on a difference: loaded from
-    # numba's disk cache, or compiled once
+    # numba's disk cache, or compiled once. Compiling them (tens of seconds on a cold cache)
+    # is not the grammar's time: no request's deadline applies here.
     from .frontends.lark import lark_to_grammar
 
-    compile_grammar(lark_to_grammar('start: "[" (v ("," v)*)? "]"\nv: start | /"[a-z]{0,4}"/'))
+    untimed = Limits(max_seconds=WARM_UP_SECONDS)
+    compile_grammar(lark_to_grammar('start: "[" (v ("," v)*)? "]"\nv: start | /"[a-z]{0,4}"/'), untimed)
     word = ir.plus(ir.byte_range(0x61, 0x7A))
-    compile_grammar(ir.Grammar({"start": ir.difference(word, ir.lit("ab"))}))
+    compile_grammar(ir.Grammar({"start": ir.difference(word, ir.lit("ab"))}), untimed)
 
 
 def prime_shared_rows(vocab) -> None:
@@ -154,7 +159,9 @@ def prime_shared_rows(vocab) -> None:
             strict=False,
             lenient=False,
         )
-        c = CompiledConstraint(compile_grammar(g), vocab, "json_schema", "prime")
+        c = CompiledConstraint(
+            compile_grammar(g, Limits(max_seconds=WARM_UP_SECONDS)), vocab, "json_schema", "prime"
+        )
         a = c.automaton
         for prefix in (b'{"', b'{"a":"'):
             cfg = a.step_bytes(a.initial, prefix)

@@ -124,8 +124,11 @@ class SamplingParams:
         if self.grammar is not None and not (isinstance(self.grammar, str) and self.grammar.strip()):
             raise _bad("grammar", self.grammar, "Lark grammar text, a file path or a packaged grammar name")
         if self.choice is not None:
-            if isinstance(self.choice, str) or not isinstance(self.choice, list | tuple) or not self.choice or not all(
-                isinstance(c, str) and c for c in self.choice
+            if (
+                isinstance(self.choice, str)
+                or not isinstance(self.choice, list | tuple)
+                or not self.choice
+                or not all(isinstance(c, str) and c for c in self.choice)
             ):
                 raise _bad("choice", self.choice, "a non-empty list of non-empty strings")
             self.choice = list(self.choice)
@@ -139,7 +142,7 @@ class SamplingParams:
 
     @property
     def constraint_kind(self) -> str | None:
-        """"json_schema", "regex", "grammar", "choice" or None."""
+        """ "json_schema", "regex", "grammar", "choice" or None."""
         for k in CONSTRAINT_KINDS:
             if getattr(self, k) is not None:
                 return k

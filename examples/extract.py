@@ -65,13 +65,17 @@ def load_schema(spec: str) -> Schema:
         try:
             mod_spec.loader.exec_module(module)
         except Exception as e:
-            raise UsageError(f"--schema {spec}: importing {module_name} failed: {type(e).__name__}: {e}") from e
+            raise UsageError(
+                f"--schema {spec}: importing {module_name} failed: {type(e).__name__}: {e}"
+            ) from e
     else:
         sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(module_name)
         except Exception as e:
-            raise UsageError(f"--schema {spec}: cannot import {module_name!r}: {type(e).__name__}: {e}") from e
+            raise UsageError(
+                f"--schema {spec}: cannot import {module_name!r}: {type(e).__name__}: {e}"
+            ) from e
     model = getattr(module, attr, None)
     if model is None:
         raise UsageError(f"--schema {spec}: module {module_name!r} has no attribute {attr!r}")
@@ -98,8 +102,9 @@ def _schema_file(path: str) -> Schema:
     except ConstraintError as e:
         bad = e.__cause__
         if isinstance(bad, json.JSONDecodeError):
-            raise UsageError(f"schema file {path}: not valid JSON: {bad.msg} at line {bad.lineno}, column "
-                             f"{bad.colno}") from e
+            raise UsageError(
+                f"schema file {path}: not valid JSON: {bad.msg} at line {bad.lineno}, column {bad.colno}"
+            ) from e
         raise UsageError(f"schema file {path}: {e}") from e
     return _checked(Schema(schema, schema, path))
 
@@ -112,7 +117,9 @@ def _checked(schema: Schema) -> Schema:
         jsonschema.validators.validator_for(schema.as_dict).check_schema(schema.as_dict)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path)
-        raise UsageError(f"schema file {schema.source}: not a valid JSON Schema at /{where}: {e.message}") from e
+        raise UsageError(
+            f"schema file {schema.source}: not a valid JSON Schema at /{where}: {e.message}"
+        ) from e
     return schema
 
 
@@ -134,21 +141,37 @@ def read_rows(path: str, text_field: str, id_field: str) -> Iterator[Row]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                yield Row(line_no, line_no, None, f"input line {line_no}: not valid JSON: {e.msg} (column {e.colno})")
+                yield Row(
+                    line_no,
+                    line_no,
+                    None,
+                    f"input line {line_no}: not valid JSON: {e.msg} (column {e.colno})",
+                )
                 continue
             if not isinstance(obj, dict):
-                yield Row(line_no, line_no, None,
-                          f"input line {line_no}: expected a JSON object, got {type(obj).__name__}")
+                yield Row(
+                    line_no,
+                    line_no,
+                    None,
+                    f"input line {line_no}: expected a JSON object, got {type(obj).__name__}",
+                )
                 continue
             row_id = obj.get(id_field, line_no)
             if isinstance(row_id, dict | list) or row_id is None:
-                yield Row(line_no, line_no, None,
-                          f"input line {line_no}: field {id_field!r} must be a string or a number")
+                yield Row(
+                    line_no,
+                    line_no,
+                    None,
+                    f"input line {line_no}: field {id_field!r} must be a string or a number",
+                )
                 continue
             text = obj.get(text_field)
             if not isinstance(text, str):
-                why = (f"no {text_field!r} field" if text_field not in obj
-                       else f"the {text_field!r} field is {json.dumps(text)[:40]}, not a string")
+                why = (
+                    f"no {text_field!r} field"
+                    if text_field not in obj
+                    else f"the {text_field!r} field is {json.dumps(text)[:40]}, not a string"
+                )
                 yield Row(line_no, row_id, None, f"input line {line_no}: {why}")
                 continue
             yield Row(line_no, row_id, text)
@@ -180,10 +203,14 @@ def done_ids(path: str) -> set[str]:
                 raise ValueError("not an output row")
         except ValueError as e:
             if last or all(not x.strip() for x in lines[i + 1 :]):
-                print(f"repairing {path}: dropping a truncated last line ({len(raw)} bytes); its row is redone",
-                      file=sys.stderr)
+                print(
+                    f"repairing {path}: dropping a truncated last line ({len(raw)} bytes); its row is redone",
+                    file=sys.stderr,
+                )
                 break
-            raise UsageError(f"output file {path}: line {i + 1} is not an output row ({e}); fix or move it") from e
+            raise UsageError(
+                f"output file {path}: line {i + 1} is not an output row ({e}); fix or move it"
+            ) from e
         ids.add(_key(rec["id"]))
         good_end += len(raw) + (0 if last else 1)
         if last:  # a complete row without its newline: keep it, end the line
@@ -212,7 +239,9 @@ def result_row(out: Any, schema: Schema) -> dict:
         except json.JSONDecodeError as e:
             rec["error"] = rec["error"] or f"output is not JSON: {e}"
         else:
-            errors = list(jsonschema.validators.validator_for(schema.as_dict)(schema.as_dict).iter_errors(data))
+            errors = list(
+                jsonschema.validators.validator_for(schema.as_dict)(schema.as_dict).iter_errors(data)
+            )
             if errors:
                 where = "/".join(str(p) for p in errors[0].absolute_path)
                 rec["error"] = f"jsonschema: at /{where}: {errors[0].message}"
@@ -236,12 +265,20 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prompt-template", default=DEFAULT_TEMPLATE,
-                    help="user message with {text} (and optionally {schema}) in it")
+    ap.add_argument(
+        "--prompt-template",
+        default=DEFAULT_TEMPLATE,
+        help="user message with {text} (and optionally {schema}) in it",
+    )
     ap.add_argument("--strict", action="store_true", help="forbid properties the schema does not declare")
     ap.add_argument("--limit", type=int, default=None, help="process at most this many new rows, then exit 0")
-    ap.add_argument("--stop-after", type=int, default=None, metavar="N",
-                    help="end the run after N batches with exit status 3 (to try resuming)")
+    ap.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        metavar="N",
+        help="end the run after N batches with exit status 3 (to try resuming)",
+    )
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -262,15 +299,22 @@ def _run(args: argparse.Namespace, llm: Any) -> int:
     first_line: dict[str, int] = {}  # ids must be unique, or resuming could skip the wrong row
     for row in read_rows(args.input, args.text_field, args.id_field):
         if _key(row.id) in first_line:
-            raise UsageError(f"--input {args.input}: line {row.line} repeats id {row.id!r} of line "
-                             f"{first_line[_key(row.id)]}; ids must be unique (--id-field names them)")
+            raise UsageError(
+                f"--input {args.input}: line {row.line} repeats id {row.id!r} of line "
+                f"{first_line[_key(row.id)]}; ids must be unique (--id-field names them)"
+            )
         first_line[_key(row.id)] = row.line
     done = done_ids(args.output)
 
     from deepinfer import LLM, SamplingParams
 
-    params = SamplingParams(json_schema=schema.spec, strict=args.strict, max_tokens=args.max_tokens,
-                            temperature=args.temperature, seed=args.seed)
+    params = SamplingParams(
+        json_schema=schema.spec,
+        strict=args.strict,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
     if llm is None:
         llm = LLM(args.model, seed=args.seed)
     try:  # the compiler's verdict (unsupported keyword, ...) before any generation
@@ -310,8 +354,11 @@ def _run(args: argparse.Namespace, llm: Any) -> int:
                     rec = {"ok": False, "data": None, "error": r.error, "finish_reason": None}
                 else:
                     out = outs.pop(0)
-                    rec = result_row(out, schema) if not isinstance(out, str) else {
-                        "ok": False, "data": None, "error": out, "finish_reason": "error"}
+                    rec = (
+                        result_row(out, schema)
+                        if not isinstance(out, str)
+                        else {"ok": False, "data": None, "error": out, "finish_reason": "error"}
+                    )
                 out_fh.write(json.dumps({"id": r.id, **rec}, ensure_ascii=False) + "\n")
             out_fh.flush()
             os.fsync(out_fh.fileno())  # a finished batch survives a crash from here on
@@ -330,7 +377,9 @@ def _run(args: argparse.Namespace, llm: Any) -> int:
                 todo, batches = [], batches + 1
                 if args.stop_after is not None and batches >= args.stop_after:
                     bar.close()
-                    print(f"stopped after {batches} batch(es) (--stop-after); re-run to resume", file=sys.stderr)
+                    print(
+                        f"stopped after {batches} batch(es) (--stop-after); re-run to resume", file=sys.stderr
+                    )
                     return 3
         if todo:
             flush(todo)

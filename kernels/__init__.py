@@ -36,14 +36,16 @@ from .validate import (
     use_triton,
 )
 
-# the torch references under their former names
-reference = sample_reference
-reference_verify = verify_reference
-
 __all__ = [
-    "DEFAULT_TUNING", "SampleOutput", "SampleTuning", "VerifyOutput", "apply_bitmask_", "reference",
-    "reference_verify", "sample", "sample_kinds", "verify",
-]  # fmt: skip
+    "DEFAULT_TUNING",
+    "SampleOutput",
+    "SampleTuning",
+    "VerifyOutput",
+    "apply_bitmask_",
+    "sample",
+    "sample_kinds",
+    "verify",
+]
 
 
 class SampleOutput(NamedTuple):

@@ -52,8 +52,16 @@ class ForwardBatch:
     from_zero: bool = False  # every row's positions are 0..T-1 (fresh prefill): causal, no mask
 
     @classmethod
-    def of_rows(cls, to, slots: list[int], tokens: list[list[int]], positions: list[list[int]], *,
-                logits_index: list[int] | None = None, from_zero: bool = False) -> ForwardBatch:
+    def of_rows(
+        cls,
+        to,
+        slots: list[int],
+        tokens: list[list[int]],
+        positions: list[list[int]],
+        *,
+        logits_index: list[int] | None = None,
+        from_zero: bool = False,
+    ) -> ForwardBatch:
         """A batch from host lists; ``to`` moves an int list to the device as int64."""
         contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
         return cls(
@@ -110,7 +118,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _ops(invariant: bool, eps: float):
     """(matmul, rms_norm) of a forward: torch's, or the batch-invariant Triton kernels of
-    models/invariant.py (a row's bits do not depend on the other rows)."""
+    deepinfer.kernels.invariant (a row's bits do not depend on the other rows)."""
     if invariant:
         from ..kernels import invariant as bi
 
@@ -167,7 +175,9 @@ class LlamaModel:
                     bqkv=torch.cat(biases) if biases[0] is not None else None,
                     wo=take(a + "o_proj.weight").t().contiguous(),
                     ln2=take(p + "post_attention_layernorm.weight"),
-                    wgu=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]).t().contiguous(),
+                    wgu=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
+                    .t()
+                    .contiguous(),
                     wd=take(m + "down_proj.weight").t().contiguous(),
                 )
             )
@@ -180,22 +190,30 @@ class LlamaModel:
         self.cos = emb.cos().to(self.device, dtype)
         self.sin = emb.sin().to(self.device, dtype)
 
-    def new_cache(self, num_slots: int, max_len: int, *, spare_slots: int = 0, len_multiple: int = 1) -> KVCache:
+    def new_cache(
+        self, num_slots: int, max_len: int, *, spare_slots: int = 0, len_multiple: int = 1
+    ) -> KVCache:
         """A cache of `num_slots` usable slots (+ `spare_slots` the runner pads with, the last one
         a scratch row that padding writes into) and max_len positions, capped at the model's and
         rounded up to `len_multiple`."""
         c = self.config
         n = -(-min(max_len, self.max_len) // len_multiple) * len_multiple
         return KVCache(
-            c.num_layers, num_slots, c.num_kv_heads, min(n, self.cos.shape[0]), c.head_dim,
-            spare_slots=spare_slots, dtype=self.dtype, device=self.device,
+            c.num_layers,
+            num_slots,
+            c.num_kv_heads,
+            min(n, self.cos.shape[0]),
+            c.head_dim,
+            spare_slots=spare_slots,
+            dtype=self.dtype,
+            device=self.device,
         )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache, *, invariant: bool = False) -> torch.Tensor:
         """Logits float32: [B, V] at `batch.logits_index`, or [B, T, V] when it is None.
 
-        invariant: matmuls and norms through models/invariant.py and attention through the
+        invariant: matmuls and norms through deepinfer.kernels.invariant and attention through the
         Triton decode kernel with one row per token (its slot, its position): each token's
         result is the same bits whatever else is in the batch and however it is padded
         (deterministic mode's batched prefill)."""
@@ -228,7 +246,9 @@ class LlamaModel:
 
         for i, layer in enumerate(self.layers):
             h = norm(x, layer.ln1)
-            qkv = _qkv(h, layer, mm, invariant).view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
+            qkv = _qkv(h, layer, mm, invariant).view(
+                B, T, nqk + nkv, hd
+            )  # heads: nh of q, nkv of k, nkv of v
             qk = qkv[:, :, :nqk]
             qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads in one go
             kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
@@ -243,9 +263,13 @@ class LlamaModel:
                 else:
                     keys, values = kc[batch.slots, :, :L], vc[batch.slots, :, :L]
                 q = qk[:, :, :nh].transpose(1, 2)  # [B, nh, T, hd]
-                o = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=nkv != nh
-                ).transpose(1, 2).reshape(B, T, nh * hd)
+                o = (
+                    F.scaled_dot_product_attention(
+                        q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=nkv != nh
+                    )
+                    .transpose(1, 2)
+                    .reshape(B, T, nh * hd)
+                )
             x = x + mm(o, layer.wo)
             h = norm(x, layer.ln2)
             g, u = mm(h, layer.wgu).chunk(2, dim=-1)
@@ -285,7 +309,7 @@ class LlamaModel:
         blocks; kv_len a multiple of 256), "triton" (reads each row's length on the device;
         kv_len unused) or "rows" (CPU: one SDPA call per decoded row over its own keys, the
         lengths read on the host; padding rows, which write the scratch slot, are skipped).
-        invariant: matmuls and norms through models/invariant.py (Triton kernels whose per-row
+        invariant: matmuls and norms through deepinfer.kernels.invariant (Triton kernels whose per-row
         arithmetic does not depend on B) with attention="triton": a row's logits are then the
         same bits at any B and any row (deterministic mode on CUDA, no fixed tiles needed).
         """
@@ -315,8 +339,10 @@ class LlamaModel:
         sin = self.sin[positions].unsqueeze(2)
         visible = bias = lengths = None
         if attention == "rows":  # decoded rows write their own slot; padding rows the scratch one
-            lengths = [p + 1 if w == s0 + b else None
-                       for b, (p, w) in enumerate(zip(positions[:, 0].tolist(), write_slots.tolist()))]
+            lengths = [
+                p + 1 if w == s0 + b else None
+                for b, (p, w) in enumerate(zip(positions[:, 0].tolist(), write_slots.tolist()))
+            ]
         elif attention != "triton":  # the kernel reads each row's length itself
             visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(2)  # [B, T, kv_len]
         if attention == "sdpa":  # additive mask, one row per (batch row, query): [B, 1, g*T or 1, kv_len]
@@ -329,7 +355,9 @@ class LlamaModel:
         write = write_slots.view(B, 1)
         for i, layer in enumerate(self.layers):
             h = norm(x, layer.ln1)
-            qkv = _qkv(h, layer, mm, invariant).view(B, T, nqk + nkv, hd)  # heads: nh of q, nkv of k, nkv of v
+            qkv = _qkv(h, layer, mm, invariant).view(
+                B, T, nqk + nkv, hd
+            )  # heads: nh of q, nkv of k, nkv of v
             qk = qkv[:, :, :nqk]
             qk = qk * cos + _rotate_half(qk) * sin
             kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
@@ -359,4 +387,3 @@ class LlamaModel:
         if out is not None:
             return out.copy_(mm(x, self.lm_head))
         return mm(x, self.lm_head).float()
-

@@ -96,7 +96,11 @@ def write_hf_folder(folder, model, config: dict, tokenizer_pair, *, tokenizer: b
         tok.save(os.path.join(folder, "tokenizer.json"))
         with open(os.path.join(folder, "tokenizer_config.json"), "w") as fh:
             json.dump(
-                {"chat_template": special["chat_template"], "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"},
+                {
+                    "chat_template": special["chat_template"],
+                    "eos_token": "<|im_end|>",
+                    "bos_token": "<|im_start|>",
+                },
                 fh,
             )
     return str(folder)

@@ -42,8 +42,14 @@ def test_cuda_float32_matches_cpu_and_transformers(variant):
     gpu = _greedy(LlamaModel(cfg, sd, dtype=torch.float32, device="cuda"), prompts, 8)
     assert gpu == cpu
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompts[0]]), attention_mask=torch.ones(1, 4, dtype=torch.long),
-                          max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 4:].tolist()
+        ref = hf.generate(
+            torch.tensor([prompts[0]]),
+            attention_mask=torch.ones(1, 4, dtype=torch.long),
+            max_new_tokens=8,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, 4:].tolist()
     assert gpu[0] == ref
 
 
@@ -59,7 +65,12 @@ def test_cuda_bfloat16_runs_and_agrees_mostly():
 def test_engine_sampler_on_cuda_equals_cpu():
     """The engine's sampler (the fused kernel on CUDA, its torch reference on the CPU)."""
     logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(0))
-    kw = dict(temperature=torch.full((4,), 0.8), top_k=torch.tensor([0, 5, 0, 50]),
-              top_p=torch.tensor([1.0, 1.0, 0.9, 0.5]), min_p=torch.tensor([0.0, 0.0, 0.05, 0.0]),
-              seed=torch.arange(4), step=torch.full((4,), 3))
+    kw = dict(
+        temperature=torch.full((4,), 0.8),
+        top_k=torch.tensor([0, 5, 0, 50]),
+        top_p=torch.tensor([1.0, 1.0, 0.9, 0.5]),
+        min_p=torch.tensor([0.0, 0.0, 0.05, 0.0]),
+        seed=torch.arange(4),
+        step=torch.full((4,), 3),
+    )
     assert torch.equal(sample(logits.cuda(), **kw).tokens.cpu(), sample(logits, **kw).tokens)

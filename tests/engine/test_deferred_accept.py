@@ -10,16 +10,24 @@ import pytest
 from deepinfer import SamplingParams
 from deepinfer.sequence import Sequence
 
-SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}},
-          "required": ["n"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
 
 
 def _requests(speculative):
     prompts, params = [], []
     for i in range(12):
         kind = i % 6
-        kw = dict(temperature=0.0 if i < 6 else 0.9, seed=100 + i, max_tokens=24 if i % 4 else 5,
-                  speculative=speculative)
+        kw = dict(
+            temperature=0.0 if i < 6 else 0.9,
+            seed=100 + i,
+            max_tokens=24 if i % 4 else 5,
+            speculative=speculative,
+        )
         if kind == 0:
             kw.update(json_schema=SCHEMA)
         elif kind == 1:
@@ -35,8 +43,11 @@ def _requests(speculative):
         prompts.append(f"request {i}: write something")
         params.append(SamplingParams(**kw))
     prompts.append("bad schema")
-    params.append(SamplingParams(json_schema={"type": "object", "properties": {"a": {"$ref": "#/nope"}}},
-                                 speculative=speculative))
+    params.append(
+        SamplingParams(
+            json_schema={"type": "object", "properties": {"a": {"$ref": "#/nope"}}}, speculative=speculative
+        )
+    )
     return prompts, params
 
 

@@ -56,14 +56,18 @@ def det_llm(tiny_folder, monkeypatch_session):
 
 
 def _generate(llm, items, **kw):
-    return [o.token_ids for o in llm.generate([p for p, _ in items], [_params(k) for _, k in items],
-                                              use_tqdm=False, **kw)]
+    return [
+        o.token_ids
+        for o in llm.generate([p for p, _ in items], [_params(k) for _, k in items], use_tqdm=False, **kw)
+    ]
 
 
 def test_alone_equals_batch_equals_other_position(det_llm):
     """Tokens and every step's logits: each request alone, all 12 together, the batch reversed,
     and through 5 slots (requests join and leave, so rows move between slots and tiles)."""
-    items = [(p, dict(kw, seed=kw.get("seed", 100 + i))) for i, (p, kw) in enumerate(MIXED)]  # unique seeds: keys
+    items = [
+        (p, dict(kw, seed=kw.get("seed", 100 + i))) for i, (p, kw) in enumerate(MIXED)
+    ]  # unique seeds: keys
     seen = _recording(det_llm)
     alone = [_generate(det_llm, [it])[0] for it in items]
     logits_alone = dict(seen)
@@ -116,7 +120,9 @@ def test_runner_logits_bitwise_across_slots_and_tiles(variant, attention):
     for at in (13, 2):
         ps = list(prompts)
         ps[at] = target
-        batch = _runner_logits(model, ps, list(range(16))[::-1], 6, 16, attention=attention)  # slot = 15 - index
+        batch = _runner_logits(
+            model, ps, list(range(16))[::-1], 6, 16, attention=attention
+        )  # slot = 15 - index
         for a, b in zip(alone, batch):
             assert torch.equal(a[0], b[at])
     # the deterministic forward computes the same model (close to the default path)
@@ -128,11 +134,22 @@ def test_runner_logits_bitwise_across_slots_and_tiles(variant, attention):
 @pytest.mark.slow
 def test_embedded_model_alone_equals_batch():
     llm = LLM(None, device="cpu", seed=0, deterministic=True)
-    prompts = ["Hello!", "Write a haiku about the sea.", "1, 2, 3, 4,", "The capital of France is",
-               "def fib(n):", "Q: What is 2+2?\nA:", "Once upon a time", "JSON:"]
-    params = [SamplingParams(max_tokens=6, ignore_eos=True, temperature=t, top_p=p, seed=i)
-              for i, (t, p) in enumerate([(0, 1), (0.8, 0.9), (1.0, 1), (0, 1), (0.7, 0.95), (1.0, 0.5),
-                                          (0.9, 1), (0, 1)])]
+    prompts = [
+        "Hello!",
+        "Write a haiku about the sea.",
+        "1, 2, 3, 4,",
+        "The capital of France is",
+        "def fib(n):",
+        "Q: What is 2+2?\nA:",
+        "Once upon a time",
+        "JSON:",
+    ]
+    params = [
+        SamplingParams(max_tokens=6, ignore_eos=True, temperature=t, top_p=p, seed=i)
+        for i, (t, p) in enumerate(
+            [(0, 1), (0.8, 0.9), (1.0, 1), (0, 1), (0.7, 0.95), (1.0, 0.5), (0.9, 1), (0, 1)]
+        )
+    ]
     seen = _recording(llm)
     batch = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     logits_batch = dict(seen)

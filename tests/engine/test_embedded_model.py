@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 TEXTS = [
     "Hello, world!",
-    'Ünïcødé: 日本語のテキスト, emoji 🙂🚀, Ελληνικά, עברית',
+    "Ünïcødé: 日本語のテキスト, emoji 🙂🚀, Ελληνικά, עברית",
     '{"name": "Ada", "tags": ["x", "y"], "n": -12.5e3, "ok": true, "nil": null}',
     "   leading spaces\tand\ttabs\n\n\nthree newlines      six spaces ",
     "digits 0123456789 1234567 3.14159 -42 1e-9 2024-11-29",
@@ -98,15 +98,26 @@ def test_logits_and_greedy_text_equal_transformers(ours, hf):
     n = 24
     with torch.no_grad():
         x = torch.tensor([ids])  # explicit mask: the prompt holds pad id 2 (<|im_end|>)
-        ref_ids = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                                 eos_token_id=None, pad_token_id=2)[0, T:].tolist()
+        ref_ids = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=2,
+        )[0, T:].tolist()
     out = ours.chat(msgs, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)[0]
     assert out.token_ids == ref_ids
     assert out.text == ours.tokenizer.decode(ref_ids)
 
 
 def test_batched_greedy_equals_one_by_one(ours):
-    prompts = ["The capital of France is", "def add(a, b):", "1, 1, 2, 3, 5, 8,", "Q: Why is the sky blue?\nA:"]
+    prompts = [
+        "The capital of France is",
+        "def add(a, b):",
+        "1, 1, 2, 3, 5, 8,",
+        "Q: Why is the sky blue?\nA:",
+    ]
     sp = SamplingParams(temperature=0, max_tokens=16)
     batched = ours.generate(prompts, sp, use_tqdm=False)
     for p, b in zip(prompts, batched):
@@ -114,6 +125,9 @@ def test_batched_greedy_equals_one_by_one(ours):
 
 
 def test_chat_answers(ours):
-    out = ours.chat([{"role": "user", "content": "What is the capital of France?"}],
-                    SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)[0]
+    out = ours.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0, max_tokens=32),
+        use_tqdm=False,
+    )[0]
     assert "Paris" in out.text and out.finish_reason == "stop"

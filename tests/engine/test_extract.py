@@ -43,8 +43,18 @@ def llm(embedded_gguf_path):
 
 
 def run(llm, tmp_path, *extra, schema=SAMPLE / "schema.json", input=SAMPLE / "docs.jsonl", out="out.jsonl"):
-    argv = ["--schema", str(schema), "--input", str(input), "--output", str(tmp_path / out),
-            "--max-tokens", "96", "--no-progress", *map(str, extra)]
+    argv = [
+        "--schema",
+        str(schema),
+        "--input",
+        str(input),
+        "--output",
+        str(tmp_path / out),
+        "--max-tokens",
+        "96",
+        "--no-progress",
+        *map(str, extra),
+    ]
     return extract.main(argv, llm=llm)
 
 
@@ -94,9 +104,20 @@ def test_stopped_run_resumes_with_the_rest(llm, tmp_path):
 def test_killed_process_resumes(llm, tmp_path):
     """A real crash: SIGKILL the script once its first batch is on disk, then resume."""
     out = tmp_path / "out.jsonl"
-    cmd = [sys.executable, str(ROOT / "examples" / "extract.py"), "--schema", str(SAMPLE / "schema.json"),
-           "--input", str(SAMPLE / "docs.jsonl"), "--output", str(out), "--batch-size", "1",
-           "--max-tokens", "96"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "extract.py"),
+        "--schema",
+        str(SAMPLE / "schema.json"),
+        "--input",
+        str(SAMPLE / "docs.jsonl"),
+        "--output",
+        str(out),
+        "--batch-size",
+        "1",
+        "--max-tokens",
+        "96",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -173,19 +194,36 @@ def test_bad_input_rows_become_failed_rows(llm, tmp_path):
 
 BAD_SCHEMAS = [
     ("bad.json", '{"type": "object",', r"schema file .*bad.json: not valid JSON: .* at line 1, column 19"),
-    ("bad.json", '{"type": "object", "properties": {"a": {"type": "strin"}}}',
-     r"schema file .*bad.json: not a valid JSON Schema at /properties/a/type: 'strin'"),
+    (
+        "bad.json",
+        '{"type": "object", "properties": {"a": {"type": "strin"}}}',
+        r"schema file .*bad.json: not a valid JSON Schema at /properties/a/type: 'strin'",
+    ),
     ("bad.json", "[1]", r"schema file .*bad.json: a JSON Schema is an object or a bool, got list"),
-    ("bad.json", '{"properties": {"a": {"pattern": "(?<=x)y"}}}',
-     r"schema .*bad.json: the engine cannot enforce it: .*lookbehind.*#/properties/a/pattern"),
+    (
+        "bad.json",
+        '{"properties": {"a": {"pattern": "(?<=x)y"}}}',
+        r"schema .*bad.json: the engine cannot enforce it: .*lookbehind.*#/properties/a/pattern",
+    ),
     ("missing.json", None, r"schema file .*missing.json: cannot read it: No such file"),
     ("person.py:Nobody", None, r"module .*person.py' has no attribute 'Nobody'"),
     ("no_such_module:Model", None, r"cannot import 'no_such_module': ModuleNotFoundError"),
 ]
 
 
-@pytest.mark.parametrize("name, text, message", BAD_SCHEMAS, ids=[
-    "not-json", "not-a-schema", "not-an-object", "unenforceable", "missing-file", "missing-model", "missing-module"])
+@pytest.mark.parametrize(
+    "name, text, message",
+    BAD_SCHEMAS,
+    ids=[
+        "not-json",
+        "not-a-schema",
+        "not-an-object",
+        "unenforceable",
+        "missing-file",
+        "missing-model",
+        "missing-module",
+    ],
+)
 def test_bad_schema_is_refused_before_generation(llm, tmp_path, capsys, name, text, message):
     import re
 
@@ -209,6 +247,10 @@ def test_duplicate_ids_are_refused(llm, tmp_path, capsys):
 
 
 def test_cli_help_runs_without_the_model():
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "extract.py"), "--help"],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "extract.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0 and "--stop-after" in r.stdout

@@ -12,8 +12,10 @@ from deepinfer import SamplingParams
 
 def test_batched_equals_one_by_one_greedy_and_seeded(tiny_llm):
     prompts = [[1, 5, 9], [1, 300, 301, 302, 303, 304, 305], [7], [1, 2000, 2001, 2002]]
-    for sp in (SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
-               SamplingParams(temperature=0.9, top_p=0.95, top_k=40, seed=11, max_tokens=10, ignore_eos=True)):
+    for sp in (
+        SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_p=0.95, top_k=40, seed=11, max_tokens=10, ignore_eos=True),
+    ):
         batched = tiny_llm.generate(prompts, sp, use_tqdm=False)
         for p, b in zip(prompts, batched):
             assert tiny_llm.generate([p], sp, use_tqdm=False)[0].token_ids == b.token_ids
@@ -38,8 +40,9 @@ def test_stop_token_ids_and_length(tiny_llm):
     assert free.finish_reason == "length" and len(free.token_ids) == 8
     stop_at = free.token_ids[3]
     first = free.token_ids.index(stop_at)
-    out = tiny_llm.generate([[1, 5, 9]], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at]),
-                            use_tqdm=False)[0]
+    out = tiny_llm.generate(
+        [[1, 5, 9]], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at]), use_tqdm=False
+    )[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
     assert out.token_ids == free.token_ids[:first]
 
@@ -50,19 +53,25 @@ def test_stop_strings(tiny_llm):
     stop = free.text[len(free.text) // 2 :][:3]
     if not stop.strip():
         pytest.skip("random model produced whitespace")
-    out = tiny_llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=12, stop=stop), use_tqdm=False)[0]
+    out = tiny_llm.generate(
+        ["Hello"], SamplingParams(temperature=0, max_tokens=12, stop=stop), use_tqdm=False
+    )[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == free.text[: free.text.find(stop)]
-    keep = tiny_llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=12, stop=stop,
-                                                       include_stop_str_in_output=True), use_tqdm=False)[0]
+    keep = tiny_llm.generate(
+        ["Hello"],
+        SamplingParams(temperature=0, max_tokens=12, stop=stop, include_stop_str_in_output=True),
+        use_tqdm=False,
+    )[0]
     assert keep.text == free.text[: free.text.find(stop) + len(stop)]
 
 
 def test_prompt_forms_and_chat(tiny_llm):
     one = tiny_llm.generate("Hi", SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert len(one) == 1 and one[0].prompt == "Hi"
-    ids = tiny_llm.generate([tiny_llm.tokenizer.encode("Hi")], SamplingParams(temperature=0, max_tokens=2),
-                            use_tqdm=False)
+    ids = tiny_llm.generate(
+        [tiny_llm.tokenizer.encode("Hi")], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False
+    )
     assert ids[0].token_ids == one[0].token_ids and ids[0].prompt is None
     convs = [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Bye"}]]
     outs = tiny_llm.chat(convs, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
@@ -84,9 +93,11 @@ def test_bad_requests(tiny_llm):
 
 
 def test_package_root_is_lazy():
-    code = ("import sys, deepinfer, deepinfer.constraints; "
-            "assert 'torch' not in sys.modules, 'torch imported'; "
-            "import os; assert os.environ['OMP_WAIT_POLICY'] == 'PASSIVE'; "
-            "from deepinfer import SamplingParams; SamplingParams(); assert 'torch' not in sys.modules")
+    code = (
+        "import sys, deepinfer, deepinfer.constraints; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "import os; assert os.environ['OMP_WAIT_POLICY'] == 'PASSIVE'; "
+        "from deepinfer import SamplingParams; SamplingParams(); assert 'torch' not in sys.modules"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -20,7 +20,9 @@ def test_tiny_hf_folder_loads_offline_and_matches(tiny_folder, tiny_llm):
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     assert tiny_llm.config.num_layers == 2 and tiny_llm.tokenizer.eos_token_ids == (2,)
     ids = [1, 5, 900, 77]
-    out = tiny_llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+    out = tiny_llm.generate(
+        [ids], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False
+    )
     with torch.no_grad():
         assert out[0].token_ids == [int(hf(torch.tensor([ids])).logits[0, -1].argmax())]
 
@@ -56,8 +58,10 @@ def test_missing_tokenizer(tmp_path, smollm_tokenizer):
 def test_pickle_only_checkpoint_is_refused(tmp_path):
     folder = tmp_path / "pickled"
     folder.mkdir()
-    (folder / "config.json").write_text('{"model_type": "llama", "vocab_size": 8, "hidden_size": 8, '
-                                        '"intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1}')
+    (folder / "config.json").write_text(
+        '{"model_type": "llama", "vocab_size": 8, "hidden_size": 8, '
+        '"intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1}'
+    )
     (folder / "tokenizer.json").write_text("{}")
     (folder / "pytorch_model.bin").write_bytes(b"\x80\x04 not loaded")
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors weights"):
@@ -105,8 +109,13 @@ def test_gguf_without_tokenizer(tmp_path):
 
     p = tmp_path / "notok.gguf"
     w = gguf.GGUFWriter(str(p), "llama")
-    for k, v in [("block_count", 1), ("embedding_length", 8), ("feed_forward_length", 8),
-                 ("attention.head_count", 2), ("context_length", 32)]:
+    for k, v in [
+        ("block_count", 1),
+        ("embedding_length", 8),
+        ("feed_forward_length", 8),
+        ("attention.head_count", 2),
+        ("context_length", 32),
+    ]:
         w.add_uint32(f"llama.{k}", v)
     w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     w.write_header_to_file()

@@ -15,13 +15,15 @@ from ..constraints.vocabs import small_vocab
 
 def _seqs():
     vocab = small_vocab()
-    compiled = Compiler(vocab).from_ir(Grammar({"start": seq(lit('{"n":'), plus(byte_range(48, 57)), lit("}"))}))
+    compiled = Compiler(vocab).from_ir(
+        Grammar({"start": seq(lit('{"n":'), plus(byte_range(48, 57)), lit("}"))})
+    )
     out = []
     for i in range(5):
         s = Sequence(i, None, [3, 4], SamplingParams(max_tokens=8), seed=i, eos_token_ids=(1,), max_len=64)
         if i != 2:  # one unconstrained row in the batch
             s.constraint = Matcher(compiled)
-            for t in [b'{"', b"n", b'":', b"1"][: i]:
+            for t in [b'{"', b"n", b'":', b"1"][:i]:
                 assert s.constraint.accept(vocab.token_bytes.index(t))
         out.append(s)
     return out, vocab
@@ -37,8 +39,9 @@ def test_thread_and_inline_modes_fill_the_same_rows():
         assert constrained == [0, 1, 3, 4]
         results.append(host.numpy().copy())
         for i in constrained:
-            np.testing.assert_array_equal(results[-1][i, : len(seqs[i].constraint.mask_row())],
-                                          seqs[i].constraint.mask_row())
+            np.testing.assert_array_equal(
+                results[-1][i, : len(seqs[i].constraint.mask_row())], seqs[i].constraint.mask_row()
+            )
         assert filler.steps == 1 and filler.mask_seconds > 0
     np.testing.assert_array_equal(results[0][[0, 1, 3, 4]], results[1][[0, 1, 3, 4]])
 
@@ -56,7 +59,9 @@ def test_empty_mask_error_names_unique_items():
     """A request whose mask went empty because every allowed token repeats an earlier array item
     fails with an error that says so."""
     vocab = small_vocab()
-    compiled = Compiler(vocab).json_schema({"type": "array", "uniqueItems": True, "items": {"type": "object"}})
+    compiled = Compiler(vocab).json_schema(
+        {"type": "array", "uniqueItems": True, "items": {"type": "object"}}
+    )
     s = Sequence(0, None, [3, 4], SamplingParams(max_tokens=8), seed=0, eos_token_ids=(1,), max_len=64)
     s.constraint = Matcher(compiled)
     assert s.constraint.accept_bytes(b'[{"a":1},{"a":1}')

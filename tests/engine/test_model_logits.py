@@ -47,7 +47,9 @@ def test_ragged_prefill_then_decode_match_transformers(variant):
             p.append(t)
         pos = torch.tensor([[len(p) - 1] for p in seqs])
         batch = ForwardBatch(
-            tokens=torch.tensor([[t] for t in nxt]), positions=pos, slots=torch.tensor([2, 0, 1]),
+            tokens=torch.tensor([[t] for t in nxt]),
+            positions=pos,
+            slots=torch.tensor([2, 0, 1]),
             kv_len=int(pos.max()) + 1,
         )
         got = ours.forward(batch, cache)[:, -1]
@@ -61,8 +63,9 @@ def test_all_position_logits_match_transformers():
     hf, d = tiny_hf_model("llama-gqa-untied", seed=3)
     ours = _ours(hf, d)
     ids = torch.randint(0, d["vocab_size"], (2, 10), generator=torch.Generator().manual_seed(0))
-    batch = ForwardBatch(tokens=ids, positions=torch.arange(10).expand(2, 10), slots=torch.arange(2),
-                         kv_len=10, slot_start=0)
+    batch = ForwardBatch(
+        tokens=ids, positions=torch.arange(10).expand(2, 10), slots=torch.arange(2), kv_len=10, slot_start=0
+    )
     got = ours.forward(batch, ours.new_cache(2, 16))  # [B, T, V]
     with torch.no_grad():
         ref = hf(ids).logits
@@ -76,9 +79,16 @@ def test_greedy_generation_matches_transformers(tiny_folder, tiny_llm):
     prompt = [1, 400, 2000, 33, 34]
     with torch.no_grad():
         x = torch.tensor([prompt])
-        ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    out = tiny_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                            use_tqdm=False)[0]
+        ref = hf.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+    out = tiny_llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )[0]
     assert out.token_ids == ref
     assert out.finish_reason == "length"

@@ -31,7 +31,9 @@ BAD = [
 
 @pytest.mark.parametrize("field, value", BAD)
 def test_bad_values_name_field_and_value(field, value):
-    with pytest.raises(ValueError, match=rf"SamplingParams\.{field} .*got {__import__('re').escape(repr(value))}"):
+    with pytest.raises(
+        ValueError, match=rf"SamplingParams\.{field} .*got {__import__('re').escape(repr(value))}"
+    ):
         SamplingParams(**{field: value})
 
 

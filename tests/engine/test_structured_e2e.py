@@ -150,13 +150,20 @@ def test_mixed_batch_equals_alone_greedy(llm, mixed):
 
 
 BAD = [
-    ({"json_schema": {"type": "object", "properties": {"a": {"type": "strin"}}}},
-     r"json_schema: unknown type 'strin' \(at #/properties/a/type\)"),
-    ({"json_schema": {"type": "object", "unevaluatedProperties": False}},
-     r"'unevaluatedProperties'.*lenient=True.*#/unevaluatedProperties"),
+    (
+        {"json_schema": {"type": "object", "properties": {"a": {"type": "strin"}}}},
+        r"json_schema: unknown type 'strin' \(at #/properties/a/type\)",
+    ),
+    (
+        {"json_schema": {"type": "object", "unevaluatedProperties": False}},
+        r"'unevaluatedProperties'.*lenient=True.*#/unevaluatedProperties",
+    ),
     ({"json_schema": '{"type": "object",'}, r"not valid JSON.*line 1 column 19"),
     ({"regex": "(abc"}, r"regex: invalid regex: missing \).*position 0"),
-    ({"grammar": 'start: NUM OP NUM\nOP: "+" "(\nNUM: /[0-9]+/\n'}, r"grammar: .*syntax error.*line 2, column 9"),
+    (
+        {"grammar": 'start: NUM OP NUM\nOP: "+" "(\nNUM: /[0-9]+/\n'},
+        r"grammar: .*syntax error.*line 2, column 9",
+    ),
     ({"grammar": "start: NUM undefined_rule\nNUM: /[0-9]+/\n"}, r"undefined rule 'undefined_rule'.*line 1"),
     ({"grammar": "no_such_grammar.lark"}, r"Unknown grammar 'no_such_grammar.lark'"),
 ]
@@ -165,9 +172,11 @@ BAD = [
 def test_bad_constraints_fail_alone(llm):
     """Each bad constraint fails its own request with an error that names the problem; the
     good requests around them in the same batch still run and are valid."""
-    good = [SamplingParams(regex=DATE, temperature=0, max_tokens=16),
-            SamplingParams(json_schema=Person, temperature=0, max_tokens=64),
-            SamplingParams(temperature=0, max_tokens=6)]
+    good = [
+        SamplingParams(regex=DATE, temperature=0, max_tokens=16),
+        SamplingParams(json_schema=Person, temperature=0, max_tokens=64),
+        SamplingParams(temperature=0, max_tokens=6),
+    ]
     params = [good[0]] + [SamplingParams(**kw, max_tokens=16) for kw, _ in BAD] + good[1:]
     outs = llm.chat([chat(PEOPLE[0])] * len(params), params, use_tqdm=False)
     for o, (_, pattern) in zip(outs[1 : 1 + len(BAD)], BAD):
@@ -183,8 +192,12 @@ def test_bad_constraints_fail_alone(llm):
 
 
 def test_lenient_relaxes_and_reports(llm):
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
-              "required": ["n"], "unevaluatedProperties": {"type": "string"}}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "unevaluatedProperties": {"type": "string"},
+    }
     p = SamplingParams(json_schema=schema, lenient=True, temperature=0, max_tokens=24)
     o = llm.chat(chat("A digit as JSON, key n."), p, use_tqdm=False)[0]
     assert o.relaxed == ["unevaluatedProperties at #/unevaluatedProperties"]
@@ -193,17 +206,29 @@ def test_lenient_relaxes_and_reports(llm):
 
 
 def test_unique_items_is_enforced_not_relaxed(llm):
-    p = SamplingParams(json_schema={"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
-                                    "minItems": 3, "maxItems": 3, "uniqueItems": True},
-                       lenient=True, temperature=0, max_tokens=16)
+    p = SamplingParams(
+        json_schema={
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 9},
+            "minItems": 3,
+            "maxItems": 3,
+            "uniqueItems": True,
+        },
+        lenient=True,
+        temperature=0,
+        max_tokens=16,
+    )
     o = llm.chat(chat("Three digits as a JSON array."), p, use_tqdm=False)[0]
     assert o.relaxed == [] and o.valid
     arr = json.loads(o.text)
     assert len(arr) == 3 and len(set(arr)) == 3
 
 
-@pytest.mark.parametrize("kw", [{"json_schema": Person}, {"regex": DATE}, {"grammar": SUM_GRAMMAR}],
-                         ids=["json_schema", "regex", "grammar"])
+@pytest.mark.parametrize(
+    "kw",
+    [{"json_schema": Person}, {"regex": DATE}, {"grammar": SUM_GRAMMAR}],
+    ids=["json_schema", "regex", "grammar"],
+)
 def test_cut_by_max_tokens_is_never_valid(llm, kw):
     o = llm.chat(chat(PEOPLE[1]), SamplingParams(**kw, temperature=0, max_tokens=2), use_tqdm=False)[0]
     assert o.finish_reason == "length" and len(o.token_ids) == 2
