@@ -2,7 +2,7 @@
 # One entry point for set-up, the demo and the tests.
 #   ./build.sh install   create .venv, install deepinfer (editable) + the embedded model
 #   ./build.sh demo      install, then run examples/offline_inference.py on the embedded model
-#   ./build.sh test      install, then ruff + pytest
+#   ./build.sh test      install, then ruff (lint, line length, format) + pytest
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=.venv
@@ -42,6 +42,7 @@ case "${1:-}" in
         install
         shift
         "$VENV/bin/ruff" check .
+        "$VENV/bin/ruff" format --check .
         TRITON_INTERPRET=1 "$PY" -m pytest -q "$@"
         ;;
     *)

@@ -18,7 +18,8 @@ The schemas are the ``*.json`` files of ``--data DIR``, by default
 
 Usage (from the repository root)::
 
-    DEEPINFER_SHARED_DATA=/path/to/data .venv/bin/python benchmarks/bench_constraints.py --tokenizer both --limit 100
+    DEEPINFER_SHARED_DATA=/path/to/data .venv/bin/python benchmarks/bench_constraints.py \\
+        --tokenizer both --limit 100
 
 Not a test: it prints tables (and, for deepinfer, where the time goes).
 """
@@ -750,7 +751,8 @@ def analysis(results: dict[str, dict], jobs: list[dict], n: int = 5) -> list[str
         "",
         f"deepinfer: the {n} schemas with the worst per-token mask p99:",
         "",
-        "| schema | bytes | masks | p50 | p99 | max | > 100 µs | 2nd pass p99 | states | slowest mask: after … |",
+        "| schema | bytes | masks | p50 | p99 | max | > 100 µs | 2nd pass p99 | states "
+        "| slowest mask: after … |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     scored = [(pct(results[k]["masks_ns"], 99), k) for k in ok if len(results[k]["masks_ns"])]

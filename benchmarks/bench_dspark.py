@@ -1,9 +1,10 @@
 """DSpark benchmark on an extraction workload: prints tables, asserts nothing.
 
-Workload: instances of maskbench-dev, found at $DEEPINFER_SHARED_DATA/maskbench-dev (schemas that compile, valid test data of a
-modest size). Each prompt shows the instance's content as plain "key: value" text and asks for
-it as JSON under the schema (shown too), so the answer copies spans of the prompt and the
-schema forces keys, quotes and brackets: the two draft sources DSpark has.
+Workload: instances of maskbench-dev, found at $DEEPINFER_SHARED_DATA/maskbench-dev (schemas
+that compile, valid test data of a modest size). Each prompt shows the instance's content as
+plain "key: value" text and asks for it as JSON under the schema (shown too), so the answer
+copies spans of the prompt and the schema forces keys, quotes and brackets: the two draft
+sources DSpark has.
 
 CPU (default): the embedded SmolLM2-135M-Instruct, greedy, batch 1 and 8, with and without
 DSpark; tokens/s (decode only: a max_tokens=1 run of the same prompts is subtracted), tokens per
@@ -78,15 +79,22 @@ def workload(n: int, compile_fn, *, max_data: int = 400, max_schema: int = 1500,
     files = sorted(glob.glob(os.path.join(DATA, "maskbench-dev", "*.json"))) if DATA else []
     if not files:
         sys.exit(
-            f"no maskbench-dev/*.json under DEEPINFER_SHARED_DATA={DATA!r}: set it to the folder holding maskbench-dev/"
+            f"no maskbench-dev/*.json under DEEPINFER_SHARED_DATA={DATA!r}: "
+            "set it to the folder holding maskbench-dev/"
         )
     random.Random(seed).shuffle(files)
     tasks, seen = [], set()
     for f in files:
         d = json.load(open(f))
         schema = d.get("schema")
-        data = next((t["data"] for t in d.get("tests", []) if t.get("valid") and isinstance(t.get("data"), dict)
-                     and len(t["data"]) >= 2), None)  # fmt: skip
+        data = next(
+            (
+                t["data"]
+                for t in d.get("tests", [])
+                if t.get("valid") and isinstance(t.get("data"), dict) and len(t["data"]) >= 2
+            ),
+            None,
+        )
         if (
             data is None
             or not 40 <= len(json.dumps(data)) <= max_data
@@ -206,10 +214,21 @@ def bench_cpu(args) -> None:
             tps = (n - len(prompts)) / r["decode"]
             same = sum(a.token_ids == b.token_ids for a, b in zip(r["outs"], base["outs"]))
             valid = sum(o.parsed is not None for o in r["outs"])
-            rows.append([batch, m, n, f"{tps:.1f}", f"{tps / base_tps:.2f}x",
-                         f"{(n - len(prompts)) / max(r['rows'], 1):.2f}",
-                         f"{r['emitted'] / r['verify_rows']:.2f}" if r["verify_rows"] else "-",
-                         _acc(r, 0), _acc(r, 1), f"{same}/{len(prompts)}", f"{valid}/{len(prompts)}"])  # fmt: skip
+            rows.append(
+                [
+                    batch,
+                    m,
+                    n,
+                    f"{tps:.1f}",
+                    f"{tps / base_tps:.2f}x",
+                    f"{(n - len(prompts)) / max(r['rows'], 1):.2f}",
+                    f"{r['emitted'] / r['verify_rows']:.2f}" if r["verify_rows"] else "-",
+                    _acc(r, 0),
+                    _acc(r, 1),
+                    f"{same}/{len(prompts)}",
+                    f"{valid}/{len(prompts)}",
+                ]
+            )
             print("  measured", rows[-1], flush=True)
             if m == "off" and "outputs" not in trace:  # the answers the device replay has its model write
                 trace["outputs"] = {t["name"]: o.text for t, o in zip(tasks, r["outs"])}
@@ -220,7 +239,8 @@ def bench_cpu(args) -> None:
                 }
     sampler = "engine sampler" if args.reference_sampler else "greedy by argmax in both modes"
     print(
-        f"\nCPU, embedded SmolLM2-135M-Instruct, {llm.dtype}, greedy ({sampler}), max_tokens {args.max_tokens}, "
+        f"\nCPU, embedded SmolLM2-135M-Instruct, {llm.dtype}, greedy ({sampler}), "
+        f"max_tokens {args.max_tokens}, "
         f"{len(prompts)} extraction prompts (maskbench-dev); decode tokens/s (prefill subtracted)"
     )
     _table(
@@ -538,8 +558,14 @@ def bench_device(args) -> None:
     loaded = LoadedModel(
         config=cfg, weights=w, tokenizer=tok, source=f"random {args.shape}", eos_token_ids=eos
     )
-    llm = LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=max(args.batches), max_model_len=2048,
-              seed=0)  # fmt: skip
+    llm = LLM(
+        loaded,
+        device=args.device,
+        dtype="bfloat16",
+        max_num_seqs=max(args.batches),
+        max_model_len=2048,
+        seed=0,
+    )
     tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s)))
     base_prompts = [llm.tokenizer.encode(prompt_text(t)) for t in tasks]
     t0 = time.perf_counter()  # every decode and verify graph the runs may use, as a server does at start
@@ -548,10 +574,14 @@ def bench_device(args) -> None:
     if args.profile and llm.runner.cuda_graphs:
         graph_times(llm, max(map(len, base_prompts)) + args.max_tokens // 2)
     recorded = trace.get("outputs") or {}
-    print(f"device {args.device}, {args.shape} random weights bf16, {len(tasks)} tasks "
-          f"({sum(t['name'] in recorded for t in tasks)} with the real model's recorded answer, the rest the record "
-          f"as JSON); acceptance {'replayed ' + str([round(r, 3) for r in rates]) if args.accept == 'rates' else 'by the script'} "
-          f"({trace.get('source', 'default rates: no trace file')})", flush=True)  # fmt: skip
+    print(
+        f"device {args.device}, {args.shape} random weights bf16, {len(tasks)} tasks "
+        f"({sum(t['name'] in recorded for t in tasks)} with the real model's recorded answer, "
+        f"the rest the record as JSON); acceptance "
+        f"{'replayed ' + str([round(r, 3) for r in rates]) if args.accept == 'rates' else 'by the script'} "
+        f"({trace.get('source', 'default rates: no trace file')})",
+        flush=True,
+    )
     rows = []
     prof = StepProfile() if args.profile else None
     for batch in args.batches:
@@ -578,10 +608,21 @@ def bench_device(args) -> None:
             tps = (n_tok - len(prompts)) / r["decode"]
             base_tps = base_tps or tps
             valid = sum(o.parsed is not None for o in r["outs"])
-            rows.append([batch, m, n_tok, f"{tps:.1f}", f"{tps / base_tps:.2f}x",
-                         f"{(n_tok - len(prompts)) / max(r['rows'], 1):.2f}",
-                         f"{r['emitted'] / r['verify_rows']:.2f}" if r["verify_rows"] else "-",
-                         f"{r['verify_rows']}/{r['rows']}", _acc(r, 0), _acc(r, 1), f"{valid}/{len(prompts)}"])  # fmt: skip
+            rows.append(
+                [
+                    batch,
+                    m,
+                    n_tok,
+                    f"{tps:.1f}",
+                    f"{tps / base_tps:.2f}x",
+                    f"{(n_tok - len(prompts)) / max(r['rows'], 1):.2f}",
+                    f"{r['emitted'] / r['verify_rows']:.2f}" if r["verify_rows"] else "-",
+                    f"{r['verify_rows']}/{r['rows']}",
+                    _acc(r, 0),
+                    _acc(r, 1),
+                    f"{valid}/{len(prompts)}",
+                ]
+            )
             print("  measured", rows[-1], flush=True)
         print(
             f"  script tokens {replay.script_tokens}, sampler's where the mask refused the script "
@@ -589,8 +630,8 @@ def bench_device(args) -> None:
             flush=True,
         )
     print(
-        f"\n{args.device}, {args.shape} (random weights, bf16) writing the extraction answers, seeded sampling, "
-        f"max_tokens {args.max_tokens}; decode tokens/s (prefill subtracted); acceptance "
+        f"\n{args.device}, {args.shape} (random weights, bf16) writing the extraction answers, "
+        f"seeded sampling, max_tokens {args.max_tokens}; decode tokens/s (prefill subtracted); acceptance "
         f"{'replayed from the CPU measurement' if args.accept == 'rates' else 'of the scripts exactly'}"
     )
     _table(
@@ -617,10 +658,15 @@ class StepProfile:
     (decode and verify); host seconds in DSpark's phases (``plan``, ``step`` and, inside it,
     the verifier's calls). Hooks the classes, so it sees every run."""
 
-    HOST = (("DSpark", "plan", "DSpark.plan"), ("DSpark", "step", "DSpark.step"),
-            ("Verifier", "start_masks", "Verifier.start_masks"), ("ModelRunner", "verify", "ModelRunner.verify"),
-            ("Verifier", "bitmask", "Verifier.bitmask"), ("Verifier", "inputs", "Verifier.inputs"),
-            ("StepGraphs", "_make", "capture graph (decode or verify)"))  # fmt: skip
+    HOST = (
+        ("DSpark", "plan", "DSpark.plan"),
+        ("DSpark", "step", "DSpark.step"),
+        ("Verifier", "start_masks", "Verifier.start_masks"),
+        ("ModelRunner", "verify", "ModelRunner.verify"),
+        ("Verifier", "bitmask", "Verifier.bitmask"),
+        ("Verifier", "inputs", "Verifier.inputs"),
+        ("StepGraphs", "_make", "capture graph (decode or verify)"),
+    )
 
     def __init__(self) -> None:
         from deepinfer.cuda_graphs import StepGraphs
@@ -684,10 +730,33 @@ class StepProfile:
         rows = []
         for (mode, path, b, t), xs in sorted(self.steps.items()):
             xs = sorted(xs)
-            rows.append([mode, path, b, t, len(xs), f"{1e3 * sum(xs) / len(xs):.2f}", f"{1e3 * xs[len(xs) // 2]:.2f}",
-                         f"{1e3 * xs[-1]:.2f}", f"{sum(xs):.3f}"])  # fmt: skip
-        _table(["mode", "path", "batch bucket", "width bucket", "steps", "mean ms", "p50 ms", "max ms", "total s"],
-               rows)  # fmt: skip
+            rows.append(
+                [
+                    mode,
+                    path,
+                    b,
+                    t,
+                    len(xs),
+                    f"{1e3 * sum(xs) / len(xs):.2f}",
+                    f"{1e3 * xs[len(xs) // 2]:.2f}",
+                    f"{1e3 * xs[-1]:.2f}",
+                    f"{sum(xs):.3f}",
+                ]
+            )
+        _table(
+            [
+                "mode",
+                "path",
+                "batch bucket",
+                "width bucket",
+                "steps",
+                "mean ms",
+                "p50 ms",
+                "max ms",
+                "total s",
+            ],
+            rows,
+        )
         print(
             "host time (s, calls): "
             + "; ".join(f"{m} {k} {v:.3f} ({self.calls[(m, k)]})" for (m, k), v in sorted(self.host.items())),

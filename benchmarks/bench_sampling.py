@@ -180,7 +180,8 @@ def sweep(base: SampleTuning) -> None:
                     tuning = dataclasses.replace(base, block_max=block, num_warps=warps)
                     r = run(dtype, B, V, 4.3, peers=False, tuning=tuning)
                     print(
-                        f"| {str(dtype)[6:]} | {B} | {V} | {block} | {warps} | {r['greedy']:.1f} | {r['top_p']:.1f} |"
+                        f"| {str(dtype)[6:]} | {B} | {V} | {block} | {warps} "
+                        f"| {r['greedy']:.1f} | {r['top_p']:.1f} |"
                     )
 
 
@@ -194,8 +195,10 @@ def compare(shapes: list[tuple[int, int]], floor_tbs: float, base: SampleTuning)
         "split1": dataclasses.replace(base, split="always", split2=False),
         "split": dataclasses.replace(base, split="always", split2=True),
     }
-    head = ("| dtype | B | V | floor µs | greedy row | greedy split | % floor split | plain row | plain split "
-            "| top-p row | top-p split1 | top-p split | top-p / greedy |")  # fmt: skip
+    head = (
+        "| dtype | B | V | floor µs | greedy row | greedy split | % floor split | plain row | plain split "
+        "| top-p row | top-p split1 | top-p split | top-p / greedy |"
+    )
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for dtype in (torch.float32, torch.bfloat16):
@@ -224,8 +227,11 @@ def split_sweep(vocabs: list[int], floor_tbs: float, base: SampleTuning) -> None
                 for warps in (4, 8):
                     tuning = dataclasses.replace(base, split="always", chunk_max=chunk, split_warps=warps)
                     r = run(dtype, 128, V, floor_tbs, peers=False, tuning=tuning)
-                    print(f"| {str(dtype)[6:]} | 128 | {V} | {chunk} | {warps} | {r['greedy']:.1f} "
-                          f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p']:.1f} |", flush=True)  # fmt: skip
+                    print(
+                        f"| {str(dtype)[6:]} | 128 | {V} | {chunk} | {warps} | {r['greedy']:.1f} "
+                        f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p']:.1f} |",
+                        flush=True,
+                    )
 
 
 def parse_tuning(items: list[str]) -> SampleTuning:
@@ -311,10 +317,13 @@ def main() -> None:
                 continue
             xgr = f"{r['xgr']:.1f}" if "xgr" in r else "-"
             mark = "" if r["graph"] else "*"
-            print(f"| {str(dtype)[6:]} | {B} | {V} | {r['greedy']:.1f}{mark} | {r['top_p']:.1f} | {r['top_k']:.1f} "
-                  f"| {r['torch']:.1f} | {xgr} | {r['floor']:.1f} | {r['gbs']:.0f} "
-                  f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p'] / r['greedy']:.2f} "
-                  f"| {r['torch'] / r['top_p']:.1f}x |", flush=True)  # fmt: skip
+            print(
+                f"| {str(dtype)[6:]} | {B} | {V} | {r['greedy']:.1f}{mark} | {r['top_p']:.1f} "
+                f"| {r['top_k']:.1f} | {r['torch']:.1f} | {xgr} | {r['floor']:.1f} | {r['gbs']:.0f} "
+                f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p'] / r['greedy']:.2f} "
+                f"| {r['torch'] / r['top_p']:.1f}x |",
+                flush=True,
+            )
             del r
             torch.cuda.empty_cache()
 

@@ -132,9 +132,9 @@ def eliminate(a: Automaton, pointers: tuple[str, ...]) -> tuple[Automaton, Tags 
                 )
             if table[s, fc] >= 0 or (s, fc) in kind:
                 raise ConstraintError(
-                    f"JSON Schema keyword 'uniqueItems' cannot be enforced here (at {where}): the same text may be "
-                    "an array with uniqueItems or without (e.g. anyOf branches that differ only in uniqueItems); "
-                    "pass lenient=True to relax it"
+                    f"JSON Schema keyword 'uniqueItems' cannot be enforced here (at {where}): "
+                    "the same text may be an array with uniqueItems or without "
+                    "(e.g. anyOf branches that differ only in uniqueItems); pass lenient=True to relax it"
                 )  # (lenient: compile_unique relaxes it)
             new[s, fc] = u
             kind[(s, fc)] = m

@@ -241,9 +241,14 @@ class StepGraphs:
                 attention=self.attention, invariant=self.invariant,
             )  # fmt: skip
         return self.model.decode_static(  # verify: [rows, P] inputs, logits into the shared buffer
-            x[:n].view(rows, P), x[n : 2 * n].view(rows, P), x[2 * n :], self.cache, slot_start=tile.slot_start,
-            kv_len=tile.kv_len, out=self._out(rows, P),
-        )  # fmt: skip
+            x[:n].view(rows, P),
+            x[n : 2 * n].view(rows, P),
+            x[2 * n :],
+            self.cache,
+            slot_start=tile.slot_start,
+            kv_len=tile.kv_len,
+            out=self._out(rows, P),
+        )
 
     def _make(self, tile: Tile) -> _Graph:
         dev = self.model.device

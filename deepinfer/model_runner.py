@@ -105,8 +105,13 @@ class ModelRunner:
             self.cache = self.model.new_cache(
                 num_slots, max_len, spare_slots=spare, len_multiple=ATTN_CHUNK if self.tile else 1
             )
-            self.graphs = StepGraphs(self.model, self.cache, attention=self.attention, invariant=self.invariant,
-                                     capture=self.cuda_graphs)  # fmt: skip
+            self.graphs = StepGraphs(
+                self.model,
+                self.cache,
+                attention=self.attention,
+                invariant=self.invariant,
+                capture=self.cuda_graphs,
+            )
 
     def slot_buckets(self) -> list[int] | None:
         """The batch buckets of the decode graphs' single tile, which the scheduler compacts
@@ -196,9 +201,14 @@ class ModelRunner:
         assert self.cache is not None, "ensure_cache() first"
         cache = self.cache
         plan = plan_verify(
-            [s.slot for s in seqs], [[_last_token(s), *d] for s, d in zip(seqs, drafts)], [len(s) for s in seqs], T,
-            num_slots=cache.num_slots, scratch_slot=cache.scratch_slot, max_len=cache.max_len,
-        )  # fmt: skip
+            [s.slot for s in seqs],
+            [[_last_token(s), *d] for s, d in zip(seqs, drafts)],
+            [len(s) for s in seqs],
+            T,
+            num_slots=cache.num_slots,
+            scratch_slot=cache.scratch_slot,
+            max_len=cache.max_len,
+        )
         host = torch.tensor(plan.inputs + (plan.order or []), dtype=torch.int64,
                             pin_memory=self.device.type == "cuda")  # fmt: skip
         n = len(plan.inputs)

@@ -10,17 +10,18 @@ import triton.language as tl
 from .triton_common import INTERPRET
 
 
-# fmt: off
 @triton.jit
 def _apply_bitmask_kernel(
-    logits_ptr, stride_lb, stride_lv,  # [B, V]
-    mask_ptr, stride_mb,  # [B, W] int32
+    logits_ptr,
+    stride_lb,
+    stride_lv,  # [B, V]
+    mask_ptr,
+    stride_mb,  # [B, W] int32
     rows_ptr,  # [N] int32 rows to mask (HAS_ROWS), else program id
     V,
     HAS_ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    # fmt: on
     pid = tl.program_id(0)
     if HAS_ROWS:
         row = tl.load(rows_ptr + pid).to(tl.int64)
@@ -32,7 +33,6 @@ def _apply_bitmask_kernel(
     forbidden = ((words >> (offs % 32)) & 1) == 0
     ptrs = logits_ptr + row * stride_lb + offs.to(tl.int64) * stride_lv
     tl.store(ptrs, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty), mask=inb & forbidden)
-
 
 
 def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:

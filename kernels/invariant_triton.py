@@ -4,9 +4,9 @@ Imported only when a batch-invariant forward runs: importing triton is not free,
 paths never need it. Under TRITON_INTERPRET=1 (set before this import) they run on CPU tensors.
 
 Every kernel is compiled once per problem (N, K, dtype) whatever the number of rows M: M (and
-the partials' stride M * N) is a plain runtime argument (``do_not_specialize``), the block sizes and the K split are chosen from
-(N, K) alone, and a row's products are accumulated in the same k order by the same instructions
-in every launch. Rows never mix, so a row's bits cannot depend on the others.
+the partials' stride M * N) is a plain runtime argument (``do_not_specialize``), the block sizes
+and the K split are chosen from (N, K) alone, and a row's products are accumulated in the same
+k order by the same instructions in every launch. Rows never mix, so a row's bits cannot depend on the others.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import triton
 import triton.language as tl
 
 # tl.dot of bfloat16 operands gives garbage under the interpreter (triton 3.9): under INTERPRET the
-# operands go to float32 first (exact products, float32 sums), on the GPU they stay 16-bit (tensor
-# cores)
+# operands go to float32 first, on the GPU they stay 16-bit (tensor cores). And under INTERPRET
+# tl.dot is numpy's matmul, whose BLAS may round a row differently by its place in the block (seen
+# on AMD EPYC: rows 6-11 of a 64-row block): there the products are summed in k order instead.
 from .triton_common import INTERPRET
 
 BLOCK_M = 64  # rows per program, fixed for every M (a row's instructions never change)
@@ -55,6 +56,7 @@ def _mm_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    ROW_SUMS: tl.constexpr = False,
 ):
     # axis 0: row blocks (fastest, so the programs sharing a weight tile run together)
     pid_m = tl.program_id(0)
@@ -77,7 +79,9 @@ def _mm_kernel(
             mask=(rk[:, None] < K) & (rn[None, :] < N),
             other=0.0,
         )
-        if IEEE:
+        if ROW_SUMS:  # the interpreter: each product summed in k order (a BLAS gemm may not)
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+        elif IEEE:
             acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc)
@@ -119,6 +123,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             out.stride(0),
             K_PER_SPLIT=per,
             IEEE=ieee,
+            ROW_SUMS=INTERPRET,
             BM=BLOCK_M,
             BN=block_n,
             BK=BLOCK_K,
@@ -140,6 +145,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         part.stride(1),
         K_PER_SPLIT=per,
         IEEE=ieee,
+        ROW_SUMS=INTERPRET,
         BM=BLOCK_M,
         BN=block_n,
         BK=BLOCK_K,

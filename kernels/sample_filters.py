@@ -155,10 +155,43 @@ def _tested_sum(p, rd):
     return tl.sum(tl.where(rd, p, 0.0), 0)
 
 
-# fmt: off
 @helper
-def decide(x0, x1, x2, x3, q0, q1, q2, q3, v0, v1, v2, v3, m, top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1, sums_ptr, S, ms, zs, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DRAWN: tl.constexpr, SPLIT2: tl.constexpr, SP: tl.constexpr):
-    # fmt: on
+def decide(
+    x0,
+    x1,
+    x2,
+    x3,
+    q0,
+    q1,
+    q2,
+    q3,
+    v0,
+    v1,
+    v2,
+    v3,
+    m,
+    top_k,
+    top_p,
+    min_p,
+    lrow,
+    stride_lv,
+    mrow_ptr,
+    has_row_mask,
+    V,
+    inv_t,
+    k0,
+    k1,
+    sums_ptr,
+    S,
+    ms,
+    zs,
+    HAS_MASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    DRAWN: tl.constexpr,
+    SPLIT2: tl.constexpr,
+    SP: tl.constexpr,
+):
     # The first of the draws x0..x3 (samples of softmax(s); scores q0..q3) that the filters keep;
     # a draw is kept iff count / mass strictly above its score pass top-k / top-p and
     # e >= min_p (m = max(s); -inf: an empty row, token x0). Each draw's verdict (verdict, from
@@ -225,10 +258,53 @@ def decide(x0, x1, x2, x3, q0, q1, q2, q3, v0, v1, v2, v3, m, top_k, top_p, min_
                     cnt3 = _tested_sum(p7, rd).to(tl.int32)
             else:
                 mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
-                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, ms, c, tlow, HAS_MASK,
-                    BLOCK, CHUNK)
-        tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
-                                     cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p, u0, u1, u2, u3)
+                    lrow,
+                    stride_lv,
+                    mrow_ptr,
+                    has_row_mask,
+                    V,
+                    inv_t,
+                    m,
+                    q0,
+                    q1,
+                    q2,
+                    q3,
+                    k_on,
+                    ms,
+                    c,
+                    tlow,
+                    HAS_MASK,
+                    BLOCK,
+                    CHUNK,
+                )
+        tok, searching = _first_kept(
+            x0,
+            x1,
+            x2,
+            x3,
+            q0,
+            q1,
+            q2,
+            q3,
+            m,
+            zz,
+            mass0,
+            mass1,
+            mass2,
+            mass3,
+            cnt0,
+            cnt1,
+            cnt2,
+            cnt3,
+            kmax,
+            cut_p,
+            top_p,
+            min_p,
+            u0,
+            u1,
+            u2,
+            u3,
+        )
         if searching:
             # every token scoring at or below a cut draw is cut: draw four again above the
             # highest, and test them in one pass
@@ -237,16 +313,75 @@ def decide(x0, x1, x2, x3, q0, q1, q2, q3, v0, v1, v2, v3, m, top_k, top_p, min_
             rms = ms
             while searching:
                 # (a chunk whose max is at or below low is read by neither pass)
-                rms, rzs, cs = row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, rms, HAS_MASK,
-                                          CHUNK, SP)
-                x0, x1, x2, x3, q0, q1, q2, q3 = row_draws(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, rms,
-                                                           rzs, cs, low, j, k0, k1, HAS_MASK, CHUNK)
+                rms, rzs, cs = row_chunks(
+                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, rms, HAS_MASK, CHUNK, SP
+                )
+                x0, x1, x2, x3, q0, q1, q2, q3 = row_draws(
+                    lrow,
+                    stride_lv,
+                    mrow_ptr,
+                    has_row_mask,
+                    V,
+                    inv_t,
+                    rms,
+                    rzs,
+                    cs,
+                    low,
+                    j,
+                    k0,
+                    k1,
+                    HAS_MASK,
+                    CHUNK,
+                )
                 qmin = tl.minimum(tl.minimum(q0, q1), tl.minimum(q2, q3))
                 mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3 = _test_loop(
-                    lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, m, q0, q1, q2, q3, k_on, rms, cs, qmin,
-                    HAS_MASK, BLOCK, CHUNK)
-                tok, searching = _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3,
-                                             cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p, 0, 0, 0, 0)
+                    lrow,
+                    stride_lv,
+                    mrow_ptr,
+                    has_row_mask,
+                    V,
+                    inv_t,
+                    m,
+                    q0,
+                    q1,
+                    q2,
+                    q3,
+                    k_on,
+                    rms,
+                    cs,
+                    qmin,
+                    HAS_MASK,
+                    BLOCK,
+                    CHUNK,
+                )
+                tok, searching = _first_kept(
+                    x0,
+                    x1,
+                    x2,
+                    x3,
+                    q0,
+                    q1,
+                    q2,
+                    q3,
+                    m,
+                    zz,
+                    mass0,
+                    mass1,
+                    mass2,
+                    mass3,
+                    cnt0,
+                    cnt1,
+                    cnt2,
+                    cnt3,
+                    kmax,
+                    cut_p,
+                    top_p,
+                    min_p,
+                    0,
+                    0,
+                    0,
+                    0,
+                )
                 low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
                 j += NDRAW
     return tok

@@ -29,15 +29,21 @@ def _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_r
     return r, c, row, lrow, x
 
 
-# fmt: off
 @triton.jit
 def _split_greedy_kernel(
-    logits_ptr, stride_lb, stride_lv,  # [B, V]
-    mask_ptr, stride_mb, mask_row_ptr,  # as sample_rows._sample_kernel
-    pm_ptr, pi_ptr,  # scratch [B, S]: each chunk's max and its lowest argmax
+    logits_ptr,
+    stride_lb,
+    stride_lv,  # [B, V]
+    mask_ptr,
+    stride_mb,
+    mask_row_ptr,  # as sample_rows._sample_kernel
+    pm_ptr,
+    pi_ptr,  # scratch [B, S]: each chunk's max and its lowest argmax
     count_ptr,  # [>= B] int32: chunks of the row finished; zero on entry, reset to zero on exit
-    tokens_ptr, empty_ptr,  # out: [B] int64 (-1: nothing allowed), bool
-    V, S,
+    tokens_ptr,
+    empty_ptr,  # out: [B] int64 (-1: nothing allowed), bool
+    V,
+    S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -46,7 +52,6 @@ def _split_greedy_kernel(
     MASK2D: tl.constexpr,  # the tile as [CHUNK / 32, 32]: one bitmask word per 32 tokens
     TILES: tl.constexpr,  # (PACKED) program c takes tiles c * TILES .. (c + 1) * TILES - 1 in turn
 ):
-    # fmt: on
     # program (row, c) of an all-greedy batch: the max of tile c and its lowest index; the row's
     # last program to finish (an atomic count) takes the S chunks' results in chunk order and
     # writes the token -- one launch, where the other kinds end in sample_rows._sample_kernel. The argmax
@@ -54,13 +59,25 @@ def _split_greedy_kernel(
     if PACKED or MASK2D:
         # [CHUNK / 32, 32] (tile2d): each word of the bitmask is loaded once and tested against
         # the column's bit (no per-token gather of its word)
-        r, c, row, lrow, mrow_ptr, has_row_mask = chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb,
-                                                            mask_row_ptr, S, HAS_ROW_MAP)
+        r, c, row, lrow, mrow_ptr, has_row_mask = chunk_row(
+            logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, S, HAS_ROW_MAP
+        )
         if not PACKED:  # (the packed keys read their TILES tiles below)
             x, local = tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
     else:
-        r, c, row, lrow, x = _chunk_program(logits_ptr, stride_lb, stride_lv, mask_ptr, stride_mb, mask_row_ptr,
-                                            V, S, HAS_MASK, HAS_ROW_MAP, CHUNK)
+        r, c, row, lrow, x = _chunk_program(
+            logits_ptr,
+            stride_lb,
+            stride_lv,
+            mask_ptr,
+            stride_mb,
+            mask_row_ptr,
+            V,
+            S,
+            HAS_MASK,
+            HAS_ROW_MAP,
+            CHUNK,
+        )
         local = tl.arange(0, CHUNK)
     if PACKED:
         # x holds bfloat16 values (low 16 bits zero): the float's bits made monotone as an int32
@@ -102,7 +119,6 @@ def _split_greedy_kernel(
         tl.store(count_ptr + r, 0)
 
 
-
 _counts: dict[torch.device, torch.Tensor] = {}
 
 
@@ -119,7 +135,9 @@ def row_counts(dev: torch.device, B: int) -> torch.Tensor:
     return buf
 
 
-def launch(rows: RowArgs, tokens: torch.Tensor, empty: torch.Tensor, V: int, chunk: int, tuning: SampleTuning) -> None:
+def launch(
+    rows: RowArgs, tokens: torch.Tensor, empty: torch.Tensor, V: int, chunk: int, tuning: SampleTuning
+) -> None:
     """The all-greedy launch: ``tokens`` [B] int64 (-1: nothing allowed) and ``empty`` [B] bool."""
     logits = rows.logits[0]
     B = logits.shape[0]

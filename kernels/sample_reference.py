@@ -279,5 +279,16 @@ def _draw_kept(
     return tokens
 
 
-__all__ = ["CHUNK_MAX", "KINDS", "chunk_size", "chunk_weights", "draw_bits", "inverse_cdf", "mix32", "row_keys",
-           "sample", "scale_bits", "unpack_bitmask"]  # fmt: skip
+__all__ = [
+    "CHUNK_MAX",
+    "KINDS",
+    "chunk_size",
+    "chunk_weights",
+    "draw_bits",
+    "inverse_cdf",
+    "mix32",
+    "row_keys",
+    "sample",
+    "scale_bits",
+    "unpack_bitmask",
+]

@@ -35,8 +35,27 @@ from .tuning import SampleTuning
 
 
 @helper
-def sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k, top_p, min_p, k0, k1,
-               HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SP: tl.constexpr):  # fmt: skip
+def sample_row(
+    lrow,
+    stride_lv,
+    mrow_ptr,
+    has_row_mask,
+    V,
+    inv_t,
+    ms,
+    zs,
+    cs,
+    m,
+    top_k,
+    top_p,
+    min_p,
+    k0,
+    k1,
+    HAS_MASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SP: tl.constexpr,
+):
     # a sampling row in one program, after its pass 1 by chunks (row_chunks): the four draws
     # (a tile each), then the first kept one (decide, test pass in the loop)
     ninf = float("-inf")
@@ -94,19 +113,32 @@ def sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m,
     )
 
 
-# fmt: off
 @triton.jit
 def _sample_kernel(
-    logits_ptr, stride_lb, stride_lv,  # [B, V] fp32 | bf16 | fp16
-    mask_ptr, stride_mb, mask_row_ptr,  # [B, W] int32; [B] int32 (HAS_ROW_MAP): 1 = row is masked
+    logits_ptr,
+    stride_lb,
+    stride_lv,  # [B, V] fp32 | bf16 | fp16
+    mask_ptr,
+    stride_mb,
+    mask_row_ptr,  # [B, W] int32; [B] int32 (HAS_ROW_MAP): 1 = row is masked
     temp_ptr,  # [B] float32
-    top_k_ptr, top_p_ptr, min_p_ptr,  # [B] int64, float32, float32
-    seed_ptr, step_ptr,  # [B] int64
-    tokens_ptr, empty_ptr, logprobs_ptr,  # [B] int64, bool, float32
-    pm_ptr, pz_ptr, pi_ptr,  # SPLIT: [B, S] float32, int64, int32 written by _split_pass1_kernel
-    dx_ptr, dq_ptr, dv_ptr,  # SPLIT: [B, NDRAW] drawn tokens, scores, verdicts (_split_draw_kernel)
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,  # [B] int64, float32, float32
+    seed_ptr,
+    step_ptr,  # [B] int64
+    tokens_ptr,
+    empty_ptr,
+    logprobs_ptr,  # [B] int64, bool, float32
+    pm_ptr,
+    pz_ptr,
+    pi_ptr,  # SPLIT: [B, S] float32, int64, int32 written by _split_pass1_kernel
+    dx_ptr,
+    dq_ptr,
+    dv_ptr,  # SPLIT: [B, NDRAW] drawn tokens, scores, verdicts (_split_draw_kernel)
     ps_ptr,  # SPLIT2: [B, 8, S] float32 written by _split_pass2_kernel
-    V, S,
+    V,
+    S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
@@ -117,10 +149,10 @@ def _sample_kernel(
     SP: tl.constexpr,  # next power of 2 >= S
     PDL: tl.constexpr,  # (SPLIT) launched early: wait for the split passes before their results
 ):
-    # fmt: on
     pid = tl.program_id(0)
-    row, lrow, mrow_ptr, has_row_mask = row_ptrs(pid, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
-                                                 HAS_ROW_MAP)
+    row, lrow, mrow_ptr, has_row_mask = row_ptrs(
+        pid, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, HAS_ROW_MAP
+    )
     temp = tl.load(temp_ptr + pid)
     greedy = temp == 0
     inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp)))  # IEEE, as torch
@@ -147,12 +179,42 @@ def _sample_kernel(
             dx = dx_ptr + row * NDRAW
             dq = dq_ptr + row * NDRAW
             dv = dv_ptr + row * NDRAW
-            tok = decide(tl.load(dx).to(tl.int32), tl.load(dx + 1).to(tl.int32), tl.load(dx + 2).to(tl.int32),
-                         tl.load(dx + 3).to(tl.int32), tl.load(dq).to(tl.float32), tl.load(dq + 1).to(tl.float32),
-                         tl.load(dq + 2).to(tl.float32), tl.load(dq + 3).to(tl.float32), tl.load(dv).to(tl.int32),
-                         tl.load(dv + 1).to(tl.int32), tl.load(dv + 2).to(tl.int32), tl.load(dv + 3).to(tl.int32), m,
-                         top_k, top_p, min_p, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k0, k1,
-                         ps_ptr + row * 8 * S, S, ms, zs, HAS_MASK, BLOCK, CHUNK, True, SPLIT2, SP)
+            tok = decide(
+                tl.load(dx).to(tl.int32),
+                tl.load(dx + 1).to(tl.int32),
+                tl.load(dx + 2).to(tl.int32),
+                tl.load(dx + 3).to(tl.int32),
+                tl.load(dq).to(tl.float32),
+                tl.load(dq + 1).to(tl.float32),
+                tl.load(dq + 2).to(tl.float32),
+                tl.load(dq + 3).to(tl.float32),
+                tl.load(dv).to(tl.int32),
+                tl.load(dv + 1).to(tl.int32),
+                tl.load(dv + 2).to(tl.int32),
+                tl.load(dv + 3).to(tl.int32),
+                m,
+                top_k,
+                top_p,
+                min_p,
+                lrow,
+                stride_lv,
+                mrow_ptr,
+                has_row_mask,
+                V,
+                inv_t,
+                k0,
+                k1,
+                ps_ptr + row * 8 * S,
+                S,
+                ms,
+                zs,
+                HAS_MASK,
+                BLOCK,
+                CHUNK,
+                True,
+                SPLIT2,
+                SP,
+            )
     elif greedy:  # one pass: m = max(s) and its lowest argmax
         arange = tl.arange(0, BLOCK)
         m = float("-inf")
@@ -170,14 +232,44 @@ def _sample_kernel(
         log_z = tl.log(tl.where(m == float("-inf"), 1.0, z))
     else:  # pass 1 by chunks; the draws (a tile each); then the first kept one
         tok = 0
-        ms, zs, cs = row_chunks(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, float("-inf"), float("inf"),
-                                HAS_MASK, CHUNK, SP)
+        ms, zs, cs = row_chunks(
+            lrow,
+            stride_lv,
+            mrow_ptr,
+            has_row_mask,
+            V,
+            inv_t,
+            float("-inf"),
+            float("inf"),
+            HAS_MASK,
+            CHUNK,
+            SP,
+        )
         m = tl.max(ms, 0)
         if RETURN_LOGPROBS:
             log_z = chunks_log_z(ms, zs)
         if m > float("-inf"):
-            tok = sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k, top_p, min_p,
-                             k0, k1, HAS_MASK, BLOCK, CHUNK, SP)
+            tok = sample_row(
+                lrow,
+                stride_lv,
+                mrow_ptr,
+                has_row_mask,
+                V,
+                inv_t,
+                ms,
+                zs,
+                cs,
+                m,
+                top_k,
+                top_p,
+                min_p,
+                k0,
+                k1,
+                HAS_MASK,
+                BLOCK,
+                CHUNK,
+                SP,
+            )
     empty = m == float("-inf")
 
     tok = tl.where(empty, -1, tok)
@@ -189,10 +281,10 @@ def _sample_kernel(
         tl.store(logprobs_ptr + pid, lp)
 
 
-
-def launch(rows: RowArgs, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-           seed: torch.Tensor, step: torch.Tensor, out: tuple, split_results: tuple, V: int, S: int, chunk: int,
-           return_logprobs: bool, split: bool, split2: bool, pdl: bool, tuning: SampleTuning) -> None:  # fmt: skip
+def launch(rows: RowArgs, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, out: tuple, split_results: tuple,
+           V: int, S: int, chunk: int, return_logprobs: bool, split: bool, split2: bool, pdl: bool,
+           tuning: SampleTuning) -> None:  # fmt: skip
     """``_sample_kernel`` over the B rows: ``out`` = (tokens, empty, logprobs) [B];
     ``split_results`` = (pm, pz, pi, dx, dq, dv, ps), what the split passes wrote (placeholders
     where they did not run)."""

@@ -40,28 +40,34 @@ from .triton_common import (
 )
 
 
-# fmt: off
 @triton.jit
 def _split_pass1_kernel(
-    logits_ptr, stride_lb, stride_lv,  # [B, V]
-    mask_ptr, stride_mb, mask_row_ptr,  # as sample_rows._sample_kernel
+    logits_ptr,
+    stride_lb,
+    stride_lv,  # [B, V]
+    mask_ptr,
+    stride_mb,
+    mask_row_ptr,  # as sample_rows._sample_kernel
     temp_ptr,  # [B] float32
-    pm_ptr, pz_ptr, pi_ptr,  # out: [B, S] float32 max s, int64 quanta sum, int32 greedy argmax
-    V, S,
+    pm_ptr,
+    pz_ptr,
+    pi_ptr,  # out: [B, S] float32 max s, int64 quanta sum, int32 greedy argmax
+    V,
+    S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     CHUNK: tl.constexpr,
     PDL: tl.constexpr,  # the launches after this one start early and wait for it (gdc_wait)
 ):
-    # fmt: on
     if PDL:
         gdc_launch_dependents()
     # program (row, c) runs pass 1 on tokens [c * CHUNK, (c + 1) * CHUNK) of the row, one tile:
     # the max of s, its lowest index (greedy rows) and the quanta sum (sampling rows, or for the
     # logprob). CHUNK depends on V only, so a row's result depends on that row.
-    r, c, row, lrow, mrow_ptr, has_row_mask = chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
-                                                        S, HAS_ROW_MAP)
+    r, c, row, lrow, mrow_ptr, has_row_mask = chunk_row(
+        logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, S, HAS_ROW_MAP
+    )
     x, local = tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
     temp = tl.load(temp_ptr + r)
     greedy = temp == 0
@@ -77,23 +83,33 @@ def _split_pass1_kernel(
         tl.store(pz_ptr + row * S + c, tl.sum(quanta(s, m, float("-inf"))))
 
 
-# fmt: off
 @triton.jit
 def _split_draw_kernel(
-    logits_ptr, stride_lb, stride_lv,  # [B, V]
-    mask_ptr, stride_mb, mask_row_ptr,  # as sample_rows._sample_kernel
-    temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B] float32, int64, float32, float32
-    seed_ptr, step_ptr,  # [B] int64
-    pm_ptr, pz_ptr,  # [B, S] float32, int64 written by _split_pass1_kernel
-    dx_ptr, dq_ptr, dv_ptr,  # out: [B, NDRAW] int32 drawn tokens, float32 their scores, int32 verdicts
-    V, S,
+    logits_ptr,
+    stride_lb,
+    stride_lv,  # [B, V]
+    mask_ptr,
+    stride_mb,
+    mask_row_ptr,  # as sample_rows._sample_kernel
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,  # [B] float32, int64, float32, float32
+    seed_ptr,
+    step_ptr,  # [B] int64
+    pm_ptr,
+    pz_ptr,  # [B, S] float32, int64 written by _split_pass1_kernel
+    dx_ptr,
+    dq_ptr,
+    dv_ptr,  # out: [B, NDRAW] int32 drawn tokens, float32 their scores, int32 verdicts
+    V,
+    S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     CHUNK: tl.constexpr,
     SP: tl.constexpr,
     PDL: tl.constexpr,  # launched early, as a dependent of pass 1
 ):
-    # fmt: on
     if PDL:  # every program waits, so this launch ends after pass 1 (the later ones rely on it)
         gdc_launch_dependents()
         gdc_wait()
@@ -103,8 +119,9 @@ def _split_draw_kernel(
     pid = tl.program_id(0)
     r = pid // NDRAW
     j = pid - r * NDRAW
-    row, lrow, mrow_ptr, has_row_mask = row_ptrs(r, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
-                                                 HAS_ROW_MAP)
+    row, lrow, mrow_ptr, has_row_mask = row_ptrs(
+        r, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, HAS_ROW_MAP
+    )
     temp = tl.load(temp_ptr + r)
     top_k = tl.load(top_k_ptr + r)
     top_p = tl.load(top_p_ptr + r)
@@ -118,8 +135,23 @@ def _split_draw_kernel(
             zs = tl.load(pz_ptr + row * S + cs, mask=cs < S, other=0)
             inv_t = tl.math.div_rn(1.0, temp)
             k0, k1 = row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
-            x, q = row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                            j.to(tl.uint32), k0, k1, HAS_MASK, CHUNK)
+            x, q = row_draw(
+                lrow,
+                stride_lv,
+                mrow_ptr,
+                has_row_mask,
+                V,
+                inv_t,
+                ms,
+                zs,
+                cs,
+                float("-inf"),
+                j.to(tl.uint32),
+                k0,
+                k1,
+                HAS_MASK,
+                CHUNK,
+            )
             tl.store(dx_ptr + row * NDRAW + j, x)
             tl.store(dq_ptr + row * NDRAW + j, q)
             if active:
@@ -129,16 +161,25 @@ def _split_draw_kernel(
                 tl.store(dv_ptr + row * NDRAW + j, v)
 
 
-# fmt: off
 @triton.jit
 def _split_plain_kernel(
-    logits_ptr, stride_lb, stride_lv,  # [B, V]
-    mask_ptr, stride_mb, mask_row_ptr,  # as sample_rows._sample_kernel
+    logits_ptr,
+    stride_lb,
+    stride_lv,  # [B, V]
+    mask_ptr,
+    stride_mb,
+    mask_row_ptr,  # as sample_rows._sample_kernel
     temp_ptr,  # [B] float32
-    seed_ptr, step_ptr,  # [B] int64
-    pm_ptr, pz_ptr, pi_ptr,  # [B, S] written by _split_pass1_kernel
-    tokens_ptr, empty_ptr, logprobs_ptr,  # out: [B] int64, bool, float32
-    V, S,
+    seed_ptr,
+    step_ptr,  # [B] int64
+    pm_ptr,
+    pz_ptr,
+    pi_ptr,  # [B, S] written by _split_pass1_kernel
+    tokens_ptr,
+    empty_ptr,
+    logprobs_ptr,  # out: [B] int64, bool, float32
+    V,
+    S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
@@ -146,14 +187,14 @@ def _split_plain_kernel(
     SP: tl.constexpr,
     PDL: tl.constexpr,  # launched early, as a dependent of pass 1
 ):
-    # fmt: on
     # program r ends row r of a call where no row has a filter (kinds "plain"), in place of the
     # draw kernel and the per-row kernel: a greedy row's token from the chunks' maxima and
     # argmaxes, a sampling row's from its draw 0 (which decide would return: the token is x0
     # without a filter), and the logprob
     r = tl.program_id(0)
-    row, lrow, mrow_ptr, has_row_mask = row_ptrs(r, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
-                                                 HAS_ROW_MAP)
+    row, lrow, mrow_ptr, has_row_mask = row_ptrs(
+        r, logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, HAS_ROW_MAP
+    )
     temp = tl.load(temp_ptr + r)
     k0, k1 = row_keys(tl.load(seed_ptr + r), tl.load(step_ptr + r))
     if PDL:
@@ -168,24 +209,47 @@ def _split_plain_kernel(
     empty = m == float("-inf")
     if (temp != 0) & (empty == 0):
         inv_t = tl.math.div_rn(1.0, temp)  # IEEE, as torch
-        tok, q = row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, float("-inf"),
-                          tl.full((), 0, tl.uint32), k0, k1, HAS_MASK, CHUNK)
+        tok, q = row_draw(
+            lrow,
+            stride_lv,
+            mrow_ptr,
+            has_row_mask,
+            V,
+            inv_t,
+            ms,
+            zs,
+            cs,
+            float("-inf"),
+            tl.full((), 0, tl.uint32),
+            k0,
+            k1,
+            HAS_MASK,
+            CHUNK,
+        )
     tl.store(tokens_ptr + r, tl.where(empty, -1, tok).to(tl.int64))
     tl.store(empty_ptr + r, empty)
     if RETURN_LOGPROBS:
         tl.store(logprobs_ptr + r, tl.where(empty, float("-inf"), q - m - chunks_log_z(ms, zs)))
 
 
-# fmt: off
 @triton.jit
 def _split_pass2_kernel(
-    logits_ptr, stride_lb, stride_lv,  # [B, V]
-    mask_ptr, stride_mb, mask_row_ptr,  # as sample_rows._sample_kernel
-    temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B] float32, int64, float32, float32
+    logits_ptr,
+    stride_lb,
+    stride_lv,  # [B, V]
+    mask_ptr,
+    stride_mb,
+    mask_row_ptr,  # as sample_rows._sample_kernel
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,  # [B] float32, int64, float32, float32
     pm_ptr,  # [B, S] float32 written by _split_pass1_kernel
-    dq_ptr, dv_ptr,  # [B, NDRAW] float32, int32 written by _split_draw_kernel
+    dq_ptr,
+    dv_ptr,  # [B, NDRAW] float32, int32 written by _split_draw_kernel
     ps_ptr,  # out: [B, 8, S] float32: mass above q0..q3, count above q0..q3
-    V, S,
+    V,
+    S,
     HAS_MASK: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -194,7 +258,6 @@ def _split_pass2_kernel(
     TILE2D: tl.constexpr,  # the tile as [CHUNK / 32, 32] (tile2d), else flat
     PDL: tl.constexpr,  # launched early: waits for the draws, then reads what it needs
 ):
-    # fmt: on
     # program (row, c): the test pass of decide on tokens [c * CHUNK, (c + 1) * CHUNK) of a
     # sampling row with top-k or top-p on (other rows: nothing), only where the chunk's max is
     # above test_low of the draws' verdicts: a chunk at or below it adds nothing to any mass or
@@ -205,8 +268,9 @@ def _split_pass2_kernel(
     # no change at B = 512, whose 256 MB of logits leave nothing in L2). TILE2D (2-byte logits)
     # reads the tile as [CHUNK / 32, 32] as pass 1 does: 60.1 -> 57.3 us for bf16 there, but
     # 54.0 -> 61.7 for fp32 (96 against 125 registers, and more instructions a token)
-    r, c, row, lrow, mrow_ptr, has_row_mask = chunk_row(logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr,
-                                                        S, HAS_ROW_MAP, True)
+    r, c, row, lrow, mrow_ptr, has_row_mask = chunk_row(
+        logits_ptr, stride_lb, mask_ptr, stride_mb, mask_row_ptr, S, HAS_ROW_MAP, True
+    )
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -234,8 +298,9 @@ def _split_pass2_kernel(
         if TILE2D:
             x, _local = tile2d(lrow, stride_lv, mrow_ptr, has_row_mask, c, V, HAS_MASK, CHUNK)
         else:
-            x = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, c * CHUNK + tl.arange(0, CHUNK), V, 1.0,
-                            HAS_MASK)
+            x = load_scores(
+                lrow, stride_lv, mrow_ptr, has_row_mask, c * CHUNK + tl.arange(0, CHUNK), V, 1.0, HAS_MASK
+            )
         cs = tl.arange(0, SP)
         m = tl.max(tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf")), 0)
         s = x * tl.math.div_rn(1.0, temp)  # as load_scores with inv_t (x * 1.0 is exact)
@@ -252,7 +317,6 @@ def _split_pass2_kernel(
                 tl.store(out + 5 * S, cnt1.to(tl.float32))
                 tl.store(out + 6 * S, cnt2.to(tl.float32))
                 tl.store(out + 7 * S, cnt3.to(tl.float32))
-
 
 
 # ---------------------------------------------------------------- launches
@@ -283,13 +347,14 @@ def pass1(call: SplitCall, temperature: torch.Tensor, return_logprobs: bool, war
     pi = torch.empty(B, call.S, dtype=torch.int32, device=dev)
     _split_pass1_kernel[(B * call.S,)](
         *call.rows.logits, *call.rows.mask, temperature, pm, pz, pi, call.V, call.S,
-        RETURN_LOGPROBS=return_logprobs, CHUNK=call.chunk, PDL=call.pdl, **call.rows.flags, **launch_opts(warps),
+        RETURN_LOGPROBS=return_logprobs, CHUNK=call.chunk, PDL=call.pdl, **call.rows.flags,
+        **launch_opts(warps),
     )  # fmt: skip
     return pm, pz, pi
 
 
-def plain(call: SplitCall, temperature: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, pass1_results: tuple,
-          out: tuple, return_logprobs: bool, warps: int) -> None:  # fmt: skip
+def plain(call: SplitCall, temperature: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
+          pass1_results: tuple, out: tuple, return_logprobs: bool, warps: int) -> None:  # fmt: skip
     """No row samples with a filter: one program a row draws (or takes a greedy row's argmax)
     and writes ``out`` = (tokens, empty, logprobs)."""
     B = temperature.shape[0]
@@ -300,8 +365,9 @@ def plain(call: SplitCall, temperature: torch.Tensor, seed: torch.Tensor, step: 
     )  # fmt: skip
 
 
-def draws(call: SplitCall, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-          seed: torch.Tensor, step: torch.Tensor, pm: torch.Tensor, pz: torch.Tensor, warps: int):  # fmt: skip
+def draws(call: SplitCall, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+          min_p: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, pm: torch.Tensor, pz: torch.Tensor,
+          warps: int):  # fmt: skip
     """The draws over (row, draw) programs -> [B, N_DRAWS] drawn tokens (int32), their scores
     (float32) and verdicts (int32)."""
     B = temperature.shape[0]
@@ -317,8 +383,9 @@ def draws(call: SplitCall, temperature: torch.Tensor, top_k: torch.Tensor, top_p
     return dx, dq, dv
 
 
-def pass2(call: SplitCall, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-          pm: torch.Tensor, dq: torch.Tensor, dv: torch.Tensor, k_on: bool, warps: int) -> torch.Tensor:  # fmt: skip
+def pass2(call: SplitCall, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+          min_p: torch.Tensor, pm: torch.Tensor, dq: torch.Tensor, dv: torch.Tensor, k_on: bool,
+          warps: int) -> torch.Tensor:  # fmt: skip
     """The test pass over (row, chunk) programs -> [B, 8, S] float32: each chunk's mass above the
     four draws' scores, then (``k_on``: some row has top-k) its count above them."""
     B = temperature.shape[0]

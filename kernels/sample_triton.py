@@ -100,8 +100,25 @@ def sample(
         if split2:
             ps = sample_split.pass2(call, temperature, top_k, top_p, min_p, pm, dq, dv, kinds == "filter",
                                     tuning.pass2_warps)  # fmt: skip
-    sample_rows.launch(rows, temperature, top_k, top_p, min_p, seed, step, (tokens, empty, logprobs),
-                       (pm, pz, pi, dx, dq, dv, ps), V, S, chunk, return_logprobs, split, split2, pdl, tuning)  # fmt: skip
+    sample_rows.launch(
+        rows,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed,
+        step,
+        (tokens, empty, logprobs),
+        (pm, pz, pi, dx, dq, dv, ps),
+        V,
+        S,
+        chunk,
+        return_logprobs,
+        split,
+        split2,
+        pdl,
+        tuning,
+    )
     return tokens, empty, (logprobs if return_logprobs else None)
 
 

@@ -29,7 +29,8 @@ def use_triton(backend: str, device: torch.device) -> bool:
         return False
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(
-            f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1 set before import, got device {device}"
+            f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1 set before import, "
+            f"got device {device}"
         )
     return True
 

@@ -100,16 +100,28 @@ def _target_token(
     return tl.where(empty, -1, tok)
 
 
-# fmt: off
 @triton.jit
 def _verify_kernel(
-    logits_ptr, stride_lb, stride_lt, stride_lv,  # [B, K+1, V] fp32 | bf16 | fp16
-    drafts_ptr, stride_db, stride_dk,  # [B, K] int64
+    logits_ptr,
+    stride_lb,
+    stride_lt,
+    stride_lv,  # [B, K+1, V] fp32 | bf16 | fp16
+    drafts_ptr,
+    stride_db,
+    stride_dk,  # [B, K] int64
     num_drafts_ptr,  # [B] int64, n_b <= K
-    mask_ptr, stride_mb, stride_mt, mask_row_ptr,  # [B, K+1, W] int32; [B] int32 (HAS_ROW_MAP)
-    temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B] float32, int64, float32, float32
-    seed_ptr, step_ptr,  # [B] int64
-    tokens_ptr, stride_tb,  # [B, K+1] int64 out: target token per position, -1 past n_b
+    mask_ptr,
+    stride_mb,
+    stride_mt,
+    mask_row_ptr,  # [B, K+1, W] int32; [B] int32 (HAS_ROW_MAP)
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,  # [B] float32, int64, float32, float32
+    seed_ptr,
+    step_ptr,  # [B] int64
+    tokens_ptr,
+    stride_tb,  # [B, K+1] int64 out: target token per position, -1 past n_b
     accepted_ptr,  # [B] int32 in/out: starts at n_b, atomic-min of mismatching positions
     V,
     HAS_MASK: tl.constexpr,
@@ -118,7 +130,6 @@ def _verify_kernel(
     CHUNK: tl.constexpr,
     SP: tl.constexpr,
 ):
-    # fmt: on
     b = tl.program_id(0)
     k = tl.program_id(1)
     row = b.to(tl.int64)

@@ -1,13 +1,13 @@
 """DFA minimisation over the live transitions only (:func:`minimize_sparse_kernel`).
 
 Same contract and result, numbering included, as the previous ``minimize_kernel``
-(dense; kept in ``tests/constraints/oracles/previous_kernels.py`` for the tests). That one completes the DFA with a dead
-sink and inverts all ``n x k`` transitions; a constraint's DFA is sparse (a key literal
-state has one live move out of ~60 classes), so here the dead sink stays implicit: it is
-never split (its states all move to it and never accept) and, being the one initial block
-Hopcroft may leave out of the worklist, never a splitter. Refinement then costs the live
-transitions, O(m log n), and memory O(n + m + k) instead of several ``n x k`` arrays
-(whose fresh pages the kernel spent most of its time faulting in).
+(dense; kept in ``tests/constraints/oracles/previous_kernels.py`` for the tests). That one
+completes the DFA with a dead sink and inverts all ``n x k`` transitions; a constraint's DFA
+is sparse (a key literal state has one live move out of ~60 classes), so here the dead sink
+stays implicit: it is never split (its states all move to it and never accept) and, being
+the one initial block Hopcroft may leave out of the worklist, never a splitter. Refinement
+then costs the live transitions, O(m log n), and memory O(n + m + k) instead of several
+``n x k`` arrays (whose fresh pages the kernel spent most of its time faulting in).
 """
 
 from __future__ import annotations

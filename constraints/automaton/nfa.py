@@ -680,7 +680,8 @@ def minimize(dfa: RawDFA, live: np.ndarray, productive_rules: set[int]) -> RawDF
 def equivalent_blocks(table: np.ndarray, calls: list, init: np.ndarray, dead: int) -> np.ndarray:
     """Block of each state of a complete DFA (``table`` int [n, C], a dead sink included)
     whose call edges ``calls[s]`` = [(rule, target)] act as extra symbols (missing: ``dead``),
-    refining the labels ``init``: states share a block iff they are equivalent (:func:`~.dfa_kernels.hopcroft`)."""
+    refining the labels ``init``: states share a block iff they are equivalent
+    (:func:`~.dfa_kernels.hopcroft`)."""
     n = table.shape[0]
     _, init = np.unique(init, return_inverse=True)
     rules = sorted({r for cs in calls for r, _ in cs})

@@ -1,7 +1,8 @@
 """Subset construction, the numba kernel (:func:`subsets_kernel`).
 
 Same contract as ``determinize_kernel`` (the previous implementation, kept in
-``tests/constraints/oracles/previous_kernels.py`` for the tests), and the same DFA, numbering included; faster:
+``tests/constraints/oracles/previous_kernels.py`` for the tests), and the same DFA, numbering
+included; faster:
 
 - targets are bucketed per byte class (linked lists) instead of sorting (class, target)
   keys; a target set of one NFA state maps to its subset through a memo;

@@ -136,7 +136,8 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         n = hi if hi is not None else lo
         if n > 64 and repeat_cost(item, n) > MAX_REPEAT_COST:
             raise ConstraintTooComplex(
-                f"{what} {n} of an item of {cost(item)} grammar nodes exceeds the size bound ({MAX_REPEAT_COST})",
+                f"{what} {n} of an item of {cost(item)} grammar nodes "
+                f"exceeds the size bound ({MAX_REPEAT_COST})",
                 path=ptr,
             )
         return rep(item, lo, hi)

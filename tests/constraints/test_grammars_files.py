@@ -94,7 +94,8 @@ SAMPLES: dict[str, tuple[list[str], list[str]]] = {
     "tool_call": (
         [
             '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}',
-            '<tool_call>\n{"name": "search", "arguments": {"q": "lark", "f": {"year": [2023, 2024]}}}\n</tool_call>',
+            '<tool_call>\n{"name": "search", "arguments": {"q": "lark", "f": {"year": [2023, 2024]}}}'
+            "\n</tool_call>",
             '<tool_call>\n{"name": "a.b-c", "arguments": {}}\n</tool_call>\n'
             '<tool_call>\n{"name":"f","arguments":{"x":null}}\n</tool_call>',
             '{"name":"f","arguments":{}}',

@@ -28,14 +28,22 @@ SCHEMA = {
 }
 # (user message, constraint): the seeded prompt set; extraction prompts hold what they ask for
 PROMPTS = [
-    ("Alice Smith is 31 years old and lives in Paris; she likes chess and tea. Record as JSON.",
-     dict(json_schema=SCHEMA)),
-    ("Carla Rossi (age 27) from Rome enjoys opera, pasta and football. Record as JSON.", dict(json_schema=SCHEMA)),
+    (
+        "Alice Smith is 31 years old and lives in Paris; she likes chess and tea. Record as JSON.",
+        dict(json_schema=SCHEMA),
+    ),
+    (
+        "Carla Rossi (age 27) from Rome enjoys opera, pasta and football. Record as JSON.",
+        dict(json_schema=SCHEMA),
+    ),
     ("When did the French revolution start? Answer as YYYY-MM-DD.", dict(regex=r"\d{4}-\d{2}-\d{2}")),
     ("Write a SQL query selecting name and age from the users table where age > 30.", dict(grammar="sql")),
-    ("Repeat after me: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.",
-     dict(speculative=True)),
-]  # fmt: skip
+    (
+        "Repeat after me: the quick brown fox jumps over the lazy dog. "
+        "the quick brown fox jumps over the lazy dog.",
+        dict(speculative=True),
+    ),
+]
 MODES = [False, True, {"schedule": "fixed"}]  # off, confidence-scheduled, verify every draft found
 
 
@@ -363,8 +371,12 @@ def test_settings():
 
 
 # -- the device benchmark's replay harness (benchmarks/bench_dspark.py) ----------------------------
-PEOPLE = [("Alice Smith", 31, ["chess", "tea"], "Paris"), ("Carla Rossi", 27, ["opera", "pasta", "football"], "Rome"),
-          ("Bruno Keller", 45, ["hiking"], "Berlin"), ("Dana Ortiz", 38, ["tennis", "jazz music"], "Madrid")]  # fmt: skip
+PEOPLE = [
+    ("Alice Smith", 31, ["chess", "tea"], "Paris"),
+    ("Carla Rossi", 27, ["opera", "pasta", "football"], "Rome"),
+    ("Bruno Keller", 45, ["hiking"], "Berlin"),
+    ("Dana Ortiz", 38, ["tennis", "jazz music"], "Madrid"),
+]
 
 
 def _replay_setup(llm, n):

@@ -34,8 +34,11 @@ def count_calls(monkeypatch, name: str) -> list:
         verify_triton,
     )
 
-    mods = [m for m in (triton_common, sample_filters, sample_rows, sample_split, sample_greedy, verify_triton)
-            if hasattr(m, name)]  # fmt: skip
+    mods = [
+        m
+        for m in (triton_common, sample_filters, sample_rows, sample_split, sample_greedy, verify_triton)
+        if hasattr(m, name)
+    ]
     real = getattr(mods[0], name)
     assert all(getattr(m, name) is real for m in mods), name
     calls: list = []

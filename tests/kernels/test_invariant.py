@@ -80,6 +80,17 @@ def test_matmul_row_bits_do_not_depend_on_the_batch(device, K, N):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_matmul_every_row_position_float32(device):
+    """Each of 12 float32 rows alone == in the batch: no place in a row block rounds differently
+    (the interpreter's numpy matmul did, at rows 6-11, on some CPUs)."""
+    a = _rand(12, 128, dtype=torch.float32, device=device, seed=5)
+    w = _rand(128, 64, dtype=torch.float32, device=device, seed=6)
+    full = bi.matmul(a, w)
+    differ = [i for i in range(12) if not torch.equal(bi.matmul(a[i : i + 1], w)[0], full[i])]
+    assert differ == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_matches_torch_and_is_row_invariant(device, dtype):
     x = _rand(9, 70, dtype=dtype, device=device, seed=5) * 3

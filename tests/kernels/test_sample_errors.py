@@ -11,12 +11,27 @@ V = 70
 LOGITS = torch.zeros(2, V)
 OK = dict(temperature=1.0, seed=0, step=0)
 BAD = [  # (id, logits, kwargs, message)
-    ("bitmask-dtype", LOGITS, dict(bitmask=torch.zeros(2, 3, dtype=torch.int64)), r"bitmask must have dtype torch\.int32"),
-    ("bitmask-shape", LOGITS, dict(bitmask=torch.zeros(2, 2, dtype=torch.int32)), r"bitmask must have shape .*\[2, 3\]"),
+    (
+        "bitmask-dtype",
+        LOGITS,
+        dict(bitmask=torch.zeros(2, 3, dtype=torch.int64)),
+        r"bitmask must have dtype torch\.int32",
+    ),
+    (
+        "bitmask-shape",
+        LOGITS,
+        dict(bitmask=torch.zeros(2, 2, dtype=torch.int32)),
+        r"bitmask must have shape .*\[2, 3\]",
+    ),
     ("bitmask-rows", LOGITS, dict(bitmask=torch.zeros(1, 3, dtype=torch.int32)), r"bitmask must have shape"),
     ("temperature-negative", LOGITS, dict(temperature=-0.5), r"temperature must be finite and >= 0"),
     ("temperature-nan", LOGITS, dict(temperature=float("nan")), r"temperature must be finite"),
-    ("temperature-shape", LOGITS, dict(temperature=torch.ones(3)), r"temperature must be a scalar or have shape \[2\]"),
+    (
+        "temperature-shape",
+        LOGITS,
+        dict(temperature=torch.ones(3)),
+        r"temperature must be a scalar or have shape \[2\]",
+    ),
     ("top_k-negative", LOGITS, dict(top_k=-1), r"top_k must be >= 0"),
     ("top_k-float", LOGITS, dict(top_k=2.5), r"top_k must be integers"),
     ("top_p-zero", LOGITS, dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
@@ -26,9 +41,14 @@ BAD = [  # (id, logits, kwargs, message)
     ("logits-1d", torch.zeros(V), {}, r"logits must be a 2-D tensor"),
     ("logits-int", torch.zeros(2, V, dtype=torch.int32), {}, r"logits must be float32, bfloat16 or float16"),
     ("indices-no-mask", LOGITS, dict(indices=[0]), r"indices given without a bitmask"),
-    ("indices-range", LOGITS, dict(bitmask=torch.zeros(2, 3, dtype=torch.int32), indices=[2]), r"indices must be row ids in \[0, 2\)"),
+    (
+        "indices-range",
+        LOGITS,
+        dict(bitmask=torch.zeros(2, 3, dtype=torch.int32), indices=[2]),
+        r"indices must be row ids in \[0, 2\)",
+    ),
     ("backend", LOGITS, dict(backend="cuda"), r"backend must be one of"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("logits,kwargs,message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])

@@ -22,9 +22,18 @@ CASES = [
     ("top-k", 777, torch.float32, dict(temperature=0.8, top_k=[1, 2, 5, 0, 40, 1000])),
     ("top-p", 1000, torch.bfloat16, dict(temperature=1.0, top_p=[0.1, 0.5, 0.9, 1.0, 0.99, 0.3])),
     ("min-p", 1003, torch.float16, dict(temperature=1.3, min_p=[0.0, 0.05, 0.2, 0.5, 1.0, 0.01])),
-    ("joint", 4099, torch.float32, dict(temperature=[0.9, 1.1, 0.0, 1.0, 0.6, 1.0], top_k=[50, 0, 5, 20, 3, 100],
-                                        top_p=[0.9, 0.8, 1.0, 0.5, 0.95, 0.7], min_p=[0.05, 0.0, 0.1, 0.0, 0.0, 0.02])),
-]  # fmt: skip
+    (
+        "joint",
+        4099,
+        torch.float32,
+        dict(
+            temperature=[0.9, 1.1, 0.0, 1.0, 0.6, 1.0],
+            top_k=[50, 0, 5, 20, 3, 100],
+            top_p=[0.9, 0.8, 1.0, 0.5, 0.95, 0.7],
+            min_p=[0.05, 0.0, 0.1, 0.0, 0.0, 0.02],
+        ),
+    ),
+]
 
 
 def _inputs(V: int, dtype: torch.dtype, seed: int = 0):

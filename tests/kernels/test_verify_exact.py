@@ -81,8 +81,15 @@ def test_reference_is_sample_at_each_position():
     out = kernels.verify(logits, drafts, bitmask=bitmask, temperature=temperature, top_p=0.9,
                          seed=seed, step=step, backend="torch")  # fmt: skip
     for k in range(K + 1):
-        s = kernels.sample(logits[:, k], bitmask=bitmask[:, k].contiguous(), temperature=temperature, top_p=0.9,
-                           seed=seed, step=step + k, backend="torch")  # fmt: skip
+        s = kernels.sample(
+            logits[:, k],
+            bitmask=bitmask[:, k].contiguous(),
+            temperature=temperature,
+            top_p=0.9,
+            seed=seed,
+            step=step + k,
+            backend="torch",
+        )
         assert out.tokens[:, k].tolist() == s.tokens.tolist()
     for b in range(B):
         t, d = out.tokens[b].tolist(), drafts[b].tolist()
