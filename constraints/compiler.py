@@ -17,6 +17,7 @@ from .automaton.nfa import Limits
 from .automaton.pushdown import compile_grammar
 from .compiled import CompiledConstraint
 from .errors import ConstraintError
+from .json_schema.common import WHITESPACE
 from .json_schema.loader import schema_key
 from .unique_items import attach, compile_unique
 
@@ -73,8 +74,8 @@ class Compiler:
     ) -> CompiledConstraint:
         """JSON documents valid under ``schema`` (dict, bool, JSON text, pydantic model or type:
         see :func:`~.json_schema.loader.load_schema`)."""
-        if whitespace not in ("compact", "flexible"):
-            raise ConstraintError(f"whitespace must be 'compact' or 'flexible', got {whitespace!r}")
+        if whitespace not in WHITESPACE:
+            raise ConstraintError(f"whitespace must be one of {', '.join(WHITESPACE)}, got {whitespace!r}")
         spec = schema_key(schema)
 
         def build():

@@ -43,8 +43,10 @@ class SamplingParams:
         (`deepinfer.grammars.available()`: "json", "sql", "arithmetic", "csv", ...).
     choice : list of str
         The output is exactly one of these strings.
-    whitespace : "compact" or "flexible"
-        JSON Schema only: no whitespace between tokens, or bounded JSON whitespace.
+    whitespace : "compact", "natural" or "flexible"
+        JSON Schema only: no whitespace between tokens; the spaces and line breaks of spaced or
+        pretty-printed JSON (one space or one line break + indent after ``{ [ ,`` and before
+        ``} ]``, one space after ``:``); or bounded whitespace around every token.
     strict : bool
         JSON Schema only: forbid properties the schema does not declare.
     lenient : bool
@@ -132,8 +134,8 @@ class SamplingParams:
             ):
                 raise _bad("choice", self.choice, "a non-empty list of non-empty strings")
             self.choice = list(self.choice)
-        if self.whitespace not in ("compact", "flexible"):
-            raise _bad("whitespace", self.whitespace, "'compact' or 'flexible'")
+        if self.whitespace not in ("compact", "natural", "flexible"):
+            raise _bad("whitespace", self.whitespace, "'compact', 'natural' or 'flexible'")
         if self.speculative is not None and not isinstance(self.speculative, bool):
             raise _bad("speculative", self.speculative, "a bool or None")
         for name in ("strict", "lenient"):

@@ -47,7 +47,7 @@ class ArrayMixin:
         separating ``,`` and its ``]``; the automaton turns them into tags on those bytes'
         transitions (:mod:`..unique_items`), and the matcher compares each completed item's JSON
         value with the earlier items of the same array."""
-        sep = seq(self.ws, MARK_SEP, lit(","), self.ws)
+        sep = seq(self.pad, MARK_SEP, lit(","), self.ws)
         arr = self.compile_array_base(s, ptr, sep=sep, marked=True)
         self.unique_ptrs.append(child(ptr, "uniqueItems"))
         return arr

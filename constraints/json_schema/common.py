@@ -9,6 +9,8 @@ from ..errors import ConstraintError
 from ..ir import LONG_REPEAT, Alt, Expr, Repeat, Seq
 
 FLEX_INDENT = 20
+# whitespace modes of the JSON Schema front end (see lowering.py)
+WHITESPACE = ("compact", "natural", "flexible")
 MAX_DEPTH = 64  # nested schema levels while compiling
 MAX_ENUM = 10_000  # enum values
 MAX_REPEAT_COST = 400_000  # IR nodes a counted repetition may expand to

@@ -9,9 +9,12 @@ whose start rule accepts JSON texts valid under the schema. Choices the grammar 
 - values are written canonically (``json.dumps(..., separators=(",", ":"),
   ensure_ascii=False)``): bounded numbers are plain decimals without exponent, enum and
   const values are their compact serialization (an integral number also as ``N.0``);
-- ``whitespace="flexible"`` allows, between tokens, at most one line break followed by at
-  most :data:`FLEX_INDENT` spaces or tabs (enough for ``json.dumps(indent=2)`` ten levels
-  deep), so a model cannot emit whitespace until max_tokens;
+- whitespace, bounded so that a model cannot emit whitespace until max_tokens:
+  ``"compact"`` allows none; ``"natural"`` allows what models write: after ``{``, ``[`` and
+  ``,`` and before ``}`` and ``]`` one space or one line break followed by at most
+  :data:`FLEX_INDENT` spaces (``json.dumps(indent=2)`` ten levels deep), and one space after
+  ``:``; ``"flexible"`` allows, around every token, at most one line break followed by at
+  most :data:`FLEX_INDENT` spaces or tabs;
 - ``format`` is enforced (an assertion) for the formats in
   :data:`~deepinfer.constraints.json_schema.formats.SUPPORTED_FORMATS`; others are annotations;
 - a keyword the grammar cannot enforce raises :class:`ConstraintError` naming it and its
@@ -48,6 +51,7 @@ from .common import (
     ORIGIN,
     TYPES,
     UNSUPPORTED,
+    WHITESPACE,
     canon,
     child,
     constraining,
@@ -65,8 +69,8 @@ from .scalars import ScalarMixin
 
 class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMixin):
     def __init__(self, root: object, whitespace: str, strict: bool, lenient: bool) -> None:
-        if whitespace not in ("compact", "flexible"):
-            raise ConstraintError(f"whitespace must be 'compact' or 'flexible', got {whitespace!r}")
+        if whitespace not in WHITESPACE:
+            raise ConstraintError(f"whitespace must be one of {', '.join(WHITESPACE)}, got {whitespace!r}")
         self.root = root
         self.strict = strict
         self.lenient = lenient
@@ -89,12 +93,18 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         self.negating: list[str] = []  # operands of `not` being lowered (a residual stays)
         self.neg_refs: list[str] = []  # $ref targets being negated (a cycle stays residual)
         self._index_ids(root, "#")
-        ws = EMPTY
+        # ws: after { [ , and before } ]; pad: before , and :; after_colon
+        ws = pad = after_colon = EMPTY
         if whitespace == "flexible":
-            ws = seq(opt(seq(opt(lit("\r")), lit("\n"))), rep(jf.byte_set(b" \t"), 0, FLEX_INDENT))
-        self.ws = ws
-        self.comma = seq(ws, lit(","), ws)
-        self.colon = seq(ws, lit(":"), ws)
+            ws = pad = after_colon = seq(
+                opt(seq(opt(lit("\r")), lit("\n"))), rep(jf.byte_set(b" \t"), 0, FLEX_INDENT)
+            )
+        elif whitespace == "natural":
+            ws = opt(alt(lit(" "), seq(lit("\n"), rep(lit(" "), 0, FLEX_INDENT))))
+            after_colon = opt(lit(" "))
+        self.ws, self.pad = ws, pad
+        self.comma = seq(pad, lit(","), ws)
+        self.colon = seq(pad, lit(":"), after_colon)
 
     # ------------------------------------------------------------------ helpers
     def unsatisfiable(self, why: str, ptr: str) -> Expr:
@@ -493,7 +503,9 @@ def schema_to_grammar(
     schema:
         A schema as a dict or bool, its JSON text, or a pydantic model class.
     whitespace:
-        ``"compact"`` (no whitespace) or ``"flexible"`` (bounded whitespace between tokens).
+        ``"compact"`` (no whitespace), ``"natural"`` (the spaces and line breaks of a
+        pretty-printed or spaced JSON text, bounded) or ``"flexible"`` (bounded whitespace
+        around every token).
     strict:
         Forbid object keys that the schema does not declare (``additionalProperties: false``).
     lenient:

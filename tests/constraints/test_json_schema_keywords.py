@@ -535,6 +535,27 @@ def test_flexible_whitespace_bounded():
     assert not _automaton(OBJ_AB).accepts(b'{ "a":1}')
 
 
+def test_natural_whitespace_is_what_models_write_and_bounded():
+    """ "natural": the layouts of json.dumps (spaced, indented, compact); nothing before ':' or
+    ',', at most one space or one line break + FLEX_INDENT spaces at a time."""
+    a = _automaton(OBJ_AB, whitespace="natural")
+    v = {"a": 1, "b": "x"}
+    for text in (
+        json.dumps(v),
+        json.dumps(v, indent=2),
+        json.dumps(v, indent=4),
+        json.dumps(v, separators=(",", ":")),
+    ):
+        assert a.accepts(text.encode()), text
+    assert a.accepts(b'{ "a": 1 }')
+    assert not a.accepts(b'{"a" : 1}')  # before ':'
+    assert not a.accepts(b'{"a": 1 , "b": "x"}')  # before ','
+    assert not a.accepts(b'{"a":  1}')  # two spaces
+    assert not a.accepts(b'{\n\n"a": 1}')  # two line breaks
+    assert not a.accepts(b"{\n" + b" " * 21 + b'"a": 1}')  # indent past FLEX_INDENT
+    assert not a.accepts(b'{\t"a": 1}')
+
+
 def test_strict_forbids_extra_keys():
     assert not _automaton(OBJ_AB, strict=True).accepts(b'{"a":1,"c":2}')
 

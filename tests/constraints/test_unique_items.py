@@ -170,6 +170,14 @@ def test_flexible_whitespace(name, schema, texts):
         assert accepts(tags, pretty.encode()) == _valid(schema, text), pretty
 
 
+@pytest.mark.parametrize("name,schema,texts", CASES, ids=[c[0] for c in CASES])
+def test_natural_whitespace(name, schema, texts):
+    tags = _tags(schema_to_grammar(schema, whitespace="natural"))
+    for text in texts:
+        for layout in (json.dumps(json.loads(text), indent=2), json.dumps(json.loads(text))):
+            assert accepts(tags, layout.encode()) == _valid(schema, text), layout
+
+
 @pytest.fixture(scope="module")
 def compiler():
     return Compiler(small_vocab())
