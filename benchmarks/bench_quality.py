@@ -60,6 +60,9 @@ from collections import defaultdict
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_decode import _table  # noqa: E402  (the benchmarks' one Markdown table printer)
+
 DATA_DIR = os.path.join(HERE, "quality")
 PROMPT = "Extract the following fields from the text as JSON: {fields}.\n\nText: {text}"
 MISSING = object()
@@ -365,12 +368,6 @@ def _brief(run: ModeRun) -> str:
     )
 
 
-def table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def report(runs: dict[str, list[ModeRun]], modes: list[str], args: argparse.Namespace) -> None:
     """Mean table (pooled counts over seeds; tok/s averaged), then per seed, domain, field."""
     rows = []
@@ -391,7 +388,7 @@ def report(runs: dict[str, list[ModeRun]], modes: list[str], args: argparse.Name
                 f"{tps:.1f}",
             ]
         )
-    print(table(["mode", "field accuracy", "valid", "finished", "tok/s"], rows))
+    _table(["mode", "field accuracy", "valid", "finished", "tok/s"], rows)
     ok_modes = [m for m in modes if runs[m] and not runs[m][0].error]
     if len(next(iter(runs.values()), [])) > 1:
         print("\nper seed:\n")
@@ -409,7 +406,7 @@ def report(runs: dict[str, list[ModeRun]], modes: list[str], args: argparse.Name
                         f"{s['tps']:.1f}",
                     ]
                 )
-        print(table(["mode", "seed", "field accuracy", "valid", "finished", "tok/s"], rows))
+        _table(["mode", "seed", "field accuracy", "valid", "finished", "tok/s"], rows)
     if args.by_domain:
         doms = list(dict.fromkeys(r["domain"] for m in ok_modes for run in runs[m] for r in run))
         rows = []
@@ -422,7 +419,7 @@ def report(runs: dict[str, list[ModeRun]], modes: list[str], args: argparse.Name
                 cells.append(f"{c / t:.0%} ({v}/{len(rr)} valid)" if t else "-")
             rows.append([m, *cells])
         print("\nfield accuracy by domain:\n")
-        print(table(["mode", *doms], rows))
+        _table(["mode", *doms], rows)
     if args.by_field:
         counts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
         for m in ok_modes:
@@ -438,7 +435,7 @@ def report(runs: dict[str, list[ModeRun]], modes: list[str], args: argparse.Name
         for n, per in counts.items():
             rows.append([n, *(f"{1 - per[m][0] / per[m][1]:.0%}" if per[m][1] else "-" for m in ok_modes)])
         print("\nfield accuracy by field:\n")
-        print(table(["field", *ok_modes], rows))
+        _table(["field", *ok_modes], rows)
     if args.show_errors:
         print()
         for m in ok_modes:

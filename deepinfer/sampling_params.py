@@ -134,8 +134,10 @@ class SamplingParams:
             ):
                 raise _bad("choice", self.choice, "a non-empty list of non-empty strings")
             self.choice = list(self.choice)
-        if self.whitespace not in ("compact", "natural", "flexible"):
-            raise _bad("whitespace", self.whitespace, "'compact', 'natural' or 'flexible'")
+        from .constraints.json_schema.common import WHITESPACE  # (the compiler's own list)
+
+        if self.whitespace not in WHITESPACE:
+            raise _bad("whitespace", self.whitespace, " or ".join(repr(w) for w in WHITESPACE))
         if self.speculative is not None and not isinstance(self.speculative, bool):
             raise _bad("speculative", self.speculative, "a bool or None")
         for name in ("strict", "lenient"):

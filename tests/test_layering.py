@@ -38,11 +38,7 @@ def _modules() -> dict[str, Path]:
             rel = path.relative_to(folder).with_suffix("").parts
             if rel[-1] == "__init__":
                 rel = rel[:-1]
-            name = ".".join((pkg, *rel))
-            if any(name.startswith(other + ".") or name == other for other in PACKAGES if other != pkg
-                   and other.startswith(pkg + ".")):  # fmt: skip
-                continue  # a sub-package mapped to a folder of its own
-            mods[name] = path
+            mods[".".join((pkg, *rel))] = path
     return mods
 
 
