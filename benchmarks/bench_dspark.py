@@ -180,18 +180,25 @@ def greedy_by_argmax(
     return kernels.SampleOutput(out.bonus, out.bonus < 0, None)
 
 
+def _ws(args) -> dict:
+    """The JSON whitespace mode asked for (--whitespace), or SamplingParams' default."""
+    return {} if args.whitespace is None else {"whitespace": args.whitespace}
+
+
 def bench_cpu(args) -> None:
     from deepinfer import LLM, SamplingParams
 
     llm = LLM(None, dtype=args.dtype, device="cpu", seed=0)
     if not args.reference_sampler:
         llm.sample_fn = greedy_by_argmax
-    tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s)))
+    ws = _ws(args)
+    tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s, **ws)))
     msgs = [[{"role": "user", "content": prompt_text(t)}] for t in tasks]
     prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(m, True), add_special_tokens=False)
                for m in msgs]  # fmt: skip
     params = [
-        SamplingParams(temperature=0, max_tokens=args.max_tokens, json_schema=t["schema"]) for t in tasks
+        SamplingParams(temperature=0, max_tokens=args.max_tokens, json_schema=t["schema"], **ws)
+        for t in tasks
     ]
     print(
         f"workload: {len(tasks)} maskbench-dev instances, prompt tokens "
@@ -566,7 +573,8 @@ def bench_device(args) -> None:
         max_model_len=2048,
         seed=0,
     )
-    tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s)))
+    ws = _ws(args)
+    tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s, **ws)))
     base_prompts = [llm.tokenizer.encode(prompt_text(t)) for t in tasks]
     t0 = time.perf_counter()  # every decode and verify graph the runs may use, as a server does at start
     n_graphs = llm.capture_graphs(max(map(len, base_prompts)) + args.max_tokens + 16, verify=True)
@@ -588,7 +596,8 @@ def bench_device(args) -> None:
         n = max(batch, len(tasks))  # batch 1: every task, one after another
         prompts = [base_prompts[i % len(tasks)] for i in range(n)]
         params = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens,
-                                 json_schema=tasks[i % len(tasks)]["schema"]) for i in range(n)]  # fmt: skip
+                                 json_schema=tasks[i % len(tasks)]["schema"], **ws)
+                  for i in range(n)]  # fmt: skip
         replay = Replay(scripts_for(tasks, n, llm.tokenizer, eos[0], recorded), rates, args.accept)
         replay.install(llm)  # both modes write the scripts
         modes = {"off": False, "DSpark (replayed)": replay.dspark(_dspark_setting(args))}
@@ -804,6 +813,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument(
+        "--whitespace", default=None, help="JSON whitespace mode of the requests (default: SamplingParams')"
+    )
     ap.add_argument("--batches", default=None)
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--shape", default="llama3-8b")

@@ -12,9 +12,11 @@ document gets the same chat prompt in every mode (a user message, no system mess
 "Extract the following fields from the text as JSON: <fields>.\\n\\nText: <text>".
 
 Modes: ``free`` is unconstrained text, scored on the first JSON object found in it;
-``default`` is ``json_schema=`` without ``whitespace=``; any other name is passed as
-``SamplingParams(whitespace=<name>)`` (``compact``, ``flexible``, ...). A mode that
-SamplingParams refuses is reported as such.
+``default`` is ``json_schema=`` without ``whitespace=``; ``extract`` runs
+``examples/extract.py`` itself (its own prompt: a system message and the schema; the default
+mode) on each domain's documents, so its row is what a user of the example gets; any other
+name is passed as ``SamplingParams(whitespace=<name>)`` (``compact``, ``flexible``, ...). A
+mode that SamplingParams refuses is reported as such.
 
 Per mode it reports:
   - field accuracy: every leaf field of the true answer (array items by position) matches the
@@ -64,7 +66,6 @@ sys.path.insert(0, HERE)
 from bench_decode import _table  # noqa: E402  (the benchmarks' one Markdown table printer)
 
 DATA_DIR = os.path.join(HERE, "quality")
-PROMPT = "Extract the following fields from the text as JSON: {fields}.\n\nText: {text}"
 MISSING = object()
 
 
@@ -79,34 +80,27 @@ def load_data(data_dir: str = DATA_DIR) -> tuple[list[dict], dict[str, dict]]:
 
 
 def describe_fields(schema: dict) -> str:
-    """The prompt's field list: 'name (string), age (integer), ...', nested ones spelled out."""
-    parts = []
-    for name, sub in schema.get("properties", {}).items():
-        parts.append(f"{name} ({_describe(sub)})")
-    return ", ".join(parts)
+    """The prompt's field list: examples/extract.py's, so both send the same prompt."""
+    return extract_module().describe_fields(schema)
 
 
-def _describe(s: dict) -> str:
-    if "enum" in s:
-        return "one of " + ", ".join(str(v) for v in s["enum"])
-    t = s.get("type")
-    if t == "object":
-        return "an object with " + describe_fields(s)
-    if t == "array":
-        inner = s.get("items", {})
-        if inner.get("type") == "object":
-            return "a list of objects with " + describe_fields(inner)
-        return "a list of " + _describe(inner)
-    if t == "string" and (s.get("format") == "date" or "[0-9]{4}-" in s.get("pattern", "")):
-        return "date as YYYY-MM-DD"
-    if t == "boolean":
-        return "true or false"
-    return str(t)
+def extract_module():
+    """examples/extract.py as a module (loaded once)."""
+    import importlib.util
+
+    name = "deepinfer_example_extract"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "extract.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)  # (its dataclasses need it)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def prompt_for(doc: dict, schema: dict) -> list[dict]:
     """The chat conversation of one document: the same in every mode."""
-    content = PROMPT.format(fields=describe_fields(schema), text=doc["text"])
+    template = extract_module().DEFAULT_TEMPLATE  # the example's own prompt
+    content = template.replace("{fields}", describe_fields(schema)).replace("{text}", doc["text"])
     return [{"role": "user", "content": content}]
 
 
@@ -276,6 +270,8 @@ def run_mode(
     mode: tokens up to the end of the first JSON object; None without one)."""
     if schemas is None:
         schemas = load_data()[1]
+    if mode == "extract":
+        return run_extract(llm, docs, temperature, seed, max_tokens, schemas)
     run = ModeRun()
     run.mode = mode
     try:
@@ -327,6 +323,102 @@ def run_mode(
             }
         )
     return run
+
+
+def run_extract(
+    llm: Any, docs: list[dict], temperature: float, seed: int, max_tokens: int, schemas: dict[str, dict]
+) -> ModeRun:
+    """``examples/extract.py`` on each domain's documents (its main(), this LLM), scored like
+    the other modes; the time is the whole run's (prompts, batching and file writes included)."""
+    import tempfile
+
+    extract = extract_module()
+    run = ModeRun()
+    run.mode = "extract"
+    validators = {dom: _validator(s) for dom, s in schemas.items()}
+    by_id = {d["id"]: d for d in docs}
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        for dom in sorted({d["domain"] for d in docs}):
+            paths = {k: os.path.join(tmp, f"{dom}.{k}") for k in ("schema.json", "in.jsonl", "out.jsonl")}
+            with open(paths["schema.json"], "w", encoding="utf-8") as f:
+                json.dump(schemas[dom], f)
+            with open(paths["in.jsonl"], "w", encoding="utf-8") as f:
+                for d in docs:
+                    if d["domain"] == dom:
+                        f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+            argv = ["--schema", paths["schema.json"], "--input", paths["in.jsonl"]]
+            argv += ["--output", paths["out.jsonl"]]
+            argv += ["--max-tokens", str(max_tokens), "--temperature", str(temperature), "--seed", str(seed)]
+            status = extract.main([*argv, "--batch-size", str(len(docs)), "--no-progress"], llm=llm)
+            if status != 0:
+                run.error = f"examples/extract.py exited {status} on {dom}"
+                return run
+            with open(paths["out.jsonl"], encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            for row in rows:
+                d = by_id[row["id"]]
+                parsed = row["data"] if isinstance(row.get("data"), dict) else None
+                valid = parsed is not None and not any(True for _ in validators[dom].iter_errors(parsed))
+                matches = field_matches(d["answer"], parsed)
+                run.append(
+                    {
+                        "id": d["id"], "domain": dom, "mode": "extract", "seed": seed,
+                        "text": row.get("text") or json.dumps(parsed), "n_tokens": 0,
+                        "finish_reason": row["finish_reason"], "finished": row["finish_reason"] == "stop",
+                        "parsed": parsed, "valid": valid, "correct": sum(ok for _, ok in matches),
+                        "total": len(matches), "wrong": [field_name(p) for p, ok in matches if not ok],
+                        "answer_tokens": None,
+                    }
+                )  # fmt: skip
+        run.seconds = time.perf_counter() - t
+    return run
+
+
+def choice_questions(docs: list[dict], schemas: dict[str, dict]) -> list[tuple[dict, str, list[str], str]]:
+    """(document, field, options, question): every enum field of a document, and the person
+    documents' city and occupation with the options every person document gives."""
+    out = []
+    people = [d for d in docs if d["domain"] == "person"]
+    for d in docs:
+        for f, spec in schemas[d["domain"]].get("properties", {}).items():
+            if "enum" in spec and f in d["answer"]:
+                out.append((d, f, [str(x) for x in spec["enum"]], f"Which {f} is it?"))
+    for f in ("city", "occupation"):
+        opts = sorted({str(p["answer"][f]) for p in people if f in p["answer"]})
+        out += [(d, f, opts, f"What is the person's {f}?") for d in people if f in d["answer"]]
+    return [(d, f, o, f"Text: {d['text']}\n\n{q} Answer with one of: {', '.join(o)}.") for d, f, o, q in out]
+
+
+def run_choice(llm: Any, docs: list[dict], schemas: dict[str, dict]) -> int:
+    """Does `choice` lose answers by forbidding the quotes a model may put around its answer?"""
+    from deepinfer import SamplingParams
+
+    qs = choice_questions(docs, schemas)
+    convs = [[{"role": "user", "content": q}] for _, _, _, q in qs]
+    modes = {
+        "free": lambda o: SamplingParams(temperature=0, max_tokens=12),
+        "choice": lambda o: SamplingParams(temperature=0, max_tokens=12, choice=o),
+        "choice, quotes allowed": lambda o: SamplingParams(
+            temperature=0, max_tokens=12, choice=o + [f'"{x}"' for x in o]
+        ),
+    }
+    rows = []
+    for name, make in modes.items():
+        outs = llm.chat(convs, [make(o) for _, _, o, _ in qs], use_tqdm=False)
+        right = quoted = 0
+        for (d, f, o, _), out in zip(qs, outs):
+            text = out.text.strip()
+            quoted += text.startswith('"')
+            answer = text.strip("\"'. ").lower()
+            if name == "free":  # the one option the free answer names, if exactly one
+                named = [x for x in o if re.search(r"\b" + re.escape(x.lower()) + r"\b", text.lower())]
+                answer = named[0].lower() if len(named) == 1 else answer
+            right += answer == str(d["answer"][f]).lower()
+        rows.append([name, _pct(right, len(qs)), str(quoted)])
+    print(f"\n### choice: {len(qs)} one-word questions, greedy\n")
+    _table(["mode", "right", "answers in quotes"], rows)
+    return 0
 
 
 def _tokens_to(llm: Any, out: Any, end: int) -> int:
@@ -385,7 +477,7 @@ def report(runs: dict[str, list[ModeRun]], modes: list[str], args: argparse.Name
                 _pct(tot["correct"], tot["total"]),
                 _pct(tot["valid"], tot["n"]),
                 _pct(tot["finished"], tot["n"]),
-                f"{tps:.1f}",
+                f"{tps:.1f}" if tps else "-",  # (extract: not counted)
             ]
         )
     _table(["mode", "field accuracy", "valid", "finished", "tok/s"], rows)
@@ -403,7 +495,7 @@ def report(runs: dict[str, list[ModeRun]], modes: list[str], args: argparse.Name
                         _pct(s["correct"], s["total"]),
                         _pct(s["valid"], s["n"]),
                         _pct(s["finished"], s["n"]),
-                        f"{s['tps']:.1f}",
+                        f"{s['tps']:.1f}" if s["tps"] else "-",
                     ]
                 )
         _table(["mode", "seed", "field accuracy", "valid", "finished", "tok/s"], rows)
@@ -555,6 +647,15 @@ def main() -> int:
     ap.add_argument("--by-field", action="store_true", help="field accuracy per field")
     ap.add_argument("--show-errors", type=int, default=0, metavar="N", help="print N wrong outputs per mode")
     ap.add_argument("--dump", default=None, metavar="FILE", help="write every per-document result (JSONL)")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="run the modes N times, interleaved (tok/s is their mean)"
+    )
+    ap.add_argument(
+        "--choice",
+        action="store_true",
+        help="instead: one-word questions (enum fields, person cities and occupations) as free text, "
+        "choice=, and choice= with each option also in quotes",
+    )
     args = ap.parse_args()
     if args.check_data:
         return check_data()
@@ -593,6 +694,8 @@ def main() -> int:
         counts[d["domain"]] += 1
     print(f"documents: {len(docs)} ({', '.join(f'{k} {v}' for k, v in counts.items())}); modes: {modes}")
 
+    if args.choice:
+        return run_choice(llm, docs, schemas)
     dump = open(args.dump, "w", encoding="utf-8") if args.dump else None
     for temp in temps:
         run_seeds = seeds if temp > 0 else [0]
@@ -616,16 +719,17 @@ def main() -> int:
             # an identical rerun is skipped: every free output already ended within max_tokens
             if any(not r["finished"] or r["n_tokens"] > max_tokens for run in free for r in run):
                 free = []
-        for m in modes:
-            if m == "free" and free:
-                runs[m] = free
-                continue
-            for s in run_seeds:
-                run = run_mode(llm, docs, m, temp, s, max_tokens, schemas)
-                runs[m].append(run)
-                if run.error:
-                    break
-                print(f"  ran {m} seed {s}: {_brief(run)}", flush=True)
+        for rep in range(args.repeat):  # repeats interleave the modes (tok/s on a shared machine)
+            for m in modes:
+                if m == "free" and free and rep == 0:
+                    runs[m] = list(free)
+                    continue
+                for s in run_seeds:
+                    if runs[m] and runs[m][0].error:
+                        break
+                    run = run_mode(llm, docs, m, temp, s, max_tokens, schemas)
+                    runs[m].append(run)
+                    print(f"  ran {m} seed {s}{f' (repeat {rep})' if rep else ''}: {_brief(run)}", flush=True)
         if dump:
             for m in modes:
                 for run in runs[m]:

@@ -8,8 +8,10 @@ constraint to the grammar IR (:mod:`.ir`); :mod:`.automaton` compiles the IR to 
 byte-level pushdown automaton; :mod:`.tokens` walks the vocabulary trie from its states;
 :mod:`.compiled` joins the automaton to the vocabulary (mask rows), :mod:`.matcher` walks
 one request through it and :mod:`.unique_items` wraps the matcher with the uniqueItems
-check; :mod:`.compiler` drives it all. Imports form no cycle: :mod:`.ir` and
-:mod:`.errors` import nothing of the package, :mod:`.automaton` only them, the front ends
+check; :mod:`.compiler` drives it all, within the bounds of :class:`~.limits.Limits`
+(sizes, nesting, time: every refusal is a :class:`ConstraintError` naming where). Imports
+form no cycle: :mod:`.ir` and :mod:`.errors` import nothing of the package, :mod:`.limits`
+only :mod:`.errors`, :mod:`.automaton` only them, the front ends
 also the automaton (the JSON Schema lowering asks it whether a repetition is counted and
 whether a key language is empty), :mod:`.tokens` the automaton's kernels, and each
 top-level module only the stages before it.
@@ -24,6 +26,7 @@ from .compiled import CompiledConstraint
 from .compiler import Compiler
 from .errors import ConstraintError, ConstraintTooComplex
 from .json_schema.loader import load_schema
+from .limits import Limits
 from .matcher import Matcher
 from .vocab import Vocabulary
 
@@ -32,6 +35,7 @@ __all__ = [
     "Compiler",
     "ConstraintError",
     "ConstraintTooComplex",
+    "Limits",
     "Matcher",
     "Vocabulary",
     "allocate_bitmask",

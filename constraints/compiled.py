@@ -106,6 +106,16 @@ class CompiledConstraint:
         # matchers. None for every other constraint
         self.check = None
 
+    def accepts(self, text: bytes | str) -> bool:
+        """Is ``text`` a whole output of the constraint (a str is taken as its UTF-8 bytes)?
+        One walk of the automaton, with the run-time check where there is one (uniqueItems):
+        linear in the text, unlike ``re.fullmatch``, which may backtrack; no tokens and no
+        masks involved. The same language as the matcher's, EOS at the end."""
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+        if self.check is not None:
+            return self.check.accepts(data)
+        return self.automaton.accepts(data)
+
     @property
     def vocab_size(self) -> int:
         return self.vocab.vocab_size

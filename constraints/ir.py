@@ -460,3 +460,23 @@ def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) ->
                 else:
                     stack.append(it)
     return masks
+
+
+def count_nodes(roots: Iterable[Expr], cap: int) -> int:
+    """Distinct nodes (by identity; a :class:`Dfa` leaf counts its edges) under ``roots``;
+    counting stops once past ``cap`` (linear, no recursion)."""
+    seen: set[int] = set()
+    stack: list[Expr] = list(roots)
+    n = 0
+    while stack and n <= cap:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        t = type(e)
+        n += 1 + len(e.edges) if t is Dfa else 1
+        if t is Repeat:
+            stack.append(e.item)
+        elif t is Seq or t is Alt or t is And or t is Diff:
+            stack.extend(e.items)
+    return n

@@ -75,14 +75,16 @@ class Tags:
         self.trigger = trigger  # the bytes whose transitions may carry a tag
 
 
-def compile_unique(grammar: Grammar, limits: Limits | None = None) -> tuple[Automaton, Tags | None]:
+def compile_unique(
+    grammar: Grammar, limits: Limits | None = None, deadline: float | None = None
+) -> tuple[Automaton, Tags | None]:
     """Compile a grammar that may hold uniqueItems markers (``grammar.unique``): the
     automaton without them and its tags (None for a grammar without markers, or where the
     markers were compiled away). A lenient grammar whose markers cannot be kept is compiled
     again with uniqueItems relaxed (``grammar.fallback``; its notes say so)."""
     if not grammar.unique:
-        return compile_grammar(grammar, limits), None
-    a = compile_grammar(grammar, limits, count=False)  # tags live on plain transitions
+        return compile_grammar(grammar, limits, deadline=deadline), None
+    a = compile_grammar(grammar, limits, count=False, deadline=deadline)  # tags live on plain transitions
     try:
         return eliminate(a, grammar.unique)
     except ConstraintError:
@@ -90,7 +92,7 @@ def compile_unique(grammar: Grammar, limits: Limits | None = None) -> tuple[Auto
             raise
         relaxed = grammar.fallback()  # lenient: uniqueItems relaxed, as the notes say
         grammar.notes[:] = relaxed.notes
-        return compile_unique(relaxed, limits)
+        return compile_unique(relaxed, limits, deadline)
 
 
 def eliminate(a: Automaton, pointers: tuple[str, ...]) -> tuple[Automaton, Tags | None]:
@@ -461,6 +463,10 @@ class UniqueItemsCheck:
     def matcher(self) -> UniqueItemsMatcher:
         """A new matcher of the compiled constraint, with the check."""
         return UniqueItemsMatcher(self.compiled, self)
+
+    def accepts(self, data: bytes) -> bool:
+        """Does ``data`` match the whole constraint, uniqueItems included?"""
+        return accepts(self.tags, data)
 
     def _allowed(self, cfg, row: np.ndarray) -> tuple:
         """What a configuration's row holds of the tokens that may meet a tag (those with

@@ -115,6 +115,8 @@ class LLM:
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings, 1 << 20)
         if max_model_len is None:
             self.max_model_len = min(self.max_model_len, 8192)
+        # no text longer than this fits the context (x4: normalisers may shorten text)
+        self.tokenizer.max_prompt_chars = 4 * self.max_model_len * self.tokenizer.longest_token_chars
         self.model = LlamaModel(
             loaded.config, loaded.weights, dtype=self.dtype, device=self.device, max_len=self.max_model_len
         )
@@ -169,7 +171,8 @@ class LLM:
             raise ValueError(f"got {len(prompts)} prompts but {len(param_list)} SamplingParams")
         if self.has_unfinished_requests():
             raise RuntimeError("generate() with requests of add_request() unfinished: step() them out first")
-        seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, param_list)]  # all checked first
+        # each prompt checked and tokenised first: a bad one is that request's error output
+        seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, param_list)]
         for s in seqs:
             self._add(s)
         counted = {s.request_id for s in seqs if not s.is_finished}  # the bar counts what runs
@@ -203,9 +206,10 @@ class LLM:
         stream: bool = False,
     ) -> Any:
         """Queue one request (prompt text or token ids); it joins the running batch at a later
-        ``step``. Its constraint is compiled here: a bad one fails this request only (its output,
-        finish_reason "error", comes back from the next ``step``). ``request_id``: any hashable
-        not in use (default: the next integer). ``stream``: ``step`` also returns its partial
+        ``step``. Its prompt is checked and its constraint compiled here: a bad one fails this
+        request only (its output, finish_reason "error" and the message in ``error``, comes
+        back from the next ``step``). ``request_id``: any hashable not in use (default: the
+        next integer; an id in use raises ValueError). ``stream``: ``step`` also returns its partial
         outputs (``finished=False``) whenever it gains tokens. Returns the request id."""
         seq = self._make_sequence(prompt, SamplingParams() if params is None else params, request_id)
         self._add(seq, stream)
@@ -278,7 +282,7 @@ class LLM:
     def _output(self, s: Sequence, relaxed: list[str]) -> RequestOutput:
         parsed, error = None, s.error
         if s.constraint is not None and error is None and s.finish_reason != "abort":
-            parsed, error = judge(s.params, s.text or "", s.finish_reason or "length")
+            parsed, error = judge(s.params, s.text or "", s.finish_reason or "length", s.constraint.compiled)
         return RequestOutput(
             request_id=s.request_id,
             prompt=s.prompt,
@@ -305,32 +309,41 @@ class LLM:
         if not messages:
             raise ValueError("chat() needs at least one message")
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
-        prompts = [
-            self.tokenizer.apply_chat_template(c, add_generation_prompt, **(chat_template_kwargs or {}))
-            for c in conversations
-        ]
-        # The template already holds any BOS/special tokens as text: encode them as specials.
-        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        outs = self.generate(ids, params, use_tqdm)
+        prompts: list[Any] = []
+        for c in conversations:  # a conversation the template refuses fails alone
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    c, add_generation_prompt, **(chat_template_kwargs or {})
+                )
+            except ValueError as e:
+                prompts.append(_Refused(str(e)))
+            else:  # the template holds any BOS/special tokens as text: encoded as specials
+                prompts.append(_Rendered(text))
+        outs = self.generate(prompts, params, use_tqdm)
         for o, p in zip(outs, prompts):
-            o.prompt = p
+            if isinstance(p, _Rendered):
+                o.prompt = str(p)
         return outs
 
     # -- internals -----------------------------------------------------------------------------
-    def _make_sequence(
-        self, prompt: str | Seq[int], params: SamplingParams, request_id: Any = None
-    ) -> Sequence:
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+    def _make_sequence(self, prompt: Any, params: Any, request_id: Any = None) -> Sequence:
+        """The request's Sequence; a prompt or params that cannot run make a failed one (its
+        error output comes back from the next ``step``), never an exception for the batch."""
         if request_id is not None and request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt)
+        error = None
+        text: str | None = None
+        ids: list[int] = []
+        if not isinstance(params, SamplingParams):
+            error = f"params must be SamplingParams, got {type(params).__name__}"
+            params = SamplingParams()
         else:
-            text, ids = None, [int(t) for t in prompt]
-            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token ids out of range [0, {self.config.vocab_size}): {bad[:5]}")
+            try:
+                text, ids = self._prompt_ids(prompt)
+            except ValueError as e:
+                error = str(e)
+            except Exception as e:  # the tokenizer's own failure: still this request's only
+                error = f"the prompt could not be tokenised: {type(e).__name__}: {e}"
         auto = request_id is None
         if auto:
             while self._next_id in self._requests:  # an id a caller chose
@@ -347,12 +360,56 @@ class LLM:
         )
         if auto:
             self._next_id += 1
+        if error is not None:
+            seq.fail(error, self.tokenizer)
         return seq
+
+    def _prompt_ids(self, prompt: Any) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt; ValueError naming what is wrong with it. A text too
+        long for the context is refused before it is tokenised (no text of more than
+        ``max_prompt_chars`` characters fits)."""
+        limit = self.max_model_len
+        if isinstance(prompt, _Refused):
+            raise ValueError(str(prompt))
+        if isinstance(prompt, str):
+            bad = _lone_surrogate(prompt)
+            if bad is not None:
+                raise ValueError(
+                    f"the prompt is not valid text: a lone surrogate {prompt[bad]!r} at character {bad}"
+                )
+            if len(prompt) > self.tokenizer.max_prompt_chars:
+                raise ValueError(
+                    f"the prompt has {len(prompt)} characters, more than a context of {limit} tokens "
+                    f"can hold ({self.tokenizer.max_prompt_chars})"
+                )
+            # a rendered chat template holds its special tokens as text: encoded as specials
+            text, ids = (
+                str(prompt),
+                self.tokenizer.encode(prompt, add_special_tokens=not isinstance(prompt, _Rendered)),
+            )
+        elif isinstance(prompt, Seq) and not isinstance(prompt, bytes | bytearray):
+            if len(prompt) > limit:
+                raise ValueError(f"the prompt has {len(prompt)} tokens, the model's context is {limit}")
+            text, ids = None, []
+            V = self.config.vocab_size
+            for i, t in enumerate(prompt):
+                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
+                    raise ValueError(f"prompt token {i} is {_short(t)}, not a token id in [0, {V})")
+                ids.append(int(t))
+        else:
+            raise ValueError(f"a prompt is text or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens)")
+        if len(ids) >= limit:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, the model's context is {limit}; no room to generate"
+            )
+        return text, ids
 
     def _add(self, s: Sequence, stream: bool = False) -> None:
         """Compile the request's constraint (cached, shared; a bad one fails this request only)
         and queue it."""
-        if s.params.constraint_kind is not None:
+        if s.params.constraint_kind is not None and not s.is_finished:
             try:
                 compiled = self.structured.compile(s.params)
             except ValueError as e:  # ConstraintError: names what is wrong and where
@@ -476,3 +533,26 @@ class LLM:
         # a row whose mask allows nothing comes back as -1 (out.empty): its sequence fails
         # in on_token, the others go on
         return out.tokens.tolist()
+
+
+class _Rendered(str):
+    """A chat prompt rendered by the template (its special tokens are text: encoded as such)."""
+
+
+class _Refused(str):
+    """A prompt that failed before tokenising (e.g. its chat template refused it): the text is
+    the request's error."""
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Index of the first lone surrogate in ``text`` (not encodable as UTF-8), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def _short(x: Any, n: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[: n - 3] + "..."

@@ -8,9 +8,19 @@ from typing import Any
 
 CONSTRAINT_KINDS = ("json_schema", "regex", "grammar", "choice")
 
+# Bounds of the values the sampler and the stop checks can take.
+MIN_TEMPERATURE = 1e-5  # a temperature below it (but above 0) is greedy: 1/T would overflow
+MAX_TEMPERATURE = 1e4
+MIN_TOP_P = 1e-8  # a smaller top_p (0 in float32) keeps the same one most likely token
+MAX_TOP_K = 1 << 30  # past any vocabulary: the same as off
+SEED_RANGE = (-(1 << 63), 1 << 63)  # int64, what the sampler hashes
+MAX_STOP = 256  # stop strings
+MAX_STOP_CHARS = 1024  # characters of one stop string
+MAX_TOKEN_ID = (1 << 31) - 1
+
 
 def _bad(name: str, value: object, want: str) -> ValueError:
-    return ValueError(f"SamplingParams.{name} must be {want}, got {value!r}")
+    return ValueError(f"SamplingParams.{name} must be {want}, got {_clip(value)}")
 
 
 @dataclass
@@ -43,10 +53,12 @@ class SamplingParams:
         (`deepinfer.grammars.available()`: "json", "sql", "arithmetic", "csv", ...).
     choice : list of str
         The output is exactly one of these strings.
-    whitespace : "compact", "natural" or "flexible"
-        JSON Schema only: no whitespace between tokens; the spaces and line breaks of spaced or
-        pretty-printed JSON (one space or one line break + indent after ``{ [ ,`` and before
-        ``} ]``, one space after ``:``); or bounded whitespace around every token.
+    whitespace : "natural" (default), "compact" or "flexible"
+        JSON Schema only: the spaces and line breaks of spaced or pretty-printed JSON (one
+        space or one line break + indent after ``{ [ ,`` and before ``} ]``, one space after
+        ``:``); no whitespace between tokens; or bounded whitespace around every token.
+        "natural" is the default because it lets the model lay JSON out as it would unasked,
+        which keeps extraction accuracy at or above free text (docs/structured-generation.md).
     strict : bool
         JSON Schema only: forbid properties the schema does not declare.
     lenient : bool
@@ -77,7 +89,7 @@ class SamplingParams:
     regex: str | None = None
     grammar: str | None = None
     choice: list[str] | None = None
-    whitespace: str = "compact"
+    whitespace: str = "natural"  # constraints.json_schema.common.DEFAULT_WHITESPACE
     strict: bool = False
     lenient: bool = False
     grammar_start: str = "start"
@@ -88,25 +100,52 @@ class SamplingParams:
             not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
         ):
             raise _bad("max_tokens", self.max_tokens, "a positive int or None")
-        if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
-            raise _bad("temperature", self.temperature, "a finite number >= 0")
+        if not _is_real(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise _bad("temperature", self.temperature, f"a number in [0, {MAX_TEMPERATURE:g}]")
+        if self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0  # greedy (what sampling tends to as T -> 0)
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
             raise _bad("top_p", self.top_p, "in (0, 1]")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
-            raise _bad("top_k", self.top_k, "an int >= 0 (0 or -1 disables it)")
+        self.top_p = max(self.top_p, MIN_TOP_P)
+        if (
+            not isinstance(self.top_k, int)
+            or isinstance(self.top_k, bool)
+            or not -1 <= self.top_k <= MAX_TOP_K
+        ):
+            raise _bad("top_k", self.top_k, f"an int in [0, {MAX_TOP_K}] (0 or -1 disables it)")
         if self.top_k == -1:
             self.top_k = 0
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
             raise _bad("min_p", self.min_p, "in [0, 1]")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise _bad("seed", self.seed, "an int or None")
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
-        if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
-            raise _bad("stop", self.stop, "a non-empty str or a list of them")
+        if self.seed is not None and (
+            not isinstance(self.seed, int)
+            or isinstance(self.seed, bool)
+            or not SEED_RANGE[0] <= self.seed < SEED_RANGE[1]
+        ):
+            raise _bad("seed", self.seed, "an int64 (in [-2**63, 2**63)) or None")
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop if self.stop is not None else []
+        if (
+            not isinstance(stop, list | tuple)
+            or len(stop) > MAX_STOP
+            or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS and _text(s) for s in stop)
+        ):
+            raise _bad(
+                "stop",
+                self.stop,
+                f"a non-empty str of at most {MAX_STOP_CHARS} characters, or a list of at most {MAX_STOP}",
+            )
         self.stop = list(stop)
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
-            raise _bad("stop_token_ids", self.stop_token_ids, "a list of non-negative ints")
+        ids = self.stop_token_ids if self.stop_token_ids is not None else []
+        if (
+            not isinstance(ids, list | tuple)
+            or len(ids) > MAX_STOP
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in ids)
+        ):
+            raise _bad("stop_token_ids", self.stop_token_ids, f"a list of at most {MAX_STOP} token ids")
+        self.stop_token_ids = list(ids)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, getattr(self, name), "a bool")
         self._validate_constraint()
 
     def _validate_constraint(self) -> None:
@@ -121,23 +160,27 @@ class SamplingParams:
 
             if not is_schema_source(js):
                 raise _bad("json_schema", js, KINDS)
-        if self.regex is not None and not isinstance(self.regex, str):
-            raise _bad("regex", self.regex, "a str")
-        if self.grammar is not None and not (isinstance(self.grammar, str) and self.grammar.strip()):
+        if self.regex is not None and not (isinstance(self.regex, str) and _text(self.regex)):
+            raise _bad("regex", self.regex, "a str of valid text")
+        if self.grammar is not None and not (
+            isinstance(self.grammar, str) and self.grammar.strip() and _text(self.grammar)
+        ):
             raise _bad("grammar", self.grammar, "Lark grammar text, a file path or a packaged grammar name")
         if self.choice is not None:
             if (
                 isinstance(self.choice, str)
                 or not isinstance(self.choice, list | tuple)
                 or not self.choice
-                or not all(isinstance(c, str) and c for c in self.choice)
+                or not all(isinstance(c, str) and c and _text(c) for c in self.choice)
             ):
-                raise _bad("choice", self.choice, "a non-empty list of non-empty strings")
+                raise _bad("choice", self.choice, "a non-empty list of non-empty strings of valid text")
             self.choice = list(self.choice)
         from .constraints.json_schema.common import WHITESPACE  # (the compiler's own list)
 
         if self.whitespace not in WHITESPACE:
             raise _bad("whitespace", self.whitespace, " or ".join(repr(w) for w in WHITESPACE))
+        if not isinstance(self.grammar_start, str) or not self.grammar_start:
+            raise _bad("grammar_start", self.grammar_start, "a rule name")
         if self.speculative is not None and not isinstance(self.speculative, bool):
             raise _bad("speculative", self.speculative, "a bool or None")
         for name in ("strict", "lenient"):
@@ -159,3 +202,17 @@ class SamplingParams:
 
 def _is_real(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def _text(s: str) -> bool:
+    """Valid text (encodable as UTF-8: no lone surrogate)?"""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _clip(x: object, n: int = 80) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[: n - 3] + "..."

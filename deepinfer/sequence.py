@@ -39,13 +39,7 @@ class Sequence:
         eos_token_ids: tuple[int, ...],
         max_len: int,
     ):
-        if not prompt_token_ids:
-            raise ValueError(f"request {request_id}: the prompt is empty (no tokens)")
-        if len(prompt_token_ids) >= max_len:
-            raise ValueError(
-                f"request {request_id}: prompt has {len(prompt_token_ids)} tokens, the model's "
-                f"context is {max_len}; no room to generate"
-            )
+        # (the prompt is checked by the engine: a bad one is a failed Sequence, never run)
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -63,7 +57,7 @@ class Sequence:
         if not params.ignore_eos:
             stop_ids.update(eos_token_ids)
         self._stop_ids = frozenset(stop_ids)
-        budget = max_len - len(self.prompt_token_ids)
+        budget = max(max_len - len(self.prompt_token_ids), 0)
         self.max_tokens = min(params.max_tokens or budget, budget)
         self.text: str | None = None  # final text, set when finished
 
@@ -85,9 +79,16 @@ class Sequence:
         False = no constraint this step."""
         if self.constraint is None:
             return False
-        src = self.constraint.mask_row()
+        try:
+            src = self.constraint.mask_row()
+        except Exception as e:  # this request fails (empty row: -1 from the sampler), not the batch
+            self._mask_error = f"the constraint failed to give a mask: {type(e).__name__}: {e}"
+            row[:] = 0
+            return True
         row[: src.shape[0]] = src
         return True
+
+    _mask_error: str | None = None
 
     def fail(self, message: str, tokenizer: Tokenizer) -> None:
         """End this request with an error; the rest of the batch goes on."""
@@ -119,9 +120,10 @@ class Sequence:
         """The second half: the matcher accepts the pushed token; the request ends as
         ``on_token`` would have ended it (rejected token: error; constraint complete: stop)."""
         m = self.constraint
-        if not m.accept(token_id):
+        if not self._accepts(token_id, tokenizer):
             self.output_token_ids.pop()
-            self.fail(f"the constraint rejected sampled token {token_id}", tokenizer)
+            if not self.is_finished:
+                self.fail(f"the constraint rejected sampled token {token_id}", tokenizer)
         elif m.is_terminated():
             self._finish("stop", None, tokenizer)
 
@@ -130,14 +132,18 @@ class Sequence:
         when the constraint is complete)."""
         m = self.constraint
         if token_id < 0:
-            why = m.empty_reason() if m is not None else None
+            if self._mask_error is not None:
+                self.fail(self._mask_error, tokenizer)
+                return
+            why = _safe(m.empty_reason) if m is not None else None
             self.fail(
                 "the constraint allows no token at this point (empty mask)" + (f": {why}" if why else ""),
                 tokenizer,
             )
             return
-        if m is not None and not m.accept(token_id):
-            self.fail(f"the constraint rejected sampled token {token_id}", tokenizer)
+        if m is not None and not self._accepts(token_id, tokenizer):
+            if not self.is_finished:
+                self.fail(f"the constraint rejected sampled token {token_id}", tokenizer)
             return
         self.output_token_ids.append(token_id)
         if m is not None and token_id not in self._stop_ids and m.is_terminated():
@@ -153,6 +159,15 @@ class Sequence:
             self._finish("length", None, tokenizer)
 
     # -- helpers -----------------------------------------------------------------------------
+    def _accepts(self, token_id: int, tokenizer: Tokenizer) -> bool:
+        """The matcher accepts the token; a matcher that raises fails this request (False,
+        and the request is finished with the failure as its error)."""
+        try:
+            return bool(self.constraint.accept(token_id))
+        except Exception as e:
+            self.fail(f"the constraint failed on token {token_id}: {type(e).__name__}: {e}", tokenizer)
+            return False
+
     def _check_stop_strings(self, tokenizer: Tokenizer) -> bool:
         # Decode a tail window: a stop string ends inside the last few tokens' text.
         longest = max(len(s) for s in self.params.stop)
@@ -175,3 +190,10 @@ class Sequence:
         self.finish_reason = reason
         self.stop_reason = stop_reason
         self.text = self._decode(tokenizer)
+
+
+def _safe(f) -> Any:
+    try:
+        return f()
+    except Exception:
+        return None

@@ -1,13 +1,13 @@
 """Structured generation: compile a request's constraint (once, shared through the
-compiler's cache), give the request a matcher, and judge the finished output
-independently (json.loads + jsonschema, re.fullmatch, lark, membership).
+compiler's cache), give the request a matcher, and judge the finished output (json.loads +
+jsonschema, lark and membership, independently of the automaton; a regex by a fresh walk of
+its compiled automaton, linear in the output, where ``re`` could backtrack for minutes).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
@@ -70,9 +70,18 @@ class Structured:
         return Matcher(compiled)
 
 
-def judge(p: SamplingParams, text: str, finish_reason: str) -> tuple[Any, str | None]:
-    """(parsed, error) for a finished constrained output; the check is independent of the
-    automaton that produced it."""
+def judge(p: SamplingParams, text: str, finish_reason: str, compiled: Any = None) -> tuple[Any, str | None]:
+    """(parsed, error) for a finished constrained output. Never raises: a check that fails
+    is the request's error."""
+    try:
+        return _judge(p, text, finish_reason, compiled)
+    except RecursionError:
+        return None, "the output is nested too deeply to check"
+    except Exception as e:
+        return None, f"the output could not be checked: {type(e).__name__}: {e}"
+
+
+def _judge(p: SamplingParams, text: str, finish_reason: str, compiled: Any) -> tuple[Any, str | None]:
     if finish_reason == "length":
         return None, "max_tokens reached before the constraint was complete"
     kind = p.constraint_kind
@@ -97,7 +106,9 @@ def judge(p: SamplingParams, text: str, finish_reason: str) -> tuple[Any, str | 
                 return None, f"output does not validate against {model.__name__}: {e}"
         return obj, None
     if kind == "regex":
-        return (text, None) if re.fullmatch(p.regex, text) else (None, "output does not match the regex")
+        # the compiled automaton walked afresh: linear in the output
+        ok = compiled is not None and compiled.accepts(text)
+        return (text, None) if ok else (None, "output does not match the regex")
     if kind == "choice":
         return (text, None) if text in p.choice else (None, "output is not one of the choices")
     if kind == "grammar":

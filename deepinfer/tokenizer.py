@@ -8,7 +8,6 @@ constraint compiler takes `.vocabulary()`; the byte decoding of each token lives
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -84,32 +83,42 @@ class Tokenizer:
     def _template(self):
         if not self.chat_template:
             raise ValueError("this model has no chat template: use generate() with plain prompts")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from .chat_template import ChatTemplate
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-        def raise_exception(message: str) -> None:
-            raise ValueError(f"chat template error: {message}")
-
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        return env.from_string(self.chat_template)
+        return ChatTemplate(self.chat_template, max_chars=self.max_prompt_chars)
 
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:
-        """Render a conversation with the model's own Jinja template (sandboxed)."""
+        """Render a conversation with the model's own Jinja template (sandboxed, bounded in time
+        and size: ``deepinfer.chat_template``). Raises ValueError naming the bad message or
+        the template's failure."""
+        if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+            raise ValueError(f"messages must be a list of dicts, got {type(messages).__name__}")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m:
-                raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
+                raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {_short(m)}")
         tok = self.backend.id_to_token
         return self._template.render(
-            messages=list(messages),
+            messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=tok(self.bos_token_id) if self.bos_token_id is not None else "",
             eos_token=tok(self.eos_token_id) if self.eos_token_id is not None else "",
             **kwargs,
         )
+
+    # -- bounds ------------------------------------------------------------------------------
+    #: the prompt length (characters) past which a text cannot fit ``max_len`` tokens is
+    #: ``max_len * longest_token_chars``; LLM sets ``max_prompt_chars`` from its context
+    max_prompt_chars: int = 4 << 20
+
+    @cached_property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest token's text: no text of more than ``n`` times this
+        encodes to ``n`` tokens or fewer (so a prompt too long for the context is refused
+        before it is tokenised)."""
+        longest = max((len(t) for t in self.backend.get_vocab(with_added_tokens=True)), default=1)
+        return max(longest, 1)
 
     # -- bytes (for the constraint compiler) ---------------------------------------------------
     def token_bytes(self) -> list[bytes | None]:
@@ -130,3 +139,8 @@ class Tokenizer:
         return self._vocabulary
 
     _vocabulary = None
+
+
+def _short(x: Any, n: int = 80) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[: n - 3] + "..."

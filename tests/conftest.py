@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+
+try:  # property tests: a bounded, reproducible profile (CI runs on 2 cores)
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "deepinfer",
+        max_examples=60,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deepinfer"))
+except ImportError:  # (hypothesis is a test dependency; without it the property tests skip)
+    pass
 
 
 def _cuda_available() -> bool:

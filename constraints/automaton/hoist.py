@@ -12,21 +12,34 @@ import time
 
 from .. import ir
 from ..ir import Alt, Expr, Ref
+from ..limits import check_deadline
 from . import counted as ct
 from .nfa import Limits
 
 HOIST_PREFIX = "\x00item"
+
+
+def _soon(deadline: float | None) -> float:
+    """A second from now, or the deadline if sooner."""
+    t = time.monotonic() + 1.0
+    return t if deadline is None else min(t, deadline)
+
+
 _BIG = 1 << 40
 
 
-def hoist_repeated(rules: dict[str, Expr], start: str, limit: int) -> list[str]:
+def hoist_repeated(
+    rules: dict[str, Expr], start: str, limit: int, deadline: float | None = None
+) -> list[str]:
     """Rewrite ``rules`` in place: the item of every repetition whose copies would expand
     to more than ``limit`` IR nodes (rules it refers to inlined; an array of objects with
     long strings, ``maxItems: 256``) becomes a rule of its own, to be called: each copy is
     then one call edge instead of a copy of the item's states. Items a counter may take
     (Ref-free and countable, over :data:`~..ir.LONG_REPEAT` copies: see :mod:`.counted`)
-    stay. Returns the new rules' names."""
+    stay. Returns the new rules' names. Past ``deadline`` (a ``time.monotonic()``): stops
+    with :class:`~..errors.ConstraintTooComplex`."""
     expanded: dict[str, int] = {}
+    visited = [0]
     on_path: set[str] = set()
 
     def cost(e: Expr, memo: dict[int, int]) -> int:
@@ -61,6 +74,9 @@ def hoist_repeated(rules: dict[str, Expr], start: str, limit: int) -> list[str]:
         hit = memo.get(id(e))
         if hit is not None:
             return hit
+        visited[0] += 1
+        if not visited[0] & 4095:
+            check_deadline(deadline, "automaton (repeated items)")
         t = type(e)
         out = e
         if t is ir.Repeat:
@@ -70,7 +86,7 @@ def hoist_repeated(rules: dict[str, Expr], start: str, limit: int) -> list[str]:
                 copies > 1
                 and type(item) is not Ref
                 and copies * cost(item, {}) > limit
-                and not (copies > ct.LONG_REPEAT and ct.item_dfa(item, Limits(), time.monotonic() + 1.0))
+                and not (copies > ct.LONG_REPEAT and ct.item_dfa(item, Limits(), _soon(deadline)))
             ):
                 name = hoisted.get(item)
                 if name is None:

@@ -16,26 +16,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConstraintError, ConstraintTooComplex
 from ..ir import Alt, And, ByteSet, Dfa, Diff, Expr, Ref, Repeat, Seq
+from ..limits import Limits
 from .dfa_kernels import hopcroft, live_kernel, product_kernel
 from .minimize import minimize_sparse_kernel
 from .nfa_kernels import byte_classes_kernel, det_min_flat_kernel, determinize_flat_kernel
-
-
-@dataclass
-class Limits:
-    """Bounds that keep untrusted constraints from eating the machine."""
-
-    max_nfa_states: int = 400_000
-    max_dfa_states: int = 60_000
-    max_seconds: float = 10.0
-    max_inline_size: int = 4_000  # IR nodes of a shared rule above which it is not inlined
-
+from .subset import clock_rate, now
 
 # ----------------------------------------------------------------------------- alphabet
 
@@ -133,9 +123,14 @@ class NFA:
         n = self.n
         if n + count > self.limits.max_nfa_states:
             raise ConstraintTooComplex(
-                f"constraint is too large: its automaton exceeds {self.limits.max_nfa_states:,} NFA states"
+                f"constraint is too large: its automaton exceeds {self.limits.max_nfa_states:,} NFA states",
+                bound="max_nfa_states",
             )
         self.n = n + count
+        if (n ^ self.n) >> 14 and time.monotonic() > self.deadline:  # (every 16k states)
+            raise ConstraintTooComplex(
+                "constraint took too long to compile (NFA construction)", bound="max_seconds"
+            )
         return n
 
     def add_eps(self, s: int, t: int) -> None:
@@ -317,7 +312,7 @@ class FragmentBuilder:
             if e.name in self._inlining:  # cannot happen for a correct rule_index
                 raise ConstraintError(f"rule {e.name!r} refers to itself")
             if time.monotonic() > nfa.deadline:
-                raise ConstraintTooComplex("constraint took too long to compile")
+                raise ConstraintTooComplex("constraint took too long to compile", bound="max_seconds")
             self._inlining.append(e.name)
             try:
                 return self.build(self.rules[e.name], start)
@@ -334,21 +329,31 @@ class FragmentBuilder:
         end = nfa.new()
         eps = nfa.eps
         before: dict[tuple[Expr, int], int] = {}  # (element, state after it) -> state before it
-        for it in e.items:
-            cur = end
-            for x in reversed(it.items if type(it) is Seq else (it,)):
+
+        def tail(items: tuple[Expr, ...], cur: int) -> int:
+            """The state before ``items`` (ending in ``cur``), sharing every element already
+            built before the same state."""
+            for x in reversed(items):
                 key = (x, cur)
                 s = before.get(key)
                 if s is None:
-                    s = nfa.new()
-                    if type(x) is ByteSet:
-                        if x.mask:
-                            nfa.byt += (s, self._sym(x.mask), cur)
+                    if type(x) is Repeat and x.min == 1 and x.max == 1 and type(x.item) is Seq:
+                        # a chained tail (one copy of a sequence, see
+                        # json_schema.objects.declared_members): its elements are shared too
+                        s = tail(x.item.items, cur)
                     else:
-                        eps += (self.build(x, s), cur)
+                        s = nfa.new()
+                        if type(x) is ByteSet:
+                            if x.mask:
+                                nfa.byt += (s, self._sym(x.mask), cur)
+                        else:
+                            nfa.eps += (self.build(x, s), cur)
                     before[key] = s
                 cur = s
-            eps += (start, cur)
+            return cur
+
+        for it in e.items:
+            eps += (start, tail(it.items if type(it) is Seq else (it,), end))
         return end
 
     def _sub_dfa(self, e: Expr) -> RawDFA:
@@ -492,23 +497,36 @@ def call_edge_arrays(d: RawDFA) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return hit
 
 
-WORK_PER_SECOND = 50_000_000  # (symbol, target) pairs the kernel examines per second, about
+# where the kernels have no clock: work units (symbol-target pairs, closure states, union and
+# sort steps) the subset construction does per second, 15-500 million by how it uses memory
+WORK_PER_SECOND = 50_000_000
 
 
 def _work_left(nfa: NFA) -> int:
+    """The subset construction's bound: the deadline in the ticks of its clock, negated,
+    where it has one (:func:`~.subset.clock_rate`: then the bound is the time left, whatever
+    the work costs); else the work it may do in the time left."""
     left = nfa.deadline - time.monotonic()
     if left <= 0:
-        raise ConstraintTooComplex("constraint took too long to compile (DFA construction)")
+        raise ConstraintTooComplex(
+            "constraint took too long to compile (DFA construction)", bound="max_seconds"
+        )
+    rate = clock_rate()
+    if rate and left < 1e6:
+        return -(now() + int(left * rate) + 1)
     return int(min(left, 1e6) * WORK_PER_SECOND)
 
 
 def _raise_status(status: int, limits: Limits) -> None:
     if status == 1:
         raise ConstraintTooComplex(
-            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states",
+            bound="max_dfa_states",
         )
     if status == 2:
-        raise ConstraintTooComplex("constraint took too long to compile (DFA construction)")
+        raise ConstraintTooComplex(
+            "constraint took too long to compile (DFA construction)", bound="max_seconds"
+        )
 
 
 def determinize(

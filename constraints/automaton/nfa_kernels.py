@@ -7,7 +7,11 @@ call-free sub-expression also pruning and minimisation. Byte classes of a compil
 classes of each byte mask come from :func:`_byte_classes_py`.
 
 Plain functions, compiled by numba when it is installed; the ``*_py`` names stay pure
-Python (the tests check them against ``tests/constraints/oracles``).
+Python (the tests check them against ``tests/constraints/oracles``). numba's disk cache of
+a function here does not notice a change in :mod:`.subset`, which it inlines: change this
+file too (this note) when the subset construction changes. (Last change: the subset
+construction reads a deadline in clock ticks (a negative ``max_work``), counts closures,
+unions and sorts in its work bound, and sorts long unions in n log n.)
 """
 
 from __future__ import annotations

@@ -182,10 +182,42 @@ class Automaton:
                 if s < 0:
                     return None
             return s
-        for b in data:
-            config = self.step_byte(config, b)
+        if self.counters is not None:  # (a top frame may hold a count: one byte at a time)
+            for b in data:
+                config = self.step_byte(config, b)
+                if config is None:
+                    return None
+            return config
+        # a pushdown automaton: runs of bytes that move one stack's top state and need no
+        # closure (no call, no return, no end) step its DFA directly, linear in the bytes
+        cls, rows, calls = self.cls_list, self._rows, self.calls
+        acc, hb = self._acc_list, self._has_bytes_list
+        i, n = 0, len(data)
+        while i < n:
+            if len(config.stacks) == 1:
+                (st,) = config.stacks
+                s = st[-1]
+                j = i
+                while j < n:
+                    r = rows[s]
+                    if r is None:
+                        r = self.row(s)
+                    t = r[cls[data[j]]]
+                    if t < 0:
+                        return None
+                    if calls[t] or acc[t] or not hb[t]:
+                        break  # (a call, a return or the end: the closure decides)
+                    s = t
+                    j += 1
+                if j > i:
+                    config = Config(frozenset((st[:-1] + (s,),)), False)
+                    i = j
+                    if i == n:
+                        break
+            config = self.step_byte(config, data[i])
             if config is None:
                 return None
+            i += 1
         return config
 
     def can_end(self, config) -> bool:
@@ -212,7 +244,8 @@ class Automaton:
     # ------------------------------------------------------------------ whole inputs
 
     def accepts(self, data: bytes) -> bool:
-        """Does ``data`` match the whole grammar?"""
+        """Does ``data`` match the whole grammar? One walk, linear in ``data`` (a pushdown
+        automaton's steps cost at most its stacks' depth, bounded by :data:`MAX_STACK_DEPTH`)."""
         cfg = self.step_bytes(self.initial, data) if self.initial is not None else None
         return cfg is not None and self.can_end(cfg)
 
@@ -284,7 +317,9 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def compile_grammar(grammar: Grammar, limits: Limits | None = None, *, count: bool = True) -> Automaton:
+def compile_grammar(
+    grammar: Grammar, limits: Limits | None = None, *, count: bool = True, deadline: float | None = None
+) -> Automaton:
     """Compile a grammar to an :class:`Automaton` (raises ConstraintError).
 
     Rules are inlined into their callers where that keeps the automaton small. When the
@@ -295,39 +330,45 @@ def compile_grammar(grammar: Grammar, limits: Limits | None = None, *, count: bo
     (the first attempt counts only those whose copies would be large: see :mod:`.counted`).
     ``count=False``: count nothing, every repetition is unrolled (every byte of a text is a
     plain transition of the table, for transforms of the table that rely on it).
+    ``deadline``: the ``time.monotonic()`` to be done by (default ``limits.max_seconds`` from
+    now); the attempts share the time left.
     """
     limits = limits or Limits()
     start = time.monotonic()
+    end = start + limits.max_seconds if deadline is None else deadline
+    span = max(0.0, end - start)
+    if span <= 0:
+        raise ConstraintTooComplex(
+            f"constraint took too long to compile: past the compile time bound of {limits.max_seconds:g} s "
+            "(Limits.max_seconds) before its automaton",
+            bound="max_seconds",
+        )
     skipped: list[int] = []  # repetitions the first attempt could have counted but copied
     none = None if count else -1  # count_above of the attempts that count the large ones
     try:  # half the time budget for the first attempt, the rest for the others
-        return _compile(
-            grammar, limits, None, start + limits.max_seconds / 2, skipped=skipped, count_above=none
-        )
+        return _compile(grammar, limits, None, start + span / 2, skipped=skipped, count_above=none)
     except ConstraintTooComplex as first:
         if skipped:
             try:
                 # (a short slice: where counting helps, this attempt is quick)
-                retry_end = min(
-                    start + 0.65 * limits.max_seconds, time.monotonic() + 0.15 * limits.max_seconds
-                )
+                retry_end = min(start + 0.65 * span, time.monotonic() + 0.15 * span)
                 return _compile(grammar, limits, None, retry_end, count_above=0)
             except ConstraintTooComplex:
                 pass
-        if hoist_repeated(dict(grammar.rules), grammar.start, limits.max_inline_size):
+        if time.monotonic() < end and hoist_repeated(
+            dict(grammar.rules), grammar.start, limits.max_inline_size, start + 0.8 * span
+        ):
             try:  # big items of repetitions as called rules: one copy each, not one per repetition
-                hoist_end = min(
-                    start + 0.8 * limits.max_seconds, time.monotonic() + 0.15 * limits.max_seconds
-                )
+                hoist_end = min(start + 0.8 * span, time.monotonic() + 0.15 * span)
                 return _compile(
                     grammar, limits, None, hoist_end, hoist=True, count_above=0 if skipped else none
                 )
             except ConstraintTooComplex:
                 pass
-        if len(grammar.rules) < 2:
+        if len(grammar.rules) < 2 or time.monotonic() >= end:
             raise
         try:
-            return _compile(grammar, limits, CALL_ABOVE, start + limits.max_seconds, count_above=none)
+            return _compile(grammar, limits, CALL_ABOVE, end, count_above=none)
         except ConstraintTooComplex:
             raise first from None
 
@@ -361,7 +402,7 @@ def _compile(
     rules = dict(grammar.rules)
     if grammar.start not in rules:
         raise ConstraintError(f"start rule {grammar.start!r} is not defined")
-    hoisted = hoist_repeated(rules, grammar.start, limits.max_inline_size) if hoist else []
+    hoisted = hoist_repeated(rules, grammar.start, limits.max_inline_size, deadline) if hoist else []
     regions: dict[str, ct.Region] = {}
     if (count_above is None or count_above >= 0) and any(b._long for b in rules.values()):
         # long repetitions of countable items: counters
@@ -406,7 +447,8 @@ def _compile(
     for deps in graph.values():
         for d in deps:
             ref_count[d] = ref_count.get(d, 0) + 1
-    called = set(recursive) | {grammar.start} | set(regions) | (set(hoisted) & reach)
+    # (a region or hoisted item of a rule the start does not reach is not compiled)
+    called = set(recursive) | {grammar.start} | (set(regions) & reach) | (set(hoisted) & reach)
     for name, n in ref_count.items():
         if n > 1 and ir.size(rules[name]) > limits.max_inline_size:
             called.add(name)
@@ -427,6 +469,7 @@ def _compile(
     ]
     old_limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old_limit, 20_000))
+    name = grammar.start
     try:
         raw = []
         dfa_memo: dict = {}
@@ -445,7 +488,13 @@ def _compile(
                     memo.put(key, cls, d, limits)
             raw.append(d)
     except RecursionError:
-        raise ConstraintTooComplex("constraint is nested too deeply to compile") from None
+        err = ConstraintTooComplex("constraint is nested too deeply to compile")
+        err.rule = name
+        raise err from None
+    except ConstraintError as err:
+        if err.rule is None:
+            err.rule = name  # (the compiler turns the rule into a location)
+        raise
     finally:
         sys.setrecursionlimit(old_limit)
 
@@ -489,7 +538,8 @@ def _compile(
         total += len(dfas[i].accepting)
     if total > limits.max_dfa_states:
         raise ConstraintTooComplex(
-            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states",
+            bound="max_dfa_states",
         )
     n_classes = len(reps)
     table = np.full((total, n_classes), -1, dtype=np.int32)
@@ -505,7 +555,7 @@ def _compile(
         for s, r, t in zip(src.tolist(), rule.tolist(), dst.tolist()):
             here[s] += ((offsets[r], t + off),)
         calls.extend(here)
-    if not regions:
+    if not any(name in regions for name in order):
         return Automaton(table, cls, accepting, calls, offsets[0], order)
     spans = {offsets[i]: (dfas[i], regions[order[i]]) for i in dfas if order[i] in regions}
     try:
@@ -516,7 +566,8 @@ def _compile(
         return _uncounted(grammar, limits, call_above, deadline, memo, count_above, hoist)
     if len(accepting) > limits.max_dfa_states:
         raise ConstraintTooComplex(
-            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states"
+            f"constraint is too complex: its automaton exceeds {limits.max_dfa_states:,} states",
+            bound="max_dfa_states",
         )
     return Automaton(table, cls, accepting, calls, start_state, order, counters)
 

@@ -15,12 +15,22 @@ included; faster:
 
 from __future__ import annotations
 
+import platform
+import time
+
 import numpy as np
 
 try:
     from numba import njit
 except ImportError:  # pragma: no cover
     njit = None
+
+
+def _clock_py() -> int:
+    """A monotonic tick count (nanoseconds here; the processor's cycle counter in the
+    compiled kernels, see :func:`clock_rate`)."""
+    return time.perf_counter_ns()
+
 
 # st[]: the expansion's state between calls
 I, N_SUB, SUB_USED, CLO_USED, N_CALLS, TICK, MARK_TICK, WORK, FULL, NEED_B = range(10)
@@ -130,11 +140,14 @@ def _expand_py(
                     keys[n_keys] = c_rule[e] * n + c_dst[e]
                     n_keys += 1
             work += n_b + n_keys
-            if work > max_work:
+            if max_work >= 0 and work > max_work:
                 status = 2
                 break
-            _isort(touched, 0, n_t)  # classes, then calls by rule: the symbols in order
-            _isort(keys, 0, n_keys)
+            if max_work < 0 and not i & 15 and _clock() > -max_work:  # (a deadline in ticks)
+                status = 2
+                break
+            work += _isort(touched, 0, n_t)  # classes, then calls by rule: the symbols in order
+            work += _isort(keys, 0, n_keys)
         n_prev = -1
         prev_id = -1
         g = 0
@@ -159,7 +172,7 @@ def _expand_py(
                         buf[nt] = t
                         nt += 1
                 if nt > 1:
-                    _isort(buf, 0, nt)
+                    work += _isort(buf, 0, nt)
             else:
                 rule = keys[h] // n
                 sym = n_classes + rule
@@ -196,6 +209,7 @@ def _expand_py(
                         stamp[s0] = tick
                         while top > 0 and status == 0:
                             top -= 1
+                            work += 1
                             u = dfs[top]
                             if important[u]:
                                 if clo_used >= clo_pool.shape[0]:
@@ -244,8 +258,9 @@ def _expand_py(
                                 mark[u] = mark_tick
                                 sub_pool[sub_used] = u
                                 sub_used += 1
-                    _isort(sub_pool, lo, sub_used)
+                    work += _isort(sub_pool, lo, sub_used)
                 hi = sub_used
+                work += size + (hi - lo)  # the union, its hash and a comparison
                 slot = _slot(sub_pool, lo, hi, cap)
                 j_id = -1
                 while slots[slot] >= 0:
@@ -274,6 +289,9 @@ def _expand_py(
                 prev_id = j_id
                 if nt == 1:
                     single[buf[0]] = j_id
+                if max_work >= 0 and work > max_work:  # (abandoned: no state to keep)
+                    status = 2
+                    break
             if i < 0:
                 break
             if sym < n_classes:
@@ -303,14 +321,26 @@ def _expand_py(
 
 
 def _isort(a, lo, hi):
-    """Sort ``a[lo:hi]`` in place (insertion sort: the runs here are short)."""
+    """Sort ``a[lo:hi]`` in place (insertion sort where the run is short, as most are; else
+    the array's sort: a long union of closures would take quadratic time); returns the work
+    done, in the units of the work bound (8 moves of a contiguous element a unit)."""
+    n = hi - lo
+    if n > 64:
+        a[lo:hi].sort()
+        bits = 0
+        while n >> bits:
+            bits += 1
+        return (n * bits) >> 2
+    moved = 0
     for p in range(lo + 1, hi):
         x = a[p]
         q = p - 1
         while q >= lo and a[q] > x:
             a[q + 1] = a[q]
             q -= 1
+        moved += p - 1 - q
         a[q + 1] = x
+    return (moved >> 3) + ((hi - lo) >> 3)
 
 
 def _slot(pool, lo, hi, cap):
@@ -478,6 +508,61 @@ def _subsets_py(
         call_rule[:n_calls],
         call_dst[:n_calls],
     )
+
+
+_CYCLES = platform.machine().lower() in ("x86_64", "amd64")  # an invariant cycle counter
+
+if njit is not None and _CYCLES:
+    from llvmlite import ir as _llvm
+    from numba import types as _types
+    from numba.core import cgutils as _cgutils
+    from numba.extending import intrinsic as _intrinsic
+
+    @_intrinsic
+    def _readcyclecounter(typingctx):
+        def codegen(context, builder, signature, args):
+            fnty = _llvm.FunctionType(_llvm.IntType(64), [])
+            fn = _cgutils.get_or_insert_function(builder.module, fnty, "llvm.readcyclecounter")
+            return builder.call(fn, [])
+
+        return _types.int64(), codegen
+
+    def _cycles_py() -> int:
+        return _readcyclecounter()
+
+    _clock = njit(cache=True, nogil=True)(_cycles_py)
+elif njit is not None:  # no counter the compiled kernels can read: a clock that stands still
+
+    def _still_py() -> int:
+        return 0
+
+    _clock = njit(cache=True, nogil=True)(_still_py)
+else:  # pragma: no cover - pure Python: nanoseconds
+    _clock = _clock_py
+
+_RATE: list[float] = []
+
+
+def clock_rate() -> float:
+    """Ticks of the kernels' clock (:func:`now`) per second, measured once (0.0: the clock
+    does not advance here; the kernels then bound their work, not their time)."""
+    if not _RATE:
+        rate = 0.0
+        try:
+            c0, t0 = int(_clock()), time.perf_counter()
+            while time.perf_counter() - t0 < 0.005:
+                pass
+            c1, t1 = int(_clock()), time.perf_counter()
+            rate = (c1 - c0) / (t1 - t0) if c1 > c0 else 0.0
+        except Exception:  # noqa: BLE001 - no cycle counter: the work bound alone
+            rate = 0.0
+        _RATE.append(rate if rate > 1e7 else 0.0)
+    return _RATE[0]
+
+
+def now() -> int:
+    """The kernels' clock (ticks: see :func:`clock_rate`)."""
+    return int(_clock())
 
 
 if njit is not None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ..errors import ConstraintError
+from ..errors import ConstraintError, ConstraintTooComplex
 from ..ir import (
     EMPTY,
     NOTHING,
@@ -58,6 +58,7 @@ from ..ir import (
     star,
     utf8_class,
 )
+from ..limits import Limits, headroom, out_of_time, past_deadline
 
 IGNORE_RULE = "%ignore"  # lark names cannot contain '%', so this never collides
 
@@ -72,7 +73,9 @@ _POSITION = re.compile(r"at line (\d+) column (\d+)")
 _UNDEFINED = re.compile(r"(?:Rule|Terminal) '([^']+)' used but not defined(?: \(in rule ([^)]+)\))?")
 
 
-def lark_to_grammar(text: str, start: str = "start") -> Grammar:
+def lark_to_grammar(
+    text: str, start: str = "start", *, limits: Limits | None = None, deadline: float | None = None
+) -> Grammar:
     """Compile a Lark grammar to the byte-level grammar IR.
 
     Parameters
@@ -82,6 +85,11 @@ def lark_to_grammar(text: str, start: str = "start") -> Grammar:
         ``%import <packaged grammar>.X`` (e.g. ``%import json.value``) resolve.
     start:
         The rule every output must match.
+    limits:
+        Bounds on the text (:class:`~..limits.Limits`: ``max_grammar_chars``,
+        ``max_grammar_nesting``); default ``Limits()``.
+    deadline:
+        A ``time.monotonic()`` past which the mapping stops (:class:`ConstraintTooComplex`).
 
     Returns
     -------
@@ -96,19 +104,29 @@ def lark_to_grammar(text: str, start: str = "start") -> Grammar:
         with the line and column of its first use), a missing start rule, a
         ``%declare``-d terminal (it has no pattern to enforce), or a regex terminal the
         regex front end rejects.
+    ConstraintTooComplex
+        A text past the bounds of ``limits`` (named, with the line and column), or the
+        deadline passed.
     """
-    terminals, rules, ignore = _load(text, start)
+    if not isinstance(text, str):
+        raise ConstraintError(f"grammar must be a str, got {type(text).__name__}", line=1, column=1)
+    limits = limits or Limits()
+    check_text(text, limits)
+    with headroom():
+        terminals, rules, ignore = _load(text, start)
 
     out: dict[str, Expr] = {}
     term_by_name = {t.name: t for t in terminals}
     used_terms = {str(s.name) for r in rules for s in r.expansion if s.is_term} | {str(n) for n in ignore}
     for name in sorted(used_terms):
+        if past_deadline(deadline):
+            raise out_of_time("Lark front end", limits, **rule_location(text, name, start))
         if name not in term_by_name:
             raise ConstraintError(
                 f"terminal {name!r} is declared (%declare) but has no pattern to enforce",
                 **_locate(text, name),
             )
-        out[name] = _terminal_ir(term_by_name[name], text)
+        out[name] = _terminal_ir(term_by_name[name], text, limits)
 
     ign: Expr | None = None
     if ignore:
@@ -124,6 +142,8 @@ def lark_to_grammar(text: str, start: str = "start") -> Grammar:
                 items.append(ign)
         expansions.setdefault(str(r.origin.name), []).append(items)
     for name, alts in expansions.items():
+        if past_deadline(deadline):
+            raise out_of_time("Lark front end", limits, **rule_location(text, name, start))
         out[name] = _rule_ir(name, alts)
     if ign is not None:
         out[start] = seq(ign, out[start])
@@ -131,7 +151,8 @@ def lark_to_grammar(text: str, start: str = "start") -> Grammar:
     if start in dead:
         raise ConstraintError(
             f"start rule {start!r} derives no finite text (every alternative recurses forever "
-            f"through {', '.join(sorted(n for n in dead if not n.startswith('__'))) or start})"
+            f"through {', '.join(sorted(n for n in dead if not n.startswith('__'))) or start})",
+            **rule_location(text, start, start),
         )
 
     notes = []
@@ -141,6 +162,84 @@ def lark_to_grammar(text: str, start: str = "start") -> Grammar:
             "terminals and at both ends (lark semantics); spell out bounded whitespace to limit them"
         )
     return Grammar(rules=out, start=start, notes=notes)
+
+
+# ---------------------------------------------------------------------------- bounds
+
+
+def check_text(text: str, limits: Limits) -> None:
+    """Refuse a grammar text longer than ``limits.max_grammar_chars``, with a lone surrogate,
+    or nesting ``( [ {`` deeper than ``limits.max_grammar_nesting`` (lark's loader recurses
+    on nesting), naming the line and column; a linear scan that skips strings, regexes and
+    comments."""
+    if len(text) > limits.max_grammar_chars:
+        at = limits.max_grammar_chars
+        raise ConstraintTooComplex(
+            f"grammar has {len(text):,} characters, over the bound of {at:,} (Limits.max_grammar_chars)",
+            bound="max_grammar_chars",
+            **_line_column(text, at),
+        )
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConstraintError(
+                f"grammar holds a lone surrogate (U+{ord(text[e.start]):04X}), which is not valid UTF-8",
+                **_line_column(text, e.start),
+            ) from None
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"' or c == "/" and text[i + 1 : i + 2] != "/":
+            j = i + 1  # a string or a regex literal: to its closing quote or slash (or the line end)
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "/" or c == "#":
+            j = text.find("\n", i)  # a comment
+            i = n if j < 0 else j + 1
+            continue
+        if c in "([{":
+            depth += 1
+            if depth > limits.max_grammar_nesting:
+                raise ConstraintTooComplex(
+                    f"grammar nests ( [ {{ over {limits.max_grammar_nesting} deep "
+                    "(Limits.max_grammar_nesting)",
+                    bound="max_grammar_nesting",
+                    **_line_column(text, i),
+                )
+        elif c in ")]}":
+            depth = max(0, depth - 1)
+        i += 1
+
+
+def _line_column(text: str, at: int) -> dict[str, int]:
+    """1-based line and column of character ``at``."""
+    return {"line": text.count("\n", 0, at) + 1, "column": at - (text.rfind("\n", 0, at) + 1) + 1}
+
+
+_DEFINITION = r"^[ \t]*[?!]?{name}[ \t]*(?:\.[ \t]*-?\d+[ \t]*)?:"
+
+
+def _locate_definition(text: str, name: str) -> dict[str, int]:
+    """Line and column of the definition of rule or terminal ``name``, or {}."""
+    m = re.search(_DEFINITION.format(name=re.escape(name)), text, re.M)
+    if m is None:
+        return {}
+    return _line_column(text, m.start() + m.group().index(name))
+
+
+def rule_location(text: str, rule: str | None, start: str = "start") -> dict[str, int]:
+    """Where an error about ``rule`` (a rule, a terminal, or a helper lark made from one:
+    ``__start_star_0``) is placed: its definition, else the start rule's, else line 1,
+    column 1."""
+    for name in (rule, (rule or "").lstrip("_").split("_star_")[0].split("_plus_")[0], start):
+        if name:
+            where = _locate_definition(text, name)
+            if where:
+                return where
+    return {"line": 1, "column": 1}
 
 
 # ---------------------------------------------------------------------------- loading
@@ -160,15 +259,32 @@ def _load(text: str, start: str):  # -> (terminals, rules, ignore) as lark compi
             )
         return grammar.compile([start], set())
     except UnexpectedInput as e:
-        raise ConstraintError(
-            f"Lark grammar syntax error: {_first_line(str(e))}", line=e.line, column=e.column
-        ) from None
+        line, column = getattr(e, "line", None), getattr(e, "column", None)
+        where = (
+            {"line": line, "column": column}
+            if isinstance(line, int) and line > 0
+            else _line_column(text, len(text))  # (at the end of the text)
+        )
+        raise ConstraintError(f"Lark grammar syntax error: {_first_line(str(e))}", **where) from None
     except GrammarError as e:
         raise _grammar_error(str(e), text) from None
+    except RecursionError:
+        raise ConstraintTooComplex("grammar nests too deeply for lark's loader", line=1, column=1) from None
     except LarkError as e:
+        orig = getattr(e, "orig_exc", None)
+        if isinstance(orig, RecursionError):
+            raise ConstraintTooComplex(
+                "grammar nests too deeply for lark's loader", line=1, column=1
+            ) from None
         raise ConstraintError(f"invalid Lark grammar: {_first_line(str(e))}") from None
     except (OSError, ImportError) as e:
         raise ConstraintError(f"invalid Lark grammar: %import failed ({e})") from None
+    except ConstraintError:
+        raise
+    except Exception as e:  # noqa: BLE001 - lark's loader failing on the text: the text is at fault
+        raise ConstraintError(
+            f"invalid Lark grammar: lark's loader failed ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _first_line(msg: str) -> str:
@@ -288,7 +404,7 @@ def _unproductive(rules: dict[str, Expr]) -> set[str]:
     return set(rules) - good
 
 
-def _terminal_ir(term, text: str) -> Expr:
+def _terminal_ir(term, text: str, limits: Limits | None = None) -> Expr:
     from lark.lexer import PatternStr
 
     pattern = term.pattern
@@ -308,12 +424,15 @@ def _terminal_ir(term, text: str) -> Expr:
         bits |= _RE_FLAGS[f]
     try:
         value = _KNOWN_PATTERNS.get(pattern.value, pattern.value)
+        expr = regex_to_ir(value, flags=bits, limits=limits)  # (bounded: before re.compile)
         re.compile(value, bits)
-        return regex_to_ir(value, flags=bits)
-    except (ConstraintError, re.error) as e:
-        raise ConstraintError(
-            f"terminal {term.name!r} (/{pattern.value}/): {e}", **_locate_terminal(text, term)
-        ) from None
+        return expr
+    except (ConstraintError, re.error, RecursionError, OverflowError, ValueError) as e:
+        cls = type(e) if isinstance(e, ConstraintError) else ConstraintError
+        err = cls(f"terminal {term.name!r} (/{pattern.value}/): {e}", **_locate_terminal(text, term))
+        if isinstance(e, ConstraintTooComplex):
+            err.bound = e.bound
+        raise err from None
 
 
 def _locate_terminal(text: str, term) -> dict[str, int]:

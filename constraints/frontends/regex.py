@@ -42,6 +42,7 @@ from ..ir import (
     rep,
     seq,
 )
+from ..limits import Limits, headroom
 from .regex_classes import BYTES, FLAG_A, FLAG_I, FLAG_S, FLAG_U, char_node, plain_ranges
 
 __all__ = ["regex_to_ir", "leading_anchor", "MAX_EXPANDED_CHARS"]
@@ -405,7 +406,41 @@ def leading_anchor(pattern: str) -> bool | None:
     return True if leads == {True} else False if leads == {False} else None
 
 
-def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0, end_only: bool = False) -> Expr:
+def _too_deep(pattern: str, verbose: bool, bound: int) -> int | None:
+    """Position of the first group opened more than ``bound`` deep, or None."""
+    depth, i, n = 0, 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "[":
+            j = i + 1
+            if pattern[j : j + 1] == "^":
+                j += 1
+            if pattern[j : j + 1] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+            continue
+        if verbose and ch == "#":
+            j = pattern.find("\n", i)
+            i = n if j < 0 else j + 1
+            continue
+        if ch == "(":
+            depth += 1
+            if depth > bound:
+                return i
+        elif ch == ")":
+            depth -= 1
+        i += 1
+    return None
+
+
+def regex_to_ir(
+    pattern: str | re.Pattern[str], *, flags: int = 0, end_only: bool = False, limits: Limits | None = None
+) -> Expr:
     """Compile a Python regex to an IR expression with ``re.fullmatch`` semantics.
 
     Parameters
@@ -431,22 +466,47 @@ def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0, end_only: boo
         Invalid syntax (with ``re``'s position) or an unsupported construct (named, with
         its character position).
     ConstraintTooComplex
-        Repeats expanding past :data:`MAX_EXPANDED_CHARS` character positions, or
-        nesting too deep to parse.
+        Repeats expanding past :data:`MAX_EXPANDED_CHARS` character positions, a pattern
+        longer than ``limits.max_regex_chars`` or with groups nested deeper than
+        ``limits.max_regex_nesting`` (:class:`~..limits.Limits`, default ``Limits()``).
     """
     if isinstance(pattern, re.Pattern):
         flags |= pattern.flags
         pattern = pattern.pattern
     if not isinstance(pattern, str):
-        raise ConstraintError(f"regex must be a str, got {type(pattern).__name__}")
+        raise ConstraintError(f"regex must be a str, got {type(pattern).__name__}", position=0)
+    limits = limits or Limits()
+    if len(pattern) > limits.max_regex_chars:
+        raise ConstraintTooComplex(
+            f"regex has {len(pattern):,} characters, over the bound of {limits.max_regex_chars:,} "
+            "(Limits.max_regex_chars)",
+            bound="max_regex_chars",
+            position=limits.max_regex_chars,
+        )
     try:
-        tree = _sre_parse.parse(pattern, int(flags))
+        verbose = bool(int(flags) & re.VERBOSE) or bool(re.match(r"\(\?[a-zA-Z]*x", pattern))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConstraintError(f"invalid regex flags: {exc}", position=0) from None
+    deep = _too_deep(pattern, verbose, limits.max_regex_nesting)
+    if deep is not None:
+        raise ConstraintTooComplex(
+            f"regex nests groups over {limits.max_regex_nesting} deep (Limits.max_regex_nesting)",
+            bound="max_regex_nesting",
+            position=deep,
+        )
+    with headroom():
+        return _to_ir(pattern, int(flags), end_only)
+
+
+def _to_ir(pattern: str, flags: int, end_only: bool) -> Expr:
+    try:
+        tree = _sre_parse.parse(pattern, flags)
     except re.error as exc:
-        raise ConstraintError(f"invalid regex: {exc.msg}", position=exc.pos) from None
+        raise ConstraintError(f"invalid regex: {exc.msg}", position=exc.pos or 0) from None
     except RecursionError:
-        raise ConstraintTooComplex("regex nests too deeply to parse") from None
-    except (ValueError, TypeError) as exc:
-        raise ConstraintError(f"invalid regex flags: {exc}") from None
+        raise ConstraintTooComplex("regex nests too deeply to parse", position=0) from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ConstraintError(f"invalid regex flags: {exc}", position=0) from None
     global_flags = int(tree.state.flags)
     tr = _Translator(pattern, global_flags)
     try:
@@ -466,5 +526,5 @@ def regex_to_ir(pattern: str | re.Pattern[str], *, flags: int = 0, end_only: boo
             n, e, _z, _cost = _Translator(pattern, global_flags).ends(tree, global_flags, True)
             expr = alt(n, e)
     except RecursionError:
-        raise ConstraintTooComplex("regex nests too deeply") from None
+        raise ConstraintTooComplex("regex nests too deeply", position=0) from None
     return expr

@@ -25,7 +25,7 @@ from ..ir import (
     seq,
     star,
 )
-from .common import CONTAINS, canon, child, constraining
+from .common import CONTAINS, MAX_REPEAT_COST, canon, child, constraining, cost
 
 MAX_CONTAINS_SPAN = 32  # maxItems (or minItems) enumerated around the first contained item
 MAX_UNIQUE_VALUES = 8  # uniqueItems: item values (a product of one automaton each)
@@ -79,6 +79,7 @@ class ArrayMixin:
         k = len(pexprs)
         # tail after the whole prefix: items, count between max(0, lo-k) and hi-k
         t_lo, t_hi = max(0, lo - k), (None if hi is None else hi - k)
+        count_kw = "maxItems" if hi is not None else "minItems"  # (the bound a long repeat counts)
         body: Expr
         if k == 0:
             if t_hi == 0:
@@ -88,8 +89,8 @@ class ArrayMixin:
                     seq(comma, iexpr),
                     max(0, t_lo - 1),
                     None if t_hi is None else t_hi - 1,
-                    child(ptr, "maxItems"),
-                    "maxItems",
+                    child(ptr, count_kw),
+                    count_kw,
                 )
                 body = seq(iexpr, more)
                 if t_lo == 0:
@@ -102,7 +103,7 @@ class ArrayMixin:
             tail = (
                 EMPTY
                 if t_hi == 0
-                else self.repeat(seq(comma, iexpr), t_lo, t_hi, child(ptr, "maxItems"), "maxItems")
+                else self.repeat(seq(comma, iexpr), t_lo, t_hi, child(ptr, count_kw), count_kw)
             )
             body = tail
             for i in range(k - 1, -1, -1):
@@ -144,6 +145,12 @@ class ArrayMixin:
         i = self.compile(items, child(ptr, "items"))
         if cmax is None and hi is None and lo <= cmin:
             # I* (Y I*){cmin}: at least cmin contained items (the length follows)
+            if cmin > 64 and cmin * (cost(y) + cost(i)) > MAX_REPEAT_COST:
+                raise ConstraintTooComplex(
+                    f"minContains {cmin} of an item of {cost(y)} grammar nodes exceeds the size bound "
+                    f"({MAX_REPEAT_COST})",
+                    path=child(ptr, "minContains"),
+                )
             return self.joined([(i, 0, None)] + [(y, 1, 1), (i, 0, None)] * cmin, comma)
         if cmax is None and cmin == 1:
             # position k of a contained item, items around it within the length bounds

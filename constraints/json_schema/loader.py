@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import ConstraintError
+from ..errors import ConstraintError, ConstraintTooComplex
 
 KINDS = "a dict, a bool, JSON text, or a pydantic model class (or another type pydantic describes)"
 
@@ -30,18 +30,14 @@ def is_schema_source(schema: object) -> bool:
     return isinstance(schema, (dict, bool, str)) or _is_type(schema)
 
 
-def load_schema(schema: Any) -> dict | bool:
-    """The JSON Schema ``schema`` stands for (see the module docstring)."""
+def load_schema(schema: Any, limits=None) -> dict | bool:
+    """The JSON Schema ``schema`` stands for (see the module docstring). JSON text longer
+    than ``limits.max_schema_chars`` (default :class:`~..limits.Limits`) or nesting
+    too deep to parse is refused with :class:`~..errors.ConstraintTooComplex`."""
     if isinstance(schema, (dict, bool)):
         return schema
     if isinstance(schema, str):
-        try:
-            out = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise ConstraintError(f"schema is not valid JSON: {e}", path="#") from e
-        if not isinstance(out, (dict, bool)):
-            raise ConstraintError(f"a JSON Schema is an object or a bool, got {type(out).__name__}")
-        return out
+        return _parse(schema, limits)
     if _is_type(schema):
         name = getattr(schema, "__name__", None) or repr(schema)
         try:
@@ -58,7 +54,33 @@ def load_schema(schema: Any) -> dict | bool:
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                 path="#",
             ) from None
-    raise ConstraintError(f"expected a JSON Schema ({KINDS}), got {type(schema).__name__}")
+    raise ConstraintError(f"expected a JSON Schema ({KINDS}), got {type(schema).__name__}", path="#")
+
+
+def _parse(text: str, limits) -> dict | bool:
+    from ..limits import Limits
+    from .checks import nesting_pointer, too_long
+
+    limits = limits or Limits()
+    if len(text) > limits.max_schema_chars:
+        raise too_long("schema text", len(text), limits.max_schema_chars, "max_schema_chars", path="#")
+    try:
+        out = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConstraintError(f"schema is not valid JSON: {e}", path="#") from e
+    except RecursionError:
+        where = nesting_pointer(text, limits.max_schema_nesting) or "#"
+        raise ConstraintTooComplex(
+            f"schema nests objects and arrays over {limits.max_schema_nesting} deep "
+            "(Limits.max_schema_nesting)",
+            bound="max_schema_nesting",
+            path=where,
+        ) from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise ConstraintError(f"schema is not valid JSON: {e}", path="#") from None
+    if not isinstance(out, (dict, bool)):
+        raise ConstraintError(f"a JSON Schema is an object or a bool, got {type(out).__name__}", path="#")
+    return out
 
 
 def schema_key(schema: Any) -> str:
@@ -70,4 +92,4 @@ def schema_key(schema: Any) -> str:
     if _is_type(schema):
         name = f"{getattr(schema, '__module__', '')}.{getattr(schema, '__qualname__', repr(schema))}"
         return f"{name}:" + json.dumps(load_schema(schema))
-    raise ConstraintError(f"json_schema must be {KINDS}, got {type(schema).__name__}")
+    raise ConstraintError(f"json_schema must be {KINDS}, got {type(schema).__name__}", path="#")

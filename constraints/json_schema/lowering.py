@@ -24,9 +24,11 @@ whose start rule accepts JSON texts valid under the schema. Choices the grammar 
 from __future__ import annotations
 
 import json
+import re
+import time
 from urllib.parse import unquote
 
-from ..errors import ConstraintError, ConstraintTooComplex
+from ..errors import ConstraintError, ConstraintTooComplex, is_interrupt, is_recursion_error
 from ..ir import (
     EMPTY,
     NOTHING,
@@ -40,10 +42,13 @@ from ..ir import (
     seq,
     star,
 )
+from ..limits import Limits, headroom, out_of_time
 from . import formats as jf
 from . import numbers as jn
 from .arrays import ArrayMixin
+from .checks import check_metaschema, check_value
 from .common import (
+    DEFAULT_WHITESPACE,
     FLEX_INDENT,
     MAX_DEPTH,
     MAX_ENUM,
@@ -87,11 +92,14 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         self.recursive: set[str] = set()
         self.depth = 0
         self._validator = None
+        self._searchers: dict[str, object] = {}  # pattern -> its search automaton (None: use re)
         self.ids: dict[str, tuple[object, str]] = {}
         # why subschemas compiled to NOTHING (named if the whole schema turns out unsatisfiable)
         self.unsat: list[tuple[str, str]] = []
         self.negating: list[str] = []  # operands of `not` being lowered (a residual stays)
         self.neg_refs: list[str] = []  # $ref targets being negated (a cycle stays residual)
+        self.limits = Limits()
+        self.deadline: float | None = None  # the compile deadline (time.monotonic()), if any
         self._index_ids(root, "#")
         # ws: after { [ , and before } ]; pad: before , and :; after_colon
         ws = pad = after_colon = EMPTY
@@ -107,6 +115,11 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         self.colon = seq(pad, lit(":"), after_colon)
 
     # ------------------------------------------------------------------ helpers
+    def tick(self, ptr: str) -> None:
+        """Refuse the schema once the compile deadline has passed."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise out_of_time("JSON Schema lowering", self.limits, path=ptr)
+
     def unsatisfiable(self, why: str, ptr: str) -> Expr:
         """An unsatisfiable subschema: NOTHING, so that an optional property, an item of an
         array that may be empty or an anyOf branch drops it; the reason is kept for the error
@@ -233,13 +246,43 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
             tptr = child(tptr, key)
         return target, tptr
 
-    def validator(self, node: object):
-        import jsonschema
-
+    def validator(self, node: object, ptr: str = "#") -> _Check:
+        """A jsonschema validator of ``node`` (the root's draft), its regexes matched by
+        :meth:`search` (linear time) instead of ``re.search``; an error of jsonschema (a
+        ``$ref`` it cannot resolve) is a ConstraintError at ``ptr``."""
         if self._validator is None:
-            cls = jsonschema.validators.validator_for(self.root, default=jsonschema.Draft202012Validator)
-            self._validator = cls(self.root)
-        return self._validator.evolve(schema=node)
+            from .checks import metaschema_class
+
+            self._validator = safe_validator_class(metaschema_class(self.root), self.search)(self.root)
+        return _Check(self._validator.evolve(schema=node), ptr)
+
+    def search(self, pattern: str, text: str, ptr: str = "#") -> bool:
+        """``re.search(pattern, text)`` as the grammar reads ``pattern`` (:meth:`pattern_raw`),
+        decided by an automaton, linear in ``text`` (Python's ``re`` may backtrack for
+        minutes on a crafted pattern and key); a pattern the grammar cannot read is left to
+        ``re`` (an invalid one is a ConstraintError at ``ptr``)."""
+        a = self._searchers.get(pattern, _MISS)
+        if a is _MISS:
+            a = None
+            if len(self._searchers) < MAX_SEARCHERS:
+                try:
+                    from ..automaton.pushdown import compile_grammar
+
+                    raw = self.pattern_raw(pattern, ptr)
+                    soon = time.monotonic() + 1.0
+                    a = compile_grammar(
+                        Grammar({"start": raw}),
+                        deadline=soon if self.deadline is None else min(soon, self.deadline),
+                    )
+                except ConstraintError:
+                    a = None
+            self._searchers[pattern] = a
+        if a is None:
+            try:
+                return re.search(pattern, text) is not None
+            except (re.error, RecursionError, OverflowError, ValueError) as e:
+                raise ConstraintError(f"pattern {pattern!r}: invalid regex: {e}", path=ptr) from None
+        return a.accepts(text.encode("utf-8", "surrogatepass"))
 
     # ----------------------------------------------------------------- compile
     def ref(self, ref: str, ptr: str) -> Expr:
@@ -298,8 +341,15 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:
-                raise ConstraintTooComplex(f"schema nesting deeper than {MAX_DEPTH} levels", path=ptr)
+                raise ConstraintTooComplex(
+                    f"schema nesting deeper than {MAX_DEPTH} levels", path=ptr, bound="MAX_DEPTH"
+                )
+            self.tick(ptr)
             return self._compile(s, ptr)
+        except RecursionError:
+            raise ConstraintTooComplex(
+                "schema nests too deeply to lower", path=ptr, bound="max_schema_nesting"
+            ) from None
         finally:
             self.depth -= 1
 
@@ -451,8 +501,20 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
                 f"enum of {len(values)} values exceeds the bound ({MAX_ENUM})", path=child(ptr, kw)
             )
         node = s.get(ORIGIN, s)
-        check = self.validator(node)
-        ok = [v for v in values if check.is_valid(v)]
+        if node is s:
+            # each value is one of the values of its own keyword: checked against the rest
+            # (jsonschema's enum check is linear per value: quadratic over the enum)
+            node = {k: v for k, v in s.items() if k != kw}
+        if isinstance(node, dict) and not constraining(node):
+            ok = list(values)
+        else:
+            check = self.validator(node, child(ptr, kw))
+            ok = []
+            for i, v in enumerate(values):
+                if not i & 255:
+                    self.tick(child(ptr, kw))
+                if check.is_valid(v):
+                    ok.append(v)
         if not ok:
             return self.unsatisfiable(f"no {kw} value satisfies the schema (unsatisfiable)", child(ptr, kw))
         return alt(*(self.value_lit(v) for v in ok))
@@ -488,13 +550,82 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         return alt(*parts)
 
 
+class _Check:
+    """``is_valid`` of a jsonschema validator, its errors raised as ConstraintError."""
+
+    __slots__ = ("validator", "ptr")
+
+    def __init__(self, validator, ptr: str) -> None:
+        self.validator = validator
+        self.ptr = ptr
+
+    def is_valid(self, value: object) -> bool:
+        try:
+            return self.validator.is_valid(value)
+        except ConstraintError:
+            raise
+        except BaseException as e:  # (a Rust panic of jsonschema's referencing included)
+            if is_interrupt(e):
+                raise
+            if is_recursion_error(e):
+                raise ConstraintTooComplex(
+                    "checking a value against the schema recursed too deeply (a $ref cycle?)", path=self.ptr
+                ) from None
+            raise ConstraintError(
+                f"the schema cannot check values here ({type(e).__name__}: {str(e)[:160]})", path=self.ptr
+            ) from None
+
+
+_MISS = object()
+MAX_SEARCHERS = 256  # patterns matched by an automaton per schema (others by re)
+
+
+def safe_validator_class(base, search):
+    """``base`` (a jsonschema validator class) with ``pattern``, ``patternProperties`` and
+    ``additionalProperties`` matching regexes by ``search(pattern, text)``."""
+    import jsonschema
+
+    def pattern(validator, patrn, instance, schema):
+        if validator.is_type(instance, "string") and not search(patrn, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    def pattern_properties(validator, pattern_props, instance, schema):
+        if not validator.is_type(instance, "object"):
+            return
+        for p, subschema in pattern_props.items():
+            for k, v in instance.items():
+                if search(p, k):
+                    yield from validator.descend(v, subschema, path=k, schema_path=p)
+
+    original = base.VALIDATORS.get("additionalProperties")
+
+    def additional_properties(validator, ap, instance, schema):
+        if not validator.is_type(instance, "object"):
+            return
+        props = schema.get("properties", {})
+        pats = list(schema.get("patternProperties", {}))
+        extras = [k for k in instance if k not in props and not any(search(p, k) for p in pats)]
+        if validator.is_type(ap, "object"):
+            for k in extras:
+                yield from validator.descend(instance[k], ap, path=k)
+        elif not ap and extras:
+            yield jsonschema.ValidationError(f"additional properties are not allowed ({extras!r})")
+
+    changes = {"pattern": pattern, "patternProperties": pattern_properties}
+    if original is not None:
+        changes["additionalProperties"] = additional_properties
+    return jsonschema.validators.extend(base, changes)
+
+
 def schema_to_grammar(
     schema: object,
     *,
-    whitespace: str = "compact",
+    whitespace: str = DEFAULT_WHITESPACE,
     strict: bool = False,
     lenient: bool = False,
     runtime_unique: bool = True,
+    limits: Limits | None = None,
+    deadline: float | None = None,
 ) -> Grammar:
     """Lower a JSON Schema to a grammar whose start rule accepts exactly its valid JSON texts.
 
@@ -503,9 +634,9 @@ def schema_to_grammar(
     schema:
         A schema as a dict or bool, its JSON text, or a pydantic model class.
     whitespace:
-        ``"compact"`` (no whitespace), ``"natural"`` (the spaces and line breaks of a
-        pretty-printed or spaced JSON text, bounded) or ``"flexible"`` (bounded whitespace
-        around every token).
+        ``"natural"`` (the default: the spaces and line breaks of a pretty-printed or spaced
+        JSON text, bounded), ``"compact"`` (no whitespace) or ``"flexible"`` (bounded
+        whitespace around every token).
     strict:
         Forbid object keys that the schema does not declare (``additionalProperties: false``).
     lenient:
@@ -513,6 +644,12 @@ def schema_to_grammar(
     runtime_unique:
         Enforce ``uniqueItems`` over items that cannot be enumerated with a run-time check
         (:mod:`..unique_items`); False: such a ``uniqueItems`` is unsupported (relaxed if lenient).
+    limits:
+        The size bounds checked before lowering (:class:`~..limits.Limits`: characters,
+        values, nesting, properties); default ``Limits()``.
+    deadline:
+        A ``time.monotonic()`` past which the checks and the lowering stop
+        (:class:`ConstraintTooComplex`); None: no deadline.
 
     Raises
     ------
@@ -520,12 +657,23 @@ def schema_to_grammar(
         Unsupported keyword (without ``lenient``), bad or unsatisfiable schema; the message
         names the JSON pointer.
     ConstraintTooComplex
-        The schema would expand past a size bound (huge enums, counts, nesting).
+        The schema is past a size bound or would expand past one (huge enums, counts,
+        nesting), or the deadline passed.
+
+    Before lowering, the schema is checked (:mod:`.checks`): JSON values only, within the
+    bounds of ``limits``, and valid under its draft's metaschema (jsonschema's
+    ``check_schema``; 2020-12 when it names no ``$schema``), each refusal naming the JSON
+    pointer of the value at fault.
     """
-    root = load_schema(schema)
-    c = _SchemaCompiler(root, whitespace, strict, lenient)
-    c.runtime_unique = runtime_unique
-    start = c.ref("#", "#")
+    limits = limits or Limits()
+    root = load_schema(schema, limits)
+    sizes = check_value(root, limits, deadline)
+    check_metaschema(root, limits, deadline, sizes)
+    with headroom():
+        c = _SchemaCompiler(root, whitespace, strict, lenient)
+        c.runtime_unique = runtime_unique
+        c.limits, c.deadline = limits, deadline
+        start = c.ref("#", "#")
     if start == NOTHING or (isinstance(start, Ref) and c.rules.get(start.name) == NOTHING):
         why = "".join(f"; {m} at {p}" for m, p in c.unsat[:3])
         raise ConstraintError("schema is unsatisfiable: no JSON value is valid" + why, path="#")
@@ -536,7 +684,13 @@ def schema_to_grammar(
 
         def fallback() -> Grammar:
             return schema_to_grammar(
-                schema, whitespace=whitespace, strict=strict, lenient=True, runtime_unique=False
+                schema,
+                whitespace=whitespace,
+                strict=strict,
+                lenient=True,
+                runtime_unique=False,
+                limits=limits,
+                deadline=deadline,
             )
 
     return Grammar(rules=rules, start="start", notes=c.notes, unique=unique, fallback=fallback)

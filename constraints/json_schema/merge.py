@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from decimal import Decimal
 
 from ..errors import ConstraintError, ConstraintTooComplex
@@ -87,7 +86,7 @@ class MergeMixin:
         props = o.get("properties") if isinstance(o.get("properties"), dict) else {}
         if key in props:
             return props[key] is False
-        if any(re.search(p, key) for p in o.get("patternProperties", {}) if isinstance(p, str)):
+        if any(self.search(p, key) for p in o.get("patternProperties", {}) if isinstance(p, str)):
             return False
         return o.get("additionalProperties", True) is False
 
@@ -367,8 +366,8 @@ class MergeMixin:
         def side(x: dict, props: dict, key: str) -> object:
             if key in props:
                 return props[key]
-            pats = [v for p, v in (x.get("patternProperties") or {}).items() if re.search(p, key)]
-            pats += [v for ps, v in x.get(ADDL, []) if not any(re.search(p, key) for p in ps)]
+            pats = [v for p, v in (x.get("patternProperties") or {}).items() if self.search(p, key)]
+            pats += [v for ps, v in x.get(ADDL, []) if not any(self.search(p, key) for p in ps)]
             if pats:
                 return {"allOf": pats}
             return x.get("additionalProperties", True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 from .. import ir
 from ..errors import ConstraintError, ConstraintTooComplex
@@ -27,13 +26,22 @@ from ..ir import (
 from . import formats as jf
 from .common import ADDL, MAX_PATTERN_PROPERTIES, child, cost, is_trivial
 
+FLAT_TAIL_ITEMS = 100_000  # IR items of the flat tails of an object's members past which they are chained
+TAIL_BLOCK = 32  # members per link of the chained tails
 
-def _empty(key: Expr) -> bool:
-    """Whether a (small, Ref-free) key language is empty: decided by compiling it."""
+
+def _empty(key: Expr, deadline: float | None = None) -> bool:
+    """Whether a (small, Ref-free) key language is empty: decided by compiling it (within
+    a second, and before ``deadline``: else taken as not empty)."""
+    import time
+
     from ..automaton.pushdown import compile_grammar
 
+    soon = time.monotonic() + 1.0
     try:
-        compile_grammar(ir.Grammar({"start": key}))
+        compile_grammar(
+            ir.Grammar({"start": key}), deadline=soon if deadline is None else min(soon, deadline)
+        )
     except ConstraintTooComplex:
         return False
     except ConstraintError:
@@ -57,14 +65,16 @@ class ObjectMixin:
             addl = False
         names = s.get("propertyNames")
         pnames = names if names is not None and not is_trivial(names) else None
-        name_check = self.validator(pnames) if pnames is not None else None
+        name_check = self.validator(pnames, child(ptr, "propertyNames")) if pnames is not None else None
         members: list[tuple[str, object, str]] = []  # (key, schema, pointer) in schema order
         for key, sub in props.items():
             members.append((key, sub, child(ptr, "properties", key)))
         for key in required:
             if key not in props:
-                pm = [(p, v) for p, v in pats.items() if re.search(p, key)]
-                apart = [v for ps, v in s.get(ADDL, []) if not any(re.search(p, key) for p in ps)]
+                pm = [
+                    (p, v) for p, v in pats.items() if self.search(p, key, child(ptr, "patternProperties", p))
+                ]
+                apart = [v for ps, v in s.get(ADDL, []) if not any(self.search(p, key) for p in ps)]
                 if pm:
                     members.append(
                         (
@@ -88,7 +98,11 @@ class ObjectMixin:
                     )
         items: list[tuple[Expr, bool]] = []
         for key, sub, sptr in members:
-            pm = [v for p, v in pats.items() if key in props and re.search(p, key)]
+            pm = [
+                v
+                for p, v in pats.items()
+                if key in props and self.search(p, key, child(ptr, "patternProperties", p))
+            ]
             if pm:
                 sub = {"allOf": [sub, *pm]}
             value = self.compile(sub, sptr)
@@ -126,7 +140,7 @@ class ObjectMixin:
         props = base.get("properties", {})
         pats = base.get("patternProperties", {})
         addl = False if self.strict else base.get("additionalProperties", True)
-        check = self.validator(keys)
+        check = self.validator(keys, child(ptr, "not"))
         parts = []
         for key in dict.fromkeys([*props, *base.get("required", [])]):
             if not check.is_valid(key):
@@ -135,8 +149,8 @@ class ObjectMixin:
                 sub = props[key]
             else:
                 # an undeclared required key: the schema it takes as an extra member
-                apart = [v for ps, v in base.get(ADDL, []) if not any(re.search(p, key) for p in ps)]
-                if any(re.search(p, key) for p in pats):
+                apart = [v for ps, v in base.get(ADDL, []) if not any(self.search(p, key) for p in ps)]
+                if any(self.search(p, key, child(ptr, "patternProperties", p)) for p in pats):
                     sub = {"allOf": apart} if apart else True  # (patterns apply to declared keys too)
                 elif addl is False:
                     continue
@@ -222,7 +236,7 @@ class ObjectMixin:
                 key = intersect(*(encs[i] for i in inside))
                 if minus:
                     key = difference(key, alt(*minus))
-                if n > 1 and _empty(key):
+                if n > 1 and _empty(key, self.deadline):
                     continue
                 matched = {plist[i][0] for i in inside}
                 subs = [plist[i][1] for i in inside] + [v for ps, v in apart if not matched & set(ps)]
@@ -273,6 +287,40 @@ class ObjectMixin:
             names = {**names, "type": "string"}
         return self.compile(names, ptr)
 
+    def declared_members(self, items: list[tuple[Expr, bool]], ptr: str) -> Expr:
+        """The declared members in order, each optional one optional, with commas between
+        them: one alternative per possible first member (up to the first required one),
+        each followed by the members after it (a shared tail). Written flat while that is
+        small; past :data:`FLAT_TAIL_ITEMS` the tails are chained in blocks of
+        :data:`TAIL_BLOCK` members, each block ending in the next block's tail, so that the
+        IR is linear in the members (flat, it is quadratic)."""
+        comma = self.comma
+        parts = [seq(comma, m) if r else opt(seq(comma, m)) for m, r in items]
+        if any(p == NOTHING for p in parts):
+            return NOTHING
+        n = len(items)
+        first_req = next((f for f, (_, r) in enumerate(items) if r), n - 1)
+        widths = [len(p.items) if isinstance(p, Seq) else 1 for p in parts]
+        after = [0] * (n + 1)  # items of the flat tail after member j
+        for j in range(n - 1, -1, -1):
+            after[j] = after[j + 1] + widths[j]
+        if sum(after[f + 1] for f in range(first_req + 1)) <= FLAT_TAIL_ITEMS:
+            # (the same IR as the flat tails built one from the next)
+            return alt(*(seq(items[f][0], *parts[f + 1 :]) for f in range(first_req + 1)))
+        # tails[b]: the members from block b on, one node (a Repeat of one copy is kept a
+        # node of its own by seq, which would flatten a Seq into each alternative)
+        blocks = (n + TAIL_BLOCK - 1) // TAIL_BLOCK
+        tails: list[Expr] = [EMPTY] * (blocks + 1)
+        for b in range(blocks - 1, -1, -1):
+            self.tick(ptr)
+            body = seq(*parts[b * TAIL_BLOCK : (b + 1) * TAIL_BLOCK], tails[b + 1])
+            tails[b] = Repeat(body, 1, 1) if isinstance(body, Seq) else body
+        firsts = []
+        for f in range(first_req + 1):
+            b = (f + 1) // TAIL_BLOCK
+            firsts.append(seq(items[f][0], *parts[f + 1 : (b + 1) * TAIL_BLOCK], tails[b + 1]))
+        return alt(*firsts)
+
     def members_body(
         self,
         items: list[tuple[Expr, bool]],
@@ -292,16 +340,7 @@ class ObjectMixin:
             return NOTHING
         simple = lo <= n_req and (hi is None or (n_max is not None and hi >= n_max))
         if simple:
-            rest: list[Expr] = [EMPTY] * (len(items) + 1)
-            for j in range(len(items) - 1, -1, -1):
-                m, r = items[j]
-                rest[j] = seq(seq(comma, m) if r else opt(seq(comma, m)), rest[j + 1])
-            firsts = []
-            for f, (m, r) in enumerate(items):
-                firsts.append(seq(m, rest[f + 1]))
-                if r:
-                    break
-            decl = alt(*firsts)
+            decl = self.declared_members(items, ptr)
             if extra is None:
                 return decl if n_req else opt(decl)
             tail = star(seq(comma, extra))
@@ -338,6 +377,7 @@ class ObjectMixin:
             return out
 
         parts = []
+        count_kw = "maxProperties" if hi is not None else "minProperties"  # (the bound a repeat counts)
         for c in range(n_req, len(items) + 1):
             if hi is not None and c > hi:
                 break
@@ -358,8 +398,8 @@ class ObjectMixin:
                     head,
                     max(0, e_lo - 1),
                     None if e_hi is None else e_hi - 1,
-                    child(ptr, "maxProperties"),
-                    "maxProperties",
+                    child(ptr, count_kw),
+                    count_kw,
                 )
                 parts.append(seq(decl, more, comma, special) if c > 0 else seq(more, special))
                 continue
@@ -367,9 +407,7 @@ class ObjectMixin:
                 parts.append(
                     seq(
                         decl,
-                        self.repeat(
-                            seq(comma, extra), e_lo, e_hi, child(ptr, "maxProperties"), "maxProperties"
-                        ),
+                        self.repeat(seq(comma, extra), e_lo, e_hi, child(ptr, count_kw), count_kw),
                     )
                 )
             elif e_hi != 0:
@@ -377,8 +415,8 @@ class ObjectMixin:
                     seq(comma, extra),
                     max(0, e_lo - 1),
                     None if e_hi is None else e_hi - 1,
-                    child(ptr, "maxProperties"),
-                    "maxProperties",
+                    child(ptr, count_kw),
+                    count_kw,
                 )
                 parts.append(seq(extra, more) if e_lo > 0 else opt(seq(extra, more)))
             elif e_lo == 0:

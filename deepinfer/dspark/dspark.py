@@ -178,13 +178,16 @@ class DSpark:
                 continue
             r = self._request(s, special_ids)
             src = r.stats.sources
-            m = s.constraint.copy() if s.constraint is not None else None
             ngram_on = src[NGRAM].enabled(self._step, cfg.min_acceptance)
-            drafts.append(propose(
-                r.tokens(s), m, r.index if ngram_on else None, k,
-                forced=src[FORCED].enabled(self._step, cfg.min_acceptance), stop_ids=r.stop_ids,
-                preferred=self._preferred,
-            ))  # fmt: skip
+            try:
+                m = s.constraint.copy() if s.constraint is not None else None
+                drafts.append(propose(
+                    r.tokens(s), m, r.index if ngram_on else None, k,
+                    forced=src[FORCED].enabled(self._step, cfg.min_acceptance), stop_ids=r.stop_ids,
+                    preferred=self._preferred,
+                ))  # fmt: skip
+            except Exception:  # a matcher that fails here fails its request at on_token, not the batch
+                drafts.append(Drafts())
         if cfg.schedule == "fixed":
             T = min(max(len(d) for d in drafts) + 1, max(budget // len(running), 1))
             expected = None

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig
-from .gguf_file import GGUFError, GGUFFile
+from .gguf_file import GGUFError, GGUFFile, is_int
 from .types import LoadedModel
 
 # GGUF tensor name -> HF name ({i} is the layer).
@@ -52,6 +52,18 @@ def hf_name(gguf_name: str) -> str | None:
         tmpl = _NAMES.get("blk.{i}." + m.group(2))
         return tmpl.format(i=m.group(1)) if tmpl else None
     return _NAMES.get(gguf_name)
+
+
+def gguf_name(short_hf_name: str) -> str:
+    """The GGUF name of an HF weight name without "model." (for messages)."""
+    m = re.match(r"^layers\.(\d+)\.(.+)$", short_hf_name)
+    for g, h in _NAMES.items():
+        h = h.removeprefix("model.")
+        if m and h == "layers.{i}." + m.group(2):
+            return g.format(i=m.group(1))
+        if h == short_hf_name:
+            return g
+    return short_hf_name
 
 
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -99,7 +111,7 @@ def _dequant_fast(raw: np.ndarray, qtype: int) -> torch.Tensor | None:
 
 
 def dequantize(f: GGUFFile, name: str) -> torch.Tensor:
-    """float32 tensor in numpy/HF shape (row-major, [out, in])."""
+    """float32 tensor in numpy/HF shape (row-major, [out, in]); GGUFError if a value is not finite."""
     from gguf import GGMLQuantizationType, quants
 
     info = f.tensors[name]
@@ -108,22 +120,54 @@ def dequantize(f: GGUFFile, name: str) -> torch.Tensor:
         warnings.simplefilter("ignore", UserWarning)
         fast = _dequant_fast(raw, info.ggml_type)
     if fast is not None:
+        _check_finite(f, name, raw, fast)
         return fast.view(info.shape)
     qtype = GGMLQuantizationType(info.ggml_type)
     try:
         arr = quants.dequantize(raw, qtype)
     except NotImplementedError as e:
         raise GGUFError(f"{f.path!r}: tensor {name!r} uses {qtype.name}, which gguf cannot dequantize") from e
-    return torch.from_numpy(np.array(arr, dtype=np.float32).reshape(info.shape))
+    out = torch.from_numpy(np.array(arr, dtype=np.float32).reshape(info.shape))
+    _check_finite(f, name, raw, out)
+    return out
+
+
+def _check_finite(f: GGUFFile, name: str, raw: np.ndarray, out: torch.Tensor) -> None:
+    """GGUFError unless every value is finite. Q4_0/Q4_1/Q8_0 weights are finite iff their f16
+    block scales are (1/32 of the values to check); other types are checked whole."""
+    from gguf import GGMLQuantizationType as Q
+
+    layout = {Q.Q4_0: (18, 2), Q.Q4_1: (20, 4), Q.Q8_0: (34, 2)}.get(f.tensors[name].ggml_type)
+    if layout is not None:
+        block, head = layout
+        ok = bool(np.isfinite(raw.reshape(-1, block)[:, :head].copy().view(np.float16)).all())
+    else:
+        ok = bool(torch.isfinite(out).all())
+    if not ok:
+        raise GGUFError(f"{f.path!r}: tensor {name!r} holds values that are not finite (NaN or inf)")
 
 
 def load_gguf(path: str) -> LoadedModel:
     f = GGUFFile(path)
+    try:
+        return _load(f, path)
+    finally:
+        f.close()
+
+
+def _load(f: GGUFFile, path: str) -> LoadedModel:
     meta = f.metadata
-    names = set(f.tensors)
-    config = ModelConfig.from_gguf(
-        meta, has_output_weight="output.weight" in names, has_qkv_bias="blk.0.attn_q.bias" in names
-    )
+    try:  # every value and shape is checked against the others before anything is dequantized
+        config = ModelConfig.from_gguf(
+            meta,
+            has_output_weight="output.weight" in f.tensors,
+            has_qkv_bias="blk.0.attn_q.bias" in f.tensors,
+        )
+        check_tensors(f, config)
+    except GGUFError:
+        raise
+    except ValueError as e:
+        raise GGUFError(f"{path!r}: {e}") from e
     tokenizer, special = build_tokenizer(meta, path)
     weights: dict[str, torch.Tensor] = {}
     permute = config.architecture in ("llama", "mistral", "smollm")  # llama.cpp permutes only these
@@ -132,30 +176,108 @@ def load_gguf(path: str) -> LoadedModel:
         if target is None:
             continue
         w = dequantize(f, name)
+        if target == "rope_freqs" and not bool((w > 0).all()):
+            raise GGUFError(f"{path!r}: tensor {name!r} holds frequency divisors that are not > 0")
         if permute and (".attn_q." in name or ".attn_k." in name):
             heads = config.num_heads if ".attn_q." in name else config.num_kv_heads
             w = unpermute_qk(w, heads)
         weights[target] = w.contiguous()
-    f.close()
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=path, **special)
+
+
+def check_tensors(f: GGUFFile, config: ModelConfig) -> None:
+    """ValueError unless the file can hold the weights `config` implies and every tensor the
+    model reads has the implied shape (named by its GGUF name and the keys behind each size)."""
+    size = f.size
+    params = config.num_parameters()
+    if params / 8 > size:  # no GGML type stores a weight in less than a bit
+        k = config.key
+        raise ValueError(
+            f"{k('hidden_size')}={config.hidden_size}, {k('intermediate_size')}={config.intermediate_size}, "
+            f"{k('num_layers')}={config.num_layers} and {k('vocab_size')}={config.vocab_size} imply "
+            f"{params:,} parameters, at least {params // 8:,} bytes even at one bit each, but the file "
+            f"has {size:,} bytes"
+        )
+    shapes = {hf_name(n): t.shape for n, t in f.tensors.items() if hf_name(n) is not None}
+    config.check_weights(shapes, gguf_name)
+
+
+def _tokenizer_meta(meta: dict[str, Any], path: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """(tokens, merges) after checking every tokenizer key this loader reads (GGUFError naming it)."""
+
+    def bad(key: str, value: Any, expected: str) -> GGUFError:
+        shown = repr(value)[:60]
+        if isinstance(value, (list, np.ndarray)):
+            shown = f"<{type(value).__name__} of length {len(value)}>"
+        return GGUFError(f"{path!r}: {key}={shown}: expected {expected}")
+
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None or (isinstance(tokens, list) and not tokens):
+        raise GGUFError(f"{path!r} has no tokenizer: GGUF metadata lacks tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise bad("tokenizer.ggml.tokens", tokens, "an array of strings")
+    if _not_utf8("".join(tokens)):  # (string arrays are read with surrogateescape)
+        i = next(i for i, t in enumerate(tokens) if _not_utf8(t))
+        raise GGUFError(f"{path!r}: tokenizer.ggml.tokens[{i}]={tokens[i]!r} is not valid UTF-8")
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise GGUFError(
+            f"{path!r}: GGUF tokenizer model {kind!r} (tokenizer.ggml.model) is not supported (only "
+            "byte-level BPE 'gpt2'); load the model from a Hugging Face folder with tokenizer.json instead"
+        )
+    raw_merges = meta.get("tokenizer.ggml.merges")
+    if raw_merges is None:
+        raise GGUFError(
+            f"{path!r}: GGUF metadata lacks tokenizer.ggml.merges, which a BPE ('gpt2') tokenizer needs"
+        )
+    if not isinstance(raw_merges, list) or not raw_merges or not all(isinstance(m, str) for m in raw_merges):
+        raise bad("tokenizer.ggml.merges", raw_merges, "a non-empty array of strings")
+    vocab = set(tokens)
+    merges = []
+    for j, m in enumerate(raw_merges):
+        pair = m.split(" ", 1)
+        if len(pair) != 2 or pair[0] not in vocab or pair[1] not in vocab or pair[0] + pair[1] not in vocab:
+            raise GGUFError(
+                f"{path!r}: tokenizer.ggml.merges[{j}]={m!r}: expected two tokens separated by a space, "
+                "each and their concatenation in tokenizer.ggml.tokens"
+            )
+        merges.append((pair[0], pair[1]))
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is not None and (
+        not isinstance(types, np.ndarray) or types.dtype.kind not in "iu" or types.shape != (len(tokens),)
+    ):
+        raise bad("tokenizer.ggml.token_type", types, f"an integer array of {len(tokens)} (one per token)")
+    for key, kind_of in (("tokenizer.ggml.pre", str), ("tokenizer.chat_template", str)):
+        if key in meta and not isinstance(meta[key], kind_of):
+            raise bad(key, meta[key], "a string")
+    if "tokenizer.ggml.add_bos_token" in meta and not isinstance(meta["tokenizer.ggml.add_bos_token"], bool):
+        raise bad("tokenizer.ggml.add_bos_token", meta["tokenizer.ggml.add_bos_token"], "a bool")
+    for name in ("bos", "eos", "eot"):
+        key = f"tokenizer.ggml.{name}_token_id"
+        v = meta.get(key)
+        if v is not None and not (is_int(v) and 0 <= v < len(tokens)):
+            raise bad(key, v, f"a token id in [0, {len(tokens)})")
+    return tokens, merges
+
+
+def _not_utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
 
 
 def build_tokenizer(meta: dict[str, Any], path: str):
     """A `tokenizers.Tokenizer` (byte-level BPE) from GGUF vocab, merges and token types."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if not tokens:
-        raise ValueError(f"{path!r} has no tokenizer: GGUF metadata lacks tokenizer.ggml.tokens")
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(
-            f"{path!r}: GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
-            "load the model from a Hugging Face folder with tokenizer.json instead"
-        )
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    tokens, merges = _tokenizer_meta(meta, path)
     vocab = {t: i for i, t in enumerate(tokens)}
-    bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=False)
+    try:
+        bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=False)
+    except Exception as e:  # (the checks above leave nothing for tokenizers to refuse)
+        raise GGUFError(f"{path!r}: tokenizer.ggml.tokens/merges do not make a BPE tokenizer: {e}") from e
     tok = Tokenizer(bpe)
     pre = meta.get("tokenizer.ggml.pre", "default")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

@@ -10,10 +10,16 @@ File layout (little endian, version 2/3)::
     n_kv   x (string key, u32 type, value)
     n_tensors x (string name, u32 n_dims, u64 dims[n_dims], u32 ggml_type, u64 offset)
     padding to `general.alignment` (default 32) | tensor data
+
+Nothing in the header is trusted: every count and length is checked against the bytes left
+in the file before it is used, so a header claiming 2**60 entries fails at once without
+allocating, and tensors must lie one after another inside the file as llama.cpp requires.
+Errors are `GGUFError`s naming the offset, key or tensor.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -37,10 +43,17 @@ _SCALARS: dict[int, tuple[str, np.dtype]] = {
     12: ("<d", np.dtype("<f8")),
 }
 _STRING, _ARRAY = 8, 9
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_DEFAULT_ALIGNMENT = 32
+# Smallest possible encodings: a key-value pair (empty key, type, a 1-byte value) and a tensor
+# info (empty name, n_dims = 0, type, offset). Counts beyond what the file can hold fail early.
+_MIN_KV_BYTES = 8 + 4 + 1
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
 
 
 class GGUFError(ValueError):
-    """The file is not a readable GGUF (bad magic, truncated, inconsistent)."""
+    """The file is not a readable GGUF (bad magic, truncated, inconsistent) or not a model this
+    engine can run; the message names the offset, metadata key or tensor at fault."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,11 @@ class TensorInfo:
     ggml_type: int
     offset: int  # absolute offset in the file
     nbytes: int
+
+
+def is_int(v: Any) -> bool:
+    """A GGUF integer value (any width), not a bool."""
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class GGUFFile:
@@ -65,20 +83,30 @@ class GGUFFile:
             except ValueError as e:  # empty file
                 raise GGUFError(f"{self.path!r} is not a GGUF file: it is empty") from e
         self._buf = memoryview(self._map)
+        self.size = len(self._buf)
         self._pos = 0
+        self._what = "the header"  # what is being read, for messages
         try:
             self._parse()
-        except (struct.error, IndexError, UnicodeDecodeError, ValueError) as e:
-            if isinstance(e, GGUFError):
-                raise
-            raise GGUFError(f"{self.path!r} is truncated or corrupt: {e}") from e
+        except GGUFError:
+            self.close()
+            raise
+        except (struct.error, IndexError, UnicodeDecodeError, ValueError, OverflowError) as e:
+            self.close()  # (a safety net: every read below is bounds-checked first)
+            raise GGUFError(
+                f"{self.path!r} is truncated or corrupt: {self._what} at offset {self._pos}: {e}"
+            ) from e
+
+    def _error(self, message: str) -> GGUFError:
+        return GGUFError(f"{self.path!r} is corrupt: {message}")
 
     # -- primitive reads -------------------------------------------------------------------
     def _need(self, n: int) -> None:
         if n < 0 or self._pos + n > len(self._buf):
             raise GGUFError(
-                f"{self.path!r} is truncated or corrupt: wanted {n} bytes at offset {self._pos}, "
-                f"file has {len(self._buf)}"
+                f"{self.path!r} is truncated or corrupt: {self._what} at offset {self._pos} needs "
+                f"{n} bytes, but the file has only {len(self._buf) - self._pos} left "
+                f"(file size {len(self._buf)})"
             )
 
     def _unpack(self, fmt: str) -> Any:
@@ -89,23 +117,38 @@ class GGUFFile:
         return v
 
     def _string(self) -> str:
+        start = self._pos
         n = self._unpack("<Q")
         self._need(n)
-        s = bytes(self._buf[self._pos : self._pos + n]).decode("utf-8")
+        try:
+            s = bytes(self._buf[self._pos : self._pos + n]).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self._error(f"{self._what}: the string at offset {start} is not valid UTF-8 ({e})") from e
         self._pos += n
         return s
 
     def _string_array(self, count: int) -> list[str]:
         buf, pos, end = self._map, self._pos, len(self._buf)
+        if count * 8 > end - pos:  # every string has an 8-byte length
+            raise GGUFError(
+                f"{self.path!r} is truncated or corrupt: {self._what} claims {count} strings at offset "
+                f"{pos}, which need at least {count * 8} bytes, but the file has only {end - pos} left"
+            )
         out = []
         unpack = struct.Struct("<Q").unpack_from
-        for _ in range(count):
+        for i in range(count):
             if pos + 8 > end:
-                raise GGUFError(f"{self.path!r} is truncated or corrupt inside a string array")
+                raise GGUFError(
+                    f"{self.path!r} is truncated or corrupt inside a string array: {self._what}, "
+                    f"string #{i} at offset {pos}"
+                )
             (n,) = unpack(buf, pos)
             pos += 8
             if pos + n > end:
-                raise GGUFError(f"{self.path!r} is truncated or corrupt inside a string array")
+                raise GGUFError(
+                    f"{self.path!r} is truncated or corrupt inside a string array: {self._what}, "
+                    f"string #{i} at offset {pos - 8} claims {n} bytes, the file has {end - pos} left"
+                )
             out.append(buf[pos : pos + n].decode("utf-8", errors="surrogateescape"))
             pos += n
         self._pos = pos
@@ -117,6 +160,7 @@ class GGUFFile:
         if vtype == _STRING:
             return self._string()
         if vtype == _ARRAY:
+            at = self._pos
             etype = self._unpack("<I")
             count = self._unpack("<Q")
             if etype in _SCALARS:
@@ -127,54 +171,98 @@ class GGUFFile:
                 return arr
             if etype == _STRING:
                 return self._string_array(count)
-            return [self._value(etype) for _ in range(count)]
-        raise GGUFError(f"{self.path!r} is corrupt: unknown metadata value type {vtype}")
+            if etype == _ARRAY:  # llama.cpp rejects these too
+                raise self._error(f"{self._what} at offset {at} is an array of arrays (not supported)")
+            raise self._error(f"{self._what} at offset {at} is an array of unknown value type {etype}")
+        raise self._error(f"{self._what} has unknown value type {vtype} (at offset {self._pos - 4})")
 
     # -- structure -------------------------------------------------------------------------
     def _parse(self) -> None:
+        size = len(self._buf)
         self._need(4)
         if bytes(self._buf[:4]) != b"GGUF":
             raise GGUFError(f"{self.path!r} is not a GGUF file (magic {bytes(self._buf[:4])!r})")
         self._pos = 4
         self.version = self._unpack("<I")
         if self.version not in (2, 3):
-            raise GGUFError(f"{self.path!r}: unsupported GGUF version {self.version} (want 2 or 3)")
+            endian = " (a big-endian file?)" if self.version in (2 << 24, 3 << 24) else ""
+            raise GGUFError(
+                f"{self.path!r}: unsupported GGUF version {self.version} at offset 4 (want 2 or 3){endian}"
+            )
         n_tensors = self._unpack("<Q")
         n_kv = self._unpack("<Q")
+        if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES > size - self._pos:
+            raise GGUFError(
+                f"{self.path!r} is truncated or corrupt: the header (offset 8) claims {n_tensors} tensors "
+                f"and {n_kv} metadata entries, more than the {size - self._pos} bytes left can hold"
+            )
         self.metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
+        for i in range(n_kv):
+            self._what = f"metadata key #{i}"
             key = self._string()
+            if key in self.metadata:
+                raise self._error(f"metadata key {key!r} appears twice (the second at entry #{i})")
+            self._what = f"the value of metadata key {key!r}"
             self.metadata[key] = self._value(self._unpack("<I"))
 
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
         raw = []
-        for _ in range(n_tensors):
+        for i in range(n_tensors):
+            self._what = f"the name of tensor #{i}"
             name = self._string()
+            self._what = f"the info of tensor {name!r}"
+            at = self._pos
             n_dims = self._unpack("<I")
-            if n_dims > 8:
-                raise GGUFError(f"{self.path!r} is corrupt: tensor {name!r} has {n_dims} dims")
+            if n_dims > _MAX_DIMS:
+                raise self._error(
+                    f"tensor {name!r} has n_dims={n_dims} (at offset {at}); expected at most {_MAX_DIMS}"
+                )
             dims = [self._unpack("<Q") for _ in range(n_dims)]
             ggml_type = self._unpack("<I")
             offset = self._unpack("<Q")
-            raw.append((name, dims, ggml_type, offset))
-        align = int(self.metadata.get("general.alignment", 32))
+            raw.append((name, dims, ggml_type, offset, at))
+        self._what = "the tensor data"
+        align = self.metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+        if not is_int(align) or align < 1 or align & (align - 1):
+            raise GGUFError(f"{self.path!r}: general.alignment={align!r}: expected a positive power of two")
         data_start = (self._pos + align - 1) // align * align
         self.tensors: dict[str, TensorInfo] = {}
-        for name, dims, ggml_type, offset in raw:
+        expected, previous = 0, None  # tensors follow one another, each padded to `align`
+        for name, dims, ggml_type, offset, at in raw:
+            if name in self.tensors:
+                raise self._error(f"tensor {name!r} appears twice (the second info at offset {at})")
             try:
-                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+                qtype = GGMLQuantizationType(ggml_type)
+                block, type_size = GGML_QUANT_SIZES[qtype]
             except (ValueError, KeyError) as e:
-                raise GGUFError(f"{self.path!r}: tensor {name!r} has unknown ggml type {ggml_type}") from e
-            n = int(np.prod(dims)) if dims else 1
-            nbytes = n // block * type_size
+                raise GGUFError(
+                    f"{self.path!r}: tensor {name!r} has unknown ggml type {ggml_type} (info at offset {at})"
+                ) from e
+            if any(d >= 1 << 63 for d in dims) or math.prod(dims) >= 1 << 63:
+                raise self._error(f"tensor {name!r} has dims {dims} (info at offset {at}): too many elements")
+            row = dims[0] if dims else 1
+            if row % block:
+                raise self._error(
+                    f"tensor {name!r} has type {qtype.name}, which stores blocks of {block} values, but "
+                    f"its row length ne[0]={row} is not a multiple of {block} (info at offset {at})"
+                )
+            nbytes = math.prod(dims) // block * type_size
+            if offset != expected:
+                after = f"after tensor {previous!r}" if previous else "for the first tensor"
+                raise self._error(
+                    f"tensor {name!r} has data offset {offset} (info at offset {at}); expected {expected} "
+                    f"{after} (tensor data is stored in order, each padded to general.alignment={align})"
+                )
             start = data_start + offset
-            if start + nbytes > len(self._buf):
+            if start + nbytes > size:
                 raise GGUFError(
                     f"{self.path!r} is truncated: tensor {name!r} needs bytes up to {start + nbytes}, "
-                    f"file has {len(self._buf)}"
+                    f"file has {size}"
                 )
             self.tensors[name] = TensorInfo(name, tuple(reversed(dims)), ggml_type, start, nbytes)
+            expected += (nbytes + align - 1) // align * align
+            previous = name
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as uint8 rows `[*shape[:-1], bytes_per_row]` (a view of the map)."""
@@ -183,5 +271,8 @@ class GGUFFile:
         return arr.reshape(*t.shape[:-1], -1) if t.shape else arr
 
     def close(self) -> None:
-        self._buf.release()
-        self._map.close()
+        try:
+            self._buf.release()
+            self._map.close()
+        except BufferError:  # a tensor view still alive (e.g. in a traceback): the GC closes it
+            pass

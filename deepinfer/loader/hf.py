@@ -58,7 +58,10 @@ def load_hf(model: str) -> LoadedModel:
     cfg_path = os.path.join(folder, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{folder!r} has no config.json: not a Hugging Face model folder")
-    config = ModelConfig.from_hf(_read_json(cfg_path))
+    try:
+        config = ModelConfig.from_hf(_read_json(cfg_path))
+    except ValueError as e:
+        raise ValueError(f"{cfg_path!r}: {e}") from e
 
     tok_path = os.path.join(folder, "tokenizer.json")
     if not os.path.isfile(tok_path):
@@ -74,6 +77,15 @@ def load_hf(model: str) -> LoadedModel:
         tokenizer = Tokenizer.from_file(tok_path)
     except Exception as e:  # tokenizers raises a bare Exception
         raise ValueError(f"{tok_path!r} is not a readable tokenizer.json: {e}") from e
+    shapes = {}  # every shape checked against config.json before any tensor is read
+    for path in files:
+        with safe_open(path, framework="pt") as fh:
+            for name in fh.keys():
+                shapes[name] = tuple(fh.get_slice(name).get_shape())
+    try:
+        config.check_weights(shapes)
+    except ValueError as e:
+        raise ValueError(f"{folder!r}: the weights do not match config.json: {e}") from e
     weights: dict[str, torch.Tensor] = {}
     for path in files:
         with safe_open(path, framework="pt") as fh:

@@ -162,7 +162,8 @@ def run(files: list[Path], *, lenient: bool = False) -> dict:
         case = json.loads(path.read_text())
         t0 = time.perf_counter()
         try:
-            automaton = compile_checked(schema_to_grammar(case["schema"], lenient=lenient), limits)
+            grammar = schema_to_grammar(case["schema"], whitespace="compact", lenient=lenient)
+            automaton = compile_checked(grammar, limits)
         except ConstraintError as e:
             msg = f"{type(e).__name__}: {e}"
             out[path.name] = {

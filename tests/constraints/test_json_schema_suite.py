@@ -60,7 +60,7 @@ def run_suite() -> dict:
             name = f"{rel}#{i} {case['description']}"
             counts["cases"] += 1
             try:
-                automaton = compile_checked(schema_to_grammar(case["schema"]))
+                automaton = compile_checked(schema_to_grammar(case["schema"], whitespace="compact"))
             except ConstraintError as e:
                 not_compiled[name] = f"{type(e).__name__}: {e}"[:200]
                 continue

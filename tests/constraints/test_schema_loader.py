@@ -87,7 +87,9 @@ def test_compiler_takes_every_kind(compiler):
 
 
 def test_unique_items_matcher_wraps_a_plain_matcher(compiler):
-    compiled = compiler.json_schema({"type": "array", "uniqueItems": True, "items": {"type": "object"}})
+    compiled = compiler.json_schema(
+        {"type": "array", "uniqueItems": True, "items": {"type": "object"}}, whitespace="compact"
+    )
     m = Matcher(compiled)
     assert isinstance(m, UniqueItemsMatcher) and compiled.check is not None
     plain = Matcher.plain(compiled)  # the automaton alone: no uniqueness

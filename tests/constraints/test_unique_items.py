@@ -238,7 +238,7 @@ def test_rollback_and_copy_over_item_end(compiler):
 def test_empty_reason_names_unique_items(compiler):
     """A dead end made by uniqueness (the grammar allows tokens, all complete a duplicate) is
     named; a mask that is not empty, or a constraint without the check, gives no reason."""
-    compiled = compiler.json_schema(OBJ)
+    compiled = compiler.json_schema(OBJ, whitespace="compact")
     m = Matcher(compiled)
     assert m.accept_bytes(b'[{"a":1},{"a":1}')
     assert not m.mask_row().any()
@@ -280,7 +280,7 @@ def test_forced_tokens_stop_before_a_duplicate(compiler):
         "minItems": 2,
         "maxItems": 2,
     }
-    compiled = compiler.json_schema(schema)
+    compiled = compiler.json_schema(schema, whitespace="compact")
     m = Matcher(compiled)
     assert m.forced_bytes() == b'[{"a":true},{"a":true}'  # the closing ] would repeat the item
     for t in m.forced_tokens():
@@ -293,7 +293,7 @@ def test_forced_tokens_stop_before_a_duplicate(compiler):
         "items": {"type": "object", "maxProperties": 0},
         "minItems": 1,
     }
-    m = Matcher(compiler.json_schema(ok))
+    m = Matcher(compiler.json_schema(ok, whitespace="compact"))
     assert m.forced_bytes() == b"[{}"
     assert m.accept_bytes(b"[{}") and m.copy().accept_bytes(b",")  # (a dead end: no other value)
     assert m.copy().accept_bytes(b",{}") and not m.copy().accept_bytes(b",{}]")

@@ -20,7 +20,7 @@ SCHEMA = {
     "properties": {
         "name": {"type": "string"},
         "age": {"type": "integer"},
-        "tags": {"type": "array", "items": {"type": "string"}},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
         "city": {"type": "string", "enum": ["Paris", "Berlin", "Rome", "Madrid"]},
     },
     "required": ["name", "age", "tags", "city"],
@@ -53,7 +53,7 @@ def llm(embedded_gguf_path):
     return LLM(None, dtype="float32", device="cpu", seed=0)
 
 
-def _chat(llm, mode, temperature, max_tokens=32):
+def _chat(llm, mode, temperature, max_tokens=80):
     llm.dspark = DSpark(mode)
     params = [SamplingParams(temperature=temperature, top_p=0.9, seed=11 + i, max_tokens=max_tokens, **c)
               for i, (_, c) in enumerate(PROMPTS)]  # fmt: skip
@@ -117,7 +117,8 @@ def test_drafts_alternate_forced_and_ngram(llm):
                 "properties": props,
                 "required": ["name", "city"],
                 "additionalProperties": False,
-            }
+            },
+            whitespace="compact",
         )
     )
     prompt = tok.encode('name: "Alice Smith", city: "Paris"')

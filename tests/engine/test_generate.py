@@ -82,14 +82,9 @@ def test_prompt_forms_and_chat(tiny_llm):
 def test_bad_requests(tiny_llm):
     with pytest.raises(ValueError, match="2 prompts but 1 SamplingParams"):
         tiny_llm.generate(["a", "b"], [SamplingParams()], use_tqdm=False)
-    with pytest.raises(ValueError, match="prompt is empty"):
-        tiny_llm.generate([[]], use_tqdm=False)
-    with pytest.raises(ValueError, match="out of range"):
-        tiny_llm.generate([[1, 10**6]], use_tqdm=False)
-    with pytest.raises(ValueError, match="context is 256"):
-        tiny_llm.generate([[1] * 300], use_tqdm=False)
-    with pytest.raises(ValueError, match="'role'"):
-        tiny_llm.chat([{"content": "no role"}], use_tqdm=False)
+    # a bad prompt fails its own request (tests/engine/test_hardening.py has the rest)
+    (o,) = tiny_llm.generate([[1] * 300], use_tqdm=False)
+    assert o.finish_reason == "error" and "context is 256" in o.error
 
 
 def test_package_root_is_lazy():

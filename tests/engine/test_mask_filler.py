@@ -60,7 +60,7 @@ def test_empty_mask_error_names_unique_items():
     fails with an error that says so."""
     vocab = small_vocab()
     compiled = Compiler(vocab).json_schema(
-        {"type": "array", "uniqueItems": True, "items": {"type": "object"}}
+        {"type": "array", "uniqueItems": True, "items": {"type": "object"}}, whitespace="compact"
     )
     s = Sequence(0, None, [3, 4], SamplingParams(max_tokens=8), seed=0, eos_token_ids=(1,), max_len=64)
     s.constraint = Matcher(compiled)

@@ -152,7 +152,7 @@ def test_mixed_batch_equals_alone_greedy(llm, mixed):
 BAD = [
     (
         {"json_schema": {"type": "object", "properties": {"a": {"type": "strin"}}}},
-        r"json_schema: unknown type 'strin' \(at #/properties/a/type\)",
+        r"json_schema: invalid JSON Schema .*'strin' is not valid .*\(at #/properties/a/type\)",
     ),
     (
         {"json_schema": {"type": "object", "unevaluatedProperties": False}},
@@ -198,7 +198,7 @@ def test_lenient_relaxes_and_reports(llm):
         "required": ["n"],
         "unevaluatedProperties": {"type": "string"},
     }
-    p = SamplingParams(json_schema=schema, lenient=True, temperature=0, max_tokens=24)
+    p = SamplingParams(json_schema=schema, lenient=True, temperature=0, max_tokens=48)
     o = llm.chat(chat("A digit as JSON, key n."), p, use_tqdm=False)[0]
     assert o.relaxed == ["unevaluatedProperties at #/unevaluatedProperties"]
     obj = json.loads(o.text)  # the grammar enforced the rest; jsonschema judged the relaxed keyword
