@@ -647,6 +647,7 @@ def main() -> int:
     ap.add_argument("--by-field", action="store_true", help="field accuracy per field")
     ap.add_argument("--show-errors", type=int, default=0, metavar="N", help="print N wrong outputs per mode")
     ap.add_argument("--dump", default=None, metavar="FILE", help="write every per-document result (JSONL)")
+    ap.add_argument("--no-dspark", action="store_true", help="LLM(dspark=False): no speculative decoding")
     ap.add_argument(
         "--repeat", type=int, default=1, help="run the modes N times, interleaved (tok/s is their mean)"
     )
@@ -681,6 +682,7 @@ def main() -> int:
         args.model,
         seed=0,
         deterministic=args.deterministic,
+        **({"dspark": False} if args.no_dspark else {}),
         **({"device": args.device} if args.device else {}),
     )
     model = args.model or f"embedded SmolLM2-135M-Instruct ({os.path.basename(default_gguf_path())})"

@@ -53,12 +53,13 @@ class SamplingParams:
         (`deepinfer.grammars.available()`: "json", "sql", "arithmetic", "csv", ...).
     choice : list of str
         The output is exactly one of these strings.
-    whitespace : "natural" (default), "compact" or "flexible"
-        JSON Schema only: the spaces and line breaks of spaced or pretty-printed JSON (one
-        space or one line break + indent after ``{ [ ,`` and before ``} ]``, one space after
-        ``:``); no whitespace between tokens; or bounded whitespace around every token.
-        "natural" is the default because it lets the model lay JSON out as it would unasked,
-        which keeps extraction accuracy at or above free text (docs/structured-generation.md).
+    whitespace : "flexible" (default), "natural" or "compact"
+        JSON Schema only: bounded whitespace in every gap between JSON tokens (at most one line
+        break, then up to 20 spaces or tabs); the spaces and line breaks of spaced or
+        pretty-printed JSON only (one space or one line break + indent after ``{ [ ,`` and
+        before ``} ]``, one space after ``:``); or none. "flexible" is the default because it
+        measured best on extraction: the model lays JSON out as it would unasked, and its
+        answers stay at or above free text (docs/structured-generation.md, "Whitespace").
     strict : bool
         JSON Schema only: forbid properties the schema does not declare.
     lenient : bool
@@ -89,7 +90,7 @@ class SamplingParams:
     regex: str | None = None
     grammar: str | None = None
     choice: list[str] | None = None
-    whitespace: str = "natural"  # constraints.json_schema.common.DEFAULT_WHITESPACE
+    whitespace: str = "flexible"  # constraints.json_schema.common.DEFAULT_WHITESPACE
     strict: bool = False
     lenient: bool = False
     grammar_start: str = "start"

@@ -11,8 +11,8 @@ from ..ir import LONG_REPEAT, Alt, Expr, Repeat, Seq
 FLEX_INDENT = 20
 # whitespace modes of the JSON Schema front end (see lowering.py)
 WHITESPACE = ("compact", "natural", "flexible")
-# the default layout: the one that costs extraction accuracy least (benchmarks/bench_quality.py)
-DEFAULT_WHITESPACE = "natural"
+# the default layout: the one that measured best on extraction (benchmarks/bench_quality.py)
+DEFAULT_WHITESPACE = "flexible"
 MAX_DEPTH = 64  # nested schema levels while compiling
 MAX_ENUM = 10_000  # enum values
 MAX_REPEAT_COST = 400_000  # IR nodes a counted repetition may expand to

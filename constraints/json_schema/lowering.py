@@ -634,9 +634,9 @@ def schema_to_grammar(
     schema:
         A schema as a dict or bool, its JSON text, or a pydantic model class.
     whitespace:
-        ``"natural"`` (the default: the spaces and line breaks of a pretty-printed or spaced
-        JSON text, bounded), ``"compact"`` (no whitespace) or ``"flexible"`` (bounded
-        whitespace around every token).
+        ``"flexible"`` (the default: bounded whitespace around every token), ``"natural"``
+        (the spaces and line breaks of a pretty-printed or spaced JSON text, bounded) or
+        ``"compact"`` (no whitespace).
     strict:
         Forbid object keys that the schema does not declare (``additionalProperties: false``).
     lenient:

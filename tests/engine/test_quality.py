@@ -36,7 +36,7 @@ def llm(embedded_gguf_path):
 def test_default_constraint_is_no_worse_than_free_text(llm):
     from deepinfer import SamplingParams
 
-    assert SamplingParams().whitespace == "natural"  # the default these counts were set for
+    assert SamplingParams().whitespace == "flexible"  # the default these counts were set for
     bq = _load_bench()
     docs, schemas = bq.load_data()
     subset = [d for d in docs if d["id"] in IDS]
