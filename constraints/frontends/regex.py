@@ -83,14 +83,7 @@ def _scan(pattern: str, verbose: bool) -> list[tuple[int, str]]:
             i += 2
             continue
         if ch == "[":
-            j = i + 1
-            if pattern[j : j + 1] == "^":
-                j += 1
-            if pattern[j : j + 1] == "]":
-                j += 1
-            while j < n and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            i = j + 1
+            i = _after_class(pattern, i)
             continue
         if verbose and ch == "#":
             j = pattern.find("\n", i)
@@ -415,14 +408,7 @@ def _too_deep(pattern: str, verbose: bool, bound: int) -> int | None:
             i += 2
             continue
         if ch == "[":
-            j = i + 1
-            if pattern[j : j + 1] == "^":
-                j += 1
-            if pattern[j : j + 1] == "]":
-                j += 1
-            while j < n and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            i = j + 1
+            i = _after_class(pattern, i)
             continue
         if verbose and ch == "#":
             j = pattern.find("\n", i)
@@ -528,3 +514,15 @@ def _to_ir(pattern: str, flags: int, end_only: bool) -> Expr:
     except RecursionError:
         raise ConstraintTooComplex("regex nests too deeply", position=0) from None
     return expr
+
+
+def _after_class(pattern: str, i: int) -> int:
+    """The index just past the character class that opens at ``pattern[i] == "["``."""
+    j, n = i + 1, len(pattern)
+    if pattern[j : j + 1] == "^":
+        j += 1
+    if pattern[j : j + 1] == "]":
+        j += 1
+    while j < n and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1

@@ -169,11 +169,7 @@ def check_value(schema: object, limits, deadline: float | None = None) -> dict[i
                 )
         elif t is dict or isinstance(v, dict):
             if depth >= max_nesting:
-                raise ConstraintTooComplex(
-                    f"schema nests objects and arrays over {max_nesting} deep (Limits.max_schema_nesting)",
-                    bound="max_schema_nesting",
-                    path=where(me),
-                )
+                raise _too_deep(max_nesting, where(me))
             containers.append((me, id(v)))
             if ctx == _SCHEMA:
                 for kw in COUNT_KEYWORDS.intersection(v):
@@ -217,11 +213,7 @@ def check_value(schema: object, limits, deadline: float | None = None) -> dict[i
                 stack.append((x, me, k, depth + 1, sub))
         elif t is list or isinstance(v, list):
             if depth >= max_nesting:
-                raise ConstraintTooComplex(
-                    f"schema nests objects and arrays over {max_nesting} deep (Limits.max_schema_nesting)",
-                    bound="max_schema_nesting",
-                    path=where(me),
-                )
+                raise _too_deep(max_nesting, where(me))
             containers.append((me, id(v)))
             sub = _DATA if ctx == _DATA else _SCHEMA
             for i in range(len(v) - 1, -1, -1):
@@ -414,3 +406,11 @@ def jsonschema_validator(cls):
         meta_cls = jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls)
         v = _VALIDATORS[cls] = meta_cls(cls.META_SCHEMA, format_checker=None)
     return v
+
+
+def _too_deep(max_nesting: int, path: str) -> ConstraintTooComplex:
+    return ConstraintTooComplex(
+        f"schema nests objects and arrays over {max_nesting} deep (Limits.max_schema_nesting)",
+        bound="max_schema_nesting",
+        path=path,
+    )
