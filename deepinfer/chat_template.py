@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from ._text import clip_repr
+
 MAX_SECONDS = 2.0  # rendering one conversation
 MAX_CHARS = 4 << 20  # rendered text (and any string or list built on the way)
 
@@ -153,7 +155,9 @@ def _environment(owner: ChatTemplate):
                 if _is_number(left) and _is_number(right) and abs(left) > 1:
                     bits = abs(right) * math.log2(abs(left)) if math.isfinite(right) else math.inf
                     if bits > 64 * owner.max_chars:  # a number as long as the text may be
-                        raise _Bound(f"{_short(left)} ** {_short(right)} is past the size bound")
+                        raise _Bound(
+                            f"{clip_repr(left, 40)} ** {clip_repr(right, 40)} is past the size bound"
+                        )
             elif operator == "*":
                 n = right if isinstance(right, int) else left if isinstance(left, int) else None
                 seq = left if isinstance(right, int) else right
@@ -207,8 +211,3 @@ def _is_context(x: Any) -> bool:
     from jinja2.runtime import Context
 
     return isinstance(x, Context | Environment | EvalContext)
-
-
-def _short(x: Any) -> str:
-    r = repr(x)
-    return r if len(r) <= 40 else r[:37] + "..."

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import _threads, kernels
+from ._text import clip_repr, lone_surrogate
 from .config import ModelConfig
 from .dspark import DSpark
 from .loader import load_model
@@ -372,7 +373,7 @@ class LLM:
         if isinstance(prompt, _Refused):
             raise ValueError(str(prompt))
         if isinstance(prompt, str):
-            bad = _lone_surrogate(prompt)
+            bad = lone_surrogate(prompt)
             if bad is not None:
                 raise ValueError(
                     f"the prompt is not valid text: a lone surrogate {prompt[bad]!r} at character {bad}"
@@ -394,7 +395,7 @@ class LLM:
             V = self.config.vocab_size
             for i, t in enumerate(prompt):
                 if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
-                    raise ValueError(f"prompt token {i} is {_short(t)}, not a token id in [0, {V})")
+                    raise ValueError(f"prompt token {i} is {clip_repr(t, 60)}, not a token id in [0, {V})")
                 ids.append(int(t))
         else:
             raise ValueError(f"a prompt is text or a list of token ids, got {type(prompt).__name__}")
@@ -542,17 +543,3 @@ class _Rendered(str):
 class _Refused(str):
     """A prompt that failed before tokenising (e.g. its chat template refused it): the text is
     the request's error."""
-
-
-def _lone_surrogate(text: str) -> int | None:
-    """Index of the first lone surrogate in ``text`` (not encodable as UTF-8), or None."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return e.start
-    return None
-
-
-def _short(x: Any, n: int = 60) -> str:
-    r = repr(x)
-    return r if len(r) <= n else r[: n - 3] + "..."

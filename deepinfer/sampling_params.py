@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._text import clip_repr, lone_surrogate
+
 CONSTRAINT_KINDS = ("json_schema", "regex", "grammar", "choice")
 
 # Bounds of the values the sampler and the stop checks can take.
@@ -20,7 +22,7 @@ MAX_TOKEN_ID = (1 << 31) - 1
 
 
 def _bad(name: str, value: object, want: str) -> ValueError:
-    return ValueError(f"SamplingParams.{name} must be {want}, got {_clip(value)}")
+    return ValueError(f"SamplingParams.{name} must be {want}, got {clip_repr(value)}")
 
 
 @dataclass
@@ -128,7 +130,10 @@ class SamplingParams:
         if (
             not isinstance(stop, list | tuple)
             or len(stop) > MAX_STOP
-            or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS and _text(s) for s in stop)
+            or not all(
+                isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS and lone_surrogate(s) is None
+                for s in stop
+            )
         ):
             raise _bad(
                 "stop",
@@ -161,10 +166,12 @@ class SamplingParams:
 
             if not is_schema_source(js):
                 raise _bad("json_schema", js, KINDS)
-        if self.regex is not None and not (isinstance(self.regex, str) and _text(self.regex)):
+        if self.regex is not None and not (
+            isinstance(self.regex, str) and lone_surrogate(self.regex) is None
+        ):
             raise _bad("regex", self.regex, "a str of valid text")
         if self.grammar is not None and not (
-            isinstance(self.grammar, str) and self.grammar.strip() and _text(self.grammar)
+            isinstance(self.grammar, str) and self.grammar.strip() and lone_surrogate(self.grammar) is None
         ):
             raise _bad("grammar", self.grammar, "Lark grammar text, a file path or a packaged grammar name")
         if self.choice is not None:
@@ -172,7 +179,7 @@ class SamplingParams:
                 isinstance(self.choice, str)
                 or not isinstance(self.choice, list | tuple)
                 or not self.choice
-                or not all(isinstance(c, str) and c and _text(c) for c in self.choice)
+                or not all(isinstance(c, str) and c and lone_surrogate(c) is None for c in self.choice)
             ):
                 raise _bad("choice", self.choice, "a non-empty list of non-empty strings of valid text")
             self.choice = list(self.choice)
@@ -203,17 +210,3 @@ class SamplingParams:
 
 def _is_real(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)
-
-
-def _text(s: str) -> bool:
-    """Valid text (encodable as UTF-8: no lone surrogate)?"""
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _clip(x: object, n: int = 80) -> str:
-    r = repr(x)
-    return r if len(r) <= n else r[: n - 3] + "..."

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from ._text import clip_repr
+
 if TYPE_CHECKING:
     import tokenizers
 
@@ -97,7 +99,7 @@ class Tokenizer:
             raise ValueError(f"messages must be a list of dicts, got {type(messages).__name__}")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m:
-                raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {_short(m)}")
+                raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {clip_repr(m)}")
         tok = self.backend.id_to_token
         return self._template.render(
             messages,
@@ -139,8 +141,3 @@ class Tokenizer:
         return self._vocabulary
 
     _vocabulary = None
-
-
-def _short(x: Any, n: int = 80) -> str:
-    r = repr(x)
-    return r if len(r) <= n else r[: n - 3] + "..."
