@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -23,6 +24,7 @@ import torch  # noqa: E402
 
 from deepinfer import LLM, SamplingParams  # noqa: E402
 from deepinfer.model_runner import ModelRunner  # noqa: E402
+from deepinfer.models.kv_cache import DEFAULT_BLOCK_SIZE as BLOCK_SIZE  # noqa: E402
 
 SHAPES = {
     # name: (layers, hidden, intermediate, heads, kv_heads, head_dim, vocab, tied, rope_theta)
@@ -206,11 +208,11 @@ def _copy_bandwidth(device) -> float:
 
 MODES = {  # name: ModelRunner keywords
     "eager": dict(cuda_graphs=False),
-    "graphs": dict(cuda_graphs=True),  # decode attention: torch SDPA with a length mask
-    "graphs-triton": dict(cuda_graphs=True, attention="triton"),
+    "graphs": dict(cuda_graphs=True),  # decode attention: the paged Triton kernel
+    "graphs-sdpa": dict(cuda_graphs=True, attention="sdpa"),  # keys gathered, torch SDPA, a length mask
     # batch-invariant Triton matmul, RMSNorm and attention in the same bucketed graphs
     "deterministic": dict(cuda_graphs=True, deterministic=True),
-    # torch kernels over fixed tiles of slots, attention in fixed 256-key blocks (the CPU way)
+    # torch kernels over fixed tiles of rows, attention in fixed 256-key blocks (the CPU way)
     "deterministic-tiles": dict(cuda_graphs=True, deterministic=True, invariant_kernels=False),
 }
 
@@ -220,22 +222,26 @@ def _decode_seconds(runner, batch, args, device) -> float:
     host read of the tokens each step (as the engine's loop does)."""
     from deepinfer.sequence import Sequence
 
-    runner.ensure_cache(batch, args.prompt_len + args.steps + 8)
     sp = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
     seqs = [
-        Sequence(i, None, list(range(1, args.prompt_len + 1)), sp, seed=0, eos_token_ids=(), max_len=4096)
+        Sequence(i, None, list(range(1, args.prompt_len + 1)), sp, seed=0, eos_token_ids=(), max_len=1 << 20)
         for i in range(batch)
     ]
+    per = -(-(args.prompt_len + args.steps + 8) // BLOCK_SIZE)  # each row's blocks, scattered over the pool
+    if runner.cache is None or runner.cache.num_blocks != 1 + per * batch:  # (the graphs go with the cache)
+        runner.allocate(1 + per * batch, BLOCK_SIZE, batch)
+    ids = list(range(1, 1 + per * batch))
+    random.Random(0).shuffle(ids)
     for i, s in enumerate(seqs):
-        s.slot = i
-    logits = runner.prefill(seqs)
+        s.block_table = ids[i * per : (i + 1) * per]
+    logits = runner.step(seqs, [len(s) for s in seqs])
     _sync(device)
     t = time.perf_counter()
     for _ in range(args.steps):
         nxt = logits.argmax(-1).tolist()
         for s, tok in zip(seqs, nxt):
             s.output_token_ids.append(tok)
-        logits = runner.decode(seqs)
+        logits = runner.step(seqs, [1] * batch)
     _sync(device)
     return (time.perf_counter() - t) / args.steps
 
@@ -285,7 +291,7 @@ def bench_cuda(args) -> None:
                 else {k: v for k, v in MODES[mode].items() if k != "cuda_graphs"}
             )
             runner = ModelRunner(model, **kw)
-            for batch in (1, 16, 64):
+            for batch in args.batches:
                 try:
                     _decode_seconds(runner, batch, args, device)  # warm-up: captures this batch's graphs
                     step[mode, batch] = _decode_seconds(runner, batch, args, device)
@@ -297,7 +303,7 @@ def bench_cuda(args) -> None:
             del runner
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        for batch in (1, 16, 64):
+        for batch in args.batches:
             # each step reads every weight once, plus each row's K/V (mean context over the run),
             # at the copy's rate (bytes read + written per second: what HBM moves in all)
             kv_bytes = batch * (args.prompt_len + args.steps / 2) * L * 2 * nkv * hd * 2
@@ -330,6 +336,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="smollm2-135m,llama3-8b")
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--batches", type=lambda x: [int(b) for b in x.split(",")], default=[1, 16, 64],
+                    help="decode batch sizes (CUDA)")  # fmt: skip
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--no-deterministic", action="store_true")

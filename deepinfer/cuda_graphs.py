@@ -1,38 +1,37 @@
 """Fixed-shape steps: the host-side plan of a decode or verify step, and the CUDA graphs that
 replay them.
 
-A fixed-shape step runs `LlamaModel.decode_static` over tiles of slots, slot-major: row i of a
-tile is KV slot `slot_start + i`, so its keys are a slice of the cache, never a gather. Slots of
-a tile that this step does not run are padding rows: token 0 at positions 0.., writing their
-K/V into the cache's scratch slot (their outputs are dropped). A tile has `positions` new tokens
-a row: 1 for a decode step, T (bucketed to T_BUCKETS) for DSpark's verify forward. Decode has
-two ways to tile:
+A fixed-shape step runs `LlamaModel.decode_static` over tiles of rows. Row i of the step is
+the i-th sequence of the batch; its inputs are its new tokens, their positions, their slots
+(where their K/V are written) and its block table. Rows past the batch are padding: token 0 at
+positions 0.., writing into the null block (their outputs are dropped). A tile has `positions`
+new tokens a row: 1 for a decode step, T (bucketed to T_BUCKETS) for DSpark's verify forward.
+Decode has two ways to tile:
 
-- graphs (default on CUDA): one tile [0, Bp), Bp the smallest batch bucket > the highest slot
-  decoded. Buckets are 1, 2, 4, 8, then multiples of 16, and the cache's slot count itself.
-- deterministic: tiles of a fixed size [t * tile, (t + 1) * tile), one per tile holding a decoded
-  slot. Every tile has the same shapes, so a row's arithmetic (matmuls, norms, elementwise ops'
-  vectorisation) is the same whatever else is in the batch and wherever it sits.
+- graphs (default on CUDA): one tile of Bp rows, Bp the smallest batch bucket >= the batch.
+  Buckets are 1, 2, 4, 8, then multiples of 16, and the most rows the engine runs.
+- deterministic: tiles of a fixed size, every tile the same shapes, so a row's arithmetic
+  (matmuls, norms, elementwise ops' vectorisation) is the same whatever else is in the batch.
 
-A verify step is one tile [0, Bp) of Tb positions a row; a real row's padding positions
-continue its positions (their K/V land past its accepted length: garbage that attention never
-reads and later steps overwrite), so it is used only where every row has room for Tb positions
-(`StepGraphs.fits`).
+A verify row's padding positions continue its positions: inside its blocks they land past its
+accepted length (garbage that attention never reads and later steps overwrite), past them in
+the null block.
 
-Keys attended per tile: kv_len, the smallest of floor * 2^k covering the tile's longest sequence,
-capped at the cache's length (in deterministic mode in units of the attention chunk, whose
-blocks past a row's length are exact no-ops, so kv_len does not change that row's result).
+Keys per tile: kv_len, the smallest of floor * 2^k covering the tile's longest sequence, capped
+at the model's length (in deterministic mode in units of the attention chunk, whose blocks past
+a row's length are exact no-ops); the block tables are kv_len / block_size wide.
 
-The plans (`plan_decode`, `plan_verify`) are plain Python (testable without a GPU);
-`StepGraphs` captures one CUDA graph per `Tile` (slot_start, rows, kv_len, positions) on first
-use, or with ``capture=False`` runs the same fixed-shape forward from the same static inputs
-eagerly (CPU tests, deterministic tiles on the CPU).
+The plan (`plan_step`) is plain Python and numpy (testable without a GPU); `StepGraphs`
+captures one CUDA graph per `Tile` (rows, kv_len, positions) on first use, or with
+``capture=False`` runs the same fixed-shape forward from the same static inputs eagerly (CPU
+tests, deterministic tiles on the CPU).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .kernels.decode_attention import ATTN_CHUNK
@@ -82,123 +81,107 @@ def t_bucket(T: int) -> int:
 
 @dataclass(frozen=True)
 class Tile:
-    slot_start: int  # rows are slots [slot_start, slot_start + rows)
     rows: int
-    kv_len: int
+    kv_len: int  # keys the tile's attention may read: its block tables are kv_len / block_size wide
     positions: int = 1  # new tokens a row: 1 = decode, > 1 = DSpark's verify forward
 
 
 @dataclass
-class DecodePlan:
+class StepPlan:
     tiles: list[Tile]
-    inputs: list[int]  # per tile, 3 x rows ints: tokens, then positions, then write slots
-    order: list[int]  # for each decoded sequence (in call order), its row in the tiles' stacked outputs
+    inputs: np.ndarray  # int64; per tile: tokens, positions, slots (rows x positions each), block tables
 
 
-def plan_decode(
-    slots: list[int],
-    tokens: list[int],
-    positions: list[int],
-    *,
-    num_slots: int,
-    scratch_slot: int,
-    max_len: int,
-    tile: int | None = None,
-) -> DecodePlan:
-    """Lay out one decode step of the sequences in `slots` (with their last token and its position).
-
-    tile None: one bucketed tile from slot 0 (CUDA graphs). tile = n: fixed tiles of n slots and
-    kv_len in whole attention chunks (deterministic mode); the cache then has at least
-    ceil(num_slots / n) * n slots besides the scratch one.
-    """
-    if len(set(slots)) != len(slots):
-        raise ValueError(f"two sequences share a KV slot: {slots}")
-    by_slot = {s: i for i, s in enumerate(slots)}
-    if tile is None:
-        rows = bucket_for(max(slots) + 1, batch_buckets(num_slots))
-        starts, unit, floor = [0], 1, KV_FLOOR
-    else:
-        rows = tile
-        starts, unit, floor = sorted({s // tile * tile for s in slots}), ATTN_CHUNK, ATTN_CHUNK
-    tiles: list[Tile] = []
-    inputs: list[int] = []
-    order = [0] * len(slots)
-    for k, s0 in enumerate(starts):
-        members = [(s, by_slot[s]) for s in range(s0, s0 + rows) if s in by_slot]
-        need = max(positions[i] for _, i in members) + 1
-        tiles.append(Tile(s0, rows, kv_bucket(need, max_len, unit=unit, floor=floor)))
-        tok, pos, write = [0] * rows, [0] * rows, [scratch_slot] * rows
-        for s, i in members:
-            r = s - s0
-            tok[r], pos[r], write[r] = tokens[i], positions[i], s
-            order[i] = k * rows + r
-        inputs += tok + pos + write
-    return DecodePlan(tiles, inputs, order)
-
-
-@dataclass
-class VerifyPlan:
-    tile: Tile  # [0, rows) x positions (bucketed)
-    inputs: list[int]  # rows * positions tokens, rows * positions positions, rows write slots
-    order: list[int] | None  # each row's slot (its row of the output), None when they are 0..B-1
-
-
-def plan_verify(
-    slots: list[int],
+def plan_step(
+    tables: list[list[int]],
     tokens: list[list[int]],
-    lengths: list[int],
-    T: int,
+    starts: list[int],
     *,
-    num_slots: int,
-    scratch_slot: int,
+    block_size: int,
     max_len: int,
-) -> VerifyPlan:
-    """Lay out one verify step: row b (KV slot slots[b], lengths[b] tokens so far) feeds
-    tokens[b] = [last token, *drafts] at positions L-1 .. L-1+Tb-1, Tb = t_bucket(T)."""
-    Tb = t_bucket(T)
-    rows = bucket_for(max(slots) + 1, batch_buckets(num_slots))
-    kv = kv_bucket(max(lengths) - 1 + Tb, max_len)
-    tok = [0] * (rows * Tb)
-    pos = list(range(Tb)) * rows
-    write = [scratch_slot] * rows
-    for r, row, L in zip(slots, tokens, lengths):
-        tok[r * Tb : r * Tb + len(row)] = row
-        pos[r * Tb : (r + 1) * Tb] = range(L - 1, L - 1 + Tb)
-        write[r] = r
-    in_order = slots == list(range(len(slots)))
-    return VerifyPlan(Tile(0, rows, kv, Tb), tok + pos + write, None if in_order else list(slots))
+    positions: int = 1,
+    rows: int | None = None,
+    tile: int | None = None,
+) -> StepPlan:
+    """Lay out one fixed-shape step: sequence i (block table ``tables[i]``) feeds ``tokens[i]``
+    (at most ``positions`` of them; the rest of its row is padding) at positions ``starts[i]``
+    onwards; its row in the stacked outputs is i.
+
+    rows: the one tile's row count (a batch bucket >= len(tables); CUDA graphs). tile = n:
+    fixed tiles of n rows with kv_len in whole attention chunks (deterministic mode). A position
+    past a sequence's blocks, and every position of a padding row, writes into the null block.
+    """
+    B, P = len(tables), positions
+    if tile is None:
+        groups, unit, floor = [(0, rows or B)], 1, KV_FLOOR
+    else:
+        groups, unit, floor = [(t0, tile) for t0 in range(0, B, tile)], ATTN_CHUNK, ATTN_CHUNK
+    tiles, parts = [], []
+    for t0, R in groups:
+        n = min(t0 + R, B) - t0  # real rows of this tile
+        rows_tables = tables[t0 : t0 + n]
+        lens = np.fromiter((len(t) for t in rows_tables), np.int64, n)
+        first = np.asarray(starts[t0 : t0 + n], dtype=np.int64)
+        kv = kv_bucket(int(first.max()) + P, max_len, unit=unit, floor=floor)
+        W = -(-kv // block_size)
+        tab = np.zeros((R, W), np.int64)
+        wide = max(1, min(int(lens.max()), W))
+        flat: list[int] = []
+        for t in rows_tables:
+            flat += t[:wide]
+            if len(t) < wide:
+                flat += [0] * (wide - len(t))
+        tab[:n, :wide] = np.asarray(flat, np.int64).reshape(n, wide)
+        tok = np.zeros((R, P), np.int64)
+        if P == 1:
+            tok[:n, 0] = [t[0] for t in tokens[t0 : t0 + n]]
+        else:
+            for r, t in enumerate(tokens[t0 : t0 + n]):
+                tok[r, : len(t)] = t
+        pos = np.tile(np.arange(P, dtype=np.int64), (R, 1))
+        pos[:n] += first[:, None]
+        blk = pos // block_size
+        inside = blk < np.concatenate([np.minimum(lens, W), np.zeros(R - n, np.int64)])[:, None]
+        slot = np.take_along_axis(tab, np.minimum(blk, W - 1), axis=1) * block_size + pos % block_size
+        slot = np.where(inside, slot, 0)  # past a row's blocks (and padding rows): the null block
+        tiles.append(Tile(R, kv, P))
+        parts += [tok.ravel(), pos.ravel(), slot.ravel(), tab.ravel()]
+    return StepPlan(tiles, np.concatenate(parts))
+
+
+def tile_size(tile: Tile, block_size: int) -> int:
+    """Ints of a tile's static inputs."""
+    return tile.rows * (3 * tile.positions + -(-tile.kv_len // block_size))
 
 
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph | None  # None: capture=False (run eagerly from the same inputs)
-    inputs: torch.Tensor  # [2 * rows * positions + rows] int64: tokens, positions, write slots (static)
+    inputs: torch.Tensor  # the tile's static int64 inputs (see plan_step)
     logits: torch.Tensor | None  # decode [rows, V]; verify [rows, positions, V], a view of the shared buffer
 
 
 class StepGraphs:
-    """One CUDA graph of `model.decode_static` per `Tile` (slot_start, rows, kv_len, positions),
-    for one KV cache: decode steps (positions 1) and DSpark's verify forward (positions > 1).
+    """One CUDA graph of `model.decode_static` per `Tile` (rows, kv_len, positions), for one KV
+    cache: decode steps (positions 1) and DSpark's verify forward (positions > 1).
 
     Decode runs the runner's attention (and batch-invariant kernels in deterministic mode) and
-    returns the graph's own [rows, V] logits; verify runs SDPA and writes [rows, positions, V]
-    into the front of one shared buffer (graphs never replay at once, so memory does not grow
-    with the number of shapes; a graph needing a wider one gets a new buffer, and the old ones
-    stay alive for the graphs that write into them). Decode graphs share one memory pool, verify
-    graphs another. ``capture=False`` keeps the static inputs and runs the forward eagerly.
+    returns the graph's own [rows, V] logits; verify runs the paged Triton attention (or SDPA
+    where decode runs a one-token attention) and writes [rows, positions, V] into the front of
+    one shared buffer (graphs never replay at once, so memory does not grow with the number of
+    shapes; a graph needing a wider one gets a new buffer, and the old ones stay alive for the
+    graphs that write into them). Decode graphs share one memory pool, verify graphs another.
+    ``capture=False`` keeps the static inputs and runs the forward eagerly.
     """
 
-    def __init__(self, model: LlamaModel, cache: KVCache, *, attention: str = "sdpa", invariant: bool = False,
-                 capture: bool = True):  # fmt: skip
+    def __init__(self, model: LlamaModel, cache: KVCache, *, max_rows: int, attention: str = "sdpa",
+                 invariant: bool = False, capture: bool = True):  # fmt: skip
         self.model, self.cache, self.attention, self.invariant = model, cache, attention, invariant
+        self.max_rows = max_rows
         self.capture = capture
         self.graphs: dict[Tile, _Graph] = {}
         self._pools: dict[bool, tuple] = {}  # verify (positions > 1)? -> graph pool handle
         self._outs: list[torch.Tensor] = []
-
-    def fits(self, seqs, T: int) -> bool:
-        """Every row's bucketed positions L-1 .. L-1+t_bucket(T)-1 lie inside the cache."""
-        return max(len(s) for s in seqs) - 1 + t_bucket(T) <= self.cache.max_len
 
     def ensure(self, tile: Tile) -> bool:
         """Capture the graph of ``tile`` unless it exists; True when it was made now."""
@@ -224,7 +207,7 @@ class StepGraphs:
         batch bucket, at least OUT_WIDTH positions (a wider buffer is added when one needs it)."""
         buf = self._outs[-1] if self._outs else None
         if buf is None or buf.shape[1] < positions:
-            most = batch_buckets(self.cache.num_slots)[-1]
+            most = batch_buckets(self.max_rows)[-1]
             width = max(positions, OUT_WIDTH)
             buf = torch.empty(
                 most, width, self.model.lm_head.shape[1], dtype=torch.float32, device=self.model.device
@@ -233,29 +216,25 @@ class StepGraphs:
         return buf[:rows, :positions]
 
     def _forward(self, tile: Tile, x: torch.Tensor) -> torch.Tensor:
-        rows, P = tile.rows, tile.positions
-        n = rows * P
+        R, P = tile.rows, tile.positions
+        n = R * P
+        tok, pos, slots = x[:n], x[n : 2 * n], x[2 * n : 3 * n]
+        tables = x[3 * n :].view(R, -1)
         if P == 1:  # decode: [rows] inputs, [rows, V] logits
             return self.model.decode_static(
-                x[:n], x[n : 2 * n], x[2 * n :], self.cache, slot_start=tile.slot_start, kv_len=tile.kv_len,
-                attention=self.attention, invariant=self.invariant,
+                tok, pos, slots, tables, self.cache, kv_len=tile.kv_len, attention=self.attention,
+                invariant=self.invariant,
             )  # fmt: skip
         return self.model.decode_static(  # verify: [rows, P] inputs, logits into the shared buffer
-            x[:n].view(rows, P),
-            x[n : 2 * n].view(rows, P),
-            x[2 * n :],
-            self.cache,
-            slot_start=tile.slot_start,
-            kv_len=tile.kv_len,
-            out=self._out(rows, P),
-        )
+            tok.view(R, P), pos.view(R, P), slots.view(R, P), tables, self.cache, kv_len=tile.kv_len,
+            attention="triton" if self.attention == "triton" else "sdpa", out=self._out(R, P),
+        )  # fmt: skip
 
     def _make(self, tile: Tile) -> _Graph:
         dev = self.model.device
-        rows, P = tile.rows, tile.positions
-        inputs = torch.zeros(2 * rows * P + rows, dtype=torch.int64, device=dev)
-        inputs[rows * P : 2 * rows * P] = torch.arange(P, device=dev).repeat(rows)
-        inputs[2 * rows * P :] = self.cache.scratch_slot  # the warm-up run writes only the scratch slot
+        R, P = tile.rows, tile.positions
+        inputs = torch.zeros(tile_size(tile, self.cache.block_size), dtype=torch.int64, device=dev)
+        inputs[R * P : 2 * R * P] = torch.arange(P, device=dev).repeat(R)  # the warm-up writes the null block
         g = _Graph(None, inputs, None)
         if not self.capture:
             return g

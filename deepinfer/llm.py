@@ -2,10 +2,11 @@
 engine core a step at a time: ``add_request`` / ``step`` / ``abort_request`` /
 ``has_unfinished_requests`` (what ``generate`` does, and what a server loop would do).
 
-One ``step`` reads top to bottom: schedule (``Scheduler``: admissions, the decode batch, slot
-moves) -> forward (``ModelRunner``) with the per-request bitmasks filled meanwhile -> sample ->
-per-request on_token. Requests join (prefill) when a KV slot is free and leave when they
-finish, between steps.
+One ``step`` reads top to bottom: schedule (``Scheduler``: which requests compute how many
+tokens, in which KV blocks) -> forward (``ModelRunner``) with the per-request bitmasks filled
+meanwhile -> sample -> per-request on_token -> commit (full KV blocks kept for reuse).
+Requests join when the paged KV cache has blocks for them and leave when they finish, between
+steps.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import torch
 
 from . import _threads, kernels
 from ._text import clip_repr, lone_surrogate
+from .block_pool import BlockPool
 from .config import ModelConfig
 from .dspark import DSpark
 from .loader import load_model
-from .model_runner import ModelRunner
+from .model_runner import DETERMINISTIC_CHUNK, ModelRunner
+from .models.kv_cache import CPU_DEFAULT_BYTES, CUDA_DEFAULT_FRACTION, DEFAULT_BLOCK_SIZE
 from .models.llama import LlamaModel
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -69,9 +72,21 @@ class LLM:
         "auto" is bfloat16 on CUDA and on CPUs with native bf16, else float32.
     device : "auto", "cpu", "cuda", ...
     max_num_seqs : int
-        Most sequences decoded together (KV-cache slots).
+        Most sequences running together.
     max_model_len : int or None
         Context length cap (default: the model's, at most 8192).
+    max_num_batched_tokens : int
+        Most tokens computed in one step; a longer prompt is prefilled in chunks, beside the
+        running requests' decodes.
+    kv_cache_memory : int, float or None
+        The paged KV cache's size: bytes (int), or a fraction of the device's free memory
+        (float in (0, 1]; on the CPU of its total memory). None: 80% of the free memory on
+        CUDA, 1 GiB on the CPU, and never more than ``max_num_seqs`` full-length requests need.
+    block_size : int
+        Positions a KV block holds (16).
+    prefix_caching : bool
+        Reuse the KV blocks of prompt prefixes seen before (across requests and ``generate``
+        calls); outputs are the same with or without it.
     seed : int or None
         Draws the seeds of requests that give none.
     deterministic : bool
@@ -99,6 +114,9 @@ class LLM:
         max_num_seqs: int = 64,
         max_model_len: int | None = None,
         max_num_batched_tokens: int = 8192,
+        kv_cache_memory: int | float | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        prefix_caching: bool = True,
         seed: int | None = None,
         deterministic: bool = False,
         enforce_eager: bool = False,
@@ -142,8 +160,16 @@ class LLM:
         self._special_ids = frozenset(self.tokenizer.special_token_ids) | frozenset(
             self.tokenizer.eos_token_ids
         )
-        # the engine core: requests added and not yet handed back, by id
-        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens)
+        # the paged KV cache and the engine core: requests added and not yet handed back, by id
+        if not (
+            isinstance(block_size, int) and 1 <= block_size <= 1024 and block_size & (block_size - 1) == 0
+        ):
+            raise ValueError(f"block_size must be a power of two in [1, 1024], got {block_size!r}")
+        num_blocks = self._kv_blocks(kv_cache_memory, block_size)
+        self.runner.allocate(num_blocks, block_size, max_num_seqs)
+        pool = BlockPool(num_blocks, block_size, caching=prefix_caching)
+        align = DETERMINISTIC_CHUNK if self.runner.tile else None
+        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, pool, chunk_align=align)
         self._requests: dict[Any, Sequence] = {}
         self._relaxed: dict[Any, list[str]] = {}  # lenient mode's notes of a request's constraint
         self._stream: set = set()  # requests whose partial outputs step() returns
@@ -189,6 +215,8 @@ class LLM:
                     outputs[o.request_id] = o
                     if bar is not None and o.request_id in counted:
                         bar.update(1)
+                        if bar.n % 16 == 0 and self.scheduler.prompt_tokens:  # the prefix cache at work
+                            bar.set_postfix_str(f"prefix hits {self.metrics()['prefix_cache_hit_rate']:.0%}")
         except BaseException:
             self._discard(seqs)  # the engine is left as it was before the call
             raise
@@ -223,27 +251,56 @@ class LLM:
         sch = self.scheduler
         if self._pending and (sch.waiting or self._drafting(sch.running)):
             self._settle()  # a prefill or DSpark step next: every matcher up to date first
-        if sch.waiting and sch.idle:  # between runs: the KV cache sized for the requests present
-            sch.set_capacity(*self._allocate_cache(*sch.needs()))
-        out = sch.schedule()  # free finished rows' slots; admissions (prefill) or decode; slot moves
-        if out.batch:
-            self.runner.move_slots(out.moves)
+        out = sch.schedule()  # which rows compute how many tokens, in which blocks
+        for s, why in out.refused:
+            s.fail(why, self.tokenizer)
+        if out.rows:
             masks = self.masks.start(out.batch)  # bitmasks on a host thread while the device runs
             if out.decode:
-                out.verify = self._plan_drafts(out.decode)  # DSpark drafts, or None: plain decode
+                out.verify = self._plan_drafts(out.rows)  # DSpark drafts, or None: plain decode
+                if out.verify is not None and not sch.reserve(out.verify.seqs, out.verify.T):
+                    out.verify = None  # no free blocks for the drafts' positions: a plain step
             if out.verify is not None:  # drafts verified in one multi-position forward
                 self.dspark.step(out.verify, masks, forward=self.runner.verify, tokenizer=self.tokenizer,
                                  vocab_size=self.config.vocab_size, device=self.device)  # fmt: skip
             else:
-                logits = self.runner.prefill(out.prefill) if out.prefill else self.runner.decode(out.decode)
+                logits = self.runner.step(out.rows, out.counts)
                 self.masks.launched()
                 self._settle()  # the previous step's deferred matcher work, behind this forward
-                tokens = self._sample(out.batch, logits, *masks.wait())  # masks applied + sampled
-                self._accept(out.batch, tokens)
+                if out.batch:
+                    tokens = self._sample(out.batch, logits, *masks.wait())  # masks applied + sampled
+                    self._accept(out.batch, tokens)
+                else:
+                    masks.wait()
+            sch.commit(out.rows)
         return self._outputs(out.finished + sch.reap(), out.batch)
 
+    def metrics(self) -> dict[str, int | float]:
+        """Counters of the KV cache and the scheduler since the engine started: prompt tokens
+        admitted (``prompt_tokens``), computed (``prefill_tokens``) and found in the prefix
+        cache (``prefix_cache_hit_tokens``, ``prefix_cache_hit_rate``); blocks of the pool
+        (``kv_blocks_total``, ``kv_blocks_used`` by running requests, ``kv_blocks_cached`` kept
+        for reuse, ``kv_block_size``); ``preemptions``, ``evictions``; requests ``running`` and
+        ``waiting`` now."""
+        sch = self.scheduler
+        pool = sch.pool
+        return {
+            "prompt_tokens": sch.prompt_tokens,
+            "prefill_tokens": sch.prefill_tokens,
+            "prefix_cache_hit_tokens": sch.hit_tokens,
+            "prefix_cache_hit_rate": sch.hit_tokens / sch.prompt_tokens if sch.prompt_tokens else 0.0,
+            "kv_blocks_total": pool.capacity,
+            "kv_blocks_used": pool.num_used,
+            "kv_blocks_cached": pool.num_cached,
+            "kv_block_size": pool.block_size,
+            "preemptions": sch.preemptions,
+            "evictions": pool.evictions,
+            "running": len(sch.running),
+            "waiting": len(sch.waiting),
+        }
+
     def abort_request(self, request_id: Any) -> None:
-        """End a request, waiting or running (its KV slot is freed); its output, finish_reason
+        """End a request, waiting or running (its KV blocks are freed); its output, finish_reason
         "abort", comes back from the next ``step``. No-op for an unknown or finished request."""
         s = self.scheduler.abort(request_id)
         if s is not None:
@@ -262,10 +319,7 @@ class LLM:
         in deterministic mode decode only, as DSpark does not run there)."""
         from .cuda_graphs import t_bucket
 
-        if not self.scheduler.idle:
-            raise RuntimeError("capture_graphs() while requests are running (it may reallocate the KV cache)")
         max_len = min(max_len or self.max_model_len, self.max_model_len)
-        self.runner.ensure_cache(self.max_num_seqs, max_len)
         cfg = self.dspark.config
         if verify is None:
             verify = cfg.default != "off" and cfg.cuda_graphs
@@ -438,18 +492,44 @@ class LLM:
             self._relaxed.pop(rid, None)
             self._stream.discard(rid)
 
-    def _allocate_cache(self, num_slots: int, max_len: int) -> tuple[int, int, list[int] | None]:
-        """The KV cache for (at least) these sizes; what the scheduler schedules into."""
-        self.runner.ensure_cache(num_slots, max_len)
-        cache = self.runner.cache
-        return cache.num_slots, cache.max_len, self.runner.slot_buckets()
+    def _kv_blocks(self, memory: int | float | None, block_size: int) -> int:
+        """Blocks of the paged KV cache for a budget of ``memory`` (see the class docstring)."""
+        per = self.model.block_bytes(block_size)
+        cuda = self.device.type == "cuda"
+        worst = self.max_num_seqs * -(-self.max_model_len // block_size) + 1
+        if memory is None:
+            budget = (
+                int(CUDA_DEFAULT_FRACTION * torch.cuda.mem_get_info(self.device)[0])
+                if cuda
+                else CPU_DEFAULT_BYTES
+            )
+            n = min(budget // per, worst)
+        elif isinstance(memory, float):
+            if not 0 < memory <= 1:
+                raise ValueError(f"kv_cache_memory as a float is a fraction in (0, 1], got {memory!r}")
+            if cuda:
+                total = torch.cuda.mem_get_info(self.device)[0]
+            else:
+                import os
+
+                total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            n = int(memory * total) // per
+        elif isinstance(memory, int) and not isinstance(memory, bool):
+            n = memory // per
+        else:
+            raise ValueError(f"kv_cache_memory must be bytes (int) or a fraction (float), got {memory!r}")
+        if n < 2:
+            raise ValueError(
+                f"kv_cache_memory={memory!r} holds {n} KV blocks of {per} bytes; at least 2 are needed"
+            )
+        return n
 
     def _drafting(self, running: list[Sequence]) -> bool:
         return any(self.dspark.speculates(s, self.deterministic) for s in running)
 
     def _plan_drafts(self, seqs: list[Sequence]):
         return self.dspark.plan(
-            seqs, cache_len=self.runner.cache.max_len, token_budget=self.max_num_batched_tokens,
+            seqs, cache_len=self.max_model_len, token_budget=self.max_num_batched_tokens,
             special_ids=self._special_ids, device_type=self.device.type, deterministic=self.deterministic,
         )  # fmt: skip
 

@@ -1,33 +1,43 @@
-"""ModelRunner: the only code that touches the device. Builds batch tensors, runs every forward
-of the engine (prefill, decode, DSpark's verify) and moves KV entries between slots.
+"""ModelRunner: the only code that touches the device. Builds batch tensors from the scheduler's
+plain data and runs every forward of the engine (a mixed step of prefill chunks and decodes,
+DSpark's verify) over the paged KV cache.
 
-Prefill: ragged prompts are right-padded to the longest; each row keeps its own positions, so
-padding only writes cache rows past the prompt, which the masks never read.
-Decode, three ways:
-- eager (CPU; CUDA with cuda_graphs=False): one `forward` over the running rows, ordered by KV
-  slot so contiguous slots are a slice of the cache rather than a gather;
-- CUDA graphs (default on CUDA): the fixed-shape `decode_static`, captured once per batch bucket
-  and kv-length bucket and replayed (see cuda_graphs.py); one graph launch instead of ~25 kernel
-  launches a layer;
+A step's rows each feed their uncached tokens (``step(rows, counts)``): a decode row one token,
+a prefill row a chunk of its prompt. Three ways to run it:
+- eager (CPU; any step with a prefill chunk; CUDA with cuda_graphs=False): one flat `forward`
+  over every row's tokens, no padding;
+- CUDA graphs (default on CUDA, steps whose rows all decode one token): the fixed-shape
+  `decode_static`, captured once per batch bucket and kv-length bucket and replayed (see
+  cuda_graphs.py); one graph launch instead of ~25 kernel launches a layer;
 - deterministic: kernels whose per-row arithmetic does not depend on the batch. On CUDA the
-  Triton matmul, RMSNorm and attention of kernels/invariant.py, in batched prefill
-  (`forward(invariant=True)`) and in decode (`decode_static(invariant=True)`, replayed as the
-  same bucketed graphs); on CPU prefill one request at a time and decode in fixed tiles of
-  slots (every tile one shape) with the block attention. Either way a request's logits are
-  bit-identical whatever else is batched with it and wherever it sits.
+  Triton matmul, RMSNorm and attention of kernels/invariant.py and kernels/paged_attention.py,
+  in the flat forward (`forward(invariant=True)`) and in decode (`decode_static(invariant=True)`,
+  the same bucketed graphs); on the CPU each prefill chunk runs alone (the scheduler aligns
+  chunks to DETERMINISTIC_CHUNK positions, so a chunk has the same shape with or without a
+  prefix hit) and decode runs in fixed tiles of rows with per-row attention. Either way a
+  request's logits are bit-identical whatever else is batched with it.
 Verify (DSpark): T positions a row, [last token, *drafts, pad...]; replayed from the same
-`StepGraphs` as decode (tiles of T positions) where the decode is, else one eager `forward`.
+`StepGraphs` as decode where the decode is, else one eager `forward`.
 No path synchronizes with the device: inputs go through pinned memory, logits come back as a
 device tensor the caller reads when it needs to (so host work overlaps the forward).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import _threads  # noqa: F401  (OMP policy before torch)
-from .cuda_graphs import StepGraphs, Tile, batch_buckets, kv_bucket, plan_decode, plan_verify, t_bucket
-from .kernels.decode_attention import ATTN_CHUNK
+from .cuda_graphs import (
+    StepGraphs,
+    Tile,
+    batch_buckets,
+    bucket_for,
+    kv_bucket,
+    plan_step,
+    t_bucket,
+    tile_size,
+)
 from .models.kv_cache import KVCache
 from .models.llama import DECODE_ATTENTION, ForwardBatch, LlamaModel
 from .sequence import Sequence
@@ -35,10 +45,13 @@ from .sequence import Sequence
 # Rows of a deterministic decode tile (torch kernels: every tile has this many rows whatever the
 # batch, so a row's arithmetic never changes). Not used with the batch-invariant kernels.
 DETERMINISTIC_TILE = 8
+# Prefill chunk of the CPU's deterministic mode: chunks start at multiples of it, so a prompt's
+# chunks are the same shapes whether a prefix of it was cached or not.
+DETERMINISTIC_CHUNK = 64
 
 
 class ModelRunner:
-    """Runs prefill, decode and verify steps of `model` over a slot KV cache.
+    """Runs prefill, decode and verify steps of `model` over a paged KV cache.
 
     Parameters
     ----------
@@ -49,14 +62,13 @@ class ModelRunner:
         No global torch setting is changed.
     invariant_kernels : bool or None
         In deterministic mode, how: True = the batch-invariant Triton kernels (matmul, RMSNorm,
-        attention) at any batch shape; False = torch kernels over fixed tiles of
-        DETERMINISTIC_TILE slots (each kernel sees one problem whatever the batch). None: True
-        on CUDA, False on CPU (where Triton only interprets).
+        attention) at any batch shape; False = torch kernels, prefill chunks alone and decode
+        in fixed tiles of DETERMINISTIC_TILE rows. None: True on CUDA, False on CPU (where
+        Triton only interprets).
     attention : "sdpa", "torch", "triton", "rows" or None
-        Attention of the fixed-shape decode (`LlamaModel.decode_static`). None: "sdpa" (torch's
-        SDPA with a length mask); in deterministic mode "triton" with the invariant kernels,
-        else the batch-invariant "rows" on CPU (one SDPA call per decoded row over its own keys)
-        and "torch" (fixed key blocks) on CUDA, where "rows" is not allowed (host reads).
+        Attention of the fixed-shape decode (`LlamaModel.decode_static`). None: "triton" (the
+        paged kernel) on CUDA; in deterministic mode on the CPU "rows" (one SDPA call per row
+        over its own keys).
     """
 
     def __init__(
@@ -82,115 +94,117 @@ class ModelRunner:
             allowed = ("triton",)
         elif deterministic:
             allowed = ("torch", "triton") if on_cuda else ("rows", "torch", "triton")
+        elif on_cuda:
+            allowed = ("triton", "sdpa", "torch")
         else:
-            allowed = tuple(a for a in DECODE_ATTENTION if not (on_cuda and a == "rows"))
+            allowed = tuple(a for a in DECODE_ATTENTION if a != "rows")
         if attention is None:
             attention = allowed[0]
         if attention not in allowed:
             raise ValueError(f"attention must be one of {allowed} here, got {attention!r}")
         self.attention = attention
+        # the eager forward's attention for one-token rows (prompt chunks take torch's SDPA):
+        # the paged Triton kernel on CUDA, torch on the CPU
+        self.eager_attention = "triton" if on_cuda else "torch"
         # decode through decode_static (graph-shaped); also settable for tests of that path on CPU
         self.static_decode = self.cuda_graphs or deterministic
         self.cache: KVCache | None = None
+        self.max_rows = 1
         # the fixed-shape steps over this cache: CUDA graphs (decode and verify), or run eagerly
         # from the same static inputs without cuda_graphs
         self.graphs: StepGraphs | None = None
+        self._staging: list = [(None, None), (None, None)]  # pinned input buffers (CUDA), in turn
+        self._turn = 0
 
-    def ensure_cache(self, num_slots: int, max_len: int) -> None:
-        """(Re)allocate the KV cache when it is smaller than asked; only between requests."""
-        if self.cache is None or not self.cache.fits(num_slots, max_len):
-            self.cache = self.graphs = None  # free the old one (and the graphs holding it) first
-            tile = self.tile or 1
-            spare = -(-num_slots // tile) * tile - num_slots + 1  # whole tiles + the scratch slot
-            self.cache = self.model.new_cache(
-                num_slots, max_len, spare_slots=spare, len_multiple=ATTN_CHUNK if self.tile else 1
-            )
-            self.graphs = StepGraphs(
-                self.model,
-                self.cache,
-                attention=self.attention,
-                invariant=self.invariant,
-                capture=self.cuda_graphs,
-            )
+    # -- the cache ------------------------------------------------------------------------------
+    def allocate(self, num_blocks: int, block_size: int, max_rows: int) -> KVCache:
+        """The paged KV cache (``num_blocks`` blocks, the null block included) for at most
+        ``max_rows`` sequences a step."""
+        self.cache = self.graphs = None  # free an old one (and the graphs holding it) first
+        self.cache = self.model.new_cache(num_blocks, block_size)
+        self.max_rows = max_rows
+        self.graphs = StepGraphs(
+            self.model,
+            self.cache,
+            max_rows=max_rows,
+            attention=self.attention,
+            invariant=self.invariant,
+            capture=self.cuda_graphs,
+        )
+        return self.cache
 
-    def slot_buckets(self) -> list[int] | None:
-        """The batch buckets of the decode graphs' single tile, which the scheduler compacts
-        the running rows into (None: no compaction -- no graphs, or deterministic tiles)."""
-        if not self.cuda_graphs or self.tile or self.cache is None:
-            return None
-        return batch_buckets(self.cache.num_slots)
+    @property
+    def max_len(self) -> int:
+        """Positions a fixed-shape step may address (the RoPE tables' length)."""
+        return self.model.cos.shape[0]
 
     def capture_graphs(self, max_len: int, positions: tuple[int, ...] = ()) -> int:
         """Capture now what decode (and, for each of ``positions``, the verify forward) would
         capture on first use: one graph per batch bucket x key bucket up to ``max_len`` keys.
         Returns the number of graphs captured."""
-        assert self.cache is not None, "ensure_cache() first"
+        assert self.cache is not None, "allocate() first"
         if not self.cuda_graphs or self.tile:
             return 0
-        cache, n = self.cache, 0
-        kvs, kv = [], 0
-        while kv < min(max_len, cache.max_len):
-            kv = kv_bucket(kv + 1, cache.max_len)
+        n, kvs, kv = 0, [], 0
+        while kv < min(max_len, self.model.max_len):
+            kv = kv_bucket(kv + 1, self.model.max_len)
             kvs.append(kv)
-        for rows in batch_buckets(cache.num_slots):
+        for rows in batch_buckets(self.max_rows):
             for kv in kvs:
-                n += self.graphs.ensure(Tile(0, rows, kv))
+                n += self.graphs.ensure(Tile(rows, kv))
                 for T in positions if not self.deterministic else ():  # no drafts in deterministic mode
-                    n += self.graphs.ensure(Tile(0, rows, kv, t_bucket(T)))
+                    n += self.graphs.ensure(Tile(rows, kv, t_bucket(T)))
         return n
-
-    def move_slots(self, moves: list[tuple[Sequence, int, int]]) -> None:
-        """Copy the KV entries of the sequences the scheduler moved, ``(sequence, src, dst)``
-        (compaction: one copy each of K and V, the sequence's first len(sequence) positions)."""
-        if not moves:
-            return
-        k, v = self.cache.k, self.cache.v  # [layers, slots, nkv, max_len, hd]
-        for s, src, dst in moves:
-            length = len(s)
-            k[:, dst, :, :length] = k[:, src, :, :length]
-            v[:, dst, :, :length] = v[:, src, :, :length]
 
     def _to(self, rows: list) -> torch.Tensor:
         pin = self.device.type == "cuda"  # a pinned source makes the copy truly asynchronous
         return torch.tensor(rows, dtype=torch.int64, pin_memory=pin).to(self.device, non_blocking=True)
 
+    # -- steps ----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Run every uncached token of each sequence; logits [B, V] of each one's last token."""
-        if self.tile and len(seqs) > 1:  # torch kernels: a request's prefill never sees its neighbours
-            return torch.cat([self.prefill([s]) for s in seqs])
-        chunks = [s.all_token_ids[s.num_cached :] for s in seqs]
-        T = max(len(c) for c in chunks)
-        tokens = [c + [0] * (T - len(c)) for c in chunks]
-        positions = [list(range(s.num_cached, s.num_cached + T)) for s in seqs]
-        from_zero = all(s.num_cached == 0 for s in seqs)
-        logits = self._forward(seqs, tokens, positions, [len(c) - 1 for c in chunks], from_zero)
-        for s in seqs:
-            s.num_cached = len(s)
+    def step(self, rows: list[Sequence], counts: list[int]) -> torch.Tensor:
+        """Row i computes its next ``counts[i]`` uncached tokens. Returns the logits [M, V] (not
+        synced) of the rows whose tokens are then all cached (the ones that sample), in row
+        order; ``num_cached`` advances."""
+        decode = all(n == 1 and s.num_cached + 1 == len(s) for s, n in zip(rows, counts))
+        if decode and self.static_decode:
+            logits = self._decode_static(rows)
+        elif self.tile:
+            logits = self._step_tiles(rows, counts)
+        else:
+            logits = self._forward(rows, counts)
+        for s, n in zip(rows, counts):
+            s.num_cached += n
         return logits
 
-    @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One step for sequences whose last token is not cached yet; logits [B, V] (not synced)."""
-        last = [_last_token(s) for s in seqs]
-        if self.static_decode:
-            logits = self._decode_static(seqs, last)
-        else:
-            logits = self._forward(seqs, [[t] for t in last], [[len(s) - 1] for s in seqs], None)
-        for s in seqs:
-            s.num_cached = len(s)
-        return logits
+    def _step_tiles(self, rows: list[Sequence], counts: list[int]) -> torch.Tensor:
+        """Deterministic mode with torch kernels: each prefill chunk alone, the decode rows in
+        fixed tiles; the sampled rows' logits in row order."""
+        decodes = [s for s, n in zip(rows, counts) if n == 1 and s.num_cached + 1 == len(s)]
+        out = {}
+        if decodes:
+            for s, x in zip(decodes, self._decode_static(decodes)):
+                out[id(s)] = x
+        for s, n in zip(rows, counts):
+            if id(s) not in out:
+                x = self._forward([s], [n])
+                if len(x):
+                    out[id(s)] = x[0]
+        sampled = [out[id(s)] for s, n in zip(rows, counts) if s.num_cached + n == len(s)]
+        if not sampled:
+            return torch.empty(0, self.model.lm_head.shape[1], device=self.device)
+        return torch.stack(sampled)
 
     def verify(
         self, seqs: list[Sequence], drafts: list[list[int]], T: int, *, graphs: bool = True
     ) -> torch.Tensor:
         """DSpark's verify forward: row b feeds [last token, *drafts[b]] (right-padded to T) at
-        positions L-1 .. L-1+T-1 (L = len(seqs[b])); logits [B, T, V] float32, the target's
-        distribution after each prefix. Replayed as CUDA graphs where decode is (``graphs``
-        and every row has room for the bucketed positions): then a view of the graphs' shared
-        output, to be read before the next replay. Leaves ``num_cached`` to the caller (it
-        depends on how many drafts are accepted)."""
-        if graphs and self.cuda_graphs and self.graphs.fits(seqs, T):
+        positions L-1 .. L-1+T-1 (L = len(seqs[b])), its blocks covering the real ones; logits
+        [B, T, V] float32, the target's distribution after each prefix. Replayed as CUDA graphs
+        where decode is (``graphs``, and every row's bucketed positions inside the model's
+        length): then a view of the graphs' shared output, to be read before the next replay.
+        Leaves ``num_cached`` to the caller (it depends on how many drafts are accepted)."""
+        if graphs and self.cuda_graphs and max(len(s) for s in seqs) - 1 + t_bucket(T) <= self.model.max_len:
             return self.verify_static(seqs, drafts, T)
         return self.verify_eager(seqs, drafts, T)
 
@@ -198,79 +212,103 @@ class ModelRunner:
     def verify_static(self, seqs: list[Sequence], drafts: list[list[int]], T: int) -> torch.Tensor:
         """The verify forward at fixed shapes through ``self.graphs`` (captured on CUDA; on the
         CPU run eagerly from the same static inputs)."""
-        assert self.cache is not None, "ensure_cache() first"
-        cache = self.cache
-        plan = plan_verify(
-            [s.slot for s in seqs],
+        assert self.cache is not None, "allocate() first"
+        Tb = t_bucket(T)
+        plan = plan_step(
+            [s.block_table for s in seqs],
             [[_last_token(s), *d] for s, d in zip(seqs, drafts)],
-            [len(s) for s in seqs],
-            T,
-            num_slots=cache.num_slots,
-            scratch_slot=cache.scratch_slot,
-            max_len=cache.max_len,
-        )
-        host = torch.tensor(plan.inputs + (plan.order or []), dtype=torch.int64,
-                            pin_memory=self.device.type == "cuda")  # fmt: skip
-        n = len(plan.inputs)
-        logits = self.graphs.run(plan.tile, host[:n])
-        if plan.order is None:
-            return logits[: len(seqs), :T]
-        return logits.index_select(0, host[n:].to(logits.device, non_blocking=True))[:, :T]
-
-    def verify_eager(self, seqs: list[Sequence], drafts: list[list[int]], T: int) -> torch.Tensor:
-        """The verify forward as one eager ``forward`` over the rows (logits at every position)."""
-        assert self.cache is not None, "ensure_cache() first"
-        tokens, positions = [], []
-        for s, d in zip(seqs, drafts):
-            tokens.append([_last_token(s), *d] + [0] * (T - 1 - len(d)))
-            start = len(s) - 1
-            positions.append(list(range(start, start + T)))
-        batch = ForwardBatch.of_rows(self._to, [s.slot for s in seqs], tokens, positions)
-        return self.model.forward(batch, self.cache)  # [B, T, V]
-
-    def _decode_static(self, seqs: list[Sequence], last: list[int]) -> torch.Tensor:
-        assert self.cache is not None, "ensure_cache() first"
-        cache = self.cache
-        plan = plan_decode(
-            [s.slot for s in seqs],
-            last,
             [len(s) - 1 for s in seqs],
-            num_slots=cache.num_slots,
-            scratch_slot=cache.scratch_slot,
-            max_len=cache.max_len,
+            block_size=self.cache.block_size,
+            max_len=self.max_len,
+            positions=Tb,
+            rows=bucket_for(len(seqs), batch_buckets(self.max_rows)),
+        )
+        logits = self.graphs.run(plan.tiles[0], self._host(plan.inputs))
+        self._staged()
+        return logits[: len(seqs), :T]
+
+    @torch.inference_mode()
+    def verify_eager(self, seqs: list[Sequence], drafts: list[list[int]], T: int) -> torch.Tensor:
+        """The verify forward as one eager ``forward`` over the rows (logits at every position);
+        a row's padding positions past its blocks write into the null block."""
+        assert self.cache is not None, "allocate() first"
+        bs = self.cache.block_size
+        chunks = [[_last_token(s), *d] + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)]
+        tables = []
+        for s in seqs:  # the null block stands in for positions past the row's blocks
+            need = -(-(len(s) - 1 + T) // bs)
+            tables.append(s.block_table + [0] * max(0, need - len(s.block_table)))
+        batch = ForwardBatch.of_chunks(self._to, tables, [len(s) - 1 for s in seqs], chunks, bs, logits="all")
+        out = self.model.forward(batch, self.cache, invariant=self.invariant, attention=self.eager_attention)
+        return out.view(len(seqs), T, -1)
+
+    def _host(self, inputs: np.ndarray) -> torch.Tensor:
+        """A fixed-shape step's inputs in host memory the device copies from asynchronously: on
+        CUDA one of two pinned staging buffers, used in turn (a fresh ``pin_memory()`` each step
+        cost 0.5 ms at batch 256). A buffer is reused only once the copy from it two steps ago
+        is done (``_staged`` records it)."""
+        if self.device.type != "cuda":
+            return torch.from_numpy(inputs)
+        self._turn ^= 1
+        buf, done = self._staging[self._turn]
+        if done is not None:
+            done.synchronize()  # (long done in practice: every step reads its tokens back)
+        if buf is None or buf.numel() < len(inputs):
+            buf = torch.empty(max(len(inputs), 1 << 14), dtype=torch.int64, pin_memory=True)
+        self._staging[self._turn] = (buf, None)
+        view = buf[: len(inputs)]
+        view.numpy()[:] = inputs
+        return view
+
+    def _staged(self) -> None:
+        """The copies from the current staging buffer are queued: mark when they are done."""
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record()
+            self._staging[self._turn] = (self._staging[self._turn][0], ev)
+
+    def _decode_static(self, seqs: list[Sequence]) -> torch.Tensor:
+        assert self.cache is not None, "allocate() first"
+        plan = plan_step(
+            [s.block_table for s in seqs],
+            [[_last_token(s)] for s in seqs],
+            [len(s) - 1 for s in seqs],
+            block_size=self.cache.block_size,
+            max_len=self.max_len if self.tile else self.model.max_len,
+            rows=None if self.tile else bucket_for(len(seqs), batch_buckets(self.max_rows)),
             tile=self.tile,
         )
-        # one pinned host buffer: every tile's [3, rows] inputs, then the output row order
-        host = torch.tensor(
-            plan.inputs + plan.order, dtype=torch.int64, pin_memory=self.device.type == "cuda"
-        )
+        host = self._host(plan.inputs)
         outs, at = [], 0
-        for tile in plan.tiles:
-            outs.append(self.graphs.run(tile, host[at : at + 3 * tile.rows]))
-            at += 3 * tile.rows
-        order = host[at:].to(self.device, non_blocking=True)
+        for tile in plan.tiles:  # (tiles of one shape replay one graph: keep each one's output)
+            n = tile_size(tile, self.cache.block_size)
+            x = self.graphs.run(tile, host[at : at + n])
+            outs.append(x.clone() if len(plan.tiles) > 1 else x)
+            at += n
+        self._staged()
         logits = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return logits.index_select(0, order)  # a fresh tensor: the graphs' outputs get reused
+        return logits[: len(seqs)].clone()  # a fresh tensor: the graphs' outputs get reused
 
-    def _forward(
-        self,
-        seqs: list[Sequence],
-        tokens: list[list[int]],
-        positions: list[list[int]],
-        last: list[int] | None,
-        from_zero: bool = False,
-    ) -> torch.Tensor:
-        assert self.cache is not None, "ensure_cache() first"
-        batch = ForwardBatch.of_rows(
+    def _forward(self, rows: list[Sequence], counts: list[int]) -> torch.Tensor:
+        assert self.cache is not None, "allocate() first"
+        ids = [s.all_token_ids for s in rows]
+        batch = ForwardBatch.of_chunks(
             self._to,
-            [s.slot for s in seqs],
-            tokens,
-            positions,
-            logits_index=last if len(tokens[0]) > 1 else None,
-            from_zero=from_zero,
+            [s.block_table for s in rows],
+            [s.num_cached for s in rows],
+            [t[s.num_cached : s.num_cached + n] for s, t, n in zip(rows, ids, counts)],
+            self.cache.block_size,
+            per_row=self.deterministic,
         )
-        logits = self.model.forward(batch, self.cache, invariant=self.invariant)
-        return logits if logits.dim() == 2 else logits[:, -1]
+        sampled = [i for i, (s, n) in enumerate(zip(rows, counts)) if s.num_cached + n == len(s)]
+        if len(sampled) < len(rows):  # only the rows that sample need logits
+            batch.logits_index = batch.logits_index[self._to(sampled)]
+        # prompt chunks: on CUDA the query-tiled paged prefill (the per-token kernel would re-read
+        # a sequence's keys once per query), on the CPU torch's SDPA a sequence
+        attention = self.eager_attention
+        if max(counts) > 1:
+            attention = "prefill" if attention == "triton" else "torch"
+        return self.model.forward(batch, self.cache, invariant=self.invariant, attention=attention)
 
 
 def _last_token(s: Sequence) -> int:

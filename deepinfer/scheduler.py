@@ -1,28 +1,36 @@
-"""The engine's scheduler: who runs this step, in which KV slot. Plain data only (no tensors).
+"""The engine's scheduler: who runs this step, how many of their tokens, in which KV blocks.
+Plain data only (no tensors).
 
-It owns the waiting queue (FIFO), the running list (kept in slot order: the fixed-shape decode
-is slot-major) and the free KV slots. Each ``schedule()`` frees the slots of the requests that
-finished, then decides one step and returns it as a ``SchedulerOutput``:
+It owns the waiting queue (FIFO), the running list (admission order) and the ``BlockPool``.
+Each ``schedule()`` frees the blocks of the requests that finished, then decides one step and
+returns it as a ``SchedulerOutput``: rows, each computing its next ``count`` uncached tokens,
+at most ``max_num_batched_tokens`` in all:
 
-- prefill: waiting requests admitted into free slots, oldest first, at most ``max_num_seqs``
-  running and ``max_num_batched_tokens`` prompt tokens (the first admitted always fits) -- a
-  step that admits prefills only those;
-- decode: else every running request (DSpark may turn the step into a verify step: ``verify``);
-- moves: when nothing waits, the batch only shrinks: rows left in high slots move into the free
-  slots below len(running), so the decode graphs run the smallest batch bucket that holds them
-  (``compaction_moves``); the runner copies their KV entries.
+- running requests first, oldest first: a decode row computes one token; a request whose
+  prompt is longer than the budget computes it in chunks over several steps (chunked prefill),
+  beside the decodes of the others in the same step;
+- then waiting requests, oldest first, while the budget, ``max_num_seqs`` and the free blocks
+  allow: each takes the longest cached prefix of its tokens (prefix caching: full blocks keyed
+  by a hash chained over their tokens) and computes the rest, or a chunk of it;
+- when a running request needs a block and none is free, the youngest running request is
+  preempted: its blocks are released (its full ones stay cached), it goes back to the front of
+  the queue and later recomputes what it had (mostly prefix hits). Nothing is dropped and
+  nothing is computed twice into an output.
 
-The KV cache it schedules into is sized by its owner between runs (``set_capacity`` while
-nothing runs: ``needs()`` is what the waiting requests ask for); a request whose length could
-outgrow the current cache waits at the head of the queue until the running ones drain.
+A request that cannot fit the whole pool even alone fails (``refused``) with a message that
+says so; its neighbours go on. After the forward the engine calls ``commit``: the blocks that
+became full are keyed for reuse, and blocks past what is cached (DSpark's rejected drafts) are
+released.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .block_pool import BlockPool, block_keys
 from .sequence import Sequence, Status
 
 
@@ -30,84 +38,94 @@ from .sequence import Sequence, Status
 class SchedulerOutput:
     """One engine step, decided."""
 
-    prefill: list[Sequence] = field(default_factory=list)  # admitted this step (slots assigned)
-    decode: list[Sequence] = field(default_factory=list)  # the running rows, in slot order
-    moves: list[tuple[Sequence, int, int]] = field(default_factory=list)  # (sequence, src slot, dst slot)
-    finished: list[Sequence] = field(default_factory=list)  # finished since the last reap, slots freed
+    rows: list[Sequence] = field(default_factory=list)  # the forward's rows, oldest first
+    counts: list[int] = field(default_factory=list)  # tokens each row computes
+    batch: list[Sequence] = field(default_factory=list)  # rows whose tokens are then all cached: they sample
+    decode: bool = False  # every row computes its one newest token (a decode step: graphs, DSpark)
+    finished: list[Sequence] = field(default_factory=list)  # finished since the last reap, blocks freed
+    refused: list[tuple[Sequence, str]] = field(default_factory=list)  # cannot fit the pool: fail with this
     verify: Any = None  # DSpark's plan for the decode rows (drafts to verify), set by the engine
-
-    @property
-    def batch(self) -> list[Sequence]:
-        """The rows of this step's forward."""
-        return self.prefill or self.decode
-
-
-def compaction_moves(
-    running: list[Sequence], free_slots, buckets: list[int]
-) -> list[tuple[Sequence, int, int]]:
-    """Moves (sequence, src, dst) putting ``running`` (in slot order) into its lowest slots when
-    its highest slot needs a larger batch bucket than len(running) does: the sequences in
-    slots >= len(running) go to the free slots below it, lowest first. [] when already compact."""
-    n = len(running)
-    if not n or running[-1].slot < next(b for b in buckets if b >= n):
-        return []  # already in the smallest bucket that holds n rows
-    movers = [s for s in running if s.slot >= n]
-    return [(s, s.slot, dst) for s, dst in zip(movers, sorted(x for x in free_slots if x < n))]
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    """Parameters
+    ----------
+    max_num_seqs, max_num_batched_tokens : int
+        Most running requests; most tokens computed in one step.
+    pool : BlockPool
+        The KV cache's blocks.
+    chunk_align : int or None
+        Prefill chunks end at multiples of this many positions and prefix hits are rounded down
+        to them (deterministic mode on the CPU: a chunk's shape does not depend on a hit).
+    """
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        pool: BlockPool,
+        *,
+        chunk_align: int | None = None,
+    ) -> None:
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens!r}")
+        if chunk_align is not None and chunk_align % pool.block_size:
+            raise ValueError(
+                f"chunk_align {chunk_align} is not a multiple of the block size {pool.block_size}"
+            )
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.pool = pool
+        self.chunk_align = chunk_align
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # slot order
-        self.free_slots: set[int] = set()
-        self.num_slots = 0  # KV slots of the cache scheduled into
-        self.max_len = 0  # positions a slot holds
-        self.buckets: list[int] | None = None  # batch buckets to compact into (None: never)
-        self._done: list[Sequence] = []  # finished outside a step (failed at add, aborted)
+        self.running: list[Sequence] = []
+        self._done: list[Sequence] = []  # finished outside a step (failed at add, aborted, refused)
+        self._arrival = itertools.count()
+        # counters (LLM.metrics)
+        self.prompt_tokens = 0  # tokens of admitted requests' prompts (and of recomputed outputs)
+        self.prefill_tokens = 0  # of those, computed (the rest were prefix hits)
+        self.hit_tokens = 0
+        self.preemptions = 0
 
     # -- requests in and out --------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         """Queue a request (one already finished -- its constraint failed to compile -- is only
         handed back by the next ``reap``)."""
+        seq.arrival = next(self._arrival)
         (self._done if seq.is_finished else self.waiting).append(seq)
 
     def abort(self, request_id) -> Sequence | None:
-        """Take an unfinished request out, waiting or running (its slot freed now); it is handed
+        """Take an unfinished request out, waiting or running (its blocks freed now); it is handed
         back by the next ``reap``. None when there is no such unfinished request. The caller
         marks it finished."""
         for s in self.waiting:
             if s.request_id == request_id:
                 self.waiting.remove(s)
+                self._release(s)  # (a preempted request holds nothing; this is a no-op then)
                 self._done.append(s)
                 return s
         for s in self.running:
             if s.request_id == request_id and not s.is_finished:
                 self.running.remove(s)
-                self._free(s)
+                self._release(s)
                 self._done.append(s)
                 return s
         return None
 
     def reap(self) -> list[Sequence]:
-        """The requests that finished since the last reap; running ones leave their slots."""
+        """The requests that finished since the last reap; running ones release their blocks."""
         done, self._done = self._done, []
         finished = Status.FINISHED
         if any([s.status is finished for s in self.running]):
             keep = []
             for s in self.running:
                 if s.status is finished:
-                    self._free(s)
+                    self._release(s)
                     done.append(s)
                 else:
                     keep.append(s)
             self.running = keep
         return done
-
-    def _free(self, s: Sequence) -> None:
-        self.free_slots.add(s.slot)
-        s.slot = None
 
     # -- state ----------------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
@@ -116,54 +134,163 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        """No request holds a KV slot (the cache may be reallocated)."""
+        """No request holds KV blocks."""
         return all(s.is_finished for s in self.running)
-
-    def needs(self) -> tuple[int, int]:
-        """(slots, positions a slot) the waiting requests ask of the KV cache."""
-        return min(len(self.waiting), self.max_num_seqs), max(len(s) + s.max_tokens for s in self.waiting)
-
-    def set_capacity(self, num_slots: int, max_len: int, buckets: list[int] | None = None) -> None:
-        """Schedule into a (new) KV cache of ``num_slots`` slots of ``max_len`` positions, with
-        ``buckets`` to compact into (None: no compaction). Only while idle."""
-        if not self.idle:
-            raise RuntimeError("the KV cache can change only while no request is running")
-        self._done = self.reap()  # handed back by the next reap still
-        self.num_slots, self.max_len, self.buckets = num_slots, max_len, buckets
-        self.free_slots = set(range(num_slots))
 
     # -- one step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        """Free finished rows' slots, then decide this step: admissions (prefill), else the
-        decode batch; slot moves when the batch only shrinks."""
+        """Free finished rows' blocks, then decide this step (see the module docstring)."""
         out = SchedulerOutput(finished=self.reap())
-        if not self.waiting:
-            out.moves = self._compact()
         budget = self.max_num_batched_tokens
-        while self.waiting and self.free_slots and len(self.running) < self.max_num_seqs:
+        preempted = False
+        for s in list(self.running):
+            if s.status is not Status.RUNNING or budget <= 0:
+                continue  # preempted below by an older row, or no budget left
+            n = self._chunk(s, min(len(s) - s.num_cached, budget))
+            while not self._grow(s, s.num_cached + n):
+                if len(self.running) == 1:  # alone and still too long: the pool cannot hold it
+                    self._refuse(s, out, s.num_cached + n)
+                    break
+                victim = max((r for r in self.running if r not in out.rows), key=lambda r: r.arrival)
+                self._preempt(victim)
+                preempted = True
+                if victim is s:
+                    break
+            else:
+                self._take(s, n, out)
+                budget -= n
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             s = self.waiting[0]
-            if (out.prefill and len(s) > budget) or len(s) + s.max_tokens > self.max_len:
-                break  # over this step's token budget / waits for a larger cache (between runs)
+            if self._blocks(len(s)) > self.pool.capacity:  # cannot even compute its prompt
+                self.waiting.popleft()
+                self._refuse(s, out, len(s))
+                continue
+            self._match(s)
+            n = self._chunk(s, min(len(s) - s.num_cached, budget))
+            if not self._grow(s, s.num_cached + n):
+                self._release(s)  # its hits back to the cache; it waits for blocks
+                break
             self.waiting.popleft()
-            s.slot, s.status = min(self.free_slots), Status.RUNNING
-            self.free_slots.remove(s.slot)
-            budget -= len(s)
-            out.prefill.append(s)
+            s.status = Status.RUNNING
             self.running.append(s)
-        if out.prefill:
-            self.running.sort(key=lambda s: s.slot)
-        else:
-            out.decode = list(self.running)
+            self.prompt_tokens += len(s)
+            self.hit_tokens += s.num_cached
+            s.prefill_end = len(s)
+            self._take(s, n, out)
+            budget -= n
+        out.decode = bool(out.rows) and all(
+            n == 1 and s.num_cached + 1 == len(s) for s, n in zip(out.rows, out.counts)
+        )
         return out
 
-    def _compact(self) -> list[tuple[Sequence, int, int]]:
-        if self.buckets is None:
-            return []
-        moves = compaction_moves(self.running, self.free_slots, self.buckets)
-        for s, src, dst in moves:
-            self.free_slots.remove(dst)
-            self.free_slots.add(src)
-            s.slot = dst
-        if moves:
-            self.running.sort(key=lambda s: s.slot)
-        return moves
+    def reserve(self, seqs: list[Sequence], positions: int) -> bool:
+        """Blocks for each sequence's positions L-1 .. L-1+positions-1 (DSpark's verify forward
+        writes its drafts there), from free blocks only. False when they are not there (what was
+        taken is released at ``commit``)."""
+        return all(self._grow(s, len(s) - 1 + positions) for s in seqs)
+
+    def commit(self, rows: list[Sequence]) -> None:
+        """After a step: key the blocks of ``rows`` that became full (DSpark's accepted drafts)
+        and release blocks past what each has cached (its rejected ones)."""
+        for s in rows:
+            if not s.block_table:
+                continue
+            self._register(s, min(s.num_cached, len(s)))
+            keep = self._blocks(s.num_cached)
+            if len(s.block_table) > keep:
+                self.pool.free(s.block_table[: keep - 1 : -1])
+                del s.block_table[keep:]
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _blocks(self, positions: int) -> int:
+        return -(-positions // self.pool.block_size)
+
+    def _chunk(self, s: Sequence, n: int) -> int:
+        """At most n tokens, ending at a multiple of chunk_align when set."""
+        if self.chunk_align:
+            n = min(n, self.chunk_align - s.num_cached % self.chunk_align)
+        return n
+
+    def _take(self, s: Sequence, n: int, out: SchedulerOutput) -> None:
+        """Schedule n tokens of s. The blocks they fill are keyed now: a request admitted later
+        in this step may already share them (every row's K/V of a layer is written before any
+        row's attention of that layer reads)."""
+        out.rows.append(s)
+        out.counts.append(n)
+        if s.num_cached + n == len(s):
+            out.batch.append(s)
+        self.prefill_tokens += max(0, min(s.num_cached + n, s.prefill_end) - s.num_cached)
+        self._register(s, s.num_cached + n)
+
+    def _register(self, s: Sequence, positions: int) -> None:
+        """Key the sequence's full blocks below ``positions`` (their tokens are known)."""
+        full = positions // self.pool.block_size
+        if full > s.num_registered and self.pool.caching:
+            keys = self._keys(s, full)
+            for i in range(s.num_registered, full):
+                self.pool.register(s.block_table[i], keys[i])
+        s.num_registered = max(s.num_registered, full)
+
+    def _grow(self, s: Sequence, positions: int) -> bool:
+        """Blocks for ``positions`` positions; False (taking nothing) when the pool lacks them."""
+        need = self._blocks(positions) - len(s.block_table)
+        if need <= 0:
+            return True
+        if need > self.pool.num_free:
+            return False
+        s.block_table += self.pool.allocate(need)
+        return True
+
+    def _keys(self, s: Sequence, n: int) -> list:
+        """(hash, tokens) of the sequence's first n full blocks (kept on it: its tokens never
+        change below its length)."""
+        keys = s.block_keys
+        if len(keys) < n:
+            bs = self.pool.block_size
+            parent = keys[-1][0] if keys else None
+            keys += block_keys(s.all_token_ids[: n * bs], bs, start=len(keys), parent=parent)
+        return keys
+
+    def _match(self, s: Sequence) -> None:
+        """Take the longest cached prefix of the sequence's tokens (but its last token, whose
+        logits are needed), in whole chunk_align units when set."""
+        if not self.pool.caching or s.block_table:
+            return
+        n = (len(s) - 1) // self.pool.block_size
+        if self.chunk_align:
+            unit = self.chunk_align // self.pool.block_size
+            n -= n % unit
+        hits = self.pool.match(self._keys(s, n)[:n]) if n else []
+        if self.chunk_align and len(hits) % unit:
+            cut = len(hits) - len(hits) % unit
+            self.pool.free(hits[: cut - 1 : -1])
+            hits = hits[:cut]
+        s.block_table = hits
+        s.num_cached = len(hits) * self.pool.block_size
+        s.num_registered = len(hits)
+
+    def _release(self, s: Sequence) -> None:
+        """Give back the sequence's blocks (last first: its tail is evicted before its prefix)."""
+        if s.block_table:
+            self.pool.free(s.block_table[::-1])
+        s.block_table = []
+        s.num_cached = s.num_registered = 0
+
+    def _preempt(self, s: Sequence) -> None:
+        self.running.remove(s)
+        self._release(s)
+        s.status = Status.WAITING
+        self.waiting.appendleft(s)
+        self.preemptions += 1
+
+    def _refuse(self, s: Sequence, out: SchedulerOutput, positions: int) -> None:
+        if s in self.running:
+            self.running.remove(s)
+        self._release(s)
+        tokens = self.pool.capacity * self.pool.block_size
+        why = (
+            f"the request needs {positions} KV positions (its prompt and the output it has so far), "
+            f"more than the whole KV cache holds ({tokens}); give LLM a larger kv_cache_memory"
+        )
+        out.refused.append((s, why))
+        self._done.append(s)

@@ -47,8 +47,13 @@ class Sequence:
         self.seed = seed  # params.seed, or one drawn at admission
         self.output_token_ids: list[int] = []
         self.status = Status.WAITING
-        self.slot: int | None = None  # KV-cache slot while running
-        self.num_cached = 0  # tokens whose K/V are in the cache
+        # the KV cache (the scheduler's): blocks held, in position order, and what they hold
+        self.block_table: list[int] = []
+        self.num_cached = 0  # tokens whose K/V are in the cache (the first ones)
+        self.num_registered = 0  # full blocks keyed for reuse (prefix caching)
+        self.block_keys: list = []  # (hash, tokens) of full blocks, computed once
+        self.arrival = 0  # order of arrival (the youngest running request is preempted first)
+        self.prefill_end = 0  # length when last admitted: tokens below it are prefill
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.constraint: Any = None  # a constraint matcher, set by structured generation

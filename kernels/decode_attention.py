@@ -1,25 +1,12 @@
-"""Batch-invariant decode attention: a row's result depends on that row's keys alone.
+"""Batch-invariant decode attention over keys already gathered: a row's result depends on
+that row's keys alone.
 
-One query token per row. Row b attends to keys [0, positions[b]] of cache slot slot_start + b
-(slot-major, as `LlamaModel.decode_static` lays rows out); its g query heads of one KV group
-come as a [g, hd] block (GQA without repeating K/V). What it computes, as a Python loop:
-
-    for b, h:  keys = k_cache[slot_start + b, h, : positions[b] + 1]     # [n, hd]
-               o[b, h] = softmax(q[b, h] @ keys.T / sqrt(hd)) @ v_cache[slot_start + b, h, :n]
-
-Three implementations, none of which lets the rest of the batch change a row's arithmetic:
-- `decode_attention_rows` (CPU): one SDPA call per row over exactly its own keys, so nothing
-  but the row's own data and length shapes the call; the lengths are read on the host. The
-  CPU's deterministic decode uses it: a 1-row request in an 8-row tile then costs one row.
-- `decode_attention_torch` (any device): fixed ATTN_CHUNK-key blocks merged in order (online
-  softmax); every op has one shape whatever kv_len and the other rows are, and a block past a
-  row's length is an exact no-op. ~20 small kernels a layer on CUDA.
-- `decode_attention_triton` (CUDA; CPU under TRITON_INTERPRET=1): one program per (row, KV head)
-  walks fixed BLOCK_N-key blocks up to the row's own length; one launch a layer, and the length
-  is read on the device, so a CUDA graph needs no kv-length bucket for it. Checked against the
-  reference on CPU under TRITON_INTERPRET=1; not yet run on a GPU (the deterministic mode uses
-  the torch version by default until it has been).
-They differ from each other in rounding (block sizes); each is invariant on its own.
+`decode_attention_torch` (any device): one query token per row, its keys [B, nkv, L, hd] (L a
+multiple of ATTN_CHUNK, the keys past the row's length masked by `visible`) in fixed
+ATTN_CHUNK-key blocks merged in order (online softmax); every op has one shape whatever L and
+the other rows are, and a block past a row's length is an exact no-op. The deterministic
+decode with torch kernels gathers each row's keys through its block table and runs this. The
+paged kernels (Triton, and the torch path of the CPU) are in paged_attention.py.
 """
 
 from __future__ import annotations
@@ -27,7 +14,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 ATTN_CHUNK = 256  # keys per block of the torch version (a deterministic cache's length is a multiple)
 BLOCK_N = 64  # keys per step of the Triton program
@@ -63,48 +49,3 @@ def decode_attention_torch(
         acc = acc * alpha + (p.to(v.dtype) @ v).float()
         m = m_new
     return (acc / denom).to(q.dtype)
-
-
-def decode_attention_rows(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: list[int | None], slot_start: int
-) -> torch.Tensor:
-    """q: [B, nkv, g, hd]; k_cache, v_cache: [S, nkv, L, hd] (one layer); lengths: keys of each
-    row (its position + 1), None for a padding row (its output is zeros). -> [B, nkv, g, hd].
-    Row b: softmax(q[b] k^T / sqrt(hd)) v over keys [0, lengths[b]) of slot slot_start + b, the
-    g query heads of a KV head as g queries of one head (no mask: every key is visible)."""
-    out = torch.zeros_like(q)
-    for b, n in enumerate(lengths):
-        if n is not None:
-            s = slot_start + b
-            out[b] = F.scaled_dot_product_attention(
-                q[b : b + 1], k_cache[s : s + 1, :, :n], v_cache[s : s + 1, :, :n]
-            )[0]
-    return out
-
-
-def decode_attention_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    positions: torch.Tensor,
-    slot_start: int = 0,
-    *,
-    slots: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """q: [B, nkv, g, hd]; k_cache, v_cache: [S, nkv, L, hd] (one layer, last dim contiguous);
-    positions: [B] int64. -> [B, nkv, g, hd] in q's dtype. One launch, no host sync.
-    Row b reads slot ``slot_start + b``, or ``slots[b]`` when given ([B] int64: a batch-invariant
-    prefill passes one row per token, each with its sequence's slot and its own position)."""
-    from .decode_attention_triton import launch
-
-    B, nkv, g, hd = q.shape
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("decode_attention_triton needs caches contiguous in head_dim")
-    if slots is None and slot_start + B > k_cache.shape[0]:
-        raise ValueError(f"slots [{slot_start}, {slot_start + B}) exceed the cache's {k_cache.shape[0]}")
-    q = q.contiguous()
-    out = torch.empty_like(q)
-    positions = positions.contiguous()  # the kernel reads row b at offset b
-    slots = None if slots is None else slots.contiguous()
-    launch(q, k_cache, v_cache, out, positions, slot_start, 1.0 / math.sqrt(hd), BLOCK_N, slots)
-    return out

@@ -143,7 +143,7 @@ class DSpark:
         step of this batch could beat a plain one even with every draft accepted (or, once
         measured, at the bucket's realized tokens per verify step: ``CostModel.may_pay``), no
         drafts are made at all (but for a probe every PROBE_GAP steps). A plain step then runs
-        exactly the off mode's path (``runner.decode``: the decode CUDA graphs), and its time is
+        exactly the off mode's path (``runner.step``: the decode CUDA graphs), and its time is
         measured from the end of this call, so the cost model compares against that path's own
         step time, not one that includes drafting."""
         now = time.perf_counter()
@@ -207,7 +207,7 @@ class DSpark:
         return Plan(list(running), drafts, T, expected)
 
     def _plain(self, running: list, ids: frozenset[int]) -> None:
-        """A plain decode step: the caller runs the off mode's ``runner.decode``; its time is
+        """A plain decode step: the caller runs the off mode's ``runner.step``; its time is
         measured from here (not from the start of ``plan``)."""
         self.stats.decode_steps += 1
         self.stats.plain_rows += len(running)

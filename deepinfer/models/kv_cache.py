@@ -1,44 +1,57 @@
-"""A slot-based KV cache: each running sequence owns one slot (a row) for its whole life."""
+"""The paged KV cache: K and V of every layer in fixed-size blocks, reached through block tables.
+
+    k, v: [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
+
+Position p of a sequence whose block table is t lives at block t[p // block_size], row
+p % block_size. Its flat index, ``t[p // block_size] * block_size + p % block_size``, is its
+*slot*: a forward writes a token's K/V at its slot (``k[layer].view(-1, nkv, hd)[slot]``).
+Block 0 is the null block (``block_pool.NULL_BLOCK``): padding rows write there and nothing
+reads it. Who holds which block is ``deepinfer.block_pool.BlockPool``'s business.
+"""
 
 from __future__ import annotations
 
 import torch
 
+DEFAULT_BLOCK_SIZE = 16
+CPU_DEFAULT_BYTES = 1 << 30  # the pool on the CPU when no kv_cache_memory is given
+CUDA_DEFAULT_FRACTION = 0.8  # of the device memory free once the weights are loaded
+
 
 class KVCache:
-    """k, v: [num_layers, num_slots + spare_slots, num_kv_heads, max_len, head_dim].
-
-    Position p of slot s holds the key/value of that sequence's token at position p. Rows past a
-    sequence's current length may hold garbage (padding of a batched prefill): attention masks
-    every key position beyond the query's own, so it is never read.
-
-    Slots [0, num_slots) are handed to sequences. The `spare_slots` after them exist for the
-    fixed-shape decode (CUDA graphs, deterministic tiles), which pads a batch to whole buckets
-    of slots; the last one (`scratch_slot`) is where padding rows write their K/V.
-    """
-
     def __init__(
         self,
         num_layers: int,
-        num_slots: int,
+        num_blocks: int,
+        block_size: int,
         num_kv_heads: int,
-        max_len: int,
         head_dim: int,
         *,
-        spare_slots: int = 0,
         dtype: torch.dtype,
         device: torch.device | str,
     ):
-        shape = (num_layers, num_slots + spare_slots, num_kv_heads, max_len, head_dim)
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        # zeros, not empty: attention never reads a slot it did not write, but garbage NaNs in a
+        # block that a masked SDPA row touches would still poison it
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.num_slots = num_slots
-        self.spare_slots = spare_slots
-        self.max_len = max_len
+        self.num_blocks = num_blocks
+        self.block_size = block_size
 
-    @property
-    def scratch_slot(self) -> int:
-        return self.num_slots + self.spare_slots - 1
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> int:  # fmt: skip
+        """K and V of one block in every layer."""
+        return (
+            2
+            * num_layers
+            * block_size
+            * num_kv_heads
+            * head_dim
+            * torch.empty((), dtype=dtype).element_size()
+        )
 
-    def fits(self, num_slots: int, max_len: int) -> bool:
-        return num_slots <= self.num_slots and max_len <= self.max_len
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) of one layer as [num_blocks * block_size, nkv, hd]: indexed by slot."""
+        k, v = self.k[layer], self.v[layer]
+        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])

@@ -18,60 +18,78 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from ..kernels.decode_attention import (
-    ATTN_CHUNK,
-    decode_attention_rows,
-    decode_attention_torch,
-    decode_attention_triton,
-)
-from .kv_cache import KVCache
+from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
+from ..kernels.paged_attention import paged_attention_torch, paged_attention_triton, paged_prefill_triton
+from .kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 
 DECODE_ATTENTION = ("sdpa", "torch", "triton", "rows")
 
 
 @dataclass
 class ForwardBatch:
-    """One forward pass over B rows of T tokens each (right-padded when ragged).
+    """One forward pass over N tokens of B sequences, flat (no padding): sequence b's tokens are
+    rows ``query_start[b] .. query_start[b+1]`` (its newest ones, at consecutive positions), and
+    its keys are positions ``[0, seq_lens[b])`` of its blocks (earlier ones cached, the new ones
+    written by this forward first).
 
-    tokens:       [B, T] int64
-    positions:    [B, T] int64, position of each token in its sequence (padding continues on)
-    slots:        [B]    int64, KV-cache slot of each row
-    kv_len:       keys attended = cache positions [0, kv_len); kv_len = max(positions) + 1
-    slot_start:   when slots == range(slot_start, slot_start + B), the cache is sliced, not gathered
-    logits_index: [B] int64 index along T of the token whose logits are wanted, or None for all T
-    from_zero:    every row's positions are 0..T-1 (a fresh, right-padded prefill). Padded
-                  queries come after a row's real ones, so the causal mask is exact.
+    tokens, positions, slots, seq_ids: [N] int64 (slots: where each token's K/V is written,
+                  ``block * block_size + offset``; seq_ids: the sequence (row of block_tables))
+    block_tables: [B, W] int32, each sequence's blocks (0, the null block, past its own)
+    query_start, seq_lens: host lists (B + 1 and B ints); query_start_t, seq_lens_t: the same on
+                  the device (the query-tiled Triton prefill reads them)
+    logits_index: [M] int64, the tokens whose logits are wanted, or None for every token
+    per_row:      torch attention one sequence at a time (batch-invariant: deterministic mode)
     """
 
     tokens: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
-    kv_len: int
-    slot_start: int | None = None
+    seq_ids: torch.Tensor
+    block_tables: torch.Tensor
+    query_start: list[int]
+    seq_lens: list[int]
     logits_index: torch.Tensor | None = None
-    from_zero: bool = False  # every row's positions are 0..T-1 (fresh prefill): causal, no mask
+    per_row: bool = False
+    query_start_t: torch.Tensor | None = None
+    seq_lens_t: torch.Tensor | None = None
 
     @classmethod
-    def of_rows(
+    def of_chunks(
         cls,
         to,
-        slots: list[int],
-        tokens: list[list[int]],
-        positions: list[list[int]],
+        tables: list[list[int]],
+        starts: list[int],
+        chunks: list[list[int]],
+        block_size: int,
         *,
-        logits_index: list[int] | None = None,
-        from_zero: bool = False,
+        logits: str = "last",
+        per_row: bool = False,
     ) -> ForwardBatch:
-        """A batch from host lists; ``to`` moves an int list to the device as int64."""
-        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        """Sequence b feeds ``chunks[b]`` at positions ``starts[b]..``, through its block table
+        ``tables[b]`` (covering those positions). ``logits``: "last" (each chunk's last token)
+        or "all". ``to`` moves a host int list (or list of lists) to the device as int64."""
+        tokens, positions, slots, seq_ids, query_start = [], [], [], [], [0]
+        for b, (t, p0, c) in enumerate(zip(tables, starts, chunks)):
+            for p in range(p0, p0 + len(c)):
+                slots.append(t[p // block_size] * block_size + p % block_size)
+            tokens += c
+            positions += range(p0, p0 + len(c))
+            seq_ids += [b] * len(c)
+            query_start.append(len(tokens))
+        W = max(len(t) for t in tables)
+        seq_lens = [p0 + len(c) for p0, c in zip(starts, chunks)]
         return cls(
             tokens=to(tokens),
             positions=to(positions),
             slots=to(slots),
-            kv_len=max(p[-1] for p in positions) + 1,
-            slot_start=slots[0] if contiguous else None,
-            logits_index=to(logits_index) if logits_index is not None else None,
-            from_zero=from_zero,
+            seq_ids=to(seq_ids),
+            block_tables=to([t + [0] * (W - len(t)) for t in tables]).to(torch.int32),
+            query_start=query_start,
+            seq_lens=seq_lens,
+            logits_index=to([q - 1 for q in query_start[1:]]) if logits == "last" else None,
+            per_row=per_row,
+            query_start_t=to(query_start),
+            seq_lens_t=to(seq_lens),
         )
 
 
@@ -190,93 +208,85 @@ class LlamaModel:
         self.cos = emb.cos().to(self.device, dtype)
         self.sin = emb.sin().to(self.device, dtype)
 
-    def new_cache(
-        self, num_slots: int, max_len: int, *, spare_slots: int = 0, len_multiple: int = 1
-    ) -> KVCache:
-        """A cache of `num_slots` usable slots (+ `spare_slots` the runner pads with, the last one
-        a scratch row that padding writes into) and max_len positions, capped at the model's and
-        rounded up to `len_multiple`."""
+    def new_cache(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE) -> KVCache:
+        """A paged cache of ``num_blocks`` blocks (block 0, the null block, included)."""
         c = self.config
-        n = -(-min(max_len, self.max_len) // len_multiple) * len_multiple
-        return KVCache(
-            c.num_layers,
-            num_slots,
-            c.num_kv_heads,
-            min(n, self.cos.shape[0]),
-            c.head_dim,
-            spare_slots=spare_slots,
-            dtype=self.dtype,
-            device=self.device,
-        )
+        return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype=self.dtype,
+                       device=self.device)  # fmt: skip
+
+    def block_bytes(self, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+        """Bytes of one KV block (every layer's K and V)."""
+        c = self.config
+        return KVCache.bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim, self.dtype)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: KVCache, *, invariant: bool = False) -> torch.Tensor:
-        """Logits float32: [B, V] at `batch.logits_index`, or [B, T, V] when it is None.
+    def logits(self, prompts: list[list[int]], *, block_size: int = DEFAULT_BLOCK_SIZE) -> list[torch.Tensor]:
+        """Every position's logits (float32 [len(p), V]) of each prompt, prefilled together in a
+        cache of their own (no engine needed: checks against other implementations)."""
+        tables, n = [], 1
+        for p in prompts:
+            k = -(-len(p) // block_size)
+            tables.append(list(range(n, n + k)))
+            n += k
+        batch = ForwardBatch.of_chunks(
+            lambda x: torch.tensor(x, dtype=torch.int64, device=self.device),
+            tables, [0] * len(prompts), [list(p) for p in prompts], block_size, logits="all",
+        )  # fmt: skip
+        out = self.forward(batch, self.new_cache(n, block_size))
+        return list(out.split([len(p) for p in prompts]))
 
-        invariant: matmuls and norms through deepinfer.kernels.invariant and attention through the
-        Triton decode kernel with one row per token (its slot, its position): each token's
-        result is the same bits whatever else is in the batch and however it is padded
-        (deterministic mode's batched prefill)."""
+    @torch.inference_mode()
+    def forward(
+        self, batch: ForwardBatch, cache: KVCache, *, invariant: bool = False, attention: str = "torch"
+    ) -> torch.Tensor:
+        """Logits float32 [M, V] of the tokens at ``batch.logits_index`` (M of them), or of every
+        token ([N, V]) when it is None.
+
+        attention: "torch" (``paged_attention_torch``: one batched call for the one-token rows,
+        one per longer chunk), "triton" (``paged_attention_triton``: one program per token and
+        KV head) or "prefill" (``paged_prefill_triton``: one program per tile of a sequence's
+        query tokens, each key block read once a tile; for prompt chunks on CUDA).
+        invariant: matmuls and norms through deepinfer.kernels.invariant and the per-token
+        Triton attention: each token's result is the same bits whatever else is in the batch
+        (deterministic mode on CUDA)."""
         c = self.config
-        tokens, pos = batch.tokens, batch.positions
-        B, T = tokens.shape
-        nh, nkv, hd, L = c.num_heads, c.num_kv_heads, c.head_dim, batch.kv_len
-        if L > cache.max_len:
-            raise ValueError(f"sequence length {L} exceeds the KV cache ({cache.max_len} positions)")
-
-        x = F.embedding(tokens, self.embed)  # [B, T, H]
-        cos = self.cos[pos].unsqueeze(2)  # [B, T, 1, hd]
-        sin = self.sin[pos].unsqueeze(2)
-        # mask[b, 0, t, j]: key position j is visible to query (b, t) iff j <= pos[b, t]
-        causal = False
-        if invariant or (B == 1 and T == 1):
-            mask = None  # each row reads its own keys / the single query sees all L = pos + 1 keys
-        elif batch.from_zero and T == L:
-            mask, causal = None, True  # every row is positions 0..T-1: the plain causal mask
-        else:
-            key_pos = torch.arange(L, device=tokens.device)
-            mask = (key_pos.view(1, 1, L) <= pos.unsqueeze(-1)).unsqueeze(1)  # [B, 1, T, L]
-        slot_idx = batch.slots.view(B, 1)
-        s0 = batch.slot_start
-        eps = c.rms_norm_eps
-        nqk = nh + nkv
-        mm, norm = _ops(invariant, eps)
-        if invariant:  # attention rows: one per token, with its sequence's slot and its position
-            row_slots, row_pos = slot_idx.expand(B, T).contiguous().view(-1), pos.reshape(-1)
-
+        N = batch.tokens.shape[0]
+        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        g, nqk = nh // nkv, nh + nkv
+        if max(batch.seq_lens) > cache.block_size * batch.block_tables.shape[1]:
+            raise ValueError(f"sequence length {max(batch.seq_lens)} exceeds its block table")
+        x = F.embedding(batch.tokens, self.embed)  # [N, H]
+        cos = self.cos[batch.positions].unsqueeze(1)  # [N, 1, hd]
+        sin = self.sin[batch.positions].unsqueeze(1)
+        mm, norm = _ops(invariant, c.rms_norm_eps)
+        if invariant:
+            attention = "triton"
+        if attention == "prefill":
+            max_q = max(b - a for a, b in zip(batch.query_start, batch.query_start[1:]))
         for i, layer in enumerate(self.layers):
             h = norm(x, layer.ln1)
-            qkv = _qkv(h, layer, mm, invariant).view(
-                B, T, nqk + nkv, hd
-            )  # heads: nh of q, nkv of k, nkv of v
-            qk = qkv[:, :, :nqk]
+            qkv = _qkv(h, layer, mm, invariant).view(N, nqk + nkv, hd)  # heads: nh q, nkv k, nkv v
+            qk = qkv[:, :nqk]
             qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads in one go
-            kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
-            kc[slot_idx, :, pos] = qk[:, :, nh:]  # [B, T, nkv, hd] at (slot, :, pos)
-            vc[slot_idx, :, pos] = qkv[:, :, nqk:]
-            if invariant:
-                qr = qk[:, :, :nh].reshape(B * T, nkv, nh // nkv, hd)
-                o = decode_attention_triton(qr, kc, vc, row_pos, slots=row_slots).view(B, T, nh * hd)
+            kf, vf = cache.flat(i)
+            kf.index_copy_(0, batch.slots, qk[:, nh:])
+            vf.index_copy_(0, batch.slots, qkv[:, nqk:])
+            q = qk[:, :nh].reshape(N, nkv, g, hd)
+            if attention == "triton":
+                o = paged_attention_triton(q, cache.k[i], cache.v[i], batch.block_tables, batch.seq_ids,
+                                           batch.positions)  # fmt: skip
+            elif attention == "prefill":
+                o = paged_prefill_triton(q, cache.k[i], cache.v[i], batch.block_tables, batch.query_start_t,
+                                         batch.seq_lens_t, max_q)  # fmt: skip
             else:
-                if s0 is not None:
-                    keys, values = kc[s0 : s0 + B, :, :L], vc[s0 : s0 + B, :, :L]
-                else:
-                    keys, values = kc[batch.slots, :, :L], vc[batch.slots, :, :L]
-                q = qk[:, :, :nh].transpose(1, 2)  # [B, nh, T, hd]
-                o = (
-                    F.scaled_dot_product_attention(
-                        q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=nkv != nh
-                    )
-                    .transpose(1, 2)
-                    .reshape(B, T, nh * hd)
-                )
-            x = x + mm(o, layer.wo)
+                o = paged_attention_torch(q, cache.k[i], cache.v[i], batch.block_tables, batch.query_start,
+                                          batch.seq_lens, per_row=batch.per_row)  # fmt: skip
+            x = x + mm(o.reshape(N, nh * hd), layer.wo)
             h = norm(x, layer.ln2)
-            g, u = mm(h, layer.wgu).chunk(2, dim=-1)
-            x = x + mm(F.silu(g) * u, layer.wd)
-
+            gate, up = mm(h, layer.wgu).chunk(2, dim=-1)
+            x = x + mm(F.silu(gate) * up, layer.wd)
         if batch.logits_index is not None:
-            x = x[torch.arange(B, device=x.device), batch.logits_index]  # [B, H]
+            x = x[batch.logits_index]
         x = norm(x, self.norm)
         return mm(x, self.lm_head).float()
 
@@ -285,47 +295,49 @@ class LlamaModel:
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        write_slots: torch.Tensor,
+        slots: torch.Tensor,
+        block_tables: torch.Tensor,
         cache: KVCache,
         *,
-        slot_start: int,
         kv_len: int,
         attention: str = "sdpa",
         out: torch.Tensor | None = None,
         invariant: bool = False,
     ) -> torch.Tensor:
         """T new tokens per row (T = 1: decode; T > 1: DSpark's verify forward), shapes fixed by
-        (B, T, kv_len): logits float32 [B, V] for 1-D inputs, [B, T, V] for 2-D ones (written
-        into ``out``, a float32 tensor of that shape, when given).
+        (R, T, block_tables' width) alone: logits float32 [R, V] for 1-D inputs, [R, T, V] for
+        2-D ones (written into ``out``, a float32 tensor of that shape, when given).
 
-        Row b is cache slot `slot_start + b` (slot-major: keys are a slice, never a gather); it
-        writes its new K/V at (write_slots[b], positions[b, t]) -- its own slot, or the scratch
-        slot for a padding row -- and its query t attends to keys [0, positions[b, t]] of its
-        slot. No host sync, no data-dependent shapes: capturable in a CUDA graph.
+        Row r writes its new K/V at ``slots[r, t]`` (a slot of its own blocks, or of the null
+        block for a padding row or position) and its query t attends to keys [0, positions[r, t]]
+        of its blocks ``block_tables[r]``. No host sync, no data-dependent shapes: capturable in
+        a CUDA graph.
 
-        tokens, positions: [B] or [B, T] int64 on the model's device; write_slots: [B].
-        attention: "sdpa" (torch SDPA over kv_len >= max(positions) + 1 keys with a length mask),
-        or, for T = 1, a batch-invariant one from decode_attention.py: "torch" (fixed 256-key
-        blocks; kv_len a multiple of 256), "triton" (reads each row's length on the device;
-        kv_len unused) or "rows" (CPU: one SDPA call per decoded row over its own keys, the
-        lengths read on the host; padding rows, which write the scratch slot, are skipped).
-        invariant: matmuls and norms through deepinfer.kernels.invariant (Triton kernels whose per-row
-        arithmetic does not depend on B) with attention="triton": a row's logits are then the
-        same bits at any B and any row (deterministic mode on CUDA, no fixed tiles needed).
+        tokens, positions, slots: [R] or [R, T] int64 on the model's device; block_tables:
+        [R, W] int32 (W * block_size >= kv_len).
+        attention: "triton" (paged, one program per token and KV head; each row's length read on
+        the device; batch-invariant), "sdpa" (the rows' first kv_len keys gathered, torch SDPA
+        with a length mask), for T = 1 "torch" (gathered keys in fixed 256-key blocks; kv_len a
+        multiple of 256; batch-invariant) or "rows" (CPU: one SDPA call per row over its own
+        keys, the lengths read on the host; batch-invariant).
+        invariant: matmuls and norms through deepinfer.kernels.invariant with attention="triton":
+        a row's logits are then the same bits at any R and any row.
         """
         c = self.config
         one = tokens.dim() == 1
         if one:
-            tokens, positions = tokens[:, None], positions[:, None]
-        B, T = tokens.shape
+            tokens, positions, slots = tokens[:, None], positions[:, None], slots[:, None]
+        R, T = tokens.shape
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        g, nqk, eps, s0 = nh // nkv, nh + nkv, c.rms_norm_eps, slot_start
+        g, nqk, eps, bs = nh // nkv, nh + nkv, c.rms_norm_eps, cache.block_size
         if attention not in DECODE_ATTENTION:
             raise ValueError(f"attention must be one of {DECODE_ATTENTION}, got {attention!r}")
-        if attention != "sdpa" and T > 1:
+        if attention in ("torch", "rows") and T > 1:
             raise ValueError(f"attention={attention!r} decodes one token a row, got {T}")
-        if kv_len > cache.max_len or s0 + B > cache.k.shape[1]:
-            raise ValueError(f"decode of slots [{s0}, {s0 + B}) x {kv_len} keys exceeds the KV cache")
+        if attention in ("sdpa", "torch") and kv_len > bs * block_tables.shape[1]:
+            raise ValueError(
+                f"kv_len {kv_len} exceeds the block tables' {bs * block_tables.shape[1]} positions"
+            )
         if attention == "torch" and kv_len % ATTN_CHUNK:
             raise ValueError(f"attention='torch' needs kv_len a multiple of {ATTN_CHUNK}, got {kv_len}")
         if attention == "rows" and tokens.device.type != "cpu":
@@ -333,57 +345,61 @@ class LlamaModel:
         if invariant and attention != "triton":
             raise ValueError(f"invariant=True needs attention='triton' (batch-invariant), got {attention!r}")
         mm, norm = _ops(invariant, eps)
-
-        x = F.embedding(tokens, self.embed)  # [B, T, H]
-        cos = self.cos[positions].unsqueeze(2)  # [B, T, 1, hd]
-        sin = self.sin[positions].unsqueeze(2)
-        visible = bias = lengths = None
-        if attention == "rows":  # decoded rows write their own slot; padding rows the scratch one
-            lengths = [
-                p + 1 if w == s0 + b else None
-                for b, (p, w) in enumerate(zip(positions[:, 0].tolist(), write_slots.tolist()))
-            ]
-        elif attention != "triton":  # the kernel reads each row's length itself
-            visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(2)  # [B, T, kv_len]
-        if attention == "sdpa":  # additive mask, one row per (batch row, query): [B, 1, g*T or 1, kv_len]
-            zero = torch.zeros((), dtype=self.dtype, device=tokens.device)
-            bias = torch.where(visible, zero, float("-inf")).view(B, 1, T, kv_len)
-            if T > 1:  # queries are (head in group, position) pairs, position fastest
-                bias = bias.repeat(1, 1, g, 1)
-        if one and visible is not None:
-            visible = visible[:, 0]  # [B, kv_len], as the "torch" attention takes it
-        write = write_slots.view(B, 1)
+        N = R * T
+        x = F.embedding(tokens.reshape(N), self.embed)  # [N, H], row-major (row, position)
+        flat_pos, flat_slots = positions.reshape(N), slots.reshape(N)
+        cos = self.cos[flat_pos].unsqueeze(1)  # [N, 1, hd]
+        sin = self.sin[flat_pos].unsqueeze(1)
+        seq_ids = bias = visible = None
+        if attention == "triton":
+            seq_ids = torch.arange(R, device=tokens.device).repeat_interleave(T)
+        elif attention == "rows":
+            lengths = (positions[:, 0] + 1).tolist()
+            starts = list(range(R + 1))
+        else:
+            nb = -(-kv_len // bs)
+            tables = block_tables[:, :nb].long()
+            visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(2)  # [R, T, kv_len]
+            if attention == "sdpa":  # additive mask, one row per (row, query): [R, 1, g*T or 1, kv_len]
+                zero = torch.zeros((), dtype=self.dtype, device=tokens.device)
+                bias = torch.where(visible, zero, float("-inf")).view(R, 1, T, kv_len)
+                if T > 1:  # queries are (head in group, position) pairs, position fastest
+                    bias = bias.repeat(1, 1, g, 1)
+            visible = visible[:, 0]  # [R, kv_len], as the "torch" attention takes it
         for i, layer in enumerate(self.layers):
             h = norm(x, layer.ln1)
-            qkv = _qkv(h, layer, mm, invariant).view(
-                B, T, nqk + nkv, hd
-            )  # heads: nh of q, nkv of k, nkv of v
-            qk = qkv[:, :, :nqk]
+            qkv = _qkv(h, layer, mm, invariant).view(N, nqk + nkv, hd)
+            qk = qkv[:, :nqk]
             qk = qk * cos + _rotate_half(qk) * sin
-            kc, vc = cache.k[i], cache.v[i]  # [S, nkv, max_len, hd]
-            kc[write, :, positions] = qk[:, :, nh:]  # [B, T, nkv, hd] at (slot, :, pos)
-            vc[write, :, positions] = qkv[:, :, nqk:]
-            # GQA: the g query heads of a KV group (x T positions) act as g*T queries of one head
-            # (each row's mask per position), so no K/V is repeated. q: [B, nkv, g*T, hd]
-            q = qk[:, :, :nh].reshape(B, T, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, hd)
+            kf, vf = cache.flat(i)
+            kf.index_copy_(0, flat_slots, qk[:, nh:])
+            vf.index_copy_(0, flat_slots, qkv[:, nqk:])
+            kc, vc = cache.k[i], cache.v[i]  # [blocks, bs, nkv, hd]
             if attention == "triton":
-                o = decode_attention_triton(q, kc, vc, positions[:, 0], s0)
+                q = qk[:, :nh].reshape(N, nkv, g, hd)
+                o = paged_attention_triton(q, kc, vc, block_tables, seq_ids, flat_pos).reshape(N, nh * hd)
             elif attention == "rows":
-                o = decode_attention_rows(q, kc, vc, lengths, s0)
+                q = qk[:, :nh].reshape(N, nkv, g, hd)
+                o = paged_attention_torch(q, kc, vc, block_tables, starts, lengths, per_row=True)
+                o = o.reshape(N, nh * hd)
             else:
-                keys, values = kc[s0 : s0 + B, :, :kv_len], vc[s0 : s0 + B, :, :kv_len]
+                keys = kc[tables].view(R, nb * bs, nkv, hd)[:, :kv_len].transpose(1, 2)  # [R, nkv, L, hd]
+                values = vc[tables].view(R, nb * bs, nkv, hd)[:, :kv_len].transpose(1, 2)
+                # GQA: the g query heads of a KV group (x T positions) act as g*T queries of one
+                # head (each row's mask per position), so no K/V is repeated. q: [R, nkv, g*T, hd]
+                q = qk[:, :nh].reshape(R, T, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * T, hd)
                 if attention == "torch":
                     o = decode_attention_torch(q, keys, values, visible)
                 else:
                     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
-            o = o.reshape(B, nkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(B, T, nh * hd)
+                o = o.reshape(R, nkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(N, nh * hd)
             x = x + mm(o, layer.wo)
             h = norm(x, layer.ln2)
             gate, up = mm(h, layer.wgu).chunk(2, dim=-1)
             x = x + mm(F.silu(gate) * up, layer.wd)
-        if one:
-            x = x[:, 0]
         x = norm(x, self.norm)
+        if not one:
+            x = x.view(R, T, -1)
         if out is not None:
             return out.copy_(mm(x, self.lm_head))
         return mm(x, self.lm_head).float()

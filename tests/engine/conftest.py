@@ -127,3 +127,21 @@ def monkeypatch_session():
     mp.setenv("HF_HUB_OFFLINE", "1")
     yield mp
     mp.undo()
+
+
+def give_blocks(
+    runner, seqs, positions: int = 64, *, block_size: int = 4, max_rows: int | None = None, seed=0
+):
+    """Allocate ``runner``'s paged cache and hand each sequence its own blocks for ``positions``
+    positions, the block ids shuffled (what the scheduler would do, without one)."""
+    import random
+
+    from deepinfer.sequence import Status
+
+    per = -(-positions // block_size)
+    runner.allocate(1 + per * len(seqs), block_size, max_rows or len(seqs))
+    ids = list(range(1, 1 + per * len(seqs)))
+    random.Random(seed).shuffle(ids)
+    for i, s in enumerate(seqs):
+        s.block_table = ids[i * per : (i + 1) * per]
+        s.status = Status.RUNNING

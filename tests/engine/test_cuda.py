@@ -12,23 +12,21 @@ from deepinfer.models.llama import LlamaModel
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.sequence import Sequence
 
-from .conftest import TINY_VARIANTS, tiny_hf_model
+from .conftest import TINY_VARIANTS, give_blocks, tiny_hf_model
 
 pytestmark = pytest.mark.gpu
 
 
 def _greedy(model: LlamaModel, prompts: list[list[int]], n: int) -> list[list[int]]:
     runner = ModelRunner(model)
-    runner.ensure_cache(len(prompts), 64)
     sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     seqs = [Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=256) for i, p in enumerate(prompts)]
-    for i, s in enumerate(seqs):
-        s.slot = i
-    logits = runner.prefill(seqs)
+    give_blocks(runner, seqs)
+    logits = runner.step(seqs, [len(s) for s in seqs])
     for _ in range(n):
         for s, t in zip(seqs, logits.argmax(-1).tolist()):
             s.output_token_ids.append(t)
-        logits = runner.decode(seqs)
+        logits = runner.step(seqs, [1] * len(seqs))
     return [s.output_token_ids for s in seqs]
 
 

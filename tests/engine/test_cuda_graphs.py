@@ -6,14 +6,13 @@ import pytest
 import torch
 
 from deepinfer.config import ModelConfig
-from deepinfer.cuda_graphs import Tile, batch_buckets, bucket_for, kv_bucket, plan_decode
+from deepinfer.cuda_graphs import Tile, batch_buckets, bucket_for, kv_bucket, plan_step, tile_size
 from deepinfer.model_runner import ModelRunner
 from deepinfer.models.llama import LlamaModel
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.scheduler import compaction_moves
 from deepinfer.sequence import Sequence
 
-from .conftest import TINY_VARIANTS, tiny_hf_model
+from .conftest import TINY_VARIANTS, give_blocks, tiny_hf_model
 
 # -- the plan: plain Python ------------------------------------------------------------------
 
@@ -65,46 +64,47 @@ def test_kv_bucket_too_long():
         kv_bucket(300, 256)
 
 
-def test_plan_pads_to_bucket_slot_major():
-    # slots 5, 0, 2 decoded (call order), 8 slots: rows = slots 0..7 (bucket 8 > max slot 5)
-    plan = plan_decode([5, 0, 2], [50, 10, 20], [7, 300, 3], num_slots=8, scratch_slot=8, max_len=1024)
-    assert plan.tiles == [Tile(0, 8, 512)]
-    tok, pos, write = plan.inputs[:8], plan.inputs[8:16], plan.inputs[16:]
-    assert tok == [10, 0, 20, 0, 0, 50, 0, 0]
-    assert pos == [300, 0, 3, 0, 0, 7, 0, 0]
-    assert write == [0, 8, 2, 8, 8, 5, 8, 8]  # padding rows write the scratch slot
-    assert plan.order == [5, 0, 2]
+def test_plan_pads_to_bucket_through_block_tables():
+    # 3 rows in a bucket of 4; blocks of 4 positions; kv bucket 256 -> tables 64 wide
+    tables = [[5, 9], [3], [8, 2, 7]]
+    plan = plan_step(tables, [[50], [10], [20]], [6, 0, 9], block_size=4, max_len=1024, rows=4)
+    assert plan.tiles == [Tile(4, 256)]
+    x = plan.inputs
+    tok, pos, slot, tab = x[:4], x[4:8], x[8:12], x[12:].reshape(4, 64)
+    assert tok.tolist() == [50, 10, 20, 0] and pos.tolist() == [6, 0, 9, 0]
+    assert slot.tolist() == [9 * 4 + 2, 3 * 4 + 0, 7 * 4 + 1, 0]  # the padding row writes the null block
+    assert tab[0, :3].tolist() == [5, 9, 0] and tab[2, :3].tolist() == [8, 2, 7] and not tab[3].any()
+
+
+def test_plan_verify_positions_past_the_blocks_go_to_the_null_block():
+    plan = plan_step([[5, 9]], [[1, 2, 3]], [6], block_size=4, max_len=64, positions=5, rows=1)
+    assert plan.tiles == [Tile(1, 64, 5)]
+    x = plan.inputs
+    assert x[:5].tolist() == [1, 2, 3, 0, 0] and x[5:10].tolist() == [6, 7, 8, 9, 10]
+    assert x[10:15].tolist() == [38, 39, 0, 0, 0]  # positions 8.. have no block: null
 
 
 def test_plan_fixed_tiles():
-    # tiles of 4 slots: slots 1 and 9 -> tiles [0, 4) and [8, 12); kv in whole 256-key chunks
-    plan = plan_decode([9, 1], [90, 10], [600, 4], num_slots=10, scratch_slot=12, max_len=1024, tile=4)
-    assert plan.tiles == [Tile(0, 4, 256), Tile(8, 4, 1024)]
-    assert plan.inputs[:12] == [0, 10, 0, 0] + [0, 4, 0, 0] + [12, 1, 12, 12]
-    assert plan.inputs[12:] == [0, 90, 0, 0] + [0, 600, 0, 0] + [12, 9, 12, 12]
-    assert plan.order == [5, 1]
-
-
-def test_plan_rejects_shared_slot():
-    with pytest.raises(ValueError, match="share a KV slot"):
-        plan_decode([1, 1], [5, 6], [3, 3], num_slots=4, scratch_slot=4, max_len=64)
+    # tiles of 4 rows: 5 sequences -> 2 tiles; kv in whole 256-key chunks per tile
+    tables = [[1]] * 4 + [[2] * 150]
+    plan = plan_step(tables, [[7]] * 5, [0, 1, 2, 3, 590], block_size=4, max_len=1024, tile=4)
+    assert plan.tiles == [Tile(4, 256), Tile(4, 1024)]
+    assert len(plan.inputs) == tile_size(plan.tiles[0], 4) + tile_size(plan.tiles[1], 4)
 
 
 # -- the fixed-shape decode, run eagerly (what a graph replays) vs the ordinary forward --------
 
 
-def _greedy(runner, prompts, slots, n, num_slots, max_len):
+def _greedy(runner, prompts, n, max_rows, seed=0):
     """Prefill then n greedy decode steps: (tokens per sequence, logits of each step on CPU)."""
-    runner.ensure_cache(num_slots, max_len)
     sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     seqs = [Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=4096) for i, p in enumerate(prompts)]
-    for s, slot in zip(seqs, slots):
-        s.slot = slot
-    logits, steps = runner.prefill(seqs), []
+    give_blocks(runner, seqs, 320, block_size=16, max_rows=max_rows, seed=seed)
+    logits, steps = runner.step(seqs, [len(s) for s in seqs]), []
     for _ in range(n):
         for s, t in zip(seqs, logits.argmax(-1).tolist()):
             s.output_token_ids.append(t)
-        logits = runner.decode(seqs)
+        logits = runner.step(seqs, [1] * len(seqs))
         steps.append(logits.cpu())
     return [s.output_token_ids for s in seqs], steps
 
@@ -120,66 +120,20 @@ def _prompts(batch):
     return [[(7 * i + 13 * j) % 3000 + 1 for j in range(n)] for i, n in enumerate(lengths)]
 
 
-CASES = [(1, [0], 1), (3, [0, 2, 5], 8), (8, [7, 6, 5, 4, 3, 2, 1, 0], 8)]  # (batch, slots, cache slots)
+CASES = [(1, 1), (3, 8), (8, 8)]  # (batch, most rows)
 
 
 @pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
 def test_static_decode_equals_forward_on_cpu(variant):
     model = _model(variant, "cpu")
-    for batch, slots, num_slots in CASES:
-        ref_tokens, ref = _greedy(ModelRunner(model), _prompts(batch), slots, 12, num_slots, 320)
+    for batch, rows in CASES:
+        ref_tokens, ref = _greedy(ModelRunner(model), _prompts(batch), 12, rows)
         static = ModelRunner(model)
         static.static_decode = True
-        tokens, got = _greedy(static, _prompts(batch), slots, 12, num_slots, 320)
+        tokens, got = _greedy(static, _prompts(batch), 12, rows, seed=1)
         assert tokens == ref_tokens
         for a, b in zip(got, ref):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
-
-
-def test_compact_moves_rows_and_their_kv_to_the_lowest_slots():
-    """Rows left in high slots move, KV and all, into the free slots below len(running): decoding
-    then continues as if they had not moved (the graph-shaped path, run eagerly on the CPU)."""
-    model = _model("llama-gqa-untied", "cpu")
-
-    def run(compact: bool):
-        runner = ModelRunner(model)
-        runner.static_decode = True
-        runner.ensure_cache(8, 320)
-        sp = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-        seqs = [
-            Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=4096)
-            for i, p in enumerate(_prompts(8))
-        ]
-        for s, slot in zip(seqs, [7, 6, 5, 4, 3, 2, 1, 0]):
-            s.slot = slot
-        logits = runner.prefill(seqs)
-        out = {}
-        for step in range(12):
-            for s, t in zip(seqs, logits.argmax(-1).tolist()):
-                s.output_token_ids.append(t)
-            if step == 4:  # all but three rows finish
-                free = [s.slot for s in seqs if s.slot not in (7, 5, 2)]
-                seqs = [s for s in seqs if s.slot in (7, 5, 2)]
-                if compact:  # the scheduler decides the moves, the runner copies the KV entries
-                    seqs.sort(key=lambda s: s.slot)
-                    moves = compaction_moves(seqs, free, batch_buckets(8))
-                    assert [(src, dst) for _, src, dst in moves] == [(5, 0), (7, 1)]
-                    runner.move_slots(moves)
-                    for s, src, dst in moves:
-                        s.slot = dst
-                        free[free.index(dst)] = src
-                    assert sorted(s.slot for s in seqs) == [0, 1, 2] and sorted(free) == [3, 4, 5, 6, 7]
-                    assert compaction_moves(sorted(seqs, key=lambda s: s.slot), free, batch_buckets(8)) == []
-            logits = runner.decode(seqs)
-            for s, row in zip(seqs, logits):
-                out.setdefault(s.request_id, []).append(row)
-        return {s.request_id: (s.output_token_ids, torch.stack(out[s.request_id])) for s in seqs}
-
-    moved, stayed = run(True), run(False)
-    assert moved.keys() == stayed.keys() and len(moved) == 3
-    for k in moved:
-        assert moved[k][0] == stayed[k][0]
-        torch.testing.assert_close(moved[k][1], stayed[k][1], atol=1e-4, rtol=0)
 
 
 # -- CUDA graphs ---------------------------------------------------------------------------------
@@ -191,12 +145,10 @@ def test_compact_moves_rows_and_their_kv_to_the_lowest_slots():
 def test_graphs_equal_eager_on_cuda(variant, attention):
     torch.backends.cuda.matmul.allow_tf32 = False
     model = _model(variant, "cuda")
-    for batch, slots, num_slots in CASES:
-        ref_tokens, ref = _greedy(
-            ModelRunner(model, cuda_graphs=False), _prompts(batch), slots, 32, num_slots, 320
-        )
+    for batch, rows in CASES:
+        ref_tokens, ref = _greedy(ModelRunner(model, cuda_graphs=False), _prompts(batch), 32, rows)
         graphed = ModelRunner(model, cuda_graphs=True, attention=attention)
-        tokens, got = _greedy(graphed, _prompts(batch), slots, 32, num_slots, 320)
+        tokens, got = _greedy(graphed, _prompts(batch), 32, rows, seed=1)
         assert tokens == ref_tokens, (variant, batch)
         for a, b in zip(got, ref):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
@@ -208,21 +160,19 @@ def test_graph_decode_does_not_sync():
     """Once captured, a decode step queues work and returns: no host<->device synchronisation."""
     model = _model("llama-gqa-untied", "cuda", torch.bfloat16)
     runner = ModelRunner(model)
-    runner.ensure_cache(4, 64)
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     seqs = [Sequence(i, None, [1, 2, 3 + i], sp, seed=0, eos_token_ids=(), max_len=4096) for i in range(3)]
-    for i, s in enumerate(seqs):
-        s.slot = i
-    runner.prefill(seqs)
+    give_blocks(runner, seqs, max_rows=4)
+    runner.step(seqs, [3, 3, 3])
     for s in seqs:
         s.output_token_ids.append(5)
-    runner.decode(seqs)  # captures
+    runner.step(seqs, [1, 1, 1])  # captures
     torch.cuda.synchronize()
     for s in seqs:
         s.output_token_ids.append(6)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        logits = runner.decode(seqs)
+        logits = runner.step(seqs, [1, 1, 1])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert logits.shape == (3, model.config.vocab_size) and torch.isfinite(logits).all()

@@ -12,7 +12,7 @@ from deepinfer.model_runner import ModelRunner
 from deepinfer.models.llama import LlamaModel
 from deepinfer.sequence import Sequence
 
-from .conftest import TINY_VARIANTS, tiny_hf_model
+from .conftest import TINY_VARIANTS, give_blocks, tiny_hf_model
 
 # (prompt, sampling params): different lengths, greedy and seeded sampling with every filter
 MIXED = [
@@ -79,54 +79,48 @@ def test_alone_equals_batch_equals_other_position(det_llm):
     seen.clear()
     assert _generate(det_llm, items[::-1])[::-1] == alone
     assert all(torch.equal(seen[k], logits_alone[k]) for k in seen)
-    det_llm.max_num_seqs = 5  # requests join and leave: rows change slots and tiles
-    det_llm.runner.cache = None
+    det_llm.scheduler.max_num_seqs = 5  # requests join and leave: rows change places and tiles
     try:
         seen.clear()
         assert _generate(det_llm, items[3:] + items[:3]) == alone[3:] + alone[:3]
         assert all(torch.equal(seen[k], logits_alone[k]) for k in seen)
     finally:
-        det_llm.max_num_seqs = 64
-        det_llm.runner.cache = None
+        det_llm.scheduler.max_num_seqs = 64
 
 
-def _runner_logits(model, prompts, slots, steps, num_slots, deterministic=True, attention=None, **kw):
+def _runner_logits(model, prompts, steps, max_rows, deterministic=True, attention=None, seed=0, **kw):
     """Prefill then greedy decode; every step's logits [B, V] (float32, on CPU)."""
     runner = ModelRunner(model, deterministic=deterministic, attention=attention, **kw)
-    runner.ensure_cache(num_slots, 64)
     sp = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
     seqs = [Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=256) for i, p in enumerate(prompts)]
-    for s, slot in zip(seqs, slots):
-        s.slot = slot
-    out = [runner.prefill(seqs)]
+    give_blocks(runner, seqs, max_rows=max_rows, seed=seed)
+    out = [runner.step(seqs, [len(s) for s in seqs])]
     for _ in range(steps):
         for s, t in zip(seqs, out[-1].argmax(-1).tolist()):
             s.output_token_ids.append(t)
-        out.append(runner.decode(seqs))
+        out.append(runner.step(seqs, [1] * len(seqs)))
     return [x.cpu() for x in out]
 
 
 @pytest.mark.parametrize("attention", ["rows", "torch"])
 @pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
-def test_runner_logits_bitwise_across_slots_and_tiles(variant, attention):
+def test_runner_logits_bitwise_across_rows_and_tiles(variant, attention):
     """Every model variant, with the CPU's per-row attention (the default) and the fixed-block
-    one: a row's logits alone in slot 0 == in slot 13 of a 16-slot batch (second tile) == in
-    slot 2, beside neighbours of other lengths."""
+    one: a row's logits alone == as row 13 of a 16-row batch (second tile) == as row 2, beside
+    neighbours of other lengths, with other blocks."""
     hf, d = tiny_hf_model(variant)
     model = LlamaModel(ModelConfig.from_hf(d), dict(hf.state_dict()), dtype=torch.float32)
     prompts = [list(range(3 + 2 * i, 3 + 2 * i + 1 + 3 * (i % 5))) for i in range(16)]
     target = [1, 5, 9, 300, 301]
-    alone = _runner_logits(model, [target], [0], 6, 1, attention=attention)
+    alone = _runner_logits(model, [target], 6, 1, attention=attention)
     for at in (13, 2):
         ps = list(prompts)
         ps[at] = target
-        batch = _runner_logits(
-            model, ps, list(range(16))[::-1], 6, 16, attention=attention
-        )  # slot = 15 - index
+        batch = _runner_logits(model, ps, 6, 16, attention=attention, seed=at)
         for a, b in zip(alone, batch):
             assert torch.equal(a[0], b[at])
     # the deterministic forward computes the same model (close to the default path)
-    default = _runner_logits(model, [target], [0], 6, 1, deterministic=False)
+    default = _runner_logits(model, [target], 6, 1, deterministic=False)
     for a, b in zip(alone, default):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
@@ -170,13 +164,13 @@ def test_cuda_alone_equals_batch_of_64(invariant, attention):
     prompts = [list(range(3 + i, 3 + i + 1 + (7 * i) % 23)) for i in range(64)]
     target = [1, 5, 9, 300, 301]
     kw = dict(attention=attention, invariant_kernels=invariant)
-    alone = _runner_logits(model, [target], [0], 8, 1, **kw)
-    for at, slots in ((0, list(range(64))[::-1]), (37, list(range(6, 70)))):  # slot 63; slot 43
+    alone = _runner_logits(model, [target], 8, 1, **kw)
+    for at in (63, 37):
         ps = list(prompts)
         ps[at] = target
-        batch = _runner_logits(model, ps, slots, 8, 70, **kw)  # 70 slots
+        batch = _runner_logits(model, ps, 8, 70, seed=at, **kw)  # graph bucket of 64 or 80 rows
         for a, b in zip(alone, batch):
             assert torch.equal(a[0], b[at])
-    default = _runner_logits(model, [target], [0], 1, 1, deterministic=False)
+    default = _runner_logits(model, [target], 1, 1, deterministic=False)
     # the same model as the default path: first decode step (same input), bf16 rounding apart
     torch.testing.assert_close(alone[1], default[1], atol=0.1, rtol=0.05)

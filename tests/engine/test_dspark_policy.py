@@ -175,7 +175,7 @@ def test_choose_calibrates_confidence_by_realized_tokens():
 
 
 def test_plain_steps_make_no_drafts_and_take_the_off_path(tiny, monkeypatch):
-    """A step where drafting cannot pay calls no draft source and runs ``runner.decode`` exactly
+    """A step where drafting cannot pay calls no draft source and runs ``runner.step`` exactly
     as the off mode does (same call count, same rows); outputs are identical."""
     import deepinfer.dspark.dspark as dspark_mod
 
@@ -183,11 +183,11 @@ def test_plain_steps_make_no_drafts_and_take_the_off_path(tiny, monkeypatch):
     params = [SamplingParams(temperature=0 if i % 2 else 0.9, seed=i, max_tokens=16, json_schema=SCHEMA)
               for i in range(4)]  # fmt: skip
     calls = {"decode": [], "propose": 0}
-    decode = tiny.runner.decode
+    step = tiny.runner.step
 
-    def counted_decode(seqs):
+    def counted_decode(seqs, counts):
         calls["decode"].append(len(seqs))
-        return decode(seqs)
+        return step(seqs, counts)
 
     real_propose = dspark_mod.propose
 
@@ -195,7 +195,7 @@ def test_plain_steps_make_no_drafts_and_take_the_off_path(tiny, monkeypatch):
         calls["propose"] += 1
         return real_propose(*a, **k)
 
-    monkeypatch.setattr(tiny.runner, "decode", counted_decode)
+    monkeypatch.setattr(tiny.runner, "step", counted_decode)
     monkeypatch.setattr(dspark_mod, "propose", counted_propose)
     tiny.dspark = DSpark(False)
     base = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]

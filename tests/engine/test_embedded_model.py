@@ -86,11 +86,7 @@ def test_logits_and_greedy_text_equal_transformers(ours, hf):
     prompt = ours.tokenizer.apply_chat_template(msgs)
     ids = ours.tokenizer.encode(prompt)
     # logits at every position, through the engine's model (fresh cache)
-    from deepinfer.models.llama import ForwardBatch
-
-    T = len(ids)
-    batch = ForwardBatch(torch.tensor([ids]), torch.arange(T)[None], torch.tensor([0]), T, 0)
-    got = ours.model.forward(batch, ours.model.new_cache(1, T))
+    got = ours.model.logits([ids])[0][None]
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits
     assert (got - ref).abs().max().item() < 1e-3
@@ -105,7 +101,7 @@ def test_logits_and_greedy_text_equal_transformers(ours, hf):
             do_sample=False,
             eos_token_id=None,
             pad_token_id=2,
-        )[0, T:].tolist()
+        )[0, len(ids) :].tolist()
     out = ours.chat(msgs, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)[0]
     assert out.token_ids == ref_ids
     assert out.text == ours.tokenizer.decode(ref_ids)

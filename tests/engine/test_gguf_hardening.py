@@ -110,20 +110,12 @@ def write_tiny(path, meta: dict | None = None, tensors: dict | None = None, arch
 
 def logits_of(lm, text: str = "abc a b") -> torch.Tensor:
     """Last-position logits of a short prompt through our Llama forward (float32, CPU)."""
-    from deepinfer.models.llama import ForwardBatch, LlamaModel
+    from deepinfer.models.llama import LlamaModel
 
     model = LlamaModel(lm.config, lm.weights, dtype=torch.float32, max_len=64)
     ids = lm.tokenizer.encode(text).ids[:16] or [0]
-    T = len(ids)
-    batch = ForwardBatch(
-        tokens=torch.tensor([ids]),
-        positions=torch.arange(T)[None],
-        slots=torch.tensor([0]),
-        kv_len=T,
-        logits_index=torch.tensor([T - 1]),
-    )
     with torch.no_grad():
-        return model.forward(batch, model.new_cache(1, 64))
+        return model.logits([ids])[0][-1:]
 
 
 def test_tiny_model_is_valid(tmp_path):

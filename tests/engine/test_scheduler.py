@@ -1,146 +1,226 @@
-"""The engine scheduler alone (no model, no tensors): admission order and budget, slot reuse
-after a finish, compaction moves, aborts of waiting and running requests."""
+"""The engine scheduler and its block pool alone (no model, no tensors): admission by free
+blocks and budget, chunked prefill beside decodes, prefix hits (also within one step),
+preemption of the youngest request, refusal of a request the pool cannot hold, aborts, and the
+pool back to empty after a run."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from deepinfer.block_pool import NULL_BLOCK, BlockPool, NoFreeBlocks, block_keys
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.scheduler import Scheduler, SchedulerOutput, compaction_moves
+from deepinfer.scheduler import Scheduler, SchedulerOutput
 from deepinfer.sequence import Sequence, Status
 
+BS = 4
 
-def _seq(rid: int, prompt_len: int = 4, max_tokens: int = 8) -> Sequence:
+
+def _seq(rid: int, prompt, max_tokens: int = 8) -> Sequence:
+    if isinstance(prompt, int):
+        prompt = [1000 + rid * 100 + i for i in range(prompt)]  # unique tokens: no prefix hits
     sp = SamplingParams(max_tokens=max_tokens)
-    return Sequence(rid, None, list(range(1, prompt_len + 1)), sp, seed=0, eos_token_ids=(), max_len=4096)
+    return Sequence(rid, None, list(prompt), sp, seed=0, eos_token_ids=(), max_len=4096)
 
 
-def _finish(s: Sequence) -> None:
-    s.status = Status.FINISHED  # what on_token / fail do (the scheduler reads only the status)
-
-
-def _sched(num_slots=4, max_len=64, *, max_num_seqs=64, budget=8192, buckets=None, seqs=()) -> Scheduler:
-    sch = Scheduler(max_num_seqs, budget)
+def _sched(num_blocks=64, *, max_num_seqs=64, budget=8192, caching=True, align=None, seqs=()) -> Scheduler:
+    sch = Scheduler(max_num_seqs, budget, BlockPool(num_blocks, BS, caching=caching), chunk_align=align)
     for s in seqs:
         sch.add(s)
-    sch.set_capacity(num_slots, max_len, buckets)
     return sch
 
 
-def test_admits_in_order_into_the_lowest_free_slots():
-    seqs = [_seq(i) for i in range(6)]
-    sch = _sched(4, seqs=seqs)
+def _run(sch: Scheduler, out: SchedulerOutput, token=7) -> None:
+    """What the engine does after a step: the rows' tokens are cached, each sampling row gains a
+    token (and finishes at max_tokens), then commit."""
+    for s, n in zip(out.rows, out.counts):
+        s.num_cached += n
+    for s in out.batch:
+        s.output_token_ids.append(token)
+        if len(s.output_token_ids) >= s.max_tokens:
+            s.status = Status.FINISHED
+    for s, _ in out.refused:
+        s.status = Status.FINISHED
+    sch.commit(out.rows)
+
+
+def _drain(sch: Scheduler, limit=10_000) -> list[Sequence]:
+    done = []
+    for _ in range(limit):
+        if not sch.has_unfinished():
+            return done
+        out = sch.schedule()
+        done += out.finished
+        _run(sch, out)
+    raise AssertionError("the scheduler did not drain")
+
+
+# -- the pool ------------------------------------------------------------------------------------
+def test_pool_allocates_frees_and_evicts_least_recently_used():
+    pool = BlockPool(5, BS)
+    a = pool.allocate(2)
+    assert NULL_BLOCK not in a and pool.num_free == 2 and pool.num_used == 2
+    with pytest.raises(NoFreeBlocks, match="asked for 3 KV blocks, 2 free"):
+        pool.allocate(3)
+    keys = block_keys(list(range(8)), BS)
+    pool.register(a[0], keys[0])
+    pool.register(a[1], keys[1])
+    pool.free(a[::-1])  # cached now, evictable; the tail first
+    assert pool.num_free == 4 and pool.num_cached == 2
+    assert pool.match(keys) == a and pool.num_free == 2  # held again
+    pool.free(a[::-1])
+    b = pool.allocate(3)  # 2 free + 1 evicted: the LRU one is the tail block a[1]
+    assert pool.evictions == 1 and a[1] in b and pool.match(keys) == [a[0]]
+    with pytest.raises(RuntimeError, match="freed more often"):
+        pool.free([b[0]] * 2)
+
+
+def test_block_keys_chain_over_the_whole_prefix_and_a_collision_is_a_miss():
+    k1 = block_keys([1, 2, 3, 4, 5, 6, 7, 8], BS)
+    k2 = block_keys([9, 9, 9, 9, 5, 6, 7, 8], BS)
+    assert k1[1][1] == k2[1][1] and k1[1][0] != k2[1][0]  # same tokens, other prefix: other key
+    assert block_keys([1, 2, 3, 4, 5, 6, 7, 8], BS, start=1, parent=k1[0][0]) == k1[1:]
+    pool = BlockPool(4, BS)
+    (b,) = pool.allocate(1)
+    pool.register(b, (k1[0][0], (0, 0, 0, 0)))  # the same hash over other tokens
+    assert pool.match(k1) == []
+
+
+# -- admission and chunked prefill ---------------------------------------------------------------
+def test_admits_oldest_first_within_the_token_budget_and_chunks_a_long_prompt():
+    seqs = [_seq(0, 10), _seq(1, 3), _seq(2, 30)]
+    sch = _sched(budget=16, seqs=seqs)
     out = sch.schedule()
-    assert isinstance(out, SchedulerOutput) and out.decode == [] and out.moves == []
-    assert [s.request_id for s in out.prefill] == [0, 1, 2, 3] and out.batch == out.prefill
-    assert [s.slot for s in out.prefill] == [0, 1, 2, 3] and all(
-        s.status is Status.RUNNING for s in out.prefill
+    assert [(s.request_id, n) for s, n in zip(out.rows, out.counts)] == [(0, 10), (1, 3), (2, 3)]
+    assert out.batch == seqs[:2] and not out.decode  # request 2 is mid-prompt: it does not sample
+    _run(sch, out)
+    out = sch.schedule()  # decodes of 0 and 1 beside the next chunk of 2, in one step
+    assert [(s.request_id, n) for s, n in zip(out.rows, out.counts)] == [(0, 1), (1, 1), (2, 14)]
+    _run(sch, out)
+    out = sch.schedule()
+    assert [(s.request_id, n) for s, n in zip(out.rows, out.counts)] == [(0, 1), (1, 1), (2, 13)]
+    assert out.batch == seqs and not out.decode
+    _run(sch, out)
+    assert sch.schedule().decode
+
+
+def test_admission_waits_for_free_blocks_and_max_num_seqs():
+    sch = _sched(num_blocks=7, seqs=[_seq(i, 8, max_tokens=2) for i in range(4)])  # 6 usable blocks
+    out = sch.schedule()
+    assert [s.request_id for s in out.rows] == [0, 1, 2]  # 2 blocks each; the 4th waits
+    assert sch.pool.num_free == 0 and len(sch.waiting) == 1
+    sch = _sched(max_num_seqs=2, seqs=[_seq(i, 3) for i in range(3)])
+    assert [s.request_id for s in sch.schedule().rows] == [0, 1]
+
+
+def test_prefix_hits_across_steps_and_within_one_step():
+    shared = list(range(1, 13))  # 3 full blocks
+    seqs = [_seq(i, shared + [100 + i, 200 + i]) for i in range(3)]
+    sch = _sched(seqs=seqs)
+    out = sch.schedule()
+    # request 0 computes all 14; 1 and 2 share its 3 full blocks in the same step
+    assert out.counts == [14, 2, 2] and sch.hit_tokens == 24 and sch.prefill_tokens == 18
+    assert seqs[1].block_table[:3] == seqs[0].block_table[:3] == seqs[2].block_table[:3]
+    assert all(sch.pool.ref[b] == 3 for b in seqs[0].block_table[:3])
+    _drain(sch)
+    later = _seq(9, shared + [1, 2, 3, 4, 5])
+    sch.add(later)
+    out = sch.schedule()
+    assert out.counts == [5] and later.num_cached == 12  # from the cache, across runs
+    # a prompt of exactly 3 full blocks still computes its last token
+    exact = _seq(10, shared)
+    sch.add(exact)
+    _run(sch, out)
+    out = sch.schedule()
+    assert dict(zip([s.request_id for s in out.rows], out.counts))[10] == 4
+
+
+def test_no_hits_when_caching_is_off_and_hits_aligned_in_deterministic_mode():
+    shared = list(range(1, 41))  # 10 blocks of 4
+    sch = _sched(caching=False, seqs=[_seq(0, shared + [1]), _seq(1, shared + [2])])
+    assert sch.schedule().counts == [41, 41] and sch.hit_tokens == 0
+    sch = _sched(align=16, seqs=[_seq(0, shared + [1])])
+    out = sch.schedule()
+    assert out.counts == [16]  # chunks end at multiples of 16
+    _drain(sch)
+    sch.add(_seq(1, shared + [2]))
+    out = sch.schedule()
+    assert sch.hit_tokens == 32 and out.counts == [9]  # 10 blocks cached, 8 = 2 x 16 of them taken
+
+
+# -- preemption and refusal ----------------------------------------------------------------------
+def test_youngest_is_preempted_and_recomputes_from_its_cached_blocks():
+    a, b = _seq(0, 7, max_tokens=20), _seq(1, 7, max_tokens=20)
+    sch = _sched(num_blocks=10, seqs=[a, b])  # 9 usable blocks: 2 each now, 7 each at the end
+    for _ in range(60):
+        out = sch.schedule()
+        _run(sch, out)
+        if sch.preemptions:
+            break
+    assert sch.preemptions == 1 and b.status is Status.WAITING and sch.waiting[0] is b and not b.block_table
+    assert a in sch.running and b.num_cached == 0
+    made = len(b.output_token_ids)
+    done = _drain(sch)
+    assert {s.request_id for s in done} == {0, 1} and len(b.output_token_ids) == 20 and made > 0
+    assert sch.prefill_tokens > 14  # b recomputed what it had
+    assert sch.pool.num_used == 0
+
+
+def test_a_request_larger_than_the_pool_is_refused_alone():
+    big, ok = _seq(0, 30), _seq(1, 5, max_tokens=3)
+    sch = _sched(num_blocks=6, seqs=[big, ok])  # 5 usable blocks = 20 positions
+    out = sch.schedule()
+    assert [s.request_id for s, _ in out.refused] == [0] and "more than the whole KV cache holds (20)" in (
+        out.refused[0][1]
     )
-    assert [s.request_id for s in sch.waiting] == [4, 5] and not sch.free_slots
-    out = sch.schedule()  # no slot free: every running row decodes
-    assert out.prefill == [] and [s.request_id for s in out.decode] == [0, 1, 2, 3]
+    assert [s.request_id for s in out.rows] == [1]
+    grows = _seq(2, 10, max_tokens=50)  # fits at first, outgrows the pool alone
+    sch = _sched(num_blocks=6, seqs=[grows])
+    refused = []
+    for _ in range(40):
+        out = sch.schedule()
+        refused += out.refused
+        _run(sch, out)
+    # 20 positions: 10 of prompt and 10 outputs computed; the 11th output has no room
+    assert [s.request_id for s, _ in refused] == [2] and len(grows.output_token_ids) == 11
+    assert "needs 21 KV positions" in refused[0][1]
+    assert sch.pool.num_used == 0 and not sch.has_unfinished()
 
 
-def test_token_budget_and_max_num_seqs():
-    seqs = [_seq(0, 10), _seq(1, 10), _seq(2, 30), _seq(3, 2)]
-    sch = _sched(8, seqs=seqs, budget=24)
-    assert [s.request_id for s in sch.schedule().prefill] == [0, 1]  # 20 tokens; the third would be 50
-    out = sch.schedule()  # the first admitted always fits, even over the budget; FIFO: 3 waits behind 2
-    assert [s.request_id for s in out.prefill] == [2]
-    assert [s.request_id for s in sch.schedule().prefill] == [3]
-    sch = _sched(8, seqs=[_seq(i) for i in range(5)], max_num_seqs=3)
-    assert len(sch.schedule().prefill) == 3 and len(sch.schedule().decode) == 3 and len(sch.waiting) == 2
+def test_reserve_and_commit_release_rejected_draft_blocks():
+    s = _seq(0, 6)
+    sch = _sched(seqs=[s])
+    _run(sch, sch.schedule())
+    assert len(s.block_table) == 2 and len(s) == 7
+    assert sch.reserve([s], 9)  # positions 6 .. 14
+    assert len(s.block_table) == 4
+    s.num_cached = 8  # two accepted
+    s.output_token_ids += [1, 2]
+    sch.commit([s])
+    assert len(s.block_table) == 2 and sch.pool.num_used == 2 and s.num_registered == 2
 
 
-def test_needs_and_requests_longer_than_the_cache_wait():
-    sch = Scheduler(4, 8192)
-    for s in (_seq(0, 4, 8), _seq(1, 10, 40), _seq(2, 4, 8)):
-        sch.add(s)
-    assert sch.idle and sch.needs() == (3, 50)
-    sch.set_capacity(4, 20)  # a cache too short for request 1: it waits at the head
-    assert [s.request_id for s in sch.schedule().prefill] == [0]
-    assert [s.request_id for s in sch.waiting] == [1, 2]
-    with pytest.raises(RuntimeError):
-        sch.set_capacity(4, 64)  # not while a request runs
-    _finish(sch.running[0])
-    assert sch.idle
-    sch.set_capacity(4, 64)  # between runs: the larger cache
-    out = sch.schedule()
-    assert [s.request_id for s in out.finished] == [0]
-    assert [s.request_id for s in out.prefill] == [1, 2] and [s.slot for s in out.prefill] == [0, 1]
+def test_abort_frees_blocks_at_once():
+    seqs = [_seq(i, 9) for i in range(3)]
+    sch = _sched(seqs=seqs, max_num_seqs=2)
+    _run(sch, sch.schedule())
+    used = sch.pool.num_used
+    assert sch.abort(0) is seqs[0] and sch.pool.num_used == used - 3 and not seqs[0].block_table
+    assert sch.abort(2) is seqs[2] and sch.abort(2) is None and sch.abort(99) is None
+    assert [s.request_id for s in sch.reap()] == [0, 2]
 
 
-def test_finished_rows_free_their_slots_for_the_next_admission():
-    seqs = [_seq(i) for i in range(5)]
-    sch = _sched(3, seqs=seqs)
-    first = sch.schedule().prefill
-    _finish(first[1])
-    done = sch.reap()
-    assert done == [first[1]] and first[1].slot is None and sch.free_slots == {1}
-    out = sch.schedule()
-    assert [(s.request_id, s.slot) for s in out.prefill] == [(3, 1)]
-    assert [s.request_id for s in sch.running] == [0, 3, 2]  # slot order
-    _finish(sch.running[0])
-    out = sch.schedule()  # a finish seen by schedule() itself is reported there
-    assert [s.request_id for s in out.finished] == [0] and [(s.request_id, s.slot) for s in out.prefill] == [
-        (4, 0)
-    ]
-    assert sch.has_unfinished() and sch.reap() == []
-
-
-def test_compaction_moves_when_the_batch_only_shrinks():
-    seqs = [_seq(i) for i in range(8)]
-    sch = _sched(8, seqs=seqs, buckets=[1, 2, 4, 8])
-    sch.schedule()
-    for s in seqs:
-        if s.slot not in (2, 5, 7):
-            _finish(s)
-    out = sch.schedule()
-    assert [(s.request_id, src, dst) for s, src, dst in out.moves] == [(5, 5, 0), (7, 7, 1)]
-    assert [s.slot for s in out.decode] == [0, 1, 2] and [s.request_id for s in out.decode] == [5, 7, 2]
-    assert sch.free_slots == {3, 4, 5, 6, 7}
-    assert sch.schedule().moves == []  # already in the smallest bucket that holds 3 rows
-    # no buckets (no graphs, or deterministic tiles): never
-    sch = _sched(8, seqs=[_seq(i) for i in range(8)])
-    sch.schedule()
-    for s in sch.running[:-1]:
-        _finish(s)
-    assert sch.schedule().moves == [] and [s.slot for s in sch.running] == [7]
-    # nothing moves while requests wait (the batch may grow again)
-    sch = _sched(2, seqs=[_seq(i) for i in range(3)], buckets=[1, 2])
-    sch.schedule()
-    _finish(sch.running[0])
-    out = sch.schedule()
-    assert out.moves == [] and [(s.request_id, s.slot) for s in out.prefill] == [(2, 0)]
-
-
-def test_compaction_moves_function():
-    seqs = [_seq(i) for i in range(3)]
-    for s, slot in zip(seqs, (1, 9, 12)):
-        s.slot = slot
-    moves = compaction_moves(seqs, {0, 2, 3, 4}, [1, 2, 4, 8, 16])
-    assert [(src, dst) for _, src, dst in moves] == [(9, 0), (12, 2)]
-    assert compaction_moves([], set(), [1]) == []
-
-
-def test_abort_waiting_and_running():
-    seqs = [_seq(i) for i in range(4)]
-    sch = _sched(2, seqs=seqs)
-    sch.schedule()  # 0, 1 running; 2, 3 waiting
-    assert sch.abort(3) is seqs[3] and [s.request_id for s in sch.waiting] == [2]
-    assert sch.abort(0) is seqs[0] and seqs[0].slot is None and sch.free_slots == {0}
-    assert [s.request_id for s in sch.running] == [1]
-    assert sch.abort(0) is None and sch.abort(99) is None
-    assert sch.reap() == [seqs[3], seqs[0]]
-    out = sch.schedule()
-    assert [(s.request_id, s.slot) for s in out.prefill] == [(2, 0)]
-
-
-def test_failed_requests_are_handed_back_without_running():
-    bad = _seq(0)
-    _finish(bad)
-    sch = Scheduler(4, 8192)
-    sch.add(bad)
-    assert sch.has_unfinished() and not sch.waiting
-    out = sch.schedule()
-    assert out.finished == [bad] and out.batch == [] and not sch.has_unfinished()
+def test_random_workload_never_loses_a_request_and_returns_the_pool_to_empty():
+    rng = random.Random(0)
+    prefix = list(range(1, 30))
+    seqs = []
+    for i in range(120):
+        p = prefix[: rng.randrange(0, 29)] + [5000 + i] * rng.randrange(1, 20)
+        seqs.append(_seq(i, p, max_tokens=rng.randrange(1, 25)))
+    sch = _sched(num_blocks=40, budget=32, max_num_seqs=16, seqs=seqs)
+    done = _drain(sch)
+    assert sorted(s.request_id for s in done) == list(range(120))
+    assert all(len(s.output_token_ids) == s.max_tokens for s in done)
+    assert sch.preemptions > 0 and sch.hit_tokens > 0
+    assert sch.pool.num_used == 0 and all(r == 0 for r in sch.pool.ref)

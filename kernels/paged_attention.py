@@ -1,0 +1,298 @@
+"""Paged attention: query rows attend to their sequence's keys, read through a block table.
+
+One layer of the cache is ``k_cache``, ``v_cache``: [num_blocks, block_size, nkv, hd]; a
+sequence's keys live in the blocks its row of ``block_tables`` ([S, W]) names, key p at
+``k_cache[table[p // block_size], p % block_size]``. Block 0 is the null block (rows are padded
+with it; its content is garbage), and a row reads no key past its own length, so neither the null
+block nor the unused slots of a sequence's last block change a result. A query row at position p
+of its sequence sees keys [0, p] (causal); its g query heads of one KV head come as a [g, hd]
+block (GQA without repeating K/V). What it computes, as a Python loop:
+
+    for n, h:  t = block_tables[seq_ids[n]];  ps = range(positions[n] + 1)
+               keys = stack([k_cache[t[p // bs], p % bs, h] for p in ps])          # [len, hd]
+               o[n, h] = softmax(q[n, h] @ keys.T / sqrt(hd)) @ (the same rows of v_cache)
+
+Four implementations:
+- `paged_attention_reference`: that loop in float64 on CPU, the oracle of the tests.
+- `paged_attention_triton` (CUDA; CPU under TRITON_INTERPRET=1): one program per (row, KV head)
+  walks fixed BLOCK_N-key blocks from key 0 up to the row's own length (online softmax), reading
+  each key's block id from the table. One launch, no host sync (CUDA-graph capturable), and
+  batch-invariant: only the row's own length and data shape its reduction.
+- `paged_attention_torch` (the CPU path; any device): a varlen batch (rows of a sequence are its
+  newest tokens) by SDPA. Decode rows (one row a sequence) share one gathered, length-masked
+  call; a chunk of several rows gets one call over its own keys with a causal offset mask.
+  ``per_row=True``: one call per sequence over exactly its own keys, batch-invariant.
+- `paged_prefill_triton` (CUDA; CPU under TRITON_INTERPRET=1): the varlen batch of
+  `paged_attention_torch` in one launch, flash-attention style: a program takes a tile of
+  consecutive query tokens of one sequence with their g heads of one KV head, loads each block of
+  keys once for the whole tile and stops at the tile's last query position. For prompt chunks
+  (the per-token kernel reads a sequence's keys once per token). Not promised batch-invariant,
+  and it rounds unlike the per-token kernel (other dot shapes): deterministic mode keeps that one.
+They differ from each other in rounding; the per-token Triton kernel and ``per_row=True`` are
+each invariant on their own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+BLOCK_N = 64  # keys per step of the Triton program
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_cache(fn: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_tables: torch.Tensor) -> None:  # fmt: skip
+    """Shapes and dtypes shared by the four functions (no value is read: no host sync)."""
+    if q.dim() != 4:
+        raise ValueError(f"{fn}: expected q of shape [N, nkv, g, hd], got {tuple(q.shape)}")
+    _, nkv, _, hd = q.shape
+    if k_cache.dim() != 4 or k_cache.shape[2:] != (nkv, hd):
+        raise ValueError(
+            f"{fn}: expected k_cache of shape [num_blocks, block_size, {nkv}, {hd}] (q's nkv, hd), "
+            f"got {tuple(k_cache.shape)}"
+        )
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"{fn}: expected v_cache of k_cache's shape {tuple(k_cache.shape)}, "
+                         f"got {tuple(v_cache.shape)}")  # fmt: skip
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"{fn}: expected k_cache and v_cache in q's dtype {q.dtype}, "
+                         f"got {k_cache.dtype} and {v_cache.dtype}")  # fmt: skip
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError(f"{fn}: expected k_cache and v_cache contiguous in head_dim (stride 1), got "
+                         f"strides {k_cache.stride(-1)} and {v_cache.stride(-1)}")  # fmt: skip
+    if block_tables.dim() != 2 or block_tables.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"{fn}: expected block_tables int32 or int64 of shape [S, W], got "
+                         f"{block_tables.dtype} {tuple(block_tables.shape)}")  # fmt: skip
+
+
+def _check_rows(fn: str, q: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor) -> None:
+    for name, t in (("seq_ids", seq_ids), ("positions", positions)):
+        if t.shape != (q.shape[0],) or t.dtype not in _INDEX_DTYPES:
+            raise ValueError(f"{fn}: expected {name} int64 (or int32) of shape [{q.shape[0]}] (q's rows), "
+                             f"got {t.dtype} {tuple(t.shape)}")  # fmt: skip
+
+
+def paged_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_ids: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """q: [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd]; block_tables:
+    [S, W] int; seq_ids, positions: [N] int. -> [N, nkv, g, hd] float64 on CPU.
+    Row n: softmax(q[n] k^T / sqrt(hd)) v over keys [0, positions[n]] of sequence seq_ids[n]
+    (the module docstring's loop, in float64)."""
+    fn = "paged_attention_reference"
+    _check_cache(fn, q, k_cache, v_cache, block_tables)
+    _check_rows(fn, q, seq_ids, positions)
+    bs = k_cache.shape[1]
+    tables = block_tables.cpu().long()
+    k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for n, (s, p) in enumerate(zip(seq_ids.tolist(), positions.tolist())):
+        ps = torch.arange(p + 1)
+        blocks = tables[s, ps // bs]
+        k = k_cache[blocks, ps % bs].double().transpose(0, 1)  # [nkv, len, hd]
+        v = v_cache[blocks, ps % bs].double().transpose(0, 1)
+        scores = q[n].double().cpu() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [nkv, g, len]
+        out[n] = torch.softmax(scores, dim=-1) @ v
+    return out
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_ids: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """q: [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd] (q's dtype, last dim
+    contiguous, block_size a power of two); block_tables: [S, W] int32/int64; seq_ids, positions:
+    [N] int64 (or int32), on q's device. -> [N, nkv, g, hd] in q's dtype. One launch, no host sync.
+    Row n reads keys [0, positions[n]] of sequence seq_ids[n]; the caller keeps
+    positions[n] < W * block_size (a key past the table would be skipped, not read)."""
+    fn = "paged_attention_triton"
+    _check_cache(fn, q, k_cache, v_cache, block_tables)
+    _check_rows(fn, q, seq_ids, positions)
+    bs = k_cache.shape[1]
+    if bs < 1 or bs & (bs - 1):
+        raise ValueError(f"{fn}: expected block_size (k_cache.shape[1]) a power of two, got {bs}")
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_ids, positions)}
+    if len(devices) != 1:
+        raise ValueError(f"{fn}: expected every tensor on one device, got {sorted(map(str, devices))}")
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    if q.shape[0] == 0:
+        return out
+    from .paged_attention_triton import launch
+
+    # the kernel reads row n's index at offset n
+    seq_ids, positions = seq_ids.contiguous(), positions.contiguous()
+    launch(q, k_cache, v_cache, out, block_tables, seq_ids, positions, 1.0 / math.sqrt(q.shape[-1]), BLOCK_N)
+    return out
+
+
+def paged_prefill_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+) -> torch.Tensor:
+    """q: [N, nkv, g, hd] (last dim contiguous, else copied); k_cache, v_cache: [num_blocks,
+    block_size, nkv, hd] (q's dtype, last dim contiguous, block_size a power of two);
+    block_tables: [B, W] int32/int64, row b = sequence b (more rows are allowed, unread);
+    query_start: [B + 1], seq_lens: [B], int32/int64 tensors on q's device; max_query_len: a host
+    int >= every T_b. -> [N, nkv, g, hd] in q's dtype, contiguous. One launch, no host sync.
+
+    What `paged_attention_torch` computes: sequence b owns q rows [query_start[b],
+    query_start[b + 1]) (T_b of them, possibly 0), its newest tokens at positions
+    seq_lens[b] - T_b .. seq_lens[b] - 1 whose K/V are already in the cache; the row at position p
+    sees keys [0, p]. Grid (B, nkv, cdiv(max_query_len, BLOCK_M)): a program takes BLOCK_M
+    consecutive tokens of one sequence and their g heads of one KV head as one tile (programs past
+    T_b exit at once), loads each BLOCK_N-key block once for the tile and stops at the tile's last
+    query position (BLOCK_M, BLOCK_N: `config` in kernels/paged_prefill_triton.py).
+
+    The values are not checked (that would be a host sync); the caller keeps query_start[0] = 0,
+    query_start[B] = N, 0 <= T_b <= seq_lens[b], seq_lens[b] <= W * block_size (a key past the
+    table is skipped, not read) and max_query_len >= max T_b (rows past it are left unwritten).
+    Not promised batch-invariant, and it rounds unlike `paged_attention_triton` (other dot
+    shapes): deterministic mode keeps the per-token kernel."""
+    fn = "paged_prefill_triton"
+    _check_cache(fn, q, k_cache, v_cache, block_tables)
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"{fn}: expected q float32, bfloat16 or float16, got {q.dtype}")
+    bs = k_cache.shape[1]
+    if bs < 1 or bs & (bs - 1):
+        raise ValueError(f"{fn}: expected block_size (k_cache.shape[1]) a power of two, got {bs}")
+    for name, t in (("query_start", query_start), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{fn}: expected {name} a tensor on q's device (paged_attention_torch takes "
+                             f"host lists), got {type(t).__name__}")  # fmt: skip
+    if seq_lens.dim() != 1 or seq_lens.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"{fn}: expected seq_lens int32 or int64 of shape [B], got {seq_lens.dtype} "
+                         f"{tuple(seq_lens.shape)}")  # fmt: skip
+    B = seq_lens.shape[0]
+    if query_start.shape != (B + 1,) or query_start.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"{fn}: expected query_start int32 or int64 of shape [{B + 1}] (B + 1 for {B} "
+                         f"seq_lens), got {query_start.dtype} {tuple(query_start.shape)}")  # fmt: skip
+    if block_tables.shape[0] < B:
+        raise ValueError(f"{fn}: expected a block_tables row per sequence ({B}), got {block_tables.shape[0]}")
+    N = q.shape[0]
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 0:
+        raise ValueError(f"{fn}: expected max_query_len a host int >= 0 (the most rows of a sequence), "
+                         f"got {max_query_len!r}")  # fmt: skip
+    if N > 0 and (B == 0 or max_query_len == 0):
+        raise ValueError(f"{fn}: q has {N} rows but there are {B} sequences and max_query_len is "
+                         f"{max_query_len} (expected both >= 1)")  # fmt: skip
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, query_start, seq_lens)}
+    if len(devices) != 1:
+        raise ValueError(f"{fn}: expected every tensor on one device, got {sorted(map(str, devices))}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if N == 0 or B == 0:
+        return out
+    from .paged_prefill_triton import launch
+
+    launch(q, k_cache, v_cache, out, block_tables, query_start.contiguous(), seq_lens.contiguous(),
+           max_query_len, 1.0 / math.sqrt(q.shape[-1]))  # fmt: skip
+    return out
+
+
+def _own_keys(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:
+    # keys [0, n) of one sequence: [1, nkv, n, hd]
+    bs = cache.shape[1]
+    blocks = cache[table_row[: -(-n // bs)]]  # [nb, bs, nkv, hd]
+    return blocks.flatten(0, 1)[:n].transpose(0, 1).unsqueeze(0)
+
+
+def _sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q: [T, nkv, g, hd], the newest T tokens of a sequence whose keys are k, v: [1, nkv, n, hd]
+    -> [T, nkv, g, hd]. One SDPA call; the T * g query heads of a KV head as T * g queries, the
+    one at position p = n - T + t seeing keys <= p."""
+    T, nkv, g, hd = q.shape
+    n = k.shape[2]
+    if T == 1:  # every key is visible: no mask; [1, nkv, g, hd] is one batch row of g queries
+        return F.scaled_dot_product_attention(q, k, v)
+    qs = q.permute(1, 0, 2, 3).reshape(1, nkv, T * g, hd)
+    pos = torch.arange(n - T, n, device=q.device).repeat_interleave(g)  # [T * g]
+    mask = torch.arange(n, device=q.device) <= pos[:, None]  # [T * g, n]
+    o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask)  # [1, nkv, T * g, hd]
+    return o[0].reshape(nkv, T, g, hd).transpose(0, 1)
+
+
+def paged_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start: list[int],
+    seq_lens: list[int],
+    *,
+    per_row: bool = False,
+) -> torch.Tensor:
+    """q: [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd] (q's dtype);
+    block_tables: [S, W] int32/int64, row b = sequence b; query_start: B + 1 offsets from 0 to N;
+    seq_lens: B lengths. -> [N, nkv, g, hd] in q's dtype.
+
+    Sequence b owns q rows [query_start[b], query_start[b + 1]) (T_b of them, possibly 0): its
+    newest tokens, at positions seq_lens[b] - T_b .. seq_lens[b] - 1, their K/V already in the
+    cache; its keys are [0, seq_lens[b]). Sequences with T_b == 1 are done together: one gather
+    of their blocks through the table ([R, nb * bs, nkv, hd], slots past a row's length zeroed, as
+    they may hold NaN) and one length-masked SDPA call; every other sequence gets one call over its
+    own keys with a causal offset mask. ``per_row=True``: every sequence gets its own call over
+    exactly its own keys, so its result does not depend on the rest of the batch.
+    """
+    fn = "paged_attention_torch"
+    _check_cache(fn, q, k_cache, v_cache, block_tables)
+    N = q.shape[0]
+    B = len(seq_lens)
+    bs = k_cache.shape[1]
+    W = block_tables.shape[1]
+    if len(query_start) != B + 1 or query_start[0] != 0 or query_start[-1] != N:
+        raise ValueError(f"{fn}: expected query_start of {B + 1} offsets from 0 to {N} (q's rows) for "
+                         f"{B} seq_lens, got {list(query_start)}")  # fmt: skip
+    if B > block_tables.shape[0]:
+        raise ValueError(f"{fn}: expected a block_tables row per sequence ({B}), got {block_tables.shape[0]}")
+    for b, n in enumerate(seq_lens):
+        T = query_start[b + 1] - query_start[b]
+        if T < 0 or n < T:
+            raise ValueError(f"{fn}: sequence {b} has {T} query rows but seq_len {n} (expected 0 <= rows <= "
+                             f"seq_len, query_start non-decreasing)")  # fmt: skip
+        if -(-n // bs) > W:
+            raise ValueError(f"{fn}: sequence {b}'s {n} keys need {-(-n // bs)} blocks of {bs}, "
+                             f"more than the table's {W}")  # fmt: skip
+    out = torch.empty_like(q)
+    tables = block_tables.to(device=q.device, dtype=torch.int64)
+    decode = [] if per_row else [b for b in range(B) if query_start[b + 1] - query_start[b] == 1]
+    if decode:
+        rows = torch.tensor(decode, device=q.device)
+        starts = torch.tensor([query_start[b] for b in decode], device=q.device)
+        lens = torch.tensor([seq_lens[b] for b in decode], device=q.device)
+        nb = -(-max(seq_lens[b] for b in decode) // bs)
+        blocks = tables[rows, :nb]  # [R, nb]
+        visible = torch.arange(nb * bs, device=q.device) < lens[:, None]  # [R, L]
+        hidden = ~visible[:, :, None, None]
+        # [R, L, nkv, hd] -> [R, nkv, L, hd]; garbage past a row's length (the null block, unused
+        # slots) is zeroed: a NaN there would survive the mask (0 * NaN in p @ v)
+        k = k_cache[blocks].flatten(1, 2).masked_fill_(hidden, 0).transpose(1, 2)
+        v = v_cache[blocks].flatten(1, 2).masked_fill_(hidden, 0).transpose(1, 2)
+        out[starts] = F.scaled_dot_product_attention(q[starts], k, v, attn_mask=visible[:, None, None, :])
+    done = set(decode)
+    for b in range(B):
+        s, e = query_start[b], query_start[b + 1]
+        if b in done or s == e:
+            continue
+        n = seq_lens[b]
+        out[s:e] = _sequence(q[s:e], _own_keys(k_cache, tables[b], n), _own_keys(v_cache, tables[b], n))
+    return out
