@@ -364,21 +364,34 @@ class LLM:
         if not messages:
             raise ValueError("chat() needs at least one message")
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
-        prompts: list[Any] = []
-        for c in conversations:  # a conversation the template refuses fails alone
-            try:
-                text = self.tokenizer.apply_chat_template(
-                    c, add_generation_prompt, **(chat_template_kwargs or {})
-                )
-            except ValueError as e:
-                prompts.append(_Refused(str(e)))
-            else:  # the template holds any BOS/special tokens as text: encoded as specials
-                prompts.append(_Rendered(text))
+        prompts = [  # a conversation the template refuses fails alone
+            self.chat_prompt(c, add_generation_prompt=add_generation_prompt,
+                             chat_template_kwargs=chat_template_kwargs)
+            for c in conversations
+        ]  # fmt: skip
         outs = self.generate(prompts, params, use_tqdm)
         for o, p in zip(outs, prompts):
             if isinstance(p, _Rendered):
                 o.prompt = str(p)
         return outs
+
+    def chat_prompt(
+        self,
+        messages: Seq[Message],
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """One conversation rendered by the model's chat template, as a prompt for
+        ``add_request`` (its special tokens are encoded as such). A conversation the template
+        refuses gives a prompt whose request fails with the template's message."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt, **(chat_template_kwargs or {})
+            )
+        except ValueError as e:
+            return _Refused(str(e))
+        return _Rendered(text)  # the template holds any BOS/special tokens as text
 
     # -- internals -----------------------------------------------------------------------------
     def _make_sequence(self, prompt: Any, params: Any, request_id: Any = None) -> Sequence:

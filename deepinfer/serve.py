@@ -1,0 +1,72 @@
+"""``deepinfer serve [MODEL]``: the OpenAI-compatible HTTP server (also ``python -m deepinfer.serve``).
+
+Binds to 127.0.0.1 unless told otherwise. ``--api-key`` (or ``DEEPINFER_API_KEY``) makes every
+/v1 route require ``Authorization: Bearer <key>``. MODEL defaults to the embedded
+SmolLM2-135M-Instruct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="deepinfer serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("model", nargs="?", default=None, help="a .gguf, a Hugging Face folder or repo id")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--api-key", default=os.environ.get("DEEPINFER_API_KEY"))
+    ap.add_argument("--served-model-name", default=None, help="the model's name in the API")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--kv-cache-memory", type=float, default=None,
+                    help="bytes (>= 2), or a fraction of free memory (<= 1)")  # fmt: skip
+    ap.add_argument("--max-waiting", type=int, default=1024, help="requests in flight before 429")
+    ap.add_argument("--seed", type=int, default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    import uvicorn
+
+    from .llm import LLM
+    from .server.app import create_app
+    from .server.engine_loop import EngineLoop
+
+    kv = args.kv_cache_memory
+    if kv is not None and kv > 1:
+        kv = int(kv)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+              max_model_len=args.max_model_len, kv_cache_memory=kv, seed=args.seed)  # fmt: skip
+    name = args.served_model_name or (
+        os.path.basename(str(args.model)) if args.model else "SmolLM2-135M-Instruct"
+    )
+    loop = EngineLoop(llm, max_waiting=args.max_waiting)
+    loop.start()
+    app = create_app(loop, model_name=name, api_key=args.api_key)
+    print(f"deepinfer: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        loop.stop()
+
+
+def cli() -> None:
+    """The ``deepinfer`` console script: ``deepinfer serve ...``."""
+    argv = sys.argv[1:]
+    if not argv or argv[0] != "serve":
+        print(
+            "usage: deepinfer serve [MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY]", file=sys.stderr
+        )
+        raise SystemExit(2)
+    main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()
