@@ -147,13 +147,6 @@ class BlockPool:
         self._by_hash[key[0]] = block
         self._key[block] = key
 
-    def reset(self) -> None:
-        """Forget every cached block (held blocks stay held)."""
-        for b in list(self._key):
-            self._forget(b)
-        self._free.extend(reversed(self._cached))
-        self._cached.clear()
-
     def _forget(self, b: int) -> None:
         h, _ = self._key.pop(b)
         del self._by_hash[h]

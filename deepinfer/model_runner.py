@@ -166,7 +166,7 @@ class ModelRunner:
         """Row i computes its next ``counts[i]`` uncached tokens. Returns the logits [M, V] (not
         synced) of the rows whose tokens are then all cached (the ones that sample), in row
         order; ``num_cached`` advances."""
-        decode = all(n == 1 and s.num_cached + 1 == len(s) for s, n in zip(rows, counts))
+        decode = all(n == 1 and s.completes(1) for s, n in zip(rows, counts))
         if decode and self.static_decode:
             logits = self._decode_static(rows)
         elif self.tile:
@@ -180,7 +180,7 @@ class ModelRunner:
     def _step_tiles(self, rows: list[Sequence], counts: list[int]) -> torch.Tensor:
         """Deterministic mode with torch kernels: each prefill chunk alone, the decode rows in
         fixed tiles; the sampled rows' logits in row order."""
-        decodes = [s for s, n in zip(rows, counts) if n == 1 and s.num_cached + 1 == len(s)]
+        decodes = [s for s, n in zip(rows, counts) if n == 1 and s.completes(1)]
         out = {}
         if decodes:
             for s, x in zip(decodes, self._decode_static(decodes)):
@@ -190,7 +190,7 @@ class ModelRunner:
                 x = self._forward([s], [n])
                 if len(x):
                     out[id(s)] = x[0]
-        sampled = [out[id(s)] for s, n in zip(rows, counts) if s.num_cached + n == len(s)]
+        sampled = [out[id(s)] for s, n in zip(rows, counts) if s.completes(n)]
         if not sampled:
             return torch.empty(0, self.model.lm_head.shape[1], device=self.device)
         return torch.stack(sampled)
@@ -300,7 +300,7 @@ class ModelRunner:
             self.cache.block_size,
             per_row=self.deterministic,
         )
-        sampled = [i for i, (s, n) in enumerate(zip(rows, counts)) if s.num_cached + n == len(s)]
+        sampled = [i for i, (s, n) in enumerate(zip(rows, counts)) if s.completes(n)]
         if len(sampled) < len(rows):  # only the rows that sample need logits
             batch.logits_index = batch.logits_index[self._to(sampled)]
         # prompt chunks: on CUDA the query-tiled paged prefill (the per-token kernel would re-read

@@ -132,11 +132,6 @@ class Scheduler:
         """Anything to run or to hand back."""
         return bool(self.waiting or self.running or self._done)
 
-    @property
-    def idle(self) -> bool:
-        """No request holds KV blocks."""
-        return all(s.is_finished for s in self.running)
-
     # -- one step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Free finished rows' blocks, then decide this step (see the module docstring)."""
@@ -178,9 +173,7 @@ class Scheduler:
             s.prefill_end = len(s)
             self._take(s, n, out)
             budget -= n
-        out.decode = bool(out.rows) and all(
-            n == 1 and s.num_cached + 1 == len(s) for s, n in zip(out.rows, out.counts)
-        )
+        out.decode = bool(out.rows) and all(n == 1 and s.completes(1) for s, n in zip(out.rows, out.counts))
         return out
 
     def reserve(self, seqs: list[Sequence], positions: int) -> bool:
@@ -217,7 +210,7 @@ class Scheduler:
         row's attention of that layer reads)."""
         out.rows.append(s)
         out.counts.append(n)
-        if s.num_cached + n == len(s):
+        if s.completes(n):
             out.batch.append(s)
         self.prefill_tokens += max(0, min(s.num_cached + n, s.prefill_end) - s.num_cached)
         self._register(s, s.num_cached + n)

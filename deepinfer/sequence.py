@@ -74,6 +74,10 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def completes(self, n: int) -> bool:
+        """Computing its next ``n`` uncached tokens caches all it has (the row then samples)."""
+        return self.num_cached + n == len(self)
+
     @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED

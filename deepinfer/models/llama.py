@@ -35,8 +35,7 @@ class ForwardBatch:
     tokens, positions, slots, seq_ids: [N] int64 (slots: where each token's K/V is written,
                   ``block * block_size + offset``; seq_ids: the sequence (row of block_tables))
     block_tables: [B, W] int32, each sequence's blocks (0, the null block, past its own)
-    query_start, seq_lens: host lists (B + 1 and B ints); query_start_t, seq_lens_t: the same on
-                  the device (the query-tiled Triton prefill reads them)
+    query_start, seq_lens: host lists (B + 1 and B ints)
     logits_index: [M] int64, the tokens whose logits are wanted, or None for every token
     per_row:      torch attention one sequence at a time (batch-invariant: deterministic mode)
     """
@@ -50,8 +49,6 @@ class ForwardBatch:
     seq_lens: list[int]
     logits_index: torch.Tensor | None = None
     per_row: bool = False
-    query_start_t: torch.Tensor | None = None
-    seq_lens_t: torch.Tensor | None = None
 
     @classmethod
     def of_chunks(
@@ -88,8 +85,6 @@ class ForwardBatch:
             seq_lens=seq_lens,
             logits_index=to([q - 1 for q in query_start[1:]]) if logits == "last" else None,
             per_row=per_row,
-            query_start_t=to(query_start),
-            seq_lens_t=to(seq_lens),
         )
 
 
@@ -261,8 +256,12 @@ class LlamaModel:
         mm, norm = _ops(invariant, c.rms_norm_eps)
         if invariant:
             attention = "triton"
-        if attention == "prefill":
+        if attention == "prefill":  # the query-tiled kernel reads the varlen layout on the device
             max_q = max(b - a for a, b in zip(batch.query_start, batch.query_start[1:]))
+            query_start, seq_lens = (
+                torch.tensor(x, dtype=torch.int64).to(self.device, non_blocking=True)
+                for x in (batch.query_start, batch.seq_lens)
+            )
         for i, layer in enumerate(self.layers):
             h = norm(x, layer.ln1)
             qkv = _qkv(h, layer, mm, invariant).view(N, nqk + nkv, hd)  # heads: nh q, nkv k, nkv v
@@ -276,8 +275,8 @@ class LlamaModel:
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], batch.block_tables, batch.seq_ids,
                                            batch.positions)  # fmt: skip
             elif attention == "prefill":
-                o = paged_prefill_triton(q, cache.k[i], cache.v[i], batch.block_tables, batch.query_start_t,
-                                         batch.seq_lens_t, max_q)  # fmt: skip
+                o = paged_prefill_triton(q, cache.k[i], cache.v[i], batch.block_tables, query_start, seq_lens,
+                                         max_q)  # fmt: skip
             else:
                 o = paged_attention_torch(q, cache.k[i], cache.v[i], batch.block_tables, batch.query_start,
                                           batch.seq_lens, per_row=batch.per_row)  # fmt: skip

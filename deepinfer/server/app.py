@@ -95,7 +95,7 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
             if item.finished:
                 final = item
 
-    def params_for(body: dict, i: int, params):
+    def params_for(i: int, params):
         if i == 0 or params.seed is None:
             return params
         from dataclasses import replace
@@ -116,7 +116,7 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
         n = n_of(body)
         stream = bool(body.get("stream"))
         rid0 = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        subs = [submit(prompt, params_for(body, i, params)) for i in range(n)]
+        subs = [submit(prompt, params_for(i, params)) for i in range(n)]
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(

@@ -121,16 +121,10 @@ class EngineLoop:
                 return
             if msg[0] == "add":
                 _, rid, prompt, params, t0 = msg
-                if rid not in self._queues:
-                    continue  # (aborted before it was added)
                 self._times[rid] = [t0, 0.0, 0.0]
                 llm.add_request(prompt, params, request_id=rid, stream=True)
-            else:
-                rid = msg[1]
-                llm.abort_request(rid)
-                if rid in self._queues and rid not in self._times:  # not added yet
-                    self._send(rid, None)
-                    del self._queues[rid]
+            else:  # (an abort always follows its add in the inbox)
+                llm.abort_request(msg[1])
 
     def _deliver(self, o: RequestOutput, now: float) -> None:
         rid = o.request_id
