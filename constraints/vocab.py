@@ -1,16 +1,19 @@
 """The vocabulary as the constraint compiler sees it: each token id's exact bytes.
 
-Byte-level BPE tokenizers (GPT-2, Llama 3, SmolLM2, Qwen) write bytes with GPT-2's
-``bytes_to_unicode`` alphabet; SentencePiece tokenizers (Llama 2, Gemma) write a space as
-``▁`` and fall back to ``<0xNN>`` tokens for single bytes. Special tokens have no bytes
-(``None``): a constraint never allows them, except EOS where the constraint may end.
+Byte-level BPE tokenizers (GPT-2, Llama 3, SmolLM2, Qwen, Mistral's Tekken) write bytes with
+GPT-2's ``bytes_to_unicode`` alphabet; SentencePiece tokenizers (Llama 2, Mistral v1-v3,
+Gemma) write a space as ``▁`` and fall back to ``<0xNN>`` tokens for single bytes. Which one a
+tokenizer is, is read from its decoder. Special tokens have no bytes (``None``): a constraint
+never allows them, except EOS where the constraint may end. ``Vocabulary.encode`` tokenises
+text that continues a sequence (without SentencePiece's dummy-prefix space). See
+docs/tokenizers.md.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -40,11 +43,17 @@ def _byte_level_bytes(piece: str) -> bytes | None:
         return None
 
 
-def _sentencepiece_bytes(piece: str) -> bytes:
-    m = _BYTE_FALLBACK.match(piece)
-    if m:
-        return bytes([int(m.group(1), 16)])
-    return piece.replace("▁", " ").encode("utf-8")
+def _decoder_steps(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decoder's steps, a ``Sequence`` flattened."""
+
+    def flat(node: Any) -> list[dict[str, Any]]:
+        if not isinstance(node, dict):
+            return []
+        if node.get("type") == "Sequence":
+            return [step for d in node.get("decoders", []) for step in flat(d)]
+        return [node]
+
+    return flat(spec.get("decoder"))
 
 
 def _is_byte_level(spec: dict[str, Any]) -> bool:
@@ -60,32 +69,141 @@ def _is_byte_level(spec: dict[str, Any]) -> bool:
     return has_byte_level(spec.get("decoder")) or has_byte_level(spec.get("pre_tokenizer"))
 
 
+def _piece_decoder(spec: dict[str, Any]):
+    """``piece -> bytes`` for the model's own pieces, as the tokenizer's decoder writes them.
+
+    Byte-level BPE: GPT-2's alphabet. SentencePiece (a ``Metaspace`` or ``Replace("▁", " ")``
+    decoder): ``▁`` is a space, and with byte fallback ``<0xNN>`` is the single byte 0xNN
+    (``Strip``, which drops the dummy prefix's space at the start of a whole text, does not
+    change a token's bytes inside generated text).
+    """
+    if _is_byte_level(spec):
+        return _byte_level_bytes
+    steps = _decoder_steps(spec)
+    model = spec.get("model") or {}
+    byte_fallback = bool(model.get("byte_fallback")) or any(d.get("type") == "ByteFallback" for d in steps)
+    marker = None
+    for d in steps:
+        if d.get("type") == "Metaspace":
+            marker = d.get("replacement", "▁")
+        elif d.get("type") == "Replace" and d.get("content") == " ":
+            marker = (d.get("pattern") or {}).get("String", marker)
+
+    def piece_bytes(piece: str) -> bytes:
+        if byte_fallback:
+            m = _BYTE_FALLBACK.match(piece)
+            if m:
+                return bytes([int(m.group(1), 16)])
+        if marker:
+            piece = piece.replace(marker, " ")
+        return piece.encode("utf-8")
+
+    return piece_bytes
+
+
+def _added_token_bytes(tok: Any, token_id: int, anchor: int | None) -> bytes:
+    """A non-special added token's bytes: its text as the tokenizer decodes it after an
+    ordinary token (so a decoder's start-of-text ``Strip`` does not touch it)."""
+    if anchor is None:
+        return tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
+    head = tok.decode([anchor], skip_special_tokens=False)
+    text = tok.decode([anchor, token_id], skip_special_tokens=False)
+    return text[len(head) :].encode("utf-8") if text.startswith(head) else text.encode("utf-8")
+
+
 def token_bytes_from_tokenizer(tok: Any) -> tuple[list[bytes | None], set[int]]:
     """Each token id's bytes (``None`` for special tokens) and the special ids.
 
-    ``tok`` is a ``tokenizers.Tokenizer``.
+    ``tok`` is a ``tokenizers.Tokenizer``. Special added tokens and the model's unknown token
+    have no bytes; a non-special added token has the bytes its decoded text has.
     """
-    spec = json.loads(tok.to_str())
+    return _token_bytes(tok, json.loads(tok.to_str()))
+
+
+def _token_bytes(tok: Any, spec: dict[str, Any]) -> tuple[list[bytes | None], set[int]]:
     size = tok.get_vocab_size(with_added_tokens=True)
     id_to_piece: list[str | None] = [None] * size
     for piece, i in tok.get_vocab(with_added_tokens=True).items():
         if i >= len(id_to_piece):
             id_to_piece.extend([None] * (i + 1 - len(id_to_piece)))
         id_to_piece[i] = piece
-    special = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
-    added_plain = {t["id"]: t["content"] for t in spec.get("added_tokens", []) if not t.get("special")}
-    byte_level = _is_byte_level(spec)
-    out: list[bytes | None] = []
-    for i, piece in enumerate(id_to_piece):
-        if piece is None or i in special:
-            out.append(None)
-        elif i in added_plain:
-            out.append(added_plain[i].encode("utf-8"))
-        elif byte_level:
-            out.append(_byte_level_bytes(piece))
-        else:
-            out.append(_sentencepiece_bytes(piece))
+    added = spec.get("added_tokens") or []
+    special = {t["id"] for t in added if t.get("special")}
+    model = spec.get("model") or {}
+    unk = (
+        model.get("unk_id")
+        if model.get("type") == "Unigram"
+        else tok.token_to_id(model.get("unk_token") or "")
+    )
+    if unk is not None:
+        special.add(int(unk))
+    piece_bytes = _piece_decoder(spec)
+    out: list[bytes | None] = [
+        None if piece is None or i in special else piece_bytes(piece) for i, piece in enumerate(id_to_piece)
+    ]
+    plain = [t["id"] for t in added if not t.get("special") and t["id"] < len(out)]
+    if plain:
+        plain_set = set(plain)
+        anchor = next(
+            (i for i, b in enumerate(out) if b and b.isalpha() and b.isascii() and i not in plain_set), None
+        )
+        for i in plain:
+            out[i] = _added_token_bytes(tok, i, anchor)
     return out, special
+
+
+def continuation_encoder(tok: Any, spec: dict[str, Any] | None = None) -> Callable[[str], list[int]]:
+    """``text -> ids`` for text that continues a sequence (forced bytes in generated text).
+
+    A SentencePiece tokenizer prefixes the start of a text with ``▁`` (a space), which text in
+    the middle of a sequence does not have: the encoder returned is a copy of ``tok`` without
+    that prefix (``Prepend`` normalizers and ``Replace`` normalizers anchored at the start of
+    the text dropped, ``Metaspace``/``ByteLevel`` not prepending), or ``tok`` itself when it
+    prepends nothing.
+    """
+    spec = json.loads(tok.to_str()) if spec is None else spec
+    if _drop_prefix(spec):
+        tok = type(tok).from_str(json.dumps(spec))
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
+
+
+def _drop_prefix(spec: dict[str, Any]) -> bool:
+    """Make ``spec`` (a tokenizer.json dict) add no prefix to a text; True if it changed."""
+    changed = False
+
+    def at_start(n: dict[str, Any]) -> bool:
+        """A ``Prepend``, or a ``Replace`` of a pattern anchored at the start of the text."""
+        pattern = (n.get("pattern") or {}).get("Regex", "") if n.get("type") == "Replace" else ""
+        return n.get("type") == "Prepend" or pattern.startswith(("\\A", "^"))
+
+    norm = spec.get("normalizer")
+    if isinstance(norm, dict):
+        if at_start(norm):
+            spec["normalizer"] = None
+            changed = True
+        elif norm.get("type") == "Sequence":
+            kept = [n for n in norm.get("normalizers", []) if not at_start(n)]
+            changed = len(kept) != len(norm.get("normalizers", []))
+            norm["normalizers"] = kept
+
+    def walk(node: Any) -> None:
+        nonlocal changed
+        if isinstance(node, list):
+            for n in node:
+                walk(n)
+        elif isinstance(node, dict):
+            if node.get("type") == "Metaspace":
+                if node.get("prepend_scheme", "never") != "never" or node.get("add_prefix_space"):
+                    node["prepend_scheme"] = "never"
+                    node.pop("add_prefix_space", None)
+                    changed = True
+            elif node.get("type") == "ByteLevel" and node.get("add_prefix_space"):
+                node["add_prefix_space"] = False
+                changed = True
+            walk(node.get("pretokenizers"))
+
+    walk(spec.get("pre_tokenizer"))
+    return changed
 
 
 class Vocabulary:
@@ -145,7 +263,8 @@ class Vocabulary:
         """
         if hasattr(tok, "backend_tokenizer"):  # transformers PreTrainedTokenizerFast
             tok = tok.backend_tokenizer
-        token_bytes, special = token_bytes_from_tokenizer(tok)
+        spec = json.loads(tok.to_str())
+        token_bytes, special = _token_bytes(tok, spec)
         if eos_ids is None:
             names = (
                 "</s>",
@@ -158,7 +277,7 @@ class Vocabulary:
             )
             eos_ids = [i for n in names if (i := tok.token_to_id(n)) is not None]
         vocab = cls(token_bytes, eos_ids, special, vocab_size)
-        vocab.encode = lambda text: tok.encode(text, add_special_tokens=False).ids
+        vocab.encode = continuation_encoder(tok, spec)
         return vocab
 
     def __len__(self) -> int:

@@ -64,19 +64,31 @@ def load_hf(model: str) -> LoadedModel:
         raise ValueError(f"{cfg_path!r}: {e}") from e
 
     tok_path = os.path.join(folder, "tokenizer.json")
-    if not os.path.isfile(tok_path):
+    tekken_path = os.path.join(folder, "tekken.json")  # Mistral's Tekken, where there is no tokenizer.json
+    if not os.path.isfile(tok_path) and not os.path.isfile(tekken_path):
         raise FileNotFoundError(
-            f"{folder!r} has no tokenizer.json: a fast (tokenizers) tokenizer file is required"
+            f"{folder!r} has no tokenizer.json (nor Mistral's tekken.json): a fast (tokenizers) "
+            "tokenizer file is required"
         )
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise FileNotFoundError(
             f"{folder!r} has no *.safetensors weights (pickled .bin files are never loaded)"
         )
-    try:
-        tokenizer = Tokenizer.from_file(tok_path)
-    except Exception as e:  # tokenizers raises a bare Exception
-        raise ValueError(f"{tok_path!r} is not a readable tokenizer.json: {e}") from e
+    tekken: dict[str, Any] = {}
+    if not os.path.isfile(tok_path):
+        from ..tokenizer import tekken_tokenizer
+
+        try:
+            data = _read_json(tekken_path)
+        except ValueError as e:
+            raise ValueError(f"{tekken_path!r} is not valid JSON: {e}") from e
+        tokenizer, tekken = tekken_tokenizer(data, tekken_path)
+    else:
+        try:
+            tokenizer = Tokenizer.from_file(tok_path)
+        except Exception as e:  # tokenizers raises a bare Exception
+            raise ValueError(f"{tok_path!r} is not a readable tokenizer.json: {e}") from e
     shapes = {}  # every shape checked against config.json before any tensor is read
     for path in files:
         with safe_open(path, framework="pt") as fh:
@@ -112,7 +124,10 @@ def load_hf(model: str) -> LoadedModel:
     tok_eos = _token_id(tokenizer, tcfg.get("eos_token"))
     if tok_eos is not None:
         eos_ids.append(tok_eos)
+    eos_ids += tekken.get("eos_token_ids", [])
     bos = _token_id(tokenizer, tcfg.get("bos_token"))
+    if bos is None:
+        bos = tekken.get("bos_token_id")
     return LoadedModel(
         config=config,
         weights=weights,

@@ -97,3 +97,78 @@ def llama3():
 
     tok = Tokenizer.from_file(p)
     return tok, Vocabulary.from_tokenizer(tok)
+
+
+# -- SentencePiece and Tekken vocabularies (files shipped by the PyPI package mistral-common) ----
+
+MISTRAL_COMMON = "mistral-common==1.13.1"
+
+
+def mistral_common_file(name: str) -> str:
+    """A tokenizer file from mistral-common's data folder (Apache-2.0), or skip saying why."""
+    import pytest
+
+    spec = importlib.util.find_spec("mistral_common")
+    if spec is None or spec.origin is None:
+        pytest.skip(f"{name}: PyPI package {MISTRAL_COMMON} not installed (./build.sh install)")
+    p = os.path.join(os.path.dirname(spec.origin), "data", name)
+    if not os.path.exists(p):
+        pytest.skip(f"{p} not found ({MISTRAL_COMMON} ships it)")
+    return p
+
+
+def force(compiled, ids: list[int]) -> None:
+    """Each token of ``ids`` is in the mask at its step and accepted; the constraint may end after."""
+    from deepinfer.constraints import Matcher
+
+    m = Matcher(compiled)
+    for k, t in enumerate(ids):
+        allowed = m.allowed_tokens()
+        assert t in allowed, f"token {k} (id {t}, {compiled.vocab.token_bytes[t]!r}) not in the mask"
+        assert m.accept(t), f"token {k} (id {t}) in the mask but rejected"
+    assert m.can_end(), "cannot end after the last token"
+
+
+def sentencepiece_bytes(sp) -> list[bytes | None]:
+    """Each id's bytes as the ``sentencepiece`` library itself decodes them: None for control,
+    unknown and unused pieces, the named byte for a byte piece, else the text the piece adds
+    after an ordinary piece (so the dummy prefix's space, dropped at the start, is kept)."""
+    anchor = sp.piece_to_id("▁a")
+    head = sp.decode([anchor])
+    out: list[bytes | None] = []
+    for i in range(sp.get_piece_size()):
+        if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
+            out.append(None)
+        elif sp.is_byte(i):
+            out.append(bytes([int(sp.id_to_piece(i)[3:5], 16)]))
+        else:
+            text = sp.decode([anchor, i])
+            assert text.startswith(head), (i, text)
+            out.append(text[len(head) :].encode())
+    return out
+
+
+@lru_cache(maxsize=1)
+def tekken(name: str = "tekken_240911.json"):
+    """(tokenizers.Tokenizer, Vocabulary, tiktoken.Encoding oracle, number of special ids) for a
+    Mistral Tekken file (mistral-common ships it; tiktoken is the oracle), or skip saying why."""
+    import base64
+    import json
+
+    import pytest
+
+    path = mistral_common_file(name)
+    tiktoken = pytest.importorskip("tiktoken", reason="tiktoken is the Tekken test oracle")
+    from deepinfer.tokenizer import tekken_tokenizer
+
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    tok, _ = tekken_tokenizer(data, path)
+    cfg = data["config"]
+    n_special = cfg["default_num_special_tokens"]
+    ranks = {
+        base64.b64decode(e["token_bytes"]): e["rank"]
+        for e in data["vocab"][: cfg["default_vocab_size"] - n_special]
+    }
+    oracle = tiktoken.Encoding(name, pat_str=cfg["pattern"], mergeable_ranks=ranks, special_tokens={})
+    return tok, Vocabulary.from_tokenizer(tok), oracle, n_special
