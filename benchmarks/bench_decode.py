@@ -8,6 +8,12 @@ CUDA: random weights at real model shapes, bf16, batch 1/16/64, decode eager, as
 and as CUDA graphs in deterministic mode, beside the memory-bandwidth floor ((weight + KV-cache
 bytes read per step) / measured device-to-device copy bandwidth):
     python benchmarks/bench_decode.py --device cuda --shapes smollm2-135m,llama3-8b
+
+The model families (FAMILY_SHAPES: Qwen3, Mistral with its sliding window, Phi-3, Gemma 2 and 3,
+the Qwen3-30B-A3B mixture of experts), with a prefill of --prefill-len tokens beside its compute floor
+(2 x active parameters x tokens / --peak-tflops). A MoE decode step's floor counts k experts a
+layer (the least any routing reads; uniform routing of b rows reads E (1 - (1 - k/E)^b)):
+    python benchmarks/bench_decode.py --device cuda --shapes qwen3-8b,qwen3-30b-a3b --modes graphs
 """
 
 from __future__ import annotations
@@ -34,6 +40,117 @@ SHAPES = {
     # SmolLM2's vocabulary on a 2-layer model: the host side of a step (masks, sampler, Python)
     # dominates, so bench_e2e on the CPU shows what constraints cost the host per token
     "smollm2-tiny": (2, 64, 128, 4, 2, 16, 49152, True, 10000.0),
+}
+
+
+# name: config.json of the family at that model's real shape (random weights)
+_GQA = {
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 32768,
+}
+FAMILY_SHAPES = {
+    "qwen3-8b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "vocab_size": 151936,
+        "rope_theta": 1e6,
+        **_GQA,
+    },
+    "mistral-7b-swa": {
+        "architectures": ["MistralForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "vocab_size": 32768,
+        "sliding_window": 4096,
+        **_GQA,
+    },
+    "phi3-mini": {
+        "architectures": ["Phi3ForCausalLM"],
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32064,
+        "sliding_window": 2047,
+        "max_position_embeddings": 4096,
+    },
+    "gemma3-4b": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 34,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "vocab_size": 262208,
+        "sliding_window": 1024,
+        "query_pre_attn_scalar": 256,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+    },
+    "gemma2-9b": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "hidden_size": 3584,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 42,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 256,
+        "vocab_size": 256000,
+        "sliding_window": 4096,
+        "query_pre_attn_scalar": 256,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 8192,
+    },
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "max_position_embeddings": 32768,
+    },
+    # the code paths without a GPU
+    "tiny-gemma3": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 1024,
+        "sliding_window": 64,
+        "sliding_window_pattern": 2,
+    },
+    "tiny-qwen3-moe": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 1024,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+    },
 }
 
 
@@ -157,31 +274,75 @@ def bench_cpu(args) -> None:
 
 
 # -- CUDA: random weights at real shapes -----------------------------------------------------
-def _random_weights(shape, device, dtype):
-    L, H, I, nh, nkv, hd, V, tied, _ = shape
+def _config(name: str):
+    from deepinfer.config import ModelConfig
+
+    if name in FAMILY_SHAPES:
+        return ModelConfig.from_hf(FAMILY_SHAPES[name])
+    L, H, I, nh, nkv, hd, V, tied, theta = SHAPES[name]
+    return ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
+                       num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
+                       max_position_embeddings=4096)  # fmt: skip
+
+
+def _random_weights(cfg, device, dtype):
+    """Every weight the config implies (norms 1 (Gemma: 0, as it scales by 1 + w), the rest
+    N(0, 0.02))."""
     g = torch.Generator(device=device).manual_seed(0)
+    shapes = cfg.weight_shapes()
+    norm = 0.0 if cfg.family.norm_offset else 1.0
 
-    def rnd(*s):
-        return torch.randn(*s, device=device, dtype=dtype, generator=g) * 0.02
+    def make(name: str, pattern: str) -> torch.Tensor:
+        size = [d for d, _ in shapes[pattern]]
+        if "norm" in name:
+            return torch.full(size, norm, device=device, dtype=dtype)
+        return torch.randn(*size, device=device, dtype=dtype, generator=g) * 0.02
 
-    w = {
-        "model.embed_tokens.weight": rnd(V, H),
-        "model.norm.weight": torch.ones(H, device=device, dtype=dtype),
-    }
-    if not tied:
-        w["lm_head.weight"] = rnd(V, H)
-    for i in range(L):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = torch.ones(H, device=device, dtype=dtype)
-        w[p + "post_attention_layernorm.weight"] = torch.ones(H, device=device, dtype=dtype)
-        w[p + "self_attn.q_proj.weight"] = rnd(nh * hd, H)
-        w[p + "self_attn.k_proj.weight"] = rnd(nkv * hd, H)
-        w[p + "self_attn.v_proj.weight"] = rnd(nkv * hd, H)
-        w[p + "self_attn.o_proj.weight"] = rnd(H, nh * hd)
-        w[p + "mlp.gate_proj.weight"] = rnd(I, H)
-        w[p + "mlp.up_proj.weight"] = rnd(I, H)
-        w[p + "mlp.down_proj.weight"] = rnd(H, I)
+    names = ["embed_tokens.weight", "norm.weight"] + ([] if cfg.tie_word_embeddings else ["lm_head.weight"])
+    w = {("" if n == "lm_head.weight" else "model.") + n: make(n, n) for n in names}
+    for i in range(cfg.num_layers):
+        for part in cfg.layer_weights(i):
+            pattern = part if ".experts." not in part else "mlp.experts.*." + part.split(".", 3)[3]
+            w[f"model.layers.{i}.{part}"] = make(part, pattern)
     return w
+
+
+def _read_bytes(model) -> tuple[int, int]:
+    """(bytes of weights a decode step reads at least, parameters a token runs through)."""
+    dense = [model.lm_head] + [
+        t for ly in model.layers for t in (ly.wqkv, ly.wo, ly.wgu, ly.wd) if t is not None
+    ]
+    read = sum(t.numel() * t.element_size() for t in dense)
+    active = sum(t.numel() for t in dense)
+    for ly in model.layers:
+        if ly.moe is not None:
+            k = ly.moe.top_k
+            per = ly.moe.w_gate_up[0].numel() + ly.moe.w_down[0].numel()
+            read += k * per * ly.moe.w_gate_up.element_size()  # (at least k experts: any routing)
+            read += ly.moe.router.numel() * ly.moe.router.element_size()
+            active += k * per + ly.moe.router.numel()
+    return read, active
+
+
+def _prefill_seconds(runner, args, device) -> float:
+    """Seconds of one prefill step of a --prefill-len-token prompt (the eager forward)."""
+    from deepinfer.sequence import Sequence
+
+    n = args.prefill_len
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    per = -(-n // BLOCK_SIZE)
+    runner.allocate(1 + per, BLOCK_SIZE, 1)
+    best = float("inf")
+    for _ in range(3):
+        s = Sequence(0, None, [1 + i % 1000 for i in range(n)], sp, seed=0, eos_token_ids=(), max_len=1 << 20)
+        s.block_table = list(range(1, 1 + per))
+        _sync(device)
+        t = time.perf_counter()
+        runner.step([s], [n])
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    runner.cache = runner.graphs = None
+    return best
 
 
 def _sync(device) -> None:
@@ -247,7 +408,6 @@ def _decode_seconds(runner, batch, args, device) -> float:
 
 
 def bench_cuda(args) -> None:
-    from deepinfer.config import ModelConfig
     from deepinfer.models.llama import LlamaModel
 
     device, dtype = torch.device(args.device), torch.bfloat16
@@ -260,29 +420,23 @@ def bench_cuda(args) -> None:
         f"\n{dev_name}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, random weights, "
         f"{args.steps} decode steps after a {args.prompt_len}-token prompt; modes: {', '.join(modes)}"
     )
-    rows = []
+    rows, prefill_rows = [], []
     for name in args.shapes.split(","):
-        shape = SHAPES[name]
-        L, H, I, nh, nkv, hd, V, tied, theta = shape
-        cfg = ModelConfig(
-            vocab_size=V,
-            hidden_size=H,
-            intermediate_size=I,
-            num_layers=L,
-            num_heads=nh,
-            num_kv_heads=nkv,
-            head_dim=hd,
-            rope_theta=theta,
-            tie_word_embeddings=tied,
-            max_position_embeddings=4096,
-        )
-        weights = _random_weights(shape, device, dtype)
-        model = LlamaModel(cfg, weights, dtype=dtype, device=device, max_len=args.prompt_len + args.steps + 8)
+        cfg = _config(name)
+        L, nkv, hd = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+        weights = _random_weights(cfg, device, dtype)
+        max_len = max(args.prompt_len + args.steps + 8, args.prefill_len + 8)
+        model = LlamaModel(cfg, weights, dtype=dtype, device=device, max_len=max_len)
         del weights
-        weight_bytes = sum(
-            t.numel() * t.element_size()
-            for t in [model.lm_head] + [x for ly in model.layers for x in (ly.wqkv, ly.wo, ly.wgu, ly.wd)]
-        )
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if args.prefill_len:
+            t = _prefill_seconds(ModelRunner(model, cuda_graphs=False), args, device)
+            active = _read_bytes(model)[1]
+            floor = 2 * active * args.prefill_len / (args.peak_tflops * 1e12)
+            prefill_rows.append([name, args.prefill_len, f"{t * 1e3:.1f}", f"{args.prefill_len / t:.0f}",
+                                 f"{floor * 1e3:.1f}", f"{floor / t:.0%}"])  # fmt: skip
+            print(f"  {name} prefill {args.prefill_len}: {t * 1e3:.1f} ms", flush=True)
         step = {}
         for mode in modes:
             kw = (
@@ -306,8 +460,9 @@ def bench_cuda(args) -> None:
         for batch in args.batches:
             # each step reads every weight once, plus each row's K/V (mean context over the run),
             # at the copy's rate (bytes read + written per second: what HBM moves in all)
-            kv_bytes = batch * (args.prompt_len + args.steps / 2) * L * 2 * nkv * hd * 2
-            floor = (weight_bytes + kv_bytes) / bw
+            ctx = args.prompt_len + args.steps / 2
+            kv_bytes = sum(batch * min(ctx, cfg.window(i) or ctx) * 2 * nkv * hd * 2 for i in range(L))
+            floor = (_read_bytes(model)[0] + kv_bytes) / bw
             best = min(
                 (step[m, batch] for m in modes if step[m, batch] == step[m, batch]), default=float("nan")
             )
@@ -327,6 +482,10 @@ def bench_cuda(args) -> None:
     if "graphs" in modes and "deterministic" in modes:
         header.append("deterministic tok/s vs graphs")
     _table(header, rows)
+    if prefill_rows:
+        print(f"\nPrefill, one {args.prefill_len}-token prompt, eager forward; floor: 2 x active "
+              f"parameters x tokens at {args.peak_tflops:g} TFLOP/s")  # fmt: skip
+        _table(["shape", "tokens", "ms", "tok/s", "floor ms", "of floor"], prefill_rows)
 
 
 def main() -> None:
@@ -339,11 +498,13 @@ def main() -> None:
     ap.add_argument("--batches", type=lambda x: [int(b) for b in x.split(",")], default=[1, 16, 64],
                     help="decode batch sizes (CUDA)")  # fmt: skip
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--prefill-len", type=int, default=0, help="time a prefill of this many tokens (CUDA)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak (H200: 989)")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--no-deterministic", action="store_true")
     ap.add_argument("--modes", default=",".join(MODES), help="decode modes to time (CUDA)")
     args = ap.parse_args()
-    if args.device.startswith("cuda") or args.shapes == "tiny":
+    if args.device.startswith("cuda") or args.shapes.startswith("tiny"):
         bench_cuda(args)
     else:
         bench_cpu(args)

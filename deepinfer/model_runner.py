@@ -87,6 +87,11 @@ class ModelRunner:
             raise ValueError(f"cuda_graphs=True needs a CUDA model, this one is on {self.device}")
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         self.deterministic = deterministic
+        if deterministic and any(layer.moe is not None for layer in model.layers):
+            raise ValueError(
+                "deterministic mode does not cover mixture-of-experts models: a token's experts run "
+                "grouped with the other tokens routed to them (see docs/models.md)"
+            )
         self.invariant = deterministic and (on_cuda if invariant_kernels is None else invariant_kernels)
         self.tile = DETERMINISTIC_TILE if deterministic and not self.invariant else None
         # the attentions this mode allows, its default first ("rows" reads lengths on the host)

@@ -30,6 +30,14 @@ Four implementations:
   and it rounds unlike the per-token kernel (other dot shapes): deterministic mode keeps that one.
 They differ from each other in rounding; the per-token Triton kernel and ``per_row=True`` are
 each invariant on their own.
+
+Soft-capping (Gemma 2): every function takes ``softcap`` (0: none); a score s = q k / sqrt(hd)
+becomes ``softcap * tanh(s / softcap)`` before the softmax.
+
+Sliding window: every function takes ``window`` (0: none). A query at position p then sees keys
+(p - window, p] only: ``window`` keys, itself included (transformers' sliding-window mask). The
+Triton kernels start at the window's first key block, so a windowed layer reads at most
+``window`` + a block of keys a row.
 """
 
 from __future__ import annotations
@@ -76,6 +84,11 @@ def _check_rows(fn: str, q: torch.Tensor, seq_ids: torch.Tensor, positions: torc
                              f"got {t.dtype} {tuple(t.shape)}")  # fmt: skip
 
 
+def _check_window(fn: str, window) -> None:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"{fn}: expected window a host int >= 0 (0: no sliding window), got {window!r}")
+
+
 def paged_attention_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -83,24 +96,31 @@ def paged_attention_reference(
     block_tables: torch.Tensor,
     seq_ids: torch.Tensor,
     positions: torch.Tensor,
+    *,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q: [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd]; block_tables:
     [S, W] int; seq_ids, positions: [N] int. -> [N, nkv, g, hd] float64 on CPU.
     Row n: softmax(q[n] k^T / sqrt(hd)) v over keys [0, positions[n]] of sequence seq_ids[n]
-    (the module docstring's loop, in float64)."""
+    (the module docstring's loop, in float64); with a window, keys (positions[n] - window,
+    positions[n]] only."""
     fn = "paged_attention_reference"
     _check_cache(fn, q, k_cache, v_cache, block_tables)
     _check_rows(fn, q, seq_ids, positions)
+    _check_window(fn, window)
     bs = k_cache.shape[1]
     tables = block_tables.cpu().long()
     k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
     out = torch.empty(q.shape, dtype=torch.float64)
     for n, (s, p) in enumerate(zip(seq_ids.tolist(), positions.tolist())):
-        ps = torch.arange(p + 1)
+        ps = torch.arange(max(0, p + 1 - window) if window else 0, p + 1)
         blocks = tables[s, ps // bs]
         k = k_cache[blocks, ps % bs].double().transpose(0, 1)  # [nkv, len, hd]
         v = v_cache[blocks, ps % bs].double().transpose(0, 1)
         scores = q[n].double().cpu() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [nkv, g, len]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         out[n] = torch.softmax(scores, dim=-1) @ v
     return out
 
@@ -112,15 +132,20 @@ def paged_attention_triton(
     block_tables: torch.Tensor,
     seq_ids: torch.Tensor,
     positions: torch.Tensor,
+    *,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q: [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd] (q's dtype, last dim
     contiguous, block_size a power of two); block_tables: [S, W] int32/int64; seq_ids, positions:
     [N] int64 (or int32), on q's device. -> [N, nkv, g, hd] in q's dtype. One launch, no host sync.
-    Row n reads keys [0, positions[n]] of sequence seq_ids[n]; the caller keeps
-    positions[n] < W * block_size (a key past the table would be skipped, not read)."""
+    Row n reads keys [0, positions[n]] of sequence seq_ids[n] (with a window: the last ``window``
+    of them); the caller keeps positions[n] < W * block_size (a key past the table would be
+    skipped, not read)."""
     fn = "paged_attention_triton"
     _check_cache(fn, q, k_cache, v_cache, block_tables)
     _check_rows(fn, q, seq_ids, positions)
+    _check_window(fn, window)
     bs = k_cache.shape[1]
     if bs < 1 or bs & (bs - 1):
         raise ValueError(f"{fn}: expected block_size (k_cache.shape[1]) a power of two, got {bs}")
@@ -135,7 +160,8 @@ def paged_attention_triton(
 
     # the kernel reads row n's index at offset n
     seq_ids, positions = seq_ids.contiguous(), positions.contiguous()
-    launch(q, k_cache, v_cache, out, block_tables, seq_ids, positions, 1.0 / math.sqrt(q.shape[-1]), BLOCK_N)
+    launch(q, k_cache, v_cache, out, block_tables, seq_ids, positions, 1.0 / math.sqrt(q.shape[-1]), BLOCK_N,
+           window, softcap)  # fmt: skip
     return out
 
 
@@ -147,6 +173,9 @@ def paged_prefill_triton(
     query_start: torch.Tensor,
     seq_lens: torch.Tensor,
     max_query_len: int,
+    *,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q: [N, nkv, g, hd] (last dim contiguous, else copied); k_cache, v_cache: [num_blocks,
     block_size, nkv, hd] (q's dtype, last dim contiguous, block_size a power of two);
@@ -169,6 +198,7 @@ def paged_prefill_triton(
     shapes): deterministic mode keeps the per-token kernel."""
     fn = "paged_prefill_triton"
     _check_cache(fn, q, k_cache, v_cache, block_tables)
+    _check_window(fn, window)
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"{fn}: expected q float32, bfloat16 or float16, got {q.dtype}")
     bs = k_cache.shape[1]
@@ -205,29 +235,47 @@ def paged_prefill_triton(
     from .paged_prefill_triton import launch
 
     launch(q, k_cache, v_cache, out, block_tables, query_start.contiguous(), seq_lens.contiguous(),
-           max_query_len, 1.0 / math.sqrt(q.shape[-1]))  # fmt: skip
+           max_query_len, 1.0 / math.sqrt(q.shape[-1]), window, softcap)  # fmt: skip
     return out
 
 
-def _own_keys(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:
-    # keys [0, n) of one sequence: [1, nkv, n, hd]
+def _own_keys(cache: torch.Tensor, table_row: torch.Tensor, n: int, lo: int = 0) -> torch.Tensor:
+    # keys [lo, n) of one sequence: [1, nkv, n - lo, hd]
     bs = cache.shape[1]
-    blocks = cache[table_row[: -(-n // bs)]]  # [nb, bs, nkv, hd]
-    return blocks.flatten(0, 1)[:n].transpose(0, 1).unsqueeze(0)
+    first = lo // bs
+    blocks = cache[table_row[first : -(-n // bs)]]  # [nb, bs, nkv, hd]
+    return blocks.flatten(0, 1)[lo - first * bs : n - first * bs].transpose(0, 1).unsqueeze(0)
 
 
-def _sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q: [T, nkv, g, hd], the newest T tokens of a sequence whose keys are k, v: [1, nkv, n, hd]
-    -> [T, nkv, g, hd]. One SDPA call; the T * g query heads of a KV head as T * g queries, the
-    one at position p = n - T + t seeing keys <= p."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+           softcap: float = 0.0) -> torch.Tensor:  # fmt: skip
+    """SDPA (scale 1/sqrt(hd)); with ``softcap``, the scores soft-capped first (then in float32, as
+    SDPA has no soft-cap). mask: bool (True: seen) or additive, broadcast to the scores."""
+    if not softcap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    s = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
+    s = torch.tanh(s / softcap) * softcap
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    return (torch.softmax(s, dim=-1).to(v.dtype) @ v).to(q.dtype)
+
+
+def _sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int, window: int = 0,
+              softcap: float = 0.0) -> torch.Tensor:  # fmt: skip
+    """q: [T, nkv, g, hd], the newest T tokens of a sequence of n keys, whose keys [n - L, n) are
+    k, v: [1, nkv, L, hd] -> [T, nkv, g, hd]. One SDPA call; the T * g query heads of a KV head as
+    T * g queries, the one at position p = n - T + t seeing keys <= p (and > p - window)."""
     T, nkv, g, hd = q.shape
-    n = k.shape[2]
-    if T == 1:  # every key is visible: no mask; [1, nkv, g, hd] is one batch row of g queries
-        return F.scaled_dot_product_attention(q, k, v)
+    L = k.shape[2]
+    if T == 1 and (not window or L <= window):  # every key is visible: no mask
+        return attend(q, k, v, softcap=softcap)  # [1, nkv, g, hd]: one batch row of g queries
     qs = q.permute(1, 0, 2, 3).reshape(1, nkv, T * g, hd)
-    pos = torch.arange(n - T, n, device=q.device).repeat_interleave(g)  # [T * g]
-    mask = torch.arange(n, device=q.device) <= pos[:, None]  # [T * g, n]
-    o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask)  # [1, nkv, T * g, hd]
+    pos = torch.arange(n - T, n, device=q.device).repeat_interleave(g)[:, None]  # [T * g, 1]
+    keys = torch.arange(n - L, n, device=q.device)
+    mask = keys <= pos  # [T * g, L]
+    if window:
+        mask &= keys > pos - window
+    o = attend(qs, k, v, mask, softcap)  # [1, nkv, T * g, hd]
     return o[0].reshape(nkv, T, g, hd).transpose(0, 1)
 
 
@@ -240,6 +288,8 @@ def paged_attention_torch(
     seq_lens: list[int],
     *,
     per_row: bool = False,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q: [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd] (q's dtype);
     block_tables: [S, W] int32/int64, row b = sequence b; query_start: B + 1 offsets from 0 to N;
@@ -251,10 +301,12 @@ def paged_attention_torch(
     of their blocks through the table ([R, nb * bs, nkv, hd], slots past a row's length zeroed, as
     they may hold NaN) and one length-masked SDPA call; every other sequence gets one call over its
     own keys with a causal offset mask. ``per_row=True``: every sequence gets its own call over
-    exactly its own keys, so its result does not depend on the rest of the batch.
+    exactly its own keys, so its result does not depend on the rest of the batch. ``window``: a
+    query sees its last ``window`` keys only (a chunk's call reads from its first query's window).
     """
     fn = "paged_attention_torch"
     _check_cache(fn, q, k_cache, v_cache, block_tables)
+    _check_window(fn, window)
     N = q.shape[0]
     B = len(seq_lens)
     bs = k_cache.shape[1]
@@ -281,18 +333,23 @@ def paged_attention_torch(
         lens = torch.tensor([seq_lens[b] for b in decode], device=q.device)
         nb = -(-max(seq_lens[b] for b in decode) // bs)
         blocks = tables[rows, :nb]  # [R, nb]
-        visible = torch.arange(nb * bs, device=q.device) < lens[:, None]  # [R, L]
+        cols = torch.arange(nb * bs, device=q.device)
+        visible = cols < lens[:, None]  # [R, L]
+        if window:
+            visible &= cols >= lens[:, None] - window
         hidden = ~visible[:, :, None, None]
         # [R, L, nkv, hd] -> [R, nkv, L, hd]; garbage past a row's length (the null block, unused
         # slots) is zeroed: a NaN there would survive the mask (0 * NaN in p @ v)
         k = k_cache[blocks].flatten(1, 2).masked_fill_(hidden, 0).transpose(1, 2)
         v = v_cache[blocks].flatten(1, 2).masked_fill_(hidden, 0).transpose(1, 2)
-        out[starts] = F.scaled_dot_product_attention(q[starts], k, v, attn_mask=visible[:, None, None, :])
+        out[starts] = attend(q[starts], k, v, visible[:, None, None, :], softcap)
     done = set(decode)
     for b in range(B):
         s, e = query_start[b], query_start[b + 1]
         if b in done or s == e:
             continue
         n = seq_lens[b]
-        out[s:e] = _sequence(q[s:e], _own_keys(k_cache, tables[b], n), _own_keys(v_cache, tables[b], n))
+        lo = max(0, n - (e - s) + 1 - window) if window else 0  # the first query's first key
+        k, v = _own_keys(k_cache, tables[b], n, lo), _own_keys(v_cache, tables[b], n, lo)
+        out[s:e] = _sequence(q[s:e], k, v, n, window, softcap)
     return out

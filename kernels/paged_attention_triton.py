@@ -27,6 +27,8 @@ def _paged_attention_kernel(
     pos_ptr,
     W,
     scale,
+    window,
+    softcap,
     stride_bs,
     stride_bw,
     stride_kb,
@@ -43,6 +45,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     # one program: query row r, KV head h; its G query heads as a [G_PAD, HD_PAD] block (rows
     # past G are zeros: tl.dot needs 16), scores and values through tl.dot
@@ -60,11 +63,13 @@ def _paged_attention_kernel(
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HD_PAD], tl.float32)
-    # fixed blocks from key 0 up to the row's own length: nothing else sets the reduction order
-    for start in range(0, n, BLOCK_N):
+    # fixed blocks from key 0 (with a sliding window: from the block of the window's first key
+    # lo) up to the row's own length: nothing else sets the reduction order
+    lo = tl.maximum(n - window, 0) if window > 0 else 0
+    for start in range((lo // BLOCK_N) * BLOCK_N, n, BLOCK_N):
         cols = start + j  # [BLOCK_N] key positions
         slot = cols // BLOCK_SIZE  # the column's entry of the table (a shift: BLOCK_SIZE is 2**k)
-        live = (cols < n) & (slot < W)  # (slot < W: never read past the table row)
+        live = (cols < n) & (cols >= lo) & (slot < W)  # (slot < W: never read past the table row)
         blk = tl.load(table + slot * stride_bw, mask=live, other=0).to(tl.int64)
         within = (cols % BLOCK_SIZE).to(tl.int64)
         kv_mask = live[:, None] & (d[None, :] < HD)
@@ -74,8 +79,12 @@ def _paged_attention_kernel(
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(live[None, :], s * scale, float("-inf"))  # [G_PAD, BLOCK_N]
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: block 0 holds key 0
+        if SOFTCAP:  # softcap * tanh(s / softcap), tanh(u) = 2 sigmoid(2u) - 1
+            s = (2.0 * tl.sigmoid(s * (2.0 * scale / softcap)) - 1.0) * softcap
+        else:
+            s = s * scale
+        s = tl.where(live[None, :], s, float("-inf"))  # [G_PAD, BLOCK_N]
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first block holds key lo
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         denom = denom * alpha + tl.sum(p, axis=1)
@@ -101,10 +110,12 @@ def launch(
     positions: torch.Tensor,
     scale: float,
     block_n: int,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """q, out: contiguous [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd]
     (last dim contiguous, block_size a power of two); block_tables: [S, W]; seq_ids, positions:
-    contiguous [N]."""
+    contiguous [N]; window: a row's last keys it sees (0: all)."""
     N, nkv, g, hd = q.shape
     _paged_attention_kernel[(N, nkv)](
         q,
@@ -116,6 +127,8 @@ def launch(
         positions,
         block_tables.shape[1],
         scale,
+        window,
+        softcap if softcap else 1.0,
         block_tables.stride(0),
         block_tables.stride(1),
         k_cache.stride(0),
@@ -132,5 +145,6 @@ def launch(
         BLOCK_N=block_n,
         BLOCK_SIZE=k_cache.shape[1],
         IEEE=q.dtype == torch.float32 or INTERPRET,
+        SOFTCAP=bool(softcap),
         num_warps=4,
     )

@@ -42,6 +42,15 @@ def config(g: int, hd: int, fp32: bool) -> tuple[int, int, int]:
 
 
 @triton.jit
+def _scaled(s, qk_scale, cap_in, cap_out, SOFTCAP: tl.constexpr):
+    """Scores q k in log2 units: s * qk_scale (scale * log2(e)), or soft-capped, softcap *
+    tanh(s * scale / softcap) * log2(e) = (2 sigmoid(s * cap_in) - 1) * cap_out."""
+    if SOFTCAP:
+        return (2.0 * tl.sigmoid(s * cap_in) - 1.0) * cap_out
+    return s * qk_scale
+
+
+@triton.jit
 def _paged_prefill_kernel(
     q_ptr,
     k_ptr,
@@ -52,6 +61,9 @@ def _paged_prefill_kernel(
     len_ptr,
     W,
     qk_scale,
+    window,
+    cap_in,
+    cap_out,
     stride_qn,
     stride_qh,
     stride_qg,
@@ -72,6 +84,8 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -102,9 +116,14 @@ def _paged_prefill_kernel(
     denom = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HD_PAD], tl.float32)
 
-    # keys every row sees: whole blocks before the tile's first query position (no causal mask)
+    # keys every row sees: whole blocks before the tile's first query position (no causal mask;
+    # none with a sliding window: the second loop then starts at the window of the first query)
     lo = ((first + 1) // BLOCK_N) * BLOCK_N
-    for start in range(0, lo, BLOCK_N):
+    unmasked_end = lo
+    if WINDOWED:
+        lo = (tl.maximum(first + 1 - window, 0) // BLOCK_N) * BLOCK_N
+        unmasked_end = 0
+    for start in range(0, unmasked_end, BLOCK_N):
         cols = start + j
         slot = cols // BLOCK_SIZE
         live = slot < W  # (never read past the table row)
@@ -117,7 +136,9 @@ def _paged_prefill_kernel(
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(live[None, :], s * qk_scale, float("-inf"))  # [ROWS, BLOCK_N], log2 units
+        s = tl.where(
+            live[None, :], _scaled(s, qk_scale, cap_in, cap_out, SOFTCAP), float("-inf")
+        )  # [ROWS, BLOCK_N]
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -137,6 +158,8 @@ def _paged_prefill_kernel(
         cols = start + j
         slot = cols // BLOCK_SIZE
         live = (cols < hi) & (slot < W)
+        if WINDOWED:  # keys before the first row's window: not read (they may be garbage)
+            live = live & (cols > first - window)
         blk = tl.load(table + slot * stride_bw, mask=live, other=0).to(tl.int64)
         within = (cols % BLOCK_SIZE).to(tl.int64)
         kv_mask = live[:, None] & (d[None, :] < HD)
@@ -147,10 +170,15 @@ def _paged_prefill_kernel(
         else:
             s = tl.dot(q, tl.trans(k))
         seen = live[None, :] & (cols[None, :] <= qpos[:, None])
-        s = tl.where(seen, s * qk_scale, float("-inf"))
+        if WINDOWED:  # a row may see none of a block before its window: keep its max -inf, its sums 0
+            seen = seen & (cols[None, :] > qpos[:, None] - window)
+        s = tl.where(seen, _scaled(s, qk_scale, cap_in, cap_out, SOFTCAP), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_ref = m_new
+        if WINDOWED:  # (-inf - -inf would be NaN)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
         denom = denom * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + (blk * stride_vb + within * stride_vt + h * stride_vh)[:, None] + d[None, :],
                     mask=kv_mask, other=0.0)  # fmt: skip
@@ -161,6 +189,8 @@ def _paged_prefill_kernel(
         acc = acc * alpha[:, None] + pv
         m = m_new
 
+    if WINDOWED:  # (padding rows past the chunk may see no key: not stored, kept finite)
+        denom = tl.where(denom == 0.0, 1.0, denom)
     out = acc / denom[:, None]
     o_off = ((q_row[:, None] * NKV + h) * G + gi[:, None]) * HD + d[None, :]  # o: contiguous
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=q_mask)
@@ -176,6 +206,8 @@ def launch(
     seq_lens: torch.Tensor,
     max_query_len: int,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """q: [N, nkv, g, hd] (last dim contiguous); out: contiguous [N, nkv, g, hd]; k_cache,
     v_cache: [num_blocks, block_size, nkv, hd] (last dim contiguous, block_size a power of two);
@@ -194,6 +226,9 @@ def launch(
         seq_lens,
         block_tables.shape[1],
         scale * LOG2E,
+        window,
+        2.0 * scale / softcap if softcap else 1.0,
+        softcap * LOG2E,
         q.stride(0),
         q.stride(1),
         q.stride(2),
@@ -214,5 +249,7 @@ def launch(
         BLOCK_N=BLOCK_N,
         BLOCK_SIZE=k_cache.shape[1],
         IEEE=q.dtype == torch.float32 or INTERPRET,
+        WINDOWED=window > 0,
+        SOFTCAP=bool(softcap),
         num_warps=warps,
     )

@@ -28,9 +28,18 @@ _NAMES = {
     "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
     "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
     "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+    "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
     "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
     "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+# Gemma 2/3 (sandwich norms): llama.cpp's ffn_norm is the pre-MLP norm, and two more norms follow
+_GEMMA_NAMES = {
+    **_NAMES,
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.pre_feedforward_layernorm.weight",
+    "blk.{i}.post_attention_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.post_feedforward_layernorm.weight",
 }
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -46,18 +55,25 @@ _QWEN2_SPLIT = (
 _DIGIT_SPLIT_PRE = ("smollm", "starcoder", "refact", "codeshell", "smaug-bpe")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def _names(sandwich: bool) -> dict[str, str]:
+    return _GEMMA_NAMES if sandwich else _NAMES
+
+
+def hf_name(gguf_name: str, sandwich: bool = False) -> str | None:
+    """The HF name of a GGUF tensor (None: not read); ``sandwich``: a family with the extra
+    norms (Gemma)."""
+    names = _names(sandwich)
     m = _LAYER_RE.match(gguf_name)
     if m:
-        tmpl = _NAMES.get("blk.{i}." + m.group(2))
+        tmpl = names.get("blk.{i}." + m.group(2))
         return tmpl.format(i=m.group(1)) if tmpl else None
-    return _NAMES.get(gguf_name)
+    return names.get(gguf_name)
 
 
-def gguf_name(short_hf_name: str) -> str:
+def gguf_name(short_hf_name: str, sandwich: bool = False) -> str:
     """The GGUF name of an HF weight name without "model." (for messages)."""
     m = re.match(r"^layers\.(\d+)\.(.+)$", short_hf_name)
-    for g, h in _NAMES.items():
+    for g, h in _names(sandwich).items():
         h = h.removeprefix("model.")
         if m and h == "layers.{i}." + m.group(2):
             return g.format(i=m.group(1))
@@ -170,12 +186,15 @@ def _load(f: GGUFFile, path: str) -> LoadedModel:
         raise GGUFError(f"{path!r}: {e}") from e
     tokenizer, special = build_tokenizer(meta, path)
     weights: dict[str, torch.Tensor] = {}
-    permute = config.architecture in ("llama", "mistral", "smollm")  # llama.cpp permutes only these
+    permute = config.family.gguf_permute  # llama.cpp permutes q/k rows for llama, mistral, smollm
+    sandwich = config.family.sandwich_norms
     for name in f.tensors:
-        target = hf_name(name)
+        target = hf_name(name, sandwich)
         if target is None:
             continue
         w = dequantize(f, name)
+        if config.family.norm_offset and target.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's norm weights with the 1 + added: back to HF's w
         if target == "rope_freqs" and not bool((w > 0).all()):
             raise GGUFError(f"{path!r}: tensor {name!r} holds frequency divisors that are not > 0")
         if permute and (".attn_q." in name or ".attn_k." in name):
@@ -198,8 +217,9 @@ def check_tensors(f: GGUFFile, config: ModelConfig) -> None:
             f"{params:,} parameters, at least {params // 8:,} bytes even at one bit each, but the file "
             f"has {size:,} bytes"
         )
-    shapes = {hf_name(n): t.shape for n, t in f.tensors.items() if hf_name(n) is not None}
-    config.check_weights(shapes, gguf_name)
+    sandwich = config.family.sandwich_norms
+    shapes = {hf_name(n, sandwich): t.shape for n, t in f.tensors.items() if hf_name(n, sandwich) is not None}
+    config.check_weights(shapes, lambda short: gguf_name(short, sandwich))
 
 
 def _tokenizer_meta(meta: dict[str, Any], path: str) -> tuple[list[str], list[tuple[str, str]]]:
@@ -220,11 +240,34 @@ def _tokenizer_meta(meta: dict[str, Any], path: str) -> tuple[list[str], list[tu
         i = next(i for i, t in enumerate(tokens) if _not_utf8(t))
         raise GGUFError(f"{path!r}: tokenizer.ggml.tokens[{i}]={tokens[i]!r} is not valid UTF-8")
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise GGUFError(
             f"{path!r}: GGUF tokenizer model {kind!r} (tokenizer.ggml.model) is not supported (only "
-            "byte-level BPE 'gpt2'); load the model from a Hugging Face folder with tokenizer.json instead"
+            "byte-level BPE 'gpt2' and SentencePiece 'llama'); load the model from a Hugging Face folder "
+            "with tokenizer.json instead"
         )
+    merges = _bpe_merges(meta, tokens, path, bad) if kind == "gpt2" else []
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is not None and (
+        not isinstance(types, np.ndarray) or types.dtype.kind not in "iu" or types.shape != (len(tokens),)
+    ):
+        raise bad("tokenizer.ggml.token_type", types, f"an integer array of {len(tokens)} (one per token)")
+    if kind == "llama":
+        _check_sentencepiece_meta(meta, tokens, bad)
+    for key, kind_of in (("tokenizer.ggml.pre", str), ("tokenizer.chat_template", str)):
+        if key in meta and not isinstance(meta[key], kind_of):
+            raise bad(key, meta[key], "a string")
+    if "tokenizer.ggml.add_bos_token" in meta and not isinstance(meta["tokenizer.ggml.add_bos_token"], bool):
+        raise bad("tokenizer.ggml.add_bos_token", meta["tokenizer.ggml.add_bos_token"], "a bool")
+    for name in ("bos", "eos", "eot"):
+        key = f"tokenizer.ggml.{name}_token_id"
+        v = meta.get(key)
+        if v is not None and not (is_int(v) and 0 <= v < len(tokens)):
+            raise bad(key, v, f"a token id in [0, {len(tokens)})")
+    return tokens, merges
+
+
+def _bpe_merges(meta: dict[str, Any], tokens: list[str], path: str, bad) -> list[tuple[str, str]]:
     raw_merges = meta.get("tokenizer.ggml.merges")
     if raw_merges is None:
         raise GGUFError(
@@ -242,22 +285,29 @@ def _tokenizer_meta(meta: dict[str, Any], path: str) -> tuple[list[str], list[tu
                 "each and their concatenation in tokenizer.ggml.tokens"
             )
         merges.append((pair[0], pair[1]))
+    return merges
+
+
+def _check_sentencepiece_meta(meta: dict[str, Any], tokens: list[str], bad) -> None:
+    """The keys a SentencePiece ('llama') tokenizer reads: one finite score and one type per token."""
+    n = len(tokens)
+    scores = meta.get("tokenizer.ggml.scores")
+    if not (isinstance(scores, np.ndarray) and scores.dtype.kind == "f" and scores.shape == (n,)):
+        raise bad(
+            "tokenizer.ggml.scores", scores, f"a float array of {n} (one per token, SentencePiece needs it)"
+        )
+    if not np.isfinite(scores).all():
+        raise bad("tokenizer.ggml.scores", scores, "finite numbers")
     types = meta.get("tokenizer.ggml.token_type")
-    if types is not None and (
-        not isinstance(types, np.ndarray) or types.dtype.kind not in "iu" or types.shape != (len(tokens),)
+    if types is not None and not ((types >= 1) & (types <= 6)).all():
+        raise bad("tokenizer.ggml.token_type", types, "token types in [1, 6]")
+    if "tokenizer.ggml.add_space_prefix" in meta and not isinstance(
+        meta["tokenizer.ggml.add_space_prefix"], bool
     ):
-        raise bad("tokenizer.ggml.token_type", types, f"an integer array of {len(tokens)} (one per token)")
-    for key, kind_of in (("tokenizer.ggml.pre", str), ("tokenizer.chat_template", str)):
-        if key in meta and not isinstance(meta[key], kind_of):
-            raise bad(key, meta[key], "a string")
-    if "tokenizer.ggml.add_bos_token" in meta and not isinstance(meta["tokenizer.ggml.add_bos_token"], bool):
-        raise bad("tokenizer.ggml.add_bos_token", meta["tokenizer.ggml.add_bos_token"], "a bool")
-    for name in ("bos", "eos", "eot"):
-        key = f"tokenizer.ggml.{name}_token_id"
-        v = meta.get(key)
-        if v is not None and not (is_int(v) and 0 <= v < len(tokens)):
-            raise bad(key, v, f"a token id in [0, {len(tokens)})")
-    return tokens, merges
+        raise bad("tokenizer.ggml.add_space_prefix", meta["tokenizer.ggml.add_space_prefix"], "a bool")
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    if unk is not None and not (is_int(unk) and 0 <= unk < n):
+        raise bad("tokenizer.ggml.unknown_token_id", unk, f"a token id in [0, {n})")
 
 
 def _not_utf8(s: str) -> bool:
@@ -269,10 +319,22 @@ def _not_utf8(s: str) -> bool:
 
 
 def build_tokenizer(meta: dict[str, Any], path: str):
-    """A `tokenizers.Tokenizer` (byte-level BPE) from GGUF vocab, merges and token types."""
+    """A `tokenizers.Tokenizer` from GGUF metadata: byte-level BPE ('gpt2': vocab, merges, token
+    types) or SentencePiece ('llama': vocab, scores, token types; `deepinfer.tokenizer`)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     tokens, merges = _tokenizer_meta(meta, path)
+    if meta.get("tokenizer.ggml.model") == "llama":
+        from ..tokenizer import sentencepiece_tokenizer
+
+        tok = sentencepiece_tokenizer(
+            tokens,
+            meta["tokenizer.ggml.scores"].tolist(),
+            meta.get("tokenizer.ggml.token_type"),
+            add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+            unk_id=meta.get("tokenizer.ggml.unknown_token_id"),
+        )
+        return tok, _special_facts(meta)
     vocab = {t: i for i, t in enumerate(tokens)}
     try:
         bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=False)
@@ -304,6 +366,11 @@ def build_tokenizer(meta: dict[str, Any], path: str):
         tok.add_special_tokens(control)
         if user:
             tok.add_tokens(user)
+    return tok, _special_facts(meta)
+
+
+def _special_facts(meta: dict[str, Any]) -> dict[str, Any]:
+    """BOS, EOS (+ EOT), chat template and add-BOS flag for `LoadedModel`."""
     eos = meta.get("tokenizer.ggml.eos_token_id")
     eot = meta.get("tokenizer.ggml.eot_token_id")
     eos_ids = [int(x) for x in (eos, eot) if x is not None]
@@ -313,4 +380,4 @@ def build_tokenizer(meta: dict[str, Any], path: str):
         "chat_template": meta.get("tokenizer.chat_template"),
         "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
     }
-    return tok, special
+    return special

@@ -1,7 +1,11 @@
-"""Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2) as plain tensors + functional ops.
+"""The decoder of every family (Llama 2/3, SmolLM, Mistral, Qwen2/3, Qwen3-MoE, Phi-3, Gemma 3) as
+plain tensors + functional ops.
 
 Weights are fused at load time (q|k|v into one matrix, gate|up into one) so a layer is six
-matmuls and one attention call; the per-layer loop body touches only local tensors.
+matmuls and one attention call; the per-layer loop body touches only local tensors. What a family
+adds (`deepinfer.models.families`) is data on a `layers.Layer`: q/k norms before RoPE, norms
+after attention and after the MLP, a sliding window and its own RoPE table, a mixture of experts
+(`moe.MoE`) in place of the dense MLP; an embedding scale and a final logit soft-cap on the model.
 
 Two forward passes:
 - `forward(ForwardBatch)`: any shapes (prefill, eager decode); attends over exactly the keys needed.
@@ -11,7 +15,6 @@ Two forward passes:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -19,8 +22,15 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
-from ..kernels.paged_attention import paged_attention_torch, paged_attention_triton, paged_prefill_triton
+from ..kernels.paged_attention import (
+    attend,
+    paged_attention_torch,
+    paged_attention_triton,
+    paged_prefill_triton,
+)
 from .kv_cache import DEFAULT_BLOCK_SIZE, KVCache
+from .layers import GLU, Layer, ops, rope_inv_freq, rope_tables, rotate_half, softcap
+from .moe import MoE
 
 DECODE_ATTENTION = ("sdpa", "torch", "triton", "rows")
 
@@ -88,58 +98,7 @@ class ForwardBatch:
         )
 
 
-@dataclass
-class _Layer:
-    """Matrices are stored transposed, [in, out], for `x @ w`: on CPU that ran 1.4x faster than
-    F.linear's [out, in] at batch 1 (float32, 1 thread, weights beyond the caches)."""
-
-    ln1: torch.Tensor  # [H]
-    wqkv: torch.Tensor  # [H, (nh + 2 nkv) hd]
-    bqkv: torch.Tensor | None
-    wo: torch.Tensor  # [nh hd, H]
-    ln2: torch.Tensor  # [H]
-    wgu: torch.Tensor  # [H, 2 I]
-    wd: torch.Tensor  # [I, H]
-
-
-def rope_inv_freq(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    """inv_freq [head_dim / 2] float32, with linear or llama3 scaling as transformers computes it."""
-    dim = config.head_dim
-    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    s = config.rope_scaling
-    kind = (s or {}).get("rope_type", (s or {}).get("type", "default"))
-    if kind == "linear":
-        inv = inv / float(s["factor"])
-    elif kind == "llama3":
-        factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
-        old_len = float(s["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > old_len / lo, inv / factor, inv)
-        smooth = (old_len / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < old_len / hi) & ~(wavelen > old_len / lo)
-        inv = torch.where(medium, smoothed, scaled)
-    if freq_factors is not None:  # GGUF's rope_freqs.weight (llama3 scaling baked as divisors)
-        inv = inv / freq_factors.float()
-    return inv
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _ops(invariant: bool, eps: float):
-    """(matmul, rms_norm) of a forward: torch's, or the batch-invariant Triton kernels of
-    deepinfer.kernels.invariant (a row's bits do not depend on the other rows)."""
-    if invariant:
-        from ..kernels import invariant as bi
-
-        return bi.matmul, lambda x, w: bi.rms_norm(x, w, eps)
-    return torch.matmul, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
-
-
-def _qkv(h: torch.Tensor, layer: _Layer, mm, invariant: bool) -> torch.Tensor:
+def _qkv(h: torch.Tensor, layer: Layer, mm, invariant: bool) -> torch.Tensor:
     if layer.bqkv is None:
         return mm(h, layer.wqkv)
     if invariant:
@@ -170,38 +129,92 @@ class LlamaModel:
         def opt(name: str) -> torch.Tensor | None:
             return take(name) if name in w else None
 
+        f = c.family
+        off = 1.0 if f.norm_offset else 0.0  # Gemma's RMSNorm scales by (1 + w)
+
+        def scale(name: str) -> torch.Tensor:  # a norm's weight as the scale it applies
+            return (w[name].float() + off).to(self.device, dtype) if off and name in w else take(name)
+
         self.embed = take("embed_tokens.weight")  # [V, H]
         head = self.embed if c.tie_word_embeddings or "lm_head.weight" not in w else take("lm_head.weight")
         self.lm_head = head.t().contiguous()  # [H, V]
-        self.norm = take("norm.weight")
-        self.layers: list[_Layer] = []
+        self.norm = scale("norm.weight")
+        # Gemma: embeddings times sqrt(hidden), rounded to the model's dtype as transformers does
+        self.embed_scale = torch.tensor(c.hidden_size**0.5, dtype=dtype).item() if f.embed_scale else None
+        self.glu = GLU[f.hidden_act]
+        # the softmax scale the kernels apply is 1/sqrt(head_dim): another one (Gemma's
+        # query_pre_attn_scalar) is folded into q (its norm, else its projection)
+        q_scale = None if c.attn_scale is None else c.attn_scale * c.head_dim**0.5
+        nq = c.num_heads * c.head_dim
+        self.layers: list[Layer] = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
-            biases = [opt(a + f"{x}_proj.bias") for x in "qkv"]
-            if any(b is not None for b in biases) and not all(b is not None for b in biases):
-                raise ValueError(f"layer {i}: q/k/v biases must be all present or all absent")
+            if f.fused_qkv:
+                wqkv, biases = take(a + "qkv_proj.weight"), [None]
+            else:
+                wqkv = torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+                biases = [opt(a + f"{x}_proj.bias") for x in "qkv"]
+                if any(b is not None for b in biases) and not all(b is not None for b in biases):
+                    raise ValueError(f"layer {i}: q/k/v biases must be all present or all absent")
+            bqkv = torch.cat(biases) if biases[0] is not None else None
+            q_norm = scale(a + "q_norm.weight") if f.qk_norm else None
+            if q_scale is not None:
+                if q_norm is not None:
+                    q_norm = q_norm * q_scale
+                else:
+                    wqkv = torch.cat([wqkv[:nq] * q_scale, wqkv[nq:]])
+                    bqkv = None if bqkv is None else torch.cat([bqkv[:nq] * q_scale, bqkv[nq:]])
+            if f.sandwich_norms:
+                ln2, post = (
+                    scale(p + "pre_feedforward_layernorm.weight"),
+                    scale(p + "post_attention_layernorm.weight"),
+                )
+            else:
+                ln2, post = scale(p + "post_attention_layernorm.weight"), None
+            moe = wgu = wd = None
+            if c.is_moe_layer(i):
+                ex = m + "experts.{}.{}_proj.weight"
+                moe = MoE.from_experts(
+                    take(m + "gate.weight"),
+                    *([take(ex.format(e, x)) for e in range(c.num_experts)] for x in ("gate", "up", "down")),
+                    top_k=c.num_experts_per_tok,
+                    renormalize=c.norm_topk_prob,
+                    act=f.hidden_act,
+                )
+            else:
+                gu = take(m + "gate_up_proj.weight") if f.fused_qkv else None
+                if gu is None:
+                    gu = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
+                wgu, wd = gu.t().contiguous(), take(m + "down_proj.weight").t().contiguous()
+            window = c.window(i)
             self.layers.append(
-                _Layer(
-                    ln1=take(p + "input_layernorm.weight"),
-                    wqkv=torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"]).t().contiguous(),
-                    bqkv=torch.cat(biases) if biases[0] is not None else None,
+                Layer(
+                    ln1=scale(p + "input_layernorm.weight"),
+                    wqkv=wqkv.t().contiguous(),
+                    bqkv=bqkv,
                     wo=take(a + "o_proj.weight").t().contiguous(),
-                    ln2=take(p + "post_attention_layernorm.weight"),
-                    wgu=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
-                    .t()
-                    .contiguous(),
-                    wd=take(m + "down_proj.weight").t().contiguous(),
+                    ln2=ln2,
+                    wgu=wgu,
+                    wd=wd,
+                    q_norm=q_norm,
+                    k_norm=scale(a + "k_norm.weight") if f.qk_norm else None,
+                    post_attn=post,
+                    post_mlp=scale(p + "post_feedforward_layernorm.weight") if f.sandwich_norms else None,
+                    moe=moe,
+                    window=window,
+                    local=bool(window) and c.rope_local_theta is not None,
+                    softcap=c.attn_softcap or 0.0,
                 )
             )
         self.max_len = max_len or c.max_position_embeddings
-        inv = rope_inv_freq(c, w.get("rope_freqs"))
         # The tables run to a whole number of attention chunks (a deterministic cache's length).
         table_len = -(-self.max_len // ATTN_CHUNK) * ATTN_CHUNK
-        freqs = torch.outer(torch.arange(table_len, dtype=torch.float32), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, hd]
-        self.cos = emb.cos().to(self.device, dtype)
-        self.sin = emb.sin().to(self.device, dtype)
+        self.cos, self.sin = rope_tables(rope_inv_freq(c, w.get("rope_freqs")), table_len, self.device, dtype)
+        self.cos_local = self.sin_local = None
+        if c.rope_local_theta is not None:
+            inv = rope_inv_freq(c, local=True)
+            self.cos_local, self.sin_local = rope_tables(inv, table_len, self.device, dtype)
 
     def new_cache(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE) -> KVCache:
         """A paged cache of ``num_blocks`` blocks (block 0, the null block, included)."""
@@ -247,13 +260,12 @@ class LlamaModel:
         c = self.config
         N = batch.tokens.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        g, nqk = nh // nkv, nh + nkv
+        g = nh // nkv
         if max(batch.seq_lens) > cache.block_size * batch.block_tables.shape[1]:
             raise ValueError(f"sequence length {max(batch.seq_lens)} exceeds its block table")
-        x = F.embedding(batch.tokens, self.embed)  # [N, H]
-        cos = self.cos[batch.positions].unsqueeze(1)  # [N, 1, hd]
-        sin = self.sin[batch.positions].unsqueeze(1)
-        mm, norm = _ops(invariant, c.rms_norm_eps)
+        x = self._embed(batch.tokens)  # [N, H]
+        rope = self._rope(batch.positions)
+        mm, norm = ops(invariant, c.rms_norm_eps)
         if invariant:
             attention = "triton"
         if attention == "prefill":  # the query-tiled kernel reads the varlen layout on the device
@@ -263,31 +275,62 @@ class LlamaModel:
                 for x in (batch.query_start, batch.seq_lens)
             )
         for i, layer in enumerate(self.layers):
-            h = norm(x, layer.ln1)
-            qkv = _qkv(h, layer, mm, invariant).view(N, nqk + nkv, hd)  # heads: nh q, nkv k, nkv v
-            qk = qkv[:, :nqk]
-            qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads in one go
+            qk, v = self._qkv_rope(layer, x, rope, mm, norm, invariant)
             kf, vf = cache.flat(i)
             kf.index_copy_(0, batch.slots, qk[:, nh:])
-            vf.index_copy_(0, batch.slots, qkv[:, nqk:])
+            vf.index_copy_(0, batch.slots, v)
             q = qk[:, :nh].reshape(N, nkv, g, hd)
             if attention == "triton":
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], batch.block_tables, batch.seq_ids,
-                                           batch.positions)  # fmt: skip
+                                           batch.positions, window=layer.window,
+                                           softcap=layer.softcap)  # fmt: skip
             elif attention == "prefill":
                 o = paged_prefill_triton(q, cache.k[i], cache.v[i], batch.block_tables, query_start, seq_lens,
-                                         max_q)  # fmt: skip
+                                         max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
             else:
                 o = paged_attention_torch(q, cache.k[i], cache.v[i], batch.block_tables, batch.query_start,
-                                          batch.seq_lens, per_row=batch.per_row)  # fmt: skip
-            x = x + mm(o.reshape(N, nh * hd), layer.wo)
-            h = norm(x, layer.ln2)
-            gate, up = mm(h, layer.wgu).chunk(2, dim=-1)
-            x = x + mm(F.silu(gate) * up, layer.wd)
+                                          batch.seq_lens, per_row=batch.per_row,
+                                          window=layer.window, softcap=layer.softcap)  # fmt: skip
+            x = self._out_and_mlp(layer, x, o.reshape(N, nh * hd), mm, norm)
         if batch.logits_index is not None:
             x = x[batch.logits_index]
         x = norm(x, self.norm)
-        return mm(x, self.lm_head).float()
+        return softcap(mm(x, self.lm_head).float(), self.config.final_softcap)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(tokens, self.embed)
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def _rope(self, positions: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """((cos, sin) [N, 1, hd] of the global table, then of the local one) at ``positions``."""
+        glob = (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+        if self.cos_local is None:
+            return glob, glob
+        return glob, (self.cos_local[positions].unsqueeze(1), self.sin_local[positions].unsqueeze(1))
+
+    def _qkv_rope(self, layer: Layer, x: torch.Tensor, rope, mm, norm, invariant: bool):
+        """(q|k [N, nh + nkv, hd] with q/k norms and RoPE applied, v [N, nkv, hd]) of layer's input."""
+        c = self.config
+        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        nqk = nh + nkv
+        qkv = _qkv(norm(x, layer.ln1), layer, mm, invariant).view(x.shape[0], nqk + nkv, hd)
+        qk = qkv[:, :nqk]  # heads: nh q, nkv k, nkv v
+        if layer.q_norm is not None:
+            qk = torch.cat([norm(qk[:, :nh], layer.q_norm), norm(qk[:, nh:], layer.k_norm)], dim=1)
+        cos, sin = rope[layer.local]
+        return qk * cos + rotate_half(qk) * sin, qkv[:, nqk:]  # RoPE on q and k heads in one go
+
+    def _out_and_mlp(self, layer: Layer, x: torch.Tensor, o: torch.Tensor, mm, norm) -> torch.Tensor:
+        """The residual stream after layer's attention output ``o`` [N, nh hd] and its MLP."""
+        a = mm(o, layer.wo)
+        x = x + (a if layer.post_attn is None else norm(a, layer.post_attn))
+        h = norm(x, layer.ln2)
+        if layer.moe is not None:
+            y = layer.moe(h, mm)
+        else:
+            gate, up = mm(h, layer.wgu).chunk(2, dim=-1)
+            y = mm(self.glu(gate, up), layer.wd)
+        return x + (y if layer.post_mlp is None else norm(y, layer.post_mlp))
 
     @torch.inference_mode()
     def decode_static(
@@ -328,7 +371,7 @@ class LlamaModel:
             tokens, positions, slots = tokens[:, None], positions[:, None], slots[:, None]
         R, T = tokens.shape
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        g, nqk, eps, bs = nh // nkv, nh + nkv, c.rms_norm_eps, cache.block_size
+        g, eps, bs = nh // nkv, c.rms_norm_eps, cache.block_size
         if attention not in DECODE_ATTENTION:
             raise ValueError(f"attention must be one of {DECODE_ATTENTION}, got {attention!r}")
         if attention in ("torch", "rows") and T > 1:
@@ -343,13 +386,17 @@ class LlamaModel:
             raise ValueError("attention='rows' reads the rows' lengths on the host: CPU only")
         if invariant and attention != "triton":
             raise ValueError(f"invariant=True needs attention='triton' (batch-invariant), got {attention!r}")
-        mm, norm = _ops(invariant, eps)
+        windows = sorted({layer.window for layer in self.layers})
+        if attention == "torch" and (windows != [0] or self.config.attn_softcap):
+            raise ValueError("attention='torch' has no sliding window (its first key block must be visible) "
+                             "and no soft-cap: use 'triton', 'sdpa' or 'rows' for this model")  # fmt: skip
+        mm, norm = ops(invariant, eps)
         N = R * T
-        x = F.embedding(tokens.reshape(N), self.embed)  # [N, H], row-major (row, position)
+        x = self._embed(tokens.reshape(N))  # [N, H], row-major (row, position)
         flat_pos, flat_slots = positions.reshape(N), slots.reshape(N)
-        cos = self.cos[flat_pos].unsqueeze(1)  # [N, 1, hd]
-        sin = self.sin[flat_pos].unsqueeze(1)
-        seq_ids = bias = visible = None
+        rope = self._rope(flat_pos)
+        seq_ids = None
+        bias, visible = {}, {}  # window -> mask
         if attention == "triton":
             seq_ids = torch.arange(R, device=tokens.device).repeat_interleave(T)
         elif attention == "rows":
@@ -358,29 +405,31 @@ class LlamaModel:
         else:
             nb = -(-kv_len // bs)
             tables = block_tables[:, :nb].long()
-            visible = torch.arange(kv_len, device=tokens.device) <= positions.unsqueeze(2)  # [R, T, kv_len]
-            if attention == "sdpa":  # additive mask, one row per (row, query): [R, 1, g*T or 1, kv_len]
-                zero = torch.zeros((), dtype=self.dtype, device=tokens.device)
-                bias = torch.where(visible, zero, float("-inf")).view(R, 1, T, kv_len)
-                if T > 1:  # queries are (head in group, position) pairs, position fastest
-                    bias = bias.repeat(1, 1, g, 1)
-            visible = visible[:, 0]  # [R, kv_len], as the "torch" attention takes it
+            cols = torch.arange(kv_len, device=tokens.device)
+            for w in windows:
+                seen = cols <= positions.unsqueeze(2)  # [R, T, kv_len]
+                if w:
+                    seen &= cols > positions.unsqueeze(2) - w
+                if attention == "sdpa":  # additive mask, one row per (row, query): [R, 1, g*T or 1, kv_len]
+                    zero = torch.zeros((), dtype=self.dtype, device=tokens.device)
+                    bias[w] = torch.where(seen, zero, float("-inf")).view(R, 1, T, kv_len)
+                    if T > 1:  # queries are (head in group, position) pairs, position fastest
+                        bias[w] = bias[w].repeat(1, 1, g, 1)
+                visible[w] = seen[:, 0]  # [R, kv_len], as the "torch" attention takes it
         for i, layer in enumerate(self.layers):
-            h = norm(x, layer.ln1)
-            qkv = _qkv(h, layer, mm, invariant).view(N, nqk + nkv, hd)
-            qk = qkv[:, :nqk]
-            qk = qk * cos + _rotate_half(qk) * sin
+            qk, v = self._qkv_rope(layer, x, rope, mm, norm, invariant)
             kf, vf = cache.flat(i)
             kf.index_copy_(0, flat_slots, qk[:, nh:])
-            vf.index_copy_(0, flat_slots, qkv[:, nqk:])
+            vf.index_copy_(0, flat_slots, v)
             kc, vc = cache.k[i], cache.v[i]  # [blocks, bs, nkv, hd]
             if attention == "triton":
                 q = qk[:, :nh].reshape(N, nkv, g, hd)
-                o = paged_attention_triton(q, kc, vc, block_tables, seq_ids, flat_pos).reshape(N, nh * hd)
+                o = paged_attention_triton(q, kc, vc, block_tables, seq_ids, flat_pos, window=layer.window,
+                                           softcap=layer.softcap)  # fmt: skip
             elif attention == "rows":
                 q = qk[:, :nh].reshape(N, nkv, g, hd)
-                o = paged_attention_torch(q, kc, vc, block_tables, starts, lengths, per_row=True)
-                o = o.reshape(N, nh * hd)
+                o = paged_attention_torch(q, kc, vc, block_tables, starts, lengths, per_row=True,
+                                          window=layer.window, softcap=layer.softcap)  # fmt: skip
             else:
                 keys = kc[tables].view(R, nb * bs, nkv, hd)[:, :kv_len].transpose(1, 2)  # [R, nkv, L, hd]
                 values = vc[tables].view(R, nb * bs, nkv, hd)[:, :kv_len].transpose(1, 2)
@@ -388,17 +437,16 @@ class LlamaModel:
                 # head (each row's mask per position), so no K/V is repeated. q: [R, nkv, g*T, hd]
                 q = qk[:, :nh].reshape(R, T, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * T, hd)
                 if attention == "torch":
-                    o = decode_attention_torch(q, keys, values, visible)
+                    o = decode_attention_torch(q, keys, values, visible[layer.window])
                 else:
-                    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
-                o = o.reshape(R, nkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(N, nh * hd)
-            x = x + mm(o, layer.wo)
-            h = norm(x, layer.ln2)
-            gate, up = mm(h, layer.wgu).chunk(2, dim=-1)
-            x = x + mm(F.silu(gate) * up, layer.wd)
+                    o = attend(q, keys, values, bias[layer.window], layer.softcap)
+            x = self._out_and_mlp(layer, x, o.reshape(N, nh * hd) if attention in ("triton", "rows")
+                                  else o.reshape(R, nkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(N, nh * hd),
+                                  mm, norm)  # fmt: skip
         x = norm(x, self.norm)
         if not one:
             x = x.view(R, T, -1)
+        logits = softcap(mm(x, self.lm_head), self.config.final_softcap)
         if out is not None:
-            return out.copy_(mm(x, self.lm_head))
-        return mm(x, self.lm_head).float()
+            return out.copy_(logits)
+        return logits.float()
