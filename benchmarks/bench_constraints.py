@@ -129,7 +129,12 @@ class DeepInferEngine(_Engine):
     def compile(self, schema):
         # a fresh compiler per schema would rebuild nothing (the trie lives on the vocabulary),
         # but its cache must not answer: schemas are distinct, so it never does.
-        return self.compiler.json_schema(schema, whitespace=self.ws, lenient=self.cfg["lenient"])
+        return self.compiler.json_schema(
+            schema,
+            whitespace=self.ws,
+            lenient=self.cfg["lenient"],
+            key_order=self.cfg.get("key_order", "schema"),
+        )
 
     def matcher(self, compiled):
         return self._Matcher(compiled)
@@ -145,10 +150,16 @@ class DeepInferEngine(_Engine):
         try:
             from deepinfer.constraints.compiled import CompiledConstraint
             from deepinfer.constraints.json_schema import schema_to_grammar
-            from deepinfer.constraints.unique_items import attach, compile_unique
+            from deepinfer.constraints.key_order import attach, compile_unique
 
             t0 = ns()
-            g = schema_to_grammar(schema, whitespace=self.ws, strict=False, lenient=self.cfg["lenient"])
+            g = schema_to_grammar(
+                schema,
+                whitespace=self.ws,
+                strict=False,
+                lenient=self.cfg["lenient"],
+                key_order=self.cfg.get("key_order", "schema"),
+            )
             t1 = ns()
             a, tags = compile_unique(g, self.compiler.limits)
             t2 = ns()
@@ -827,6 +838,12 @@ def main(argv=None) -> int:
         "--lenient", action="store_true", help="deepinfer/llguidance: relax unenforceable keywords"
     )
     ap.add_argument(
+        "--key-order",
+        choices=("schema", "any"),
+        default="schema",
+        help="deepinfer: object keys in schema order, or in any order (a run-time check)",
+    )
+    ap.add_argument(
         "--xgrammar-strict",
         action="store_true",
         help="xgrammar strict_mode=True (its default): undeclared properties/items forbidden",
@@ -881,6 +898,7 @@ def main(argv=None) -> int:
             "eos_id": tok.eos_id,
             "whitespace": args.whitespace,
             "lenient": args.lenient,
+            "key_order": args.key_order,
             "xgrammar_strict": args.xgrammar_strict,
             "verbose": args.verbose,
         }

@@ -26,6 +26,7 @@ from .automaton import counted as ct
 from .automaton.nfa import equivalent_blocks
 from .automaton.pushdown import Automaton, Config
 from .bitmask import unpack_bitmask
+from .ir import SPECIAL_LEAD, special_bytes
 from .tokens.rows import canonical_key, count_bytes, match_form, unquoted_region
 from .tokens.trie import WalkMemo
 
@@ -47,8 +48,20 @@ class CompiledConstraint:
     # state allowing at least this many bytes; over 256: never (the reference walks)
     fast_min_bytes = 16
 
-    def __init__(self, automaton: Automaton, vocab, kind: str, spec: str, notes: list[str] | None = None):
+    def __init__(
+        self,
+        automaton: Automaton,
+        vocab,
+        kind: str,
+        spec: str,
+        notes: list[str] | None = None,
+        specials: tuple[int, ...] = (),
+    ):
         self.automaton = automaton
+        # special tokens the grammar names: id -> the IR's bytes for it (see ir.special_bytes);
+        # ordinary tokens holding the lead byte are kept out of the rows (text never spells one)
+        self.specials: dict[int, bytes] = {i: special_bytes(i) for i in specials}
+        self._lead_words: np.ndarray | None = None
         self.vocab = vocab
         self.kind = kind
         self.spec = spec
@@ -177,6 +190,8 @@ class CompiledConstraint:
 
     def _cold_row(self, key, config) -> np.ndarray:
         words = self._compute(config)
+        if self.specials:
+            self._add_specials(config, words)
         if self.automaton.can_end(config):
             for e in self._eos:
                 words[e >> 5] |= np.uint32(1) << np.uint32(e & 31)
@@ -190,6 +205,36 @@ class CompiledConstraint:
         if len(self._rows) > ROW_CACHE_SIZE:
             self._rows.popitem(last=False)
         return row
+
+    def _add_specials(self, config, words: np.ndarray) -> None:
+        """The named special tokens the automaton takes from ``config`` join the row; ordinary
+        tokens holding the special lead byte leave it."""
+        if self._lead_words is None:  # (once per vocabulary)
+            cached = self.vocab.__dict__.get("_special_lead_words")
+            if cached is None:
+                lead = np.zeros(self.n_words, dtype=np.uint32)
+                for i, b in enumerate(self.vocab.token_bytes):
+                    if b is not None and SPECIAL_LEAD in b:
+                        lead[i >> 5] |= np.uint32(1) << np.uint32(i & 31)
+                cached = self.vocab.__dict__["_special_lead_words"] = ~lead
+            self._lead_words = cached
+        words &= self._lead_words
+        a = self.automaton
+        for i, data in self.specials.items():
+            if i < self.vocab_size and a.step_bytes(config, data) is not None:
+                words[i >> 5] |= np.uint32(1) << np.uint32(i & 31)
+
+    def token_data(self, token_id: int) -> bytes | None:
+        """The bytes the automaton reads for ``token_id``: its text, the IR's bytes of a
+        special token the grammar names, None for a token it never takes (another special
+        token; with named special tokens, an ordinary token holding their lead byte)."""
+        sp = self.specials.get(token_id) if self.specials else None
+        if sp is not None:
+            return sp
+        data = self.vocab.token_bytes[token_id] if 0 <= token_id < self.vocab_size else None
+        if data and self.specials and SPECIAL_LEAD in data:
+            return None
+        return data
 
     def mask_row_eos_only(self) -> np.ndarray:
         """The row after EOS was accepted: only EOS again (never an empty row)."""

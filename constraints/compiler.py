@@ -21,8 +21,8 @@ from .compiled import CompiledConstraint
 from .errors import ConstraintError, ConstraintTooComplex, is_interrupt, is_recursion_error
 from .json_schema.common import DEFAULT_WHITESPACE, WHITESPACE
 from .json_schema.loader import schema_key
+from .key_order import attach, compile_unique  # (uniqueItems' and key order's run-time checks)
 from .limits import check_deadline
-from .unique_items import attach, compile_unique
 
 
 class Compiler:
@@ -35,9 +35,22 @@ class Compiler:
     compilation, front end included) raises :class:`ConstraintTooComplex`.
     """
 
-    def __init__(self, vocab, *, cache_size: int = 256, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        vocab,
+        *,
+        cache_size: int = 256,
+        limits: Limits | None = None,
+        special_tokens: dict[str, int] | None = None,
+        key_order: str = "schema",
+    ) -> None:
         self.vocab = vocab
         self.limits = limits or Limits()
+        # special token text -> id, for grammars naming them (``<|im_end|>``); by id
+        # (``<[128009]>``) any special id of the vocabulary may be named
+        self.special_tokens = dict(special_tokens or getattr(vocab, "special_tokens", None) or {})
+        # JSON Schema objects: keys in schema order, or "any" order (see .key_order)
+        self.key_order = _check_key_order(key_order)
         self._cache: OrderedDict[tuple, CompiledConstraint] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -48,7 +61,7 @@ class Compiler:
         _warm_up(vocab)
         prime_shared_rows(vocab)
 
-    def _cached(self, key: tuple, build, where) -> CompiledConstraint:
+    def _cached(self, key: tuple, build, where, finish=None) -> CompiledConstraint:
         """The compiled constraint of ``key``: from the cache, or ``build(deadline)``'s grammar
         compiled; ``where(error)`` gives the location of an error that names none."""
         with self._lock:
@@ -64,6 +77,8 @@ class Compiler:
             check_deadline(deadline, "front end", limits, **where(None))
             _check_ir_size(grammar, limits, where)
             compiled = compile_constraint(grammar, self.vocab, kind, spec, limits, deadline=deadline)
+            if finish is not None:
+                compiled = finish(compiled)
         except BaseException as e:  # every refusal is a ConstraintError (a Rust panic included)
             if is_interrupt(e):
                 raise
@@ -103,9 +118,12 @@ class Compiler:
         whitespace: str = DEFAULT_WHITESPACE,
         strict: bool = False,
         lenient: bool = False,
+        key_order: str | None = None,
     ) -> CompiledConstraint:
         """JSON documents valid under ``schema`` (dict, bool, JSON text, pydantic model or type:
-        see :func:`~.json_schema.loader.load_schema`)."""
+        see :func:`~.json_schema.loader.load_schema`). ``key_order``: ``"schema"`` or ``"any"``
+        (object keys in any order, each once, required ones before the object closes:
+        :mod:`.key_order`); None: the compiler's."""
         if not isinstance(whitespace, str) or whitespace not in WHITESPACE:
             raise ConstraintError(
                 f"whitespace must be one of {', '.join(WHITESPACE)}, got {whitespace!r}", path="#"
@@ -122,9 +140,13 @@ class Compiler:
                 lenient=bool(lenient),
                 limits=self.limits,
                 deadline=deadline,
+                key_order=order,
             )
 
-        key = ("json_schema", spec, whitespace, bool(strict), bool(lenient))
+        order = self.key_order if key_order is None else _check_key_order(key_order)
+        key = ("json_schema", spec, whitespace, bool(strict), bool(lenient)) + (
+            (order,) if order != "schema" else ()
+        )
         return self._cached(key, build, lambda e: {"path": _rule_pointer(e)})
 
     def grammar(self, text: str, *, start: str = "start") -> CompiledConstraint:
@@ -137,7 +159,9 @@ class Compiler:
         def build(deadline: float) -> ir.Grammar:
             from .frontends.lark import lark_to_grammar
 
-            return lark_to_grammar(text, start=start, limits=self.limits, deadline=deadline)
+            return lark_to_grammar(
+                text, start=start, limits=self.limits, deadline=deadline, specials=self._specials()
+            )
 
         def where(e: ConstraintError | None) -> dict[str, int]:
             from .frontends.lark import rule_location
@@ -145,6 +169,23 @@ class Compiler:
             return rule_location(text, e.rule if e is not None else None, start)
 
         return self._cached(("grammar", text, start), build, where)
+
+    def gbnf(self, text: str, *, start: str = "root") -> CompiledConstraint:
+        """Outputs in the language of a GBNF grammar (llama.cpp's dialect: :mod:`.frontends.gbnf`)."""
+        if not isinstance(start, str):
+            raise ConstraintError(f"start must be a str, got {type(start).__name__}", line=1, column=1)
+
+        def build(deadline: float) -> ir.Grammar:
+            from .frontends.gbnf import gbnf_to_grammar
+
+            return gbnf_to_grammar(text, start=start, limits=self.limits, deadline=deadline)
+
+        def where(e: ConstraintError | None) -> dict[str, int]:
+            from .frontends.gbnf import rule_location
+
+            return rule_location(text, e.rule if e is not None else None, start)
+
+        return self._cached(("gbnf", text, start), build, where)
 
     def choice(self, options: list[str]) -> CompiledConstraint:
         """Exactly one of ``options`` (errors name the option as a JSON pointer: ``#/2``)."""
@@ -177,9 +218,239 @@ class Compiler:
             lambda e: {"path": "#"},
         )
 
+    def structural_tags(
+        self,
+        tags: list[dict],
+        triggers: list[str] | None = None,
+        *,
+        min_segments: int = 0,
+        max_segments: int | None = None,
+    ) -> CompiledConstraint:
+        """Free text in which a trigger starts a tagged segment (tool calls inside text).
+
+        Each tag is ``{"begin": str, "end": str, "then": "text" | "end"}`` plus at most one
+        content key (``json_schema``, ``regex``, ``grammar``, ``choice``, with the options of
+        those methods: ``whitespace``, ``strict``, ``lenient``, ``flags``, ``start``); no
+        content key: any text up to the first ``end``. A segment starts where a trigger
+        (default: the tags' begins) first occurs in the free text; a trigger begins the
+        tags whose ``begin`` starts with it. After ``end`` the free text resumes
+        (``then="text"``, the default) or the output ends (``"end"``). Between
+        ``min_segments`` and ``max_segments`` (None: any number) segments. Errors name the
+        place as a JSON pointer: ``#/structural_tags/0/json_schema/properties/a``,
+        ``#/triggers/1``. See :mod:`.frontends.structural`.
+        """
+        spec = {
+            "structural_tags": tags,
+            "triggers": triggers,
+            "min_segments": min_segments,
+            "max_segments": max_segments,
+        }
+        key = ("structural_tags", self._spec_key(spec, "#"))
+        starts = [
+            t
+            for t in (triggers or [t.get("begin") for t in tags if isinstance(t, dict)])
+            if isinstance(t, str)
+        ]
+
+        def finish(compiled: CompiledConstraint) -> CompiledConstraint:
+            return prime_rows(compiled, [t.encode("utf-8", "surrogatepass") for t in starts])
+
+        return self._cached(
+            key, lambda deadline: self.lower(spec, "#", deadline), lambda e: {"path": "#"}, finish
+        )
+
+    def reasoning(
+        self,
+        after: dict | None = None,
+        *,
+        begin: str = "<think>",
+        end: str = "</think>",
+        max_tokens: int | None = None,
+    ) -> CompiledConstraint:
+        """A reasoning block, then a constraint: ``begin``, any text without ``end``, ``end``,
+        then the language of ``after`` (a spec as :meth:`lower` reads it: ``{"json_schema":
+        ...}``, ``{"regex": ...}``, ``{"structural_tags": [...], ...}``; None: any text).
+        ``begin`` may be empty (the prompt opened the block). With ``max_tokens``, once the
+        block has that many tokens the matcher forces the end marker (:mod:`.reasoning`)."""
+        from .frontends.structural import reasoning_grammar
+        from .reasoning import attach_budget
+
+        if max_tokens is not None and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0
+        ):
+            raise ConstraintError(f"max_tokens must be None or an int >= 0, got {max_tokens!r}", path="#")
+        if not isinstance(begin, str) or not isinstance(end, str):
+            raise ConstraintError("reasoning markers must be strings", path="#/reasoning")
+        spec_key = self._spec_key(after, "#") if after is not None else None
+        key = ("reasoning", json.dumps([begin, end, spec_key, max_tokens]))
+
+        # a marker that is a special token of the vocabulary is that token, not its text
+        ids = self.special_tokens
+        begin_m = ir.special_bytes(ids[begin]) if begin in ids else begin.encode("utf-8", "surrogatepass")
+        end_m = ir.special_bytes(ids[end]) if end in ids else end.encode("utf-8", "surrogatepass")
+
+        def build(deadline: float) -> ir.Grammar:
+            sub = self.lower(after, "#", deadline) if after is not None else None
+            return reasoning_grammar(begin_m if begin in ids else begin, end_m if end in ids else end, sub)
+
+        def finish(compiled: CompiledConstraint) -> CompiledConstraint:
+            compiled.markers = (begin, end)  # (to split an output into reasoning and answer)
+            prime_rows(compiled, [begin_m + end_m], skip=len(begin_m))
+            return attach_budget(compiled, begin_m, end_m, max_tokens)
+
+        return self._cached(key, build, lambda e: {"path": "#"}, finish)
+
+    # ------------------------------------------------------------- sub-constraints
+
+    CONTENT_KEYS = ("json_schema", "regex", "grammar", "choice", "structural_tags")
+
+    def lower(self, spec: dict, path: str, deadline: float | None = None) -> ir.Grammar:
+        """The grammar IR of a constraint given as a dict: one of ``{"json_schema": s,
+        "whitespace", "strict", "lenient"}``, ``{"regex": p, "flags"}``, ``{"grammar": text,
+        "start"}``, ``{"choice": [...]}``, ``{"structural_tags": [...], "triggers",
+        "min_segments", "max_segments"}`` (not compiled: to embed in another). Errors name
+        their place under ``path`` (a JSON pointer)."""
+        from .frontends.structural import Tag, check_markers, check_then, tags_grammar
+
+        if not isinstance(spec, dict):
+            raise ConstraintError(f"a constraint must be a dict, got {type(spec).__name__}", path=path)
+        kinds = [k for k in self.CONTENT_KEYS if spec.get(k) is not None]
+        if len(kinds) != 1:
+            raise ConstraintError(
+                f"a constraint needs exactly one of {', '.join(self.CONTENT_KEYS)}, got "
+                f"{', '.join(kinds) or 'none'}",
+                path=path,
+            )
+        kind = kinds[0]
+        where = f"{'' if path == '#' else path}/{kind}"
+        where = "#" + where if not where.startswith("#") else where
+        value = spec[kind]
+        limits = self.limits
+        try:
+            if kind == "json_schema":
+                from .json_schema.lowering import schema_to_grammar
+
+                whitespace = spec.get("whitespace", DEFAULT_WHITESPACE)
+                if whitespace not in WHITESPACE:
+                    raise ConstraintError(f"whitespace must be one of {', '.join(WHITESPACE)}", path=path)
+                _schema_key(value, limits)
+                return schema_to_grammar(
+                    value,
+                    whitespace=whitespace,
+                    strict=bool(spec.get("strict", False)),
+                    lenient=bool(spec.get("lenient", False)),
+                    runtime_unique=False,
+                    limits=limits,
+                    deadline=deadline,
+                )
+            if kind == "regex":
+                from .frontends.regex import regex_to_ir
+
+                if not isinstance(value, str):
+                    raise ConstraintError("regex must be a str", position=0)
+                return ir.Grammar(
+                    {"start": regex_to_ir(value, flags=int(spec.get("flags", 0)), limits=limits)}
+                )
+            if kind == "grammar":
+                from .frontends.lark import lark_to_grammar
+
+                if not isinstance(value, str):
+                    raise ConstraintError("grammar must be a str", line=1, column=1)
+                start = spec.get("start", "start")
+                return lark_to_grammar(
+                    value, start=start, limits=limits, deadline=deadline, specials=self._specials()
+                )
+            if kind == "choice":
+                if not isinstance(value, list) or not value or not all(isinstance(o, str) for o in value):
+                    raise ConstraintError("choice needs a non-empty list of strings")
+                return ir.Grammar({"start": ir.alt(*(ir.lit(o) for o in value))})
+            # structural tags
+            if not isinstance(value, list) or not value:
+                raise ConstraintError("structural_tags must be a non-empty list of tags")
+            tags = []
+            for i, t in enumerate(value):
+                at = f"{where}/{i}"
+                if not isinstance(t, dict):
+                    raise ConstraintError(f"a tag must be a dict, got {type(t).__name__}", path=at)
+                unknown = (
+                    set(t)
+                    - {"begin", "end", "then", *self.CONTENT_KEYS[:4]}
+                    - {
+                        "whitespace",
+                        "strict",
+                        "lenient",
+                        "flags",
+                        "start",
+                    }
+                )
+                if unknown:
+                    raise ConstraintError(f"unknown tag field(s) {', '.join(sorted(unknown))}", path=at)
+                begin = check_markers("begin", t.get("begin"), f"{at}/begin")
+                end = check_markers("end", t.get("end"), f"{at}/end")
+                then = check_then(t.get("then", "text"), f"{at}/then")
+                has = any(t.get(k) is not None for k in self.CONTENT_KEYS[:4])
+                sub = self.lower(t, at, deadline) if has else None
+                tags.append(Tag(begin, end, sub, then, at))
+            triggers = spec.get("triggers")
+            if triggers is not None and not isinstance(triggers, list):
+                raise ConstraintError("triggers must be a list of strings", path="#/triggers")
+            return tags_grammar(tags, triggers, spec.get("min_segments", 0), spec.get("max_segments"))
+        except ConstraintError as e:
+            if kind == "structural_tags":  # (its errors name their places already)
+                raise
+            raise _under(e, where) from None
+
+    def _spec_key(self, spec: Any, path: str) -> str:
+        """A cache key of a constraint dict (schemas by their canonical text)."""
+
+        def norm(v: Any, at: str) -> Any:
+            if isinstance(v, dict):
+                return {
+                    k: (_schema_key(x, self.limits) if k == "json_schema" else norm(x, at))
+                    for k, x in v.items()
+                }
+            if isinstance(v, (list, tuple)):
+                return [norm(x, at) for x in v]
+            if v is None or isinstance(v, (str, int, float, bool)):
+                return v
+            raise ConstraintError(f"unexpected value of type {type(v).__name__} in the constraint", path=at)
+
+        return json.dumps(norm(spec, path), sort_keys=True)
+
+    def _specials(self) -> dict:
+        """What a grammar may name as special tokens: text -> id, and the valid ids."""
+        vocab = self.vocab
+        return {"names": self.special_tokens, "ids": vocab.special_ids, "size": vocab.vocab_size}
+
     def from_ir(self, grammar: ir.Grammar, *, name: str = "ir") -> CompiledConstraint:
         """Compile an IR grammar directly (not cached)."""
         return compile_constraint(grammar, self.vocab, "ir", name, self.limits)
+
+
+def _under(e: ConstraintError, where: str) -> ConstraintError:
+    """``e`` placed under the JSON pointer ``where`` (a sub-constraint's error: its schema
+    pointer is appended, a regex position or grammar line and column kept)."""
+    path = e.path
+    if path is None:
+        path = where
+    elif not path.startswith(where):
+        path = where + (path[1:] if path.startswith("#") else "/" + path)
+    new = ConstraintError.__new__(type(e))
+    ConstraintError.__init__(new, e.message, path=path, line=e.line, column=e.column, position=e.position)
+    for k, v in e.__dict__.items():
+        if k not in ("message", "path", "line", "column", "position"):
+            new.__dict__[k] = v
+    return new
+
+
+def _check_key_order(key_order: object) -> str:
+    from .json_schema.objects import KEY_ORDERS
+
+    if key_order not in KEY_ORDERS:
+        raise ConstraintError(
+            f"key_order must be one of {', '.join(map(repr, KEY_ORDERS))}, got {key_order!r}", path="#"
+        )
+    return key_order  # type: ignore[return-value]
 
 
 def refusal(e: BaseException, where) -> ConstraintError:
@@ -261,10 +532,40 @@ def compile_constraint(
     deadline: float | None = None,
 ) -> CompiledConstraint:
     """A grammar's compiled constraint over ``vocab``, with its run-time check if it needs
-    one (uniqueItems markers: :func:`~.unique_items.compile_unique`); ``deadline``: a
+    one (uniqueItems or key-order markers: :func:`~.key_order.compile_unique`); ``deadline``: a
     ``time.monotonic()`` the automaton must be done by (default: ``limits.max_seconds`` from now)."""
     automaton, tags = compile_unique(grammar, limits, deadline)
-    return attach(CompiledConstraint(automaton, vocab, kind, spec, grammar.notes), tags)
+    compiled = CompiledConstraint(automaton, vocab, kind, spec, grammar.notes, grammar.specials)
+    return attach(compiled, tags)
+
+
+def prime_rows(compiled: CompiledConstraint, paths: list[bytes], skip: int = 0) -> CompiledConstraint:
+    """Build, in a background thread, the rows of the configurations met along each of
+    ``paths`` from the start (past its first ``skip`` bytes): the free text's states with a
+    trigger or end marker partly written, each a whole-trie walk (~3 ms on a 128k
+    vocabulary) that would otherwise be paid mid-generation. ``compiled.primed`` is the
+    thread (rows are built under the constraint's lock, as on first use)."""
+    a = compiled.automaton
+    configs = []
+    for path in paths:
+        cfg = a.initial
+        for k, b in enumerate(path):
+            cfg = a.step_byte(cfg, b)
+            if cfg is None:
+                break
+            if k + 1 > skip and cfg not in configs:
+                configs.append(cfg)
+
+    def build() -> None:
+        for cfg in configs:
+            try:
+                compiled.mask_row(cfg)
+            except Exception:  # noqa: BLE001 # pragma: no cover - a cache: the row is built on first use instead
+                return
+
+    compiled.primed = threading.Thread(target=build, name="deepinfer-prime-rows", daemon=True)
+    compiled.primed.start()
+    return compiled
 
 
 WARM_UP_SECONDS = 600.0  # the kernels' first compilation (numba, cold disk cache)

@@ -226,6 +226,32 @@ class Grammar:
     # (lenient JSON Schema with markers) the grammar with uniqueItems relaxed instead, made if
     # the markers cannot be kept (see ..unique_items.compile_unique)
     fallback: object = None
+    # ids of the special tokens the grammar names, written as :func:`special_bytes`
+    specials: tuple[int, ...] = ()
+
+
+# A special token (a control token such as ``<|im_end|>``, which has no text) is written in
+# the IR as bytes no UTF-8 text holds: SPECIAL_LEAD, then its id in four bytes of six bits
+# each (0x80 | bits, most significant first). Text never reaches these bytes, so a special
+# token never matches text, nor text a special token; the compiled constraint maps the id to
+# them (see ..compiled) and keeps ordinary tokens holding the lead byte out of its rows.
+SPECIAL_LEAD = 0xFE
+MAX_SPECIAL_ID = (1 << 24) - 1
+
+
+def special_bytes(token_id: int) -> bytes:
+    """The IR's bytes for special token ``token_id`` (0 <= id < 2**24)."""
+    if not 0 <= token_id <= MAX_SPECIAL_ID:
+        raise ValueError(f"special token id {token_id} is outside 0..{MAX_SPECIAL_ID}")
+    return bytes([SPECIAL_LEAD] + [0x80 | (token_id >> s) & 0x3F for s in (18, 12, 6, 0)])
+
+
+def special_id(data: bytes, at: int = 0) -> int | None:
+    """The special token id written at ``data[at:]`` (:func:`special_bytes`), or None."""
+    chunk = data[at : at + 5]
+    if len(chunk) != 5 or chunk[0] != SPECIAL_LEAD or any(b & 0xC0 != 0x80 for b in chunk[1:]):
+        return None
+    return (chunk[1] & 0x3F) << 18 | (chunk[2] & 0x3F) << 12 | (chunk[3] & 0x3F) << 6 | chunk[4] & 0x3F
 
 
 # uniqueItems markers: bytes never found in UTF-8 text, written right before the ``[``, each
@@ -415,6 +441,38 @@ ANY_CHAR: Expr = utf8_class([(0, MAX_CODE_POINT)])
 
 
 # ----------------------------------------------------------------------- inspection
+
+
+def rename_refs(expr: Expr, names: dict[str, str], memo: dict[int, Expr] | None = None) -> Expr:
+    """``expr`` with every ``Ref(a)`` whose name is in ``names`` pointing to ``names[a]``
+    (to embed one grammar's rules in another under fresh names; shared sub-trees are
+    rebuilt once, sub-trees without such references are kept as they are)."""
+    memo = {} if memo is None else memo
+    stack: list[tuple[Expr, bool]] = [(expr, False)]
+    while stack:  # post-order, without recursion (IR trees may be deep)
+        e, done = stack.pop()
+        if id(e) in memo:
+            continue
+        if not (e._refs & names.keys()):
+            memo[id(e)] = e
+            continue
+        t = type(e)
+        if t is Ref:
+            memo[id(e)] = Ref(names[e.name])
+            continue
+        kids = (e.item,) if t is Repeat else e.items
+        if not done:
+            stack.append((e, True))
+            stack.extend((k, False) for k in kids if id(k) not in memo)
+            continue
+        new = [memo[id(k)] for k in kids]
+        if t is Repeat:
+            memo[id(e)] = Repeat(new[0], e.min, e.max)
+        elif t is Diff:
+            memo[id(e)] = Diff(new[0], new[1])
+        else:
+            memo[id(e)] = t(tuple(new))
+    return memo[id(expr)]
 
 
 def refs(expr: Expr) -> set[str]:

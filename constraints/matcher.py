@@ -17,6 +17,7 @@ import numpy as np
 
 from .bitmask import unpack_bitmask
 from .compiled import CompiledConstraint
+from .ir import SPECIAL_LEAD, special_id
 
 MAX_FORCED_BYTES = 256
 STEP_MEMO_SIZE = 1 << 18  # (configuration, token) -> next configuration, per constraint
@@ -90,13 +91,16 @@ class Matcher:
         key = (cfg, token_id)
         nxt = memo.get(key, _MISS)
         if nxt is _MISS:
-            if token_id in c.vocab.eos_ids:
+            named = c.specials and token_id in c.specials  # a special token the grammar names
+            if token_id in c.vocab.eos_ids and not (
+                named and c.automaton.step_bytes(cfg, c.specials[token_id])
+            ):
                 if not c.automaton.can_end(cfg):
                     return False
                 self._hist.append(cfg)
                 self._ended.append(True)
                 return True
-            data = c.vocab.token_bytes[token_id] if 0 <= token_id < c.vocab_size else None
+            data = c.token_data(token_id)
             nxt = c.automaton.step_bytes(cfg, data) if data else None
             if len(memo) >= STEP_MEMO_SIZE:
                 memo.clear()
@@ -206,6 +210,12 @@ def encode_forced(compiled: CompiledConstraint, data: bytes) -> list[int]:
     if not data:
         return []
     c = compiled
+    if c.specials and SPECIAL_LEAD in data:  # named special tokens: their ids, the text between encoded
+        at = data.index(SPECIAL_LEAD)
+        tid = special_id(data, at)
+        if tid is None:
+            return encode_forced(c, data[:at])
+        return encode_forced(c, data[:at]) + [tid] + encode_forced(c, data[at + 5 :])
     encode = getattr(c.vocab, "encode", None)
     if encode is not None:
         try:

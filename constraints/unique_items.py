@@ -63,6 +63,7 @@ class Tags:
         kind: dict[tuple[int, int], int],
         pointers: tuple[str, ...],
         trigger: bytes,
+        apply=None,
     ) -> None:
         self.automaton = automaton
         n_states = automaton.n_states
@@ -73,6 +74,9 @@ class Tags:
         self.tagged = tagged.tolist()
         self.pointers = pointers
         self.trigger = trigger  # the bytes whose transitions may carry a tag
+        # frames after a tag: apply(frames, kind, pos, buf, data), None to refuse (a check
+        # with more tag kinds than uniqueItems' brings its own: see ..key_order)
+        self.apply = apply or globals()["apply"]
 
 
 def compile_unique(
@@ -81,7 +85,8 @@ def compile_unique(
     """Compile a grammar that may hold uniqueItems markers (``grammar.unique``): the
     automaton without them and its tags (None for a grammar without markers, or where the
     markers were compiled away). A lenient grammar whose markers cannot be kept is compiled
-    again with uniqueItems relaxed (``grammar.fallback``; its notes say so)."""
+    again with uniqueItems relaxed (``grammar.fallback``; its notes say so). (Grammars that
+    may also hold key-order markers go through :func:`.key_order.compile_unique`.)"""
     if not grammar.unique:
         return compile_grammar(grammar, limits, deadline=deadline), None
     a = compile_grammar(grammar, limits, count=False, deadline=deadline)  # tags live on plain transitions
@@ -175,7 +180,7 @@ def item_key(text: bytes):
         return ("raw", text)
 
 
-def _text(buf, data: bytes, start: int, end: int) -> bytes:
+def text_span(buf, data: bytes, start: int, end: int) -> bytes:
     n = len(buf)
     if end <= n:
         return bytes(buf[start:end])
@@ -191,7 +196,7 @@ def apply(frames: tuple, kind: int, pos: int, buf, data: bytes):
     if not frames:  # pragma: no cover - tags are balanced by the grammar
         return frames
     start, seen = frames[-1]
-    text = _text(buf, data, start, pos)
+    text = text_span(buf, data, start, pos)
     if kind == CLOSE and not text.strip(_WS):
         return frames[:-1]  # an empty array
     key = item_key(text)
@@ -257,7 +262,7 @@ def _walk(tags: Tags, groups, data: bytes, fold) -> list:
     return cur
 
 
-def _cleared(row: np.ndarray, drop: list) -> np.ndarray:
+def cleared_row(row: np.ndarray, drop: list) -> np.ndarray:
     """A copy of the int32 mask row without the tokens in ``drop``."""
     row = row.copy()
     w = row.view(np.uint32)
@@ -274,7 +279,8 @@ def step(tags: Tags, groups: tuple, data: bytes, buf) -> tuple | None:
     """Groups ``((configuration, frames), ...)`` after ``data`` (``buf``: the text before it);
     None if no group survives."""
     base = len(buf)
-    out = _walk(tags, groups, data, lambda fr, k, j: apply(fr, k, base + j, buf, data))
+    fold = tags.apply
+    out = _walk(tags, groups, data, lambda fr, k, j: fold(fr, k, base + j, buf, data))
     return tuple(out) if out else None
 
 
@@ -366,19 +372,27 @@ def _unsafe_py(table, cls, tagmat, stop, tops, words, ids, flat, offs, out):
 _unsafe = njit(cache=True, nogil=True)(_unsafe_py) if njit is not None else _unsafe_py
 
 
+def unsafe_tokens(table, cls, tagmat, stop, tops, words, ids, flat, offs, out) -> int:
+    """:func:`_unsafe_py` (numba-compiled where numba is): which tokens ``ids`` allowed by the
+    row ``words`` may meet a tag from the states ``tops``; marks them in ``out``, returns
+    their number."""
+    return _unsafe(table, cls, tagmat, stop, tops, words, ids, flat, offs, out)
+
+
 def symbolic_events(tags: Tags, cfg, data: bytes) -> tuple:
     """The tag sequences ``((offset, kind), ...)`` of the parses of ``data`` from ``cfg``
     that survive it, whatever the frames (a duplicate is judged later, by :func:`survives`)."""
     return tuple(ev for _, ev in _walk(tags, ((cfg, ()),), data, _add_event))
 
 
-def survives(seqs: tuple, frames: tuple, buf, data: bytes) -> bool:
-    """Does one of the tag sequences ``seqs`` (of one token, ``data``) complete no duplicate?"""
+def survives(seqs: tuple, frames: tuple, buf, data: bytes, fold=apply) -> bool:
+    """Does one of the tag sequences ``seqs`` (of one token, ``data``) complete no duplicate
+    (``fold``: the tags' apply)?"""
     base = len(buf)
     for ev in seqs:
         f2 = frames
         for j, k in ev:
-            f2 = apply(f2, k, base + j, buf, data)
+            f2 = fold(f2, k, base + j, buf, data)
             if f2 is None:
                 break
         else:
@@ -403,6 +417,10 @@ class UniqueItemsCheck:
 
     MEMO = 8192
     EVENTS_MEMO = 1 << 16
+    EMPTY_REASON = (
+        "uniqueItems: every token the grammar allows here completes an array item equal to an "
+        "earlier item of the same array"
+    )
 
     def __init__(self, compiled, tags: Tags) -> None:
         self.compiled = compiled
@@ -603,7 +621,7 @@ class UniqueItemsCheck:
                             drop = []
                         drop.append(t)
                 if drop:
-                    row = _cleared(row, drop)
+                    row = cleared_row(row, drop)
             acc = row if acc is None else acc | row
         return acc
 
@@ -647,14 +665,14 @@ class UniqueItemsCheck:
                 if ev is not None:
                     f2 = fr
                     for j, k in ev:
-                        f2 = apply(f2, k, len(buf) + j, buf, data)
+                        f2 = self.tags.apply(f2, k, len(buf) + j, buf, data)
                         if f2 is None:
                             drop.append(t)
                             break
                 elif step(self.tags, ((cfg, fr),), data, buf) is None:
                     drop.append(t)
             if drop:
-                row = _cleared(row, drop)
+                row = cleared_row(row, drop)
             acc = row if acc is None else acc | row
         return acc
 
@@ -817,10 +835,7 @@ class UniqueItemsMatcher:
         c = self.compiled
         if not any(c.mask_row(cfg).any() for cfg, _ in self._groups[-1]):
             return None
-        return (
-            "uniqueItems: every token the grammar allows here completes an array item equal to an "
-            "earlier item of the same array"
-        )
+        return self._check.EMPTY_REASON
 
     def fill_bitmask(self, bitmask, row: int = 0) -> None:
         """Write this step's allowed tokens into ``bitmask[row]`` (see :meth:`.Matcher.fill_bitmask`)."""

@@ -31,7 +31,7 @@ from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .structured import MaskFiller, Structured, judge
+from .structured import MaskFiller, Structured, judge, split_reasoning
 from .tokenizer import Message, Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -338,17 +338,22 @@ class LLM:
         parsed, error = None, s.error
         if s.constraint is not None and error is None and s.finish_reason != "abort":
             parsed, error = judge(s.params, s.text or "", s.finish_reason or "length", s.constraint.compiled)
+        reasoning, text = None, s.text or ""
+        if s.params.reasoning is not None:  # the block's text apart from what follows it
+            markers = getattr(getattr(s.constraint, "compiled", None), "markers", None)
+            reasoning, text = split_reasoning(s.params, markers or ("<think>", "</think>"), text)
         return RequestOutput(
             request_id=s.request_id,
             prompt=s.prompt,
             prompt_token_ids=s.prompt_token_ids,
-            text=s.text or "",
+            text=text,
             token_ids=list(s.output_token_ids),
             finish_reason=s.finish_reason or "length",
             stop_reason=s.stop_reason,
             parsed=parsed,
             error=error,
             relaxed=relaxed,
+            reasoning=reasoning,
         )
 
     def chat(

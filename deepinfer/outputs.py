@@ -25,6 +25,8 @@ class RequestOutput:
     error: str | None = None  # why the output is not valid, or why the request failed
     relaxed: list[str] = field(default_factory=list)  # lenient mode: keywords not enforced
     finished: bool = True  # False: a partial output of a streamed request (LLM.step)
+    # SamplingParams.reasoning: the reasoning block's text (``text`` is then what follows it)
+    reasoning: str | None = None
 
     @property
     def valid(self) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ._text import clip_repr, lone_surrogate
 
-CONSTRAINT_KINDS = ("json_schema", "regex", "grammar", "choice")
+CONSTRAINT_KINDS = ("json_schema", "regex", "grammar", "choice", "structural_tags")
 
 # Bounds of the values the sampler and the stop checks can take.
 MIN_TEMPERATURE = 1e-5  # a temperature below it (but above 0) is greedy: 1/T would overflow
@@ -52,7 +52,11 @@ class SamplingParams:
         The output fully matches this Python regex.
     grammar : str
         A Lark EBNF grammar: its text, a file path, or the name of a packaged grammar
-        (`deepinfer.grammars.available()`: "json", "sql", "arithmetic", "csv", ...).
+        (`deepinfer.grammars.available()`: "json", "sql", "arithmetic", "csv", ...); or a
+        GBNF grammar (llama.cpp's dialect): a ``.gbnf`` file or packaged name, or any text
+        with ``grammar_syntax="gbnf"``.
+    grammar_syntax : "lark", "gbnf" or None
+        The dialect of `grammar`; None: GBNF for a name ending in ``.gbnf``, else Lark.
     choice : list of str
         The output is exactly one of these strings.
     whitespace : "flexible" (default), "natural" or "compact"
@@ -69,7 +73,29 @@ class SamplingParams:
         `RequestOutput.relaxed`) instead of refusing the schema; the output is still
         validated with jsonschema.
     grammar_start : str
-        The start rule of `grammar`.
+        The start rule of `grammar` (GBNF's is ``root``: the default "start" means ``root`` there).
+    key_order : "schema" (default) or "any"
+        JSON Schema only: object keys in schema order, or in any order (each declared key at
+        most once, the required ones before the object closes; a run-time check).
+    structural_tags : list of dict
+        Free text in which a trigger starts a tagged segment whose content is constrained
+        (tool calls inside text): each tag is ``{"begin": "<tool_call>", "json_schema" |
+        "regex" | "grammar" | "choice": ..., "end": "</tool_call>", "then": "text" | "end"}``
+        (no content key: any text up to ``end``; ``then``: free text resumes, the default,
+        or the output ends). ``deepinfer.tool_calls`` builds them from OpenAI ``tools``.
+    triggers : list of str
+        The strings that start a segment where they first occur in the free text; each must
+        begin some tag's ``begin`` (default: the tags' begins).
+    min_segments, max_segments : int, int or None
+        How many segments the output holds (default 0 to any; ``max_segments=1``: one call).
+    reasoning : bool, (str, str) or None
+        A reasoning block first: ``(begin, end)`` markers, or True for the tokenizer's own
+        (``<think>``/``</think>`` when it has them, else an error); free text inside, then
+        the constraint (or free text). ``RequestOutput.reasoning`` holds the block's text and
+        ``.text`` what follows it. ``begin`` may be "" when the prompt opened the block.
+    max_reasoning_tokens : int or None
+        Tokens the reasoning block may take (its markers included); then its end marker is
+        forced.
     speculative : bool or None
         DSpark speculative decoding for this request (drafts verified by the model, so the
         output is unchanged); None follows the LLM's ``dspark`` default.
@@ -96,6 +122,14 @@ class SamplingParams:
     strict: bool = False
     lenient: bool = False
     grammar_start: str = "start"
+    grammar_syntax: str | None = None
+    key_order: str = "schema"
+    structural_tags: list[dict] | None = None
+    triggers: list[str] | None = None
+    min_segments: int = 0
+    max_segments: int | None = None
+    reasoning: bool | tuple[str, str] | None = None
+    max_reasoning_tokens: int | None = None
     speculative: bool | None = None
 
     def __post_init__(self) -> None:
@@ -189,19 +223,79 @@ class SamplingParams:
             raise _bad("whitespace", self.whitespace, " or ".join(repr(w) for w in WHITESPACE))
         if not isinstance(self.grammar_start, str) or not self.grammar_start:
             raise _bad("grammar_start", self.grammar_start, "a rule name")
+        if self.grammar_syntax not in (None, "lark", "gbnf"):
+            raise _bad("grammar_syntax", self.grammar_syntax, "'lark', 'gbnf' or None")
+        if self.key_order not in ("schema", "any"):
+            raise _bad("key_order", self.key_order, "'schema' or 'any'")
         if self.speculative is not None and not isinstance(self.speculative, bool):
             raise _bad("speculative", self.speculative, "a bool or None")
         for name in ("strict", "lenient"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "a bool")
+        self._validate_tags_and_reasoning()
+
+    def _validate_tags_and_reasoning(self) -> None:
+        """Types of the structural tag and reasoning fields (their content is checked when
+        compiled, with errors naming the tag or trigger)."""
+        tags = self.structural_tags
+        if tags is not None:
+            if not isinstance(tags, list | tuple) or not tags or not all(isinstance(t, dict) for t in tags):
+                raise _bad("structural_tags", tags, "a non-empty list of tag dicts")
+            self.structural_tags = list(tags)
+        elif self.triggers is not None:
+            raise ValueError("SamplingParams.triggers needs structural_tags")
+        if self.triggers is not None:
+            if not isinstance(self.triggers, list | tuple) or not all(
+                isinstance(t, str) and t and lone_surrogate(t) is None for t in self.triggers
+            ):
+                raise _bad("triggers", self.triggers, "a list of non-empty strings")
+            self.triggers = list(self.triggers)
+        if (
+            not isinstance(self.min_segments, int)
+            or isinstance(self.min_segments, bool)
+            or self.min_segments < 0
+        ):
+            raise _bad("min_segments", self.min_segments, "an int >= 0")
+        mx = self.max_segments
+        if mx is not None and (
+            not isinstance(mx, int) or isinstance(mx, bool) or mx < max(1, self.min_segments)
+        ):
+            raise _bad("max_segments", mx, "None or an int >= max(1, min_segments)")
+        r = self.reasoning
+        if r is not None and not isinstance(r, bool):
+            if (
+                not isinstance(r, list | tuple)
+                or len(r) != 2
+                or not all(isinstance(x, str) and lone_surrogate(x) is None for x in r)
+                or not r[1]
+            ):
+                raise _bad("reasoning", r, "True, or a (begin, end) pair of strings with a non-empty end")
+            self.reasoning = (r[0], r[1])
+        if r is False:
+            self.reasoning = None
+        b = self.max_reasoning_tokens
+        if b is not None:
+            if not isinstance(b, int) or isinstance(b, bool) or b < 0:
+                raise _bad("max_reasoning_tokens", b, "an int >= 0 or None")
+            if self.reasoning is None:
+                raise ValueError("SamplingParams.max_reasoning_tokens needs reasoning")
 
     @property
     def constraint_kind(self) -> str | None:
-        """ "json_schema", "regex", "grammar", "choice" or None."""
+        """ "json_schema", "regex", "grammar", "choice", "structural_tags", "reasoning"
+        (reasoning then free text) or None."""
         for k in CONSTRAINT_KINDS:
             if getattr(self, k) is not None:
                 return k
-        return None
+        return "reasoning" if self.reasoning is not None else None
+
+    @property
+    def grammar_dialect(self) -> str:
+        """ "gbnf" or "lark": `grammar_syntax`, else GBNF for a name ending in ``.gbnf``."""
+        if self.grammar_syntax is not None:
+            return self.grammar_syntax
+        g = self.grammar
+        return "gbnf" if isinstance(g, str) and "\n" not in g and g.strip().endswith(".gbnf") else "lark"
 
     @property
     def greedy(self) -> bool:

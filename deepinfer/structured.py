@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
@@ -20,7 +21,9 @@ def resolve_grammar(spec: str) -> str:
     """Grammar text from a packaged name ("sql"), a file path, or the text itself."""
     from . import grammars
 
-    if "\n" not in spec and (os.path.exists(spec) or ":" not in spec or spec.endswith(".lark")):
+    if "\n" not in spec and (
+        os.path.exists(spec) or ":" not in spec or spec.endswith(".lark") or spec.endswith(".gbnf")
+    ):
         # a name or a path (grammar text always has a rule "name: ..."): a missing one is a
         # ValueError naming the packaged grammars
         return grammars.load(spec)
@@ -47,27 +50,109 @@ class Structured:
         if self._compiler is None:
             from .constraints import Compiler
 
-            self._compiler = Compiler(self._tokenizer.vocabulary(self._vocab_size))
+            tok = self._tokenizer
+            names = {t: i for i in tok.special_token_ids if (t := tok.id_to_token(i)) is not None}
+            self._compiler = Compiler(tok.vocabulary(self._vocab_size), special_tokens=names)
         return self._compiler
 
     def compile(self, p: SamplingParams):
         """The shared compiled constraint of ``p`` (ConstraintError / ValueError if bad)."""
+        if p.reasoning is not None:
+            begin, end = self.reasoning_markers(p)
+            after = constraint_spec(p)
+            return self.compiler.reasoning(after, begin=begin, end=end, max_tokens=p.max_reasoning_tokens)
         kind = p.constraint_kind
         c = self.compiler
+        if kind == "structural_tags":
+            return c.structural_tags(
+                resolved_tags(p.structural_tags),
+                p.triggers,
+                min_segments=p.min_segments,
+                max_segments=p.max_segments,
+            )
         if kind == "json_schema":
-            return c.json_schema(p.json_schema, whitespace=p.whitespace, strict=p.strict, lenient=p.lenient)
+            return c.json_schema(
+                p.json_schema,
+                whitespace=p.whitespace,
+                strict=p.strict,
+                lenient=p.lenient,
+                key_order=p.key_order,
+            )
         if kind == "regex":
             return c.regex(p.regex)
+        if kind == "grammar" and p.grammar_dialect == "gbnf":
+            start = "root" if p.grammar_start == "start" else p.grammar_start
+            return c.gbnf(resolve_grammar(p.grammar), start=start)
         if kind == "grammar":
             return c.grammar(resolve_grammar(p.grammar), start=p.grammar_start)
         if kind == "choice":
             return c.choice(p.choice)
         raise ValueError("SamplingParams has no constraint")
 
+    def reasoning_markers(self, p: SamplingParams) -> tuple[str, str]:
+        """``p.reasoning``'s (begin, end): given, or the tokenizer's think tokens for True."""
+        if p.reasoning is True:
+            tok = self._tokenizer
+            if tok.token_to_id("<think>") is None or tok.token_to_id("</think>") is None:
+                raise ValueError(
+                    "reasoning=True: the tokenizer has no <think> and </think> tokens; give the "
+                    "markers as reasoning=(begin, end)"
+                )
+            return "<think>", "</think>"
+        return p.reasoning  # type: ignore[return-value]
+
     def matcher(self, compiled):
         from .constraints import Matcher
 
         return Matcher(compiled)
+
+
+def constraint_spec(p: SamplingParams) -> dict | None:
+    """``p``'s constraint as the compiler's constraint dict (``Compiler.lower``), or None."""
+    kind = p.constraint_kind
+    if kind == "json_schema":
+        return {
+            "json_schema": p.json_schema,
+            "whitespace": p.whitespace,
+            "strict": p.strict,
+            "lenient": p.lenient,
+        }
+    if kind == "regex":
+        return {"regex": p.regex}
+    if kind == "grammar":
+        return {"grammar": resolve_grammar(p.grammar), "start": p.grammar_start}
+    if kind == "choice":
+        return {"choice": list(p.choice)}
+    if kind == "structural_tags":
+        return {
+            "structural_tags": resolved_tags(p.structural_tags),
+            "triggers": p.triggers,
+            "min_segments": p.min_segments,
+            "max_segments": p.max_segments,
+        }
+    return None
+
+
+def resolved_tags(tags: list[dict]) -> list[dict]:
+    """Structural tags with each grammar given as text (a packaged name or a file path read)."""
+    return [
+        {**t, "grammar": resolve_grammar(t["grammar"])} if isinstance(t.get("grammar"), str) else t
+        for t in tags
+    ]
+
+
+def split_reasoning(p: SamplingParams, markers: tuple[str, str], text: str) -> tuple[str | None, str]:
+    """(reasoning, answer) of an output with a reasoning block: the text between the markers
+    and the text after the end marker (None and the whole text without ``reasoning``; an
+    unfinished block: its text and "")."""
+    if p.reasoning is None:
+        return None, text
+    begin, end = markers
+    body = text[len(begin) :] if begin and text.startswith(begin) else text
+    at = body.find(end)
+    if at < 0:
+        return body, ""
+    return body[:at], body[at + len(end) :]
 
 
 def judge(p: SamplingParams, text: str, finish_reason: str, compiled: Any = None) -> tuple[Any, str | None]:
@@ -83,8 +168,24 @@ def judge(p: SamplingParams, text: str, finish_reason: str, compiled: Any = None
 
 def _judge(p: SamplingParams, text: str, finish_reason: str, compiled: Any) -> tuple[Any, str | None]:
     if finish_reason == "length":
+        if p.constraint_kind == "structural_tags" and p.reasoning is None and p.min_segments == 0:
+            # free text cut short is free text: only a segment cut short is invalid
+            segments, error = check_segments(text, p.structural_tags, p.triggers)
+            if error is None:
+                return segments, None
         return None, "max_tokens reached before the constraint was complete"
+    if p.reasoning is not None:
+        # the whole output is the automaton's (markers, block, constraint): walked afresh; the
+        # answer after the block is judged below as the constraint's own output
+        # (special-token markers are not in the decoded text: the walk is skipped for them)
+        if compiled is not None and not compiled.specials and not compiled.accepts(text):
+            return None, "output is not a reasoning block followed by the constraint"
+        markers = getattr(compiled, "markers", None) or ("<think>", "</think>")
+        text = split_reasoning(p, markers, text)[1]
+        compiled = None
     kind = p.constraint_kind
+    if kind == "structural_tags":
+        return check_segments(text, p.structural_tags, p.triggers, compiled)
     if kind == "json_schema":
         try:
             obj = json.loads(text)
@@ -106,11 +207,16 @@ def _judge(p: SamplingParams, text: str, finish_reason: str, compiled: Any) -> t
                 return None, f"output does not validate against {model.__name__}: {e}"
         return obj, None
     if kind == "regex":
-        # the compiled automaton walked afresh: linear in the output
-        ok = compiled is not None and compiled.accepts(text)
+        # the compiled automaton walked afresh: linear in the output (after a reasoning
+        # block, re.fullmatch on the answer)
+        ok = compiled.accepts(text) if compiled is not None else re.fullmatch(p.regex, text) is not None
         return (text, None) if ok else (None, "output does not match the regex")
     if kind == "choice":
         return (text, None) if text in p.choice else (None, "output is not one of the choices")
+    if kind == "grammar" and p.grammar_dialect == "gbnf":
+        # (no GBNF parser here: the compiled automaton walked afresh, linear in the output)
+        ok = compiled is None or compiled.accepts(text)
+        return (text, None) if ok else (None, "output does not match the GBNF grammar")
     if kind == "grammar":
         try:
             parser = _lark(resolve_grammar(p.grammar), p.grammar_start)
@@ -124,6 +230,78 @@ def _judge(p: SamplingParams, text: str, finish_reason: str, compiled: Any) -> t
             return None, f"output does not parse with the grammar: {str(e).splitlines()[0]}"
         return text, None
     return None, None
+
+
+# ------------------------------------------------------------------ structural tags
+
+
+def check_segments(text: str, tags: list[dict], triggers: list[str] | None, compiled: Any = None):
+    """(segments, error) of a finished output under structural tags, judged independently of
+    the automaton: each segment's content by json.loads + jsonschema, ``re.fullmatch``, a lark
+    parse or membership; the free text holding no trigger. ``segments``: ``[{"tag": i,
+    "content": str, "value": parsed JSON or the content}]``."""
+    triggers = triggers or list(dict.fromkeys(t["begin"] for t in tags))
+    if compiled is not None and not compiled.accepts(text):
+        return None, "output does not match the structural tags"
+    segments: list[dict] = []
+    at = 0
+    while True:
+        hits = [(k, t) for t in triggers if (k := text.find(t, at)) >= 0]
+        if not hits:
+            return segments, None
+        k, _ = min(hits, key=lambda h: h[0] + len(h[1]))  # the trigger that ends first
+        found = None
+        for i, tag in enumerate(tags):
+            if text.startswith(tag["begin"], k):
+                found = _segment(text, k + len(tag["begin"]), i, tag)
+                if found is not None:
+                    break
+        if found is None:
+            return None, f"the segment at offset {k} does not match its tag"
+        segments.append(found[0])
+        if tags[found[0]["tag"]].get("then", "text") == "end":
+            rest = text[found[1] :]
+            return (segments, None) if not rest else (None, "text after a segment that ends the output")
+        at = found[1]
+
+
+def _segment(text: str, start: int, i: int, tag: dict) -> tuple[dict, int] | None:
+    """The segment of ``tag`` whose content starts at ``start``: (segment, end offset), or None."""
+    end = tag["end"]
+    k = text.find(end, start)
+    while k >= 0:
+        content = text[start:k]
+        value = _judge_content(tag, content)
+        if value is not _NO:
+            return {"tag": i, "content": content, "value": value}, k + len(end)
+        k = text.find(end, k + 1)
+    return None
+
+
+_NO = object()
+
+
+def _judge_content(tag: dict, content: str) -> Any:
+    if tag.get("json_schema") is not None:
+        import jsonschema
+
+        try:
+            value = json.loads(content)
+        except json.JSONDecodeError:
+            return _NO
+        errors = jsonschema.Draft202012Validator(schema_dict(tag["json_schema"])).iter_errors(value)
+        return _NO if next(errors, None) is not None else value
+    if tag.get("regex") is not None:
+        return content if re.fullmatch(tag["regex"], content, tag.get("flags", 0)) else _NO
+    if tag.get("choice") is not None:
+        return content if content in tag["choice"] else _NO
+    if tag.get("grammar") is not None:
+        try:
+            _lark(resolve_grammar(tag["grammar"]), tag.get("start", "start")).parse(content)
+        except Exception:  # noqa: BLE001 - lark's parse or grammar errors: not this segment
+            return _NO
+        return content
+    return content if tag["end"] not in content else _NO
 
 
 @lru_cache(maxsize=32)

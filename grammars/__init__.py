@@ -1,4 +1,5 @@
-"""Grammars shipped with DeepInfer, in Lark's EBNF syntax.
+"""Grammars shipped with DeepInfer, in Lark's EBNF syntax (and a few in llama.cpp's GBNF:
+``person.gbnf``, ``arithmetic.gbnf``, loaded by their file names).
 
 ``load("json")`` returns a packaged grammar's text (``available()`` lists the names);
 ``load("path/to/my.lark")`` reads a file. Grammars can ``%import`` each other by name
@@ -19,7 +20,8 @@ def available() -> list[str]:
 
 
 def load(name_or_path: str) -> str:
-    """The text of a packaged grammar (by name, e.g. ``"sql"``) or of a ``.lark`` file.
+    """The text of a packaged grammar (by name, e.g. ``"sql"``; a GBNF one by its file name,
+    ``"arithmetic.gbnf"``) or of a ``.lark`` / ``.gbnf`` file.
 
     Raises
     ------
@@ -30,6 +32,8 @@ def load(name_or_path: str) -> str:
     path = Path(name_or_path)
     if name_or_path not in names and path.is_file():  # a file wins over "x.lark" -> "x"
         return path.read_text(encoding="utf-8")
+    if name_or_path.endswith(".gbnf") and files(__name__).joinpath(name_or_path).is_file():
+        return files(__name__).joinpath(name_or_path).read_text(encoding="utf-8")  # a packaged GBNF grammar
     name = name_or_path.removesuffix(".lark")
     if name in names:
         return files(__name__).joinpath(name + ".lark").read_text(encoding="utf-8")

@@ -55,6 +55,7 @@ from ..ir import (
     lit,
     plus,
     seq,
+    special_bytes,
     star,
     utf8_class,
 )
@@ -74,7 +75,12 @@ _UNDEFINED = re.compile(r"(?:Rule|Terminal) '([^']+)' used but not defined(?: \(
 
 
 def lark_to_grammar(
-    text: str, start: str = "start", *, limits: Limits | None = None, deadline: float | None = None
+    text: str,
+    start: str = "start",
+    *,
+    limits: Limits | None = None,
+    deadline: float | None = None,
+    specials: dict | None = None,
 ) -> Grammar:
     """Compile a Lark grammar to the byte-level grammar IR.
 
@@ -90,6 +96,9 @@ def lark_to_grammar(
         ``max_grammar_nesting``); default ``Limits()``.
     deadline:
         A ``time.monotonic()`` past which the mapping stops (:class:`ConstraintTooComplex`).
+    specials:
+        The special tokens a rule may name (see :func:`extensions`): ``{"names": {text:
+        id}, "ids": set of special ids}``; None: none.
 
     Returns
     -------
@@ -112,6 +121,7 @@ def lark_to_grammar(
         raise ConstraintError(f"grammar must be a str, got {type(text).__name__}", line=1, column=1)
     limits = limits or Limits()
     check_text(text, limits)
+    text, embedded = extensions(text, specials)
     with headroom():
         terminals, rules, ignore = _load(text, start)
 
@@ -147,6 +157,7 @@ def lark_to_grammar(
         out[name] = _rule_ir(name, alts)
     if ign is not None:
         out[start] = seq(ign, out[start])
+    ids = _embed(out, embedded, limits, deadline)
     dead = _unproductive(out)
     if start in dead:
         raise ConstraintError(
@@ -161,7 +172,146 @@ def lark_to_grammar(
             f"%ignore {', '.join(ignore)}: unbounded runs of ignored text are allowed between "
             "terminals and at both ends (lark semantics); spell out bounded whitespace to limit them"
         )
-    return Grammar(rules=out, start=start, notes=notes)
+    return Grammar(rules=out, start=start, notes=notes, specials=ids)
+
+
+# ------------------------------------------------------------------- extensions
+
+_SPECIAL = re.compile(r"<\|[^|\s\"]{1,64}\|>|<\[(\d{1,8})\]>")
+
+
+def extensions(text: str, specials: dict | None) -> tuple[str, list[tuple[str, object, dict]]]:
+    """Replace what lark's loader does not read, outside strings, regexes and comments, by
+    references to rules appended to the text, and return ``(text, [(rule, what, where)])``:
+
+    - a special token, by its text ``<|im_end|>`` or its id ``<[128009]>`` (as llguidance's
+      Lark writes them): ``what`` is the id (an unknown one is an error at its line and
+      column);
+    - ``%json { ... }``, a JSON Schema (as llguidance's Lark writes it): ``what`` is the schema.
+
+    A reference takes the same columns as what it replaces (padded with spaces; a schema's
+    line breaks are kept), so lark's positions stay those of the text as written."""
+    if "<" not in text and "%json" not in text:
+        return text, []
+    names = (specials or {}).get("names", {})
+    ids = (specials or {}).get("ids", frozenset())
+    prefix = "_sp"
+    while re.search(re.escape(prefix) + r"\d", text):
+        prefix += "x"
+    out: list[str] = []
+    found: list[tuple[str, object, dict]] = []
+    i = last = 0
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == '"' or c == "/" and text[i + 1 : i + 2] != "/":
+            j = i + 1  # a string or a regex literal
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "/" or c == "#":
+            j = text.find("\n", i)  # a comment
+            i = n if j < 0 else j + 1
+            continue
+        m = _SPECIAL.match(text, i) if c == "<" else None
+        if m is not None:
+            where = _line_column(text, i)
+            _no_terminal(text, i, m.group(), where)
+            if m.group(1) is not None:
+                tid = int(m.group(1))
+                if tid not in ids:
+                    raise ConstraintError(
+                        f"token id {tid} in {m.group()} is not a special token of the vocabulary", **where
+                    )
+            else:
+                tid = names.get(m.group())
+                if tid is None:
+                    known = ", ".join(sorted(names)[:8]) or "none"
+                    raise ConstraintError(
+                        f"unknown special token {m.group()} (special tokens: {known})", **where
+                    )
+            name = f"{prefix}{len(found)}"
+            found.append((name, tid, where))
+            out.append(text[last:i] + name.ljust(m.end() - i))
+            i = last = m.end()
+            continue
+        if c == "%" and text.startswith("%json", i) and not text[i + 5 : i + 6].isalnum():
+            where = _line_column(text, i)
+            j = i + 5
+            while j < n and text[j] in " \t":
+                j += 1
+            end = _json_end(text, j) if j < n and text[j] == "{" else -1
+            if end < 0:
+                raise ConstraintError("%json needs a JSON object (a schema) after it, on its line", **where)
+            import json
+
+            try:
+                schema = json.loads(text[j:end])
+            except ValueError as e:
+                raise ConstraintError(f"%json: the schema is not valid JSON: {e}", **where) from None
+            name = f"{prefix}{len(found)}"
+            found.append((name, ("json", schema), where))
+            blank = "".join(ch if ch == "\n" else " " for ch in text[i:end])
+            out.append(
+                text[last:i] + name + blank[len(name) :] if len(name) <= end - i else text[last:i] + name
+            )
+            i = last = end
+            continue
+        i += 1
+    out.append(text[last:])
+    defs = "".join(f'\n{name}: "x"' for name, _, _ in found)
+    return "".join(out) + defs, found
+
+
+def _json_end(text: str, i: int) -> int:
+    """The index after the JSON object starting at ``text[i] == "{"`` (-1 if unbalanced)."""
+    depth, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return -1
+
+
+def _no_terminal(text: str, at: int, what: str, where: dict) -> None:
+    """Refuse a special token inside a terminal's definition (terminals are text)."""
+    line = text[text.rfind("\n", 0, at) + 1 : at]
+    m = re.match(r"[ \t]*([A-Z_][A-Z_0-9]*)[ \t]*(?:\.[ \t]*-?\d+[ \t]*)?:", line)
+    if m and m.group(1).lstrip("_"):
+        raise ConstraintError(
+            f"special token {what} in terminal {m.group(1)}: special tokens may be named in rules only",
+            **where,
+        )
+
+
+def _embed(out: dict[str, Expr], embedded: list, limits: Limits, deadline: float | None) -> tuple[int, ...]:
+    """Put the special tokens and JSON Schemas found by :func:`extensions` in their rules;
+    returns the ids of the special tokens."""
+    ids: set[int] = set()
+    for name, what, where in embedded:
+        if isinstance(what, int):
+            out[name] = lit(special_bytes(what))
+            ids.add(what)
+            continue
+        from ..json_schema.lowering import schema_to_grammar
+        from .structural import embed
+
+        try:
+            sub = schema_to_grammar(what[1], runtime_unique=False, limits=limits, deadline=deadline)
+        except ConstraintError as e:
+            raise type(e)(f"%json: {e.message}" + (f" (at {e.path})" if e.path else ""), **where) from None
+        out[name] = embed(out, sub, name + ":")
+    return tuple(sorted(ids))
 
 
 # ---------------------------------------------------------------------------- bounds

@@ -82,6 +82,7 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         self.notes: list[str] = []
         self.unique_ptrs: list[str] = []  # uniqueItems checked at run time (see arrays.marked_array)
         self.runtime_unique = True
+        self.key_order = "schema"  # or "any": keys in any order, checked at run time (objects.py)
         self.rules: dict[str, Expr] = {}
         self.stack: list[str] = []
         self.flattening: list[str] = []  # $ref targets whose keywords are being merged (allOf)
@@ -113,6 +114,7 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         self.ws, self.pad = ws, pad
         self.comma = seq(pad, lit(","), ws)
         self.colon = seq(pad, lit(":"), after_colon)
+        self.after_colon = after_colon
 
     # ------------------------------------------------------------------ helpers
     def tick(self, ptr: str) -> None:
@@ -626,6 +628,7 @@ def schema_to_grammar(
     runtime_unique: bool = True,
     limits: Limits | None = None,
     deadline: float | None = None,
+    key_order: str = "schema",
 ) -> Grammar:
     """Lower a JSON Schema to a grammar whose start rule accepts exactly its valid JSON texts.
 
@@ -644,6 +647,11 @@ def schema_to_grammar(
     runtime_unique:
         Enforce ``uniqueItems`` over items that cannot be enumerated with a run-time check
         (:mod:`..unique_items`); False: such a ``uniqueItems`` is unsupported (relaxed if lenient).
+    key_order:
+        ``"schema"`` (the default): object members in schema order; ``"any"``: declared keys
+        in any order, each at most once, required ones checked before the object closes (a
+        run-time check, :mod:`..key_order`; where it cannot be kept, the grammar falls back to
+        schema order and its notes say so).
     limits:
         The size bounds checked before lowering (:class:`~..limits.Limits`: characters,
         values, nesting, properties); default ``Limits()``.
@@ -672,6 +680,7 @@ def schema_to_grammar(
     with headroom():
         c = _SchemaCompiler(root, whitespace, strict, lenient)
         c.runtime_unique = runtime_unique
+        c.key_order = key_order
         c.limits, c.deadline = limits, deadline
         start = c.ref("#", "#")
     if start == NOTHING or (isinstance(start, Ref) and c.rules.get(start.name) == NOTHING):
@@ -691,6 +700,29 @@ def schema_to_grammar(
                 runtime_unique=False,
                 limits=limits,
                 deadline=deadline,
+                key_order=key_order,
             )
 
+    elif key_order == "any":
+
+        def fallback() -> Grammar:  # (where the key order check cannot be kept: schema order)
+            g = schema_to_grammar(
+                schema,
+                whitespace=whitespace,
+                strict=strict,
+                lenient=lenient,
+                runtime_unique=runtime_unique,
+                limits=limits,
+                deadline=deadline,
+            )
+            g.notes.append(
+                f"key_order='any' cannot be enforced here ({KEY_ORDER_FALLBACK}): keys in schema order"
+            )
+            return g
+
     return Grammar(rules=rules, start="start", notes=c.notes, unique=unique, fallback=fallback)
+
+
+KEY_ORDER_FALLBACK = (
+    "an object that reads like one written otherwise, or an automaton too large without counted repetitions"
+)

@@ -1,8 +1,18 @@
-"""Objects for the JSON Schema front end (a mixin of the compiler)."""
+"""Objects for the JSON Schema front end (a mixin of the compiler).
+
+Members come in schema order (declared ones, then extra ones), or, with ``key_order="any"``,
+in any order: the body is then any list of members, and the run-time check of
+:mod:`..key_order` refuses a key given twice and an object closed before all its required
+keys. The object is written with marker bytes for that check (never in UTF-8 text):
+:data:`KEY_OPEN` right before its ``{``, :data:`KEY_NAME` right before the ``:`` of each
+member, and :data:`KEY_CLOSE` then the id of its set of required keys
+(:func:`required_id`, :data:`ID_WIDTH` digits of :data:`KEY_DIGITS`) right before its ``}``.
+"""
 
 from __future__ import annotations
 
 import json
+import threading
 
 from .. import ir
 from ..errors import ConstraintError, ConstraintTooComplex
@@ -25,6 +35,44 @@ from ..ir import (
 )
 from . import formats as jf
 from .common import ADDL, MAX_PATTERN_PROPERTIES, child, cost, is_trivial
+
+# key_order="any" markers (bytes never found in UTF-8 text; uniqueItems uses 0xFB..0xFD)
+KEY_OPEN, KEY_NAME, KEY_CLOSE = 0xF5, 0xF6, 0xF7
+KEY_DIGITS = (0xF8, 0xF9, 0xFA)  # the id of a set of required keys, base 3
+ID_WIDTH = 12  # digits of an id (3**12 sets of required keys per process)
+KEY_ORDERS = ("schema", "any")
+_required_ids: dict[frozenset, int] = {}
+_required_sets: list[frozenset] = []
+_required_lock = threading.Lock()
+
+
+def required_id(keys) -> int:
+    """A process-wide id of a set of required keys (interned: the same set, the same id)."""
+    keys = frozenset(keys)
+    with _required_lock:
+        i = _required_ids.get(keys)
+        if i is None:
+            i = _required_ids[keys] = len(_required_sets)
+            if i >= len(KEY_DIGITS) ** ID_WIDTH:  # pragma: no cover - 531,441 distinct sets
+                raise ConstraintTooComplex("too many distinct sets of required keys for key_order='any'")
+            _required_sets.append(keys)
+        return i
+
+
+def required_set(i: int) -> frozenset:
+    """The set of required keys of id ``i`` (:func:`required_id`)."""
+    return _required_sets[i]
+
+
+def id_marks(i: int) -> Expr:
+    """The marker digits of id ``i``, most significant first."""
+    base = len(KEY_DIGITS)
+    digits = []
+    for _ in range(ID_WIDTH):
+        i, d = divmod(i, base)
+        digits.append(ir.ByteSet(1 << KEY_DIGITS[d]))
+    return seq(*reversed(digits))
+
 
 FLAT_TAIL_ITEMS = 100_000  # IR items of the flat tails of an object's members past which they are chained
 TAIL_BLOCK = 32  # members per link of the chained tails
@@ -96,6 +144,7 @@ class ObjectMixin:
                             child(ptr, "additionalProperties"),
                         )
                     )
+        marked = self.key_order == "any" and some is None  # keys in any order (see key_order)
         items: list[tuple[Expr, bool]] = []
         for key, sub, sptr in members:
             pm = [
@@ -117,8 +166,9 @@ class ObjectMixin:
                 # else a call (a long counted string would multiply the states of the object
                 # around it)
                 value = self.named("value:" + sptr, value)
-            items.append((seq(lit(json.dumps(key, ensure_ascii=False)), self.colon, value), key in required))
-        extra = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames)
+            colon = self.member_colon() if marked else self.colon
+            items.append((seq(lit(json.dumps(key, ensure_ascii=False)), colon, value), key in required))
+        extra = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames, marked=marked)
         special = None
         if some is not None:
             special = self.extra_member(s, ptr, list(props) + required, pats, addl, pnames, some)
@@ -127,8 +177,40 @@ class ObjectMixin:
         lo = int(s.get("minProperties", 0))
         hi = s.get("maxProperties")
         hi = int(hi) if hi is not None else None
+        if marked:
+            body = self.any_order_body(items, extra, lo, hi, ptr)
+            closer = seq(ir.ByteSet(1 << KEY_CLOSE), id_marks(required_id(required)))
+            return seq(ir.ByteSet(1 << KEY_OPEN), lit("{"), self.ws, body, self.ws, closer, lit("}"))
         body = self.members_body(items, extra, lo, hi, ptr, special)
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
+
+    def member_colon(self) -> Expr:
+        """The ``:`` of a member of an object whose keys come in any order, after its marker."""
+        return seq(self.pad, ir.ByteSet(1 << KEY_NAME), lit(":"), self.after_colon)
+
+    def any_order_body(
+        self, items: list[tuple[Expr, bool]], extra: Expr | None, lo: int, hi: int | None, ptr: str
+    ) -> Expr:
+        """The members between the braces in any order (key_order="any"): a list of members,
+        each declared or extra, between ``lo`` and ``hi`` of them (minProperties,
+        maxProperties; with no extra member, at most one per declared key); a key given twice
+        and a missing required key are refused at run time (:mod:`..key_order`)."""
+        n_req = sum(1 for _, r in items if r)
+        n_max = len(items) if extra is None else None
+        if n_max is not None:
+            hi = n_max if hi is None else min(hi, n_max)
+        if hi is not None and hi < max(lo, n_req):
+            return NOTHING
+        member = alt(*(m for m, _ in items), *([extra] if extra is not None else []))
+        if member == NOTHING:
+            return EMPTY if lo == 0 else NOTHING
+        if hi == 0:
+            return EMPTY
+        kw = "maxProperties" if hi is not None else "minProperties"
+        more = self.repeat(
+            seq(self.comma, member), max(0, lo - 1), None if hi is None else hi - 1, child(ptr, kw), kw
+        )
+        return seq(member, more) if lo > 0 else opt(seq(member, more))
 
     def compile_member_not(self, s: dict, some: tuple[object, object], ptr: str) -> Expr:
         """Objects of ``s`` (without its ``not``) that have a member whose key is one of
@@ -174,6 +256,8 @@ class ObjectMixin:
         addl: object,
         pnames: object,
         some: tuple[object, object] | None = None,
+        *,
+        marked: bool = False,
     ) -> Expr | None:
         """One member whose key is not declared, or None when no such key is allowed; with
         ``some`` (keys, value schema), one whose key is also one of the keys and whose value
@@ -210,7 +294,7 @@ class ObjectMixin:
             k = seq(jf.QUOTE, key, jf.QUOTE)
             if key_filter is not None:
                 k = intersect(k, key_filter)
-            parts.append(seq(k, self.colon, value))
+            parts.append(seq(k, self.member_colon() if marked else self.colon, value))
 
         n = len(plist)
         if n > MAX_PATTERN_PROPERTIES and apart:
