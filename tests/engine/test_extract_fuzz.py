@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from deepinfer._text import lone_surrogate
+
 from .test_extract import SAMPLE, extract
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -44,7 +46,7 @@ IDS = st.one_of(
 
 
 def _clean(s) -> bool:
-    return isinstance(s, str) and extract._lone_surrogate(s) is None
+    return isinstance(s, str) and lone_surrogate(s) is None
 
 
 POOL = st.sampled_from(["a", "b", 1, 2, 3])  # repeats, and ids equal to line numbers
@@ -146,7 +148,7 @@ def check_row_against(n: int, e, row_id, text, error, processed: bool = False) -
     elif isinstance(e, tuple) and e[0] == "utf8":
         assert error.startswith(f"input line {n}: not valid UTF-8 at byte offset {e[1]} (") and row_id == n
     elif isinstance(e, tuple) and e[0] == "row":
-        assert extract._key(row_id) == extract._key(n if e[1] is None else e[1])
+        assert extract.key_of(row_id) == extract.key_of(n if e[1] is None else e[1])
         if text is not None:  # (read_rows: the text; an output row: no text to compare)
             assert text == e[2] and error is None
     elif e == "error":
@@ -167,11 +169,11 @@ def test_read_rows_on_random_input(inp, data):
     first = {}
     for r, _ in planned:  # the first processed row with an id keeps it; later ones are errors
         if r.error is None:
-            assert extract._key(r.id) not in first
-            first[extract._key(r.id)] = r.line
+            assert extract.key_of(r.id) not in first
+            first[extract.key_of(r.id)] = r.line
         elif "repeats the id of line" in r.error:
             assert r.error.endswith(
-                f"of line {first[extract._key(r.id)]}; ids must be unique (--id-field names them)"
+                f"of line {first[extract.key_of(r.id)]}; ids must be unique (--id-field names them)"
             )
     out = [
         extract.dumps_row(
@@ -181,7 +183,7 @@ def test_read_rows_on_random_input(inp, data):
     ]
     for line, (r, _) in zip(out, planned):  # valid UTF-8 JSON that reads back to the same id
         rec = json.loads(line.decode("utf-8"))
-        assert extract._key(rec["id"]) == extract._key(r.id) and rec["line"] == r.line
+        assert extract.key_of(rec["id"]) == extract.key_of(r.id) and rec["line"] == r.line
     k = data.draw(st.integers(0, len(out)), label="rows already written")
     with tempfile.TemporaryDirectory() as d:  # an interrupted run wrote k rows: the rest is to do
         path = os.path.join(d, "out.jsonl")
