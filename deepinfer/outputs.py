@@ -4,12 +4,20 @@ returns (one per request that finished, or -- streamed -- gained tokens, that st
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 # "stop": EOS, a stop string/id, or the constraint ended; "length": max_tokens cut it
 # (a constrained output cut so is never valid); "error": the request failed (see .error);
 # "abort": LLM.abort_request ended it
 FinishReason = Literal["stop", "length", "error", "abort"]
+
+
+class TokenLogprob(NamedTuple):
+    """One generated token's log-probability under the model (``SamplingParams.logprobs``)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the most likely tokens at this position: (id, logprob), best first
 
 
 @dataclass
@@ -25,6 +33,7 @@ class RequestOutput:
     error: str | None = None  # why the output is not valid, or why the request failed
     relaxed: list[str] = field(default_factory=list)  # lenient mode: keywords not enforced
     finished: bool = True  # False: a partial output of a streamed request (LLM.step)
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when asked for
 
     @property
     def valid(self) -> bool:
