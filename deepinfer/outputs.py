@@ -4,12 +4,20 @@ returns (one per request that finished, or -- streamed -- gained tokens, that st
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 # "stop": EOS, a stop string/id, or the constraint ended; "length": max_tokens cut it
 # (a constrained output cut so is never valid); "error": the request failed (see .error);
 # "abort": LLM.abort_request ended it
 FinishReason = Literal["stop", "length", "error", "abort"]
+
+
+class TokenLogprob(NamedTuple):
+    """One generated token's log-probability under the model (``SamplingParams.logprobs``)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the most likely tokens at this position: (id, logprob), best first
 
 
 @dataclass
@@ -27,6 +35,7 @@ class RequestOutput:
     finished: bool = True  # False: a partial output of a streamed request (LLM.step)
     # SamplingParams.reasoning: the reasoning block's text (``text`` is then what follows it)
     reasoning: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when asked for
 
     @property
     def valid(self) -> bool:

@@ -19,6 +19,7 @@ SEED_RANGE = (-(1 << 63), 1 << 63)  # int64, what the sampler hashes
 MAX_STOP = 256  # stop strings
 MAX_STOP_CHARS = 1024  # characters of one stop string
 MAX_TOKEN_ID = (1 << 31) - 1
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs bound)
 
 
 def _bad(name: str, value: object, want: str) -> ValueError:
@@ -45,6 +46,11 @@ class SamplingParams:
         unless `include_stop_str_in_output`.
     stop_token_ids : list of int
         Extra ids that end generation (the model's EOS ids always do unless `ignore_eos`).
+    logprobs : int or None
+        Return each generated token's log-probability and those of the ``logprobs`` most
+        likely tokens at its position (0 to 20; None: none), in ``RequestOutput.logprobs``.
+        They are the model's distribution: log-softmax of the logits before the constraint
+        mask, temperature and filters. A request with logprobs is not drafted by DSpark.
     json_schema : dict, str, bool or pydantic model class
         The output is a JSON document valid under this schema (`RequestOutput.parsed` holds
         the validated object, or an instance of the pydantic model).
@@ -112,6 +118,7 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None
 
     # -- structured generation (at most one constraint) ------------------------------------
     json_schema: Any = None
@@ -183,6 +190,12 @@ class SamplingParams:
         ):
             raise _bad("stop_token_ids", self.stop_token_ids, f"a list of at most {MAX_STOP} token ids")
         self.stop_token_ids = list(ids)
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int)
+            or isinstance(self.logprobs, bool)
+            or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise _bad("logprobs", self.logprobs, f"an int in [0, {MAX_LOGPROBS}] or None")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "a bool")

@@ -58,6 +58,10 @@ class Sequence:
         self.stop_reason: str | int | None = None
         self.constraint: Any = None  # a constraint matcher, set by structured generation
         self.error: str | None = None  # why the request failed (its batch goes on)
+        # params.logprobs: one TokenLogprob per sampled token (a dropped token's entry is cut
+        # off when the output is read: entries past len(output_token_ids) are not its tokens')
+        self.logprobs: list | None = None if params.logprobs is None else []
+        self.detokenizer: Any = None  # streamed: an IncrementalDetokenizer, made on first use
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(eos_token_ids)

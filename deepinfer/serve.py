@@ -33,26 +33,37 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    import uvicorn
+    from functools import partial
 
     from .llm import LLM
-    from .server.app import create_app
-    from .server.engine_loop import EngineLoop
 
     kv = args.kv_cache_memory
     if kv is not None and kv > 1:
         kv = int(kv)
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_model_len, kv_cache_memory=kv, seed=args.seed)  # fmt: skip
+    factory = partial(LLM, args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                      max_model_len=args.max_model_len, kv_cache_memory=kv, seed=args.seed)  # fmt: skip
     name = args.served_model_name or (
         os.path.basename(str(args.model)) if args.model else "SmolLM2-135M-Instruct"
     )
-    loop = EngineLoop(llm, max_waiting=args.max_waiting)
+    serve(factory, name=name, host=args.host, port=args.port, api_key=args.api_key,
+          max_waiting=args.max_waiting)  # fmt: skip
+
+
+def serve(factory, *, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          max_waiting: int = 1024) -> None:  # fmt: skip
+    """Serve until interrupted: the engine process (``factory()`` builds its LLM there; a
+    picklable callable), then uvicorn in this one."""
+    import uvicorn
+
+    from .server.app import create_app
+    from .server.engine_loop import EngineLoop
+
+    loop = EngineLoop(factory, max_waiting=max_waiting)
     loop.start()
-    app = create_app(loop, model_name=name, api_key=args.api_key)
-    print(f"deepinfer: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    app = create_app(loop, model_name=name, api_key=api_key)
+    print(f"deepinfer: serving {name} on http://{host}:{port}/v1", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         loop.stop()
 

@@ -113,8 +113,10 @@ class DSpark:
 
     # -- which requests ---------------------------------------------------------------------
     def speculates(self, s, deterministic: bool = False) -> bool:
-        """Does request ``s`` draft? Its ``speculative`` if set, else the LLM's default."""
-        if deterministic:
+        """Does request ``s`` draft? Its ``speculative`` if set, else the LLM's default (never
+        in deterministic mode, nor when it asks for logprobs, which the verify step does not
+        compute)."""
+        if deterministic or getattr(s.params, "logprobs", None) is not None:
             return False
         sp = getattr(s.params, "speculative", None)
         if sp is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..sampling_params import SamplingParams
+from ..sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16
 
@@ -34,10 +34,6 @@ def bad(message: str, param: str | None = None) -> APIError:
 
 
 UNSUPPORTED = {  # fields this server refuses rather than ignore (the answer would be wrong)
-    "logprobs": "logprobs are not supported yet",
-    "top_logprobs": "logprobs are not supported yet",
-    "tools": "tools are not supported yet",
-    "functions": "functions are not supported yet",
     "logit_bias": "logit_bias is not supported",
 }
 
@@ -124,8 +120,29 @@ def constraint(body: dict) -> dict:
     return out
 
 
-def sampling_params(body: dict, *, max_tokens_field: tuple[str, ...] = ("max_tokens",)) -> SamplingParams:
-    """SamplingParams from an OpenAI body (chat or completions). Raises APIError(400)."""
+def logprobs_of(body: dict, kind: str) -> int | None:
+    """SamplingParams.logprobs: chat's ``logprobs`` (bool) + ``top_logprobs`` (0-20), or
+    completions' ``logprobs`` (the number of alternatives, 0-20)."""
+    if kind == "chat":
+        on = body.get("logprobs")
+        if on is not None and not isinstance(on, bool):
+            raise bad("'logprobs' must be a boolean", "logprobs")
+        top = _number(body, "top_logprobs", None, 0, MAX_LOGPROBS, int)
+        if top is not None and not on:
+            raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return (top or 0) if on else None
+    return _number(body, "logprobs", None, 0, MAX_LOGPROBS, int)
+
+
+def sampling_params(
+    body: dict,
+    *,
+    max_tokens_field: tuple[str, ...] = ("max_tokens",),
+    kind: str = "chat",
+    tools: dict | None = None,
+) -> SamplingParams:
+    """SamplingParams from an OpenAI body (chat or completions); ``tools``: the fields that
+    enforce tool calls (server/tools.py). Raises APIError(400)."""
     for name, why in UNSUPPORTED.items():
         if body.get(name) not in (None, False, [], 0):
             raise bad(why, name)
@@ -146,10 +163,23 @@ def sampling_params(body: dict, *, max_tokens_field: tuple[str, ...] = ("max_tok
         min_p=float(_number(body, "min_p", 0.0, 0, 1)),
         seed=body.get("seed"),
         stop=stop or None,
+        logprobs=logprobs_of(body, kind),
     )
     if kw["top_p"] == 0:
         kw["top_p"] = 1e-8
-    kw.update(constraint(body))
+    r = body.get("reasoning")
+    if r is not None:
+        pair = isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
+        if not (isinstance(r, bool) or pair):
+            raise bad("'reasoning' must be a boolean or a [begin, end] pair of strings", "reasoning")
+        kw["reasoning"] = tuple(r) if isinstance(r, list) else (r or None)
+        kw["max_reasoning_tokens"] = _number(body, "max_reasoning_tokens", None, 0, 1 << 24, int)
+    given = constraint(body)
+    if tools and given:
+        raise bad("give 'tools' or a structured output ('response_format', 'structured_outputs'), not both",
+                  "tools")  # fmt: skip
+    kw.update(given)
+    kw.update(tools or {})
     try:
         return SamplingParams(**kw)
     except (ValueError, TypeError) as e:
@@ -182,5 +212,29 @@ def messages_of(body: dict) -> list[dict]:
             content = "".join(texts)
         elif content is not None and not isinstance(content, str):
             raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]")
-        out.append({"role": m["role"], "content": content or ""})
+        msg = {"role": m["role"], "content": content or ""}
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _calls(m["tool_calls"], f"messages[{i}].tool_calls")
+        if m["role"] == "tool":
+            msg["tool_call_id"] = str(m.get("tool_call_id") or "")
+        out.append(msg)
+    return out
+
+
+def _calls(calls: Any, where: str) -> list[dict]:
+    """An assistant message's ``tool_calls`` (history), checked: each a function call whose
+    arguments are a JSON string."""
+    if not isinstance(calls, list):
+        raise bad(f"{where} must be a list", where)
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if (
+            not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("arguments", "{}"), str)
+        ):
+            raise bad(f"{where}[{j}] must be {{'function': {{'name': str, 'arguments': str}}}}", where)
+        out.append({"id": c.get("id"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")}})  # fmt: skip
     return out

@@ -140,3 +140,12 @@ def test_generate_interrupted_leaves_nothing_behind(llm, monkeypatch):
     assert llm.metrics()["kv_blocks_used"] == 0  # the interrupted requests' blocks are back
     monkeypatch.undo()
     assert len(llm.generate([[1, 5, 9]], sp, use_tqdm=False)[0].token_ids) == 8
+
+
+def test_metrics_count_constraint_compiles_and_mask_time(llm):
+    before = llm.metrics()
+    llm.generate(["a", "b"], SamplingParams(max_tokens=3, regex="[ab]{3}"), use_tqdm=False)
+    after = llm.metrics()
+    assert after["constraints_compiled"] - before["constraints_compiled"] == 2
+    assert after["constraint_compile_seconds"] > before["constraint_compile_seconds"]
+    assert after["mask_seconds"] > before["mask_seconds"]

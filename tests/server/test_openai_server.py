@@ -44,7 +44,7 @@ def server():
     port = _free_port()
     env = dict(os.environ, DEEPINFER_API_KEY=KEY)
     cmd = [sys.executable, "-m", "deepinfer.serve", "--port", str(port), "--max-model-len", "1024",
-           "--max-num-seqs", "16", "--seed", "0", "--max-waiting", "64"]  # fmt: skip
+           "--max-num-seqs", "32", "--seed", "0", "--max-waiting", "256"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
@@ -87,6 +87,8 @@ def test_models_health_and_metrics(server, client):
         "deepinfer_requests_running",
         "deepinfer_kv_blocks_total",
         "deepinfer_time_to_first_token_seconds",
+        "deepinfer_constraint_compile_seconds_total",
+        "deepinfer_mask_seconds_total",
     ):
         assert name in text
 
@@ -150,8 +152,10 @@ def test_errors_in_openai_shape(server, client):
     assert "/properties/a" in str(e.value)
     with pytest.raises(openai.BadRequestError, match="packaged grammar"):  # never a path on the server
         _chat(client, extra_body={"structured_outputs": {"grammar": "/etc/passwd"}})
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        _chat(client, logprobs=True)
+    with pytest.raises(openai.BadRequestError, match="'top_logprobs' needs 'logprobs': true"):
+        _chat(client, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="'chat_template_kwargs' must be an object"):
+        _chat(client, extra_body={"chat_template_kwargs": [1]})
     with pytest.raises(openai.BadRequestError, match="temperature"):
         _chat(client, temperature=7)
     with pytest.raises(openai.NotFoundError):
@@ -160,6 +164,14 @@ def test_errors_in_openai_shape(server, client):
         openai.OpenAI(base_url=server + "/v1", api_key="wrong", max_retries=0).models.list()
     auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     r = httpx.post(server + "/v1/chat/completions", content=b"{" + b" " * (9 << 20) + b"}", headers=auth)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+    def chunks():  # no Content-Length: the server stops reading past its limit
+        yield b"{"
+        for _ in range(10):
+            yield b" " * (1 << 20)
+
+    r = httpx.post(server + "/v1/chat/completions", content=chunks(), headers=auth)
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
     r = httpx.post(server + "/v1/chat/completions", content=b"not json",
                    headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
@@ -189,19 +201,160 @@ def test_a_client_that_goes_away_aborts_its_request(server, client):
     assert "deepinfer_requests_running 0" in text and "deepinfer_kv_blocks_used 0" in text
 
 
-def test_concurrent_clients_each_get_one_answer(server, client):
-    """16 clients x 2 requests, constrained and free mixed, on loopback: each completes once."""
+def _finished(server) -> dict[str, int]:
+    """deepinfer_requests_total by finish reason, from /metrics."""
+    out = {}
+    for line in httpx.get(server + "/metrics").text.splitlines():
+        if line.startswith("deepinfer_requests_total{"):
+            out[line.split('"')[1]] = int(float(line.split()[-1]))
+    return out
+
+
+def test_load_64_clients_some_cancelled(server, client):
+    """64 concurrent clients x 4 requests on loopback, constrained and free mixed, one request
+    in eight streamed and dropped after its first chunks: every other request completes exactly
+    once and is valid, the dropped ones are aborted, and the server is healthy and empty after."""
+    before = _finished(server)
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}
 
     def one(i: int):
+        if i % 8 == 7:  # a client that goes away mid-stream
+            with httpx.stream("POST", server + "/v1/chat/completions",
+                              headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                              json={"messages": ASK, "max_tokens": 300, "stream": True,
+                                    "temperature": 0.7, "seed": i}) as r:  # fmt: skip
+                for k, _ in enumerate(r.iter_lines()):
+                    if k >= 3:
+                        break
+            return None
         if i % 2:
-            fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}
             r = _chat(client, max_tokens=40, response_format=fmt)
             jsonschema.validate(json.loads(r.choices[0].message.content), CITY)
         else:
-            r = _chat(client, max_tokens=12, temperature=0.7, seed=i)
+            r = _chat(client, max_tokens=6, temperature=0.7, seed=i)
+            assert r.choices[0].finish_reason in ("stop", "length")
         return r.id
 
-    with cf.ThreadPoolExecutor(16) as pool:
-        ids = list(pool.map(one, range(32)))
-    assert len(set(ids)) == 32
+    def client_task(c: int):
+        return [one(4 * c + j) for j in range(4)]
+
+    with cf.ThreadPoolExecutor(64) as pool:
+        ids = [x for xs in pool.map(client_task, range(64)) for x in xs]
+    done = [x for x in ids if x is not None]
+    assert len(done) == 224 and len(set(done)) == 224  # each answered once
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        after = _finished(server)
+        if after.get("abort", 0) - before.get("abort", 0) >= 32:
+            break
+        time.sleep(0.2)
+    completed = sum(after.get(k, 0) - before.get(k, 0) for k in ("stop", "length"))
+    assert completed == 224 and after.get("abort", 0) - before.get("abort", 0) == 32
+    assert after.get("error", 0) == before.get("error", 0)
     assert httpx.get(server + "/health").json() == {"status": "ok"}
+    text = httpx.get(server + "/metrics").text
+    assert "deepinfer_requests_running 0" in text and "deepinfer_kv_blocks_used 0" in text
+
+
+def test_logprobs_chat_completions_and_stream(client):
+    r = _chat(client, logprobs=True, top_logprobs=3, max_tokens=8)
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == r.usage.completion_tokens
+    assert b"".join(bytes(t.bytes) for t in lp).decode() == r.choices[0].message.content
+    for t in lp:  # greedy: the chosen token is the most likely one
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        assert [x.logprob for x in t.top_logprobs] == sorted(
+            (x.logprob for x in t.top_logprobs), reverse=True
+        )
+        assert t.logprob == pytest.approx(t.top_logprobs[0].logprob)
+    chunks = list(_chat(client, logprobs=True, max_tokens=8, stream=True))
+    streamed = [
+        t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content
+    ]
+    assert [t.token for t in streamed] == [t.token for t in lp]
+    c = client.completions.create(model=MODEL, prompt="One, two,", max_tokens=4, temperature=0, logprobs=2)
+    lc = c.choices[0].logprobs
+    assert len(lc.tokens) == len(lc.token_logprobs) == len(lc.top_logprobs) == 4
+    assert "".join(lc.tokens) == c.choices[0].text and lc.text_offset[0] == 0
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 30},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string", "maxLength": 40}},
+                       "required": ["query"], "additionalProperties": False}}},
+]  # fmt: skip
+WEATHER = [{"role": "user", "content": "What is the weather in Paris? Use a tool."}]
+
+
+def _valid_calls(calls, allowed=("get_weather", "search")):
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    assert calls
+    for c in calls:
+        assert c.type == "function" and c.id.startswith("call_") and c.function.name in allowed
+        jsonschema.validate(json.loads(c.function.arguments), params[c.function.name])
+
+
+def test_tool_choice_required_and_named(client):
+    r = _chat(client, messages=WEATHER, tools=TOOLS, tool_choice="required", max_tokens=80)
+    assert r.choices[0].finish_reason == "tool_calls"
+    _valid_calls(r.choices[0].message.tool_calls)
+    named = {"type": "function", "function": {"name": "search"}}
+    r = _chat(client, messages=WEATHER, tools=TOOLS, tool_choice=named, max_tokens=80)
+    calls = r.choices[0].message.tool_calls
+    assert len(calls) == 1 and r.choices[0].finish_reason == "tool_calls"
+    _valid_calls(calls, ("search",))
+    # streamed: the same call (greedy), whole in the last chunk
+    chunks = list(_chat(client, messages=WEATHER, tools=TOOLS, tool_choice=named, max_tokens=80, stream=True))
+    streamed = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    assert [(t.function.name, t.function.arguments) for t in streamed] == [
+        (c.function.name, c.function.arguments) for c in calls
+    ]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+def test_tool_choice_auto_and_a_conversation_with_tool_results(client):
+    r = _chat(client, messages=WEATHER, tools=TOOLS, max_tokens=80)  # auto: text or valid calls
+    m = r.choices[0].message
+    if m.tool_calls:
+        _valid_calls(m.tool_calls)
+        assert r.choices[0].finish_reason == "tool_calls"
+    else:
+        assert m.content and r.choices[0].finish_reason in ("stop", "length")
+    history = WEATHER + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
+    ]  # fmt: skip
+    r = _chat(client, messages=history, tools=TOOLS, tool_choice="none", max_tokens=16)
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+
+
+def test_tool_errors(client):
+    with pytest.raises(openai.BadRequestError, match="not in 'tools'"):
+        unknown = {"type": "function", "function": {"name": "x"}}
+        _chat(client, messages=WEATHER, tools=TOOLS, tool_choice=unknown)
+    with pytest.raises(openai.BadRequestError, match="not both"):
+        _chat(client, messages=WEATHER, tools=TOOLS, response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\]"):
+        _chat(client, messages=WEATHER, tools=[{"type": "function", "function": {"parameters": {}}}])
+
+
+def test_reasoning_then_json(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
+    extra = {"reasoning": ["<think>", "</think>"], "max_reasoning_tokens": 8}
+    r = _chat(client, response_format=fmt, extra_body=extra, max_tokens=64)
+    m = r.choices[0].message
+    jsonschema.validate(json.loads(m.content), CITY)
+    assert isinstance(m.model_extra["reasoning_content"], str) and "</think>" not in m.content
+    chunks = list(_chat(client, response_format=fmt, extra_body=extra, max_tokens=64, stream=True))
+    got = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in got) == m.content
+    blocks = [d.model_extra.get("reasoning_content") for d in got]
+    assert [b for b in blocks if b] == [m.model_extra["reasoning_content"]]
