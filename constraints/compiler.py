@@ -307,7 +307,7 @@ class Compiler:
     def lower(self, spec: dict, path: str, deadline: float | None = None) -> ir.Grammar:
         """The grammar IR of a constraint given as a dict: one of ``{"json_schema": s,
         "whitespace", "strict", "lenient"}``, ``{"regex": p, "flags"}``, ``{"grammar": text,
-        "start"}``, ``{"choice": [...]}``, ``{"structural_tags": [...], "triggers",
+        "start", "syntax": "lark" | "gbnf"}``, ``{"choice": [...]}``, ``{"structural_tags": [...], "triggers",
         "min_segments", "max_segments"}`` (not compiled: to embed in another). Errors name
         their place under ``path`` (a JSON pointer)."""
         from .frontends.structural import Tag, check_markers, check_then, tags_grammar
@@ -356,6 +356,16 @@ class Compiler:
 
                 if not isinstance(value, str):
                     raise ConstraintError("grammar must be a str", line=1, column=1)
+                syntax = spec.get("syntax", "lark")
+                if syntax == "gbnf":
+                    from .frontends.gbnf import gbnf_to_grammar
+
+                    return gbnf_to_grammar(value, start=spec.get("start", "root"), limits=limits,
+                                           deadline=deadline)  # fmt: skip
+                if syntax != "lark":
+                    raise ConstraintError(
+                        f"grammar syntax must be 'lark' or 'gbnf', got {syntax!r}", path=path
+                    )
                 start = spec.get("start", "start")
                 return lark_to_grammar(
                     value, start=start, limits=limits, deadline=deadline, specials=self._specials()
@@ -381,6 +391,7 @@ class Compiler:
                         "lenient",
                         "flags",
                         "start",
+                        "syntax",
                     }
                 )
                 if unknown:

@@ -538,3 +538,31 @@ def count_nodes(roots: Iterable[Expr], cap: int) -> int:
         elif t is Seq or t is Alt or t is And or t is Diff:
             stack.extend(e.items)
     return n
+
+
+def unproductive(rules: dict[str, Expr]) -> set[str]:
+    """Rules that derive no finite text (the least fixpoint of "derives some text"): a
+    front end refuses a start rule among them."""
+    good: set[str] = set()
+
+    def ok(e: Expr) -> bool:
+        if isinstance(e, ByteSet):
+            return e.mask != 0
+        if isinstance(e, Ref):
+            return e.name in good
+        if isinstance(e, Seq):
+            return all(ok(i) for i in e.items)
+        if isinstance(e, Alt):
+            return any(ok(i) for i in e.items)
+        if isinstance(e, Repeat):
+            return e.min == 0 or ok(e.item)
+        return True  # an IR node of another front end: assume it matches something
+
+    changed = True
+    while changed:
+        changed = False
+        for name, e in rules.items():
+            if name not in good and ok(e):
+                good.add(name)
+                changed = True
+    return set(rules) - good

@@ -119,6 +119,9 @@ def constraint_spec(p: SamplingParams) -> dict | None:
         }
     if kind == "regex":
         return {"regex": p.regex}
+    if kind == "grammar" and p.grammar_dialect == "gbnf":
+        start = "root" if p.grammar_start == "start" else p.grammar_start
+        return {"grammar": resolve_grammar(p.grammar), "start": start, "syntax": "gbnf"}
     if kind == "grammar":
         return {"grammar": resolve_grammar(p.grammar), "start": p.grammar_start}
     if kind == "choice":

@@ -29,17 +29,14 @@ from ..ir import (
     ANY_CHAR,
     EMPTY,
     MAX_CODE_POINT,
-    Alt,
-    ByteSet,
     Expr,
     Grammar,
     Ref,
-    Repeat,
-    Seq,
     alt,
     lit,
     rep,
     seq,
+    unproductive,
 )
 from ..limits import Limits, headroom, out_of_time, past_deadline
 from .regex_classes import char_node
@@ -114,7 +111,7 @@ def gbnf_to_grammar(
     for name, at in p.uses:
         if name not in rules:
             raise ConstraintError(f"GBNF rule {name!r} is used but not defined", **line_column(text, at))
-    dead = _unproductive(rules)
+    dead = unproductive(rules)
     if start in dead:
         raise ConstraintError(
             f"GBNF start rule {start!r} derives no finite text (every alternative recurses forever "
@@ -122,33 +119,6 @@ def gbnf_to_grammar(
             **line_column(text, p.defined[start]),
         )
     return Grammar(rules=rules, start=start)
-
-
-def _unproductive(rules: dict[str, Expr]) -> set[str]:
-    """Rules that derive no finite text (the least fixpoint of "derives some text")."""
-    good: set[str] = set()
-
-    def ok(e: Expr) -> bool:
-        if isinstance(e, ByteSet):
-            return e.mask != 0
-        if isinstance(e, Ref):
-            return e.name in good
-        if isinstance(e, Seq):
-            return all(ok(i) for i in e.items)
-        if isinstance(e, Alt):
-            return any(ok(i) for i in e.items)
-        if isinstance(e, Repeat):
-            return e.min == 0 or ok(e.item)
-        return True
-
-    changed = True
-    while changed:
-        changed = False
-        for name, e in rules.items():
-            if name not in good and ok(e):
-                good.add(name)
-                changed = True
-    return set(rules) - good
 
 
 def line_column(text: str, at: int) -> dict[str, int]:

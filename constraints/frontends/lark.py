@@ -44,19 +44,16 @@ from ..errors import ConstraintError, ConstraintTooComplex
 from ..ir import (
     EMPTY,
     NOTHING,
-    Alt,
-    ByteSet,
     Expr,
     Grammar,
     Ref,
-    Repeat,
-    Seq,
     alt,
     lit,
     plus,
     seq,
     special_bytes,
     star,
+    unproductive,
     utf8_class,
 )
 from ..limits import Limits, headroom, out_of_time, past_deadline
@@ -158,7 +155,7 @@ def lark_to_grammar(
     if ign is not None:
         out[start] = seq(ign, out[start])
     ids = _embed(out, embedded, limits, deadline)
-    dead = _unproductive(out)
+    dead = unproductive(out)
     if start in dead:
         raise ConstraintError(
             f"start rule {start!r} derives no finite text (every alternative recurses forever "
@@ -525,33 +522,6 @@ def _factor(alts: list[tuple[Expr, ...]]) -> Expr:
         else:
             out.append(seq(first, _factor(rests)))
     return alt(*out)
-
-
-def _unproductive(rules: dict[str, Expr]) -> set[str]:
-    """Rules that derive no finite string (least fixpoint of 'productive')."""
-    good: set[str] = set()
-
-    def ok(e: Expr) -> bool:
-        if isinstance(e, ByteSet):
-            return e.mask != 0
-        if isinstance(e, Ref):
-            return e.name in good
-        if isinstance(e, Seq):
-            return all(ok(i) for i in e.items)
-        if isinstance(e, Alt):
-            return any(ok(i) for i in e.items)
-        if isinstance(e, Repeat):
-            return e.min == 0 or ok(e.item)
-        return True  # an IR node of another front end: assume it matches something
-
-    changed = True
-    while changed:
-        changed = False
-        for name, e in rules.items():
-            if name not in good and ok(e):
-                good.add(name)
-                changed = True
-    return set(rules) - good
 
 
 def _terminal_ir(term, text: str, limits: Limits | None = None) -> Expr:

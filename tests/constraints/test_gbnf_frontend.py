@@ -165,3 +165,22 @@ def test_sampling_params_pick_the_dialect(tmp_path):
     assert SamplingParams(grammar=str(f)).grammar_dialect == "gbnf"
     with pytest.raises(ValueError, match="grammar_syntax"):
         SamplingParams(grammar='root ::= "a"', grammar_syntax="ebnf")
+
+
+def test_gbnf_after_reasoning_and_inside_a_structural_tag():
+    """A GBNF grammar embedded in another constraint is read as GBNF, not as Lark."""
+    from deepinfer.constraints import Compiler
+    from deepinfer.structured import constraint_spec
+
+    from .vocabs import small_vocab
+
+    c = Compiler(small_vocab())
+    digits = 'root ::= [0-9]+ "!"'
+    spec = constraint_spec(SamplingParams(grammar=digits, grammar_syntax="gbnf"))
+    assert spec["syntax"] == "gbnf" and spec["start"] == "root"
+    after = c.reasoning(spec)
+    assert after.accepts("<think>hm</think>42!") and not after.accepts("<think>hm</think>4x!")
+    tags = c.structural_tags([{"begin": "<n>", "end": "</n>", "grammar": digits, "syntax": "gbnf"}])
+    assert tags.accepts("say <n>7!</n> ok") and not tags.accepts("say <n>x</n> ok")
+    with pytest.raises(ConstraintError, match="grammar syntax must be"):
+        c.reasoning({"grammar": digits, "syntax": "ebnf"})
