@@ -7,9 +7,10 @@ The stages: front ends (:mod:`.frontends`: regex, Lark; :mod:`.json_schema`) low
 constraint to the grammar IR (:mod:`.ir`); :mod:`.automaton` compiles the IR to a
 byte-level pushdown automaton; :mod:`.tokens` walks the vocabulary trie from its states;
 :mod:`.compiled` joins the automaton to the vocabulary (mask rows), :mod:`.matcher` walks
-one request through it and :mod:`.unique_items` wraps the matcher with the uniqueItems
-check; :mod:`.compiler` drives it all, within the bounds of :class:`~.limits.Limits`
-(sizes, nesting, time: every refusal is a :class:`ConstraintError` naming where). Imports
+one request through it and :mod:`.tag_check` wraps the matcher with a run-time check
+(uniqueItems: :mod:`.unique_items`; keys in any order: :mod:`.key_order`);
+:mod:`.compiler` drives it all, within the bounds of :class:`~.limits.Limits` (sizes,
+nesting, time: every refusal is a :class:`ConstraintError` naming where). Imports
 form no cycle: :mod:`.ir` and :mod:`.errors` import nothing of the package, :mod:`.limits`
 only :mod:`.errors`, :mod:`.automaton` only them, the front ends
 also the automaton (the JSON Schema lowering asks it whether a repetition is counted and

@@ -5,9 +5,9 @@ The JSON Schema front end writes such an object as any list of its members
 UTF-8 text: ``KEY_OPEN`` right before its ``{``, ``KEY_NAME`` right before each member's
 ``:``, and ``KEY_CLOSE`` then the id of its set of required keys (``required_id``, in
 ``ID_WIDTH`` digit markers) right before its ``}``. This is the mechanism of
-``uniqueItems`` (:mod:`.unique_items`): :func:`eliminate_keys` drops the marker edges from
-the compiled automaton, leaving tags on the ``{``, ``:`` and ``}`` transitions, and a check
-wraps the matcher. No permutation automaton: the automaton stays the size of the
+``uniqueItems`` (:mod:`.unique_items`, on :mod:`.tag_check`): :func:`eliminate_keys` drops
+the marker edges from the compiled automaton, leaving tags on the ``{``, ``:`` and ``}``
+transitions, and a check wraps the matcher. No permutation automaton: the automaton stays the size of the
 schema-order one.
 
 The ``}`` tag holds the set of the ids its markers may spell from that state: objects of
@@ -21,19 +21,18 @@ it if the object has it already (keys compared as decoded strings); ``}`` refuse
 unless one of its sets of required keys was all seen, and pops. uniqueItems tags (ints) go
 to :func:`.unique_items.apply`: both checks may share one automaton.
 
-:class:`KeyOrderCheck` is ``compiled.check``: its matcher is
-:class:`~.unique_items.UniqueItemsMatcher` (the groups ``((configuration, frames), ...)`` and
-the output bytes) and its mask rows are the plain rows without the tokens that would
-repeat a key or close an object early (:meth:`KeyOrderCheck.row`, equal to
-:meth:`KeyOrderCheck.row_reference`). A duplicate key is refused at its ``:``, so a model
-that writes a key again is stopped right after its closing quote.
+:class:`KeyOrderCheck` is ``compiled.check``, a :class:`~.tag_check.TagCheck`: its matcher is
+:class:`~.tag_check.TagCheckMatcher` (the groups ``((configuration, frames), ...)`` and the
+output bytes) and its mask rows are the plain rows without the tokens that would repeat a
+key or close an object early (equal to :meth:`~.tag_check.TagCheck.row_reference`). A
+duplicate key is refused at its ``:``, so a model that writes a key again is stopped right
+after its closing quote.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 
 import numpy as np
 
@@ -43,20 +42,8 @@ from .automaton.pushdown import Automaton, compile_grammar
 from .errors import ConstraintError
 from .ir import Grammar, collect_masks
 from .json_schema.objects import ID_WIDTH, KEY_CLOSE, KEY_DIGITS, KEY_NAME, KEY_OPEN, required_set
-from .unique_items import (
-    FOLLOW,
-    Tags,
-    UniqueItemsMatcher,
-    accepts,
-    apply,
-    cleared_row,
-    eliminate,
-    step,
-    survives,
-    symbolic_events,
-    text_span,
-    unsafe_tokens,
-)
+from .tag_check import TagCheck, Tags, text_span
+from .unique_items import FOLLOW, apply, eliminate
 
 KEY_FRAME = "k"  # first item of an object's frame (an array's frame starts with an int)
 _HEADS = {KEY_OPEN: ord("{"), KEY_NAME: ord(":"), KEY_CLOSE: ord("}")}
@@ -232,135 +219,17 @@ def apply_keys(frames: tuple, kind, pos: int, buf, data: bytes):
 # ------------------------------------------------------------------------------ check
 
 
-def _trigger_tokens(vocab, trigger: bytes) -> tuple:
-    """The tokens holding one of the ``trigger`` bytes: (a flag per token id, their ids, their
-    bytes end to end, the offsets), made once per vocabulary and trigger set (read-only)."""
-    cache = vocab.__dict__.setdefault("_trigger_tokens", {})
-    hit = cache.get(trigger)
-    if hit is None:
-        tb = vocab.token_bytes
-        pattern = re.compile(b"[" + re.escape(trigger) + b"]")
-        ids = [i for i, x in enumerate(tb) if x and pattern.search(x)]
-        flag = np.zeros(vocab.vocab_size, dtype=bool)
-        flag[ids] = True
-        flat = np.frombuffer(b"".join(tb[i] for i in ids), dtype=np.uint8)
-        offs = np.cumsum([0] + [len(tb[i]) for i in ids]).astype(np.int64)
-        hit = cache[trigger] = (flag.tolist(), np.array(ids, dtype=np.int64), flat, offs)
-    return hit
-
-
-class KeyOrderCheck:
-    """Per compiled constraint (``compiled.check``) with key-order tags (and maybe uniqueItems
-    tags): the matchers and the mask rows.
+class KeyOrderCheck(TagCheck):
+    """The key-order check of a compiled constraint (``compiled.check``) with key-order tags
+    (and maybe uniqueItems tags).
 
     A token is dropped from a row only where each of its parses from the configuration meets
     a tag that refuses (a ``:`` after a key given already, a ``}`` before the required keys,
-    uniqueItems' ``,`` and ``]`` after a duplicate item). Only the allowed tokens that meet
-    a tag are simulated: those :func:`~.unique_items.unsafe_tokens` flags (one numba walk per
-    configuration, memoised), each by its tag sequences from the configuration (memoised per
-    configuration and token)."""
+    uniqueItems' ``,`` and ``]`` after a duplicate item). Only the allowed tokens that may meet
+    a tag are checked (:meth:`~.tag_check.TagCheck._allowed`: every token with a ``{``, ``:``
+    or ``}``, or a uniqueItems tag byte, that the numba walk flags)."""
 
-    MEMO = 8192
-    EVENTS_MEMO = 1 << 16
     EMPTY_REASON = (
         "key_order='any': every token the grammar allows here repeats a key of the object, or "
         "closes it before all its required keys (keys are checked as they end, not looked ahead)"
     )
-
-    def __init__(self, compiled, tags: Tags) -> None:
-        self.compiled = compiled
-        a = compiled.automaton
-        self.a = a
-        self.tags = tags
-        self.has_trig, self.trig_ids, self._flat, self._offs = _trigger_tokens(compiled.vocab, tags.trigger)
-        self.comp = self.trig_ids
-        tagmat = np.zeros((len(a.table), a.table.shape[1]), dtype=np.bool_)
-        for st, c in tags.kind:
-            tagmat[st, c] = True
-        self._tagmat = tagmat
-        self._stop = np.zeros(len(a.table), dtype=np.bool_) if a.is_regular else (a.accepting | a.has_calls)
-        self._table = np.ascontiguousarray(a.table)
-        self._cls = np.ascontiguousarray(a.cls, dtype=np.int64)
-        self._on: dict = {}
-        self._events: dict = {}
-
-    def matcher(self) -> UniqueItemsMatcher:
-        """A new matcher of the compiled constraint, with the check."""
-        return UniqueItemsMatcher(self.compiled, self)
-
-    def accepts(self, data: bytes) -> bool:
-        """Does ``data`` match the whole constraint, the key checks included?"""
-        return accepts(self.tags, data)
-
-    def _allowed(self, cfg, row: np.ndarray) -> list:
-        """The tokens of a configuration's row that may meet a tag (memoised per configuration)."""
-        hit = self._on.get(cfg)
-        if hit is not None:
-            return hit
-        tops = np.array([cfg] if self.a.is_regular else sorted({st[-1] for st in cfg.stacks}), dtype=np.int64)
-        out = np.zeros(len(self.comp), dtype=np.bool_)
-        n = unsafe_tokens(
-            self._table,
-            self._cls,
-            self._tagmat,
-            self._stop,
-            tops,
-            row.view(np.uint32),
-            self.comp,
-            self._flat,
-            self._offs,
-            out,
-        )
-        hit = self.comp[out].tolist() if n else []
-        if len(self._on) >= self.MEMO:
-            self._on.clear()
-        self._on[cfg] = hit
-        return hit
-
-    def _seqs(self, cfg, t: int) -> tuple:
-        key = (cfg, t)
-        hit = self._events.get(key)
-        if hit is None:
-            hit = symbolic_events(self.tags, cfg, self.compiled.vocab.token_bytes[t])
-            hit = tuple(ev for ev in hit if ev) if all(hit) else ()  # () where one parse meets no tag
-            if len(self._events) >= self.EVENTS_MEMO:
-                self._events.clear()
-            self._events[key] = hit
-        return hit
-
-    def row(self, groups: tuple, buf) -> np.ndarray:
-        """The mask row of groups: each configuration's row without the tokens all of whose
-        parses meet a refusing tag (equal to :meth:`row_reference`)."""
-        c = self.compiled
-        tb = c.vocab.token_bytes
-        acc = None
-        for cfg, fr in groups:
-            row = c.mask_row(cfg)
-            drop = []
-            for t in self._allowed(cfg, row):
-                seqs = self._seqs(cfg, t)
-                if seqs and not survives(seqs, fr, buf, tb[t], apply_keys):
-                    drop.append(t)
-            if drop:
-                row = cleared_row(row, drop)
-            acc = row if acc is None else acc | row
-        return acc
-
-    def row_reference(self, groups: tuple, buf) -> np.ndarray:
-        """The mask row of groups by stepping every allowed token that holds a tag byte (the
-        reference of :meth:`row`)."""
-        c = self.compiled
-        tb = c.vocab.token_bytes
-        acc = None
-        for cfg, fr in groups:
-            row = c.mask_row(cfg)
-            words = row.view(np.uint32)
-            drop = [
-                t
-                for t in self.trig_ids.tolist()
-                if words[t >> 5] >> (t & 31) & 1 and step(self.tags, ((cfg, fr),), tb[t], buf) is None
-            ]
-            if drop:
-                row = cleared_row(row, drop)
-            acc = row if acc is None else acc | row
-        return acc

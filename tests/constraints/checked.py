@@ -8,7 +8,8 @@ markers; with markers it is the automaton without them (:func:`compile_unique`) 
 
 from __future__ import annotations
 
-from deepinfer.constraints.unique_items import accepts, compile_unique, is_prefix
+from deepinfer.constraints.tag_check import accepts, is_prefix
+from deepinfer.constraints.unique_items import compile_unique
 
 
 class Checked:

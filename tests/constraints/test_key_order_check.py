@@ -26,7 +26,7 @@ from deepinfer.constraints import Compiler, ConstraintError, Matcher
 from deepinfer.constraints.bitmask import unpack_bitmask
 from deepinfer.constraints.json_schema import schema_to_grammar
 from deepinfer.constraints.key_order import KeyOrderCheck, compile_unique
-from deepinfer.constraints.unique_items import accepts
+from deepinfer.constraints.tag_check import accepts
 
 from .shared_data import need_shared
 from .vocabs import small_vocab

@@ -20,7 +20,8 @@ from deepinfer.constraints import Compiler, Matcher
 from deepinfer.constraints.bitmask import unpack_bitmask
 from deepinfer.constraints.errors import ConstraintError
 from deepinfer.constraints.json_schema import schema_to_grammar
-from deepinfer.constraints.unique_items import UniqueItemsMatcher, accepts, compile_unique, is_prefix
+from deepinfer.constraints.tag_check import accepts, is_prefix
+from deepinfer.constraints.unique_items import UniqueItemsMatcher, compile_unique
 
 from .shared_data import need_shared, shared_path
 from .vocabs import llama3, small_vocab
@@ -495,9 +496,9 @@ def test_fast_rows_equal_reference_rows(name, schema, ws):
 
 def test_fast_rows_python_walk(monkeypatch):
     """The pure-Python walk (no numba) gives the same rows."""
-    from deepinfer.constraints import unique_items
+    from deepinfer.constraints import tag_check
 
-    monkeypatch.setattr(unique_items, "_unsafe", unique_items._unsafe_py)
+    monkeypatch.setattr(tag_check, "_unsafe", tag_check._unsafe_py)
     for name, schema in (("strings py", STR), ("recursive py", RECURSIVE)):
         compiled = Compiler(small_vocab()).json_schema(schema)
         _fast_equals_reference(compiled, name, walks=8, steps=40)
