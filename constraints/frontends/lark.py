@@ -177,6 +177,21 @@ def lark_to_grammar(
 _SPECIAL = re.compile(r"<\|[^|\s\"]{1,64}\|>|<\[(\d{1,8})\]>")
 
 
+def _past_literal(text: str, i: int) -> int:
+    """The index just past the string, regex literal (to its closing quote or slash, or the
+    line end) or comment that starts at ``i`` of grammar ``text``; ``i`` when none starts there."""
+    n, c = len(text), text[i]
+    if c == '"' or c == "/" and text[i + 1 : i + 2] != "/":
+        j = i + 1
+        while j < n and text[j] != c and text[j] != "\n":
+            j += 2 if text[j] == "\\" else 1
+        return j + 1
+    if c == "/" or c == "#":
+        j = text.find("\n", i)
+        return n if j < 0 else j + 1
+    return i
+
+
 def extensions(text: str, specials: dict | None) -> tuple[str, list[tuple[str, object, dict]]]:
     """Replace what lark's loader does not read, outside strings, regexes and comments, by
     references to rules appended to the text, and return ``(text, [(rule, what, where)])``:
@@ -201,15 +216,9 @@ def extensions(text: str, specials: dict | None) -> tuple[str, list[tuple[str, o
     n = len(text)
     while i < n:
         c = text[i]
-        if c == '"' or c == "/" and text[i + 1 : i + 2] != "/":
-            j = i + 1  # a string or a regex literal
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            i = j + 1
-            continue
-        if c == "/" or c == "#":
-            j = text.find("\n", i)  # a comment
-            i = n if j < 0 else j + 1
+        k = _past_literal(text, i)
+        if k != i:  # a string, a regex literal or a comment: nothing to read inside
+            i = k
             continue
         m = _SPECIAL.match(text, i) if c == "<" else None
         if m is not None:
@@ -337,15 +346,9 @@ def check_text(text: str, limits: Limits) -> None:
     depth, i, n = 0, 0, len(text)
     while i < n:
         c = text[i]
-        if c == '"' or c == "/" and text[i + 1 : i + 2] != "/":
-            j = i + 1  # a string or a regex literal: to its closing quote or slash (or the line end)
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            i = j + 1
-            continue
-        if c == "/" or c == "#":
-            j = text.find("\n", i)  # a comment
-            i = n if j < 0 else j + 1
+        k = _past_literal(text, i)
+        if k != i:  # a string, a regex literal or a comment: nothing to read inside
+            i = k
             continue
         if c in "([{":
             depth += 1
