@@ -561,7 +561,7 @@ def bench_device(args) -> None:
     cfg = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
                       num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
                       max_position_embeddings=4096)  # fmt: skip
-    w = _random_weights(shapes[args.shape], torch.device(args.device), torch.bfloat16)
+    w = _random_weights(cfg, torch.device(args.device), torch.bfloat16)
     loaded = LoadedModel(
         config=cfg, weights=w, tokenizer=tok, source=f"random {args.shape}", eos_token_ids=eos
     )

@@ -312,8 +312,8 @@ def main() -> None:
                 max_position_embeddings=4096,
             )
 
-            def make(det: bool, cfg=cfg, shape=SHAPES[name], tok=tok, eos=eos, name=name):
-                w = _random_weights(shape, device, torch.bfloat16)
+            def make(det: bool, cfg=cfg, tok=tok, eos=eos, name=name):
+                w = _random_weights(cfg, device, torch.bfloat16)
                 loaded = LoadedModel(
                     config=cfg, weights=w, tokenizer=tok, source=f"random {name}", eos_token_ids=eos
                 )

@@ -173,7 +173,7 @@ def main() -> None:
         label = f"{args.shape} (random weights, {torch.cuda.get_device_name(args.device)})"
 
         def make(caching: bool):
-            w = _random_weights(SHAPES[args.shape], torch.device(args.device), torch.bfloat16)
+            w = _random_weights(cfg, torch.device(args.device), torch.bfloat16)
             loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=args.shape, eos_token_ids=eos)
             return LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=args.requests,
                        max_model_len=2048, seed=0, prefix_caching=caching, dspark=False)  # fmt: skip

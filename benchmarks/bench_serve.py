@@ -122,7 +122,7 @@ def make_llm(args, c: int):
                       num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
                       max_position_embeddings=4096)  # fmt: skip
     tok, eos, _ = _tokenizer_for(args.shape)
-    w = _random_weights(SHAPES[args.shape], torch.device(args.device), torch.bfloat16)
+    w = _random_weights(cfg, torch.device(args.device), torch.bfloat16)
     loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=args.shape, eos_token_ids=eos,
                          chat_template=CHATML)  # fmt: skip
     llm = LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=c, max_model_len=1024, seed=0)
