@@ -29,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_decode import SHAPES, _random_weights, _table  # noqa: E402
+from bench_decode import _config, _random_weights, _table  # noqa: E402
 
 DATA = os.environ.get("DEEPINFER_SHARED_DATA")  # the folder holding maskbench-dev/
 TOKENIZER_CACHE = os.path.join(HERE, ".cache")
@@ -265,7 +265,6 @@ def main() -> None:
     import torch
 
     from deepinfer import LLM
-    from deepinfer.config import ModelConfig
     from deepinfer.loader.types import LoadedModel
 
     schemas = _schemas(args.schemas)
@@ -297,20 +296,8 @@ def main() -> None:
         max_tokens = args.max_tokens or 64
         device = torch.device(args.device)
         for name in args.shapes.split(","):
-            L, H, I, nh, nkv, hd, V, tied, theta = SHAPES[name]
             tok, eos, tmpl = _tokenizer_for(name)
-            cfg = ModelConfig(
-                vocab_size=V,
-                hidden_size=H,
-                intermediate_size=I,
-                num_layers=L,
-                num_heads=nh,
-                num_kv_heads=nkv,
-                head_dim=hd,
-                rope_theta=theta,
-                tie_word_embeddings=tied,
-                max_position_embeddings=4096,
-            )
+            cfg = _config(name)
 
             def make(det: bool, cfg=cfg, tok=tok, eos=eos, name=name):
                 w = _random_weights(cfg, device, torch.bfloat16)

@@ -24,7 +24,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_decode import SHAPES, _random_weights, _table  # noqa: E402
+from bench_decode import _config, _random_weights, _table  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -162,13 +162,9 @@ def main() -> None:
     else:
         from bench_e2e import _tokenizer_for
 
-        from deepinfer.config import ModelConfig
         from deepinfer.loader.types import LoadedModel
 
-        L, H, I, nh, nkv, hd, V, tied, theta = SHAPES[args.shape]
-        cfg = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
-                          num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
-                          max_position_embeddings=4096)  # fmt: skip
+        cfg = _config(args.shape)
         tok, eos, _ = _tokenizer_for(args.shape)
         label = f"{args.shape} (random weights, {torch.cuda.get_device_name(args.device)})"
 

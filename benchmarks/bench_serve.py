@@ -111,16 +111,12 @@ def make_llm(args, c: int):
     if args.device == "cpu":
         return LLM(seed=0, max_num_seqs=c)
     import torch
-    from bench_decode import SHAPES, _random_weights
+    from bench_decode import _config, _random_weights
     from bench_e2e import _tokenizer_for
 
-    from deepinfer.config import ModelConfig
     from deepinfer.loader.types import LoadedModel
 
-    L, H, I, nh, nkv, hd, V, tied, theta = SHAPES[args.shape]
-    cfg = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_layers=L, num_heads=nh,
-                      num_kv_heads=nkv, head_dim=hd, rope_theta=theta, tie_word_embeddings=tied,
-                      max_position_embeddings=4096)  # fmt: skip
+    cfg = _config(args.shape)
     tok, eos, _ = _tokenizer_for(args.shape)
     w = _random_weights(cfg, torch.device(args.device), torch.bfloat16)
     loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=args.shape, eos_token_ids=eos,

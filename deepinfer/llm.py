@@ -664,11 +664,12 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], ks: l
     distribution, before mask, temperature and filters), with its ``k`` most likely tokens."""
     idx = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
     lp = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)  # [R, V]
-    chosen = lp.gather(1, tokens.index_select(0, idx).clamp(min=0).unsqueeze(1)).squeeze(1).tolist()
+    picked = tokens.index_select(0, idx)  # [R]
+    chosen = lp.gather(1, picked.clamp(min=0).unsqueeze(1)).squeeze(1).tolist()
     k = max(ks)
     top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
     top_v, top_i = top_v.tolist(), top_i.tolist()
-    toks = tokens.index_select(0, idx).tolist()
+    toks = picked.tolist()
     return {
         j: TokenLogprob(toks[r], chosen[r], list(zip(top_i[r][: ks[r]], top_v[r][: ks[r]])))
         for r, j in enumerate(rows)

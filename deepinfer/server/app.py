@@ -31,16 +31,14 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:  # fmt: skip
     app = FastAPI(title="DeepInfer", docs_url=None, redoc_url=None)
     created = int(time.time())
-    texts: list[TokenTexts] = []  # built on the first request that asks for logprobs
+    texts = TokenTexts(loop.info["token_bytes"])
 
     def logprobs_obj(kind: str, entries, offset: int = 0) -> dict | None:
         if entries is None:
             return None
-        if not texts:
-            texts.append(TokenTexts(loop.info["token_bytes"]))
         if kind == "chat":
-            return chat_logprobs(entries, texts[0])
-        return completion_logprobs(entries, texts[0], offset)
+            return chat_logprobs(entries, texts)
+        return completion_logprobs(entries, texts, offset)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError):

@@ -246,8 +246,10 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
     except BaseException as e:  # noqa: BLE001 - the server says why it could not start
         outbox.send(("failed", f"{type(e).__name__}: {e}"))
         return
-    streamed: set = set()
-    sent: dict[str, list[int]] = {}  # request id -> [characters, logprob entries] sent
+    # request id -> [streamed?, characters sent, logprob entries sent, first token told?]; a
+    # request that is not streamed is told only its first token (the server times it) and its
+    # final output
+    sent: dict[str, list] = {}
     steps = 0
     try:
         while True:
@@ -261,15 +263,12 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
                         llm.abort_request(msg[1])
                         continue
                     _, rid, payload, params, stream = msg
-                    if getattr(params, "reasoning", None) is not None:
-                        stream = False  # its text is whole only once split: sent at the end
                     prompt = payload[1]
                     if payload[0] == "chat":
                         prompt = llm.chat_prompt(payload[1], chat_template_kwargs=payload[2])
                     llm.add_request(prompt, params, request_id=rid, stream=True)
-                    sent[rid] = [0, 0]
-                    if stream:
-                        streamed.add(rid)
+                    # reasoning: the text is whole only once split, so it comes at the end
+                    sent[rid] = [stream and params.reasoning is None, 0, 0, False]
                 continue
             if not busy:
                 continue
@@ -281,28 +280,20 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
                 s = sent.get(rid)
                 if s is None:
                     continue
-                if not o.finished and rid not in streamed and s[0] >= 0 and o.token_ids:
-                    # a non-streamed request: only its first token is told (time to first token)
-                    packed.append((rid, "", len(o.token_ids), None, None))
-                    s[0] = -1
+                stream, chars, entries, told = s
+                if not (o.finished or stream):
+                    if o.token_ids and not told:
+                        packed.append((rid, "", len(o.token_ids), None, None))
+                        s[3] = True
                     continue
-                if not o.finished and rid not in streamed:
-                    continue
-                text = o.text
-                delta = text[s[0] :] if o.finished is False else ""
-                lps = None
-                if o.logprobs is not None:
-                    lps = o.logprobs[s[1] :]
-                    s[1] = len(o.logprobs)
+                lps = None if o.logprobs is None else o.logprobs[entries:]
                 if o.finished:
-                    reasoning = getattr(o, "reasoning", None)
-                    final = (text, len(o.prompt_token_ids), o.finish_reason, o.error, reasoning)
+                    final = (o.text, len(o.prompt_token_ids), o.finish_reason, o.error, o.reasoning)
                     packed.append((rid, "", len(o.token_ids), lps, final))
                     del sent[rid]
-                    streamed.discard(rid)
                 else:
-                    s[0] = len(text)
-                    packed.append((rid, delta, len(o.token_ids), lps, None))
+                    packed.append((rid, o.text[chars:], len(o.token_ids), lps, None))
+                    s[1], s[2] = len(o.text), len(o.logprobs or ())
             if packed:
                 m = llm.metrics()
                 m["steps"] = steps
