@@ -2,10 +2,11 @@
 the offline engine core, at concurrency 1, 8 and 32, in one run. Prints a table, asserts nothing.
 
 Requests: chat prompts, half with a JSON-Schema ``response_format``, greedy, ``max_tokens``
-fixed. HTTP: a server subprocess (``--max-num-seqs`` = the concurrency), c client threads each
-streaming its requests in turn. Offline: an ``LLM`` with ``max_num_seqs`` = c in this process,
-the same requests through ``add_request`` / ``step``, c in flight at a time. Per row: output tokens/s, time to
-first token (mean) and time per output token (mean), and HTTP / offline.
+fixed. HTTP: a server subprocess (``--max-num-seqs`` = the concurrency), c clients each
+streaming its requests in turn (asyncio tasks, spread over ``--client-procs`` processes).
+Offline: an ``LLM`` with ``max_num_seqs`` = c in this process, the same requests through
+``add_request`` / ``step``, c in flight at a time. Per row: output tokens/s, time to first token
+(mean) and time per output token (mean), and HTTP / offline.
 
 CPU, the embedded model:
     .venv/bin/python benchmarks/bench_serve.py [--requests 32] [--max-tokens 32]
@@ -55,9 +56,33 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def http_run(base: str, bodies: list[dict], c: int, max_tokens: int) -> dict:
-    """c clients, each streaming its requests in turn, as asyncio tasks over one connection
-    pool (one thread: the client stays light beside the server)."""
+def http_run(base: str, bodies: list[dict], c: int, max_tokens: int, procs: int = 1) -> dict:
+    """c clients, each streaming its requests in turn, spread over ``procs`` client processes
+    (as many independent clients would be; one process's event loop would be the bottleneck at
+    high concurrency). Each process runs its clients as asyncio tasks over one connection pool."""
+    procs = max(1, min(procs, c))
+    if procs == 1:
+        res, t0, t1 = _clients(base, bodies, c, max_tokens, time.perf_counter())
+        wall = t1 - t0
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        start = time.perf_counter() + 3.0  # every process starts at once, imports done
+        shares = [(c // procs) + (i < c % procs) for i in range(procs)]
+        with ProcessPoolExecutor(procs, mp_context=mp.get_context("spawn")) as ex:
+            futs = [ex.submit(_clients, base, bodies[i::procs], shares[i], max_tokens, start)
+                    for i in range(procs)]  # fmt: skip
+            parts = [f.result() for f in futs]
+        res = [r for p in parts for r in p[0]]
+        wall = max(p[2] for p in parts) - min(p[1] for p in parts)
+    return {"tok_s": sum(r[2] for r in res) / wall, "ttft": statistics.mean(r[0] for r in res),
+            "tpot": statistics.mean(r[1] for r in res)}  # fmt: skip
+
+
+def _clients(base: str, bodies: list[dict], c: int, max_tokens: int, start: float):
+    """c asyncio clients in this process, from ``start`` (a perf_counter time, shared by every
+    client process): ([(ttft, tpot, tokens)], start, end)."""
     import asyncio
 
     import httpx
@@ -88,13 +113,12 @@ def http_run(base: str, bodies: list[dict], c: int, max_tokens: int) -> dict:
                 while todo:
                     res.append(await one(cl, todo.pop(0)))
 
+            await asyncio.sleep(max(0.0, start - time.perf_counter()))
             t = time.perf_counter()
             await asyncio.gather(*(client() for _ in range(c)))
-            return res, time.perf_counter() - t
+            return res, t, time.perf_counter()
 
-    res, wall = asyncio.run(run())
-    return {"tok_s": sum(r[2] for r in res) / wall, "ttft": statistics.mean(r[0] for r in res),
-            "tpot": statistics.mean(r[1] for r in res)}  # fmt: skip
+    return asyncio.run(run())
 
 
 # A ChatML template for the random-weight shapes (their tokenizer files carry none).
@@ -164,6 +188,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument(
+        "--client-procs",
+        type=int,
+        default=None,
+        help="client processes (default: concurrency / 8, at most a quarter of the cores)",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--shape", default="llama3-8b", help="random-weight shape on the device")
     ap.add_argument("--serve-shape", default=None, help=argparse.SUPPRESS)  # the server subprocess
@@ -205,7 +235,8 @@ def main() -> None:
                 except httpx.HTTPError:
                     time.sleep(0.5)
             http_run(base, bodies[:2], 2, 4)  # warm-up: the constraint compiled
-            h = http_run(base, bodies, c, args.max_tokens)
+            procs = args.client_procs or max(1, min(c // 8, (os.cpu_count() or 1) // 4))
+            h = http_run(base, bodies, c, args.max_tokens, procs)
         finally:
             proc.terminate()
             proc.wait(timeout=30)

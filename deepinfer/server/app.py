@@ -208,11 +208,13 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
         sent_lp = [0] * len(rids)  # logprob entries sent, per choice
         finals: list = [None] * len(rids)
         left = len(rids)
+        chunk: list[str] = []
         if kind == "chat":
             yield event([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                          for i in range(len(rids))])  # fmt: skip
         try:
             async for items in outputs(request, q):
+                chunk: list[str] = []  # this batch's events, sent in one write
                 latest: dict[int, Any] = {}  # per choice, its newest output (each holds all text so far)
                 for o in items:
                     i = index[o.request_id]
@@ -223,7 +225,8 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
                         left -= 1
                         finals[i] = item
                     if item.finish_reason == "error":
-                        yield f"data: {json.dumps(bad(item.error or 'the request failed').body())}\n\n"
+                        err = bad(item.error or "the request failed").body()
+                        chunk.append(f"data: {json.dumps(err)}\n\n")
                         continue
                     calls: list = []
                     if not tools:
@@ -252,12 +255,16 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
                             choice = {"index": i, "text": delta, "finish_reason": reason}
                         if lp is not None:
                             choice["logprobs"] = lp
-                        yield event([choice])
+                        chunk.append(event([choice]))
                 if not left:
                     break
+                if chunk:
+                    yield "".join(chunk)
+            # the last events, the usage and [DONE] in one write
             if include_usage:
-                yield event([], usage=usage([f for f in finals if f is not None]))
-            yield "data: [DONE]\n\n"
+                chunk.append(event([], usage=usage([f for f in finals if f is not None])))
+            chunk.append("data: [DONE]\n\n")
+            yield "".join(chunk)
         except APIError as err:
             yield f"data: {json.dumps(err.body())}\n\n"
         except (asyncio.CancelledError, GeneratorExit):
