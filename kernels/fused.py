@@ -12,15 +12,16 @@ microseconds. These three functions cut a layer's kernels between its matmuls to
     glu(gu, act) -> silu(gate) * up  or  gelu_tanh(gate) * up, gate|up the halves of gu's last dim
 
 Each has a torch reference (``*_reference``), the CPU path and the tests' oracle, computing
-with the ops (and roundings) of the unfused layer: one rounding to the dtype after each
-elementwise op. The Triton kernels (fused_triton.py; CUDA, CPU under TRITON_INTERPRET=1) round
-the same way:
+with the ops of the unfused layer: one rounding to the dtype after each elementwise op. The
+Triton kernels (fused_triton.py; CUDA, CPU under TRITON_INTERPRET=1) are written with the same
+roundings, and differ from the references within an ulp:
 
-- `add_rms_norm`: the sum is rounded to x's dtype, then normalised in float32 over the whole row
-  in one block (one program a row: a row's bits never depend on the others), the normalised row
-  rounded, then times the weight and rounded again.
-- `rope_store`: q*cos and rotate_half(q)*sin are each rounded, then their sum: the same bits as
-  the torch ops (a product of two 16-bit floats is exact in float32).
+- `add_rms_norm`: the sum is rounded to x's dtype (torch's bits), then normalised in float32 over
+  the whole row in one block (one program a row), the normalised row rounded, then times the
+  weight and rounded again. The row's sum of squares is added in another order than torch's.
+- `rope_store`: q*cos and rotate_half(q)*sin each rounded, then their sum. On the GPU the
+  compiler may narrow a product to 16 bits and contract it with the sum into one fused
+  multiply-add, so a value may be an ulp off torch's.
 - `glu`: the activation in float32 rounded, then the product rounded. Triton's exp is not
   libm's, so the activation may differ from torch's in the last bit.
 
@@ -51,7 +52,7 @@ def rope_store_reference(
     v: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    positions: torch.Tensor,
+    positions: torch.Tensor | None,
     k_flat: torch.Tensor,
     v_flat: torch.Tensor,
     slots: torch.Tensor,
@@ -59,8 +60,11 @@ def rope_store_reference(
 ) -> torch.Tensor:
     """qk: [N, nh + nkv, hd] (q heads then k heads); v: [N, nkv, hd]; cos, sin: [L, hd] tables;
     positions, slots: [N] int64; k_flat, v_flat: [slots, nkv, hd] (`KVCache.flat`). Writes each
-    token's rotated k and its v at its slot; returns the rotated q [N, nh, hd]."""
-    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    token's rotated k and its v at its slot; returns the rotated q [N, nh, hd]. ``positions``
+    None: cos and sin are already the tokens' rows [N, hd] (gathered once for every layer)."""
+    if positions is not None:
+        cos, sin = cos[positions], sin[positions]
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
     x1, x2 = qk.chunk(2, dim=-1)
     out = qk * c + torch.cat((-x2, x1), dim=-1) * s
     k_flat.index_copy_(0, slots, out[:, nh:])

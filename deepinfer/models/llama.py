@@ -267,6 +267,7 @@ class LlamaModel:
             raise ValueError(f"sequence length {max(batch.seq_lens)} exceeds its block table")
         x = self._embed(batch.tokens)  # [N, H]
         op = ops(invariant, c.rms_norm_eps, self.fused)
+        rope = self._rope(batch.positions)
         if invariant:
             attention = "triton"
         if attention == "prefill":  # the query-tiled kernel reads the varlen layout on the device
@@ -278,7 +279,7 @@ class LlamaModel:
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
             x, h = op.add_norm(x, y, layer.ln1)
-            q = self._attention_inputs(layer, h, batch.positions, batch.slots, cache.flat(i), op, invariant)
+            q = self._attention_inputs(layer, h, rope, batch.slots, cache.flat(i), op, invariant)
             q = q.reshape(N, nkv, g, hd)
             if attention == "triton":
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], batch.block_tables, batch.seq_ids,
@@ -301,11 +302,24 @@ class LlamaModel:
         x = F.embedding(tokens, self.embed)
         return x if self.embed_scale is None else x * self.embed_scale
 
-    def _attention_inputs(self, layer: Layer, h: torch.Tensor, positions: torch.Tensor,
-                          slots: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], op,
-                          invariant: bool) -> torch.Tensor:  # fmt: skip
-        """q [N, nh, hd] of layer's normed input h, with q/k norms and RoPE applied; the token's k
-        and v written at its slot of the layer's cache ``kv`` (`KVCache.flat`)."""
+    def _rope(self, positions: torch.Tensor) -> tuple[tuple, tuple]:
+        """(cos, sin, positions) of the global RoPE table, then of the local one, as `rope_store`
+        takes them: the tables and the positions for the fused kernel (it gathers the rows);
+        for its torch reference the tokens' rows, gathered once for every layer, and None."""
+        tables = [(self.cos, self.sin), (self.cos_local, self.sin_local)]
+        if self.cos_local is None:
+            tables = tables[:1]
+        if self.fused:
+            out = [(cos, sin, positions) for cos, sin in tables]
+        else:
+            out = [(cos[positions], sin[positions], None) for cos, sin in tables]
+        return out[0], out[-1]
+
+    def _attention_inputs(self, layer: Layer, h: torch.Tensor, rope: tuple, slots: torch.Tensor,
+                          kv: tuple[torch.Tensor, torch.Tensor], op, invariant: bool):  # fmt: skip
+        """q [N, nh, hd] of layer's normed input h, with q/k norms and RoPE (``rope``: `_rope`)
+        applied; the token's k and v written at its slot of the layer's cache ``kv``
+        (`KVCache.flat`)."""
         c = self.config
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         nqk = nh + nkv
@@ -313,8 +327,7 @@ class LlamaModel:
         qk = qkv[:, :nqk]  # heads: nh q, nkv k, nkv v
         if layer.q_norm is not None:
             qk = torch.cat([op.norm(qk[:, :nh], layer.q_norm), op.norm(qk[:, nh:], layer.k_norm)], dim=1)
-        cos, sin = (self.cos_local, self.sin_local) if layer.local and self.cos_local is not None else (
-            self.cos, self.sin)  # fmt: skip
+        cos, sin, positions = rope[layer.local]
         return op.rope_store(qk, qkv[:, nqk:], cos, sin, positions, *kv, slots, nh)
 
     def _out_and_mlp(self, layer: Layer, x: torch.Tensor, o: torch.Tensor, op):
@@ -390,6 +403,7 @@ class LlamaModel:
         N = R * T
         x = self._embed(tokens.reshape(N))  # [N, H], row-major (row, position)
         flat_pos, flat_slots = positions.reshape(N), slots.reshape(N)
+        rope = self._rope(flat_pos)
         seq_ids = None
         bias, visible = {}, {}  # window -> mask
         if attention == "triton":
@@ -416,7 +430,7 @@ class LlamaModel:
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
             x, h = op.add_norm(x, y, layer.ln1)
-            qh = self._attention_inputs(layer, h, flat_pos, flat_slots, cache.flat(i), op, invariant)
+            qh = self._attention_inputs(layer, h, rope, flat_slots, cache.flat(i), op, invariant)
             kc, vc = cache.k[i], cache.v[i]  # [blocks, bs, nkv, hd]
             if attention == "triton":
                 q = qh.reshape(N, nkv, g, hd)
