@@ -8,7 +8,9 @@ runs every family through the same loop.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -73,30 +75,35 @@ def rope_tables(inv: torch.Tensor, length: int, device, dtype) -> tuple[torch.Te
     return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+class Ops(NamedTuple):
+    """The ops of one forward: matmul, rms_norm(x, w), add_norm(x, d, w) -> (x + d, norm(x + d, w))
+    (d None: x itself), rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, nh) -> q
+    (RoPE on q|k, k and v written at the slots) and glu(gate|up, act) (deepinfer.kernels.fused)."""
+
+    mm: Callable
+    norm: Callable
+    add_norm: Callable
+    rope_store: Callable
+    glu: Callable
 
 
-def ops(invariant: bool, eps: float):
-    """(matmul, rms_norm) of a forward: torch's, or the batch-invariant Triton kernels of
-    deepinfer.kernels.invariant (a row's bits do not depend on the other rows)."""
+def ops(invariant: bool, eps: float, fused: bool = False) -> Ops:
+    """The ops of a forward: torch's, or the batch-invariant Triton matmul and RMSNorm of
+    deepinfer.kernels.invariant (a row's bits do not depend on the other rows); with ``fused``
+    (CUDA) the Triton kernels of deepinfer.kernels.fused for the add + norms, RoPE + cache store
+    and GLU, else their torch references (each kernel works on one row: invariant too)."""
+    from ..kernels import fused as fk
+
     if invariant:
         from ..kernels import invariant as bi
 
-        return bi.matmul, lambda x, w: bi.rms_norm(x, w, eps)
-    return torch.matmul, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
-
-
-def gelu_tanh_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.gelu(gate, approximate="tanh") * up
-
-
-def silu_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
-
-
-GLU = {"silu": silu_glu, "gelu_tanh": gelu_tanh_glu}
+        mm, norm = bi.matmul, lambda x, w: bi.rms_norm(x, w, eps)
+    else:
+        mm, norm = torch.matmul, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
+    if fused:
+        return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu)
+    return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm),
+               fk.rope_store_reference, fk.glu_reference)  # fmt: skip
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:

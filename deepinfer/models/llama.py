@@ -29,7 +29,7 @@ from ..kernels.paged_attention import (
     paged_prefill_triton,
 )
 from .kv_cache import DEFAULT_BLOCK_SIZE, KVCache
-from .layers import GLU, Layer, ops, rope_inv_freq, rope_tables, rotate_half, softcap
+from .layers import Layer, ops, rope_inv_freq, rope_tables, softcap
 from .moe import MoE
 
 DECODE_ATTENTION = ("sdpa", "torch", "triton", "rows")
@@ -141,7 +141,9 @@ class LlamaModel:
         self.norm = scale("norm.weight")
         # Gemma: embeddings times sqrt(hidden), rounded to the model's dtype as transformers does
         self.embed_scale = torch.tensor(c.hidden_size**0.5, dtype=dtype).item() if f.embed_scale else None
-        self.glu = GLU[f.hidden_act]
+        self.act = f.hidden_act
+        # the fused Triton kernels of deepinfer.kernels.fused (their torch references when False)
+        self.fused = self.device.type == "cuda"
         # the softmax scale the kernels apply is 1/sqrt(head_dim): another one (Gemma's
         # query_pre_attn_scalar) is folded into q (its norm, else its projection)
         q_scale = None if c.attn_scale is None else c.attn_scale * c.head_dim**0.5
@@ -264,8 +266,8 @@ class LlamaModel:
         if max(batch.seq_lens) > cache.block_size * batch.block_tables.shape[1]:
             raise ValueError(f"sequence length {max(batch.seq_lens)} exceeds its block table")
         x = self._embed(batch.tokens)  # [N, H]
+        op = ops(invariant, c.rms_norm_eps, self.fused)
         rope = self._rope(batch.positions)
-        mm, norm = ops(invariant, c.rms_norm_eps)
         if invariant:
             attention = "triton"
         if attention == "prefill":  # the query-tiled kernel reads the varlen layout on the device
@@ -274,12 +276,11 @@ class LlamaModel:
                 torch.tensor(x, dtype=torch.int64).to(self.device, non_blocking=True)
                 for x in (batch.query_start, batch.seq_lens)
             )
+        y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
-            qk, v = self._qkv_rope(layer, x, rope, mm, norm, invariant)
-            kf, vf = cache.flat(i)
-            kf.index_copy_(0, batch.slots, qk[:, nh:])
-            vf.index_copy_(0, batch.slots, v)
-            q = qk[:, :nh].reshape(N, nkv, g, hd)
+            x, h = op.add_norm(x, y, layer.ln1)
+            q = self._attention_inputs(layer, h, rope, batch.slots, cache.flat(i), op, invariant)
+            q = q.reshape(N, nkv, g, hd)
             if attention == "triton":
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], batch.block_tables, batch.seq_ids,
                                            batch.positions, window=layer.window,
@@ -291,46 +292,54 @@ class LlamaModel:
                 o = paged_attention_torch(q, cache.k[i], cache.v[i], batch.block_tables, batch.query_start,
                                           batch.seq_lens, per_row=batch.per_row,
                                           window=layer.window, softcap=layer.softcap)  # fmt: skip
-            x = self._out_and_mlp(layer, x, o.reshape(N, nh * hd), mm, norm)
+            x, y = self._out_and_mlp(layer, x, o.reshape(N, nh * hd), op)
         if batch.logits_index is not None:
-            x = x[batch.logits_index]
-        x = norm(x, self.norm)
-        return softcap(mm(x, self.lm_head).float(), self.config.final_softcap)
+            x, y = x[batch.logits_index], y[batch.logits_index]
+        x = op.add_norm(x, y, self.norm)[1]
+        return softcap(op.mm(x, self.lm_head).float(), self.config.final_softcap)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = F.embedding(tokens, self.embed)
         return x if self.embed_scale is None else x * self.embed_scale
 
-    def _rope(self, positions: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """((cos, sin) [N, 1, hd] of the global table, then of the local one) at ``positions``."""
-        glob = (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+    def _rope(self, positions: torch.Tensor) -> tuple[tuple, tuple]:
+        """(cos, sin, positions) of the global RoPE table, then of the local one, as `rope_store`
+        takes them: the tables and the positions for the fused kernel (it gathers the rows);
+        for its torch reference the tokens' rows, gathered once for every layer, and None."""
+        tables = [(self.cos, self.sin), (self.cos_local, self.sin_local)]
         if self.cos_local is None:
-            return glob, glob
-        return glob, (self.cos_local[positions].unsqueeze(1), self.sin_local[positions].unsqueeze(1))
+            tables = tables[:1]
+        if self.fused:
+            out = [(cos, sin, positions) for cos, sin in tables]
+        else:
+            out = [(cos[positions], sin[positions], None) for cos, sin in tables]
+        return out[0], out[-1]
 
-    def _qkv_rope(self, layer: Layer, x: torch.Tensor, rope, mm, norm, invariant: bool):
-        """(q|k [N, nh + nkv, hd] with q/k norms and RoPE applied, v [N, nkv, hd]) of layer's input."""
+    def _attention_inputs(self, layer: Layer, h: torch.Tensor, rope: tuple, slots: torch.Tensor,
+                          kv: tuple[torch.Tensor, torch.Tensor], op, invariant: bool):  # fmt: skip
+        """q [N, nh, hd] of layer's normed input h, with q/k norms and RoPE (``rope``: `_rope`)
+        applied; the token's k and v written at its slot of the layer's cache ``kv``
+        (`KVCache.flat`)."""
         c = self.config
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         nqk = nh + nkv
-        qkv = _qkv(norm(x, layer.ln1), layer, mm, invariant).view(x.shape[0], nqk + nkv, hd)
+        qkv = _qkv(h, layer, op.mm, invariant).view(h.shape[0], nqk + nkv, hd)
         qk = qkv[:, :nqk]  # heads: nh q, nkv k, nkv v
         if layer.q_norm is not None:
-            qk = torch.cat([norm(qk[:, :nh], layer.q_norm), norm(qk[:, nh:], layer.k_norm)], dim=1)
-        cos, sin = rope[layer.local]
-        return qk * cos + rotate_half(qk) * sin, qkv[:, nqk:]  # RoPE on q and k heads in one go
+            qk = torch.cat([op.norm(qk[:, :nh], layer.q_norm), op.norm(qk[:, nh:], layer.k_norm)], dim=1)
+        cos, sin, positions = rope[layer.local]
+        return op.rope_store(qk, qkv[:, nqk:], cos, sin, positions, *kv, slots, nh)
 
-    def _out_and_mlp(self, layer: Layer, x: torch.Tensor, o: torch.Tensor, mm, norm) -> torch.Tensor:
-        """The residual stream after layer's attention output ``o`` [N, nh hd] and its MLP."""
-        a = mm(o, layer.wo)
-        x = x + (a if layer.post_attn is None else norm(a, layer.post_attn))
-        h = norm(x, layer.ln2)
+    def _out_and_mlp(self, layer: Layer, x: torch.Tensor, o: torch.Tensor, op):
+        """(the residual stream after layer's attention output ``o`` [N, nh hd], the MLP's output to
+        add to it: the next norm adds it)."""
+        a = op.mm(o, layer.wo)
+        x, h = op.add_norm(x, a if layer.post_attn is None else op.norm(a, layer.post_attn), layer.ln2)
         if layer.moe is not None:
-            y = layer.moe(h, mm)
+            y = layer.moe(h, op.mm)
         else:
-            gate, up = mm(h, layer.wgu).chunk(2, dim=-1)
-            y = mm(self.glu(gate, up), layer.wd)
-        return x + (y if layer.post_mlp is None else norm(y, layer.post_mlp))
+            y = op.mm(op.glu(op.mm(h, layer.wgu), self.act), layer.wd)
+        return x, (y if layer.post_mlp is None else op.norm(y, layer.post_mlp))
 
     @torch.inference_mode()
     def decode_static(
@@ -390,7 +399,7 @@ class LlamaModel:
         if attention == "torch" and (windows != [0] or self.config.attn_softcap):
             raise ValueError("attention='torch' has no sliding window (its first key block must be visible) "
                              "and no soft-cap: use 'triton', 'sdpa' or 'rows' for this model")  # fmt: skip
-        mm, norm = ops(invariant, eps)
+        op = ops(invariant, eps, self.fused)
         N = R * T
         x = self._embed(tokens.reshape(N))  # [N, H], row-major (row, position)
         flat_pos, flat_slots = positions.reshape(N), slots.reshape(N)
@@ -398,7 +407,9 @@ class LlamaModel:
         seq_ids = None
         bias, visible = {}, {}  # window -> mask
         if attention == "triton":
-            seq_ids = torch.arange(R, device=tokens.device).repeat_interleave(T)
+            seq_ids = torch.arange(R, device=tokens.device)
+            if T > 1:
+                seq_ids = seq_ids.repeat_interleave(T)
         elif attention == "rows":
             lengths = (positions[:, 0] + 1).tolist()
             starts = list(range(R + 1))
@@ -416,18 +427,17 @@ class LlamaModel:
                     if T > 1:  # queries are (head in group, position) pairs, position fastest
                         bias[w] = bias[w].repeat(1, 1, g, 1)
                 visible[w] = seen[:, 0]  # [R, kv_len], as the "torch" attention takes it
+        y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
-            qk, v = self._qkv_rope(layer, x, rope, mm, norm, invariant)
-            kf, vf = cache.flat(i)
-            kf.index_copy_(0, flat_slots, qk[:, nh:])
-            vf.index_copy_(0, flat_slots, v)
+            x, h = op.add_norm(x, y, layer.ln1)
+            qh = self._attention_inputs(layer, h, rope, flat_slots, cache.flat(i), op, invariant)
             kc, vc = cache.k[i], cache.v[i]  # [blocks, bs, nkv, hd]
             if attention == "triton":
-                q = qk[:, :nh].reshape(N, nkv, g, hd)
+                q = qh.reshape(N, nkv, g, hd)
                 o = paged_attention_triton(q, kc, vc, block_tables, seq_ids, flat_pos, window=layer.window,
                                            softcap=layer.softcap)  # fmt: skip
             elif attention == "rows":
-                q = qk[:, :nh].reshape(N, nkv, g, hd)
+                q = qh.reshape(N, nkv, g, hd)
                 o = paged_attention_torch(q, kc, vc, block_tables, starts, lengths, per_row=True,
                                           window=layer.window, softcap=layer.softcap)  # fmt: skip
             else:
@@ -435,18 +445,18 @@ class LlamaModel:
                 values = vc[tables].view(R, nb * bs, nkv, hd)[:, :kv_len].transpose(1, 2)
                 # GQA: the g query heads of a KV group (x T positions) act as g*T queries of one
                 # head (each row's mask per position), so no K/V is repeated. q: [R, nkv, g*T, hd]
-                q = qk[:, :nh].reshape(R, T, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * T, hd)
+                q = qh.reshape(R, T, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * T, hd)
                 if attention == "torch":
                     o = decode_attention_torch(q, keys, values, visible[layer.window])
                 else:
                     o = attend(q, keys, values, bias[layer.window], layer.softcap)
-            x = self._out_and_mlp(layer, x, o.reshape(N, nh * hd) if attention in ("triton", "rows")
-                                  else o.reshape(R, nkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(N, nh * hd),
-                                  mm, norm)  # fmt: skip
-        x = norm(x, self.norm)
+            if attention not in ("triton", "rows"):  # [R, nkv, g * T, hd] -> (row, position) rows
+                o = o.reshape(R, nkv, g, T, hd).permute(0, 3, 1, 2, 4)
+            x, y = self._out_and_mlp(layer, x, o.reshape(N, nh * hd), op)
+        x = op.add_norm(x, y, self.norm)[1]
         if not one:
             x = x.view(R, T, -1)
-        logits = softcap(mm(x, self.lm_head), self.config.final_softcap)
+        logits = softcap(op.mm(x, self.lm_head), self.config.final_softcap)
         if out is not None:
             return out.copy_(logits)
         return logits.float()

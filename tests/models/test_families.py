@@ -74,16 +74,20 @@ def test_prefill_and_decode_match_transformers(family_folder, model_type):
 
 
 @pytest.mark.parametrize(
-    ("model_type", "attention"), [("gemma2", "triton"), ("gemma3_text", "prefill"), ("qwen3_moe", "prefill")]
+    ("model_type", "attention"),
+    [("gemma2", "triton"), ("gemma3_text", "prefill"), ("qwen3_moe", "prefill"), ("phi3", "triton")],
 )
 def test_triton_paths_match_transformers(family_folder, model_type, attention):
     """The Triton attention kernels (per-token: Gemma 2's windowed and soft-capped layers; the
-    query-tiled prefill) and the Triton grouped-matmul experts, under TRITON_INTERPRET=1."""
+    query-tiled prefill), the Triton grouped-matmul experts and the fused layer kernels (add +
+    norm, RoPE + cache store, GLU: Gemma's sandwich norms and GeGLU, Qwen3's q/k norms, Gemma 3's
+    local RoPE), under TRITON_INTERPRET=1: a prefill, then a `decode_static` step."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("runs the Triton kernels on the CPU: needs TRITON_INTERPRET=1")
     from deepinfer.kernels.moe_experts import moe_experts_triton
 
     hf, ours, prompts, tables = _setup(family_folder, model_type)
+    ours.fused = True
     for layer in ours.layers:  # the CUDA path of the experts, run on the CPU
         if layer.moe is not None:
             layer.moe.experts = moe_experts_triton
@@ -92,6 +96,13 @@ def test_triton_paths_match_transformers(family_folder, model_type, attention):
     got = ours.forward(batch, cache, attention=attention)
     for p, part in zip(prompts, got.split(LENS)):
         torch.testing.assert_close(part, _ref(hf, p), atol=ATOL, rtol=0)
+    nxt = torch.stack([part[-1] for part in got.split(LENS)]).argmax(-1).tolist()
+    pos = list(LENS)
+    slots = [t[p // BS] * BS + p % BS for t, p in zip(tables, pos)]
+    out = ours.decode_static(_to(nxt), _to(pos), _to(slots), torch.tensor(tables, dtype=torch.int32), cache,
+                             kv_len=24, attention="triton")  # fmt: skip
+    want = torch.stack([_ref(hf, p + [t])[-1] for p, t in zip(prompts, nxt)])
+    torch.testing.assert_close(out, want, atol=ATOL, rtol=0)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,150 @@
+"""Where a decode step's device time goes: torch.profiler over decode steps replayed as CUDA
+graphs (random weights at real shapes, bf16), the device time summed by kernel, with the fused
+layer kernels (kernels/fused.py) off and on. Prints tables, asserts nothing.
+
+    python benchmarks/profile_decode.py --shapes smollm2-135m,llama3-8b --batches 1 [--out DIR]
+
+Per shape, batch and setting: ms/step (wall, tokens read back each step, as bench_decode),
+kernels a step and device ms a step, then the kernels by device time. ``--out`` also writes
+every kernel of each to DIR/profile_decode.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+
+import torch
+from bench_decode import BLOCK_SIZE, _config, _copy_bandwidth, _random_weights, _read_bytes, _sync, _table
+
+
+def _decode(runner, batch: int, prompt_len: int, steps: int, profiled: int):
+    """(wall seconds a step over ``steps`` decode steps, the profile of ``profiled`` more): a batch
+    of equal prompts prefilled, then greedy steps with the tokens read back each step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from deepinfer import SamplingParams
+    from deepinfer.sequence import Sequence
+
+    sp = SamplingParams(temperature=0, max_tokens=steps + profiled + 1, ignore_eos=True)
+    seqs = [Sequence(i, None, list(range(1, prompt_len + 1)), sp, seed=0, eos_token_ids=(), max_len=1 << 20)
+            for i in range(batch)]  # fmt: skip
+    per = -(-(prompt_len + steps + profiled + 8) // BLOCK_SIZE)
+    runner.allocate(1 + per * batch, BLOCK_SIZE, batch)
+    ids = list(range(1, 1 + per * batch))
+    random.Random(0).shuffle(ids)
+    for i, s in enumerate(seqs):
+        s.block_table = ids[i * per : (i + 1) * per]
+    logits = runner.step(seqs, [len(s) for s in seqs])
+
+    def step(logits):
+        for s, tok in zip(seqs, logits.argmax(-1).tolist()):
+            s.output_token_ids.append(tok)
+        return runner.step(seqs, [1] * batch)
+
+    for _ in range(3):  # captures
+        logits = step(logits)
+    _sync(runner.device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        logits = step(logits)
+    _sync(runner.device)
+    wall = (time.perf_counter() - t) / steps
+    cuda = runner.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(profiled):
+            logits = step(logits)
+        _sync(runner.device)
+    return wall, prof
+
+
+def _kernel_table(prof, steps: int) -> tuple[list[list], int, float]:
+    """Rows (kernel, calls a step, device µs a step, share), kernels a step, device ms a step (on
+    the CPU: its aten ops and their own time)."""
+    totals: dict[str, list] = {}
+    events = prof.events()
+    cuda = any(e.device_type == torch.autograd.DeviceType.CUDA for e in events)
+    for e in events:
+        if cuda and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if not cuda and not e.name.startswith("aten::"):
+            continue
+        name = e.name if len(e.name) <= 70 else e.name[:67] + "..."
+        t = totals.setdefault(name, [0, 0.0])
+        t[0] += 1
+        t[1] += e.device_time_total if cuda else e.self_cpu_time_total
+    total = sum(t[1] for t in totals.values())
+    rows = [
+        [name, f"{n / steps:.1f}", f"{us / steps:.1f}", f"{us / total:.0%}"]
+        for name, (n, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])
+    ]
+    return rows, round(sum(t[0] for t in totals.values()) / steps), total / steps / 1e3
+
+
+def main() -> None:
+    from deepinfer.model_runner import ModelRunner
+    from deepinfer.models.llama import LlamaModel
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="smollm2-135m,llama3-8b")
+    ap.add_argument("--batches", type=lambda x: [int(b) for b in x.split(",")], default=[1])
+    ap.add_argument("--prompt-len", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--profile-steps", type=int, default=10)
+    ap.add_argument("--settings", default="unfused,fused", help="unfused, fused, deterministic (fused)")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cuda", help="cpu: a check of the script (tiny shapes)")
+    args = ap.parse_args()
+    device, dtype = torch.device(args.device), torch.bfloat16
+    graphs = device.type == "cuda"
+    bw = _copy_bandwidth(device)
+    print(
+        f"{torch.cuda.get_device_name(device) if graphs else 'CPU'}: copy bandwidth {bw / 1e9:.0f} GB/s",
+        flush=True,
+    )
+    summary = []
+    for name in args.shapes.split(","):
+        cfg = _config(name)
+        weights = _random_weights(cfg, device, dtype)
+        max_len = args.prompt_len + args.steps + args.profile_steps + 64
+        model = LlamaModel(cfg, weights, dtype=dtype, device=device, max_len=max_len)
+        del weights
+        for setting in args.settings.split(","):
+            model.fused = setting != "unfused"
+            runner = ModelRunner(model, cuda_graphs=graphs, deterministic=setting == "deterministic")
+            for batch in args.batches:
+                wall, prof = _decode(runner, batch, args.prompt_len, args.steps, args.profile_steps)
+                rows, kernels, dev_ms = _kernel_table(prof, args.profile_steps)
+                ctx = args.prompt_len + args.steps / 2
+                kv = sum(batch * ctx * 2 * cfg.num_kv_heads * cfg.head_dim * 2 for _ in range(cfg.num_layers))
+                floor = (_read_bytes(model)[0] + kv) / bw
+                if kernels < 20:  # this profiler did not see inside the graphs: the same steps eagerly
+                    eager = ModelRunner(model, cuda_graphs=False, deterministic=setting == "deterministic")
+                    eager.static_decode = True
+                    prof = _decode(eager, batch, args.prompt_len, 2, args.profile_steps)[1]
+                    rows, kernels, dev_ms = _kernel_table(prof, args.profile_steps)
+                    del eager
+                summary.append([name, batch, setting, f"{wall * 1e3:.3f}", kernels, f"{dev_ms:.3f}",
+                                f"{floor * 1e3:.3f}", f"{floor / wall:.0%}"])  # fmt: skip
+                title = (f"\n{name} batch {batch} {setting}: {wall * 1e3:.3f} ms/step wall, {kernels} "
+                         f"kernels and {dev_ms:.3f} ms device a step")  # fmt: skip
+                print(title)
+                _table(["kernel", "calls/step", "µs/step", "share"], rows[: args.top])
+                if args.out:
+                    os.makedirs(args.out, exist_ok=True)
+                    with open(os.path.join(args.out, "profile_decode.txt"), "a") as f:
+                        f.write(title + "\n")
+                        for r in rows:
+                            f.write(" | ".join(map(str, r)) + "\n")
+            del runner
+        del model
+    print()
+    _table(["shape", "batch", "setting", "wall ms/step", "kernels/step", "device ms/step", "floor ms",
+            "of floor"], summary)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

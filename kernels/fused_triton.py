@@ -1,0 +1,128 @@
+"""Triton kernels of fused.py (see there for what they compute and how they round).
+
+Imported only when a fused op runs: importing triton is not free, and the CPU path never needs
+it. Under TRITON_INTERPRET=1 (set before this import) they run on CPU tensors. Launch shapes
+depend on the problem's widths alone, never on the number of rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+GLU_BLOCK = 1024  # elements of a glu program
+ROPE_ELEMS = 2048  # about this many elements (heads x head_dim) a rope_store program
+
+
+def _norm_warps(block: int) -> int:
+    return 4 if block <= 1024 else 8
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, stride_x, stride_d, stride_s, stride_y, H, eps,
+                         HAS_D: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    # one program a row; the whole row in one block, so its sum has one order
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < H
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
+    if HAS_D:
+        d = tl.load(d_ptr + row * stride_d + cols, mask=m, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(s_ptr.dtype.element_ty)  # the residual, rounded
+        tl.store(s_ptr + row * stride_s + cols, x, mask=m)
+    xf = x.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / H + eps)
+    y = (xf * r).to(y_ptr.dtype.element_ty)  # as torch: normalise in float32, round, then weight
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y + cols, (y.to(tl.float32) * w).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def add_rms_norm(x: torch.Tensor, d: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    M, H = x.shape
+    y = torch.empty_like(x)
+    s = x if d is None else torch.empty_like(x)
+    if M:
+        block = triton.next_power_of_2(H)
+        _add_rms_norm_kernel[(M,)](
+            x, x if d is None else d, weight, s, y, x.stride(0), 0 if d is None else d.stride(0), s.stride(0),
+            y.stride(0), H, eps, HAS_D=d is not None, BLOCK=block, num_warps=_norm_warps(block),
+        )  # fmt: skip
+    return s, y
+
+
+@triton.jit
+def _rope_store_kernel(qk_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr,
+                       stride_qk, stride_v, stride_cos, stride_q, stride_c, NH, NKV,
+                       HD: tl.constexpr, HB: tl.constexpr, HD_PAD: tl.constexpr):  # fmt: skip
+    # program (token n, block of HB heads of the nh q, nkv k and nkv v heads, in that order)
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * HB + tl.arange(0, HB)
+    d = tl.arange(0, HD_PAD)
+    dm = d < HD
+    half: tl.constexpr = HD // 2
+    pos = tl.load(pos_ptr + n).to(tl.int64)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    is_q = h < NH
+    is_k = (h >= NH) & (h < NH + NKV)
+    is_v = (h >= NH + NKV) & (h < NH + 2 * NKV)
+    rot = (is_q | is_k)[:, None] & dm[None, :]
+    x = tl.load(qk_ptr + n * stride_qk + tl.where(rot, h[:, None] * HD + d[None, :], 0), mask=rot, other=0.0)
+    partner = tl.where(d < half, d + half, d - half)  # rotate_half: (-x2, x1)
+    xp = tl.load(qk_ptr + n * stride_qk + tl.where(rot, h[:, None] * HD + partner[None, :], 0), mask=rot,
+                 other=0.0).to(tl.float32)  # fmt: skip
+    xp = tl.where((d < half)[None, :], -xp, xp)
+    c = tl.load(cos_ptr + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)
+    dt = q_ptr.dtype.element_ty
+    a = (x.to(tl.float32) * c[None, :]).to(dt)  # each product rounded, then the sum: torch's bits
+    b = (xp * s[None, :]).to(dt)
+    out = (a.to(tl.float32) + b.to(tl.float32)).to(dt)
+    qm = is_q[:, None] & dm[None, :]
+    tl.store(q_ptr + n * stride_q + tl.where(qm, h[:, None] * HD + d[None, :], 0), out, mask=qm)
+    km = is_k[:, None] & dm[None, :]
+    k_off = tl.where(km, (h[:, None] - NH) * HD + d[None, :], 0)
+    tl.store(kc_ptr + slot * stride_c + k_off, out, mask=km)
+    vm = is_v[:, None] & dm[None, :]
+    v_off = tl.where(vm, (h[:, None] - NH - NKV) * HD + d[None, :], 0)
+    vv = tl.load(v_ptr + n * stride_v + v_off, mask=vm, other=0.0)
+    tl.store(vc_ptr + slot * stride_c + v_off, vv, mask=vm)
+
+
+def rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, q, nh: int) -> None:
+    N, nqk, hd = qk.shape
+    nkv = nqk - nh
+    hd_pad = triton.next_power_of_2(hd)
+    hb = min(triton.next_power_of_2(nh + 2 * nkv), max(1, ROPE_ELEMS // hd_pad))
+    grid = (N, triton.cdiv(nh + 2 * nkv, hb))
+    _rope_store_kernel[grid](
+        qk, v, cos, sin, positions, slots, q, k_flat, v_flat, qk.stride(0), v.stride(0), cos.stride(0),
+        q.stride(0), k_flat.stride(0), nh, nkv, HD=hd, HB=hb, HD_PAD=hd_pad, num_warps=4,
+    )  # fmt: skip
+
+
+@triton.jit
+def _glu_kernel(gu_ptr, out_ptr, stride_gu, stride_o, I, GELU: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < I
+    g = tl.load(gu_ptr + row * stride_gu + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * stride_gu + I + cols, mask=m, other=0.0)
+    dt = out_ptr.dtype.element_ty
+    if GELU:  # 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), tanh(t) = 2 sigmoid(2t) - 1
+        t = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        a = (0.5 * g * (2.0 * tl.sigmoid(2.0 * t))).to(dt)
+    else:
+        a = (g * tl.sigmoid(g)).to(dt)
+    tl.store(out_ptr + row * stride_o + cols, (a.to(tl.float32) * u.to(tl.float32)).to(dt), mask=m)
+
+
+def glu(gu: torch.Tensor, gelu: bool) -> torch.Tensor:
+    M, two_i = gu.shape
+    i = two_i // 2
+    out = torch.empty(M, i, dtype=gu.dtype, device=gu.device)
+    if M and i:
+        block = min(GLU_BLOCK, triton.next_power_of_2(i))
+        grid = (M, triton.cdiv(i, block))
+        _glu_kernel[grid](gu, out, gu.stride(0), out.stride(0), i, GELU=gelu, BLOCK=block, num_warps=4)
+    return out
