@@ -138,6 +138,10 @@ class LlamaModel:
         self.embed = take("embed_tokens.weight")  # [V, H]
         head = self.embed if c.tie_word_embeddings or "lm_head.weight" not in w else take("lm_head.weight")
         self.lm_head = head.t().contiguous()  # [H, V]
+        self.logits_width = self.lm_head.shape[1]  # V (a tensor-parallel shard's head holds V / N)
+        # tensor parallel (deepinfer.parallel): the rank's collectives, or None on one device; then
+        # wo and wd are row shards (their products summed over ranks) and lm_head a vocabulary shard
+        self.tp = None
         self.norm = scale("norm.weight")
         # Gemma: embeddings times sqrt(hidden), rounded to the model's dtype as transformers does
         self.embed_scale = torch.tensor(c.hidden_size**0.5, dtype=dtype).item() if f.embed_scale else None
@@ -295,7 +299,7 @@ class LlamaModel:
         if batch.logits_index is not None:
             x = x[batch.logits_index]
         x = norm(x, self.norm)
-        return softcap(mm(x, self.lm_head).float(), self.config.final_softcap)
+        return softcap(self._head(x, mm).float(), self.config.final_softcap)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = F.embedding(tokens, self.embed)
@@ -320,9 +324,16 @@ class LlamaModel:
         cos, sin = rope[layer.local]
         return qk * cos + rotate_half(qk) * sin, qkv[:, nqk:]  # RoPE on q and k heads in one go
 
+    def _head(self, x: torch.Tensor, mm) -> torch.Tensor:
+        """x @ lm_head: the logits [..., V] (under tensor parallel, every rank's shard gathered)."""
+        y = mm(x, self.lm_head)
+        return y if self.tp is None else self.tp.gather_vocab(y, self.logits_width)
+
     def _out_and_mlp(self, layer: Layer, x: torch.Tensor, o: torch.Tensor, mm, norm) -> torch.Tensor:
         """The residual stream after layer's attention output ``o`` [N, nh hd] and its MLP."""
         a = mm(o, layer.wo)
+        if self.tp is not None:
+            a = self.tp.all_reduce(a)
         x = x + (a if layer.post_attn is None else norm(a, layer.post_attn))
         h = norm(x, layer.ln2)
         if layer.moe is not None:
@@ -330,6 +341,8 @@ class LlamaModel:
         else:
             gate, up = mm(h, layer.wgu).chunk(2, dim=-1)
             y = mm(self.glu(gate, up), layer.wd)
+            if self.tp is not None:
+                y = self.tp.all_reduce(y)
         return x + (y if layer.post_mlp is None else norm(y, layer.post_mlp))
 
     @torch.inference_mode()
@@ -446,7 +459,7 @@ class LlamaModel:
         x = norm(x, self.norm)
         if not one:
             x = x.view(R, T, -1)
-        logits = softcap(mm(x, self.lm_head), self.config.final_softcap)
+        logits = softcap(self._head(x, mm), self.config.final_softcap)
         if out is not None:
             return out.copy_(logits)
         return logits.float()
