@@ -156,7 +156,7 @@ class LLM:
         # no text longer than this fits the context (x4: normalisers may shorten text)
         self.tokenizer.max_prompt_chars = 4 * self.max_model_len * self.tokenizer.longest_token_chars
         if tensor_parallel_size != 1 or expert_parallel_size != 1:  # worker ranks hold the other shards
-            from .parallel import parallel_model
+            from .parallel.model import parallel_model
 
             self.model = parallel_model(
                 model, loaded, tensor_parallel_size=tensor_parallel_size,

@@ -1,28 +1,4 @@
-"""Past one device: tensor parallel (sharding.py, tensor_parallel.py), expert parallel (experts.py)
-and data-parallel replicas behind a router (replicas.py, router.py), on torch.distributed
-collectives (comm.py) between worker processes (workers.py). See docs/parallel.md."""
-
-from __future__ import annotations
-
-
-def parallel_model(source, loaded, *, tensor_parallel_size: int, expert_parallel_size: int, dtype, device,
-                   max_len, deterministic: bool):  # fmt: skip
-    """Rank 0's model of an engine split over worker ranks (their shards built beside it)."""
-    from .tensor_parallel import tensor_parallel_model
-
-    if tensor_parallel_size != 1 and expert_parallel_size != 1:
-        raise ValueError(
-            f"tensor_parallel_size={tensor_parallel_size} with expert_parallel_size={expert_parallel_size}: "
-            "one of the two at a time"
-        )
-    if expert_parallel_size != 1:
-        from .experts import plan_experts
-
-        placement = plan_experts(loaded, expert_parallel_size)
-        size = expert_parallel_size
-    else:
-        size, placement = tensor_parallel_size, None
-    return tensor_parallel_model(
-        source, loaded, size, dtype=dtype, device=device, max_len=max_len, deterministic=deterministic,
-        experts=placement,
-    )  # fmt: skip
+"""Past one device: tensor parallel (sharding.py, tensor_parallel.py), expert parallel (experts.py),
+both built by model.py; data-parallel replicas behind a router (replicas.py, router.py). The
+collectives are torch.distributed's (comm.py), between worker processes (workers.py).
+See docs/parallel.md."""
