@@ -118,7 +118,7 @@ class LLM:
         if data_parallel_size != 1:
             from .parallel.replicas import Replicas
 
-            return Replicas(*args, data_parallel_size=data_parallel_size, **kwargs)
+            return Replicas(*args, engine=cls, data_parallel_size=data_parallel_size, **kwargs)
         return super().__new__(cls)
 
     def __init__(
@@ -174,7 +174,9 @@ class LLM:
         del loaded
         self.deterministic = deterministic
         self.runner = ModelRunner(
-            self.model, cuda_graphs=False if enforce_eager else None, deterministic=deterministic
+            self.model,
+            cuda_graphs=False if enforce_eager or getattr(self.model, "eager_only", False) else None,
+            deterministic=deterministic,
         )
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -39,11 +39,10 @@ class Replicas:
     every replica. Methods: generate, chat, chat_prompt, add_request, step, abort_request,
     has_unfinished_requests, metrics, close."""
 
-    def __init__(self, model: Any = None, *, data_parallel_size: int, seed: int | None = None,
+    def __init__(self, model: Any = None, *, engine: type, data_parallel_size: int, seed: int | None = None,
                  block_size: int = DEFAULT_BLOCK_SIZE, start_timeout: float = 600.0, **kwargs):  # fmt: skip
+        """``engine``: the `LLM` class (each replica builds one; chat templates go through it)."""
         import torch
-
-        from ..llm import _resolve_device
 
         n = data_parallel_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -51,7 +50,11 @@ class Replicas:
         for k in ("tensor_parallel_size", "expert_parallel_size"):
             if kwargs.get(k, 1) != 1:
                 raise ValueError(f"data_parallel_size={n} with {k}={kwargs[k]}: not supported together")
-        self.device = _resolve_device(kwargs.get("device", "auto"))
+        device = str(kwargs.get("device", "auto"))
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.engine = engine
         if self.device.type == "cuda" and n > torch.cuda.device_count():
             raise ValueError(
                 f"data_parallel_size={n} needs {n} CUDA devices, found {torch.cuda.device_count()}"
@@ -74,7 +77,10 @@ class Replicas:
                 kw["device"] = f"cuda:{i}"
             here, there = ctx.Pipe()
             p = ctx.Process(
-                target=replica_main, args=(model, kw, there), name=f"deepinfer-replica{i}", daemon=True
+                target=replica_main,
+                args=(engine, model, kw, there),
+                name=f"deepinfer-replica{i}",
+                daemon=True,
             )
             p.start()
             there.close()
@@ -114,14 +120,10 @@ class Replicas:
         return [outs[r] for r in rids]
 
     def chat(self, messages, params=None, use_tqdm: bool = True, **kw) -> list:
-        from ..llm import LLM
-
-        return LLM.chat(self, messages, params, use_tqdm, **kw)
+        return self.engine.chat(self, messages, params, use_tqdm, **kw)
 
     def chat_prompt(self, messages, **kw) -> str:
-        from ..llm import LLM
-
-        return LLM.chat_prompt(self, messages, **kw)
+        return self.engine.chat_prompt(self, messages, **kw)
 
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: Any = None, *,
                     stream: bool = False) -> Any:  # fmt: skip
@@ -268,12 +270,10 @@ class Replicas:
                 self._send(rid, req)
 
 
-def replica_main(model: Any, kwargs: dict, conn) -> None:
-    """One replica: an LLM stepping while it has work, taking requests between steps."""
-    from ..llm import LLM
-
+def replica_main(engine: type, model: Any, kwargs: dict, conn) -> None:
+    """One replica: an ``engine`` (LLM) stepping while it has work, taking requests between steps."""
     try:
-        llm = LLM(model, **kwargs)
+        llm = engine(model, **kwargs)
         if llm.device.type == "cuda":
             llm.capture_graphs()
         conn.send(("ready", llm.metrics()))
