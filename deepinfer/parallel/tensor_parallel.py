@@ -29,7 +29,10 @@ class ShardSpec:
     """What a rank needs to build its shard: the checkpoint (a path the ranks load themselves,
     or the config and weights sent along) and how to run it."""
 
-    source: Any  # load_model's argument (a path or None), or None when config/weights are given
+    # load_model's argument (a path or None; None too when config/weights are given), or a
+    # picklable callable (rank, size) -> (config, that rank's shard): random weights at real
+    # shapes, made on each rank (benchmarks)
+    source: Any
     size: int  # ranks of the model's group
     dtype: torch.dtype
     max_len: int | None
@@ -38,23 +41,27 @@ class ShardSpec:
     weights: dict | None = None
     experts: Any = None  # expert parallel: deepinfer.parallel.experts.Placement
 
-    def checkpoint(self):
+    def checkpoint(self, rank: int = 0):
         if self.config is not None:
             return self.config, self.weights
+        if callable(self.source):
+            return self.source(rank, self.size)
         from ..loader import load_model
 
         loaded = load_model(self.source)
         return loaded.config, loaded.weights
 
     def build(self, rank: int, group, device, cls=LlamaModel, checkpoint=None) -> LlamaModel:
-        config, weights = checkpoint or self.checkpoint()
+        config, weights = checkpoint or self.checkpoint(rank)
         comm = Group(rank, self.size, group, self.deterministic)
         if self.experts is not None:
             from .experts import expert_parallel_model
 
             return expert_parallel_model(cls, config, weights, self, comm, device)
-        model = cls(shard_config(config, self.size), shard_weights(config, weights, rank, self.size),
-                    dtype=self.dtype, device=device, max_len=self.max_len)  # fmt: skip
+        if not callable(self.source):  # (a callable gives the rank's shard itself)
+            weights = shard_weights(config, weights, rank, self.size)
+        model = cls(shard_config(config, self.size), weights, dtype=self.dtype, device=device,
+                    max_len=self.max_len)  # fmt: skip
         model.logits_width = config.vocab_size
         model.tp = comm
         return model
@@ -136,10 +143,13 @@ def tensor_parallel_model(
 ) -> LlamaModel:  # fmt: skip
     """Rank 0's `ShardedModel` of ``loaded`` (a `LoadedModel`) over ``size`` ranks, the workers'
     shards built beside it. ``source``: what the workers load (load_model's argument); a
-    `LoadedModel` given in memory is sent to them instead."""
+    `LoadedModel` given in memory is sent to them instead; a callable (rank, size) -> (config,
+    shard) makes each rank's shard itself (``loaded`` unused)."""
     from ..loader.types import LoadedModel
 
-    if experts is None:
+    if callable(source):  # random shards made on each rank
+        loaded = None
+    elif experts is None:
         check_tensor_parallel(loaded.config, size)
     p = pool(size, device.type)
     gid, group = p.group(list(range(size)))
@@ -151,7 +161,8 @@ def tensor_parallel_model(
     else:
         p.send("load", mid, gid, spec)
     try:
-        model = spec.build(0, group, device, cls=ShardedModel, checkpoint=(loaded.config, loaded.weights))
+        given = None if loaded is None else (loaded.config, loaded.weights)
+        model = spec.build(0, group, device, cls=ShardedModel, checkpoint=given)
     except Exception as e:
         raise p.failure(e) from e
     model.pool, model.model_id = p, mid
