@@ -105,7 +105,7 @@ class ShardedModel(LlamaModel):
             self.pool.send("call", self.model_id, cache.rank_id, method, to_device(args, "cpu"), sent)
         try:
             return getattr(super(), method)(*args, cache, **kw)
-        except Exception as e:
+        except RuntimeError as e:  # (a collective's error; a bad input's ValueError passes as it is)
             raise self.pool.failure(e) from e
 
 
@@ -125,7 +125,7 @@ class TPStepGraphs(StepGraphs):
         with self.model.muted():
             try:
                 return super().ensure(tile)
-            except Exception as e:
+            except RuntimeError as e:
                 raise self.model.pool.failure(e) from e
 
     def run(self, tile, inputs: torch.Tensor) -> torch.Tensor:
@@ -133,7 +133,7 @@ class TPStepGraphs(StepGraphs):
         with self.model.muted():
             try:
                 return super().run(tile, inputs)
-            except Exception as e:
+            except RuntimeError as e:
                 raise self.model.pool.failure(e) from e
 
 

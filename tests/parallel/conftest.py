@@ -24,6 +24,8 @@ SMALL = {
 }
 MODELS = {
     "llama": {},
+    "qwen2": {},  # q/k/v biases
+    "phi3": {"sliding_window": 5},  # fused qkv_proj and gate_up_proj
     "gemma3_text": {  # (1 + w) norms, sandwich norms, GeGLU, a q scale, windows, soft-cap, tied head
         "sliding_window": 4,
         "layer_types": ["sliding_attention", "full_attention"],

@@ -18,7 +18,7 @@ from deepinfer.parallel.workers import WorkerFailed
 PROMPTS = [[3, 4, 5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24, 25]]
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi3", "qwen2"])
 def test_logits_equal_one_rank(pool4, parallel_folder, family):
     folder = parallel_folder(family)
     loaded = load_model(folder)
