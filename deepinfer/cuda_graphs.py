@@ -210,7 +210,7 @@ class StepGraphs:
             most = batch_buckets(self.max_rows)[-1]
             width = max(positions, OUT_WIDTH)
             buf = torch.empty(
-                most, width, self.model.lm_head.shape[1], dtype=torch.float32, device=self.model.device
+                most, width, self.model.logits_width, dtype=torch.float32, device=self.model.device
             )
             self._outs.append(buf)
         return buf[:rows, :positions]

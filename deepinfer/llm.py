@@ -104,7 +104,22 @@ class LLM:
         of ``deepinfer.dspark.DSparkConfig``. Lossless: drafts are verified by the model. None
         (default) = True on the CPU, where it was measured 1.5-2x faster on extraction, and
         False on CUDA, where its verify step has not yet been measured to pay (README).
+    tensor_parallel_size : int
+        Ranks the model is split over, Megatron-style (one worker process per rank besides this
+        one; rank r on ``cuda:r``): docs/parallel.md.
+    expert_parallel_size : int
+        Ranks a mixture-of-experts model's experts are spread over (EPLB placement).
+    data_parallel_size : int
+        Engine replicas, each in its own process (on ``cuda:i``), behind one router: the
+        constructor then returns a `deepinfer.parallel.replicas.Replicas` with this API.
     """
+
+    def __new__(cls, *args, data_parallel_size: int = 1, **kwargs):
+        if data_parallel_size != 1:
+            from .parallel.replicas import Replicas
+
+            return Replicas(*args, engine=cls, data_parallel_size=data_parallel_size, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -122,6 +137,9 @@ class LLM:
         deterministic: bool = False,
         enforce_eager: bool = False,
         dspark: bool | dict | None = None,
+        tensor_parallel_size: int = 1,
+        expert_parallel_size: int = 1,
+        data_parallel_size: int = 1,
     ):
         _threads.configure_torch_threads()
         self.device = _resolve_device(device)
@@ -137,13 +155,28 @@ class LLM:
             self.max_model_len = min(self.max_model_len, 8192)
         # no text longer than this fits the context (x4: normalisers may shorten text)
         self.tokenizer.max_prompt_chars = 4 * self.max_model_len * self.tokenizer.longest_token_chars
-        self.model = LlamaModel(
-            loaded.config, loaded.weights, dtype=self.dtype, device=self.device, max_len=self.max_model_len
-        )
+        if tensor_parallel_size != 1 or expert_parallel_size != 1:  # worker ranks hold the other shards
+            from .parallel.model import parallel_model
+
+            self.model = parallel_model(
+                model, loaded, tensor_parallel_size=tensor_parallel_size,
+                expert_parallel_size=expert_parallel_size, dtype=self.dtype, device=self.device,
+                max_len=self.max_model_len, deterministic=deterministic,
+            )  # fmt: skip
+        else:
+            self.model = LlamaModel(
+                loaded.config,
+                loaded.weights,
+                dtype=self.dtype,
+                device=self.device,
+                max_len=self.max_model_len,
+            )
         del loaded
         self.deterministic = deterministic
         self.runner = ModelRunner(
-            self.model, cuda_graphs=False if enforce_eager else None, deterministic=deterministic
+            self.model,
+            cuda_graphs=False if enforce_eager or getattr(self.model, "eager_only", False) else None,
+            deterministic=deterministic,
         )
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -128,7 +128,8 @@ class ModelRunner:
         self.cache = self.graphs = None  # free an old one (and the graphs holding it) first
         self.cache = self.model.new_cache(num_blocks, block_size)
         self.max_rows = max_rows
-        self.graphs = StepGraphs(
+        # (a tensor-parallel model brings its own StepGraphs, which its worker ranks mirror)
+        self.graphs = getattr(self.model, "step_graphs_class", StepGraphs)(
             self.model,
             self.cache,
             max_rows=max_rows,
@@ -197,7 +198,7 @@ class ModelRunner:
                     out[id(s)] = x[0]
         sampled = [out[id(s)] for s, n in zip(rows, counts) if s.completes(n)]
         if not sampled:
-            return torch.empty(0, self.model.lm_head.shape[1], device=self.device)
+            return torch.empty(0, self.model.logits_width, device=self.device)
         return torch.stack(sampled)
 
     def verify(

@@ -28,6 +28,9 @@ def parser() -> argparse.ArgumentParser:
                     help="bytes (>= 2), or a fraction of free memory (<= 1)")  # fmt: skip
     ap.add_argument("--max-waiting", type=int, default=1024, help="requests in flight before 429")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks the model is split over")
+    ap.add_argument("--expert-parallel-size", type=int, default=1, help="ranks a MoE's experts spread over")
+    ap.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas behind one router")
     return ap
 
 
@@ -41,7 +44,10 @@ def main(argv: list[str] | None = None) -> None:
     if kv is not None and kv > 1:
         kv = int(kv)
     factory = partial(LLM, args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                      max_model_len=args.max_model_len, kv_cache_memory=kv, seed=args.seed)  # fmt: skip
+                      max_model_len=args.max_model_len, kv_cache_memory=kv, seed=args.seed,
+                      tensor_parallel_size=args.tensor_parallel_size,
+                      expert_parallel_size=args.expert_parallel_size,
+                      data_parallel_size=args.data_parallel_size)  # fmt: skip
     name = args.served_model_name or (
         os.path.basename(str(args.model)) if args.model else "SmolLM2-135M-Instruct"
     )

@@ -138,6 +138,10 @@ class LlamaModel:
         self.embed = take("embed_tokens.weight")  # [V, H]
         head = self.embed if c.tie_word_embeddings or "lm_head.weight" not in w else take("lm_head.weight")
         self.lm_head = head.t().contiguous()  # [H, V]
+        self.logits_width = self.lm_head.shape[1]  # V (a tensor-parallel shard's head holds V / N)
+        # tensor parallel (deepinfer.parallel): the rank's collectives, or None on one device; then
+        # wo and wd are row shards (their products summed over ranks) and lm_head a vocabulary shard
+        self.tp = None
         self.norm = scale("norm.weight")
         # Gemma: embeddings times sqrt(hidden), rounded to the model's dtype as transformers does
         self.embed_scale = torch.tensor(c.hidden_size**0.5, dtype=dtype).item() if f.embed_scale else None
@@ -296,7 +300,7 @@ class LlamaModel:
         if batch.logits_index is not None:
             x, y = x[batch.logits_index], y[batch.logits_index]
         x = op.add_norm(x, y, self.norm)[1]
-        return softcap(op.mm(x, self.lm_head).float(), self.config.final_softcap)
+        return softcap(self._head(x, op.mm).float(), self.config.final_softcap)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = F.embedding(tokens, self.embed)
@@ -330,15 +334,24 @@ class LlamaModel:
         cos, sin, positions = rope[layer.local]
         return op.rope_store(qk, qkv[:, nqk:], cos, sin, positions, *kv, slots, nh)
 
+    def _head(self, x: torch.Tensor, mm) -> torch.Tensor:
+        """x @ lm_head: the logits [..., V] (under tensor parallel, every rank's shard gathered)."""
+        y = mm(x, self.lm_head)
+        return y if self.tp is None else self.tp.gather_vocab(y, self.logits_width)
+
     def _out_and_mlp(self, layer: Layer, x: torch.Tensor, o: torch.Tensor, op):
         """(the residual stream after layer's attention output ``o`` [N, nh hd], the MLP's output to
         add to it: the next norm adds it)."""
         a = op.mm(o, layer.wo)
+        if self.tp is not None:
+            a = self.tp.all_reduce(a)
         x, h = op.add_norm(x, a if layer.post_attn is None else op.norm(a, layer.post_attn), layer.ln2)
         if layer.moe is not None:
             y = layer.moe(h, op.mm)
         else:
             y = op.mm(op.glu(op.mm(h, layer.wgu), self.act), layer.wd)
+            if self.tp is not None:
+                y = self.tp.all_reduce(y)
         return x, (y if layer.post_mlp is None else op.norm(y, layer.post_mlp))
 
     @torch.inference_mode()
@@ -456,7 +469,7 @@ class LlamaModel:
         x = op.add_norm(x, y, self.norm)[1]
         if not one:
             x = x.view(R, T, -1)
-        logits = softcap(op.mm(x, self.lm_head), self.config.final_softcap)
+        logits = softcap(self._head(x, op.mm), self.config.final_softcap)
         if out is not None:
             return out.copy_(logits)
         return logits.float()

@@ -94,7 +94,9 @@ class EngineLoop:
         to_engine_r, to_engine_w = ctx.Pipe(duplex=False)
         from_engine_r, from_engine_w = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=engine_main, args=(self.factory, to_engine_r, from_engine_w),
-                                 name="deepinfer-engine", daemon=True)  # fmt: skip
+                                 name="deepinfer-engine", daemon=False)  # fmt: skip
+        # (not a daemon: a parallel engine starts worker or replica processes of its own; stop()
+        # ends it, and it exits when the server's end of its pipe closes)
         self._proc.start()
         to_engine_r.close()
         from_engine_w.close()
