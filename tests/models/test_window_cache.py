@@ -1,0 +1,169 @@
+"""Sliding-window layers in the paged KV cache (docs/kv-cache.md, "Sliding windows"), through the
+LLM on tiny random Gemma-3-style (one windowed layer, one global) and Mistral-style (every layer
+windowed) checkpoints, CPU, float32, windows of 4 keys, blocks of 4 positions:
+
+- window release: the windowed group gives back the blocks behind the window (and DSpark's
+  rollback margin) while requests run, and outputs are those of a cache that keeps every block
+  (ragged batches, long generations, prefix hits, DSpark verify steps rolled back), with the
+  blocks held there never past ``Scheduler.window_bound`` a request;
+- bounded replay: a preempted request, and a conversation continued on a cached prefix, resume at
+  the largest block boundary whose window is still cached, with the outputs of a run without
+  preemption or cache; when that window was evicted, a full recompute (``swa_full_recomputes``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from deepinfer import LLM, SamplingParams
+
+BS = 4
+DSPARK = {"default": "all", "max_drafts": 3}  # every request speculates: verify steps roll back
+
+
+def _llm(folder: str, **kw) -> LLM:
+    kw.setdefault("dspark", DSPARK)
+    return LLM(folder, dtype="float32", device="cpu", seed=0, block_size=BS, **kw)
+
+
+def _keep_every_block(llm: LLM) -> LLM:
+    """The cache as it was before window release: every block kept (the windowed layers read
+    only their window of it)."""
+    llm.scheduler._slide = lambda s: None
+    return llm
+
+
+def _windowed(llm: LLM) -> int:
+    return next(g for g, w in enumerate(llm.scheduler.windows) if w)
+
+
+def _run(llm: LLM, prompts, params, watch=None) -> list[list[int]]:
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+    got = {}
+    for _ in range(5000):
+        if not llm.has_unfinished_requests():
+            break
+        for o in llm.step():
+            assert o.error is None, o.error
+            got[o.request_id] = o.token_ids
+        if watch is not None:
+            watch(llm)
+    return [got[i] for i in ids]
+
+
+def _requests(seed: int, lengths, new: int):
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, 96) for _ in range(10)]  # a prefix of 2 full blocks: prefix hits
+    prompts = [shared + [rng.randrange(3, 96) for _ in range(n)] for n in lengths]
+    params = []
+    for i in range(len(prompts)):  # greedy and seeded sampling in turn
+        kind = {"temperature": 0} if i % 2 else {"seed": i}
+        params.append(SamplingParams(max_tokens=new + 9 * i, ignore_eos=True, **kind))
+    return prompts, params
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral"])
+def test_window_release_keeps_outputs_and_bounds_blocks(family_folder, family):
+    """5 ragged requests (13..53 prompt tokens sharing 2 blocks, 150..186 generated, greedy and
+    seeded) with 4 running at once: the tokens of a cache that keeps every block; after every
+    step each running request holds at most window_bound() blocks of the windowed group (that
+    cache holds up to 60), and the group's pool no more than those."""
+    folder = family_folder(family)[0]
+    prompts, params = _requests(1, (3, 43, 15, 30, 8), 150)
+    llm = _llm(folder, max_num_seqs=4)
+    sch = llm.scheduler
+    g = _windowed(llm)
+    bound = sch.window_bound()
+    assert bound == -(-(4 + 3) // BS) + 1 == 3  # window 4 + margin 3 (max_drafts), in blocks of 4
+    seen = {"held": 0, "slid": 0}
+
+    def watch(llm):
+        for s in sch.running:
+            held = sum(b != 0 for b in s.block_tables[g])
+            assert held <= bound, (held, s.num_cached, s.block_tables[g])
+            seen["held"], seen["slid"] = max(seen["held"], held), max(seen["slid"], s.num_slid)
+        assert sch.pools[g].num_used <= bound * len(sch.running)
+
+    got = _run(llm, prompts, params, watch)
+    want_llm = _keep_every_block(_llm(folder, max_num_seqs=4))
+    want = _run(want_llm, prompts, params)
+    assert got == want
+    assert seen["held"] == bound and seen["slid"] > 40  # blocks given back while running
+    kept = sum(b != 0 for s in want_llm.scheduler.running for b in s.block_tables[g])
+    assert kept == 0 and want_llm.scheduler.pools[g].num_cached > 60  # (that cache kept them)
+    m = llm.metrics()
+    assert m["prefix_cache_hit_tokens"] >= 8 * 4 and m["preemptions"] == 0
+    st = llm.dspark.stats
+    assert st.verify_steps > 0 and sum(st.rejected) > 0  # drafts written, then discarded
+    assert sch.pools[g].num_used == 0 and all(p.num_used == 0 for p in sch.pools)
+
+
+def test_window_release_in_deterministic_mode(family_folder):
+    """Deterministic mode on the CPU (fixed decode tiles, per-row attention, chunk-aligned prefix
+    hits) through the fixed-shape step with a block table per group: the same tokens as a cache
+    that keeps every block."""
+    folder = family_folder("gemma3_text")[0]
+    prompts, params = _requests(2, (70, 5, 9), 60)
+    got = _run(_llm(folder, deterministic=True), prompts, params)
+    assert got == _run(_keep_every_block(_llm(folder, deterministic=True)), prompts, params)
+
+
+def test_preempted_requests_replay_from_their_window(family_folder):
+    """6 requests through a pool of 40 blocks a group: they preempt one another, and resume at the
+    last block boundary whose window is cached (swa_replays), with the tokens of a pool that holds
+    them all. A request whose blocks stayed cached recomputes at most window + margin + a block."""
+    folder = family_folder("gemma3_text")[0]
+    prompts, params = _requests(3, (20, 3, 35, 9, 27, 14), 70)
+    want = _run(_llm(folder), prompts, params)
+    small = _llm(folder)
+    memory = small.model.block_bytes(BS) * 41
+    llm = _llm(folder, kv_cache_memory=memory)
+    sch = llm.scheduler
+    assert [p.capacity for p in sch.pools] == [40, 40]
+    replays, match = [], sch._match_windowed
+
+    def spy(s, keys):
+        match(s, keys)
+        if sch._swa_hit and sch._swa_hit[0]:
+            replays.append(sch._swa_hit[1])
+
+    sch._match_windowed = spy
+    assert _run(llm, prompts, params) == want
+    m = llm.metrics()
+    assert m["preemptions"] > 0 and m["swa_replays"] > 0 and m["swa_replay_tokens"] <= sum(replays)
+    assert min(replays) <= 4 + 3 + BS
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral"])
+def test_continued_conversation_replays_or_falls_back(family_folder, family):
+    """A conversation continued on the engine that ran its first turn takes the cached prefix up
+    to the last block boundary whose window is cached (one replay, a few tokens recomputed); the
+    next turn (Gemma: full-attention blocks still cached), after the windowed group's cached
+    blocks were evicted, recomputes everything (swa_full_recomputes). Both give the tokens of a
+    fresh engine."""
+    folder = family_folder(family)[0]
+    rng = random.Random(4)
+    first = [rng.randrange(3, 96) for _ in range(30)]
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm = _llm(folder)
+    out = _run(llm, [first], [greedy])[0]
+    second = first + out + [rng.randrange(3, 96) for _ in range(6)]
+    got = _run(llm, [second], [greedy])[0]
+    assert got == _run(_llm(folder), [second], [greedy])[0]
+    m = llm.metrics()
+    assert m["swa_replays"] == 1 and m["swa_full_recomputes"] == 0
+    assert m["prefix_cache_hit_tokens"] >= len(first) + len(out) - BS
+    assert m["swa_replay_tokens"] == len(second) - m["prefix_cache_hit_tokens"] <= 4 + 3 + BS + 6
+
+    if family == "mistral":  # (no full-attention group: a cache without the window is a plain miss)
+        return
+    third = second + got + [rng.randrange(3, 96) for _ in range(5)]
+    pool = llm.scheduler.pools[_windowed(llm)]
+    pool.free(pool.allocate(pool.num_free))  # memory pressure: every cached windowed block evicted
+    hits = m["prefix_cache_hit_tokens"]
+    assert _run(llm, [third], [greedy])[0] == _run(_llm(folder), [third], [greedy])[0]
+    m = llm.metrics()
+    assert m["swa_full_recomputes"] == 1 and m["swa_replays"] == 1
+    assert m["prefix_cache_hit_tokens"] == hits  # nothing taken: every token recomputed
