@@ -26,13 +26,7 @@ from .detokenizer import IncrementalDetokenizer
 from .dspark import DSpark
 from .loader import load_model
 from .model_runner import DETERMINISTIC_CHUNK, ModelRunner
-from .models.kv_cache import (
-    CPU_DEFAULT_BYTES,
-    CUDA_DEFAULT_FRACTION,
-    DEFAULT_BLOCK_SIZE,
-    split_blocks,
-    window_pool_blocks,
-)
+from .models.kv_cache import CPU_DEFAULT_BYTES, CUDA_DEFAULT_FRACTION, DEFAULT_BLOCK_SIZE, group_blocks
 from .models.llama import LlamaModel
 from .outputs import RequestOutput, TokenLogprob
 from .sampling_params import SamplingParams
@@ -175,14 +169,9 @@ class LLM:
         num_blocks = self._kv_blocks(kv_cache_memory, block_size)
         # one pool per KV-cache group (full attention, sliding window: docs/kv-cache.md)
         windows, margin = [w for w, _ in self.model.kv_groups], self.dspark.config.rollback_margin
-        counts = [num_blocks]
-        if len(windows) > 1:
-            need = window_pool_blocks(windows[1], margin, block_size, max_num_seqs, max_num_batched_tokens)
-            nbytes = [self.model.block_bytes(block_size, g) for g in (None, 0, 1)]
-            counts = list(split_blocks(num_blocks * nbytes[0], nbytes[1], nbytes[2], need))
-            if min(counts) < 2:
-                raise ValueError(f"kv_cache_memory={kv_cache_memory!r} holds {counts} KV blocks (full "
-                                 "attention, sliding window); at least 2 of each are needed")  # fmt: skip
+        nbytes = [self.model.block_bytes(block_size, g) for g in range(len(windows))]
+        counts = group_blocks(num_blocks, nbytes, windows, margin, block_size, max_num_seqs,
+                              max_num_batched_tokens)  # fmt: skip
         self.runner.allocate(counts if len(counts) > 1 else num_blocks, block_size, max_num_seqs)
         pools = [BlockPool(n, block_size, caching=prefix_caching) for n in counts]
         align = DETERMINISTIC_CHUNK if self.runner.tile else None

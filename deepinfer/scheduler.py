@@ -61,8 +61,6 @@ class Scheduler:
     ----------
     max_num_seqs, max_num_batched_tokens : int
         Most running requests; most tokens computed in one step.
-    pool : BlockPool
-        The KV cache's blocks.
     pool : BlockPool, or a list of them
         The KV cache's blocks: one pool per KV-cache group (``kv_cache.kv_groups``).
     chunk_align : int or None
@@ -101,6 +99,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pools, self.windows, self.margin = pools, windows, margin
+        self._windowed = any(windows)
         self.pool = pool
         self.chunk_align = chunk_align
         self.waiting: deque[Sequence] = deque()
@@ -229,7 +228,8 @@ class Scheduler:
                 if len(table) > keep:
                     pool.free(table[: keep - 1 : -1])
                     del table[keep:]
-            self._slide(s)
+            if self._windowed:
+                self._slide(s)
 
     def window_bound(self) -> int:
         """Most blocks a running request holds in the sliding-window group between steps:
@@ -331,7 +331,7 @@ class Scheduler:
         if self.chunk_align:
             unit = self.chunk_align // self.pool.block_size
             n -= n % unit
-        if any(self.windows):
+        if self._windowed:
             self._match_windowed(s, self._keys(s, n)[:n] if n else [])
             return
         hits = self.pool.match(self._keys(s, n)[:n]) if n else []

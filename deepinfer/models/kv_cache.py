@@ -63,6 +63,21 @@ def split_blocks(budget: int, full_bytes: int, window_bytes: int, window_cap: in
     return n, min(window_cap, n)
 
 
+def group_blocks(num_blocks: int, block_bytes: list[int], windows: list[int], margin: int, block_size: int,
+                 max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:  # fmt: skip
+    """Blocks of each KV-cache group (``windows``: theirs, as ``kv_groups`` orders them; a block
+    of group g costs ``block_bytes[g]``) for the budget of ``num_blocks`` blocks of every layer:
+    that count for one group, ``split_blocks`` for two."""
+    if len(windows) == 1:
+        return [num_blocks]
+    cap = window_pool_blocks(windows[1], margin, block_size, max_num_seqs, max_num_batched_tokens)
+    counts = list(split_blocks(num_blocks * sum(block_bytes), block_bytes[0], block_bytes[1], cap))
+    if min(counts) < 2:
+        raise ValueError(f"the KV budget holds {counts} blocks (full attention, sliding window); at least 2 "
+                         "of each are needed: give LLM a larger kv_cache_memory")  # fmt: skip
+    return counts
+
+
 class KVCache:
     """Parameters
     ----------

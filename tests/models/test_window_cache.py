@@ -18,6 +18,7 @@ import random
 import pytest
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.models.kv_cache import group_blocks, kv_groups, split_blocks
 
 BS = 4
 DSPARK = {"default": "all", "max_drafts": 3}  # every request speculates: verify steps roll back
@@ -64,14 +65,29 @@ def _requests(seed: int, lengths, new: int):
     return prompts, params
 
 
+def test_groups_and_their_pools():
+    """Layers split into a full-attention and a sliding-window group only when both kinds are
+    there; the budget buys blocks of both in equal numbers until the windowed pool has what it
+    can use, the rest going to full attention."""
+    assert kv_groups([0, 0, 0]) == [(0, [0, 1, 2])]  # Llama: one group, as before
+    assert kv_groups([4, 4]) == [(4, [0, 1])]  # Mistral: one windowed group
+    assert kv_groups([4, 8]) == [(8, [0, 1])]  # every layer windowed: the largest bounds them all
+    assert kv_groups([4, 0, 4, 4, 0]) == [(0, [1, 4]), (4, [0, 2, 3])]  # Gemma: interleaved
+    assert split_blocks(10 * (100 + 500), 100, 500, window_cap=50) == (10, 10)
+    assert split_blocks(1000 * (100 + 500), 100, 500, window_cap=50) == ((600_000 - 50 * 500) // 100, 50)
+    assert group_blocks(77, [1], [0], 8, 16, 256, 8192) == [77]
+    with pytest.raises(ValueError, match="at least 2 of each"):
+        group_blocks(1, [100, 500], [0, 1024], 8, 16, 4, 64)
+
+
 @pytest.mark.parametrize("family", ["gemma3_text", "mistral"])
 def test_window_release_keeps_outputs_and_bounds_blocks(family_folder, family):
-    """5 ragged requests (13..53 prompt tokens sharing 2 blocks, 150..186 generated, greedy and
+    """5 ragged requests (13..53 prompt tokens sharing 2 blocks, 110..146 generated, greedy and
     seeded) with 4 running at once: the tokens of a cache that keeps every block; after every
     step each running request holds at most window_bound() blocks of the windowed group (that
-    cache holds up to 60), and the group's pool no more than those."""
+    cache holds up to 50), and the group's pool no more than those."""
     folder = family_folder(family)[0]
-    prompts, params = _requests(1, (3, 43, 15, 30, 8), 150)
+    prompts, params = _requests(1, (3, 43, 15, 30, 8), 110)
     llm = _llm(folder, max_num_seqs=4)
     sch = llm.scheduler
     g = _windowed(llm)
@@ -90,9 +106,9 @@ def test_window_release_keeps_outputs_and_bounds_blocks(family_folder, family):
     want_llm = _keep_every_block(_llm(folder, max_num_seqs=4))
     want = _run(want_llm, prompts, params)
     assert got == want
-    assert seen["held"] == bound and seen["slid"] > 40  # blocks given back while running
+    assert seen["held"] == bound and seen["slid"] > 30  # blocks given back while running
     kept = sum(b != 0 for s in want_llm.scheduler.running for b in s.block_tables[g])
-    assert kept == 0 and want_llm.scheduler.pools[g].num_cached > 60  # (that cache kept them)
+    assert kept == 0 and want_llm.scheduler.pools[g].num_cached > 50  # (that cache kept them)
     m = llm.metrics()
     assert m["prefix_cache_hit_tokens"] >= 8 * 4 and m["preemptions"] == 0
     st = llm.dspark.stats
