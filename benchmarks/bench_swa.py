@@ -11,7 +11,8 @@ Gemma-3-27B shape with random weights. Prints two tables, asserts nothing:
     forwards (eager prefill chunks) on the first ``--layers`` layers (5 local, 1 global each 6).
 
     python benchmarks/bench_swa.py --device cuda [--layers 12] [--context 32768]
-    python benchmarks/bench_swa.py --smoke      # a tiny shape on the CPU (the test runs this)
+    python benchmarks/bench_swa.py --memory-only  # (a) alone
+    python benchmarks/bench_swa.py --smoke        # a tiny shape on the CPU (the test runs this)
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens: prefill chunk")
     ap.add_argument("--smoke", action="store_true", help="a tiny Gemma-3 shape, 512 positions, CPU")
+    ap.add_argument("--memory-only", action="store_true", help="table (a) only (plain data: any machine)")
     a = ap.parse_args(argv)
     margin = DSparkConfig().rollback_margin
     shape, layers, context = GEMMA3_27B, a.layers, a.context
@@ -186,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append([name, _per_group(groups, peak), mib[0], _per_group(groups, end), mib[1]])
     head = ["cache", "peak blocks (prefill chunk)", "peak KV MiB", "blocks at the end (decode)", "KV MiB"]
     _table(head, rows)
+    if a.memory_only:
+        return
     cfg = _config(shape, layers, context)
     print(f"\n(b) a preempted {context}-token request readmitted, {cfg.num_layers} layers, {a.device}, "
           f"{dtype}, prefill chunks of {a.chunk}:")  # fmt: skip
