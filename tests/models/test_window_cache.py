@@ -222,3 +222,51 @@ def test_window_release_on_cuda_graphs(family_folder):
     got = _run(llm, prompts, params)
     assert got == _run(_keep_every_block(make()), prompts, params)
     assert llm.runner.graphs.groups == 2 and llm.dspark.stats.verify_steps > 0
+
+
+@pytest.fixture(scope="module")
+def gemma_model(family_folder):
+    return _llm(family_folder("gemma3_text")[0]).model
+
+
+@pytest.mark.parametrize("attention", ["torch", "sdpa", "rows"])
+def test_released_blocks_are_never_read(gemma_model, attention):
+    """The model alone (Gemma-3-style): a 30-token sequence prefilled, then its windowed table's
+    entries behind the window pointed at the null block and those blocks filled with NaN. The
+    next token's logits, by the eager forward and by the fixed-shape decode (one block table per
+    group), are the bits of the tables that keep every block."""
+    import torch
+
+    from deepinfer.models.llama import ForwardBatch
+
+    model = gemma_model
+    assert [w for w, _ in model.kv_groups] == [0, 4]
+    cache = model.new_cache([12, 12], BS)
+    tokens = [(7 * i) % 90 + 3 for i in range(31)]
+    table = list(range(1, 9))  # 8 blocks: positions 0..31, in both groups
+
+    def to(x):
+        return torch.tensor(x, dtype=torch.int64)
+
+    model.forward(ForwardBatch.of_chunks(to, [table], [0], [tokens[:30]], BS, more=[[table]]), cache)
+    released = [0] * 6 + table[6:]  # keys 24..29 are the window (and more) of position 30
+    for layer in model.kv_groups[1][1]:
+        cache.k[layer][1:7] = float("nan")
+        cache.v[layer][1:7] = float("nan")
+
+    def step(windowed: list[int]) -> torch.Tensor:
+        if attention == "torch":
+            batch = ForwardBatch.of_chunks(to, [table], [30], [tokens[30:]], BS, more=[[windowed]])
+            return model.forward(batch, cache)
+        slot = to([table[7] * BS + 30 % BS])
+        tabs = [to([t]).to(torch.int32) for t in (table, windowed)]
+        return model.decode_static(to([tokens[30]]), to([30]), slot, tabs[0], cache, kv_len=32,
+                                   attention=attention, more=[(slot, tabs[1])])  # fmt: skip
+
+    got = step(released)
+    assert not got.isnan().any()
+    for layer in model.kv_groups[1][1]:  # the bits every block would have held
+        cache.k[layer][1:7] = 0.0
+        cache.v[layer][1:7] = 0.0
+    model.forward(ForwardBatch.of_chunks(to, [table], [0], [tokens[:30]], BS, more=[[table]]), cache)
+    assert torch.equal(got, step(table))
