@@ -128,16 +128,25 @@ class BlockPool:
         if not self.caching:
             return []
         hits = []
-        for h, tokens in keys:
-            b = self._by_hash.get(h)
-            if b is None or self._key[b][1] != tokens:
+        for key in keys:
+            b = self.peek(key)
+            if b is None:
                 break
             hits.append(b)
-        for b in hits:
+        self.hold(hits)
+        return hits
+
+    def peek(self, key: tuple[int, tuple[int, ...]]) -> int | None:
+        """The block cached with ``key`` (its tokens compared), or None; nothing is taken."""
+        b = self._by_hash.get(key[0])
+        return None if b is None or self._key[b][1] != key[1] else b
+
+    def hold(self, blocks: Sequence[int]) -> None:
+        """One more hold on each of these keyed blocks (found by ``peek``); most recently used."""
+        for b in blocks:
             if self.ref[b] == 0:
                 del self._cached[b]
             self.ref[b] += 1
-        return hits
 
     def register(self, block: int, key: tuple[int, tuple[int, ...]]) -> None:
         """``block`` is full with ``key``'s tokens: later requests may reuse it. A key already

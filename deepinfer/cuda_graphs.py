@@ -17,6 +17,10 @@ A verify row's padding positions continue its positions: inside its blocks they 
 accepted length (garbage that attention never reads and later steps overwrite), past them in
 the null block.
 
+A model with sliding-window and full-attention layers has a block table per KV-cache group
+(``kv_cache.kv_groups``): each group's slots and table follow the first group's in a tile's
+inputs, with the same width (one static block table per group).
+
 Keys per tile: kv_len, the smallest of floor * 2^k covering the tile's longest sequence, capped
 at the model's length (in deterministic mode in units of the attention chunk, whose blocks past
 a row's length are exact no-ops); the block tables are kv_len / block_size wide.
@@ -89,7 +93,8 @@ class Tile:
 @dataclass
 class StepPlan:
     tiles: list[Tile]
-    inputs: np.ndarray  # int64; per tile: tokens, positions, slots (rows x positions each), block tables
+    inputs: np.ndarray  # int64; per tile: tokens, positions, slots (rows x positions each), block tables,
+    # then the slots and block tables of each further KV-cache group
 
 
 def plan_step(
@@ -102,6 +107,7 @@ def plan_step(
     positions: int = 1,
     rows: int | None = None,
     tile: int | None = None,
+    more: tuple = (),
 ) -> StepPlan:
     """Lay out one fixed-shape step: sequence i (block table ``tables[i]``) feeds ``tokens[i]``
     (at most ``positions`` of them; the rest of its row is padding) at positions ``starts[i]``
@@ -110,6 +116,7 @@ def plan_step(
     rows: the one tile's row count (a batch bucket >= len(tables); CUDA graphs). tile = n:
     fixed tiles of n rows with kv_len in whole attention chunks (deterministic mode). A position
     past a sequence's blocks, and every position of a padding row, writes into the null block.
+    more: the sequences' block tables of KV-cache groups 1.. (one list per group).
     """
     B, P = len(tables), positions
     if tile is None:
@@ -119,19 +126,9 @@ def plan_step(
     tiles, parts = [], []
     for t0, R in groups:
         n = min(t0 + R, B) - t0  # real rows of this tile
-        rows_tables = tables[t0 : t0 + n]
-        lens = np.fromiter((len(t) for t in rows_tables), np.int64, n)
         first = np.asarray(starts[t0 : t0 + n], dtype=np.int64)
         kv = kv_bucket(int(first.max()) + P, max_len, unit=unit, floor=floor)
         W = -(-kv // block_size)
-        tab = np.zeros((R, W), np.int64)
-        wide = max(1, min(int(lens.max()), W))
-        flat: list[int] = []
-        for t in rows_tables:
-            flat += t[:wide]
-            if len(t) < wide:
-                flat += [0] * (wide - len(t))
-        tab[:n, :wide] = np.asarray(flat, np.int64).reshape(n, wide)
         tok = np.zeros((R, P), np.int64)
         if P == 1:
             tok[:n, 0] = [t[0] for t in tokens[t0 : t0 + n]]
@@ -140,18 +137,35 @@ def plan_step(
                 tok[r, : len(t)] = t
         pos = np.tile(np.arange(P, dtype=np.int64), (R, 1))
         pos[:n] += first[:, None]
-        blk = pos // block_size
-        inside = blk < np.concatenate([np.minimum(lens, W), np.zeros(R - n, np.int64)])[:, None]
-        slot = np.take_along_axis(tab, np.minimum(blk, W - 1), axis=1) * block_size + pos % block_size
-        slot = np.where(inside, slot, 0)  # past a row's blocks (and padding rows): the null block
+        parts += [tok.ravel(), pos.ravel()]
+        for group in (tables, *more):
+            slot, tab = _place(group[t0 : t0 + n], pos, R, W, block_size)
+            parts += [slot.ravel(), tab.ravel()]
         tiles.append(Tile(R, kv, P))
-        parts += [tok.ravel(), pos.ravel(), slot.ravel(), tab.ravel()]
     return StepPlan(tiles, np.concatenate(parts))
 
 
-def tile_size(tile: Tile, block_size: int) -> int:
-    """Ints of a tile's static inputs."""
-    return tile.rows * (3 * tile.positions + -(-tile.kv_len // block_size))
+def _place(rows_tables: list[list[int]], pos: np.ndarray, R: int, W: int, block_size: int):
+    """(slots [R, P], block tables [R, W]) of a tile's rows through one KV-cache group's tables."""
+    n = len(rows_tables)
+    lens = np.fromiter((len(t) for t in rows_tables), np.int64, n)
+    tab = np.zeros((R, W), np.int64)
+    wide = max(1, min(int(lens.max()), W))
+    flat: list[int] = []
+    for t in rows_tables:
+        flat += t[:wide]
+        if len(t) < wide:
+            flat += [0] * (wide - len(t))
+    tab[:n, :wide] = np.asarray(flat, np.int64).reshape(n, wide)
+    blk = pos // block_size
+    inside = blk < np.concatenate([np.minimum(lens, W), np.zeros(R - n, np.int64)])[:, None]
+    slot = np.take_along_axis(tab, np.minimum(blk, W - 1), axis=1) * block_size + pos % block_size
+    return np.where(inside, slot, 0), tab  # past a row's blocks (and padding rows): the null block
+
+
+def tile_size(tile: Tile, block_size: int, groups: int = 1) -> int:
+    """Ints of a tile's static inputs (``groups``: KV-cache groups, each with its slots and table)."""
+    return tile.rows * (2 * tile.positions + groups * (tile.positions + -(-tile.kv_len // block_size)))
 
 
 @dataclass
@@ -179,6 +193,7 @@ class StepGraphs:
         self.model, self.cache, self.attention, self.invariant = model, cache, attention, invariant
         self.max_rows = max_rows
         self.capture = capture
+        self.groups = len(model.kv_groups)
         self.graphs: dict[Tile, _Graph] = {}
         self._pools: dict[bool, tuple] = {}  # verify (positions > 1)? -> graph pool handle
         self._outs: list[torch.Tensor] = []
@@ -218,22 +233,28 @@ class StepGraphs:
     def _forward(self, tile: Tile, x: torch.Tensor) -> torch.Tensor:
         R, P = tile.rows, tile.positions
         n = R * P
-        tok, pos, slots = x[:n], x[n : 2 * n], x[2 * n : 3 * n]
-        tables = x[3 * n :].view(R, -1)
+        tok, pos = x[:n], x[n : 2 * n]
+        W = -(-tile.kv_len // self.cache.block_size)
+        io, at = [], 2 * n  # (slots, block tables) of each KV-cache group
+        for _ in range(self.groups):
+            io.append((x[at : at + n], x[at + n : at + n + R * W].view(R, W)))
+            at += n + R * W
+        (slots, tables), more = io[0], tuple((s if P == 1 else s.view(R, P), t) for s, t in io[1:])
         if P == 1:  # decode: [rows] inputs, [rows, V] logits
             return self.model.decode_static(
                 tok, pos, slots, tables, self.cache, kv_len=tile.kv_len, attention=self.attention,
-                invariant=self.invariant,
+                invariant=self.invariant, more=more,
             )  # fmt: skip
         return self.model.decode_static(  # verify: [rows, P] inputs, logits into the shared buffer
             tok.view(R, P), pos.view(R, P), slots.view(R, P), tables, self.cache, kv_len=tile.kv_len,
-            attention="triton" if self.attention == "triton" else "sdpa", out=self._out(R, P),
+            attention="triton" if self.attention == "triton" else "sdpa", out=self._out(R, P), more=more,
         )  # fmt: skip
 
     def _make(self, tile: Tile) -> _Graph:
         dev = self.model.device
         R, P = tile.rows, tile.positions
-        inputs = torch.zeros(tile_size(tile, self.cache.block_size), dtype=torch.int64, device=dev)
+        size = tile_size(tile, self.cache.block_size, self.groups)
+        inputs = torch.zeros(size, dtype=torch.int64, device=dev)
         inputs[R * P : 2 * R * P] = torch.arange(P, device=dev).repeat(R)  # the warm-up writes the null block
         g = _Graph(None, inputs, None)
         if not self.capture:

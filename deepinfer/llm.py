@@ -26,7 +26,7 @@ from .detokenizer import IncrementalDetokenizer
 from .dspark import DSpark
 from .loader import load_model
 from .model_runner import DETERMINISTIC_CHUNK, ModelRunner
-from .models.kv_cache import CPU_DEFAULT_BYTES, CUDA_DEFAULT_FRACTION, DEFAULT_BLOCK_SIZE
+from .models.kv_cache import CPU_DEFAULT_BYTES, CUDA_DEFAULT_FRACTION, DEFAULT_BLOCK_SIZE, group_blocks
 from .models.llama import LlamaModel
 from .outputs import RequestOutput, TokenLogprob
 from .sampling_params import SamplingParams
@@ -200,10 +200,16 @@ class LLM:
         ):
             raise ValueError(f"block_size must be a power of two in [1, 1024], got {block_size!r}")
         num_blocks = self._kv_blocks(kv_cache_memory, block_size)
-        self.runner.allocate(num_blocks, block_size, max_num_seqs)
-        pool = BlockPool(num_blocks, block_size, caching=prefix_caching)
+        # one pool per KV-cache group (full attention, sliding window: docs/kv-cache.md)
+        windows, margin = [w for w, _ in self.model.kv_groups], self.dspark.config.rollback_margin
+        nbytes = [self.model.block_bytes(block_size, g) for g in range(len(windows))]
+        counts = group_blocks(num_blocks, nbytes, windows, margin, block_size, max_num_seqs,
+                              max_num_batched_tokens)  # fmt: skip
+        self.runner.allocate(counts if len(counts) > 1 else num_blocks, block_size, max_num_seqs)
+        pools = [BlockPool(n, block_size, caching=prefix_caching) for n in counts]
         align = DETERMINISTIC_CHUNK if self.runner.tile else None
-        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, pool, chunk_align=align)
+        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, pools, chunk_align=align,
+                                   windows=windows, margin=margin)  # fmt: skip
         self._requests: dict[Any, Sequence] = {}
         self._relaxed: dict[Any, list[str]] = {}  # lenient mode's notes of a request's constraint
         self._stream: set = set()  # requests whose partial outputs step() returns
@@ -332,7 +338,10 @@ class LLM:
             "kv_blocks_cached": pool.num_cached,
             "kv_block_size": pool.block_size,
             "preemptions": sch.preemptions,
-            "evictions": pool.evictions,
+            "evictions": sum(p.evictions for p in sch.pools),
+            "swa_replays": sch.swa_replays,
+            "swa_replay_tokens": sch.swa_replay_tokens,
+            "swa_full_recomputes": sch.swa_full_recomputes,
             "running": len(sch.running),
             "waiting": len(sch.waiting),
             "constraints_compiled": self._compiles,

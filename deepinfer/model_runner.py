@@ -122,9 +122,9 @@ class ModelRunner:
         self._turn = 0
 
     # -- the cache ------------------------------------------------------------------------------
-    def allocate(self, num_blocks: int, block_size: int, max_rows: int) -> KVCache:
-        """The paged KV cache (``num_blocks`` blocks, the null block included) for at most
-        ``max_rows`` sequences a step."""
+    def allocate(self, num_blocks: int | list[int], block_size: int, max_rows: int) -> KVCache:
+        """The paged KV cache (``num_blocks`` blocks, the null block included; a list: per
+        KV-cache group) for at most ``max_rows`` sequences a step."""
         self.cache = self.graphs = None  # free an old one (and the graphs holding it) first
         self.cache = self.model.new_cache(num_blocks, block_size)
         self.max_rows = max_rows
@@ -228,6 +228,7 @@ class ModelRunner:
             max_len=self.max_len,
             positions=Tb,
             rows=bucket_for(len(seqs), batch_buckets(self.max_rows)),
+            more=self._more(seqs),
         )
         logits = self.graphs.run(plan.tiles[0], self._host(plan.inputs))
         self._staged()
@@ -240,13 +241,22 @@ class ModelRunner:
         assert self.cache is not None, "allocate() first"
         bs = self.cache.block_size
         chunks = [[_last_token(s), *d] + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)]
-        tables = []
-        for s in seqs:  # the null block stands in for positions past the row's blocks
-            need = -(-(len(s) - 1 + T) // bs)
-            tables.append(s.block_table + [0] * max(0, need - len(s.block_table)))
-        batch = ForwardBatch.of_chunks(self._to, tables, [len(s) - 1 for s in seqs], chunks, bs, logits="all")
+        groups = []
+        for g in range(len(self.model.kv_groups)):
+            tables = []
+            for s in seqs:  # the null block stands in for positions past the row's blocks
+                t = _table(s, g)
+                need = -(-(len(s) - 1 + T) // bs)
+                tables.append(t + [0] * max(0, need - len(t)))
+            groups.append(tables)
+        starts = [len(s) - 1 for s in seqs]
+        batch = ForwardBatch.of_chunks(self._to, groups[0], starts, chunks, bs, logits="all", more=groups[1:])
         out = self.model.forward(batch, self.cache, invariant=self.invariant, attention=self.eager_attention)
         return out.view(len(seqs), T, -1)
+
+    def _more(self, seqs: list[Sequence]) -> list[list[list[int]]]:
+        """The sequences' block tables of KV-cache groups 1.. (none for a model of one group)."""
+        return [[_table(s, g) for s in seqs] for g in range(1, len(self.model.kv_groups))]
 
     def _host(self, inputs: np.ndarray) -> torch.Tensor:
         """A fixed-shape step's inputs in host memory the device copies from asynchronously: on
@@ -283,11 +293,12 @@ class ModelRunner:
             max_len=self.max_len if self.tile else self.model.max_len,
             rows=None if self.tile else bucket_for(len(seqs), batch_buckets(self.max_rows)),
             tile=self.tile,
+            more=self._more(seqs),
         )
         host = self._host(plan.inputs)
         outs, at = [], 0
         for tile in plan.tiles:  # (tiles of one shape replay one graph: keep each one's output)
-            n = tile_size(tile, self.cache.block_size)
+            n = tile_size(tile, self.cache.block_size, self.graphs.groups)
             x = self.graphs.run(tile, host[at : at + n])
             outs.append(x.clone() if len(plan.tiles) > 1 else x)
             at += n
@@ -305,6 +316,7 @@ class ModelRunner:
             [t[s.num_cached : s.num_cached + n] for s, t, n in zip(rows, ids, counts)],
             self.cache.block_size,
             per_row=self.deterministic,
+            more=self._more(rows),
         )
         sampled = [i for i, (s, n) in enumerate(zip(rows, counts)) if s.completes(n)]
         if len(sampled) < len(rows):  # only the rows that sample need logits
@@ -315,6 +327,12 @@ class ModelRunner:
         if max(counts) > 1:
             attention = "prefill" if attention == "triton" else "torch"
         return self.model.forward(batch, self.cache, invariant=self.invariant, attention=attention)
+
+
+def _table(s: Sequence, g: int) -> list[int]:
+    """The sequence's block table of KV-cache group g (a sequence given one table, as benchmarks
+    lay them out by hand, uses it in every group)."""
+    return s.block_tables[g] if g < len(s.block_tables) else s.block_tables[0]
 
 
 def _last_token(s: Sequence) -> int:

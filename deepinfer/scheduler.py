@@ -21,6 +21,15 @@ A request that cannot fit the whole pool even alone fails (``refused``) with a m
 says so; its neighbours go on. After the forward the engine calls ``commit``: the blocks that
 became full are keyed for reuse, and blocks past what is cached (DSpark's rejected drafts) are
 released.
+
+Sliding windows (docs/kv-cache.md, "Sliding windows"): a model's layers may form two KV-cache
+groups, full attention and sliding window, each with its own ``BlockPool`` and a block table per
+sequence. After each step a sliding-window group gives back the blocks wholly before
+``num_cached - window + 1 - margin`` (``margin``: DSpark's rollback reach), pointing their entries
+at the null block, so a running request holds at most ``window_bound`` blocks there. A request
+admitted with a prefix hit takes it at the largest block boundary P* within the full-attention
+hit where the sliding-window group still has the blocks of the window before P* (bounded
+replay); without one it recomputes everything.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .block_pool import BlockPool, block_keys
+from .block_pool import NULL_BLOCK, BlockPool, block_keys
 from .sequence import Sequence, Status
 
 
@@ -52,29 +61,45 @@ class Scheduler:
     ----------
     max_num_seqs, max_num_batched_tokens : int
         Most running requests; most tokens computed in one step.
-    pool : BlockPool
-        The KV cache's blocks.
+    pool : BlockPool, or a list of them
+        The KV cache's blocks: one pool per KV-cache group (``kv_cache.kv_groups``).
     chunk_align : int or None
         Prefill chunks end at multiples of this many positions and prefix hits are rounded down
         to them (deterministic mode on the CPU: a chunk's shape does not depend on a hit).
+    windows : list of int or None
+        Each group's sliding window (0: full attention); None: no windows.
+    margin : int
+        Positions a sliding-window group keeps behind its window: DSpark's rollback reach
+        (``DSparkConfig.rollback_margin``).
     """
 
     def __init__(
         self,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        pool: BlockPool,
+        pool: BlockPool | list[BlockPool],
         *,
         chunk_align: int | None = None,
+        windows: list[int] | None = None,
+        margin: int = 0,
     ) -> None:
+        pools = [pool] if isinstance(pool, BlockPool) else list(pool)
+        pool = pools[0]
+        windows = [0] * len(pools) if windows is None else list(windows)
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens!r}")
         if chunk_align is not None and chunk_align % pool.block_size:
             raise ValueError(
                 f"chunk_align {chunk_align} is not a multiple of the block size {pool.block_size}"
             )
+        if len(windows) != len(pools) or any(p.block_size != pool.block_size for p in pools):
+            raise ValueError(f"{len(pools)} KV pools (one block size) need as many windows, got {windows}")
+        if sum(1 for w in windows if w) > 1 or margin < 0:
+            raise ValueError(f"one sliding-window group at most and margin >= 0, got {windows}, {margin}")
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.pools, self.windows, self.margin = pools, windows, margin
+        self._windowed = any(windows)
         self.pool = pool
         self.chunk_align = chunk_align
         self.waiting: deque[Sequence] = deque()
@@ -86,12 +111,16 @@ class Scheduler:
         self.prefill_tokens = 0  # of those, computed (the rest were prefix hits)
         self.hit_tokens = 0
         self.preemptions = 0
+        self.swa_replays = 0  # hits taken at P* with only the window before it (bounded replay)
+        self.swa_replay_tokens = 0  # tokens those recomputed
+        self.swa_full_recomputes = 0  # a prefix was cached but no window before any P* > 0 was
 
     # -- requests in and out --------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         """Queue a request (one already finished -- its constraint failed to compile -- is only
         handed back by the next ``reap``)."""
         seq.arrival = next(self._arrival)
+        seq.block_tables = [[] for _ in self.pools]
         (self._done if seq.is_finished else self.waiting).append(seq)
 
     def abort(self, request_id) -> Sequence | None:
@@ -156,10 +185,11 @@ class Scheduler:
                 budget -= n
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             s = self.waiting[0]
-            if self._blocks(len(s)) > self.pool.capacity:  # cannot even compute its prompt
+            if not self._fits(len(s)):  # cannot even compute its prompt
                 self.waiting.popleft()
                 self._refuse(s, out, len(s))
                 continue
+            self._swa_hit = None
             self._match(s)
             n = self._chunk(s, min(len(s) - s.num_cached, budget))
             if not self._grow(s, s.num_cached + n):
@@ -170,6 +200,10 @@ class Scheduler:
             self.running.append(s)
             self.prompt_tokens += len(s)
             self.hit_tokens += s.num_cached
+            if self._swa_hit:
+                self.swa_replays += self._swa_hit[0]
+                self.swa_replay_tokens += self._swa_hit[1]
+                self.swa_full_recomputes += self._swa_hit[2]
             s.prefill_end = len(s)
             self._take(s, n, out)
             budget -= n
@@ -190,13 +224,47 @@ class Scheduler:
                 continue
             self._register(s, min(s.num_cached, len(s)))
             keep = self._blocks(s.num_cached)
-            if len(s.block_table) > keep:
-                self.pool.free(s.block_table[: keep - 1 : -1])
-                del s.block_table[keep:]
+            for pool, table in zip(self.pools, s.block_tables):
+                if len(table) > keep:
+                    pool.free(table[: keep - 1 : -1])
+                    del table[keep:]
+            if self._windowed:
+                self._slide(s)
+
+    def window_bound(self) -> int:
+        """Most blocks a running request holds in the sliding-window group between steps:
+        the window and margin behind its next position, plus the block that one starts in."""
+        w = max(self.windows)
+        return self._blocks(w + self.margin) + 1 if w else 0
 
     # -- helpers --------------------------------------------------------------------------------
     def _blocks(self, positions: int) -> int:
         return -(-positions // self.pool.block_size)
+
+    def _fits(self, positions: int) -> bool:
+        """A request of this many positions, running alone, fits every pool (a sliding-window
+        group holds its window and margin, and at most one step's tokens past them)."""
+        for pool, w in zip(self.pools, self.windows):
+            need = self._blocks(positions)
+            if w:
+                step = self._blocks(self.max_num_batched_tokens + self.margin)
+                need = min(need, self.window_bound() + step)
+            if need > pool.capacity:
+                return False
+        return True
+
+    def _slide(self, s: Sequence) -> None:
+        """Give back the sliding-window group's blocks wholly before the window (and margin)
+        of the sequence's next position; their entries point at the null block (never read)."""
+        for g, w in enumerate(self.windows):
+            if not w:
+                continue
+            table = s.block_tables[g]
+            n = min(len(table), max(0, s.num_cached - w + 1 - self.margin) // self.pool.block_size)
+            if n > s.num_slid:
+                self.pools[g].free(table[s.num_slid : n])  # oldest first: evicted first
+                table[s.num_slid : n] = [NULL_BLOCK] * (n - s.num_slid)
+                s.num_slid = n
 
     def _chunk(self, s: Sequence, n: int) -> int:
         """At most n tokens, ending at a multiple of chunk_align when set."""
@@ -220,18 +288,28 @@ class Scheduler:
         full = positions // self.pool.block_size
         if full > s.num_registered and self.pool.caching:
             keys = self._keys(s, full)
-            for i in range(s.num_registered, full):
-                self.pool.register(s.block_table[i], keys[i])
+            for pool, table in zip(self.pools, s.block_tables):
+                for i in range(s.num_registered, full):
+                    if table[i] != NULL_BLOCK:
+                        pool.register(table[i], keys[i])
         s.num_registered = max(s.num_registered, full)
 
     def _grow(self, s: Sequence, positions: int) -> bool:
         """Blocks for ``positions`` positions; False (taking nothing) when the pool lacks them."""
-        need = self._blocks(positions) - len(s.block_table)
-        if need <= 0:
+        blocks = self._blocks(positions)
+        if len(self.pools) == 1:
+            need = blocks - len(s.block_table)
+            if need <= 0:
+                return True
+            if need > self.pool.num_free:
+                return False
+            s.block_table += self.pool.allocate(need)
             return True
-        if need > self.pool.num_free:
+        if any(blocks - len(t) > p.num_free for p, t in zip(self.pools, s.block_tables)):
             return False
-        s.block_table += self.pool.allocate(need)
+        for p, t in zip(self.pools, s.block_tables):
+            if blocks > len(t):
+                t += p.allocate(blocks - len(t))
         return True
 
     def _keys(self, s: Sequence, n: int) -> list:
@@ -253,21 +331,63 @@ class Scheduler:
         if self.chunk_align:
             unit = self.chunk_align // self.pool.block_size
             n -= n % unit
+        if self._windowed:
+            self._match_windowed(s, self._keys(s, n)[:n] if n else [])
+            return
         hits = self.pool.match(self._keys(s, n)[:n]) if n else []
         if self.chunk_align and len(hits) % unit:
             cut = len(hits) - len(hits) % unit
-            self.pool.free(hits[: cut - 1 : -1])
+            self.pool.free(hits[cut:][::-1])  # (cut may be 0)
             hits = hits[:cut]
         s.block_table = hits
         s.num_cached = len(hits) * self.pool.block_size
         s.num_registered = len(hits)
 
+    def _match_windowed(self, s: Sequence, keys: list) -> None:
+        """The prefix hit of a model with a sliding-window group: the largest block boundary P*
+        within the full-attention hit (every block below P* cached there) where the sliding-window
+        group has the blocks of the window before P* (keys P* - w + 1 .. P* - 1, all a query at
+        P* or later reads there). Its table points at the null block below them."""
+        bs = self.pool.block_size
+        unit = self.chunk_align // bs if self.chunk_align else 1
+        g = next(i for i, w in enumerate(self.windows) if w)
+        w, wpool = self.windows[g], self.pools[g]
+        full = [i for i, x in enumerate(self.windows) if not x]
+        hits = self.pools[full[0]].match(keys) if full else None
+        H = len(keys) if hits is None else len(hits)
+        present = [wpool.peek(k) for k in keys[:H]]
+
+        def low(j: int) -> int:  # the window's first block for a hit of j blocks
+            return max(0, j * bs - w + 1) // bs
+
+        j, run = 0, 0
+        for i, b in enumerate(present):
+            run = run + 1 if b is not None else 0
+            if run >= i + 1 - low(i + 1) and (i + 1) % unit == 0:
+                j = i + 1
+        if hits is not None:
+            self.pools[full[0]].free(hits[j:][::-1])
+            s.block_tables[full[0]] = hits[:j]
+        lo = low(j) if j else 0
+        wpool.hold(present[lo:j])
+        s.block_tables[g] = [NULL_BLOCK] * lo + present[lo:j]
+        s.num_slid = lo
+        s.num_cached = j * bs
+        s.num_registered = j
+        if j == 0 and (H if hits is not None else any(b is not None for b in present)):
+            self._swa_hit = (0, 0, 1)
+        elif lo:
+            self._swa_hit = (1, len(s) - j * bs, 0)
+
+    _swa_hit = None  # (replays, replay tokens, full recomputes) of the last match, counted at admission
+
     def _release(self, s: Sequence) -> None:
         """Give back the sequence's blocks (last first: its tail is evicted before its prefix)."""
-        if s.block_table:
-            self.pool.free(s.block_table[::-1])
-        s.block_table = []
-        s.num_cached = s.num_registered = 0
+        for pool, table in zip(self.pools, s.block_tables):
+            if table:
+                pool.free(table[::-1])
+        s.block_tables = [[] for _ in self.pools]
+        s.num_cached = s.num_registered = s.num_slid = 0
 
     def _preempt(self, s: Sequence) -> None:
         self.running.remove(s)

@@ -47,8 +47,11 @@ class Sequence:
         self.seed = seed  # params.seed, or one drawn at admission
         self.output_token_ids: list[int] = []
         self.status = Status.WAITING
-        # the KV cache (the scheduler's): blocks held, in position order, and what they hold
-        self.block_table: list[int] = []
+        # the KV cache (the scheduler's): blocks held, in position order, one table per KV-cache
+        # group (a sliding-window group's entries behind its window point at the null block),
+        # and what they hold
+        self.block_tables: list[list[int]] = [[]]
+        self.num_slid = 0  # leading entries of the sliding-window group's table given back
         self.num_cached = 0  # tokens whose K/V are in the cache (the first ones)
         self.num_registered = 0  # full blocks keyed for reuse (prefix caching)
         self.block_keys: list = []  # (hash, tokens) of full blocks, computed once
@@ -71,6 +74,15 @@ class Sequence:
         self.text: str | None = None  # final text, set when finished
 
     # -- sizes -------------------------------------------------------------------------------
+    @property
+    def block_table(self) -> list[int]:
+        """The block table of the first KV-cache group (the only one of most models)."""
+        return self.block_tables[0]
+
+    @block_table.setter
+    def block_table(self, table: list[int]) -> None:
+        self.block_tables[0] = table
+
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

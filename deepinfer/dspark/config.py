@@ -62,6 +62,12 @@ class DSparkConfig:
         if self.cost_slope is not None and not self.cost_slope >= 0:
             raise ValueError(f"dspark cost_slope must be >= 0 or None, got {self.cost_slope!r}")
 
+    @property
+    def rollback_margin(self) -> int:
+        """The most draft positions one verify step can write and then discard: what a
+        sliding-window KV group keeps behind its window (docs/kv-cache.md, "Sliding windows")."""
+        return self.max_drafts
+
     @classmethod
     def parse(cls, value: bool | dict[str, Any] | DSparkConfig) -> DSparkConfig:
         """``True`` = the defaults; ``False`` = off unless a request asks; a dict = fields."""

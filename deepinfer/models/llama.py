@@ -28,7 +28,7 @@ from ..kernels.paged_attention import (
     paged_attention_triton,
     paged_prefill_triton,
 )
-from .kv_cache import DEFAULT_BLOCK_SIZE, KVCache
+from .kv_cache import DEFAULT_BLOCK_SIZE, KVCache, kv_groups
 from .layers import Layer, ops, rope_inv_freq, rope_tables, softcap
 from .moe import MoE
 
@@ -48,6 +48,9 @@ class ForwardBatch:
     query_start, seq_lens: host lists (B + 1 and B ints)
     logits_index: [M] int64, the tokens whose logits are wanted, or None for every token
     per_row:      torch attention one sequence at a time (batch-invariant: deterministic mode)
+    more:         (slots, block_tables) of KV-cache groups 1.. (a model with sliding-window and
+                  full-attention layers, ``kv_cache.kv_groups``); empty: every layer reads the
+                  ones above
     """
 
     tokens: torch.Tensor
@@ -59,6 +62,11 @@ class ForwardBatch:
     seq_lens: list[int]
     logits_index: torch.Tensor | None = None
     per_row: bool = False
+    more: tuple = ()
+
+    def group(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slots, block_tables) of KV-cache group g."""
+        return (self.slots, self.block_tables) if g == 0 or not self.more else self.more[g - 1]
 
     @classmethod
     def of_chunks(
@@ -71,30 +79,40 @@ class ForwardBatch:
         *,
         logits: str = "last",
         per_row: bool = False,
+        more: tuple = (),
     ) -> ForwardBatch:
         """Sequence b feeds ``chunks[b]`` at positions ``starts[b]..``, through its block table
         ``tables[b]`` (covering those positions). ``logits``: "last" (each chunk's last token)
-        or "all". ``to`` moves a host int list (or list of lists) to the device as int64."""
-        tokens, positions, slots, seq_ids, query_start = [], [], [], [], [0]
-        for b, (t, p0, c) in enumerate(zip(tables, starts, chunks)):
-            for p in range(p0, p0 + len(c)):
-                slots.append(t[p // block_size] * block_size + p % block_size)
+        or "all". ``to`` moves a host int list (or list of lists) to the device as int64.
+        ``more``: the sequences' block tables of KV-cache groups 1.. (one list per group)."""
+        tokens, positions, seq_ids, query_start = [], [], [], [0]
+        for b, (p0, c) in enumerate(zip(starts, chunks)):
             tokens += c
             positions += range(p0, p0 + len(c))
             seq_ids += [b] * len(c)
             query_start.append(len(tokens))
-        W = max(len(t) for t in tables)
         seq_lens = [p0 + len(c) for p0, c in zip(starts, chunks)]
+
+        def placed(tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            slots = []
+            for t, p0, c in zip(tables, starts, chunks):
+                for p in range(p0, p0 + len(c)):
+                    slots.append(t[p // block_size] * block_size + p % block_size)
+            W = max(len(t) for t in tables)
+            return to(slots), to([t + [0] * (W - len(t)) for t in tables]).to(torch.int32)
+
+        slots, block_tables = placed(tables)
         return cls(
             tokens=to(tokens),
             positions=to(positions),
-            slots=to(slots),
+            slots=slots,
             seq_ids=to(seq_ids),
-            block_tables=to([t + [0] * (W - len(t)) for t in tables]).to(torch.int32),
+            block_tables=block_tables,
             query_start=query_start,
             seq_lens=seq_lens,
             logits_index=to([q - 1 for q in query_start[1:]]) if logits == "last" else None,
             per_row=per_row,
+            more=tuple(placed(t) for t in more),
         )
 
 
@@ -213,6 +231,12 @@ class LlamaModel:
                     softcap=c.attn_softcap or 0.0,
                 )
             )
+        # KV-cache groups: full-attention layers, then sliding-window ones (one group unless mixed)
+        self.kv_groups = kv_groups([layer.window for layer in self.layers])
+        self.layer_group = [0] * c.num_layers
+        for g, (_, members) in enumerate(self.kv_groups):
+            for i in members:
+                self.layer_group[i] = g
         self.max_len = max_len or c.max_position_embeddings
         # The tables run to a whole number of attention chunks (a deterministic cache's length).
         table_len = -(-self.max_len // ATTN_CHUNK) * ATTN_CHUNK
@@ -222,16 +246,19 @@ class LlamaModel:
             inv = rope_inv_freq(c, local=True)
             self.cos_local, self.sin_local = rope_tables(inv, table_len, self.device, dtype)
 
-    def new_cache(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE) -> KVCache:
-        """A paged cache of ``num_blocks`` blocks (block 0, the null block, included)."""
+    def new_cache(self, num_blocks: int | list[int], block_size: int = DEFAULT_BLOCK_SIZE) -> KVCache:
+        """A paged cache of ``num_blocks`` blocks (block 0, the null block, included) in each
+        KV-cache group (a list: per group)."""
         c = self.config
+        groups = [members for _, members in self.kv_groups]
         return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype=self.dtype,
-                       device=self.device)  # fmt: skip
+                       device=self.device, groups=groups)  # fmt: skip
 
-    def block_bytes(self, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
-        """Bytes of one KV block (every layer's K and V)."""
+    def block_bytes(self, block_size: int = DEFAULT_BLOCK_SIZE, group: int | None = None) -> int:
+        """Bytes of one KV block: every layer's K and V, or those of KV-cache group ``group``."""
         c = self.config
-        return KVCache.bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim, self.dtype)
+        n = c.num_layers if group is None else len(self.kv_groups[group][1])
+        return KVCache.bytes_per_block(n, block_size, c.num_kv_heads, c.head_dim, self.dtype)
 
     @torch.inference_mode()
     def logits(self, prompts: list[list[int]], *, block_size: int = DEFAULT_BLOCK_SIZE) -> list[torch.Tensor]:
@@ -283,17 +310,18 @@ class LlamaModel:
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
             x, h = op.add_norm(x, y, layer.ln1)
-            q = self._attention_inputs(layer, h, rope, batch.slots, cache.flat(i), op, invariant)
+            slots, tables = batch.group(self.layer_group[i])
+            q = self._attention_inputs(layer, h, rope, slots, cache.flat(i), op, invariant)
             q = q.reshape(N, nkv, g, hd)
             if attention == "triton":
-                o = paged_attention_triton(q, cache.k[i], cache.v[i], batch.block_tables, batch.seq_ids,
+                o = paged_attention_triton(q, cache.k[i], cache.v[i], tables, batch.seq_ids,
                                            batch.positions, window=layer.window,
                                            softcap=layer.softcap)  # fmt: skip
             elif attention == "prefill":
-                o = paged_prefill_triton(q, cache.k[i], cache.v[i], batch.block_tables, query_start, seq_lens,
+                o = paged_prefill_triton(q, cache.k[i], cache.v[i], tables, query_start, seq_lens,
                                          max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
             else:
-                o = paged_attention_torch(q, cache.k[i], cache.v[i], batch.block_tables, batch.query_start,
+                o = paged_attention_torch(q, cache.k[i], cache.v[i], tables, batch.query_start,
                                           batch.seq_lens, per_row=batch.per_row,
                                           window=layer.window, softcap=layer.softcap)  # fmt: skip
             x, y = self._out_and_mlp(layer, x, o.reshape(N, nh * hd), op)
@@ -367,6 +395,7 @@ class LlamaModel:
         attention: str = "sdpa",
         out: torch.Tensor | None = None,
         invariant: bool = False,
+        more: tuple = (),
     ) -> torch.Tensor:
         """T new tokens per row (T = 1: decode; T > 1: DSpark's verify forward), shapes fixed by
         (R, T, block_tables' width) alone: logits float32 [R, V] for 1-D inputs, [R, T, V] for
@@ -386,6 +415,8 @@ class LlamaModel:
         keys, the lengths read on the host; batch-invariant).
         invariant: matmuls and norms through deepinfer.kernels.invariant with attention="triton":
         a row's logits are then the same bits at any R and any row.
+        more: (slots, block_tables) of KV-cache groups 1.. (shaped as the ones above); empty:
+        every layer writes and reads through those.
         """
         c = self.config
         one = tokens.dim() == 1
@@ -415,7 +446,9 @@ class LlamaModel:
         op = ops(invariant, eps, self.fused)
         N = R * T
         x = self._embed(tokens.reshape(N))  # [N, H], row-major (row, position)
-        flat_pos, flat_slots = positions.reshape(N), slots.reshape(N)
+        flat_pos = positions.reshape(N)
+        # per KV-cache group: (slots [N], block tables [R, W])
+        io = [(slots.reshape(N), block_tables)] + [(s.reshape(N), t) for s, t in more]
         rope = self._rope(flat_pos)
         seq_ids = None
         bias, visible = {}, {}  # window -> mask
@@ -428,7 +461,7 @@ class LlamaModel:
             starts = list(range(R + 1))
         else:
             nb = -(-kv_len // bs)
-            tables = block_tables[:, :nb].long()
+            gathered = [t[:, :nb].long() for _, t in io]
             cols = torch.arange(kv_len, device=tokens.device)
             for w in windows:
                 seen = cols <= positions.unsqueeze(2)  # [R, T, kv_len]
@@ -443,6 +476,8 @@ class LlamaModel:
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
             x, h = op.add_norm(x, y, layer.ln1)
+            gi = self.layer_group[i] if more else 0
+            flat_slots, block_tables = io[gi]
             qh = self._attention_inputs(layer, h, rope, flat_slots, cache.flat(i), op, invariant)
             kc, vc = cache.k[i], cache.v[i]  # [blocks, bs, nkv, hd]
             if attention == "triton":
@@ -454,6 +489,7 @@ class LlamaModel:
                 o = paged_attention_torch(q, kc, vc, block_tables, starts, lengths, per_row=True,
                                           window=layer.window, softcap=layer.softcap)  # fmt: skip
             else:
+                tables = gathered[gi]
                 keys = kc[tables].view(R, nb * bs, nkv, hd)[:, :kv_len].transpose(1, 2)  # [R, nkv, L, hd]
                 values = vc[tables].view(R, nb * bs, nkv, hd)[:, :kv_len].transpose(1, 2)
                 # GQA: the g query heads of a KV group (x T positions) act as g*T queries of one
