@@ -203,7 +203,7 @@ def test_plain_steps_make_no_drafts_and_take_the_off_path(tiny, monkeypatch):
     assert calls["propose"] == 0
     d = tiny.dspark = DSpark(True)
     d._cost = _Synthetic(lambda B: 0.001, lambda B, T: 0.001 * 2 * T)  # all accepted: T / 2T < 1
-    d._last_probe = 1 << 30  # no probe due during the run
+    d._last_probe = d._last_draft_probe = 1 << 30  # no probe due during the run
     outs = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
     assert outs == base
     assert calls["propose"] == 0 and d.stats.drafting_steps == 0 and d.stats.verify_steps == 0
