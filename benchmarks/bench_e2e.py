@@ -155,7 +155,15 @@ def bench(
         _run(llm, prompts, spec)  # (graphs were captured and step shapes timed when the LLM was built)
         t_free, n_free, _ = _run(llm, prompts, free)
         t_cons, n_cons, st = _run(llm, prompts, cons)
+        llm.dspark.stats.reset()
         t_spec, n_spec, _ = _run(llm, prompts, spec)
+        ds = llm.dspark.stats
+        print(
+            f"  DSpark: {ds.verify_steps} verify steps, {ds.decode_steps} plain ({ds.skipped} decided before "
+            f"drafting), {ds.drafting_steps} drafted, {ds.probes} probes, accepted {ds.accepted} of "
+            f"{ds.drafted} (forced, n-gram)",
+            flush=True,
+        )
         print(
             f"  cold constrained pass: {n_cold / t_cold:.1f} tok/s, mask "
             f"{st_cold['mask'] / st_cold['steps'] * 1e3:.2f} ms/step",

@@ -112,6 +112,7 @@ class DSpark:
         self._last_probe = -(1 << 30)  # step of the last probe of a verify shape (policy.choose)
         self._last_draft_probe = -(1 << 30)  # step of the last drafting step ``gate`` let through
         self._gated: tuple[int, bool] = (-1, False)  # (step, may it draft) of the last ``gate``
+        self._drafted: list | None = None  # [gate time, tokens emitted] of a step that drafted
         self._gate_at = 0.0
 
     # -- which requests ---------------------------------------------------------------------
@@ -152,7 +153,9 @@ class DSpark:
         if self._last is not None and ids <= self._last[3]:  # no prefill since: a clean interval
             t0, path, tokens, _, rows = self._last
             cost.observe(path, tokens, now - t0, rows=rows, step=self._step)
-        self._last = None
+            if self._drafted is not None:  # that step drafted: what it got for all it cost
+                cost.observe_drafting(rows, self._drafted[1], now - self._drafted[0])
+        self._last = self._drafted = None
         self._step += 1
         self._gate_at = now
         self._gated = (self._step, False)
@@ -162,8 +165,10 @@ class DSpark:
         kmax = min(self.config.max_drafts, min(cache_len - len(s) for s in running), max(left))
         if kmax <= 0:
             return False
-        if self.config.schedule != "fixed" and not cost.may_pay(
-            len(running), kmax, token_budget, self._best_rate(running)
+        pays = cost.drafting_pays(len(running))  # measured, once this batch bucket drafted enough
+        if self.config.schedule != "fixed" and (
+            pays is False
+            or (pays is None and not cost.may_pay(len(running), kmax, token_budget, self._best_rate(running)))
         ):
             if self._step - self._last_draft_probe < PROBE_GAP:
                 self.stats.skipped += 1
@@ -207,6 +212,7 @@ class DSpark:
         room = min(cache_len - len(s) for s in running)  # positions L-1 .. L-1+T-1 fit the cache
         budget = token_budget
         self.stats.drafting_steps += 1
+        self._drafted = [now, len(running)]  # a plain step emits a token a row; ``step`` counts a verify
         drafts: list[Drafts] = []
         for s, on in zip(running, spec):
             k = min(cfg.max_drafts, s.max_tokens - len(s.output_token_ids) - 1, room)
@@ -299,6 +305,8 @@ class DSpark:
                 if s.is_finished:
                     finished.append(s)
                     break
+        if self._drafted is not None:
+            self._drafted[1] = st.emitted - emitted0
         if plan.expected is not None:  # realized vs expected tokens, for the cost model
             self._cost_model(device.type).observe_tokens(len(seqs), plan.expected, st.emitted - emitted0)
         return finished

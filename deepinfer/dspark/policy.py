@@ -203,6 +203,26 @@ class Yield:
         return min(max(self.realized / self.expected, lo), hi)
 
 
+class Drafting:
+    """Drafting steps of one batch bucket, as they turned out: tokens a row and wall seconds
+    (EMAs), whether the step verified or, its drafts not worth it, decoded plainly."""
+
+    __slots__ = ("per_row", "seconds", "steps")
+
+    def __init__(self) -> None:
+        self.per_row = self.seconds = 0.0
+        self.steps = 0
+
+    def observe(self, B: int, tokens: int, seconds: float) -> None:
+        pr = tokens / max(B, 1)
+        if self.steps == 0:
+            self.per_row, self.seconds = pr, seconds
+        else:
+            self.per_row += YIELD_RATE * (pr - self.per_row)
+            self.seconds += YIELD_RATE * (min(seconds, OUTLIER * self.seconds) - self.seconds)
+        self.steps += 1
+
+
 class CostModel:
     """Seconds per step, measured online by the engine (per LLM, so per device).
 
@@ -223,6 +243,20 @@ class CostModel:
         self.device: dict[tuple[str, int, int], float] = {}  # warm-up: device seconds of a shape
         # per batch bucket: realized vs expected tokens of verify steps (``observe_tokens``)
         self.yields: dict[int, Yield] = {}
+        self.drafting: dict[int, Drafting] = {}  # per batch bucket: drafting steps' outcome
+
+    def observe_drafting(self, B: int, tokens: int, seconds: float) -> None:
+        """A step that drafted (``gate`` to the next ``gate``: drafts, matchers brought up to date,
+        the forward it chose, verify or plain) emitted ``tokens`` for its B rows."""
+        self.drafting.setdefault(batch_bucket(B), Drafting()).observe(B, tokens, seconds)
+
+    def drafting_pays(self, B: int) -> bool | None:
+        """Did this batch bucket's drafting steps, all costs in, emit more tokens per second
+        than its plain steps? None before YIELD_MIN of them."""
+        d = self.drafting.get(batch_bucket(B))
+        if d is None or d.steps < YIELD_MIN:
+            return None
+        return d.per_row / max(d.seconds, 1e-12) > 1.0 / max(self.step_seconds("decode", B, 1), 1e-12)
 
     def seed(self, path: str, B: int, T: int, seconds: float) -> None:
         """The device seconds of a step shape's forward, timed before the first step."""
