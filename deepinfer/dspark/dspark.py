@@ -155,6 +155,8 @@ class DSpark:
             cost.observe(path, tokens, now - t0, rows=rows, step=self._step)
             if self._drafted is not None:  # that step drafted: what it got for all it cost
                 cost.observe_drafting(rows, self._drafted[1], now - self._drafted[0])
+            elif path == "decode":  # a plain step, timed the same way (gate to gate)
+                cost.observe_drafting(rows, rows, now - self._gate_at, plain=True)
         self._last = self._drafted = None
         self._step += 1
         self._gate_at = now
@@ -242,6 +244,8 @@ class DSpark:
             if c.probe:
                 self._last_probe = self._step
                 self.stats.probes += 1
+                if T == 1:  # a plain step to measure plain steps: not drafting's outcome
+                    self._drafted = None
         if T == 1:
             return self._plain(running, ids)
         for d in drafts:

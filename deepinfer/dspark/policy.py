@@ -243,20 +243,25 @@ class CostModel:
         self.device: dict[tuple[str, int, int], float] = {}  # warm-up: device seconds of a shape
         # per batch bucket: realized vs expected tokens of verify steps (``observe_tokens``)
         self.yields: dict[int, Yield] = {}
-        self.drafting: dict[int, Drafting] = {}  # per batch bucket: drafting steps' outcome
+        # per (batch bucket, plain?): drafting steps' outcome, and plain steps timed alike
+        self.drafting: dict[tuple[int, bool], Drafting] = {}
 
-    def observe_drafting(self, B: int, tokens: int, seconds: float) -> None:
+    def observe_drafting(self, B: int, tokens: int, seconds: float, plain: bool = False) -> None:
         """A step that drafted (``gate`` to the next ``gate``: drafts, matchers brought up to date,
-        the forward it chose, verify or plain) emitted ``tokens`` for its B rows."""
-        self.drafting.setdefault(batch_bucket(B), Drafting()).observe(B, tokens, seconds)
+        the forward it chose, verify or plain) emitted ``tokens`` for its B rows; ``plain``: a
+        step that did not draft, timed the same way."""
+        self.drafting.setdefault((batch_bucket(B), plain), Drafting()).observe(B, tokens, seconds)
 
     def drafting_pays(self, B: int) -> bool | None:
         """Did this batch bucket's drafting steps, all costs in, emit more tokens per second
-        than its plain steps? None before YIELD_MIN of them."""
-        d = self.drafting.get(batch_bucket(B))
+        than its plain steps (timed alike, else the decode step time)? None before YIELD_MIN
+        drafting steps."""
+        d = self.drafting.get((batch_bucket(B), False))
         if d is None or d.steps < YIELD_MIN:
             return None
-        return d.per_row / max(d.seconds, 1e-12) > 1.0 / max(self.step_seconds("decode", B, 1), 1e-12)
+        p = self.drafting.get((batch_bucket(B), True))
+        plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", B, 1)
+        return d.per_row / max(d.seconds, 1e-12) > 1.0 / max(plain, 1e-12)
 
     def seed(self, path: str, B: int, T: int, seconds: float) -> None:
         """The device seconds of a step shape's forward, timed before the first step."""
