@@ -27,7 +27,7 @@ import torch
 from .. import kernels
 from .config import DSparkConfig
 from .drafts import FORCED, NGRAM, Drafts, NgramIndex, forced_tokens, propose
-from .policy import PROBE_GAP, CostModel, RequestStats, choose
+from .policy import CostModel, RequestStats, choose
 from .verify import Verifier
 
 DEVICE_SLOPE = {"cpu": 0.2, "cuda": 0.005}
@@ -141,7 +141,8 @@ class DSpark:
         decode step's time goes into the cost model first. False when no running request
         speculates, or when no verify step of this batch could beat a plain one even with its
         drafts accepted at the best rate any running request has seen (``CostModel.may_pay``),
-        but for one drafting step every PROBE_GAP steps. The caller brings the matchers up to date
+        but for one drafting step every PROBE_GAP steps (more where a drafting step costs many
+        plain ones: ``CostModel.drafting_gap``). The caller brings the matchers up to date
         before such a step only (drafts are walked from them); a plain step leaves that work
         deferred behind its forward, as the off mode does. ``cache_len``: positions a KV slot
         holds; ``token_budget``: most tokens in a step's forward; ``device_type`` sets the cost
@@ -172,7 +173,7 @@ class DSpark:
             pays is False
             or (pays is None and not cost.may_pay(len(running), kmax, token_budget, self._best_rate(running)))
         ):
-            if self._step - self._last_draft_probe < PROBE_GAP:
+            if self._step - self._last_draft_probe < cost.drafting_gap(len(running)):
                 self.stats.skipped += 1
                 return False
             self._last_draft_probe = self._step  # draft now and then: ``choose`` may probe

@@ -173,6 +173,8 @@ YIELD_HEADROOM = 1.5  # may_pay: a step may gain up to this x the bucket's reali
 YIELD_CLAMP = (0.25, 1.25)  # calibration factor bounds
 PROBE_GAP = 64  # plain steps between probes of a verify shape the model thinks does not pay
 PROBE_AGE = 512  # steps after which a verify shape's measurement is probed again
+PROBE_SHARE = 0.01  # a batch's drafting probes cost at most this share of its plain steps' time
+PROBE_GAP_MAX = 4096
 PROBE_MIN_RATIO = 0.5  # a stale shape is probed only if predicted at least this x plain tokens/s
 
 
@@ -262,6 +264,17 @@ class CostModel:
         p = self.drafting.get((batch_bucket(B), True))
         plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", B, 1)
         return d.per_row / max(d.seconds, 1e-12) > 1.0 / max(plain, 1e-12)
+
+    def drafting_gap(self, B: int) -> int:
+        """Steps between drafting probes where drafting does not pay: PROBE_GAP, or more where a
+        drafting step costs more than PROBE_SHARE x that many plain steps (large batches)."""
+        d = self.drafting.get((batch_bucket(B), False))
+        if d is None or d.steps < YIELD_MIN:
+            return PROBE_GAP
+        p = self.drafting.get((batch_bucket(B), True))
+        plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", B, 1)
+        extra = max(d.seconds - plain, 0.0) / max(plain, 1e-12)  # in plain steps
+        return int(min(max(PROBE_GAP, extra / PROBE_SHARE), PROBE_GAP_MAX))
 
     def seed(self, path: str, B: int, T: int, seconds: float) -> None:
         """The device seconds of a step shape's forward, timed before the first step."""

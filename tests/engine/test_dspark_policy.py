@@ -11,6 +11,7 @@ from deepinfer.dspark import DSpark
 from deepinfer.dspark.policy import (
     PROBE_AGE,
     PROBE_GAP,
+    PROBE_SHARE,
     YIELD_MIN,
     CostModel,
     StepTime,
@@ -241,6 +242,10 @@ def test_drafting_switched_off_for_the_batch_once_measured_not_to_pay():
     for _ in range(YIELD_MIN):
         cost.observe_drafting(64, 64, 0.013)  # a token a row, slower than a plain step
     assert cost.drafting_pays(64) is False and cost.drafting_pays(8) is None
+    assert cost.drafting_gap(64) == PROBE_GAP  # 0.3 plain steps of extra cost: probed every PROBE_GAP
+    for _ in range(20):
+        cost.observe_drafting(64, 64, 0.060)  # a drafting step costs 5 extra plain steps
+    assert cost.drafting_gap(64) == pytest.approx(5 / PROBE_SHARE, rel=0.05)  # probes cost <= 1%
     for _ in range(20):
         cost.observe_drafting(64, 3 * 64, 0.015)  # three tokens a row for 1.5x the time
     assert cost.drafting_pays(64) is True
