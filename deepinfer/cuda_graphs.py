@@ -33,6 +33,7 @@ tests, deterministic tiles on the CPU).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,14 +109,18 @@ def plan_step(
     rows: int | None = None,
     tile: int | None = None,
     more: tuple = (),
+    kv_len: int | None = None,
 ) -> StepPlan:
     """Lay out one fixed-shape step: sequence i (block table ``tables[i]``) feeds ``tokens[i]``
     (at most ``positions`` of them; the rest of its row is padding) at positions ``starts[i]``
     onwards; its row in the stacked outputs is i.
 
     rows: the one tile's row count (a batch bucket >= len(tables); CUDA graphs). tile = n:
-    fixed tiles of n rows with kv_len in whole attention chunks (deterministic mode). A position
-    past a sequence's blocks, and every position of a padding row, writes into the null block.
+    fixed tiles of n rows with kv_len in whole attention chunks (deterministic mode). kv_len: the
+    keys of every tile (at least its longest sequence needs) instead of the bucket: an attention
+    that reads each row's keys up to its own position ("triton") costs the same at any width, so
+    one width serves every length. A position past a sequence's blocks, and every position of a
+    padding row, writes into the null block.
     more: the sequences' block tables of KV-cache groups 1.. (one list per group).
     """
     B, P = len(tables), positions
@@ -128,6 +133,10 @@ def plan_step(
         n = min(t0 + R, B) - t0  # real rows of this tile
         first = np.asarray(starts[t0 : t0 + n], dtype=np.int64)
         kv = kv_bucket(int(first.max()) + P, max_len, unit=unit, floor=floor)
+        if kv_len is not None:
+            if kv_len < kv:
+                raise ValueError(f"kv_len {kv_len} is less than the {kv} keys this tile needs")
+            kv = kv_len
         W = -(-kv // block_size)
         tok = np.zeros((R, P), np.int64)
         if P == 1:
@@ -181,10 +190,12 @@ class StepGraphs:
 
     Decode runs the runner's attention (and batch-invariant kernels in deterministic mode) and
     returns the graph's own [rows, V] logits; verify runs the paged Triton attention (or SDPA
-    where decode runs a one-token attention) and writes [rows, positions, V] into the front of
-    one shared buffer (graphs never replay at once, so memory does not grow with the number of
-    shapes; a graph needing a wider one gets a new buffer, and the old ones stay alive for the
-    graphs that write into them). Decode graphs share one memory pool, verify graphs another.
+    where decode runs a one-token attention; in deterministic mode decode's batch-invariant
+    kernels, so a position's logits are the bits a decode step there gives) and writes
+    [rows, positions, V] into the front of one shared buffer (graphs never replay at once, so
+    memory does not grow with the number of shapes; a graph needing a wider one gets a new
+    buffer, and the old ones stay alive for the graphs that write into them). Decode graphs
+    share one memory pool, verify graphs another.
     ``capture=False`` keeps the static inputs and runs the forward eagerly.
     """
 
@@ -217,6 +228,25 @@ class StepGraphs:
         g.graph.replay()
         return g.logits
 
+    def time(self, tile: Tile, reps: int = 3) -> float:
+        """Device seconds of one replay of ``tile``'s graph (captured first if need be), its
+        inputs reset to the capture's: padding rows writing into the null block. Syncs."""
+        self.ensure(tile)
+        g = self.graphs[tile]
+        R, P = tile.rows, tile.positions
+        g.inputs.zero_()
+        g.inputs[R * P : 2 * R * P] = torch.arange(P, device=g.inputs.device).repeat(R)
+        replay = g.graph.replay if g.graph is not None else lambda: self._forward(tile, g.inputs)
+        replay()
+        if g.inputs.is_cuda:
+            torch.cuda.synchronize(g.inputs.device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            replay()
+        if g.inputs.is_cuda:
+            torch.cuda.synchronize(g.inputs.device)
+        return (time.perf_counter() - t0) / reps
+
     def _out(self, rows: int, positions: int) -> torch.Tensor:
         """The [rows, positions, V] front of the shared verify logits buffer: rows for the largest
         batch bucket, at least OUT_WIDTH positions (a wider buffer is added when one needs it)."""
@@ -245,9 +275,12 @@ class StepGraphs:
                 tok, pos, slots, tables, self.cache, kv_len=tile.kv_len, attention=self.attention,
                 invariant=self.invariant, more=more,
             )  # fmt: skip
-        return self.model.decode_static(  # verify: [rows, P] inputs, logits into the shared buffer
+        # verify: [rows, P] inputs, logits into the shared buffer; deterministic mode runs the
+        # decode's batch-invariant kernels, so each position computes what a decode step there would
+        return self.model.decode_static(
             tok.view(R, P), pos.view(R, P), slots.view(R, P), tables, self.cache, kv_len=tile.kv_len,
             attention="triton" if self.attention == "triton" else "sdpa", out=self._out(R, P), more=more,
+            invariant=self.invariant,
         )  # fmt: skip
 
     def _make(self, tile: Tile) -> _Graph:

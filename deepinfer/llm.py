@@ -101,9 +101,10 @@ class LLM:
     dspark : bool, dict or None
         DSpark speculative decoding (README, "DSpark"): True = on for requests with a
         constraint, False = off unless a request sets ``speculative=True``, a dict = the fields
-        of ``deepinfer.dspark.DSparkConfig``. Lossless: drafts are verified by the model. None
-        (default) = True on the CPU, where it was measured 1.5-2x faster on extraction, and
-        False on CUDA, where its verify step has not yet been measured to pay (README).
+        of ``deepinfer.dspark.DSparkConfig``. Lossless: drafts are verified by the model
+        (docs/dspark.md says exactly what that means in each mode). None (default) = True on
+        the CPU and False on CUDA, where drafting is not yet measured never to lose at large
+        batches (benchmarks/RESULTS.md, "DSpark").
     tensor_parallel_size : int
         Ranks the model is split over, Megatron-style (one worker process per rank besides this
         one; rank r on ``cuda:r``): docs/parallel.md.
@@ -112,6 +113,9 @@ class LLM:
     data_parallel_size : int
         Engine replicas, each in its own process (on ``cuda:i``), behind one router: the
         constructor then returns a `deepinfer.parallel.replicas.Replicas` with this API.
+
+    On CUDA (unless ``enforce_eager``) construction also warms up (``capture_graphs``): every
+    decode and verify CUDA graph is captured, and each step shape timed, before the first step.
     """
 
     def __new__(cls, *args, data_parallel_size: int = 1, **kwargs):
@@ -219,6 +223,8 @@ class LLM:
         # its constraint ends there was decoded one step too many: that token is dropped.
         self._pending: list[tuple[Sequence, int]] = []
         self._compile_seconds, self._compiles = 0.0, 0  # constraints compiled at admission (cache hits too)
+        self.step_times: dict[tuple[str, int, int], float] = {}  # warm-up: device seconds a step shape
+        self.capture_graphs()  # before the first step, no request pays a capture (CUDA)
         self.load_seconds = time.perf_counter() - t0
 
     # -- public API ----------------------------------------------------------------------------
@@ -290,8 +296,9 @@ class LLM:
         request that finished (since the last step: ``finished=True``, in no particular order)
         and, for streamed requests, a partial one per request that gained tokens."""
         sch = self.scheduler
-        if self._pending and (sch.waiting or self._drafting(sch.running)):
-            self._settle()  # a prefill or DSpark step next: every matcher up to date first
+        drafting = self._gate(sch.running)  # may this step draft (DSpark)?
+        if self._pending and (sch.waiting or drafting):
+            self._settle()  # a prefill or drafting step next: every matcher up to date first
         out = sch.schedule()  # which rows compute how many tokens, in which blocks
         for s, why in out.refused:
             s.fail(why, self.tokenizer)
@@ -362,20 +369,28 @@ class LLM:
         return bool(self._requests)
 
     def capture_graphs(self, max_len: int | None = None, *, verify: bool | None = None) -> int:
-        """Capture now the CUDA graphs that decoding captures on first use (~0.1 s each at 8B
-        scale): decode for every batch bucket up to ``max_num_seqs`` and key bucket up to
+        """Capture now the CUDA graphs a step would otherwise capture on first use (~0.1 s each
+        at 8B scale): decode for every batch bucket up to ``max_num_seqs`` and key bucket up to
         ``max_len`` (default ``max_model_len``), and DSpark's verify forward at every width up to
-        ``max_drafts + 1`` (``verify``: None = when DSpark is on by default). Serving code calls
-        it once at start so no request pays a capture. Returns the number captured (0 off CUDA;
-        in deterministic mode decode only, as DSpark does not run there)."""
-        from .cuda_graphs import t_bucket
+        ``max_drafts + 1`` (``verify``: None = unless DSpark is off by default); compile the
+        verify kernel and time every step shape on the device (DSpark's cost model starts from
+        these). Construction calls it; returns the number captured (0 off CUDA, and when
+        everything is captured already)."""
+        from .warmup import compile_verify, time_steps, verify_widths
 
+        if not self.runner.cuda_graphs:
+            return 0
         max_len = min(max_len or self.max_model_len, self.max_model_len)
         cfg = self.dspark.config
         if verify is None:
             verify = cfg.default != "off" and cfg.cuda_graphs
-        widths = sorted({t_bucket(T) for T in range(2, cfg.max_drafts + 2)}) if verify else []
-        return self.runner.capture_graphs(max_len, tuple(widths))
+        widths = verify_widths(cfg.max_drafts) if verify else ()
+        n = self.runner.capture_graphs(max_len, widths)
+        if n:
+            if widths:
+                compile_verify(self.config.vocab_size, self.device)
+            self.step_times = time_steps(self.runner, widths)
+        return n
 
     def compile_constraint(self, params: SamplingParams):
         """Compile ``params``' constraint now (cached and shared with later requests).
@@ -598,13 +613,16 @@ class LLM:
             )
         return n
 
-    def _drafting(self, running: list[Sequence]) -> bool:
-        return any(self.dspark.speculates(s, self.deterministic) for s in running)
+    def _gate(self, running: list[Sequence]) -> bool:
+        return bool(running) and self.dspark.gate(
+            running, cache_len=self.max_model_len, token_budget=self.max_num_batched_tokens,
+            device_type=self.device.type, step_times=self.step_times,
+        )  # fmt: skip
 
     def _plan_drafts(self, seqs: list[Sequence]):
         return self.dspark.plan(
             seqs, cache_len=self.max_model_len, token_budget=self.max_num_batched_tokens,
-            special_ids=self._special_ids, device_type=self.device.type, deterministic=self.deterministic,
+            special_ids=self._special_ids, device_type=self.device.type, step_times=self.step_times,
         )  # fmt: skip
 
     def _settle(self) -> None:

@@ -17,7 +17,8 @@ a prefill row a chunk of its prompt. Three ways to run it:
   prefix hit) and decode runs in fixed tiles of rows with per-row attention. Either way a
   request's logits are bit-identical whatever else is batched with it.
 Verify (DSpark): T positions a row, [last token, *drafts, pad...]; replayed from the same
-`StepGraphs` as decode where the decode is, else one eager `forward`.
+`StepGraphs` as decode where the decode is, else one eager `forward`; in deterministic mode
+with the same per-position arithmetic as decode (batch-invariant kernels, or decode's tiles).
 No path synchronizes with the device: inputs go through pinned memory, logits come back as a
 device tensor the caller reads when it needs to (so host work overlaps the forward).
 """
@@ -146,8 +147,9 @@ class ModelRunner:
 
     def capture_graphs(self, max_len: int, positions: tuple[int, ...] = ()) -> int:
         """Capture now what decode (and, for each of ``positions``, the verify forward) would
-        capture on first use: one graph per batch bucket x key bucket up to ``max_len`` keys.
-        Returns the number of graphs captured."""
+        capture on first use: one decode graph per batch bucket x key bucket up to ``max_len``
+        keys, one verify graph per batch bucket x width (x key bucket where its attention's cost
+        depends on it; see ``verify_kv``). Returns the number of graphs captured."""
         assert self.cache is not None, "allocate() first"
         if not self.cuda_graphs or self.tile:
             return 0
@@ -155,12 +157,21 @@ class ModelRunner:
         while kv < min(max_len, self.model.max_len):
             kv = kv_bucket(kv + 1, self.model.max_len)
             kvs.append(kv)
+        verify_kvs = kvs if self.verify_kv is None else [self.verify_kv]
         for rows in batch_buckets(self.max_rows):
             for kv in kvs:
                 n += self.graphs.ensure(Tile(rows, kv))
-                for T in positions if not self.deterministic else ():  # no drafts in deterministic mode
-                    n += self.graphs.ensure(Tile(rows, kv, t_bucket(T)))
+            for T in sorted({t_bucket(T) for T in positions}):
+                for kv in verify_kvs:
+                    n += self.graphs.ensure(Tile(rows, kv, T))
         return n
+
+    @property
+    def verify_kv(self) -> int | None:
+        """Keys of every verify graph where the paged Triton attention runs (it reads each row's
+        keys up to its own position, so the width costs nothing and one graph per shape serves
+        every length); None: the key buckets, as decode's."""
+        return self.max_len if self.attention == "triton" else None
 
     def _to(self, rows: list) -> torch.Tensor:
         pin = self.device.type == "cuda"  # a pinned source makes the copy truly asynchronous
@@ -209,8 +220,13 @@ class ModelRunner:
         [B, T, V] float32, the target's distribution after each prefix. Replayed as CUDA graphs
         where decode is (``graphs``, and every row's bucketed positions inside the model's
         length): then a view of the graphs' shared output, to be read before the next replay.
-        Leaves ``num_cached`` to the caller (it depends on how many drafts are accepted)."""
-        if graphs and self.cuda_graphs and max(len(s) for s in seqs) - 1 + t_bucket(T) <= self.model.max_len:
+        Leaves ``num_cached`` to the caller (it depends on how many drafts are accepted). In
+        deterministic mode every position computes the bits a decode step there gives (the
+        batch-invariant kernels on CUDA; the fixed decode tiles on the CPU, ``verify_tiles``)."""
+        if self.tile:
+            return self.verify_tiles(seqs, drafts, T)
+        fits = max(len(s) for s in seqs) - 1 + t_bucket(T) <= self.model.max_len
+        if fits and (self.invariant or (graphs and self.cuda_graphs)):
             return self.verify_static(seqs, drafts, T)
         return self.verify_eager(seqs, drafts, T)
 
@@ -229,10 +245,31 @@ class ModelRunner:
             positions=Tb,
             rows=bucket_for(len(seqs), batch_buckets(self.max_rows)),
             more=self._more(seqs),
+            kv_len=self.verify_kv,
         )
         logits = self.graphs.run(plan.tiles[0], self._host(plan.inputs))
         self._staged()
         return logits[: len(seqs), :T]
+
+    @torch.inference_mode()
+    def verify_tiles(self, seqs: list[Sequence], drafts: list[list[int]], T: int) -> torch.Tensor:
+        """Deterministic mode with torch kernels: each fed position is a decode row of its own
+        (its token, its position, its sequence's blocks) in the fixed tiles of decode, rows in
+        (sequence, position) order. A tile writes every row's K/V before any row attends, and
+        tiles run in turn, so a position sees the K/V of the positions before it; each gets the
+        logits a decode step there would, bit for bit. [B, T, V]; a row's padding positions are
+        zeros (never read: the verify kernel stops at the row's drafts)."""
+        rows, tokens, starts, index = [], [], [], []
+        for b, (s, d) in enumerate(zip(seqs, drafts)):
+            for t, tok in enumerate([_last_token(s), *d]):
+                rows.append(s)
+                tokens.append([tok])
+                starts.append(len(s) - 1 + t)
+                index.append(b * T + t)
+        logits = self._run_tiles(rows, tokens, starts)
+        out = torch.zeros(len(seqs) * T, logits.shape[1], dtype=logits.dtype, device=logits.device)
+        out[torch.tensor(index, device=logits.device)] = logits
+        return out.view(len(seqs), T, -1)
 
     @torch.inference_mode()
     def verify_eager(self, seqs: list[Sequence], drafts: list[list[int]], T: int) -> torch.Tensor:
@@ -284,11 +321,16 @@ class ModelRunner:
             self._staging[self._turn] = (self._staging[self._turn][0], ev)
 
     def _decode_static(self, seqs: list[Sequence]) -> torch.Tensor:
+        return self._run_tiles(seqs, [[_last_token(s)] for s in seqs], [len(s) - 1 for s in seqs])
+
+    def _run_tiles(self, seqs: list[Sequence], tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """One decode row each (``tokens[i]`` at ``starts[i]`` through ``seqs[i]``'s blocks; a
+        sequence may have several rows), in fixed shapes: logits [rows, V], a fresh tensor."""
         assert self.cache is not None, "allocate() first"
         plan = plan_step(
             [s.block_table for s in seqs],
-            [[_last_token(s)] for s in seqs],
-            [len(s) - 1 for s in seqs],
+            tokens,
+            starts,
             block_size=self.cache.block_size,
             max_len=self.max_len if self.tile else self.model.max_len,
             rows=None if self.tile else bucket_for(len(seqs), batch_buckets(self.max_rows)),
@@ -304,7 +346,7 @@ class ModelRunner:
             at += n
         self._staged()
         logits = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return logits[: len(seqs)].clone()  # a fresh tensor: the graphs' outputs get reused
+        return logits[: len(tables)].clone()  # a fresh tensor: the graphs' outputs get reused
 
     def _forward(self, rows: list[Sequence], counts: list[int]) -> torch.Tensor:
         assert self.cache is not None, "allocate() first"

@@ -100,7 +100,9 @@ def _target_token(
     return tl.where(empty, -1, tok)
 
 
-@triton.jit
+# strides that change with the step's width are not specialised on: one compile serves every
+# width (a compile in the middle of a run would cost more than many steps)
+@triton.jit(do_not_specialize=["stride_db", "stride_mb", "stride_tb"])
 def _verify_kernel(
     logits_ptr,
     stride_lb,

@@ -27,7 +27,7 @@ import torch
 from .. import kernels
 from .config import DSparkConfig
 from .drafts import FORCED, NGRAM, Drafts, NgramIndex, forced_tokens, propose
-from .policy import PROBE_GAP, CostModel, RequestStats, choose
+from .policy import CostModel, RequestStats, choose
 from .verify import Verifier
 
 DEVICE_SLOPE = {"cpu": 0.2, "cuda": 0.005}
@@ -110,13 +110,16 @@ class DSpark:
         self._last: tuple[float, str, int, frozenset[int], int] | None = None
         self._step = 0
         self._last_probe = -(1 << 30)  # step of the last probe of a verify shape (policy.choose)
+        self._last_draft_probe = -(1 << 30)  # step of the last drafting step ``gate`` let through
+        self._gated: tuple[int, bool] = (-1, False)  # (step, may it draft) of the last ``gate``
+        self._drafted: list | None = None  # [gate time, tokens emitted] of a step that drafted
+        self._gate_at = 0.0
 
     # -- which requests ---------------------------------------------------------------------
-    def speculates(self, s, deterministic: bool = False) -> bool:
+    def speculates(self, s) -> bool:
         """Does request ``s`` draft? Its ``speculative`` if set, else the LLM's default (never
-        in deterministic mode, nor when it asks for logprobs, which the verify step does not
-        compute)."""
-        if deterministic or getattr(s.params, "logprobs", None) is not None:
+        when it asks for logprobs, which the verify step does not compute)."""
+        if getattr(s.params, "logprobs", None) is not None:
             return False
         sp = getattr(s.params, "speculative", None)
         if sp is not None:
@@ -125,6 +128,58 @@ class DSpark:
         return d == "all" or (d == "constrained" and s.constraint is not None)
 
     # -- one step -----------------------------------------------------------------------------
+    def gate(
+        self,
+        running: list,
+        *,
+        cache_len: int,
+        token_budget: int,
+        device_type: str = "cpu",
+        step_times: dict | None = None,
+    ) -> bool:
+        """Called once per engine step, before scheduling: may this step draft? The previous
+        decode step's time goes into the cost model first. False when no running request
+        speculates, or when no verify step of this batch could beat a plain one even with its
+        drafts accepted at the best rate any running request has seen (``CostModel.may_pay``),
+        but for one drafting step every PROBE_GAP steps (more where a drafting step costs many
+        plain ones: ``CostModel.drafting_gap``). The caller brings the matchers up to date
+        before such a step only (drafts are walked from them); a plain step leaves that work
+        deferred behind its forward, as the off mode does. ``cache_len``: positions a KV slot
+        holds; ``token_budget``: most tokens in a step's forward; ``device_type`` sets the cost
+        model's prior; ``step_times``: {(path, rows, positions): device seconds} of the step
+        shapes, timed at warm-up (``seed``s the cost model, so no shape is probed mid-run)."""
+        now = time.perf_counter()
+        ids = frozenset(s.request_id for s in running)
+        cost = self._cost_model(device_type, step_times)
+        if self._last is not None and ids <= self._last[3]:  # no prefill since: a clean interval
+            t0, path, tokens, _, rows = self._last
+            cost.observe(path, tokens, now - t0, rows=rows, step=self._step)
+            if self._drafted is not None:  # that step drafted: what it got for all it cost
+                cost.observe_drafting(rows, self._drafted[1], now - self._drafted[0])
+            elif path == "decode":  # a plain step, timed the same way (gate to gate)
+                cost.observe_drafting(rows, rows, now - self._gate_at, plain=True)
+        self._last = self._drafted = None
+        self._step += 1
+        self._gate_at = now
+        self._gated = (self._step, False)
+        left = [s.max_tokens - len(s.output_token_ids) - 1 for s in running if self.speculates(s)]
+        if not left:
+            return False
+        kmax = min(self.config.max_drafts, min(cache_len - len(s) for s in running), max(left))
+        if kmax <= 0:
+            return False
+        pays = cost.drafting_pays(len(running))  # measured, once this batch bucket drafted enough
+        if self.config.schedule != "fixed" and (
+            pays is False
+            or (pays is None and not cost.may_pay(len(running), kmax, token_budget, self._best_rate(running)))
+        ):
+            if self._step - self._last_draft_probe < cost.drafting_gap(len(running)):
+                self.stats.skipped += 1
+                return False
+            self._last_draft_probe = self._step  # draft now and then: ``choose`` may probe
+        self._gated = (self._step, True)
+        return True
+
     def plan(
         self,
         running: list,
@@ -133,45 +188,34 @@ class DSpark:
         token_budget: int,
         special_ids: frozenset[int] = frozenset(),
         device_type: str = "cpu",
-        deterministic: bool = False,
+        step_times: dict | None = None,
     ) -> Plan | None:
         """Drafts for this decode step of ``running`` (the batch, in slot order), or None for a
-        plain decode step. ``cache_len``: positions a KV slot holds; ``token_budget``: most
-        tokens in the step's forward (rows x positions); ``special_ids``: token ids that end a
-        request's drafts besides its own stop ids (the tokenizer's specials and EOS);
-        ``device_type`` sets the cost model's prior; in ``deterministic`` mode nothing drafts.
+        plain decode step. ``special_ids``: token ids that end a request's drafts besides its
+        own stop ids (the tokenizer's specials and EOS); the other arguments as ``gate``'s,
+        which runs first unless the engine ran it this step.
 
-        The step's shape is decided before any per-row work where possible: when no verify
-        step of this batch could beat a plain one even with every draft accepted (or, once
-        measured, at the bucket's realized tokens per verify step: ``CostModel.may_pay``), no
-        drafts are made at all (but for a probe every PROBE_GAP steps). A plain step then runs
-        exactly the off mode's path (``runner.step``: the decode CUDA graphs), and its time is
-        measured from the end of this call, so the cost model compares against that path's own
-        step time, not one that includes drafting."""
-        now = time.perf_counter()
+        A step ``gate`` closed makes no drafts at all: it runs exactly the off mode's path
+        (``runner.step``: the decode CUDA graphs), and its time is measured from the end of
+        this call, so the cost model compares against that path's own step time, not one that
+        includes drafting. A verify step's time is measured from ``gate``."""
+        if self._gated[0] != self._step or self._last is not None:  # gate not run for this step
+            self.gate(running, cache_len=cache_len, token_budget=token_budget, device_type=device_type,
+                      step_times=step_times)  # fmt: skip
         ids = frozenset(s.request_id for s in running)
-        cost = self._cost_model(device_type)
-        if self._last is not None and ids <= self._last[3]:  # no prefill since: a clean interval
-            t0, path, tokens, _, rows = self._last
-            cost.observe(path, tokens, now - t0, rows=rows, step=self._step)
-        self._step += 1
-        spec = [self.speculates(s, deterministic) for s in running]
+        if not self._gated[1]:
+            return self._plain(running, ids)
+        now = self._gate_at
+        cost = self._cost_model(device_type, step_times)
+        spec = [self.speculates(s) for s in running]
         if not any(spec):
             return self._plain(running, ids)
         self._forget(ids)
         cfg = self.config
         room = min(cache_len - len(s) for s in running)  # positions L-1 .. L-1+T-1 fit the cache
         budget = token_budget
-        kmax = min(cfg.max_drafts, room, max(s.max_tokens - len(s.output_token_ids) - 1
-                                             for s, on in zip(running, spec) if on))  # fmt: skip
-        if kmax <= 0:
-            return self._plain(running, ids)
-        if cfg.schedule != "fixed" and not cost.may_pay(len(running), kmax, budget):
-            if self._step - self._last_probe < PROBE_GAP:
-                self.stats.skipped += 1
-                return self._plain(running, ids)
-            # a probe is due: draft, and let ``choose`` probe a shape that has not been measured
         self.stats.drafting_steps += 1
+        self._drafted = [now, len(running)]  # a plain step emits a token a row; ``step`` counts a verify
         drafts: list[Drafts] = []
         for s, on in zip(running, spec):
             k = min(cfg.max_drafts, s.max_tokens - len(s.output_token_ids) - 1, room)
@@ -201,6 +245,8 @@ class DSpark:
             if c.probe:
                 self._last_probe = self._step
                 self.stats.probes += 1
+                if T == 1:  # a plain step to measure plain steps: not drafting's outcome
+                    self._drafted = None
         if T == 1:
             return self._plain(running, ids)
         for d in drafts:
@@ -264,18 +310,32 @@ class DSpark:
                 if s.is_finished:
                     finished.append(s)
                     break
+        if self._drafted is not None:
+            self._drafted[1] = st.emitted - emitted0
         if plan.expected is not None:  # realized vs expected tokens, for the cost model
             self._cost_model(device.type).observe_tokens(len(seqs), plan.expected, st.emitted - emitted0)
         return finished
 
     # -- helpers ------------------------------------------------------------------------------
-    def _cost_model(self, device_type: str) -> CostModel:
+    def _cost_model(self, device_type: str, step_times: dict | None = None) -> CostModel:
         if self._cost is None:
             slope = self.config.cost_slope
             if slope is None:
                 slope = DEVICE_SLOPE.get(device_type, DEVICE_SLOPE["cuda"])
             self._cost = CostModel(slope)
+            for (path, rows, positions), seconds in (step_times or {}).items():
+                self._cost.seed(path, rows, positions, seconds)
         return self._cost
+
+    def _best_rate(self, running: list) -> float:
+        """The highest acceptance rate of any confidence class of any running request (a new
+        one's: the rates of the requests before it)."""
+        best = max(k.rate for k in self._overall.kinds.values())
+        for s in running:
+            r = self._requests.get(s.request_id)
+            if r is not None:
+                best = max(best, max(k.rate for k in r.stats.kinds.values()))
+        return best
 
     def _prefer(self, matcher, token: int) -> None:
         """Remember the model's token where it rejected a forced draft, keyed by the canonical

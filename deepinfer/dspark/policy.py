@@ -173,6 +173,9 @@ YIELD_HEADROOM = 1.5  # may_pay: a step may gain up to this x the bucket's reali
 YIELD_CLAMP = (0.25, 1.25)  # calibration factor bounds
 PROBE_GAP = 64  # plain steps between probes of a verify shape the model thinks does not pay
 PROBE_AGE = 512  # steps after which a verify shape's measurement is probed again
+PROBE_SHARE = 0.01  # a batch's drafting probes cost at most this share of its plain steps' time
+PROBE_GAP_MAX = 4096
+PROBE_MIN_RATIO = 0.5  # a stale shape is probed only if predicted at least this x plain tokens/s
 
 
 class Yield:
@@ -202,22 +205,80 @@ class Yield:
         return min(max(self.realized / self.expected, lo), hi)
 
 
+class Drafting:
+    """Drafting steps of one batch bucket, as they turned out: tokens a row and wall seconds
+    (EMAs), whether the step verified or, its drafts not worth it, decoded plainly."""
+
+    __slots__ = ("per_row", "seconds", "steps")
+
+    def __init__(self) -> None:
+        self.per_row = self.seconds = 0.0
+        self.steps = 0
+
+    def observe(self, B: int, tokens: int, seconds: float) -> None:
+        pr = tokens / max(B, 1)
+        if self.steps == 0:
+            self.per_row, self.seconds = pr, seconds
+        else:
+            self.per_row += YIELD_RATE * (pr - self.per_row)
+            self.seconds += YIELD_RATE * (min(seconds, OUTLIER * self.seconds) - self.seconds)
+        self.steps += 1
+
+
 class CostModel:
     """Seconds per step, measured online by the engine (per LLM, so per device).
 
     ``times[(path, batch bucket, width bucket)]``: an EMA of the measured wall time of whole
     steps ("decode": the engine's own decode step, CUDA graphs where it replays them, width 1;
     "verify": DSpark's multi-position forward of T positions a row, with its masks and kernel).
-    Shapes not measured yet are predicted by ``a + b * (tokens in the forward)``, one fit per
-    path (the other path's fit, then the prior ``slope``, before any sample).
+    ``device[...]``: the forward's device seconds of each shape, timed at warm-up before the
+    first step (``seed``; CUDA graphs). A shape not measured online is predicted from its
+    device time plus the host overhead a measured decode step showed over its own device time;
+    with no device time either, by ``a + b * (tokens in the forward)``, one fit per path (the
+    other path's fit, then the prior ``slope``, before any sample).
     """
 
     def __init__(self, slope: float) -> None:
         self.slope = slope
         self.fits = {"decode": _Fit(slope), "verify": _Fit(slope)}
         self.times: dict[tuple[str, int, int], StepTime] = {}
+        self.device: dict[tuple[str, int, int], float] = {}  # warm-up: device seconds of a shape
         # per batch bucket: realized vs expected tokens of verify steps (``observe_tokens``)
         self.yields: dict[int, Yield] = {}
+        # per (batch bucket, plain?): drafting steps' outcome, and plain steps timed alike
+        self.drafting: dict[tuple[int, bool], Drafting] = {}
+
+    def observe_drafting(self, B: int, tokens: int, seconds: float, plain: bool = False) -> None:
+        """A step that drafted (``gate`` to the next ``gate``: drafts, matchers brought up to date,
+        the forward it chose, verify or plain) emitted ``tokens`` for its B rows; ``plain``: a
+        step that did not draft, timed the same way."""
+        self.drafting.setdefault((batch_bucket(B), plain), Drafting()).observe(B, tokens, seconds)
+
+    def drafting_pays(self, B: int) -> bool | None:
+        """Did this batch bucket's drafting steps, all costs in, emit more tokens per second
+        than its plain steps (timed alike, else the decode step time)? None before YIELD_MIN
+        drafting steps."""
+        d = self.drafting.get((batch_bucket(B), False))
+        if d is None or d.steps < YIELD_MIN:
+            return None
+        p = self.drafting.get((batch_bucket(B), True))
+        plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", B, 1)
+        return d.per_row / max(d.seconds, 1e-12) > 1.0 / max(plain, 1e-12)
+
+    def drafting_gap(self, B: int) -> int:
+        """Steps between drafting probes where drafting does not pay: PROBE_GAP, or more where a
+        drafting step costs more than PROBE_SHARE x that many plain steps (large batches)."""
+        d = self.drafting.get((batch_bucket(B), False))
+        if d is None or d.steps < YIELD_MIN:
+            return PROBE_GAP
+        p = self.drafting.get((batch_bucket(B), True))
+        plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", B, 1)
+        extra = max(d.seconds - plain, 0.0) / max(plain, 1e-12)  # in plain steps
+        return int(min(max(PROBE_GAP, extra / PROBE_SHARE), PROBE_GAP_MAX))
+
+    def seed(self, path: str, B: int, T: int, seconds: float) -> None:
+        """The device seconds of a step shape's forward, timed before the first step."""
+        self.device[(path, batch_bucket(B), width_bucket(T))] = seconds
 
     def observe_tokens(self, B: int, expected: float, realized: float) -> None:
         """A verify step of B rows expected ``expected`` tokens (B + the drafts' confidence)
@@ -235,17 +296,22 @@ class CostModel:
         y = self.yields.get(batch_bucket(B))
         return y.per_row if y is not None and y.steps >= YIELD_MIN else None
 
-    def may_pay(self, B: int, max_drafts: int, max_tokens: int) -> bool:
+    def may_pay(self, B: int, max_drafts: int, max_tokens: int, rate: float = 1.0) -> bool:
         """Can any verify step of B rows with at most ``max_drafts`` drafts a row beat a plain
-        decode step, even if every draft were accepted (B * T tokens), or -- once this batch
-        bucket has verified YIELD_MIN times -- at YIELD_HEADROOM x its realized extra tokens a
-        row? False: drafting this step cannot pay, so the drafts need not be made at all."""
+        decode step, even if every draft were accepted at ``rate`` (the best acceptance any
+        running request has for any class of draft: 1 + rate + rate^2 + ... tokens a row), or --
+        once this batch bucket has verified YIELD_MIN times -- at YIELD_HEADROOM x its realized
+        extra tokens a row? False: drafting this step cannot pay, so no drafts need be made."""
         plain = B / max(self.step_seconds("decode", B, 1), 1e-12)
         real = self.realized_per_row(B)
+        bound = 1.0
         for T in range(2, max_drafts + 2):
             if B * T > max_tokens:
                 break
-            per_row = float(T) if real is None else min(float(T), 1.0 + YIELD_HEADROOM * (real - 1.0))
+            bound += rate ** (T - 1)
+            per_row = min(float(T), bound)
+            if real is not None:
+                per_row = min(per_row, 1.0 + YIELD_HEADROOM * (real - 1.0))
             if B * per_row / max(self.step_seconds("verify", B, T), 1e-12) > plain * (1 + 1e-9):
                 return True
         return False
@@ -271,11 +337,35 @@ class CostModel:
         t = self.times.get((path, batch_bucket(B), width_bucket(T)))
         return t if t is not None and t.measured else None
 
+    def last_seen(self, path: str, B: int, T: int) -> int | None:
+        """The step this shape was last measured (online), -1 if only timed at warm-up, None if never."""
+        m = self.measured(path, B, T)
+        if m is not None:
+            return m.last
+        return -1 if (path, batch_bucket(B), width_bucket(T)) in self.device else None
+
+    def overhead(self, B: int) -> float:
+        """Host seconds a step adds to its forward's device time: measured decode steps' wall
+        time over their warm-up device time, at this batch bucket if measured, else the nearest."""
+        b = batch_bucket(B)
+        best = None
+        for (path, bb, wb), t in self.times.items():
+            dev = self.device.get((path, bb, wb))
+            if path == "decode" and t.measured and dev is not None:
+                d = abs(bb.bit_length() - b.bit_length())
+                if best is None or d < best[0]:
+                    best = (d, max(t.mean - dev, 0.0))
+        return best[1] if best is not None else 0.0
+
     def step_seconds(self, path: str, B: int, T: int) -> float:
-        """Seconds of a step of B rows x T positions: measured where this shape was, else the fit."""
+        """Seconds of a step of B rows x T positions: measured where this shape was, else its
+        warm-up device time plus the host overhead, else the fit."""
         t = self.measured(path, B, T)
         if t is not None:
             return t.mean
+        dev = self.device.get((path, batch_bucket(B), width_bucket(T)))
+        if dev is not None:
+            return dev + self.overhead(B)
         return self.predict(path, B * width_bucket(T))  # the graphs run the bucketed width
 
 
@@ -330,15 +420,17 @@ def choose(
         ratio = expected / max(cost.step_seconds("verify", B, T), 1e-12) / plain
         if ratio > best.gain * (1 + 1e-9):
             best = Choice(T, ratio, expected=raw)
-        m = cost.measured("verify", B, T)
-        if gain[T - 1] > 0 and (m is None or step - m.last > PROBE_AGE):
+        seen = cost.last_seen("verify", B, T)
+        # never measured: probed; measured (or timed at warm-up) long ago: probed only where
+        # it is predicted close enough to paying that the probe costs little
+        if gain[T - 1] > 0 and (seen is None or (step - seen > PROBE_AGE and ratio >= PROBE_MIN_RATIO)):
             stale = T  # the widest such shape
     if not probes:
         return best
     if best.T == 1 and stale is not None and step - last_probe >= PROBE_GAP:
         return Choice(stale, 1.0, probe=True, expected=raws[stale])
-    m = cost.measured("decode", B, 1)
-    if best.T > 1 and (m is None or (step - m.last > PROBE_AGE and step - last_probe >= PROBE_GAP)):
+    seen = cost.last_seen("decode", B, 1)
+    if best.T > 1 and (seen is None or (step - seen > PROBE_AGE and step - last_probe >= PROBE_GAP)):
         # the comparison rests on the plain step's time at this batch: measure it first (a fit
         # from other batches or from verify steps can be far off), and again when it is stale
         return Choice(1, 1.0, probe=True)

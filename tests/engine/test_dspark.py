@@ -1,6 +1,7 @@
 """DSpark end to end: outputs are identical with and without speculation (greedy and seeded
 sampling, JSON Schema / regex / grammar / unconstrained) on the embedded model in float32 and on
-a tiny random model; rollback leaves matchers as they were; deterministic mode; the draft
+a tiny random model; rollback leaves matchers as they were; deterministic mode (verify is
+decode bit for bit, so DSpark stays on); warm-up before the first step (CUDA); the draft
 sources, the scheduler and the settings."""
 
 from __future__ import annotations
@@ -221,23 +222,73 @@ def test_tiny_kv_lengths_stops_and_mixed_batch(tiny):
     assert seen and all(seen)
 
 
-def test_deterministic_mode_turns_dspark_off(tiny_folder, monkeypatch_session, tiny):
-    """deterministic=True promises bit-identical tokens whatever the batch; DSpark's
-    multi-position forward is not the batch-invariant decode, so DSpark stays off there (even
-    for speculative=True): outputs equal deterministic mode without DSpark, bit for bit. On this
-    model (no near-ties) they also equal the non-deterministic DSpark run."""
-    det = LLM(tiny_folder[0], dtype="float32", device="cpu", seed=0, deterministic=True)
-    prompts = [[1, 5, 9], [1, 7, 7, 7, 7]]
+def _verify_equals_decode(llm):
+    """Deterministic mode: each position of a verify forward gives the bits a decode step there
+    gives (K/V included), whatever the rows and their drafts: decode the same tokens one
+    position at a time, in batches of other compositions, and compare with torch.equal."""
+    import torch
+
+    prompts = [[1, *range(5 + i, 5 + i + 7 * i)] for i in range(10)]
+    drafts = [[5, 6, 7, 8, 9], [], [8, 9], [10]] * 2 + [[11, 12, 13, 14], [15]]
+    seqs = [llm._make_sequence(p, SamplingParams(max_tokens=20)) for p in prompts]
+    runner, pool = llm.runner, llm.scheduler.pool
+    for s in seqs:
+        s.block_table = pool.allocate(-(-(len(s) + 8) // pool.block_size))
+    runner.step(seqs, [len(s) for s in seqs])
+    for s in seqs:
+        s.output_token_ids.append(11)  # sampled, not cached yet
+    T = 6
+    verified = runner.verify(seqs, drafts, T).cpu()
+    assert verified.shape == (10, T, llm.config.vocab_size)
+    for t in range(T):  # position t: the rows with a token there, decoded as a batch
+        rows = [i for i, d in enumerate(drafts) if t <= len(d)]
+        decoded = runner.step([seqs[i] for i in rows], [1] * len(rows)).cpu()
+        for j, i in enumerate(rows):
+            assert torch.equal(decoded[j], verified[i, t]), (i, t)
+            seqs[i].num_cached -= 1  # the next position feeds the next draft
+            if t < len(drafts[i]):
+                seqs[i].output_token_ids.append(drafts[i][t])
+                seqs[i].num_cached += 1
+    for s in seqs:
+        pool.free(s.block_table)
+
+
+def test_deterministic_verify_forward_is_decode_bit_for_bit(tiny_folder, monkeypatch_session):
+    # bfloat16: a multi-position forward would round differently from decode here
+    llm = LLM(tiny_folder[0], dtype="bfloat16", device="cpu", seed=0, deterministic=True)
+    _verify_equals_decode(llm)
+
+
+def test_deterministic_mode_keeps_dspark_on_bit_identical(tiny_folder, monkeypatch_session):
+    """deterministic=True promises bit-identical tokens; DSpark stays on there (its verify
+    forward is decode's arithmetic), and outputs equal DSpark off bit for bit, in bfloat16."""
+    det = LLM(tiny_folder[0], dtype="bfloat16", device="cpu", seed=0, deterministic=True)
+    prompts = [[1, 5, 9], [1, 7, 7, 7, 7], [1, 5, 9, 5, 9, 5, 9]]
     params = [
         SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
         SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True, speculative=True),
+        SamplingParams(temperature=1.0, seed=5, max_tokens=30, regex=TINY_REGEX),
     ]
-    on, st = _tiny_run(det, {"schedule": "fixed"}, params, prompts)
-    assert st.verify_steps == 0
     off, _ = _tiny_run(det, False, params, prompts)
+    on, st = _tiny_run(det, {"schedule": "fixed"}, params, prompts)
+    assert st.verify_steps > 0 and sum(st.accepted) > 0
     assert on == off
-    fast, st = _tiny_run(tiny, {"schedule": "fixed"}, params, prompts)
-    assert st.verify_steps > 0 and fast == on
+
+
+@pytest.mark.gpu
+def test_deterministic_verify_forward_is_decode_bit_for_bit_cuda(tiny_folder, monkeypatch_session):
+    llm = LLM(tiny_folder[0], dtype="bfloat16", device="cuda", seed=0, deterministic=True)
+    assert llm.runner.invariant and llm.runner.cuda_graphs
+    _verify_equals_decode(llm)
+    prompts = [[1, 5, 9], [1, 7, 7, 7, 7], [1, 5, 9, 5, 9, 5, 9]] * 3
+    params = [
+        SamplingParams(temperature=0, max_tokens=30, regex=TINY_REGEX),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True, speculative=True),
+        SamplingParams(temperature=1.0, seed=5, max_tokens=30, regex=TINY_REGEX),
+    ] * 3
+    off, _ = _tiny_run(llm, False, params, prompts)
+    on, st = _tiny_run(llm, {"schedule": "fixed"}, params, prompts)
+    assert st.verify_steps > 0 and on == off
 
 
 def _fixed_shape_vs_eager(llm, capture: bool):

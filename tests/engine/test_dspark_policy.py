@@ -11,6 +11,7 @@ from deepinfer.dspark import DSpark
 from deepinfer.dspark.policy import (
     PROBE_AGE,
     PROBE_GAP,
+    PROBE_SHARE,
     YIELD_MIN,
     CostModel,
     StepTime,
@@ -203,7 +204,7 @@ def test_plain_steps_make_no_drafts_and_take_the_off_path(tiny, monkeypatch):
     assert calls["propose"] == 0
     d = tiny.dspark = DSpark(True)
     d._cost = _Synthetic(lambda B: 0.001, lambda B, T: 0.001 * 2 * T)  # all accepted: T / 2T < 1
-    d._last_probe = 1 << 30  # no probe due during the run
+    d._last_probe = d._last_draft_probe = 1 << 30  # no probe due during the run
     outs = [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)]
     assert outs == base
     assert calls["propose"] == 0 and d.stats.drafting_steps == 0 and d.stats.verify_steps == 0
@@ -214,3 +215,37 @@ def test_plain_steps_make_no_drafts_and_take_the_off_path(tiny, monkeypatch):
     d._cost = _Synthetic(lambda B: 0.001, lambda B, T: 0.001 * 2 * T)
     assert [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)] == base
     assert calls["propose"] > 0 and d.stats.drafting_steps >= 1
+
+
+def test_device_times_from_warm_up_stand_in_for_unmeasured_shapes():
+    """Warm-up device times (``seed``) plus the host overhead measured decode steps show: no
+    shape is unmeasured, so nothing is probed for its cost; a stale one is probed only where it
+    is predicted close to paying."""
+    cost = _measured({8: 0.012}, {})
+    cost.seed("decode", 8, 1, 0.010)
+    cost.seed("verify", 8, 5, 0.030)
+    cost.seed("verify", 8, 3, 0.030)
+    cost.seed("verify", 8, 2, 0.011)
+    assert cost.step_seconds("verify", 8, 5) == pytest.approx(0.032)  # 2 ms of host overhead
+    assert cost.last_seen("verify", 8, 5) == -1 and cost.last_seen("verify", 64, 5) is None
+    conf = [[0.05, 0.01, 0.0, 0.0]] * 8  # drafts the model rejects
+    assert choose(conf, cost, 8192, step=10, last_probe=-1000).T == 1  # no probe: timed at warm-up
+    c = choose(conf, cost, 8192, step=PROBE_AGE + 10, last_probe=-1000)
+    assert c.probe and c.T == 2  # stale: probed at the width predicted near paying, not at T = 5
+
+
+def test_drafting_switched_off_for_the_batch_once_measured_not_to_pay():
+    """Steps that drafted, all their costs in (drafts, matchers, verify or plain forward), are
+    compared with plain steps per batch bucket: drafting stops where it does not pay."""
+    cost = _measured({64: 0.010}, {})
+    assert cost.drafting_pays(64) is None
+    for _ in range(YIELD_MIN):
+        cost.observe_drafting(64, 64, 0.013)  # a token a row, slower than a plain step
+    assert cost.drafting_pays(64) is False and cost.drafting_pays(8) is None
+    assert cost.drafting_gap(64) == PROBE_GAP  # 0.3 plain steps of extra cost: probed every PROBE_GAP
+    for _ in range(20):
+        cost.observe_drafting(64, 64, 0.060)  # a drafting step costs 5 extra plain steps
+    assert cost.drafting_gap(64) == pytest.approx(5 / PROBE_SHARE, rel=0.05)  # probes cost <= 1%
+    for _ in range(20):
+        cost.observe_drafting(64, 3 * 64, 0.015)  # three tokens a row for 1.5x the time
+    assert cost.drafting_pays(64) is True

@@ -1,0 +1,53 @@
+"""Warm-up before the first step (CUDA): everything a step could otherwise do for the first time
+in the middle of a run, done at ``LLM`` construction instead.
+
+- capture every decode and verify CUDA graph (``ModelRunner.capture_graphs``);
+- compile the verify kernel's variants (no mask, every row masked, some rows masked);
+- time each step shape's forward on the device (``StepGraphs.time``): DSpark's cost model starts
+  from these (``CostModel.seed``), so it never runs a step only to learn what a shape costs.
+
+A capture or a compile takes 0.1-1 s, tens of decode steps: met mid-run, it decides a
+benchmark's result and the policy's measurements alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels
+from .cuda_graphs import Tile, batch_buckets, kv_bucket, t_bucket
+from .model_runner import ModelRunner
+
+
+def verify_widths(max_drafts: int) -> tuple[int, ...]:
+    """The verify graphs' widths for at most ``max_drafts`` drafts a row."""
+    return tuple(sorted({t_bucket(T) for T in range(2, max_drafts + 2)}))
+
+
+def time_steps(runner: ModelRunner, widths: tuple[int, ...], reps: int = 3) -> dict[tuple, float]:
+    """{(path, rows, positions): device seconds} of the decode graph (at the smallest key
+    bucket: a decode step's time is its weights') and of each verify width, per batch bucket."""
+    out: dict[tuple[str, int, int], float] = {}
+    if not runner.cuda_graphs or runner.tile:
+        return out
+    kv = kv_bucket(1, runner.model.max_len)
+    for rows in batch_buckets(runner.max_rows):
+        out[("decode", rows, 1)] = runner.graphs.time(Tile(rows, kv), reps)
+        for T in widths:
+            out[("verify", rows, T)] = runner.graphs.time(Tile(rows, runner.verify_kv or kv, T), reps)
+    return out
+
+
+def compile_verify(vocab_size: int, device: torch.device) -> None:
+    """Run the verify kernel once in each of its compiled variants."""
+    B, T, W = 2, 2, (vocab_size + 31) // 32
+    logits = torch.zeros(B, T, vocab_size, device=device)
+    ints = torch.zeros(B, dtype=torch.int64, device=device)
+    mask = torch.full((B, T, W), -1, dtype=torch.int32, device=device)
+    args = dict(num_drafts=ints + 1, temperature=torch.ones(B, device=device), top_k=ints,
+                top_p=torch.ones(B, device=device), min_p=torch.zeros(B, device=device), seed=ints, step=ints,
+                validate=False)  # fmt: skip
+    drafts = torch.zeros(B, T - 1, dtype=torch.int64, device=device)
+    some = torch.zeros(1, dtype=torch.int64, device=device)
+    for bitmask, indices in ((None, None), (mask, None), (mask, some)):
+        kernels.verify(logits, drafts, bitmask=bitmask, indices=indices, **args)
