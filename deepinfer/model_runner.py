@@ -346,7 +346,7 @@ class ModelRunner:
             at += n
         self._staged()
         logits = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return logits[: len(tables)].clone()  # a fresh tensor: the graphs' outputs get reused
+        return logits[: len(seqs)].clone()  # a fresh tensor: the graphs' outputs get reused
 
     def _forward(self, rows: list[Sequence], counts: list[int]) -> torch.Tensor:
         assert self.cache is not None, "allocate() first"
