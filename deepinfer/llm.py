@@ -19,16 +19,16 @@ from typing import Any
 import torch
 
 from . import _threads, kernels
-from ._text import clip_repr, lone_surrogate
 from .block_pool import BlockPool
 from .config import ModelConfig
 from .detokenizer import IncrementalDetokenizer
 from .dspark import DSpark
 from .loader import load_model
 from .model_runner import DETERMINISTIC_CHUNK, ModelRunner
-from .models.kv_cache import CPU_DEFAULT_BYTES, CUDA_DEFAULT_FRACTION, DEFAULT_BLOCK_SIZE, group_blocks
+from .models.kv_cache import DEFAULT_BLOCK_SIZE, group_blocks, kv_blocks
 from .models.llama import LlamaModel
 from .outputs import RequestOutput, TokenLogprob
+from .prompts import Rendered, prompt_ids, render_chat
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -203,7 +203,8 @@ class LLM:
             isinstance(block_size, int) and 1 <= block_size <= 1024 and block_size & (block_size - 1) == 0
         ):
             raise ValueError(f"block_size must be a power of two in [1, 1024], got {block_size!r}")
-        num_blocks = self._kv_blocks(kv_cache_memory, block_size)
+        worst = self.max_num_seqs * -(-self.max_model_len // block_size) + 1  # every request at full length
+        num_blocks = kv_blocks(kv_cache_memory, self.model.block_bytes(block_size), self.device, worst)
         # one pool per KV-cache group (full attention, sliding window: docs/kv-cache.md)
         windows, margin = [w for w, _ in self.model.kv_groups], self.dspark.config.rollback_margin
         nbytes = [self.model.block_bytes(block_size, g) for g in range(len(windows))]
@@ -443,7 +444,7 @@ class LLM:
         ]  # fmt: skip
         outs = self.generate(prompts, params, use_tqdm)
         for o, p in zip(outs, prompts):
-            if isinstance(p, _Rendered):
+            if isinstance(p, Rendered):
                 o.prompt = str(p)
         return outs
 
@@ -457,13 +458,7 @@ class LLM:
         """One conversation rendered by the model's chat template, as a prompt for
         ``add_request`` (its special tokens are encoded as such). A conversation the template
         refuses gives a prompt whose request fails with the template's message."""
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt, **(chat_template_kwargs or {})
-            )
-        except ValueError as e:
-            return _Refused(str(e))
-        return _Rendered(text)  # the template holds any BOS/special tokens as text
+        return render_chat(self.tokenizer, messages, add_generation_prompt, chat_template_kwargs)
 
     # -- internals -----------------------------------------------------------------------------
     def _make_sequence(self, prompt: Any, params: Any, request_id: Any = None) -> Sequence:
@@ -479,7 +474,7 @@ class LLM:
             params = SamplingParams()
         else:
             try:
-                text, ids = self._prompt_ids(prompt)
+                text, ids = prompt_ids(prompt, self.tokenizer, self.config.vocab_size, self.max_model_len)
             except ValueError as e:
                 error = str(e)
             except Exception as e:  # the tokenizer's own failure: still this request's only
@@ -503,48 +498,6 @@ class LLM:
         if error is not None:
             seq.fail(error, self.tokenizer)
         return seq
-
-    def _prompt_ids(self, prompt: Any) -> tuple[str | None, list[int]]:
-        """(text, token ids) of a prompt; ValueError naming what is wrong with it. A text too
-        long for the context is refused before it is tokenised (no text of more than
-        ``max_prompt_chars`` characters fits)."""
-        limit = self.max_model_len
-        if isinstance(prompt, _Refused):
-            raise ValueError(str(prompt))
-        if isinstance(prompt, str):
-            bad = lone_surrogate(prompt)
-            if bad is not None:
-                raise ValueError(
-                    f"the prompt is not valid text: a lone surrogate {prompt[bad]!r} at character {bad}"
-                )
-            if len(prompt) > self.tokenizer.max_prompt_chars:
-                raise ValueError(
-                    f"the prompt has {len(prompt)} characters, more than a context of {limit} tokens "
-                    f"can hold ({self.tokenizer.max_prompt_chars})"
-                )
-            # a rendered chat template holds its special tokens as text: encoded as specials
-            text, ids = (
-                str(prompt),
-                self.tokenizer.encode(prompt, add_special_tokens=not isinstance(prompt, _Rendered)),
-            )
-        elif isinstance(prompt, Seq) and not isinstance(prompt, bytes | bytearray):
-            if len(prompt) > limit:
-                raise ValueError(f"the prompt has {len(prompt)} tokens, the model's context is {limit}")
-            text, ids = None, []
-            V = self.config.vocab_size
-            for i, t in enumerate(prompt):
-                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
-                    raise ValueError(f"prompt token {i} is {clip_repr(t, 60)}, not a token id in [0, {V})")
-                ids.append(int(t))
-        else:
-            raise ValueError(f"a prompt is text or a list of token ids, got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError("the prompt is empty (no tokens)")
-        if len(ids) >= limit:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens, the model's context is {limit}; no room to generate"
-            )
-        return text, ids
 
     def _add(self, s: Sequence, stream: bool = False) -> None:
         """Compile the request's constraint (cached, shared; a bad one fails this request only)
@@ -580,38 +533,6 @@ class LLM:
             self._requests.pop(rid, None)
             self._relaxed.pop(rid, None)
             self._stream.discard(rid)
-
-    def _kv_blocks(self, memory: int | float | None, block_size: int) -> int:
-        """Blocks of the paged KV cache for a budget of ``memory`` (see the class docstring)."""
-        per = self.model.block_bytes(block_size)
-        cuda = self.device.type == "cuda"
-        worst = self.max_num_seqs * -(-self.max_model_len // block_size) + 1
-        if memory is None:
-            budget = (
-                int(CUDA_DEFAULT_FRACTION * torch.cuda.mem_get_info(self.device)[0])
-                if cuda
-                else CPU_DEFAULT_BYTES
-            )
-            n = min(budget // per, worst)
-        elif isinstance(memory, float):
-            if not 0 < memory <= 1:
-                raise ValueError(f"kv_cache_memory as a float is a fraction in (0, 1], got {memory!r}")
-            if cuda:
-                total = torch.cuda.mem_get_info(self.device)[0]
-            else:
-                import os
-
-                total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            n = int(memory * total) // per
-        elif isinstance(memory, int) and not isinstance(memory, bool):
-            n = memory // per
-        else:
-            raise ValueError(f"kv_cache_memory must be bytes (int) or a fraction (float), got {memory!r}")
-        if n < 2:
-            raise ValueError(
-                f"kv_cache_memory={memory!r} holds {n} KV blocks of {per} bytes; at least 2 are needed"
-            )
-        return n
 
     def _gate(self, running: list[Sequence]) -> bool:
         return bool(running) and self.dspark.gate(
@@ -734,12 +655,3 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], ks: l
         j: TokenLogprob(toks[r], chosen[r], list(zip(top_i[r][: ks[r]], top_v[r][: ks[r]])))
         for r, j in enumerate(rows)
     }
-
-
-class _Rendered(str):
-    """A chat prompt rendered by the template (its special tokens are text: encoded as such)."""
-
-
-class _Refused(str):
-    """A prompt that failed before tokenising (e.g. its chat template refused it): the text is
-    the request's error."""

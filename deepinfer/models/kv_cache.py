@@ -137,3 +137,35 @@ class KVCache:
         """(k, v) of one layer as [num_blocks * block_size, nkv, hd]: indexed by slot."""
         k, v = self.k[layer], self.v[layer]
         return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+
+
+def kv_blocks(memory: int | float | None, per_block: int, device: torch.device, worst: int) -> int:
+    """Blocks of the paged KV cache for a budget of ``memory``: bytes (int), a fraction of the
+    device's free memory (CUDA) or of the machine's (CPU) (float in (0, 1]), or None: 80% of the
+    free device memory on CUDA, 1 GiB on the CPU, never more than ``worst`` blocks. ValueError
+    for a budget of the wrong type or too small (two blocks at least)."""
+    cuda = device.type == "cuda"
+    if memory is None:
+        budget = (
+            int(CUDA_DEFAULT_FRACTION * torch.cuda.mem_get_info(device)[0]) if cuda else CPU_DEFAULT_BYTES
+        )
+        n = min(budget // per_block, worst)
+    elif isinstance(memory, float):
+        if not 0 < memory <= 1:
+            raise ValueError(f"kv_cache_memory as a float is a fraction in (0, 1], got {memory!r}")
+        if cuda:
+            total = torch.cuda.mem_get_info(device)[0]
+        else:
+            import os
+
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        n = int(memory * total) // per_block
+    elif isinstance(memory, int) and not isinstance(memory, bool):
+        n = memory // per_block
+    else:
+        raise ValueError(f"kv_cache_memory must be bytes (int) or a fraction (float), got {memory!r}")
+    if n < 2:
+        raise ValueError(
+            f"kv_cache_memory={memory!r} holds {n} KV blocks of {per_block} bytes; at least 2 are needed"
+        )
+    return n
