@@ -378,24 +378,30 @@ MODES = {  # name: ModelRunner keywords
 }
 
 
-def _decode_seconds(runner, batch, args, device) -> float:
-    """Mean seconds per decode step: prefill a batch of equal prompts, then greedy steps with a
-    host read of the tokens each step (as the engine's loop does)."""
+def prefilled(runner, batch: int, prompt_len: int, steps: int):
+    """(sequences, logits): a batch of equal prompts of ``prompt_len`` tokens prefilled, each
+    row's blocks (room for ``steps`` more tokens) scattered over the pool."""
     from deepinfer.sequence import Sequence
 
-    sp = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
+    sp = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
     seqs = [
-        Sequence(i, None, list(range(1, args.prompt_len + 1)), sp, seed=0, eos_token_ids=(), max_len=1 << 20)
+        Sequence(i, None, list(range(1, prompt_len + 1)), sp, seed=0, eos_token_ids=(), max_len=1 << 20)
         for i in range(batch)
     ]
-    per = -(-(args.prompt_len + args.steps + 8) // BLOCK_SIZE)  # each row's blocks, scattered over the pool
+    per = -(-(prompt_len + steps + 8) // BLOCK_SIZE)  # each row's blocks, scattered over the pool
     if runner.cache is None or runner.cache.num_blocks != 1 + per * batch:  # (the graphs go with the cache)
         runner.allocate(1 + per * batch, BLOCK_SIZE, batch)
     ids = list(range(1, 1 + per * batch))
     random.Random(0).shuffle(ids)
     for i, s in enumerate(seqs):
         s.block_table = ids[i * per : (i + 1) * per]
-    logits = runner.step(seqs, [len(s) for s in seqs])
+    return seqs, runner.step(seqs, [len(s) for s in seqs])
+
+
+def _decode_seconds(runner, batch, args, device) -> float:
+    """Mean seconds per decode step: prefill a batch of equal prompts, then greedy steps with a
+    host read of the tokens each step (as the engine's loop does)."""
+    seqs, logits = prefilled(runner, batch, args.prompt_len, args.steps)
     _sync(device)
     t = time.perf_counter()
     for _ in range(args.steps):

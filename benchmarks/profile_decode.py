@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import time
 
 import torch
-from bench_decode import BLOCK_SIZE, _config, _copy_bandwidth, _random_weights, _read_bytes, _sync, _table
+from bench_decode import _config, _copy_bandwidth, _random_weights, _read_bytes, _sync, _table, prefilled
 
 
 def _decode(runner, batch: int, prompt_len: int, steps: int, profiled: int):
@@ -25,19 +24,7 @@ def _decode(runner, batch: int, prompt_len: int, steps: int, profiled: int):
     of equal prompts prefilled, then greedy steps with the tokens read back each step."""
     from torch.profiler import ProfilerActivity, profile
 
-    from deepinfer import SamplingParams
-    from deepinfer.sequence import Sequence
-
-    sp = SamplingParams(temperature=0, max_tokens=steps + profiled + 1, ignore_eos=True)
-    seqs = [Sequence(i, None, list(range(1, prompt_len + 1)), sp, seed=0, eos_token_ids=(), max_len=1 << 20)
-            for i in range(batch)]  # fmt: skip
-    per = -(-(prompt_len + steps + profiled + 8) // BLOCK_SIZE)
-    runner.allocate(1 + per * batch, BLOCK_SIZE, batch)
-    ids = list(range(1, 1 + per * batch))
-    random.Random(0).shuffle(ids)
-    for i, s in enumerate(seqs):
-        s.block_table = ids[i * per : (i + 1) * per]
-    logits = runner.step(seqs, [len(s) for s in seqs])
+    seqs, logits = prefilled(runner, batch, prompt_len, steps + profiled)
 
     def step(logits):
         for s, tok in zip(seqs, logits.argmax(-1).tolist()):
