@@ -213,6 +213,17 @@ def bench_cpu(args) -> None:
         for b in (1, 8):
             det[f"decode b={b}"] = ours_decode(b)
         llm.runner = default_runner
+    q8 = {}
+    if not args.no_int8:  # the same model with int8 matrices (LLM(quantization="int8"))
+        llm.runner.cache = None
+        t = time.perf_counter()
+        base, llm = llm, LLM(None, quantization="int8", device="cpu", seed=0)
+        q8["load"] = time.perf_counter() - t
+        ours_gen(1, 2)
+        q8["prefill"] = args.prompt_len / ours_gen(1, 1)
+        for b in (1, 8):
+            q8[f"decode b={b}"] = ours_decode(b)
+        llm = base
     llm.runner.cache = None  # free memory before transformers loads
 
     hf = {}
@@ -262,6 +273,16 @@ def bench_cpu(args) -> None:
             ]
         )
     _table(["metric", "deepinfer", "transformers", "deepinfer vs transformers"], rows)
+    if q8:
+        print('\nint8 weights (LLM(quantization="int8"), same process)')
+        _table(
+            ["metric", args.dtype, "int8", "int8 vs " + args.dtype],
+            [
+                [f"{k} [{'s' if k == 'load' else 'tok/s'}]", f"{ours[k]:.2f}", f"{q8[k]:.2f}",
+                 f"{ours[k] / q8[k]:.2f}x" if k == "load" else f"{q8[k] / ours[k]:.2f}x"]
+                for k in q8
+            ],
+        )  # fmt: skip
     if det:
         print("\nDeterministic mode (same process, same weights)")
         _table(
@@ -508,6 +529,7 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak (H200: 989)")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--no-deterministic", action="store_true")
+    ap.add_argument("--no-int8", action="store_true", help="CPU: skip the int8-weights column")
     ap.add_argument("--modes", default=",".join(MODES), help="decode modes to time (CUDA)")
     args = ap.parse_args()
     if args.device.startswith("cuda") or args.shapes.startswith("tiny"):

@@ -61,6 +61,22 @@ def _resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtyp
     return _DTYPES[dtype]
 
 
+def _check_quantization(q, device: torch.device, dtype: torch.dtype, asked, deterministic: bool,
+                        ranks: int) -> None:  # fmt: skip
+    if q is None:
+        return
+    if q != "int8":
+        raise ValueError(f"quantization must be None or 'int8', got {q!r}")
+    if device.type != "cpu":
+        raise ValueError(f"quantization='int8' runs on the CPU only, not on {device}")
+    if asked != "auto" and dtype != torch.bfloat16:
+        raise ValueError(f"quantization='int8' computes in bfloat16; dtype={asked!r} asked for {dtype}")
+    if deterministic:
+        raise ValueError("quantization='int8' has no batch-invariant kernel: not with deterministic=True")
+    if ranks != 1:
+        raise ValueError("quantization='int8' runs in one process: not with tensor or expert parallel")
+
+
 class LLM:
     """A loaded model ready to generate.
 
@@ -90,6 +106,11 @@ class LLM:
         calls); outputs are the same with or without it.
     seed : int or None
         Draws the seeds of requests that give none.
+    quantization : None or "int8"
+        "int8": every dense matrix kept as int8 with one scale per output column, multiplied by
+        bfloat16 activations in torch's packed int8 CPU kernel (CPU only; a decode step reads
+        half the bytes of bfloat16). Outputs differ from bfloat16 weights by the rounding of
+        each weight to 1 of 255 levels of its column's range (docs/models.md).
     deterministic : bool
         Batch-invariant forward: a request (prompt + seed) gets bit-identical logits and tokens
         alone, in any batch and at any batch position (on CUDA, prefill and decode through
@@ -141,6 +162,7 @@ class LLM:
         deterministic: bool = False,
         enforce_eager: bool = False,
         dspark: bool | dict | None = None,
+        quantization: str | None = None,
         tensor_parallel_size: int = 1,
         expert_parallel_size: int = 1,
         data_parallel_size: int = 1,
@@ -148,6 +170,10 @@ class LLM:
         _threads.configure_torch_threads()
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, self.device)
+        _check_quantization(quantization, self.device, self.dtype, dtype, deterministic,
+                            tensor_parallel_size * expert_parallel_size)  # fmt: skip
+        if quantization == "int8":
+            self.dtype = torch.bfloat16  # the packed int8 kernel's activations
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs!r}")
         t0 = time.perf_counter()
@@ -175,6 +201,8 @@ class LLM:
                 device=self.device,
                 max_len=self.max_model_len,
             )
+            if quantization == "int8":
+                self.model.quantize_int8()
         del loaded
         self.deterministic = deterministic
         self.runner = ModelRunner(

@@ -119,7 +119,7 @@ class ForwardBatch:
 def _qkv(h: torch.Tensor, layer: Layer, mm, invariant: bool) -> torch.Tensor:
     if layer.bqkv is None:
         return mm(h, layer.wqkv)
-    if invariant:
+    if invariant or mm is not torch.matmul:
         return mm(h, layer.wqkv) + layer.bqkv
     return torch.addmm(layer.bqkv, h.reshape(-1, h.shape[-1]), layer.wqkv)
 
@@ -166,6 +166,7 @@ class LlamaModel:
         self.act = f.hidden_act
         # the fused Triton kernels of deepinfer.kernels.fused (their torch references when False)
         self.fused = self.device.type == "cuda"
+        self.int8 = False  # matrices as int8 (quantize_int8)
         # the softmax scale the kernels apply is 1/sqrt(head_dim): another one (Gemma's
         # query_pre_attn_scalar) is folded into q (its norm, else its projection)
         q_scale = None if c.attn_scale is None else c.attn_scale * c.head_dim**0.5
@@ -297,7 +298,7 @@ class LlamaModel:
         if max(batch.seq_lens) > cache.block_size * batch.block_tables.shape[1]:
             raise ValueError(f"sequence length {max(batch.seq_lens)} exceeds its block table")
         x = self._embed(batch.tokens)  # [N, H]
-        op = ops(invariant, c.rms_norm_eps, self.fused)
+        op = ops(invariant, c.rms_norm_eps, self.fused, self.int8)
         rope = self._rope(batch.positions)
         if invariant:
             attention = "triton"
@@ -361,6 +362,29 @@ class LlamaModel:
             qk = torch.cat([op.norm(qk[:, :nh], layer.q_norm), op.norm(qk[:, nh:], layer.k_norm)], dim=1)
         cos, sin, positions = rope[layer.local]
         return op.rope_store(qk, qkv[:, nqk:], cos, sin, positions, *kv, slots, nh)
+
+    def quantize_int8(self) -> None:
+        """Keep every dense matrix (attention, MLP, LM head) as int8 with a scale per output
+        column (deepinfer.kernels.int8_weights): the CPU's weight-only int8 matmul. Norms,
+        embeddings and mixture-of-experts experts stay as they are."""
+        from ..kernels.int8_weights import quantize_int8
+
+        if self.device.type != "cpu":
+            raise ValueError("int8 weights run on the CPU only (torch's packed int8 matmul)")
+
+        def q(name: str, w: torch.Tensor):
+            try:
+                return quantize_int8(w)
+            except ValueError as e:
+                raise ValueError(f"quantization='int8' cannot hold {name}: {e}") from None
+
+        for i, layer in enumerate(self.layers):
+            layer.wqkv, layer.wo = q(f"layer {i}'s qkv", layer.wqkv), q(f"layer {i}'s o_proj", layer.wo)
+            if layer.wgu is not None:
+                layer.wgu = q(f"layer {i}'s gate/up", layer.wgu)
+                layer.wd = q(f"layer {i}'s down_proj", layer.wd)
+        self.lm_head = q("the LM head", self.lm_head)
+        self.int8 = True
 
     def _head(self, x: torch.Tensor, mm) -> torch.Tensor:
         """x @ lm_head: the logits [..., V] (under tensor parallel, every rank's shard gathered)."""
@@ -443,7 +467,7 @@ class LlamaModel:
         if attention == "torch" and (windows != [0] or self.config.attn_softcap):
             raise ValueError("attention='torch' has no sliding window (its first key block must be visible) "
                              "and no soft-cap: use 'triton', 'sdpa' or 'rows' for this model")  # fmt: skip
-        op = ops(invariant, eps, self.fused)
+        op = ops(invariant, eps, self.fused, self.int8)
         N = R * T
         x = self._embed(tokens.reshape(N))  # [N, H], row-major (row, position)
         flat_pos = positions.reshape(N)
