@@ -3,12 +3,13 @@
 Building a trie sorts every token's bytes in Python (about a second for Llama 3's 128k
 tokens, three tries per vocabulary: all tokens, and those without and with ``"``); loading
 its arrays takes milliseconds. A file is named by the SHA-256 of the vocabulary (each
-token's bytes and the logits width), the part and :data:`VERSION`, in
-``<cache dir>/tries/`` (:func:`..native.cache_dir`). It holds the trie's
-:data:`~.trie.VocabIndex.BASE` arrays and their Adler-32 checksum: a file that does not
-load, or whose arrays do not match the checksum, is built again, and written atomically
-(a temporary file, then a rename). A folder that cannot be written only costs the build.
-``DEEPINFER_TRIE_CACHE=0`` turns the cache off.
+token's bytes and the logits width) and the part, in ``<cache dir>/tries/``
+(:func:`..native.cache_dir`). It holds a header (magic, :data:`VERSION`, the Adler-32
+checksum of the data, each array's length), then the trie's
+:data:`~.trie.VocabIndex.BASE` arrays as int32: a file that does not load, or does not
+match its header, is built again, and written atomically (a temporary file, then a
+rename). A folder that cannot be written only costs the build. ``DEEPINFER_TRIE_CACHE=0``
+turns the cache off.
 """
 
 from __future__ import annotations
@@ -38,11 +39,43 @@ def vocab_digest(vocab) -> str:
     return d
 
 
-def _checksum(arrays: dict) -> int:
-    c = 1
-    for name in VocabIndex.BASE:
-        c = zlib.adler32(np.ascontiguousarray(arrays[name]).data, c)
-    return c
+MAGIC = 0x54524945  # "TRIE"
+HEAD = 3 + len(VocabIndex.BASE)  # magic, version, checksum, then each array's length
+
+
+def _checksum(data: np.ndarray) -> int:
+    return zlib.adler32(data.data) & 0x7FFFFFFF
+
+
+def _read(path: str) -> dict | None:
+    """The arrays of a trie file, or None if it is not a whole one (one int32 array: the
+    header, then each :data:`~.trie.VocabIndex.BASE` array end to end)."""
+    raw = np.fromfile(path, dtype=np.int32)
+    if len(raw) < HEAD or raw[0] != MAGIC or raw[1] != VERSION:
+        return None
+    lens = raw[3:HEAD].astype(np.int64)
+    data = raw[HEAD:]
+    if (lens < 0).any() or int(lens.sum()) != len(data) or int(raw[2]) != _checksum(data):
+        return None
+    ends = np.cumsum(lens).tolist()
+    return {name: data[e - n : e] for name, n, e in zip(VocabIndex.BASE, lens.tolist(), ends)}
+
+
+def _write(path: str, index: VocabIndex) -> None:
+    parts = [np.ascontiguousarray(getattr(index, name), dtype=np.int32) for name in VocabIndex.BASE]
+    data = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    head = np.array([MAGIC, VERSION, _checksum(data), *(len(p) for p in parts)], dtype=np.int32)
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(head.tobytes())
+            out.write(data.tobytes())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def trie(vocab, part: str, keep=None) -> VocabIndex:
@@ -50,27 +83,16 @@ def trie(vocab, part: str, keep=None) -> VocabIndex:
     subset in the file name (``"all"``, ``"without-22"``, ``"with-22"``)."""
     if os.environ.get(ENV, "1") == "0":
         return VocabIndex(vocab, keep=keep)
-    path = os.path.join(cache_dir(), "tries", f"{vocab_digest(vocab)}-{part}.npz")
+    path = os.path.join(cache_dir(), "tries", f"{vocab_digest(vocab)}-{part}.bin")
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {name: f[name] for name in VocabIndex.BASE}
-            stored = int(f["checksum"])
-        if stored == _checksum(arrays):
+        arrays = _read(path)
+        if arrays is not None:
             return VocabIndex.from_arrays(vocab.vocab_size, arrays)
     except Exception:  # noqa: BLE001 - absent, unreadable or corrupt: built again
         pass
     index = VocabIndex(vocab, keep=keep)
-    arrays = {name: getattr(index, name) for name in VocabIndex.BASE}
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                np.savez(out, checksum=np.int64(_checksum(arrays)), **arrays)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        _write(path, index)
     except OSError:  # a read-only or full disk: the trie is still built
         pass
     return index

@@ -46,7 +46,7 @@ def test_loaded_trie_is_the_built_trie(cache):
         ):
             built = VocabIndex(v, keep=keep)
             first = trie_cache.trie(v, part, keep)  # built, then written
-            assert len(list((cache / "tries").glob(f"*-{part}.npz"))) >= 1
+            assert len(list((cache / "tries").glob(f"*-{part}.bin"))) >= 1
             again = trie_cache.trie(v, part, keep)  # loaded
             _same(built, first)
             _same(built, again)
@@ -56,7 +56,7 @@ def test_corrupt_files_are_built_again(cache):
     v = _vocab(99)
     built = VocabIndex(v)
     trie_cache.trie(v, "all")
-    (path,) = (cache / "tries").glob("*-all.npz")
+    (path,) = (cache / "tries").glob("*-all.bin")
     data = bytearray(path.read_bytes())
     for damage in ("flip", "truncate", "garbage"):
         if damage == "flip":  # a byte inside the arrays: the checksum no longer matches
@@ -65,7 +65,7 @@ def test_corrupt_files_are_built_again(cache):
         elif damage == "truncate":
             bad = data[: len(data) // 3]
         else:
-            bad = bytearray(b"not a zip file")
+            bad = bytearray(b"not a trie file")
         path.write_bytes(bytes(bad))
         _same(built, trie_cache.trie(v, "all"))
         _same(built, trie_cache.trie(v, "all"))  # (rewritten whole)
