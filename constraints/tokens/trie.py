@@ -728,17 +728,26 @@ class VocabIndex:
         "tok_ids",
         "node_skip",
     )  # what the rest derives from
+    DERIVED = ("tok_bit", "fast_nodes", "root_of_byte")  # what _derive makes of them
 
     @classmethod
     def from_arrays(cls, vocab_size: int, arrays: dict) -> VocabIndex:
-        """The trie of the :data:`BASE` arrays of one built before (:mod:`.trie_cache`)."""
+        """The trie of the :data:`BASE` arrays of one built before (:mod:`.trie_cache`), and
+        of its :data:`DERIVED` ones when given (else derived again)."""
         self = cls.__new__(cls)
         self.vocab_size = vocab_size
         self.n_words = (vocab_size + 31) // 32
         for name in cls.BASE:
             setattr(self, name, np.ascontiguousarray(arrays[name], dtype=np.int32))
         self.n_nodes = len(self.node_byte)
-        self._derive()
+        if all(name in arrays for name in cls.DERIVED):  # (as _derive made them)
+            self.max_depth = int(self.node_depth.max()) if self.n_nodes else 0
+            self._scratches = {}
+            self.tok_bit = np.ascontiguousarray(arrays["tok_bit"]).view(np.uint32)  # (stored as int32)
+            self.fast_nodes = np.ascontiguousarray(arrays["fast_nodes"], dtype=np.int32).reshape(-1, 8)
+            self.root_of_byte = np.ascontiguousarray(arrays["root_of_byte"], dtype=np.int32)
+        else:
+            self._derive()
         return self
 
     def _derive(self) -> None:

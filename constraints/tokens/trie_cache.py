@@ -6,7 +6,7 @@ its arrays takes milliseconds. A file is named by the SHA-256 of the vocabulary 
 token's bytes and the logits width) and the part, in ``<cache dir>/tries/``
 (:func:`..native.cache_dir`). It holds a header (magic, :data:`VERSION`, the Adler-32
 checksum of the data, each array's length), then the trie's
-:data:`~.trie.VocabIndex.BASE` arrays as int32: a file that does not load, or does not
+:data:`~.trie.VocabIndex.BASE` and ``DERIVED`` arrays as int32: a file that does not load, or does not
 match its header, is built again, and written atomically (a temporary file, then a
 rename). A folder that cannot be written only costs the build. ``DEEPINFER_TRIE_CACHE=0``
 turns the cache off.
@@ -25,7 +25,7 @@ import numpy as np
 from ..native import cache_dir
 from .trie import VocabIndex
 
-VERSION = 1  # of the trie's layout: a change to how a trie is built must bump it
+VERSION = 2  # of the trie's layout: a change to how a trie is built must bump it
 ENV = "DEEPINFER_TRIE_CACHE"
 
 
@@ -40,7 +40,8 @@ def vocab_digest(vocab) -> str:
 
 
 MAGIC = 0x54524945  # "TRIE"
-HEAD = 3 + len(VocabIndex.BASE)  # magic, version, checksum, then each array's length
+STORED = (*VocabIndex.BASE, *VocabIndex.DERIVED)  # (the derived ones: no work on loading)
+HEAD = 3 + len(STORED)  # magic, version, checksum, then each array's length
 
 
 def _checksum(data: np.ndarray) -> int:
@@ -58,11 +59,11 @@ def _read(path: str) -> dict | None:
     if (lens < 0).any() or int(lens.sum()) != len(data) or int(raw[2]) != _checksum(data):
         return None
     ends = np.cumsum(lens).tolist()
-    return {name: data[e - n : e] for name, n, e in zip(VocabIndex.BASE, lens.tolist(), ends)}
+    return {name: data[e - n : e] for name, n, e in zip(STORED, lens.tolist(), ends)}
 
 
 def _write(path: str, index: VocabIndex) -> None:
-    parts = [np.ascontiguousarray(getattr(index, name), dtype=np.int32) for name in VocabIndex.BASE]
+    parts = [np.ascontiguousarray(getattr(index, name)).reshape(-1).view(np.int32) for name in STORED]
     data = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
     head = np.array([MAGIC, VERSION, _checksum(data), *(len(p) for p in parts)], dtype=np.int32)
     folder = os.path.dirname(path)
