@@ -29,6 +29,10 @@ install() {
     # SentencePiece (tokenizer.model.v1/v3) and Tekken (tekken_*.json) files, Apache-2.0, for
     # tokenizer tests; --no-deps: only its data/ folder is read.
     "$PY" -m pip install -q --no-deps mistral-common==1.13.1
+    # The constraint kernels compiled ahead of time into the user cache folder (about a
+    # minute), so a new process does not pay numba's JIT; without it they run under the JIT.
+    "$PY" -m deepinfer.constraints.native_build --if-missing \
+        || echo "constraint kernels not built ahead of time: numba's JIT runs them" >&2
     touch "$stamp"
 }
 

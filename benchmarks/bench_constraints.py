@@ -46,6 +46,7 @@ import argparse  # noqa: E402
 import collections  # noqa: E402
 import gc  # noqa: E402
 import glob  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import random  # noqa: E402
@@ -62,6 +63,12 @@ REPO = os.path.dirname(HERE)
 DATA_ENV = "DEEPINFER_SHARED_DATA"  # a folder holding maskbench-dev/ (as for the tests)
 DEFAULT_DATA = os.path.join(os.environ[DATA_ENV], "maskbench-dev") if os.environ.get(DATA_ENV) else None
 ENGINES = ("deepinfer", "xgrammar", "llguidance", "outlines")
+ENGINE_MODULES = {
+    "deepinfer": "deepinfer.constraints",
+    "xgrammar": "xgrammar",
+    "llguidance": "llguidance",
+    "outlines": "outlines_core",
+}
 PEERS = ENGINES[1:]
 ns = time.perf_counter_ns
 
@@ -111,8 +118,10 @@ class DeepInferEngine(_Engine):
         from deepinfer.constraints import Compiler, Matcher, Vocabulary
 
         self._Compiler, self._Matcher = Compiler, Matcher
+        t = ns()
         tok = Tokenizer.from_str(cfg["tokenizer_json"])
         self.vocab = Vocabulary.from_tokenizer(tok, eos_ids=[self.eos])
+        self.vocab_s = (ns() - t) / 1e9  # (the tokenizer's part of the init: see fresh_process)
         self.compiler = Compiler(self.vocab)  # builds the shared vocabulary trie now
         self.ws = cfg["whitespace"]
 
@@ -506,6 +515,85 @@ class Worker:
         self.kill()
 
 
+# ============================================================================ fresh process
+
+
+def fresh_main(engine: str, cfg_path: str) -> None:
+    """In a new process: import the engine, make its vocabulary and compiler, then compile
+    one schema and fill its first mask; print the times as JSON (see :func:`fresh_process`)."""
+    import pickle
+
+    with open(cfg_path, "rb") as f:
+        cfg = pickle.load(f)
+    schema = cfg.pop("schema")
+    t0 = ns()
+    importlib.import_module(ENGINE_MODULES[engine])  # the engine's Python package
+    t1 = ns()
+    eng = ENGINE_CLASSES[engine](cfg)  # imports the engine, reads the tokenizer, builds its tables
+    t2 = ns()
+    m = eng.matcher(eng.compile(schema))
+    eng.fill(m)
+    t3 = ns()
+    out = {"init_s": (t2 - t1) / 1e9, "first_s": (t3 - t2) / 1e9, "import_s": (t1 - t0) / 1e9}
+    out["vocab_s"] = getattr(eng, "vocab_s", 0.0)  # the tokenizer's part (deepinfer: Vocabulary)
+    if engine == "deepinfer":
+        from deepinfer.constraints import native
+
+        out["kernels"] = native.STATE.mode
+    print("FRESH " + json.dumps(out), flush=True)
+
+
+def fresh_process(engine: str, cfg: dict, schema: Any, runs: int) -> dict | None:
+    """Median over ``runs`` new processes of :func:`fresh_main`'s times: what a new
+    process pays before its first schema's first mask (kernels, tries and tables loaded or
+    built, never cached in memory)."""
+    import pickle
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("wb", suffix=".pkl", delete=False) as f:
+        pickle.dump({**cfg, "schema": schema}, f)
+    rows = []
+    try:
+        for _ in range(runs):
+            code = (
+                f"import sys; sys.path.insert(0, {HERE!r}); import bench_constraints as b; "
+                f"b.fresh_main({engine!r}, {f.name!r})"
+            )
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+            line = [x for x in out.stdout.splitlines() if x.startswith("FRESH ")]
+            if not line:
+                print(f"  {engine}: fresh process failed: {out.stderr.strip()[-300:]}", flush=True)
+                return None
+            rows.append(json.loads(line[-1][6:]))
+    finally:
+        os.unlink(f.name)
+    med = {k: float(np.median([r[k] for r in rows])) for k in ("import_s", "init_s", "first_s", "vocab_s")}
+    med["kernels"] = rows[-1].get("kernels", "")
+    return med
+
+
+def fresh_table(fresh: dict[str, dict]) -> list[str]:
+    out = [
+        "",
+        "A new process (median of the runs): importing the engine's package, its set-up, then the "
+        "first schema to its first mask. deepinfer's set-up is Vocabulary.from_tokenizer (the "
+        "tokenizer's part) + Compiler(vocab):",
+        "",
+        "| engine | import | set-up | of which the tokenizer's | first schema → first mask | "
+        "set-up less the tokenizer's + first mask | kernels |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e, r in fresh.items():
+        own = r["init_s"] - r["vocab_s"] + r["first_s"]
+        out.append(
+            f"| {e} | {fmt_t(r['import_s'])} | {fmt_t(r['init_s'])} | "
+            f"{fmt_t(r['vocab_s']) if r['vocab_s'] else '–'} | "
+            f"{fmt_t(r['first_s'])} | {fmt_t(own)} | {r['kernels'] or '–'} |"
+        )
+    return out
+
+
 # ============================================================================ data
 
 
@@ -854,6 +942,12 @@ def main(argv=None) -> int:
         default=20_000,
         help="skip outlines-core on schemas larger than this (counted as not compiled)",
     )
+    ap.add_argument(
+        "--fresh-runs",
+        type=int,
+        default=3,
+        help="new processes per engine timing set-up + first schema to first mask (0: none)",
+    )
     ap.add_argument("--details", action="store_true", help="list false rejections / acceptances")
     ap.add_argument("--verbose", action="store_true", help="keep xgrammar's C++ warnings")
     ap.add_argument("--json-out", default=None, help="write per-schema results here")
@@ -904,7 +998,12 @@ def main(argv=None) -> int:
         }
         all_res: dict[str, dict[str, dict]] = {}
         rows = []
+        fresh: dict[str, dict] = {}
         for eng in engines:
+            if args.fresh_runs > 0 and jobs:
+                r = fresh_process(eng, cfg, jobs[0]["schema"], args.fresh_runs)
+                if r is not None:
+                    fresh[eng] = r
             t_e = time.time()
             try:
                 w = Worker(eng, cfg)
@@ -953,6 +1052,8 @@ def main(argv=None) -> int:
             "vocabulary init (once per tokenizer): "
             + ", ".join(f"{e} {info['init_s']:.2f} s" for e, _, info in rows)
         )
+        if fresh:
+            lines += fresh_table(fresh)
         if "deepinfer" in all_res:
             peers = {p: all_res[p] for p in PEERS if p in all_res}
             if peers:

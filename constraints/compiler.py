@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from . import ir
+from . import ir, native
 from .automaton.nfa import Limits
 from .automaton.pushdown import compile_grammar
 from .compiled import CompiledConstraint
@@ -54,11 +54,13 @@ class Compiler:
         self._cache: OrderedDict[tuple, CompiledConstraint] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
-        # the tries are shared by every compilation: build them once, now, and compile
-        # the numba walk (cached on disk after the first process)
+        # the tries are shared by every compilation: made once, now (loaded from the disk
+        # cache after the first process: .tokens.trie_cache); under numba's JIT, its kernels
+        # are loaded or compiled now too (an AOT build loads them with the package: .native)
         vocab.index()
         vocab.split_index(0x22)
-        _warm_up(vocab)
+        if native.STATE.mode == "jit":
+            _warm_up(vocab)
         prime_shared_rows(vocab)
 
     def _cached(self, key: tuple, build, where, finish=None) -> CompiledConstraint:

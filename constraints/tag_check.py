@@ -25,11 +25,7 @@ import numpy as np
 
 from .automaton.pushdown import Automaton
 from .matcher import MAX_FORCED_BYTES, STEP_MEMO_SIZE, Matcher, encode_forced
-
-try:  # numba is a listed dependency; the pure-Python fallback keeps the package importable
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
+from .native import kernel
 
 _MISS = object()
 
@@ -217,7 +213,7 @@ def _unsafe_py(table, cls, tagmat, stop, tops, words, ids, flat, offs, out):
     return n
 
 
-_unsafe = njit(cache=True, nogil=True)(_unsafe_py) if njit is not None else _unsafe_py
+_unsafe = kernel(_unsafe_py, __name__, "_unsafe")
 
 
 def _concat(tb: list, ids: list) -> tuple[np.ndarray, np.ndarray]:

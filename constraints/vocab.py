@@ -288,10 +288,13 @@ class Vocabulary:
         cache = self.__dict__.setdefault("_split", {})
         hit = cache.get(byte)
         if hit is None:
-            from .tokens.trie import VocabIndex
+            from .tokens.trie_cache import trie
 
             ch = bytes([byte])
-            hit = (VocabIndex(self, keep=lambda b: ch not in b), VocabIndex(self, keep=lambda b: ch in b))
+            hit = (
+                trie(self, f"without-{byte:02x}", keep=lambda b: ch not in b),
+                trie(self, f"with-{byte:02x}", keep=lambda b: ch in b),
+            )
             cache[byte] = hit
         return hit
 
@@ -310,8 +313,8 @@ class Vocabulary:
         """The shared per-vocabulary token trie (built once, on first use)."""
         if self._index is None:
             from .tokens.rows import warm_up
-            from .tokens.trie import VocabIndex
+            from .tokens.trie_cache import trie
 
-            self._index = VocabIndex(self)
+            self._index = trie(self, "all")
             warm_up(self._index)  # the cold-row kernels: loaded now, not on the first mask
         return self._index

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
+from ..native import kernel
 
 
 def grow(a, need):
@@ -260,13 +257,8 @@ def _product_py(t1, a1, t2, a2, mode_diff, max_states):
     return 0, table[:n], acc[:n]
 
 
-if njit is not None:
-    grow = njit(cache=True, nogil=True)(grow)
-    grow_rows = njit(cache=True, nogil=True)(grow_rows)
-    hopcroft = njit(cache=True, nogil=True)(_hopcroft_py)
-    live_kernel = njit(cache=True, nogil=True)(_live_py)
-    product_kernel = njit(cache=True, nogil=True)(_product_py)
-else:  # pragma: no cover
-    hopcroft = _hopcroft_py
-    live_kernel = _live_py
-    product_kernel = _product_py
+grow = kernel(grow, __name__, "grow")
+grow_rows = kernel(grow_rows, __name__, "grow_rows")
+hopcroft = kernel(_hopcroft_py, __name__, "hopcroft")
+live_kernel = kernel(_live_py, __name__, "live_kernel")
+product_kernel = kernel(_product_py, __name__, "product_kernel")

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
+from ..native import kernel
 
 
 def _minimize_sparse_py(table, accepting, live, calls):
@@ -198,7 +195,4 @@ def _minimize_sparse_py(table, accepting, live, calls):
     return out, out_acc, out_calls
 
 
-if njit is not None:
-    minimize_sparse_kernel = njit(cache=True, nogil=True)(_minimize_sparse_py)
-else:  # pragma: no cover
-    minimize_sparse_kernel = _minimize_sparse_py
+minimize_sparse_kernel = kernel(_minimize_sparse_py, __name__, "minimize_sparse_kernel")

@@ -18,14 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..native import kernel
 from .dfa_kernels import live_kernel
 from .minimize import minimize_sparse_kernel
 from .subset import subsets_kernel
-
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
 
 
 def _byte_classes_py(raw):
@@ -170,7 +166,7 @@ def _det_min_flat_py(
     subset construction, live states, minimisation. Returns (status, table, accepting);
     zero states if the start is dead."""
     no_calls = np.empty(0, dtype=np.int64)
-    status, table, acc, _, _, _ = _determinize_flat(
+    status, table, acc, _, _, _ = determinize_flat_kernel(
         n,
         eps,
         byt,
@@ -196,13 +192,7 @@ def _det_min_flat_py(
 
 
 _determinize, _live, _minimize = subsets_kernel, live_kernel, minimize_sparse_kernel
-if njit is not None:
-    byte_classes_kernel = njit(cache=True, nogil=True)(_byte_classes_py)
-    _csr = njit(cache=True, nogil=True)(_csr_py)
-    _determinize_flat = determinize_flat_kernel = njit(cache=True, nogil=True)(_determinize_flat_py)
-    det_min_flat_kernel = njit(cache=True, nogil=True)(_det_min_flat_py)
-else:  # pragma: no cover
-    byte_classes_kernel = _byte_classes_py
-    _csr = _csr_py
-    _determinize_flat = determinize_flat_kernel = _determinize_flat_py
-    det_min_flat_kernel = _det_min_flat_py
+byte_classes_kernel = kernel(_byte_classes_py, __name__, "byte_classes_kernel")
+_csr = kernel(_csr_py, __name__, "_csr")
+determinize_flat_kernel = kernel(_determinize_flat_py, __name__, "determinize_flat_kernel")
+det_min_flat_kernel = kernel(_det_min_flat_py, __name__, "det_min_flat_kernel")

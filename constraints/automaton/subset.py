@@ -20,10 +20,7 @@ import time
 
 import numpy as np
 
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
+from ..native import kernel
 
 
 def _clock_py() -> int:
@@ -512,7 +509,10 @@ def _subsets_py(
 
 _CYCLES = platform.machine().lower() in ("x86_64", "amd64")  # an invariant cycle counter
 
-if njit is not None and _CYCLES:
+
+def _define_counter(g: dict) -> None:
+    """Define the intrinsic ``_readcyclecounter`` (LLVM's cycle counter) in ``g``: numba
+    is imported only when the kernels run through its JIT (see :mod:`..native`)."""
     from llvmlite import ir as _llvm
     from numba import types as _types
     from numba.core import cgutils as _cgutils
@@ -527,18 +527,21 @@ if njit is not None and _CYCLES:
 
         return _types.int64(), codegen
 
-    def _cycles_py() -> int:
-        return _readcyclecounter()
+    g["_readcyclecounter"] = _readcyclecounter
 
-    _clock = njit(cache=True, nogil=True)(_cycles_py)
-elif njit is not None:  # no counter the compiled kernels can read: a clock that stands still
 
-    def _still_py() -> int:
-        return 0
+def _cycles_py() -> int:
+    return _readcyclecounter()  # noqa: F821 # (defined by _define_counter)
 
-    _clock = njit(cache=True, nogil=True)(_still_py)
-else:  # pragma: no cover - pure Python: nanoseconds
-    _clock = _clock_py
+
+def _still_py() -> int:
+    return 0
+
+
+if _CYCLES:
+    _clock = kernel(_cycles_py, __name__, "_clock", setup=_define_counter)
+else:  # no counter the compiled kernels can read: a clock that stands still
+    _clock = kernel(_still_py, __name__, "_clock")
 
 _RATE: list[float] = []
 
@@ -565,12 +568,8 @@ def now() -> int:
     return int(_clock())
 
 
-if njit is not None:
-    _isort = njit(cache=True, nogil=True)(_isort)
-    _slot = njit(cache=True, nogil=True)(_slot)
-    _grown = njit(cache=True, nogil=True)(_grown)
-    _expand = njit(cache=True, nogil=True)(_expand_py)
-    subsets_kernel = njit(cache=True, nogil=True)(_subsets_py)
-else:  # pragma: no cover
-    _expand = _expand_py
-    subsets_kernel = _subsets_py
+_isort = kernel(_isort, __name__, "_isort")
+_slot = kernel(_slot, __name__, "_slot")
+_grown = kernel(_grown, __name__, "_grown")
+_expand = kernel(_expand_py, __name__, "_expand")
+subsets_kernel = kernel(_subsets_py, __name__, "subsets_kernel")

@@ -12,11 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..automaton.dfa_kernels import hopcroft
-
-try:  # numba is a listed dependency; the pure-Python fallback keeps the package importable
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
+from ..native import kernel
 
 
 def _columns_py(cls, n_cls, quote):
@@ -43,7 +39,7 @@ def _columns_py(cls, n_cls, quote):
     return cls_col, col_cls, col_rep, col_of, k
 
 
-_columns = njit(cache=True, nogil=True)(_columns_py) if njit is not None else _columns_py
+_columns = kernel(_columns_py, __name__, "_columns")
 
 
 def _unquoted_region_py(table, cls, quote, boundary, start, max_states, local):
@@ -244,16 +240,10 @@ def _count_bytes_py(table, cls_sizes, state):
     return n
 
 
-if njit is not None:
-    count_bytes = njit(cache=True, nogil=True)(_count_bytes_py)
-    match_form = njit(cache=True, nogil=True)(_match_form_py)
-    unquoted_region = njit(cache=True, nogil=True)(_unquoted_region_py)
-    canonical_key = njit(cache=True, nogil=True)(_canonical_key_py)
-else:  # pragma: no cover
-    count_bytes = _count_bytes_py
-    match_form = _match_form_py
-    unquoted_region = _unquoted_region_py
-    canonical_key = _canonical_key_py
+count_bytes = kernel(_count_bytes_py, __name__, "count_bytes")
+match_form = kernel(_match_form_py, __name__, "match_form")
+unquoted_region = kernel(_unquoted_region_py, __name__, "unquoted_region")
+canonical_key = kernel(_canonical_key_py, __name__, "canonical_key")
 
 
 def warm_up(index=None) -> None:

@@ -21,10 +21,7 @@ import threading
 
 import numpy as np
 
-try:  # numba is a listed dependency; the pure-Python fallback keeps the package importable
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
+from ..native import kernel
 
 
 def _walk_py(
@@ -70,7 +67,7 @@ def _walk_py(
     return nb
 
 
-_walk = njit(cache=True, nogil=True)(_walk_py) if njit is not None else _walk_py
+_walk = kernel(_walk_py, __name__, "_walk")
 
 
 def _walk_many_py(
@@ -116,7 +113,7 @@ def _walk_many_py(
     return nb
 
 
-_walk_many = njit(cache=True, nogil=True)(_walk_many_py) if njit is not None else _walk_many_py
+_walk_many = kernel(_walk_many_py, __name__, "_walk_many")
 
 
 def _walk_counted_py(
@@ -190,7 +187,7 @@ def _walk_counted_py(
     return nb
 
 
-_walk_counted = njit(cache=True, nogil=True)(_walk_counted_py) if njit is not None else _walk_counted_py
+_walk_counted = kernel(_walk_counted_py, __name__, "_walk_counted")
 
 
 def _walk_counted_many_py(
@@ -278,9 +275,7 @@ def _walk_counted_many_py(
     return nb
 
 
-_walk_counted_many = (
-    njit(cache=True, nogil=True)(_walk_counted_many_py) if njit is not None else _walk_counted_many_py
-)
+_walk_counted_many = kernel(_walk_counted_many_py, __name__, "_walk_counted_many")
 
 
 def _walk_crit_py(
@@ -328,7 +323,7 @@ def _walk_crit_py(
     return 0
 
 
-_walk_crit = njit(cache=True, nogil=True)(_walk_crit_py) if njit is not None else _walk_crit_py
+_walk_crit = kernel(_walk_crit_py, __name__, "_walk_crit")
 
 
 # Byte sets for the walk's shortcut, each inside the next: a subtree whose bytes all lie
@@ -620,16 +615,11 @@ def _set_classes_py(cls, set_rows, set_bytes, set_cls):
     return 0
 
 
-if njit is not None:
-    _set_classes = njit(cache=True, nogil=True)(_set_classes_py)
-    _subtree_sets = njit(cache=True, nogil=True)(_subtree_sets_py)
-    _alive_depth = njit(cache=True, nogil=True)(_alive_depth)
-    _walk_range = njit(cache=True, nogil=True)(_walk_range)
-    _walk_fast = njit(cache=True, nogil=True)(_walk_fast_py)
-else:  # pragma: no cover
-    _set_classes = _set_classes_py
-    _subtree_sets = _subtree_sets_py
-    _walk_fast = _walk_fast_py
+_set_classes = kernel(_set_classes_py, __name__, "_set_classes")
+_subtree_sets = kernel(_subtree_sets_py, __name__, "_subtree_sets")
+_alive_depth = kernel(_alive_depth, __name__, "_alive_depth")
+_walk_range = kernel(_walk_range, __name__, "_walk_range")
+_walk_fast = kernel(_walk_fast_py, __name__, "_walk_fast")
 
 
 _NO_ROOTS = np.zeros(0, dtype=np.int32)
@@ -728,6 +718,41 @@ class VocabIndex:
                 skip[stack.pop()] = i
             stack.append(i)
         self.node_skip = skip
+        self._derive()
+
+    BASE = (
+        "node_byte",
+        "node_depth",
+        "tok_lo",
+        "tok_hi",
+        "tok_ids",
+        "node_skip",
+    )  # what the rest derives from
+    DERIVED = ("tok_bit", "fast_nodes", "root_of_byte")  # what _derive makes of them
+
+    @classmethod
+    def from_arrays(cls, vocab_size: int, arrays: dict) -> VocabIndex:
+        """The trie of the :data:`BASE` arrays of one built before (:mod:`.trie_cache`), and
+        of its :data:`DERIVED` ones when given (else derived again)."""
+        self = cls.__new__(cls)
+        self.vocab_size = vocab_size
+        self.n_words = (vocab_size + 31) // 32
+        for name in cls.BASE:
+            setattr(self, name, np.ascontiguousarray(arrays[name], dtype=np.int32))
+        self.n_nodes = len(self.node_byte)
+        if all(name in arrays for name in cls.DERIVED):  # (as _derive made them)
+            self.max_depth = int(self.node_depth.max()) if self.n_nodes else 0
+            self._scratches = {}
+            self.tok_bit = np.ascontiguousarray(arrays["tok_bit"]).view(np.uint32)  # (stored as int32)
+            self.fast_nodes = np.ascontiguousarray(arrays["fast_nodes"], dtype=np.int32).reshape(-1, 8)
+            self.root_of_byte = np.ascontiguousarray(arrays["root_of_byte"], dtype=np.int32)
+        else:
+            self._derive()
+        return self
+
+    def _derive(self) -> None:
+        """The walks' arrays, from the :data:`BASE` ones."""
+        n = self.n_nodes
         self.max_depth = int(self.node_depth.max()) if n else 0
         self._scratches: dict = {}
         # each node's first token as (word, bit) for the packed walks; no token: bit 0

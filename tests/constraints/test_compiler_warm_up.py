@@ -25,7 +25,7 @@ def test_first_compiler_on_a_cold_kernel_cache_compiles(tmp_path):
         print("ok")
         """
     )
-    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PATH": "/usr/bin:/bin"}
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PATH": "/usr/bin:/bin", "DEEPINFER_KERNELS": "jit"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
     )

@@ -1,0 +1,340 @@
+"""Native kernels: one module compiled ahead of time, or numba's JIT.
+
+Every numba kernel of the package is registered here with :func:`kernel` (its pure-Python
+function stays the reference). How a kernel runs is settled once per process, at import:
+
+- **ahead of time** (AOT): a C extension that :func:`build` compiles with numba's ``pycc``
+  from the kernels' own source, for the argument types a warm-up workload meets. Loading it
+  takes about a millisecond and imports no numba, where numba's JIT takes about a second
+  per process (importing numba, its type system, and loading each kernel from its disk
+  cache). ``./build.sh install`` builds it; so does
+  ``python -m deepinfer.constraints.native_build`` (:mod:`.native_build`).
+- **JIT**: ``numba.njit(cache=True, nogil=True)``, numba's disk cache next to the module,
+  or in numba's user-wide cache folder when the package folder is read-only
+  (``NUMBA_CACHE_DIR`` overrides both). This is the path of a first run on a clean machine.
+
+The build is found in :func:`cache_dir` (``DEEPINFER_CACHE_DIR``, else
+``$XDG_CACHE_HOME/deepinfer``, else ``~/.cache/deepinfer``) under a name holding the key of
+what it was built from: a hash of the kernel modules' source, the Python, numpy and machine
+(:func:`build_key`). Any change to a kernel gives another key, so a stale build is never
+loaded. A sidecar manifest holds the build's SHA-256 and the argument types of each
+exported signature; a file that does not match its hash (corrupt, half written) is not
+loaded, and :func:`build` writes both atomically. At each call an AOT kernel checks its
+arguments' types against the exported signatures (numba's ``typeof``: dtype, dimensions,
+layout, read-only), since a compiled signature does not check dtypes of the same size;
+arguments no signature takes switch the process to the JIT (:func:`use_jit`), which is
+always correct. ``DEEPINFER_KERNELS=jit`` forces the JIT, ``=aot`` makes a missing build or
+signature an error (for the tests of the build).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import sys
+import threading
+
+import numpy as np
+
+ENV_MODE = "DEEPINFER_KERNELS"  # "auto" (default), "jit", "aot"
+ENV_CACHE = "DEEPINFER_CACHE_DIR"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# the modules whose kernels the build compiles (their source is the build's key)
+KERNEL_MODULES = (
+    "automaton/dfa_kernels.py",
+    "automaton/minimize.py",
+    "automaton/nfa_kernels.py",
+    "automaton/subset.py",
+    "tokens/rows.py",
+    "tokens/trie.py",
+    "tag_check.py",
+)
+_PACKAGE = __package__ or __name__.rpartition(".")[0]
+
+
+class _State:
+    mode = "python"  # "aot" or "jit" or "python" (numba missing): how kernels run now
+    aot = None  # the loaded extension
+    manifest: dict = {}
+    why = ""  # why the AOT build is not in use
+    misses: list = []  # (kernel, argument types) the build had no signature for
+
+
+STATE = _State()
+_KERNELS: list[Kernel] = []
+_LOCK = threading.Lock()
+
+
+def cache_dir() -> str:
+    """Where the AOT build lives: ``DEEPINFER_CACHE_DIR``, else the user's cache folder."""
+    d = os.environ.get(ENV_CACHE)
+    if d:
+        return d
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "deepinfer")
+
+
+def build_key() -> str:
+    """The hash of what a build depends on: the kernel modules' source, the Python, numpy,
+    the machine."""
+    h = hashlib.sha256()
+    for rel in KERNEL_MODULES:
+        with open(os.path.join(_HERE, rel), "rb") as f:
+            h.update(rel.encode() + b"\0" + f.read() + b"\0")
+    h.update(f"{sys.version}|{sys.implementation.cache_tag}|{np.__version__}|{platform.machine()}".encode())
+    return h.hexdigest()[:20]
+
+
+def _module_name(key: str) -> str:
+    return f"_deepinfer_kernels_{key}"
+
+
+def _paths(key: str, folder: str | None = None) -> tuple[str, str]:
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    folder = folder or cache_dir()
+    name = _module_name(key)
+    return os.path.join(folder, name + EXTENSION_SUFFIXES[0]), os.path.join(folder, name + ".json")
+
+
+def build_paths(folder: str | None = None) -> tuple[str, str]:
+    """The extension and manifest paths of this source's build in ``folder``."""
+    return _paths(build_key(), folder)
+
+
+def _file_sha(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _load_aot() -> None:
+    """Load the build of this source, if there is a whole one (else say why not)."""
+    try:
+        key = build_key()
+        so, man = _paths(key)
+        if not (os.path.exists(so) and os.path.exists(man)):
+            STATE.why = f"no build for key {key} in {os.path.dirname(so)}"
+            return
+        with open(man, encoding="utf-8") as f:
+            manifest = json.load(f)
+        if manifest.get("key") != key or manifest.get("sha256") != _file_sha(so):
+            STATE.why = f"build {so} does not match its manifest (stale or corrupt): not loaded"
+            return
+        spec = importlib.util.spec_from_file_location(_module_name(key), so)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except Exception as e:  # noqa: BLE001 - any failure: the JIT instead
+        STATE.why = f"build not loaded: {type(e).__name__}: {e}"
+        return
+    STATE.aot, STATE.manifest, STATE.mode = mod, manifest, "aot"
+
+
+def _arg_type(x):
+    """numba's ``typeof`` of an argument, as the manifest writes it."""
+    if isinstance(x, np.ndarray):
+        f = x.flags
+        return (
+            x.dtype.str,
+            x.ndim,
+            "C" if f.c_contiguous else ("F" if f.f_contiguous else "A"),
+            not f.writeable,
+        )
+    if isinstance(x, (bool, np.bool_)):
+        return "|b1"
+    if isinstance(x, int):
+        return "<i8"
+    if isinstance(x, float):
+        return "<f8"
+    if isinstance(x, np.generic):
+        return x.dtype.str
+    return repr(type(x))
+
+
+def _numba_type(t):
+    """A numba type as :func:`_arg_type` writes it (None: not exportable)."""
+    from numba import types
+    from numba.np.numpy_support import as_dtype
+
+    if isinstance(t, types.Array):
+        return (as_dtype(t.dtype).str, t.ndim, t.layout, not t.mutable)
+    if isinstance(t, (types.Integer, types.Float, types.Boolean)):
+        return as_dtype(t).str
+    return None
+
+
+class Kernel:
+    """A registered kernel: calls go to the AOT build's signature for the arguments'
+    types, else to numba's dispatcher (the JIT; the pure-Python function without numba)."""
+
+    def __init__(self, py_func, module: str, name: str, setup=None) -> None:
+        self.py_func, self.module, self.name, self.setup = py_func, module, name, setup
+        self.qualname = f"{module}.{name}"
+        self.jit = None  # the numba dispatcher, once in JIT mode
+        self._sigs: dict = {}  # argument types -> the AOT function
+        self.__doc__ = py_func.__doc__
+        self.__wrapped__ = py_func
+
+    def _bind_aot(self) -> None:
+        for args, export in STATE.manifest.get("kernels", {}).get(self.qualname, []):
+            self._sigs[tuple(tuple(a) if isinstance(a, list) else a for a in args)] = getattr(
+                STATE.aot, export
+            )
+
+    def __call__(self, *args):
+        if self.jit is not None:
+            return self.jit(*args)
+        f = self._sigs.get(tuple(map(_arg_type, args)))
+        if f is not None:
+            return f(*args)
+        STATE.misses.append((self.qualname, tuple(map(_arg_type, args))))
+        if os.environ.get(ENV_MODE) == "aot":
+            raise TypeError(f"{self.qualname}: the AOT build has no signature for {STATE.misses[-1][1]}")
+        use_jit()
+        return self.jit(*args)
+
+
+def kernel(py_func, module: str, name: str, setup=None):
+    """Register ``py_func`` as the kernel ``module.name`` (the global it is bound to: in JIT
+    mode the global becomes numba's dispatcher, so that kernels calling it compile against
+    it). ``setup(module_globals)`` runs before its dispatcher is made (numba intrinsics)."""
+    k = Kernel(py_func, module, name, setup)
+    with _LOCK:
+        _KERNELS.append(k)
+        if STATE.mode == "aot":
+            k._bind_aot()
+            return k
+        if STATE.mode == "jit":
+            return _make_jit(k)
+    return k  # pure Python (numba missing)
+
+
+def _make_jit(k: Kernel):
+    from numba import njit
+
+    g = sys.modules[k.module].__dict__ if k.module in sys.modules else None
+    if k.setup is not None and g is not None:
+        k.setup(g)
+    k.jit = njit(cache=True, nogil=True)(k.py_func)
+    return k.jit
+
+
+def use_jit() -> None:
+    """Run every kernel through numba's JIT from now on (a signature the build lacks)."""
+    with _LOCK:
+        if STATE.mode == "jit":
+            return
+        try:
+            import numba  # noqa: F401
+        except ImportError:  # pragma: no cover - numba is a listed dependency
+            STATE.mode = "python"
+            for k in _KERNELS:
+                k.jit = k.py_func
+            return
+        STATE.mode = "jit"
+        for k in _KERNELS:
+            _make_jit(k)
+        for mod in {k.module for k in _KERNELS}:  # every global naming a kernel (aliases too)
+            g = sys.modules.get(mod)
+            for name, v in list(vars(g).items()) if g is not None else ():
+                if isinstance(v, Kernel):
+                    setattr(g, name, v.jit)
+
+
+def _init() -> None:
+    mode = os.environ.get(ENV_MODE, "auto")
+    if mode != "jit":
+        _load_aot()
+        if STATE.mode == "aot":
+            return
+        if mode == "aot":
+            raise ImportError(f"{ENV_MODE}=aot: {STATE.why}")
+    try:
+        import numba  # noqa: F401
+
+        STATE.mode = "jit"
+    except ImportError:  # pragma: no cover
+        STATE.mode = "python"
+
+
+_init()
+
+
+# ------------------------------------------------------------------------------ build
+
+
+def build(workload, folder: str | None = None, verbose: bool = False, only=None) -> str:
+    """Compile every registered kernel (``only``: those qualified names) ahead of time into
+    ``folder`` (default :func:`cache_dir`), for the signatures ``workload()`` meets under
+    the JIT (:func:`.native_build.run`). Run in a process of its own in JIT mode
+    (``DEEPINFER_KERNELS=jit``, as ``python -m deepinfer.constraints.native_build`` does).
+    Returns the extension's path."""
+    import shutil
+    import tempfile
+
+    if STATE.mode != "jit":
+        raise RuntimeError(f"build() needs the JIT ({ENV_MODE}=jit), the kernels run as {STATE.mode}")
+    key = build_key()  # (the source the modules were imported from: checked again at the end)
+    _import_kernel_modules()
+    workload()
+    from numba.core import compiler as _ncompiler
+    from numba.pycc import CC
+    from numba.pycc import compiler as _pycc_compiler
+
+    class _NoGilFlags(_ncompiler.Flags):  # the exported wrappers release the GIL, as nogil=True does
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.release_gil = True
+
+    folder = folder or cache_dir()
+    os.makedirs(folder, exist_ok=True)
+    name = _module_name(key)
+    tmp = tempfile.mkdtemp(prefix=".build-", dir=folder)
+    try:
+        cc = CC(name)
+        cc.output_dir = tmp
+        cc.verbose = verbose
+        kernels: dict[str, list] = {}
+        n = 0
+        for k in _KERNELS:
+            if only is not None and k.qualname not in only:
+                continue
+            for sig, cres in k.jit.overloads.items():
+                args = [_numba_type(t) for t in sig]
+                if any(a is None for a in args):
+                    continue  # (an argument the call-time check cannot match: left to the JIT)
+                export = f"k{n}"
+                n += 1
+                cc.export(export, cres.signature)(k.py_func)
+                kernels.setdefault(k.qualname, []).append([args, export])
+        saved = _pycc_compiler.Flags
+        _pycc_compiler.Flags = _NoGilFlags
+        try:
+            cc.compile()
+        finally:
+            _pycc_compiler.Flags = saved
+        built = [f for f in os.listdir(tmp) if f.startswith(name) and not f.endswith(".json")]
+        so_tmp = os.path.join(tmp, built[0])
+        if build_key() != key:
+            raise RuntimeError("the kernels' source changed during the build: run it again")
+        so, man = _paths(key, folder)
+        manifest = {"key": key, "sha256": _file_sha(so_tmp), "kernels": kernels}
+        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f)
+        os.replace(so_tmp, so)  # the extension first: a manifest never names a missing file
+        os.replace(os.path.join(tmp, "manifest.json"), man)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return so
+
+
+def _import_kernel_modules() -> None:
+    import importlib
+
+    for rel in KERNEL_MODULES:
+        importlib.import_module(f"{_PACKAGE}." + rel[:-3].replace("/", "."))

@@ -1,0 +1,166 @@
+"""The kernels' ahead-of-time build (constraints/native.py): a build of three kernels, loaded in
+a new process, gives the pure-Python references' results on random inputs; arguments of a
+type it was not built for, a corrupt build and a stale one all fall back to numba's JIT,
+with the same results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deepinfer.constraints import native
+
+ROOT = Path(__file__).resolve().parents[2]
+ONLY = [  # (a trie's construction runs _subtree_sets)
+    "deepinfer.constraints.tokens.rows.count_bytes",
+    "deepinfer.constraints.tokens.trie._walk",
+    "deepinfer.constraints.tokens.trie._subtree_sets",
+]
+
+BUILD = """
+import numpy as np
+from deepinfer.constraints import native
+from deepinfer.constraints.native_build import workload_vocab
+from deepinfer.constraints.tokens import rows
+
+def run():  # meets the three kernels with the types the compiler passes
+    workload_vocab().index()  # (the trie's construction, and its walk's warm-up)
+    rows.count_bytes(np.full((2, 3), -1, dtype=np.int32), np.ones(3, dtype=np.int64), 0)
+
+print(native.build(run, {folder!r}, only={only!r}))
+"""
+
+# random automata and tries: the AOT kernels against their pure-Python references
+CHECK = """
+import json, sys
+import numpy as np
+from deepinfer.constraints import native
+from deepinfer.constraints.tokens import rows, trie
+from deepinfer.constraints.tokens.trie import VocabIndex
+from deepinfer.constraints.vocab import Vocabulary
+
+TRIALS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+rng = np.random.default_rng(0)
+out = {"mode": native.STATE.mode, "why": native.STATE.why, "checked": 0}
+for trial in range(TRIALS):
+    n, c = int(rng.integers(1, 12)), int(rng.integers(1, 6))
+    table = rng.integers(-1, n, size=(n, c)).astype(np.int32)
+    sizes = rng.integers(1, 60, size=c).astype(np.int64)
+    for s in range(n):
+        assert rows.count_bytes(table, sizes, s) == rows._count_bytes_py(table, sizes, s)
+        out["checked"] += 1
+    toks = [bytes(rng.integers(97, 100, size=int(rng.integers(1, 5))).tolist()) for _ in range(60)]
+    vocab = Vocabulary(toks)
+    idx = VocabIndex(vocab)
+    cls = rng.integers(0, c, size=256).astype(np.int32)
+    bnd = rng.random(n) < 0.3
+    for s in range(n):
+        a = np.zeros(idx.n_words, dtype=np.uint32)
+        b = np.zeros(idx.n_words, dtype=np.uint32)
+        bn, bs, st = (np.empty(idx.n_nodes, np.int32), np.empty(idx.n_nodes, np.int32),
+                      np.empty(idx.max_depth + 2, np.int32))
+        args = (table, cls, np.int32(s), idx.node_byte, idx.node_depth, idx.node_skip, idx.tok_lo,
+                idx.tok_hi, idx.tok_ids, 0, idx.n_nodes, 0, bnd)
+        k = trie._walk(*args, a, bn, bs, st)
+        k_ref = trie._walk_py(*args, b, bn.copy(), bs.copy(), st.copy())
+        assert k == k_ref and (a == b).all()
+        out["checked"] += 1
+out["misses"] = len(native.STATE.misses)
+out["before"] = native.STATE.mode
+# a dtype the build has no signature for: the JIT takes over, with the same result
+t64 = np.zeros((2, 2), dtype=np.int64)
+out["int64"] = bool(int(rows.count_bytes(t64, np.ones(2, np.int64), 0)) == rows._count_bytes_py(
+    t64, np.ones(2, np.int64), 0))
+out["after"] = native.STATE.mode
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _run(code: str, env: dict, timeout: int = 400, *args: str) -> str:
+    full = {**os.environ, **env}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _result(stdout: str) -> dict:
+    return json.loads([x for x in stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kernels")
+    so = (
+        _run(
+            BUILD.format(folder=str(folder), only=ONLY),
+            {"DEEPINFER_KERNELS": "jit", "DEEPINFER_TRIE_CACHE": "0"},
+        )
+        .strip()
+        .splitlines()[-1]
+    )
+    assert Path(so).exists() and Path(so).parent == folder
+    return folder, Path(so)
+
+
+def test_aot_kernels_match_their_references(built):
+    folder, _ = built
+    r = _result(_run(CHECK, {"DEEPINFER_CACHE_DIR": str(folder), "DEEPINFER_KERNELS": "auto"}))
+    assert r["mode"] == "aot", r["why"]
+    assert r["checked"] > 100 and r["misses"] == 0 and r["before"] == "aot"
+    # an argument type outside the build: numba's JIT from then on, same result
+    assert r["int64"] and r["after"] == "jit"
+
+
+def test_corrupt_or_stale_build_is_not_loaded(built, tmp_path):
+    folder, so = built
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: its hash no longer matches the manifest
+    (bad / so.name).write_bytes(bytes(data))
+    manifest = next(folder.glob("*.json"))
+    (bad / manifest.name).write_text(manifest.read_text())
+    r = _result(_run(CHECK, {"DEEPINFER_CACHE_DIR": str(bad), "DEEPINFER_KERNELS": "auto"}, 400, "2"))
+    assert r["mode"] == "jit" and "does not match" in r["why"], r
+    assert r["checked"] > 5
+    # a build of other source (another key) is never found: the JIT
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    key = native.build_key()
+    for f in folder.iterdir():
+        if f.is_file():
+            (stale / f.name.replace(key, "0" * len(key))).write_bytes(f.read_bytes())
+    r = _result(_run(CHECK, {"DEEPINFER_CACHE_DIR": str(stale), "DEEPINFER_KERNELS": "auto"}, 400, "2"))
+    assert r["mode"] == "jit" and "no build" in r["why"], r
+
+
+def test_arg_types_are_numbas_typeof():
+    from numba import typeof
+
+    arrays = [
+        np.zeros((3, 4), dtype=np.int32),
+        np.zeros((3, 4), dtype=np.int32)[:, ::2],  # neither C nor F: "A"
+        np.asfortranarray(np.zeros((3, 4), dtype=np.int64)),
+        np.zeros(5, dtype=np.uint32),
+        np.zeros(5, dtype=np.bool_),
+        np.zeros(0, dtype=np.int8),
+    ]
+    ro = np.zeros(4, dtype=np.int16)
+    ro.flags.writeable = False
+    values = [*arrays, ro, 3, True, 2.5, np.int32(7), np.int64(-1), np.bool_(False)]
+    for v in values:
+        assert native._arg_type(v) == native._numba_type(typeof(v)), v

@@ -1,0 +1,86 @@
+"""The vocabulary tries on disk (constraints/tokens/trie_cache.py): a trie loaded from the
+cache is the trie built, for random vocabularies and parts; a corrupt or truncated file is
+built again, and a folder that cannot be written still gives the trie."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from deepinfer.constraints.tokens import trie_cache
+from deepinfer.constraints.tokens.trie import VocabIndex
+from deepinfer.constraints.vocab import Vocabulary
+
+FIELDS = (*VocabIndex.BASE, "tok_bit", "root_of_byte", "fast_nodes", "max_depth", "n_nodes", "n_words")
+
+
+def _same(a: VocabIndex, b: VocabIndex) -> None:
+    for f in FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        assert np.array_equal(x, y), f
+
+
+def _vocab(seed: int) -> Vocabulary:
+    rng = random.Random(seed)
+    toks = [bytes(rng.choices(b'ab"\x00\xff{', k=rng.randint(1, 6))) for _ in range(rng.randint(1, 300))]
+    toks += [None, b"a", b"a"]  # an absent token and duplicates
+    return Vocabulary(toks, eos_ids=[len(toks) - 3], vocab_size=len(toks) + rng.randint(0, 40))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(trie_cache.ENV, raising=False)
+    return tmp_path
+
+
+def test_loaded_trie_is_the_built_trie(cache):
+    for seed in range(12):
+        v = _vocab(seed)
+        for part, keep in (
+            ("all", None),
+            ("without-22", lambda b: b'"' not in b),
+            ("with-22", lambda b: b'"' in b),
+        ):
+            built = VocabIndex(v, keep=keep)
+            first = trie_cache.trie(v, part, keep)  # built, then written
+            assert len(list((cache / "tries").glob(f"*-{part}.bin"))) >= 1
+            again = trie_cache.trie(v, part, keep)  # loaded
+            _same(built, first)
+            _same(built, again)
+
+
+def test_corrupt_files_are_built_again(cache):
+    v = _vocab(99)
+    built = VocabIndex(v)
+    trie_cache.trie(v, "all")
+    (path,) = (cache / "tries").glob("*-all.bin")
+    data = bytearray(path.read_bytes())
+    for damage in ("flip", "truncate", "garbage"):
+        if damage == "flip":  # a byte inside the arrays: the checksum no longer matches
+            bad = bytearray(data)
+            bad[len(bad) // 2] ^= 0x5A
+        elif damage == "truncate":
+            bad = data[: len(data) // 3]
+        else:
+            bad = bytearray(b"not a trie file")
+        path.write_bytes(bytes(bad))
+        _same(built, trie_cache.trie(v, "all"))
+        _same(built, trie_cache.trie(v, "all"))  # (rewritten whole)
+
+
+def test_unwritable_cache_folder_still_builds(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(blocker))
+    v = _vocab(5)
+    _same(VocabIndex(v), trie_cache.trie(v, "all"))
+
+
+def test_other_vocabularies_do_not_share_a_file(cache):
+    a, b = _vocab(1), _vocab(2)
+    assert trie_cache.vocab_digest(a) != trie_cache.vocab_digest(b)
+    _same(VocabIndex(a), trie_cache.trie(a, "all"))
+    _same(VocabIndex(b), trie_cache.trie(b, "all"))
