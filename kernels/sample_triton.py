@@ -66,9 +66,11 @@ def sample(
     is one chunk; else up to four (pass 1, the draws, the test pass, the per-row decision),
     plus one small scatter when ``indices`` is given. ``kinds`` (known on the host) leaves out
     launches no row needs: "greedy" (every row greedy: no draws), "plain" (no row samples with
-    a filter: pass 1, then one program a row draws and ends it), "sample" (no row samples with
-    top-k or top-p: no test pass), "top_p" (no row samples with top-k: the test pass without
-    the counts), "filter" (all of them). ``tuning`` picks the layout (the same tokens in any).
+    a filter: pass 1, then one program a row draws and ends it), "top_k" (every sampling row
+    has top-k: pass 1 stores its candidates, the per-row kernel draws from them: two launches),
+    "sample" (no row samples with top-k or top-p: no test pass), "top_p" (no row samples with
+    top-k: the test pass without the counts), "filter" (all of them). ``tuning`` picks the
+    layout (the same tokens in any).
     """
     B, V = logits.shape
     dev = logits.device
@@ -83,20 +85,24 @@ def sample(
     chunk = chunk_size(V, tuning.chunk_max)
     S = triton.cdiv(V, chunk)
     pm = pz = pi = dx = dq = dv = ps = tokens  # unused without the split
+    cand = (tokens, tokens, tokens)
     if split and kinds == "greedy" and not return_logprobs and tuning.greedy1:
         sample_greedy.launch(rows, tokens, empty, V, chunk, tuning)
         return tokens, empty, None
     pdl = split and tuning.pdl and pdl_device(dev)
     if split:
         call = sample_split.SplitCall(rows, V, S, chunk, pdl)
-        pm, pz, pi = sample_split.pass1(call, temperature, return_logprobs, tuning.split_warps)
+        topk = kinds in ("top_k", "filter")  # some row may have top-k: pass 1 stores its candidates
+        pm, pz, pi, got = sample_split.pass1(call, temperature, return_logprobs, tuning.split_warps,
+                                             top_k if topk else None, tuning.topk_max)  # fmt: skip
+        cand = got if topk else (pm, pi, pi)  # (placeholders of the candidates' types, never read)
         if kinds == "plain":  # no filter: the draw (or the argmax) ends the row
             sample_split.plain(call, temperature, seed, step, (pm, pz, pi), (tokens, empty, logprobs),
                                return_logprobs, tuning.draw_warps)  # fmt: skip
             return tokens, empty, (logprobs if return_logprobs else None)
-        if kinds != "greedy":
+        if kinds not in ("greedy", "top_k"):  # (top-k rows draw in the per-row kernel)
             dx, dq, dv = sample_split.draws(call, temperature, top_k, top_p, min_p, seed, step, pm, pz,
-                                            tuning.draw_warps)  # fmt: skip
+                                            tuning.draw_warps, topk)  # fmt: skip
         if split2:
             ps = sample_split.pass2(call, temperature, top_k, top_p, min_p, pm, dq, dv, kinds == "filter",
                                     tuning.pass2_warps)  # fmt: skip
@@ -109,7 +115,7 @@ def sample(
         seed,
         step,
         (tokens, empty, logprobs),
-        (pm, pz, pi, dx, dq, dv, ps),
+        (pm, pz, pi, dx, dq, dv, ps, *cand),
         V,
         S,
         chunk,
@@ -118,6 +124,7 @@ def sample(
         split2,
         pdl,
         tuning,
+        split and kinds in ("top_k", "filter"),
     )
     return tokens, empty, (logprobs if return_logprobs else None)
 
