@@ -5,9 +5,14 @@ Sampling is by inverse CDF with counter-based uniforms (``sample_reference.draw_
 32-bit integer hash in both backends) over integer weights (``sample_reference.chunk_weights`` /
 ``inverse_cdf``): draw j walks the running sums to a chunk (hash id 2j), then to a token in it
 (id 2j + 1); the sums are exact, so every path picks the same token. The kept set of top-k /
-top-p / min-p is ``{i : s_i >= tau}`` for an unknown threshold tau; it is never searched for:
+top-p / min-p is ``{i : s_i >= tau}`` for an unknown threshold tau; it is never searched for,
+except that top-k's own threshold, the k-th largest score, is found exactly (``sample_topk``)
+and a top-k row draws only above it:
 
-    pass 1: m = max(s), Z = sum exp(s - m)            (greedy: m and the lowest argmax only)
+    pass 1: m = max(s), Z = sum exp(s - m)            (greedy: m and the lowest argmax only;
+            top-k rows: each chunk's top-k candidates, ``sample_topk.chunk_candidates``)
+    top-k rows, in the per-row kernel: the k-th largest score from the candidates, then the
+            draws, the top-p / min-p test and any rounds below, all on the candidates
     draws:  x_0..x_3 = 4 inverse-CDF draws from softmax(s) (u_0..u_3), one tile each, and
             each one's verdict from pass 1's chunk maxima and sums (``sample_filters.verdict``):
             kept or cut for sure, or left to the test pass
@@ -23,7 +28,8 @@ verdicts settle the row, as on most rows of a real model's peaked logits); no ho
 synchronisation, no sort, no per-token random numbers (no hashing of the vocabulary).
 
 Where the kernels live: ``triton_common`` (the shared helpers), ``sample_filters`` (verdicts,
-test pass, decision), ``sample_rows`` (the per-row kernel: every pass when the row is one chunk,
+test pass, decision), ``sample_topk`` (the k-th largest score and the draws above it),
+``sample_rows`` (the per-row kernel: every pass when the row is one chunk,
 else the split passes' combine), ``sample_split`` (the (row, chunk) passes), ``sample_greedy``
 (an all-greedy call in one launch). ``SampleTuning`` (``tuning``) picks among the layouts, none
 of which changes a token.
