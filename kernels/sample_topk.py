@@ -93,6 +93,43 @@ def row_topk_low(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k, HAS_MASK:
     # sample_reference.topk_low of one row, by kth_key's search over the row itself (a pass
     # over the row a step): the per-row way, for rows of one chunk and for k over the split's KC
     arange = tl.arange(0, BLOCK)
+    low = float("-inf")
+    if V <= BLOCK:  # one block: the row stays in registers, kth_key searches it there
+        s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, arange, V, inv_t, HAS_MASK)
+        u = tl.where(s > float("-inf"), order_key(s), NO_KEY)
+        if tl.sum((u > NO_KEY).to(tl.int32)) >= k:
+            lo = tl.full((), NO_KEY + 1, tl.int32)
+            t, _n = kth_key(u, k, k, lo, order_key(tl.max(s)))
+            low = float_below(tl.min(tl.where(u >= t, s, float("inf"))))
+    else:
+        n = 0
+        for start in range(0, V, BLOCK):
+            s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+            n += tl.sum((s > float("-inf")).to(tl.int32))
+        if n >= k:
+            t = tl.full((), 0, tl.int64)  # (offset binary, as kth_key)
+            b = tl.full((), 31, tl.int64)
+            while (b >= 0) & (n > k):
+                cand = t | (tl.full((), 1, tl.int64) << b)
+                ck = (cand - 2147483648).to(tl.int32)
+                c = 0
+                for start in range(0, V, BLOCK):
+                    s = load_scores(
+                        lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK
+                    )
+                    c += tl.sum(((s > float("-inf")) & (order_key(s) >= ck)).to(tl.int32))
+                take = c >= k
+                t = tl.where(take, cand, t)
+                n = tl.where(take, c, n)
+                b -= 1
+            tk = (t - 2147483648).to(tl.int32)
+            vk = float("inf")
+            for start in range(0, V, BLOCK):
+                s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
+                above = (s > float("-inf")) & (order_key(s) >= tk)
+                vk = tl.minimum(vk, tl.min(tl.where(above, s, float("inf"))))
+            low = float_below(vk)
+    return low
     n = 0
     for start in range(0, V, BLOCK):
         s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)

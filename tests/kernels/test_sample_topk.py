@@ -46,12 +46,13 @@ def _top_k_set(s: torch.Tensor, k: int) -> set[int]:
 
 def test_random_rows_match_reference(impl):
     """Random rows, masks, temperatures and filters: candidates (k <= 16) and the per-row
-    search (k > 16) over chunks of 64, the one-program row (split "never") and one chunk."""
+    search (k > 16) over chunks of 64, the one-program row (split "never", the search over
+    several blocks) and one chunk (the search in registers)."""
     gen = torch.Generator().manual_seed(3)
-    B, V = 6, 700
-    for it, tuning in enumerate(
-        (SMALL, SampleTuning(chunk_max=64, topk_max=16, split="never"), SampleTuning())
-    ):
+    B, V = 6, 300
+    # (split "never" with 128-token blocks: the per-row search passes over three blocks)
+    layouts = (SMALL, SampleTuning(chunk_max=64, topk_max=16, split="never", block_max=128), SampleTuning())
+    for it, tuning in enumerate(layouts):
         logits = torch.randn(B, V, generator=gen) * (0.5 + 3 * float(torch.rand(1, generator=gen)))
         if it == 1:
             logits = logits.to(torch.bfloat16)
