@@ -7,16 +7,18 @@ bitmask (half the tokens allowed), µs per call of
 - fused greedy    ``deepinfer.kernels.sample(temperature=0)`` (mask + argmax over (row, tile)
                   programs; the row's last program combines them: one launch)
 - fused top-p     temperature 1, top_p 0.9
-- fused top-k     temperature 1, top_k 50, top_p 0.9
+- fused top-k     temperature 1, top_k 50
+- fused top-k+p   temperature 1, top_k 50, top_p 0.9
 - torch           unpack the bitmask + masked_fill, softmax, sort-based top-p, multinomial
 - xgr+torch       xgrammar's ``apply_token_bitmask_inplace``, then the same torch sampling
                   (column left empty if xgrammar is not importable)
 
-and the bandwidth of the fused greedy call (logits read once + the bitmask) against the
-``--floor`` (4.3 TB/s: device-to-device copy measured on the H200). Each call is timed by
-``triton.testing.do_bench_cudagraph`` (CUDA-graph replay: device time without Python launch
-overhead), falling back to ``do_bench`` where capture fails (marked ``*``). Not a test: it
-prints a table and asserts nothing.
+(``--no-peers``: the last two left out), the top-k calls' tokens against the torch reference
+on the device (``≠ ref``: rows that differ), and the bandwidth of the fused greedy call
+(logits read once + the bitmask) against the ``--floor`` (4.3 TB/s: device-to-device copy
+measured on the H200). Each call is timed by ``triton.testing.do_bench_cudagraph`` (CUDA-graph
+replay: device time without Python launch overhead), falling back to ``do_bench`` where
+capture fails (marked ``*``). Not a test: it prints a table and asserts nothing.
 
 Usage (from the repository root, on a CUDA machine)::
 
@@ -24,6 +26,7 @@ Usage (from the repository root, on a CUDA machine)::
     python benchmarks/bench_sampling.py --compare --batches 128 512   # per-row vs split pass 1
     python benchmarks/bench_sampling.py --split-sweep --compare --batches 128 --vocabs 128256
     python benchmarks/bench_sampling.py --quick --tuning pdl=0      # A/B of a SampleTuning field
+    python benchmarks/bench_sampling.py --topk-sweep --batches 1 128 --vocabs 128256  # top-k layouts
 """
 
 from __future__ import annotations
@@ -136,23 +139,34 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
     common = dict(bitmask=bitmask, seed=seed, step=step, min_p=f32(0.0), validate=False, backend="triton",
                   tuning=tuning)  # fmt: skip
 
-    def fused(t, k, p):
+    def fused(t, k, p, backend="triton"):
         # kinds: what the engine tells the kernel from its host-side parameters
         kinds = kernels.sample_kinds(t, k, p, V, 0.0)
-        args = dict(common, temperature=f32(t), top_k=i64(k), top_p=f32(p), kinds=kinds)
+        args = dict(common, temperature=f32(t), top_k=i64(k), top_p=f32(p), kinds=kinds, backend=backend)
         return lambda: kernels.sample(logits, **args)
+
+    def differ(k, p) -> int:  # rows whose fused token is not the torch reference's
+        return int((fused(1.0, k, p)().tokens != fused(1.0, k, p, "torch")().tokens).sum())
 
     row = {}
     nbytes = B * V * logits.element_size() + B * W * 4
     row["floor"] = nbytes / (floor_tbs * 1e12) * 1e6  # µs
     row["greedy"], g1 = _bench(fused(0.0, 0, 1.0))
     row["top_p"], g2 = _bench(fused(1.0, 0, 0.9))
-    row["top_k"], g3 = _bench(fused(1.0, 50, 0.9))
+    row["top_k"], g3 = _bench(fused(1.0, 50, 1.0))
+    row["top_kp"], g3b = _bench(fused(1.0, 50, 0.9))
+    row["differ"] = differ(50, 1.0) + differ(50, 0.9)
+    if peers == "topk":
+        return row
     if not peers:
         row["plain"], _ = _bench(fused(1.0, 0, 1.0))  # sampling without a filter: no test pass
         return row
+    row["graph"] = g1 and g2 and g3 and g3b
+    if peers == "none":
+        row["gbs"] = nbytes / (row["greedy"] * 1e-6) / 1e9
+        return row
     row["torch"], g4 = _bench(lambda: torch_sample(logits, torch_unpack(bitmask, V), 0.9))
-    row["graph"] = g1 and g2 and g3 and g4
+    row["graph"] &= g4
     if _xgr_apply is not None:
         work = logits.clone()
 
@@ -234,6 +248,24 @@ def split_sweep(vocabs: list[int], floor_tbs: float, base: SampleTuning) -> None
                     )
 
 
+def topk_sweep(shapes: list[tuple[int, int]], floor_tbs: float, base: SampleTuning) -> None:
+    """Top-k 50 and top-k 50 + top-p 0.9 µs against top-p 0.9 for the top-k layouts
+    (``topk_max`` candidates a chunk, ``topk_warps``); the same tokens in every one."""
+    print("| dtype | B | V | topk_max | topk_warps | top-p | top-k | top-k+p | top-k / top-p "
+          "| top-k+p / top-p |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        for B, V in shapes:
+            for kc in (64, 128):
+                for warps in (4, 8, 16):
+                    tuning = dataclasses.replace(base, topk_max=kc, topk_warps=warps)
+                    r = run(dtype, B, V, floor_tbs, peers="topk", tuning=tuning)
+                    print(f"| {str(dtype)[6:]} | {B} | {V} | {kc} | {warps} | {r['top_p']:.1f} "
+                          f"| {r['top_k']:.1f} | {r['top_kp']:.1f} | {r['top_k'] / r['top_p']:.2f} "
+                          f"| {r['top_kp'] / r['top_p']:.2f} |", flush=True)  # fmt: skip
+            torch.cuda.empty_cache()
+
+
 def parse_tuning(items: list[str]) -> SampleTuning:
     """``["pdl=0", "split=never", "num_warps=8"]`` -> SampleTuning (0/1/true/false for the bools)."""
     kw: dict[str, object] = {}
@@ -269,6 +301,8 @@ def main() -> None:
         help="only greedy and top-p, pass 1 per row vs split over (row, chunk), side by side",
     )
     ap.add_argument("--split-sweep", action="store_true", help="first time split chunk x num_warps variants")
+    ap.add_argument("--topk-sweep", action="store_true", help="only top-k: topk_max x topk_warps variants")
+    ap.add_argument("--no-peers", action="store_true", help="leave out the torch and xgrammar columns")
     ap.add_argument(
         "--logits",
         choices=("random", "model"),
@@ -298,13 +332,17 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"xgrammar {'yes' if _xgr_apply else 'not importable'}; µs per call; floor {args.floor} TB/s; "
           f"logits {args.logits}; {tuning}")  # fmt: skip
-    head = ("| dtype | B | V | fused greedy | fused top-p | fused top-k+p | torch | xgr+torch | floor µs "
-            "| greedy GB/s | % floor | top-p/greedy | torch/top-p |")  # fmt: skip
+    head = ("| dtype | B | V | fused greedy | fused top-p | fused top-k | fused top-k+p | top-k / top-p "
+            "| top-k+p / top-p | ≠ ref | torch | xgr+torch | floor µs | greedy GB/s | % floor | top-p/greedy "
+            "| torch/top-p |")  # fmt: skip
     if args.sweep:
         sweep(tuning)
     if args.split_sweep:
         split_sweep(args.vocabs, args.floor, tuning)
     shapes = [(128, 128256)] if args.quick else [(B, V) for V in args.vocabs for B in args.batches]
+    if args.topk_sweep:
+        topk_sweep(shapes, args.floor, tuning)
+        return
     if args.compare:
         compare(shapes, args.floor, tuning)
         return
@@ -312,16 +350,20 @@ def main() -> None:
     print("|" + "---|" * (head.count("|") - 1))
     for dtype in (torch.float32, torch.bfloat16):
         for B, V in shapes:
-            r = run(dtype, B, V, args.floor, kind=args.logits, tuning=tuning)
+            r = run(dtype, B, V, args.floor, peers="none" if args.no_peers else True, kind=args.logits,
+                    tuning=tuning)  # fmt: skip
             if r is None:
                 continue
             xgr = f"{r['xgr']:.1f}" if "xgr" in r else "-"
+            th = f"{r['torch']:.1f}" if "torch" in r else "-"
+            tp = f"{r['torch'] / r['top_p']:.1f}x" if "torch" in r else "-"
             mark = "" if r["graph"] else "*"
             print(
                 f"| {str(dtype)[6:]} | {B} | {V} | {r['greedy']:.1f}{mark} | {r['top_p']:.1f} "
-                f"| {r['top_k']:.1f} | {r['torch']:.1f} | {xgr} | {r['floor']:.1f} | {r['gbs']:.0f} "
-                f"| {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p'] / r['greedy']:.2f} "
-                f"| {r['torch'] / r['top_p']:.1f}x |",
+                f"| {r['top_k']:.1f} | {r['top_kp']:.1f} | {r['top_k'] / r['top_p']:.2f} "
+                f"| {r['top_kp'] / r['top_p']:.2f} | {r['differ']} | {th} | {xgr} | {r['floor']:.1f} "
+                f"| {r['gbs']:.0f} | {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p'] / r['greedy']:.2f} "
+                f"| {tp} |",
                 flush=True,
             )
             del r

@@ -177,10 +177,11 @@ def sample(
         Also return the chosen tokens' log-probabilities.
     validate : bool
         Check argument values (a host sync on CUDA); shapes and dtypes are always checked.
-    kinds : {"greedy", "plain", "sample", "top_p", "filter"}, optional
+    kinds : {"greedy", "plain", "top_k", "sample", "top_p", "filter"}, optional
         What the rows need, known on the host: every row greedy; some row samples but none
-        with a filter (top-k, top-p or min-p); some row samples but none with top-k or top-p;
-        some row samples with top-p but none with top-k; some row samples with top-k. The
+        with a filter (top-k, top-p or min-p); every sampling row has top-k (0 < k < V; any
+        may have top-p or min-p too); some row samples but none with top-k or top-p; some row
+        samples with top-p but none with top-k; some row samples with top-k. The
         Triton path leaves out the launches (and the top-k counts) no row needs. None: worked
         out from the arguments when they are host values, else "filter" (always correct). A
         wrong value is not checked and gives wrong tokens.
@@ -225,8 +226,8 @@ def sample(
 def sample_kinds(
     temperature: PerRow, top_k: PerRow, top_p: PerRow, V: int, min_p: PerRow | None = None
 ) -> str:
-    """What the rows need (``sample(kinds=...)``: "greedy" / "plain" / "sample" / "top_p" /
-    "filter"), from host values; "filter" if any is on a device (reading it would sync) or the
+    """What the rows need (``sample(kinds=...)``: "greedy" / "plain" / "top_k" / "sample" /
+    "top_p" / "filter"), from host values; "filter" if any is on a device (reading it would sync) or the
     lengths do not broadcast (``validate.sampling_rows`` says why). "plain" (no sampling row has a
     filter) needs min_p as well; without it, or with it on a device, "sample" stands for both.
     Lists of Python numbers (what an engine step has) are read as they are, without torch."""
@@ -242,6 +243,8 @@ def sample_kinds(
         return "filter"
     t, k, p, mp = (r * n if len(r) == 1 else r for r in rows)
     sampling = [i for i in range(n) if t[i] != 0]
+    if sampling and all(0 < k[i] < V for i in sampling):
+        return "top_k"
     if any(0 < k[i] < V for i in sampling):
         return "filter"
     if any(p[i] < 1 for i in sampling):

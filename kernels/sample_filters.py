@@ -78,7 +78,7 @@ def filter_on(top_k, top_p, min_p, V):
 
 
 @helper
-def _first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3,
+def first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3,
                 kmax, cut_p, top_p, min_p, v0, v1, v2, v3):  # fmt: skip
     # the first of the draws x0..x3 (scores q0..q3) that every filter keeps (ties at a threshold
     # are kept), from the count and mass strictly above each score, or from its verdict v
@@ -125,7 +125,7 @@ def verdict(q, ct, m, ms, w, z, cs, kmax, k_on, cut_p, top_p, min_p):
     tops = tl.sum(tl.where(above, tl.exp(ms - m), 0.0), 0) * 4294967296.0
     n_lo = tl.sum(above.to(tl.int32), 0)
     n_up = n_lo.to(tl.float32) + (mass - tops + slack) / eq
-    keep_min = e >= min_p  # (as _first_kept)
+    keep_min = e >= min_p  # (as first_kept)
     keep = (
         keep_min & ((k_on == 0) | (n_up < kmax.to(tl.float32))) & ((cut_p == 0) | (mass + slack < top_p * z))
     )
@@ -277,7 +277,7 @@ def decide(
                     BLOCK,
                     CHUNK,
                 )
-        tok, searching = _first_kept(
+        tok, searching = first_kept(
             x0,
             x1,
             x2,
@@ -354,7 +354,7 @@ def decide(
                     BLOCK,
                     CHUNK,
                 )
-                tok, searching = _first_kept(
+                tok, searching = first_kept(
                     x0,
                     x1,
                     x2,

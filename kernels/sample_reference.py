@@ -71,7 +71,7 @@ def draw_bits(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
 
 
 # sample(kinds=...) hints, fewest launches first (the Triton path's; this reference needs none)
-KINDS = ("greedy", "plain", "sample", "top_p", "filter")
+KINDS = ("greedy", "plain", "top_k", "sample", "top_p", "filter")
 # tokens per chunk of the inverse-CDF draws (part of what a seed samples): the default of
 # ``SampleTuning.chunk_max``, which both backends take
 CHUNK_MAX = 4096
@@ -159,7 +159,11 @@ def sample(
                        and (top_p[b] >= 1 or sum(e[j]: s[j] > s[i]) < top_p[b] * Z)
                        and e[i] >= min_p[b])                              # e[i] = p_i / p_max
             t = draw_bits(seed[b], step[b], ...)                          # hash ids 0, 1, 2, ...
-            x_j = inverse_cdf(s, low=-inf, t[2j], t[2j + 1]) for j in 0..3  # x_j ~ softmax(s)
+            low = -inf
+            if 0 < top_k[b] < V and count(s > -inf) >= top_k[b]:        # top-k: draw only above
+                low = nextafter(v_k, -inf)  # v_k: the k-th largest s, with multiplicity; s > low
+                                            # is s >= v_k: exactly the tokens top-k keeps
+            x_j = inverse_cdf(s, low, t[2j], t[2j + 1]) for j in 0..3    # x_j ~ softmax(s) on s > low
             if some x_j is kept: tokens[b] = the first kept x_j; continue
             low = max(s[x_0..x_3]); j = 4                                 # all cut: so is s <= low
             while True:                                                   # rounds of four draws
@@ -171,7 +175,9 @@ def sample(
     the scores (ties at the boundary are all kept) and top-k / top-p / min-p are applied
     jointly to the tempered distribution (top-p's mass is that of the unfiltered
     distribution, as FlashInfer's ``filter_apply_order="joint"``). The token is then a sample
-    from softmax(s) restricted to the kept set (rejection sampling: the first kept draw).
+    from softmax(s) restricted to the kept set (rejection sampling: the first kept draw). With
+    top-k the draws start from the top-k set itself (a superset of the kept set), found by the
+    k-th largest score: the top-k test then never cuts, and no round is spent on it.
     ``logprobs[b] = log_softmax(x * (1/t))[tokens[b]]`` with ``t = temperature[b]`` or 1 when it
     is 0: the masked, tempered distribution before top-k / top-p / min-p; -inf on empty rows.
     """
@@ -246,13 +252,29 @@ class _Kept:
         return ok
 
 
+def topk_low(s: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """[R] float32: the score just below the k-th largest of each row of s [R, V] (with
+    multiplicity; ``nextafter(v_k, -inf)``), so that ``s > low`` is exactly the set top-k keeps;
+    -inf where top-k is off (k <= 0 or k >= V) or the row has fewer than k allowed tokens."""
+    R, V = s.shape
+    on = (k > 0) & (k < V) & ((s > float("-inf")).sum(dim=1) >= k)
+    low = torch.full((R,), float("-inf"), device=s.device)
+    if bool(on.any()):
+        kmax = int(k[on].max())
+        vals = s.topk(kmax, dim=1).values  # [R, kmax], descending
+        v = vals.gather(1, (k.clamp(1, kmax) - 1)[:, None])[:, 0]
+        below = torch.nextafter(v, torch.full_like(v, float("-inf")))
+        low = torch.where(on, below, low)
+    return low
+
+
 def _draw_kept(
     s: torch.Tensor, kept: _Kept, seed: torch.Tensor, step: torch.Tensor, chunk_max: int
 ) -> torch.Tensor:
     """The first kept of four inverse-CDF draws per row, then rounds of four (see :func:`sample`)."""
     R = s.shape[0]
-    ninf = torch.full((R,), float("-inf"), device=s.device)
-    mc, q, z = chunk_weights(s, ninf, chunk_max)
+    low0 = topk_low(s, kept.k) if kept.k_on else torch.full((R,), float("-inf"), device=s.device)
+    mc, q, z = chunk_weights(s, low0, chunk_max)
     t = draw_bits(seed, step, 8)
     if not kept.any_on:  # no filter: every drawn token is kept, the first one is the token
         return inverse_cdf(mc, q, z, t[:, 0], t[:, 1])
@@ -290,5 +312,6 @@ __all__ = [
     "row_keys",
     "sample",
     "scale_bits",
+    "topk_low",
     "unpack_bitmask",
 ]

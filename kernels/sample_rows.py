@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .sample_filters import decide, filter_on
+from .sample_topk import row_topk_low, topk_row
 from .triton_common import (
     NDRAW,
     RowArgs,
@@ -57,11 +58,20 @@ def sample_row(
     SP: tl.constexpr,
 ):
     # a sampling row in one program, after its pass 1 by chunks (row_chunks): the four draws
-    # (a tile each), then the first kept one (decide, test pass in the loop)
+    # (a tile each; with top-k, above the k-th largest score: sample_topk), then the first kept
+    # one (decide, test pass in the loop)
     ninf = float("-inf")
     j0 = tl.full((), 0, tl.uint32)
     k_on, cut_p, active = filter_on(top_k, top_p, min_p, V)
-    if active:
+    if k_on:
+        low = row_topk_low(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, top_k, HAS_MASK, BLOCK)
+        dms, dzs, _cs = row_chunks(
+            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, low, ms, HAS_MASK, CHUNK, SP
+        )
+        x0, x1, x2, x3, q0, q1, q2, q3 = row_draws(
+            lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, dms, dzs, cs, low, j0, k0, k1, HAS_MASK, CHUNK
+        )
+    elif active:
         x0, x1, x2, x3, q0, q1, q2, q3 = row_draws(
             lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, ninf, j0, k0, k1, HAS_MASK, CHUNK
         )
@@ -137,6 +147,9 @@ def _sample_kernel(
     dq_ptr,
     dv_ptr,  # SPLIT: [B, NDRAW] drawn tokens, scores, verdicts (_split_draw_kernel)
     ps_ptr,  # SPLIT2: [B, 8, S] float32 written by _split_pass2_kernel
+    cv_ptr,
+    ci_ptr,
+    cn_ptr,  # TOPK: [B, S, KC] float32, int32 top-k candidates, [B, S] int32 counts (pass 1)
     V,
     S,
     HAS_MASK: tl.constexpr,
@@ -148,6 +161,8 @@ def _sample_kernel(
     SPLIT2: tl.constexpr,  # (with SPLIT) the test pass too
     SP: tl.constexpr,  # next power of 2 >= S
     PDL: tl.constexpr,  # (SPLIT) launched early: wait for the split passes before their results
+    TOPK: tl.constexpr,  # (SPLIT) pass 1 stored top-k candidates: top-k rows are drawn from them
+    KC: tl.constexpr,  # SampleTuning.topk_max
 ):
     pid = tl.program_id(0)
     row, lrow, mrow_ptr, has_row_mask = row_ptrs(
@@ -172,8 +187,18 @@ def _sample_kernel(
         m, bc = tl.max(ms, 0, return_indices=True, return_indices_tie_break_left=True)
         if RETURN_LOGPROBS:
             log_z = chunks_log_z(ms, zs)
+        k_on = (top_k > 0) & (top_k < V) & TOPK
         if greedy:  # the first chunk holding the max, its lowest argmax: the row's lowest argmax
             tok = tl.sum(tl.where(cs == bc, idxs, 0), 0)
+        elif k_on & (m > float("-inf")):  # top-k: from pass 1's candidates, else by the row itself
+            cn = tl.load(cn_ptr + row * S + cs, mask=cs < S, other=0)
+            if (top_k <= KC) & (tl.max(cn, 0) <= KC):
+                at = row * S * KC
+                tok = topk_row(cv_ptr + at, ci_ptr + at, cn_ptr + row * S, S, ms, zs, cs, m,
+                               top_k, top_p, min_p, k0, k1, KC, SP)  # fmt: skip
+            else:
+                tok = sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k,
+                                 top_p, min_p, k0, k1, HAS_MASK, BLOCK, CHUNK, SP)  # fmt: skip
         else:  # the draws' tokens, scores and verdicts load with the chunks' results (an empty row's: unused)
             # (cast: an all-greedy call passes placeholders of another type, never read)
             dx = dx_ptr + row * NDRAW
@@ -284,10 +309,11 @@ def _sample_kernel(
 def launch(rows: RowArgs, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            min_p: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, out: tuple, split_results: tuple,
            V: int, S: int, chunk: int, return_logprobs: bool, split: bool, split2: bool, pdl: bool,
-           tuning: SampleTuning) -> None:  # fmt: skip
+           tuning: SampleTuning, topk: bool = False) -> None:  # fmt: skip
     """``_sample_kernel`` over the B rows: ``out`` = (tokens, empty, logprobs) [B];
-    ``split_results`` = (pm, pz, pi, dx, dq, dv, ps), what the split passes wrote (placeholders
-    where they did not run)."""
+    ``split_results`` = (pm, pz, pi, dx, dq, dv, ps, cv, ci, cn), what the split passes wrote
+    (placeholders where they did not run; ``topk``: pass 1 stored the top-k candidates cv, ci,
+    cn)."""
     B = rows.logits[0].shape[0]
     _sample_kernel[(B,)](
         *rows.logits,
@@ -299,6 +325,7 @@ def launch(rows: RowArgs, temperature: torch.Tensor, top_k: torch.Tensor, top_p:
         *split_results,
         V, S,
         RETURN_LOGPROBS=return_logprobs, BLOCK=block_size(V, tuning.block_max), CHUNK=chunk,
-        SPLIT=split, SPLIT2=split2, SP=triton.next_power_of_2(S), PDL=pdl, **rows.flags,
-        **launch_opts(tuning.num_warps), **dependent(pdl),
+        SPLIT=split, SPLIT2=split2, SP=triton.next_power_of_2(S), PDL=pdl, TOPK=topk, KC=tuning.topk_max,
+        **rows.flags,
+        **launch_opts(tuning.topk_warps if topk else tuning.num_warps), **dependent(pdl),
     )  # fmt: skip

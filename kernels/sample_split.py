@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .sample_filters import filter_on, test_low, tile_sums, verdict
+from .sample_topk import chunk_candidates
 from .triton_common import (
     N_DRAWS,
     NDRAW,
@@ -49,9 +50,13 @@ def _split_pass1_kernel(
     stride_mb,
     mask_row_ptr,  # as sample_rows._sample_kernel
     temp_ptr,  # [B] float32
+    top_k_ptr,  # [B] int64 (TOPK)
     pm_ptr,
     pz_ptr,
     pi_ptr,  # out: [B, S] float32 max s, int64 quanta sum, int32 greedy argmax
+    cv_ptr,
+    ci_ptr,
+    cn_ptr,  # out (TOPK): [B, S, KC] float32 / int32 top-k candidates, [B, S] int32 their count
     V,
     S,
     HAS_MASK: tl.constexpr,
@@ -59,6 +64,8 @@ def _split_pass1_kernel(
     RETURN_LOGPROBS: tl.constexpr,
     CHUNK: tl.constexpr,
     PDL: tl.constexpr,  # the launches after this one start early and wait for it (gdc_wait)
+    TOPK: tl.constexpr,  # some row may have top-k: its chunks store candidates (chunk_candidates)
+    KC: tl.constexpr,  # SampleTuning.topk_max
 ):
     if PDL:
         gdc_launch_dependents()
@@ -78,6 +85,12 @@ def _split_pass1_kernel(
     else:
         s = x * tl.math.div_rn(1.0, temp)  # IEEE, as torch
         m = tl.max(s)
+        if TOPK:
+            top_k = tl.load(top_k_ptr + r)
+            if (top_k > 0) & (top_k < V) & (top_k <= KC):
+                at = (row * S + c) * KC
+                cn = cn_ptr + row * S + c
+                chunk_candidates(s, local, c, top_k, cv_ptr + at, ci_ptr + at, cn, CHUNK, KC)
     tl.store(pm_ptr + row * S + c, m)
     if RETURN_LOGPROBS | (greedy == 0):
         tl.store(pz_ptr + row * S + c, tl.sum(quanta(s, m, float("-inf"))))
@@ -109,6 +122,7 @@ def _split_draw_kernel(
     CHUNK: tl.constexpr,
     SP: tl.constexpr,
     PDL: tl.constexpr,  # launched early, as a dependent of pass 1
+    TOPK: tl.constexpr,  # top-k rows are drawn by the per-row kernel (sample_topk)
 ):
     if PDL:  # every program waits, so this launch ends after pass 1 (the later ones rely on it)
         gdc_launch_dependents()
@@ -127,7 +141,9 @@ def _split_draw_kernel(
     top_p = tl.load(top_p_ptr + r)
     min_p = tl.load(min_p_ptr + r)
     k_on, cut_p, active = filter_on(top_k, top_p, min_p, V)
-    if (temp != 0) & ((j == 0) | active):
+    if k_on & (temp != 0) & TOPK:  # the per-row kernel draws above the k-th largest score itself:
+        tl.store(dv_ptr + row * NDRAW + j, 1)  # "kept", so the test pass reads nothing of the row
+    elif (temp != 0) & ((j == 0) | active):
         cs = tl.arange(0, SP)
         ms = tl.load(pm_ptr + row * S + cs, mask=cs < S, other=float("-inf"))
         m = tl.max(ms, 0)
@@ -337,20 +353,31 @@ class SplitCall(NamedTuple):
         return triton.next_power_of_2(self.S)
 
 
-def pass1(call: SplitCall, temperature: torch.Tensor, return_logprobs: bool, warps: int):
+def pass1(call: SplitCall, temperature: torch.Tensor, return_logprobs: bool, warps: int,
+          top_k: torch.Tensor | None = None, kc: int = 1):  # fmt: skip
     """Pass 1 over (row, chunk) programs -> [B, S] each chunk's max (float32), quanta sum (int64)
-    and lowest argmax (int32)."""
+    and lowest argmax (int32); with ``top_k`` (some row may have it) also the top-k candidates
+    (``sample_topk.chunk_candidates``), ``kc`` (``SampleTuning.topk_max``) a chunk, as
+    (values [B, S, kc] float32, tokens [B, S, kc] int32, counts [B, S] int32), else None."""
     B = temperature.shape[0]
     dev = temperature.device
     pm = torch.empty(B, call.S, dtype=torch.float32, device=dev)
     pz = torch.empty(B, call.S, dtype=torch.int64, device=dev)
     pi = torch.empty(B, call.S, dtype=torch.int32, device=dev)
+    cand = None
+    cv = ci = cn = pi  # placeholders, never read
+    if top_k is not None:
+        cv = torch.empty(B, call.S, kc, dtype=torch.float32, device=dev)
+        ci = torch.empty(B, call.S, kc, dtype=torch.int32, device=dev)
+        cn = torch.empty(B, call.S, dtype=torch.int32, device=dev)
+        cand = (cv, ci, cn)
     _split_pass1_kernel[(B * call.S,)](
-        *call.rows.logits, *call.rows.mask, temperature, pm, pz, pi, call.V, call.S,
-        RETURN_LOGPROBS=return_logprobs, CHUNK=call.chunk, PDL=call.pdl, **call.rows.flags,
-        **launch_opts(warps),
+        *call.rows.logits, *call.rows.mask, temperature, top_k if top_k is not None else temperature,
+        pm, pz, pi, cv, ci, cn, call.V, call.S,
+        RETURN_LOGPROBS=return_logprobs, CHUNK=call.chunk, PDL=call.pdl, TOPK=top_k is not None, KC=kc,
+        **call.rows.flags, **launch_opts(warps),
     )  # fmt: skip
-    return pm, pz, pi
+    return pm, pz, pi, cand
 
 
 def plain(call: SplitCall, temperature: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
@@ -367,9 +394,10 @@ def plain(call: SplitCall, temperature: torch.Tensor, seed: torch.Tensor, step: 
 
 def draws(call: SplitCall, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
           min_p: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, pm: torch.Tensor, pz: torch.Tensor,
-          warps: int):  # fmt: skip
+          warps: int, topk: bool = False):  # fmt: skip
     """The draws over (row, draw) programs -> [B, N_DRAWS] drawn tokens (int32), their scores
-    (float32) and verdicts (int32)."""
+    (float32) and verdicts (int32). ``topk``: pass 1 stored top-k candidates; rows with top-k are
+    left to the per-row kernel (verdicts "kept": the test pass skips them)."""
     B = temperature.shape[0]
     dev = temperature.device
     dx = torch.empty(B, N_DRAWS, dtype=torch.int32, device=dev)
@@ -377,8 +405,8 @@ def draws(call: SplitCall, temperature: torch.Tensor, top_k: torch.Tensor, top_p
     dv = torch.empty(B, N_DRAWS, dtype=torch.int32, device=dev)
     _split_draw_kernel[(B * N_DRAWS,)](
         *call.rows.logits, *call.rows.mask, temperature, top_k, top_p, min_p, seed, step, pm, pz, dx, dq, dv,
-        call.V, call.S, CHUNK=call.chunk, SP=call.SP, PDL=call.pdl, **call.rows.flags, **launch_opts(warps),
-        **dependent(call.pdl),
+        call.V, call.S, CHUNK=call.chunk, SP=call.SP, PDL=call.pdl, TOPK=topk, **call.rows.flags,
+        **launch_opts(warps), **dependent(call.pdl),
     )  # fmt: skip
     return dx, dq, dv
 

@@ -5,9 +5,14 @@ Sampling is by inverse CDF with counter-based uniforms (``sample_reference.draw_
 32-bit integer hash in both backends) over integer weights (``sample_reference.chunk_weights`` /
 ``inverse_cdf``): draw j walks the running sums to a chunk (hash id 2j), then to a token in it
 (id 2j + 1); the sums are exact, so every path picks the same token. The kept set of top-k /
-top-p / min-p is ``{i : s_i >= tau}`` for an unknown threshold tau; it is never searched for:
+top-p / min-p is ``{i : s_i >= tau}`` for an unknown threshold tau; it is never searched for,
+except that top-k's own threshold, the k-th largest score, is found exactly (``sample_topk``)
+and a top-k row draws only above it:
 
-    pass 1: m = max(s), Z = sum exp(s - m)            (greedy: m and the lowest argmax only)
+    pass 1: m = max(s), Z = sum exp(s - m)            (greedy: m and the lowest argmax only;
+            top-k rows: each chunk's top-k candidates, ``sample_topk.chunk_candidates``)
+    top-k rows, in the per-row kernel: the k-th largest score from the candidates, then the
+            draws, the top-p / min-p test and any rounds below, all on the candidates
     draws:  x_0..x_3 = 4 inverse-CDF draws from softmax(s) (u_0..u_3), one tile each, and
             each one's verdict from pass 1's chunk maxima and sums (``sample_filters.verdict``):
             kept or cut for sure, or left to the test pass
@@ -23,7 +28,8 @@ verdicts settle the row, as on most rows of a real model's peaked logits); no ho
 synchronisation, no sort, no per-token random numbers (no hashing of the vocabulary).
 
 Where the kernels live: ``triton_common`` (the shared helpers), ``sample_filters`` (verdicts,
-test pass, decision), ``sample_rows`` (the per-row kernel: every pass when the row is one chunk,
+test pass, decision), ``sample_topk`` (the k-th largest score and the draws above it),
+``sample_rows`` (the per-row kernel: every pass when the row is one chunk,
 else the split passes' combine), ``sample_split`` (the (row, chunk) passes), ``sample_greedy``
 (an all-greedy call in one launch). ``SampleTuning`` (``tuning``) picks among the layouts, none
 of which changes a token.
@@ -66,9 +72,11 @@ def sample(
     is one chunk; else up to four (pass 1, the draws, the test pass, the per-row decision),
     plus one small scatter when ``indices`` is given. ``kinds`` (known on the host) leaves out
     launches no row needs: "greedy" (every row greedy: no draws), "plain" (no row samples with
-    a filter: pass 1, then one program a row draws and ends it), "sample" (no row samples with
-    top-k or top-p: no test pass), "top_p" (no row samples with top-k: the test pass without
-    the counts), "filter" (all of them). ``tuning`` picks the layout (the same tokens in any).
+    a filter: pass 1, then one program a row draws and ends it), "top_k" (every sampling row
+    has top-k: pass 1 stores its candidates, the per-row kernel draws from them: two launches),
+    "sample" (no row samples with top-k or top-p: no test pass), "top_p" (no row samples with
+    top-k: the test pass without the counts), "filter" (all of them). ``tuning`` picks the
+    layout (the same tokens in any).
     """
     B, V = logits.shape
     dev = logits.device
@@ -83,20 +91,24 @@ def sample(
     chunk = chunk_size(V, tuning.chunk_max)
     S = triton.cdiv(V, chunk)
     pm = pz = pi = dx = dq = dv = ps = tokens  # unused without the split
+    cand = (tokens, tokens, tokens)
     if split and kinds == "greedy" and not return_logprobs and tuning.greedy1:
         sample_greedy.launch(rows, tokens, empty, V, chunk, tuning)
         return tokens, empty, None
     pdl = split and tuning.pdl and pdl_device(dev)
     if split:
         call = sample_split.SplitCall(rows, V, S, chunk, pdl)
-        pm, pz, pi = sample_split.pass1(call, temperature, return_logprobs, tuning.split_warps)
+        topk = kinds in ("top_k", "filter")  # some row may have top-k: pass 1 stores its candidates
+        pm, pz, pi, got = sample_split.pass1(call, temperature, return_logprobs, tuning.split_warps,
+                                             top_k if topk else None, tuning.topk_max)  # fmt: skip
+        cand = got if topk else (pm, pi, pi)  # (placeholders of the candidates' types, never read)
         if kinds == "plain":  # no filter: the draw (or the argmax) ends the row
             sample_split.plain(call, temperature, seed, step, (pm, pz, pi), (tokens, empty, logprobs),
                                return_logprobs, tuning.draw_warps)  # fmt: skip
             return tokens, empty, (logprobs if return_logprobs else None)
-        if kinds != "greedy":
+        if kinds not in ("greedy", "top_k"):  # (top-k rows draw in the per-row kernel)
             dx, dq, dv = sample_split.draws(call, temperature, top_k, top_p, min_p, seed, step, pm, pz,
-                                            tuning.draw_warps)  # fmt: skip
+                                            tuning.draw_warps, topk)  # fmt: skip
         if split2:
             ps = sample_split.pass2(call, temperature, top_k, top_p, min_p, pm, dq, dv, kinds == "filter",
                                     tuning.pass2_warps)  # fmt: skip
@@ -109,7 +121,7 @@ def sample(
         seed,
         step,
         (tokens, empty, logprobs),
-        (pm, pz, pi, dx, dq, dv, ps),
+        (pm, pz, pi, dx, dq, dv, ps, *cand),
         V,
         S,
         chunk,
@@ -118,6 +130,7 @@ def sample(
         split2,
         pdl,
         tuning,
+        split and kinds in ("top_k", "filter"),
     )
     return tokens, empty, (logprobs if return_logprobs else None)
 

@@ -114,7 +114,7 @@ def quanta(s, mc, low):
 
 
 @helper
-def _pick_chunk(ms, zs, cs, t):
+def pick_chunk(ms, zs, cs, t):
     # the chunks' max and quanta sums -> the chunk c with cum_{c-1} <= g < cum_c over the chunk
     # weights W_c = int64(float(Z_c) * exp(m_c - m)), g = floor(sum(W) * t / 2**24)
     m = tl.max(ms, 0)
@@ -161,7 +161,7 @@ def row_draw(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, low,
     # inverse-CDF draw j over {s > low}: the chunk (hash id 2j), then the token in it (id 2j + 1)
     # -> (token, its score). The score is loaded again: taken from the tile, it would keep the
     # tile alive through the running sum (the draw kernel: 96 -> 168 registers)
-    c = _pick_chunk(ms, zs, cs, draw_t(2 * j, k0, k1))
+    c = pick_chunk(ms, zs, cs, draw_t(2 * j, k0, k1))
     offs = c * CHUNK + tl.arange(0, CHUNK)
     s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, offs, V, inv_t, HAS_MASK)
     mc = tl.sum(tl.where(cs == c, ms, 0.0), 0)

@@ -63,6 +63,13 @@ class SampleTuning:
         B = 512, V = 49,152 19.68 -> 18.75; B = 128, V = 49,152 6.29 -> 6.05; 4 tiles: slower).
     pass2_warps : int
         Warps of the split test pass: 32 tokens a thread (1.3-1.8x faster than 8 at B >= 128).
+    topk_max : int
+        With the split, the most candidates a chunk keeps for top-k, a power of 2: rows with
+        top_k up to it find the k-th largest score and draw from pass 1's candidates alone;
+        larger top_k search the row itself (``sample_topk``).
+    topk_warps : int
+        Warps of the per-row kernel after a split pass 1 that stored top-k candidates (its
+        select and draws reduce over [S, topk_max] candidates, a chain of small reductions).
     chunk_max : int
         Tokens per chunk of the inverse-CDF draws, a power of 2: chunk = min(chunk_max, next
         power of 2 >= V), from V only, never B. Part of what a seed samples (see the module
@@ -81,6 +88,8 @@ class SampleTuning:
     greedy_warps: int = 4
     greedy_tiles: int = 2
     pass2_warps: int = 4
+    topk_max: int = 128
+    topk_warps: int = 8
     chunk_max: int = CHUNK_MAX
 
     def __post_init__(self) -> None:
@@ -92,7 +101,7 @@ class SampleTuning:
                 raise ValueError(f"SampleTuning.{f.name} must be a bool, got {value!r}")
             if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"SampleTuning.{f.name} must be a positive int, got {value!r}")
-        for name in ("block_max", "chunk_max"):
+        for name in ("block_max", "chunk_max", "topk_max"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"SampleTuning.{name} must be a power of 2, got {value}")

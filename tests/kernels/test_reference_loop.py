@@ -1,5 +1,6 @@
 """The torch reference (the CPU sampler) against its docstring's loop, written out literally:
-one row at a time, kept() as sums over the row's tokens, the draws one at a time. The
+one row at a time, kept() as sums over the row's tokens, top-k's k-th largest score by a sort,
+the draws one at a time. The
 reference evaluates only the filters some row has on, draws once when no row has one, and
 skips row copies; on random batches (greedy, sampling and emptied rows; every filter on and
 off; bf16 and fp32) it must give the loop's tokens."""
@@ -31,11 +32,15 @@ def _loop_row(x, temperature, top_k, top_p, min_p, seed, step) -> int:
         )
 
     def draw(j: int, low: float) -> int:
-        mc, q, zq = sample_reference.chunk_weights(s[None], torch.tensor([low]))
+        mc, q, zq = sample_reference.chunk_weights(s[None], torch.tensor([low], dtype=torch.float32))
         t = sample_reference.draw_bits(seed, step, 2 * j + 2)
         return int(sample_reference.inverse_cdf(mc, q, zq, t[:, 2 * j], t[:, 2 * j + 1])[0])
 
     low, j = float("-inf"), 0
+    n_allowed = int((s > float("-inf")).sum())
+    if 0 < int(top_k) < len(s) and n_allowed >= int(top_k):  # top-k: draw from s >= the k-th largest
+        v_k = sorted(s.tolist(), reverse=True)[int(top_k) - 1]
+        low = float(torch.nextafter(torch.tensor(v_k), torch.tensor(float("-inf"))))
     while True:  # four draws, the first kept one; all cut: four more above the highest
         xs = [draw(i, low) for i in range(j, j + 4)]
         for i in xs:

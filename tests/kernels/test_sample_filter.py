@@ -145,9 +145,10 @@ def test_same_row_many_steps(impl):
 
 @pytest.mark.skipif(not INTERPRET, reason="counts helper calls under TRITON_INTERPRET=1")
 def test_rounds_only_when_all_draws_are_cut(monkeypatch):
-    """Top-p near 1 keeps one of the four draws (no round: four draws a row); top-k 1 on a flat
+    """Top-p near 1 keeps one of the four draws (no round: four draws a row); top-k 1 draws
+    above the k-th largest score (the max: one pass weighs it, no round); min-p 0.99 on a flat
     row cuts all four almost always and needs the rounds, each of four draws tested in one pass;
-    both return the reference's token."""
+    all return the reference's token."""
     calls = count_calls(monkeypatch, "row_draw")
     passes = count_calls(monkeypatch, "row_chunks")  # pass 1 of each row, then one a round
     gen = torch.Generator().manual_seed(16)
@@ -157,10 +158,17 @@ def test_rounds_only_when_all_draws_are_cut(monkeypatch):
     torch.testing.assert_close(_run(("triton", "cpu"), logits, **args), _want(logits, **args), rtol=0, atol=0)
     assert len(calls) == 4 * B
     calls.clear()
+    passes.clear()
     args = dict(temperature=1.0, top_k=1, seed=torch.arange(B), step=0)
     got = _run(("triton", "cpu"), logits, **args)
     torch.testing.assert_close(got, _want(logits, **args), rtol=0, atol=0)
     assert got.tolist() == logits.argmax(1).tolist()
-    rounds = len(passes) - 2 * B  # (pass 1 of both calls)
+    assert len(passes) == 2 * B and len(calls) == 4 * B  # pass 1, the pass above the max; 4 draws
+    calls.clear()
+    passes.clear()
+    args = dict(temperature=1.0, min_p=0.99, seed=torch.arange(B), step=0)
+    got = _run(("triton", "cpu"), logits, **args)
+    torch.testing.assert_close(got, _want(logits, **args), rtol=0, atol=0)
+    rounds = len(passes) - B  # (pass 1)
     assert rounds > 0
     assert len(calls) == 4 * B + 4 * rounds

@@ -199,7 +199,8 @@ def test_kinds_from_host_values():
 
     assert _kinds(0.0, 0, 1.0, 1000) == "greedy"
     assert _kinds([0.0, 0.7], 0, 1.0, 1000) == "sample"
-    assert _kinds([0.0, 0.7], [0, 5], 1.0, 1000) == "filter"
+    assert _kinds([0.0, 0.7], [0, 5], 1.0, 1000) == "top_k"  # every sampling row has top-k
+    assert _kinds(0.7, 50, 0.9, 1000) == "top_k"
     assert _kinds([0.0, 0.7], 0, [1.0, 0.9], 1000) == "top_p"  # no top-k: the test pass skips counts
     assert _kinds([0.7, 0.7], [0, 5], [0.9, 1.0], 1000) == "filter"
     assert _kinds([0.7, 0.0], [0, 5], 1.0, 1000) == "sample"  # top-k on a greedy row only

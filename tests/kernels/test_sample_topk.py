@@ -1,0 +1,185 @@
+"""Top-k by the exact k-th largest score (``sample_topk``): the Triton paths against the torch
+reference on random rows (split candidates, the per-row search, ties, overflowing ties, rows
+with fewer allowed tokens than k, mixed batches), the select's helpers against torch, the
+reference's top-k set against its definition, and the sampled frequencies on flat and peaked
+rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from scipy.stats import chisquare
+
+from deepinfer import kernels
+from deepinfer.kernels import SampleTuning, sample_reference, sample_topk
+
+from ._util import random_bitmask
+from .conftest import INTERPRET
+
+# small layouts so the CPU interpreter sees several chunks and both top-k ways: chunks of 64
+# tokens, 16 candidates a chunk (top_k > 16, or ties past 16 at a chunk's threshold: per row)
+SMALL = SampleTuning(chunk_max=64, topk_max=16)
+
+
+def _run(impl, logits, tuning=SMALL, **kw):
+    backend, device = impl
+    B = logits.shape[0]
+    kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    kw.setdefault("seed", torch.arange(B, device=device) * 31 + 7)
+    kw.setdefault("step", 4)
+    return kernels.sample(logits.to(device), backend=backend, tuning=tuning, **kw).tokens.cpu()
+
+
+def _both(impl, logits, tuning=SMALL, **kw):
+    got = _run(impl, logits, tuning, **kw)
+    want = _run(("torch", impl[1]), logits, tuning, **kw)
+    assert got.tolist() == want.tolist()
+    return got
+
+
+def _top_k_set(s: torch.Tensor, k: int) -> set[int]:
+    """The tokens top-k keeps, by its definition: fewer than k scores strictly above."""
+    return {i for i in range(len(s)) if s[i] > float("-inf") and int((s > s[i]).sum()) < k}
+
+
+def test_random_rows_match_reference(impl):
+    """Random rows, masks, temperatures and filters: candidates (k <= 16) and the per-row
+    search (k > 16) over chunks of 64, the one-program row (split "never", the search over
+    several blocks) and one chunk (the search in registers)."""
+    gen = torch.Generator().manual_seed(3)
+    B, V = 6, 300
+    # (split "never" with 128-token blocks: the per-row search passes over three blocks)
+    layouts = (SMALL, SampleTuning(chunk_max=64, topk_max=16, split="never", block_max=128), SampleTuning())
+    for it, tuning in enumerate(layouts):
+        logits = torch.randn(B, V, generator=gen) * (0.5 + 3 * float(torch.rand(1, generator=gen)))
+        if it == 1:
+            logits = logits.to(torch.bfloat16)
+        temp = [1.0, 0.7, 0.0, 1.3, 1.0, 2.0]
+        top_k = [5, 16, 3, 40, 1, 9]
+        top_p = [1.0, 0.8, 1.0, 0.9, 1.0, 0.5]
+        min_p = [0.0, 0.0, 0.0, 0.05, 0.0, 0.0]
+        bitmask = random_bitmask(B, V, 0.6, gen)
+        _both(impl, logits, tuning, bitmask=bitmask, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+def test_mixed_batch_and_kinds(impl):
+    """Top-k rows beside top-p-only, plain and greedy rows (kinds "filter"), and a batch of
+    top-k rows only (kinds "top_k": pass 1 and the per-row kernel alone): the reference's tokens."""
+    gen = torch.Generator().manual_seed(5)
+    B, V = 6, 500
+    logits = torch.randn(B, V, generator=gen) * 3
+    args = dict(temperature=[0.0, 1.0, 1.0, 0.5, 1.0, 2.0], top_k=[3, 0, 12, 50, 500, 4],
+                top_p=[1.0, 0.9, 0.5, 1.0, 1.0, 0.3], min_p=[0.0, 0.0, 0.05, 0.0, 0.0, 0.0])  # fmt: skip
+    assert kernels.sample_kinds(*(args[k] for k in ("temperature", "top_k", "top_p")), V) == "filter"
+    _both(impl, logits, **args)
+    assert kernels.sample_kinds(1.0, [7, 30], 0.9, V) == "top_k"
+    _both(impl, logits[:2], temperature=1.0, top_k=[7, 30], top_p=0.9)
+
+
+def test_ties_and_short_rows(impl):
+    """Ties at the k-th score are all kept: integer logits (ties at every chunk's threshold,
+    past 16 of them: the per-row way); rows with fewer allowed tokens than k keep them all."""
+    gen = torch.Generator().manual_seed(7)
+    B, V = 4, 200
+    ties = torch.randint(0, 4, (B, V), generator=gen).float()
+    got = _both(impl, ties, temperature=1.0, top_k=[1, 5, 16, 3], top_p=[1.0, 0.9, 1.0, 0.5])
+    for b in range(B):
+        assert ties[b, got[b]] == ties[b].max()  # the top score's ties outnumber every k here
+    short = torch.randn(B, V, generator=gen)
+    short[:, 6:] = float("-inf")
+    got = _both(impl, short, temperature=1.0, top_k=[3, 10, 50, 6])
+    assert bool((got < 6).all())
+
+
+@triton.jit
+def _helpers_kernel(v_ptr, key_ptr, below_ptr, kth_ptr, N, BLOCK: tl.constexpr):
+    # order_key and float_below of each value; kth_key's k-th largest for k = 1..N
+    offs = tl.arange(0, BLOCK)
+    ok = offs < N
+    v = tl.load(v_ptr + offs, mask=ok, other=0.0)
+    key = sample_topk.order_key(v)
+    tl.store(key_ptr + offs, key, mask=ok)
+    for i in range(N):
+        vi = tl.sum(tl.where(offs == i, v, 0.0))
+        tl.store(below_ptr + i, sample_topk.float_below(vi))
+    keys = tl.where(ok & (v > float("-inf")), key, -2147483648)  # (sample_topk.NO_KEY: no entry)
+    lo = tl.full((), -2147483647, tl.int32)
+    hi = tl.full((), 2147483647, tl.int32)
+    for k in range(1, N + 1):
+        t, _n = sample_topk.kth_key(keys, k, k, lo, hi)
+        tl.store(kth_ptr + k - 1, tl.min(tl.where(keys >= t, v, float("inf"))))
+
+
+def test_select_helpers_match_torch():
+    """order_key orders as the floats, float_below is torch.nextafter(v, -inf), kth_key finds
+    the k-th largest (with multiplicity), on edge values: +-0, denormals, +-inf, ties."""
+    device = "cpu" if INTERPRET else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    vals = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1.0, -1.0, 3.4e38, -3.4e38, float("inf"), 2.5, 2.5, -7.0,
+                         1.5e-39, -1.5e-39])  # fmt: skip
+    N = len(vals)
+    key = torch.empty(N, dtype=torch.int32, device=device)
+    below = torch.empty(N, device=device)
+    kth = torch.empty(N, device=device)
+    _helpers_kernel[(1,)](vals.to(device), key, below, kth, N, BLOCK=16)
+    key, below, kth = key.cpu(), below.cpu(), kth.cpu()
+    for i in range(N):
+        for j in range(N):
+            assert bool(key[i] < key[j]) == bool(vals[i] < vals[j]), (vals[i], vals[j])
+    want = torch.nextafter(vals, torch.full_like(vals, float("-inf")))
+    assert below.view(torch.int32).tolist() == want.view(torch.int32).tolist()
+    assert kth.tolist() == sorted(vals.tolist(), reverse=True)
+
+
+def test_reference_top_k_set_is_the_definition():
+    """sample_reference.topk_low: {s > low} is exactly the set top-k keeps (ties kept), -inf
+    where top-k is off or fewer than k tokens are allowed."""
+    gen = torch.Generator().manual_seed(9)
+    R, V = 8, 60
+    s = torch.randint(-5, 5, (R, V), generator=gen).float() * 0.5
+    s[0, 10:] = float("-inf")
+    k = torch.tensor([12, 1, 3, 7, 0, 60, 59, 20])
+    low = sample_reference.topk_low(s, k)
+    for r in range(R):
+        kr = int(k[r])
+        if not 0 < kr < V or int((s[r] > float("-inf")).sum()) < kr:
+            assert low[r] == float("-inf")
+            continue
+        assert {int(i) for i in torch.nonzero(s[r] > low[r])} == _top_k_set(s[r], kr)
+
+
+PEAKED = torch.tensor([6.0, 5.5, 5.0, 2.0] + [0.0] * 36)
+FLAT = torch.linspace(0.0, 0.5, 40)
+
+
+@pytest.mark.parametrize(("row", "top_k", "top_p"), [("flat", 5, 1.0), ("flat", 8, 0.9), ("peaked", 3, 1.0),
+                                                     ("peaked", 6, 0.95)])  # fmt: skip
+def test_top_k_frequencies(impl, row, top_k, top_p):
+    """Chi-square: top-k on flat rows (the top 5 of 40 hold ~14% of the mass: without drawing
+    above the k-th score, four first draws would rarely be kept) and on peaked rows."""
+    backend, device = impl
+    if (backend, device) == ("triton", "cpu"):
+        pytest.skip("interpreter: its tokens equal the reference's (the tests above)")
+    n = 6000
+    logits = (FLAT if row == "flat" else PEAKED).clone()
+    V = len(logits)
+    p = torch.softmax(logits.double(), 0)
+    order = torch.argsort(p, descending=True, stable=True)
+    keep = torch.zeros(V, dtype=torch.bool)
+    mass = 0.0
+    for rank, i in enumerate(order.tolist()):
+        if rank >= top_k or (top_p < 1 and mass >= top_p):
+            break
+        keep[i] = True
+        mass += float(p[i])
+    q = torch.where(keep, p, 0.0)
+    q = q / q.sum()
+    tokens = _run(impl, logits.expand(n, V).contiguous(), SampleTuning(), temperature=1.0, top_k=top_k,
+                  top_p=top_p, seed=torch.arange(n) * 7919 + 5, step=torch.arange(n) % 13)  # fmt: skip
+    counts = torch.bincount(tokens, minlength=V).double()
+    assert counts[~keep].sum() == 0
+    exp = q[keep] * n
+    assert chisquare(counts[keep].numpy(), exp.numpy()).pvalue > 1e-3
