@@ -130,32 +130,6 @@ def row_topk_low(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k, HAS_MASK:
                 vk = tl.minimum(vk, tl.min(tl.where(above, s, float("inf"))))
             low = float_below(vk)
     return low
-    n = 0
-    for start in range(0, V, BLOCK):
-        s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-        n += tl.sum((s > float("-inf")).to(tl.int32))
-    low = float("-inf")
-    if n >= k:
-        t = tl.full((), 0, tl.int64)  # (offset binary, as kth_key)
-        b = tl.full((), 31, tl.int64)
-        while (b >= 0) & (n > k):
-            cand = t | (tl.full((), 1, tl.int64) << b)
-            ck = (cand - 2147483648).to(tl.int32)
-            c = 0
-            for start in range(0, V, BLOCK):
-                s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-                c += tl.sum(((s > float("-inf")) & (order_key(s) >= ck)).to(tl.int32))
-            take = c >= k
-            t = tl.where(take, cand, t)
-            n = tl.where(take, c, n)
-            b -= 1
-        tk = (t - 2147483648).to(tl.int32)
-        vk = float("inf")
-        for start in range(0, V, BLOCK):
-            s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, start + arange, V, inv_t, HAS_MASK)
-            vk = tl.minimum(vk, tl.min(tl.where((s > float("-inf")) & (order_key(s) >= tk), s, float("inf"))))
-        low = float_below(vk)
-    return low
 
 
 @helper
