@@ -346,11 +346,14 @@ def test_abort_frees_the_requests_own_blocks_at_once(tiny_folder, monkeypatch_se
 
 
 @pytest.mark.parametrize(
-    ("dspark", "blocks"), [(True, None), ({"schedule": "fixed"}, 50)], ids=["default", "fixed-small-pool"]
+    ("dspark", "blocks"),
+    [({"schedule": "fixed"}, None), ({"schedule": "fixed"}, 50)],
+    ids=["fixed", "fixed-small-pool"],
 )
 def test_dspark_releases_rejected_draft_blocks(tiny_folder, monkeypatch_session, dspark, blocks):
     """DSpark verifies drafts in blocks reserved past each row's length (blocks of 4: drafts
-    cross block edges; a pool of 50 blocks: rows are preempted between verify steps): the
+    cross block edges; a pool of 50 blocks: rows are preempted between verify steps; the fixed
+    schedule: every draft verified, whatever this machine's step times): the
     outputs equal plain decoding, after every step a row holds only the blocks of what is cached
     (the rejected drafts' blocks released), and none is held at the end."""
     prompts = [[1, 5, 9, 5, 9, 5, 9]] * 12 + [[1, 300, 301], [1, 42, 43, 44]]
