@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
+
+# a Triton kernel's devices: the CPU under TRITON_INTERPRET=1, CUDA (marked gpu) without it
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+TRITON_DEVICES = [
+    pytest.param("cpu", id="cpu", marks=pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1")),
+    pytest.param(
+        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="interpreter")]
+    ),
+]
 
 
 def random_bitmask(B: int, V: int, density: float, gen: torch.Generator) -> torch.Tensor:

@@ -15,14 +15,10 @@ import torch  # noqa: E402
 
 from deepinfer.kernels import fused as fk  # noqa: E402
 from deepinfer.models.layers import rope_inv_freq, rope_tables  # noqa: E402
+from tests.kernels._util import TRITON_DEVICES  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
-DEVICES = [
-    pytest.param("cpu", id="cpu", marks=pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1")),
-    pytest.param(
-        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="interpreter")]
-    ),
-]
+DEVICES = TRITON_DEVICES
 DTYPES = [torch.float32, torch.bfloat16]
 
 

@@ -20,14 +20,10 @@ from deepinfer.kernels import invariant as bi  # noqa: E402
 from deepinfer.model_runner import ModelRunner  # noqa: E402
 from deepinfer.models.llama import LlamaModel  # noqa: E402
 from tests.engine.test_deterministic import _runner_logits  # noqa: E402
+from tests.kernels._util import TRITON_DEVICES  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
-DEVICES = [
-    pytest.param("cpu", id="cpu", marks=pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1")),
-    pytest.param(
-        "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="interpreter")]
-    ),
-]
+DEVICES = TRITON_DEVICES
 # (K, N): one block; K and N not multiples of the blocks; K split in two (N narrow); split in 3
 SHAPES = [(64, 64), (100, 70), (1100, 40), (1536, 96)]
 
