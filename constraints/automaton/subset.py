@@ -22,13 +22,6 @@ import numpy as np
 
 from ..native import kernel
 
-
-def _clock_py() -> int:
-    """A monotonic tick count (nanoseconds here; the processor's cycle counter in the
-    compiled kernels, see :func:`clock_rate`)."""
-    return time.perf_counter_ns()
-
-
 # st[]: the expansion's state between calls
 I, N_SUB, SUB_USED, CLO_USED, N_CALLS, TICK, MARK_TICK, WORK, FULL, NEED_B = range(10)
 # FULL bits: which buffer stopped the expansion

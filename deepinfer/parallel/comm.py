@@ -54,7 +54,3 @@ class Group:
         out = torch.empty((sum(recv), *x.shape[1:]), dtype=x.dtype, device=x.device)
         dist.all_to_all_single(out, x.contiguous(), recv, send, group=self.group)
         return out
-
-    def all_gather_counts(self, n: int, device) -> list[int]:
-        t = torch.tensor([n], dtype=torch.int64, device=device)
-        return [int(v) for v in self.all_gather(t)]
