@@ -145,9 +145,7 @@ def make_llm(args, c: int):
     w = _random_weights(cfg, torch.device(args.device), torch.bfloat16)
     loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=args.shape, eos_token_ids=eos,
                          chat_template=CHATML)  # fmt: skip
-    llm = LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=c, max_model_len=1024, seed=0)
-    llm.capture_graphs()
-    return llm
+    return LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=c, max_model_len=1024, seed=0)
 
 
 def offline_run(llm, bodies: list[dict], max_tokens: int, c: int) -> dict:

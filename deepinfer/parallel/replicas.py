@@ -273,9 +273,7 @@ class Replicas:
 def replica_main(engine: type, model: Any, kwargs: dict, conn) -> None:
     """One replica: an ``engine`` (LLM) stepping while it has work, taking requests between steps."""
     try:
-        llm = engine(model, **kwargs)
-        if llm.device.type == "cuda":
-            llm.capture_graphs()
+        llm = engine(model, **kwargs)  # (on CUDA its graphs are captured as it is built)
         conn.send(("ready", llm.metrics()))
     except BaseException as e:  # noqa: BLE001 - the front says why
         conn.send(("failed", f"{type(e).__name__}: {e}"))

@@ -236,9 +236,7 @@ def _put_all(items: list) -> None:
 def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
     """Build the LLM, say ready, then step while there is work; take requests between steps."""
     try:
-        llm = factory()
-        if llm.device.type == "cuda":
-            llm.capture_graphs()  # no request pays a capture
+        llm = factory()  # (on CUDA its graphs are captured as it is built: no request pays one)
         tok = llm.tokenizer
         token_bytes = [
             b if b is not None else (tok.id_to_token(i) or "").encode()
