@@ -15,6 +15,7 @@ import pytest
 
 from deepinfer.constraints import Compiler, ConstraintError, Matcher, Vocabulary
 
+from .test_structural_tags import random_walk
 from .vocabs import small_vocab
 
 SCHEMA = {
@@ -69,30 +70,13 @@ def test_random_walks_and_masks(small):
     vocab, compiler, ids = small
     c = compiler.reasoning(AFTER)
     rng = random.Random(3)
-    eos = set(vocab.eos_ids)
-    for _ in range(8):
-        m = Matcher(c)
-        out = bytearray()
-        for step in range(rng.randint(5, 60)):
-            allowed = set(int(t) for t in m.allowed_tokens())
-            if step % 7 == 0:
-                assert allowed == {t for t in range(vocab.vocab_size) if m.copy().accept(t)}
-            if rng.random() < 0.1 and b"</think>" not in out:  # close the block now and then
-                probe = m.copy()
-                if all(probe.accept(ids[b]) for b in b"</think>"):
-                    m, out = probe, out + b"</think>"
-                    continue
-            choices = sorted(allowed - eos)
-            if not choices:
-                break
-            t = rng.choice(choices)
-            assert m.accept(t)
-            out += vocab.token_bytes[t]
-        from .test_structural_tags import shortest_completion
 
-        tail = shortest_completion(c.automaton, m.state)
-        assert tail is not None and (m.accept_bytes(tail) if tail else True)
-        reasoning, answer = split(bytes(out + tail).decode("utf-8"))
+    def close(rng, out):  # close the block now and then
+        return b"</think>" if rng.random() < 0.1 and b"</think>" not in out else None
+
+    for _ in range(8):
+        text = random_walk(c, vocab, ids, rng, rng.randint(5, 60), 7, close)
+        reasoning, answer = split(text.decode("utf-8"))
         assert "</think>" not in reasoning
         jsonschema.validate(json.loads(answer), SCHEMA)
 

@@ -123,37 +123,49 @@ def test_random_walks_are_valid(small):
     tags = [CALL, CODE]
     compiled = compiler.structural_tags(tags)
     ids = byte_ids(vocab)
-    eos = set(vocab.eos_ids)
     rng = random.Random(7)
+
+    def trigger(rng, out):  # now and then a trigger, where the free text allows it
+        return rng.choice([b"<tool_call>", b"<code>"]) if rng.random() < 0.1 else None
+
     segments = 0
     for walk in range(12):
-        m = Matcher(compiled)
-        out = bytearray()
-        for step in range(rng.randint(5, 40)):
-            allowed = set(int(t) for t in m.allowed_tokens())
-            if step % 9 == 0:  # the reference: every token tried
-                ref = {t for t in range(vocab.vocab_size) if m.copy().accept(t)}
-                assert allowed == ref, bytes(out)
-            if rng.random() < 0.1:  # write a trigger, byte by byte, where the free text allows it
-                trig = rng.choice([b"<tool_call>", b"<code>"])
-                probe = m.copy()
-                if all(probe.accept(ids[b]) for b in trig):
-                    m, out = probe, out + trig
-                    continue
-            choices = sorted(allowed - eos)
-            if not choices:
-                break
-            t = rng.choice(choices)
-            assert m.accept(t)
-            out += vocab.token_bytes[t]
-        tail = shortest_completion(compiled.automaton, m.state)
-        assert tail is not None
-        assert m.accept_bytes(tail) if tail else True
-        text = bytes(out + tail).decode("utf-8")
+        text = random_walk(compiled, vocab, ids, rng, rng.randint(5, 40), 9, trigger).decode("utf-8")
         parts = split(text, tags, ["<tool_call>", "<code>"])
         assert parts is not None, f"walk {walk} produced {text!r}"
         segments += len(parts)
     assert segments >= 3  # the walks did enter segments
+
+
+def random_walk(compiled, vocab, ids, rng, steps: int, check_every: int, marker) -> bytes:
+    """A random walk of ``steps`` tokens over ``compiled``'s masks, closed by the shortest
+    completion: the whole output. Every ``check_every`` steps the mask is compared with the
+    reference (every token tried); where ``marker(rng, out)`` names bytes and the matcher
+    takes them, they are written byte by byte instead of a token."""
+    m = Matcher(compiled)
+    out = bytearray()
+    eos = set(vocab.eos_ids)
+    for step in range(steps):
+        allowed = set(int(t) for t in m.allowed_tokens())
+        if step % check_every == 0:  # the reference: every token tried
+            ref = {t for t in range(vocab.vocab_size) if m.copy().accept(t)}
+            assert allowed == ref, bytes(out)
+        text = marker(rng, out)
+        if text is not None:
+            probe = m.copy()
+            if all(probe.accept(ids[b]) for b in text):
+                m, out = probe, out + text
+                continue
+        choices = sorted(allowed - eos)
+        if not choices:
+            break
+        t = rng.choice(choices)
+        assert m.accept(t)
+        out += vocab.token_bytes[t]
+    tail = shortest_completion(compiled.automaton, m.state)
+    assert tail is not None
+    assert m.accept_bytes(tail) if tail else True
+    return bytes(out + tail)
 
 
 def shortest_completion(automaton, config, limit: int = 50_000) -> bytes | None:
