@@ -28,7 +28,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_decode import _table  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -62,16 +61,18 @@ def http_run(base: str, bodies: list[dict], c: int, max_tokens: int, procs: int 
     high concurrency). Each process runs its clients as asyncio tasks over one connection pool."""
     procs = max(1, min(procs, c))
     if procs == 1:
-        res, t0, t1 = _clients(base, bodies, c, max_tokens, time.perf_counter())
+        res, t0, t1 = _clients(base, bodies, c, max_tokens)
         wall = t1 - t0
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        start = time.perf_counter() + 3.0  # every process starts at once, imports done
+        # every process waits at the barrier with its imports done, so they start together
         shares = [(c // procs) + (i < c % procs) for i in range(procs)]
-        with ProcessPoolExecutor(procs, mp_context=mp.get_context("spawn")) as ex:
-            futs = [ex.submit(_clients, base, bodies[i::procs], shares[i], max_tokens, start)
+        ctx = mp.get_context("spawn")
+        with ctx.Manager() as mgr, ProcessPoolExecutor(procs, mp_context=ctx) as ex:
+            ready = mgr.Barrier(procs)
+            futs = [ex.submit(_clients, base, bodies[i::procs], shares[i], max_tokens, ready)
                     for i in range(procs)]  # fmt: skip
             parts = [f.result() for f in futs]
         res = [r for p in parts for r in p[0]]
@@ -80,9 +81,9 @@ def http_run(base: str, bodies: list[dict], c: int, max_tokens: int, procs: int 
             "tpot": statistics.mean(r[1] for r in res)}  # fmt: skip
 
 
-def _clients(base: str, bodies: list[dict], c: int, max_tokens: int, start: float):
-    """c asyncio clients in this process, from ``start`` (a perf_counter time, shared by every
-    client process): ([(ttft, tpot, tokens)], start, end)."""
+def _clients(base: str, bodies: list[dict], c: int, max_tokens: int, ready=None):
+    """c asyncio clients in this process, started once every client process has passed
+    ``ready`` (a barrier, or None): ([(ttft, tpot, tokens)], start, end)."""
     import asyncio
 
     import httpx
@@ -113,7 +114,8 @@ def _clients(base: str, bodies: list[dict], c: int, max_tokens: int, start: floa
                 while todo:
                     res.append(await one(cl, todo.pop(0)))
 
-            await asyncio.sleep(max(0.0, start - time.perf_counter()))
+            if ready is not None:
+                await asyncio.to_thread(ready.wait)
             t = time.perf_counter()
             await asyncio.gather(*(client() for _ in range(c)))
             return res, t, time.perf_counter()
@@ -207,6 +209,7 @@ def main() -> None:
         serve(partial(make_llm, args, args.max_num_seqs), name=args.shape, port=args.port)
         return
     import httpx
+    from bench_decode import _table
 
     bodies = requests(args.requests)
     rows = []
