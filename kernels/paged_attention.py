@@ -12,7 +12,7 @@ block (GQA without repeating K/V). What it computes, as a Python loop:
                keys = stack([k_cache[t[p // bs], p % bs, h] for p in ps])          # [len, hd]
                o[n, h] = softmax(q[n, h] @ keys.T / sqrt(hd)) @ (the same rows of v_cache)
 
-Four implementations:
+Five implementations:
 - `paged_attention_reference`: that loop in float64 on CPU, the oracle of the tests.
 - `paged_attention_triton` (CUDA; CPU under TRITON_INTERPRET=1): one program per (row, KV head)
   walks fixed BLOCK_N-key blocks from key 0 up to the row's own length (online softmax), reading
@@ -27,17 +27,23 @@ Four implementations:
   consecutive query tokens of one sequence with their g heads of one KV head, loads each block of
   keys once for the whole tile and stops at the tile's last query position. For prompt chunks
   (the per-token kernel reads a sequence's keys once per token). Not promised batch-invariant,
-  and it rounds unlike the per-token kernel (other dot shapes): deterministic mode keeps that one.
-They differ from each other in rounding; the per-token Triton kernel and ``per_row=True`` are
-each invariant on their own.
+  and it rounds unlike the per-token kernel (other dot shapes).
+- `paged_invariant_triton` (CUDA; CPU under TRITON_INTERPRET=1): deterministic mode's one kernel
+  for prefill chunks, decode and verify. Query tiles as in `paged_prefill_triton` (one shape,
+  fixed by (g, head_dim, dtype)), but every row runs the same update sequence in any tile: the
+  same absolute key blocks in order, and a block in which the row sees no key leaves it exactly
+  unchanged. A token's bits are the same in a chunk of any size, in any batch, and as a decode row.
+  (A tile reads its sequence's keys up to its last row's position: those slots must be finite.)
+They differ from each other in rounding; the per-token Triton kernel, ``per_row=True`` and
+`paged_invariant_triton` are each invariant on their own.
 
 Soft-capping (Gemma 2): every function takes ``softcap`` (0: none); a score s = q k / sqrt(hd)
 becomes ``softcap * tanh(s / softcap)`` before the softmax.
 
 Sliding window: every function takes ``window`` (0: none). A query at position p then sees keys
 (p - window, p] only: ``window`` keys, itself included (transformers' sliding-window mask). The
-Triton kernels start at the window's first key block, so a windowed layer reads at most
-``window`` + a block of keys a row.
+Triton kernels start at the window's first key block (the query tiles: the window of the tile's
+first query), so a windowed layer reads at most ``window`` + a block (+ a tile) of keys a row.
 """
 
 from __future__ import annotations
