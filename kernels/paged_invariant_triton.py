@@ -15,7 +15,7 @@ loaded once for the whole tile. One loop, one update for every block (online sof
     s     = where(row sees key, q k * scale, -inf)        # a row's own causal / window mask
     m'    = max(m, max_j s)
     alpha = exp2(m - m') if m' > m else 1                 # exactly 1 when the block adds nothing
-    p     = exp2(s - m')                                  # (m' = -inf: the row has seen no key)
+    p     = exp2(s - m')                                  # (m' = -inf, no key seen yet: s - 0)
     l'    = l * alpha + sum_j p
     acc'  = acc * alpha + p @ v
 
