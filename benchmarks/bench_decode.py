@@ -10,10 +10,17 @@ bytes read per step) / measured device-to-device copy bandwidth):
     python benchmarks/bench_decode.py --device cuda --shapes smollm2-135m,llama3-8b
 
 The model families (FAMILY_SHAPES: Qwen3, Mistral with its sliding window, Phi-3, Gemma 2 and 3,
-the Qwen3-30B-A3B mixture of experts), with a prefill of --prefill-len tokens beside its compute floor
-(2 x active parameters x tokens / --peak-tflops). A MoE decode step's floor counts k experts a
-layer (the least any routing reads; uniform routing of b rows reads E (1 - (1 - k/E)^b)):
+the Qwen3-30B-A3B mixture of experts). A MoE decode step's floor counts k experts a layer (the
+least any routing reads; uniform routing of b rows reads E (1 - (1 - k/E)^b)):
     python benchmarks/bench_decode.py --device cuda --shapes qwen3-8b,qwen3-30b-a3b --modes graphs
+
+Prefill (--prefill-len, one or more lengths): one prompt in one eager forward, in the default mode
+and in deterministic mode, beside the compute floor: the model's FLOPs (2 x active parameters x
+tokens, the LM head once; plus the causal attention's 4 x heads x head_dim per (query, seen key)
+pair) at --peak-tflops; then one layer's attention alone (layer 0's window), the default prefill
+kernel against deterministic mode's batch-invariant one:
+    python benchmarks/bench_decode.py --device cuda --shapes llama3-8b --modes graphs,deterministic \
+        --prefill-len 2048,8192,32768
 """
 
 from __future__ import annotations
@@ -345,11 +352,10 @@ def _read_bytes(model) -> tuple[int, int]:
     return read, active
 
 
-def _prefill_seconds(runner, args, device) -> float:
-    """Seconds of one prefill step of a --prefill-len-token prompt (the eager forward)."""
+def _prefill_seconds(runner, n: int, device) -> float:
+    """Seconds of one prefill step of an n-token prompt (the eager forward), the best of 3."""
     from deepinfer.sequence import Sequence
 
-    n = args.prefill_len
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     per = -(-n // BLOCK_SIZE)
     runner.allocate(1 + per, BLOCK_SIZE, 1)
@@ -364,6 +370,55 @@ def _prefill_seconds(runner, args, device) -> float:
         best = min(best, time.perf_counter() - t)
     runner.cache = runner.graphs = None
     return best
+
+
+def _attention_flops(cfg, n: int, layers=None) -> int:
+    """FLOPs of the causal attention of an n-token prompt: 2 dots (q k, p v) of 2 x head_dim
+    FLOPs per (query head, query, key it sees), over ``layers`` (default: every layer; a windowed
+    layer's query sees at most its window)."""
+    total = 0
+    for i in range(cfg.num_layers) if layers is None else layers:
+        w = min(cfg.window(i) or n, n)
+        pairs = w * (w + 1) // 2 + (n - w) * w  # the sum over positions p of min(p + 1, w)
+        total += 4 * cfg.num_heads * cfg.head_dim * pairs
+    return total
+
+
+def _attention_seconds(cfg, n: int, device, dtype) -> tuple[float, float]:
+    """(default, deterministic) seconds of one layer's attention over an n-token prompt in one
+    chunk: paged_prefill_triton against paged_invariant_triton, random q / K / V in blocks of
+    BLOCK_SIZE (layer 0's window and soft-cap), the median of 10 launches by CUDA events."""
+    from deepinfer.kernels.paged_attention import paged_invariant_triton, paged_prefill_triton
+
+    nkv, hd = cfg.num_kv_heads, cfg.head_dim
+    g = cfg.num_heads // nkv
+    kw = dict(window=cfg.window(0), softcap=cfg.attn_softcap or 0.0)
+    blocks = -(-n // BLOCK_SIZE)
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = (1 + blocks, BLOCK_SIZE, nkv, hd)
+    k, v = (torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in "kv")
+    q = torch.randn(n, nkv, g, hd, device=device, dtype=dtype, generator=gen)
+    table = torch.arange(1, 1 + blocks, device=device, dtype=torch.int32)[None]
+    qs = torch.tensor([0, n], device=device)
+    lens = torch.tensor([n], device=device)
+    pos = torch.arange(n, device=device)
+    calls = [
+        lambda: paged_prefill_triton(q, k, v, table, qs, lens, n, **kw),
+        lambda: paged_invariant_triton(q, k, v, table, qs, pos, n, **kw),
+    ]
+    out = []
+    for call in calls:
+        call()  # compile
+        times = []
+        for _ in range(10):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            call()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        out.append(sorted(times)[len(times) // 2])
+    return out[0], out[1]
 
 
 def _sync(device) -> None:
@@ -386,6 +441,26 @@ def _copy_bandwidth(device) -> float:
     bw = 2 * x.numel() * n / (time.perf_counter() - t)
     del x, y
     return bw
+
+
+def _prefill_row(name: str, model, n: int, args, device) -> list:
+    """A row of the prefill table: an n-token prompt in the default and in deterministic mode."""
+    t = _prefill_seconds(ModelRunner(model, cuda_graphs=False), n, device)
+    print(f"  {name} prefill {n}: {t * 1e3:.1f} ms", flush=True)
+    try:
+        t_det = _prefill_seconds(ModelRunner(model, cuda_graphs=False, deterministic=True), n, device)
+        print(f"  {name} prefill {n}, deterministic: {t_det * 1e3:.1f} ms", flush=True)
+    except ValueError as e:  # (a mixture of experts has no deterministic mode)
+        print(f"  {name} prefill {n}, deterministic: {e}", flush=True)
+        t_det = float("nan")
+    head = model.lm_head.numel()  # (the LM head runs for the last token only)
+    dense = 2 * (_read_bytes(model)[1] - head) * n + 2 * head
+    attention = _attention_flops(model.config, n)
+    floor = (dense + attention) / (args.peak_tflops * 1e12)
+    total = dense + attention
+    return [name, n, f"{t * 1e3:.1f}", f"{t_det * 1e3:.1f}", f"{t_det / t:.2f}x", f"{n / t:.0f}",
+            f"{total / 1e12:.1f} ({attention / total:.0%})", f"{floor * 1e3:.1f}", f"{floor / t:.0%}",
+            f"{floor / t_det:.0%}"]  # fmt: skip
 
 
 MODES = {  # name: ModelRunner keywords
@@ -447,23 +522,24 @@ def bench_cuda(args) -> None:
         f"\n{dev_name}: measured copy bandwidth {bw / 1e9:.0f} GB/s; bf16, random weights, "
         f"{args.steps} decode steps after a {args.prompt_len}-token prompt; modes: {', '.join(modes)}"
     )
-    rows, prefill_rows = [], []
+    rows, prefill_rows, attention_rows = [], [], []
     for name in args.shapes.split(","):
         cfg = _config(name)
         L, nkv, hd = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
         weights = _random_weights(cfg, device, dtype)
-        max_len = max(args.prompt_len + args.steps + 8, args.prefill_len + 8)
+        max_len = max(args.prompt_len + args.steps + 8, max(args.prefill_len, default=0) + 8)
         model = LlamaModel(cfg, weights, dtype=dtype, device=device, max_len=max_len)
         del weights
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if args.prefill_len:
-            t = _prefill_seconds(ModelRunner(model, cuda_graphs=False), args, device)
-            active = _read_bytes(model)[1]
-            floor = 2 * active * args.prefill_len / (args.peak_tflops * 1e12)
-            prefill_rows.append([name, args.prefill_len, f"{t * 1e3:.1f}", f"{args.prefill_len / t:.0f}",
-                                 f"{floor * 1e3:.1f}", f"{floor / t:.0%}"])  # fmt: skip
-            print(f"  {name} prefill {args.prefill_len}: {t * 1e3:.1f} ms", flush=True)
+        for n in args.prefill_len:
+            prefill_rows.append(_prefill_row(name, model, n, args, device))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                t, t_det = _attention_seconds(cfg, n, device, dtype)
+                flops = _attention_flops(cfg, n, [0])
+                attention_rows.append([name, n, f"{t * 1e3:.2f}", f"{t_det * 1e3:.2f}", f"{t_det / t:.2f}x",
+                                       f"{flops / t / 1e12:.0f}", f"{flops / t_det / 1e12:.0f}"])  # fmt: skip
         step = {}
         for mode in modes:
             kw = (
@@ -510,9 +586,19 @@ def bench_cuda(args) -> None:
         header.append("deterministic tok/s vs graphs")
     _table(header, rows)
     if prefill_rows:
-        print(f"\nPrefill, one {args.prefill_len}-token prompt, eager forward; floor: 2 x active "
-              f"parameters x tokens at {args.peak_tflops:g} TFLOP/s")  # fmt: skip
-        _table(["shape", "tokens", "ms", "tok/s", "floor ms", "of floor"], prefill_rows)
+        print(f"\nPrefill, one prompt in one eager forward, default and deterministic mode; model FLOPs: 2 x "
+              f"active parameters x tokens (the LM head once) + causal attention (its share in brackets); "
+              f"floor: them at {args.peak_tflops:g} TFLOP/s")  # fmt: skip
+        header = ["shape", "tokens", "default ms", "deterministic ms", "det / default", "default tok/s",
+                  "model TFLOP", "floor ms", "default of floor", "deterministic of floor"]  # fmt: skip
+        _table(header, prefill_rows)
+    if attention_rows:
+        print(
+            "\nOne layer's attention over the prompt (one chunk): paged_prefill_triton (default) against "
+            "paged_invariant_triton (deterministic); TFLOP/s of the causal attention's FLOPs"
+        )
+        _table(["shape", "tokens", "default ms", "deterministic ms", "det / default", "default TFLOP/s",
+                "deterministic TFLOP/s"], attention_rows)  # fmt: skip
 
 
 def main() -> None:
@@ -525,7 +611,8 @@ def main() -> None:
     ap.add_argument("--batches", type=lambda x: [int(b) for b in x.split(",")], default=[1, 16, 64],
                     help="decode batch sizes (CUDA)")  # fmt: skip
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--prefill-len", type=int, default=0, help="time a prefill of this many tokens (CUDA)")
+    ap.add_argument("--prefill-len", type=lambda x: [int(n) for n in x.split(",") if n], default=[],
+                    help="time a prefill of each of these many tokens, e.g. 2048,8192,32768")  # fmt: skip
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak (H200: 989)")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--no-deterministic", action="store_true")

@@ -12,7 +12,7 @@ block (GQA without repeating K/V). What it computes, as a Python loop:
                keys = stack([k_cache[t[p // bs], p % bs, h] for p in ps])          # [len, hd]
                o[n, h] = softmax(q[n, h] @ keys.T / sqrt(hd)) @ (the same rows of v_cache)
 
-Four implementations:
+Five implementations:
 - `paged_attention_reference`: that loop in float64 on CPU, the oracle of the tests.
 - `paged_attention_triton` (CUDA; CPU under TRITON_INTERPRET=1): one program per (row, KV head)
   walks fixed BLOCK_N-key blocks from key 0 up to the row's own length (online softmax), reading
@@ -27,17 +27,23 @@ Four implementations:
   consecutive query tokens of one sequence with their g heads of one KV head, loads each block of
   keys once for the whole tile and stops at the tile's last query position. For prompt chunks
   (the per-token kernel reads a sequence's keys once per token). Not promised batch-invariant,
-  and it rounds unlike the per-token kernel (other dot shapes): deterministic mode keeps that one.
-They differ from each other in rounding; the per-token Triton kernel and ``per_row=True`` are
-each invariant on their own.
+  and it rounds unlike the per-token kernel (other dot shapes).
+- `paged_invariant_triton` (CUDA; CPU under TRITON_INTERPRET=1): deterministic mode's one kernel
+  for prefill chunks, decode and verify. Query tiles as in `paged_prefill_triton` (one shape,
+  fixed by (g, head_dim, dtype)), but every row runs the same update sequence in any tile: the
+  same absolute key blocks in order, and a block in which the row sees no key leaves it exactly
+  unchanged. A token's bits are the same in a chunk of any size, in any batch, and as a decode row.
+  (A tile reads its sequence's keys up to its last row's position: those slots must be finite.)
+They differ from each other in rounding; the per-token Triton kernel, ``per_row=True`` and
+`paged_invariant_triton` are each invariant on their own.
 
 Soft-capping (Gemma 2): every function takes ``softcap`` (0: none); a score s = q k / sqrt(hd)
 becomes ``softcap * tanh(s / softcap)`` before the softmax.
 
 Sliding window: every function takes ``window`` (0: none). A query at position p then sees keys
 (p - window, p] only: ``window`` keys, itself included (transformers' sliding-window mask). The
-Triton kernels start at the window's first key block, so a windowed layer reads at most
-``window`` + a block of keys a row.
+Triton kernels start at the window's first key block (the query tiles: the window of the tile's
+first query), so a windowed layer reads at most ``window`` + a block (+ a tile) of keys a row.
 """
 
 from __future__ import annotations
@@ -235,6 +241,85 @@ def paged_prefill_triton(
     from .paged_prefill_triton import launch
 
     launch(q, k_cache, v_cache, out, block_tables, query_start.contiguous(), seq_lens.contiguous(),
+           max_query_len, 1.0 / math.sqrt(q.shape[-1]), window, softcap)  # fmt: skip
+    return out
+
+
+def paged_invariant_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start: torch.Tensor,
+    positions: torch.Tensor,
+    max_query_len: int,
+    *,
+    window: int = 0,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """q: [N, nkv, g, hd] (last dim contiguous, else copied); k_cache, v_cache: [num_blocks,
+    block_size, nkv, hd] (q's dtype, last dim contiguous, block_size a power of two);
+    block_tables: [B, W] int32/int64, row b = sequence b (more rows are allowed, unread);
+    query_start: [B + 1], positions: [N], int32/int64 tensors on q's device; max_query_len: a
+    host int >= every T_b. -> [N, nkv, g, hd] in q's dtype, contiguous. One launch, no host sync.
+
+    Sequence b owns q rows [query_start[b], query_start[b + 1]) (T_b of them, possibly 0); row n
+    at position positions[n] sees keys [0, positions[n]] of its sequence (with a window: the last
+    ``window`` of them), as `paged_attention_triton` with seq_ids n -> b. Grid (cdiv(max_query_len,
+    BLOCK_M), nkv, B): a program takes BLOCK_M consecutive rows of one sequence and their g heads
+    of one KV head as one tile and loads each BLOCK_N-key block once for the tile, from the tile's
+    first key to its greatest position (BLOCK_M and the tile: `config` in
+    kernels/paged_invariant_triton.py, a function of (g, hd, dtype) alone).
+
+    Batch-invariant, and invariant to the tiling: a row's bits depend on its query, its position
+    and its sequence's keys alone, not on the rows beside it in its tile or in the call (a
+    prompt's token gives the same bits in one chunk, in chunks of any sizes, and as a decode row,
+    T_b = 1). Rounds unlike `paged_attention_triton` and `paged_prefill_triton`.
+
+    The values are not checked (that would be a host sync); the caller keeps query_start[0] = 0,
+    query_start[B] = N, query_start non-decreasing, positions[n] < W * block_size (a key past the
+    table is skipped, not read) and max_query_len >= max T_b (rows past it are left unwritten).
+    A tile reads its sequence's keys up to its greatest position: those slots must hold finite
+    values, even where a row of the tile does not see them (its p = 0 there, and 0 * inf is NaN).
+    The engine's cache starts zeroed and holds only finite K/V."""
+    fn = "paged_invariant_triton"
+    _check_cache(fn, q, k_cache, v_cache, block_tables)
+    _check_window(fn, window)
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"{fn}: expected q float32, bfloat16 or float16, got {q.dtype}")
+    bs = k_cache.shape[1]
+    if bs < 1 or bs & (bs - 1):
+        raise ValueError(f"{fn}: expected block_size (k_cache.shape[1]) a power of two, got {bs}")
+    for name, t in (("query_start", query_start), ("positions", positions)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{fn}: expected {name} a tensor on q's device, got {type(t).__name__}")
+    if query_start.dim() != 1 or query_start.shape[0] < 1 or query_start.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"{fn}: expected query_start int32 or int64 of shape [B + 1], got "
+                         f"{query_start.dtype} {tuple(query_start.shape)}")  # fmt: skip
+    N = q.shape[0]
+    if positions.shape != (N,) or positions.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"{fn}: expected positions int64 (or int32) of shape [{N}] (q's rows), got "
+                         f"{positions.dtype} {tuple(positions.shape)}")  # fmt: skip
+    B = query_start.shape[0] - 1
+    if block_tables.shape[0] < B:
+        raise ValueError(f"{fn}: expected a block_tables row per sequence ({B}), got {block_tables.shape[0]}")
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 0:
+        raise ValueError(f"{fn}: expected max_query_len a host int >= 0 (the most rows of a sequence), "
+                         f"got {max_query_len!r}")  # fmt: skip
+    if N > 0 and (B == 0 or max_query_len == 0):
+        raise ValueError(f"{fn}: q has {N} rows but there are {B} sequences and max_query_len is "
+                         f"{max_query_len} (expected both >= 1)")  # fmt: skip
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, query_start, positions)}
+    if len(devices) != 1:
+        raise ValueError(f"{fn}: expected every tensor on one device, got {sorted(map(str, devices))}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if N == 0 or B == 0:
+        return out
+    from .paged_invariant_triton import launch
+
+    launch(q, k_cache, v_cache, out, block_tables, query_start.contiguous(), positions.contiguous(),
            max_query_len, 1.0 / math.sqrt(q.shape[-1]), window, softcap)  # fmt: skip
     return out
 

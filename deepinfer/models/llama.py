@@ -26,6 +26,7 @@ from ..kernels.paged_attention import (
     attend,
     paged_attention_torch,
     paged_attention_triton,
+    paged_invariant_triton,
     paged_prefill_triton,
 )
 from .kv_cache import DEFAULT_BLOCK_SIZE, KVCache, kv_groups
@@ -288,9 +289,10 @@ class LlamaModel:
         one per longer chunk), "triton" (``paged_attention_triton``: one program per token and
         KV head) or "prefill" (``paged_prefill_triton``: one program per tile of a sequence's
         query tokens, each key block read once a tile; for prompt chunks on CUDA).
-        invariant: matmuls and norms through deepinfer.kernels.invariant and the per-token
-        Triton attention: each token's result is the same bits whatever else is in the batch
-        (deterministic mode on CUDA)."""
+        invariant: matmuls and norms through deepinfer.kernels.invariant and the attention
+        through ``paged_invariant_triton`` (whatever ``attention`` says): each token's result is
+        the same bits whatever else is in the batch and however its prompt is chunked, and the
+        bits decode_static(invariant=True) gives at that position (deterministic mode on CUDA)."""
         c = self.config
         N = batch.tokens.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
@@ -301,8 +303,8 @@ class LlamaModel:
         op = ops(invariant, c.rms_norm_eps, self.fused, self.int8)
         rope = self._rope(batch.positions)
         if invariant:
-            attention = "triton"
-        if attention == "prefill":  # the query-tiled kernel reads the varlen layout on the device
+            attention = "invariant"
+        if attention in ("prefill", "invariant"):  # query-tiled kernels read the varlen layout on the device
             max_q = max(b - a for a, b in zip(batch.query_start, batch.query_start[1:]))
             query_start, seq_lens = (
                 torch.tensor(x, dtype=torch.int64).to(self.device, non_blocking=True)
@@ -321,6 +323,9 @@ class LlamaModel:
             elif attention == "prefill":
                 o = paged_prefill_triton(q, cache.k[i], cache.v[i], tables, query_start, seq_lens,
                                          max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
+            elif attention == "invariant":
+                o = paged_invariant_triton(q, cache.k[i], cache.v[i], tables, query_start, batch.positions,
+                                           max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
             else:
                 o = paged_attention_torch(q, cache.k[i], cache.v[i], tables, batch.query_start,
                                           batch.seq_lens, per_row=batch.per_row,
@@ -437,8 +442,10 @@ class LlamaModel:
         with a length mask), for T = 1 "torch" (gathered keys in fixed 256-key blocks; kv_len a
         multiple of 256; batch-invariant) or "rows" (CPU: one SDPA call per row over its own
         keys, the lengths read on the host; batch-invariant).
-        invariant: matmuls and norms through deepinfer.kernels.invariant with attention="triton":
-        a row's logits are then the same bits at any R and any row.
+        invariant: matmuls and norms through deepinfer.kernels.invariant with attention="triton",
+        which then runs ``paged_invariant_triton`` (each row's T positions one sequence of the
+        query-tiled kernel): a row's logits are then the same bits at any R and any row, and the
+        bits forward(invariant=True) gives at those positions.
         more: (slots, block_tables) of KV-cache groups 1.. (shaped as the ones above); empty:
         every layer writes and reads through those.
         """
@@ -476,7 +483,9 @@ class LlamaModel:
         rope = self._rope(flat_pos)
         seq_ids = None
         bias, visible = {}, {}  # window -> mask
-        if attention == "triton":
+        if attention == "triton" and invariant:  # row r: rows [r T, (r + 1) T) of the flat batch
+            query_start = torch.arange(0, N + 1, T, device=tokens.device)
+        elif attention == "triton":
             seq_ids = torch.arange(R, device=tokens.device)
             if T > 1:
                 seq_ids = seq_ids.repeat_interleave(T)
@@ -504,7 +513,11 @@ class LlamaModel:
             flat_slots, block_tables = io[gi]
             qh = self._attention_inputs(layer, h, rope, flat_slots, cache.flat(i), op, invariant)
             kc, vc = cache.k[i], cache.v[i]  # [blocks, bs, nkv, hd]
-            if attention == "triton":
+            if attention == "triton" and invariant:
+                q = qh.reshape(N, nkv, g, hd)
+                o = paged_invariant_triton(q, kc, vc, block_tables, query_start, flat_pos, T,
+                                           window=layer.window, softcap=layer.softcap)  # fmt: skip
+            elif attention == "triton":
                 q = qh.reshape(N, nkv, g, hd)
                 o = paged_attention_triton(q, kc, vc, block_tables, seq_ids, flat_pos, window=layer.window,
                                            softcap=layer.softcap)  # fmt: skip

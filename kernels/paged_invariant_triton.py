@@ -1,0 +1,247 @@
+"""Triton kernel of `paged_invariant_triton` (see paged_attention.py for what it computes).
+
+A query-tiled paged attention whose every row computes the same bits whatever tile it sits in:
+deterministic mode runs it for prefill chunks, decode steps and DSpark's verify forward alike, so
+a token's attention output is the same whether it was computed in a prompt chunk of any size, in
+a decode step, in a verify forward, alone or beside any other request.
+
+A program takes BLOCK_M consecutive query rows of one sequence and their G query heads of one KV
+head as one [ROWS, HD_PAD] tile (row i * G + j: row i, head j; the rows past BLOCK_M * G and past
+the sequence's rows are padding). It walks the sequence's keys in absolute BLOCK_N-key blocks
+(block c holds keys [c * BLOCK_N, (c + 1) * BLOCK_N)), from the block of the tile's first key to
+the block of its last row's position, each key's block id read from the table, so a key block is
+loaded once for the whole tile. One loop, one update for every block (online softmax, float32):
+
+    s     = where(row sees key, q k * scale, -inf)        # a row's own causal / window mask
+    m'    = max(m, max_j s)
+    alpha = exp2(m - m') if m' > m else 1                 # exactly 1 when the block adds nothing
+    p     = exp2(s - m')                                  # (m' = -inf, no key seen yet: s - 0)
+    l'    = l * alpha + sum_j p
+    acc'  = acc * alpha + p @ v
+
+A block in which a row sees no key (past its position, or before its window) leaves that row's
+m, l and acc exactly as they were: s = -inf everywhere, so alpha = 1 and p = 0. The blocks a row
+does see are the same absolute blocks, in the same order, in any tile; its scores, row max, row
+sum and the row of each tl.dot depend on its own query and the block's keys only (the tile shape
+ROWS x BLOCK_N x HD_PAD, and so the compiled code, is fixed by (g, head_dim, dtype): never by the
+number of rows, their positions or the batch). Keys of the block that the row does not see add
+products p = 0 (exact zeros). A zero result keeps no sign (+ 0.0 at the end).
+
+Why one kernel for decode too: another kernel (another tile shape, another tl.dot instruction)
+may round a row differently, so deterministic decode runs this one with a single row in the tile.
+
+Imported only when that function is called: importing triton is not free, and the CPU path never
+needs it. Under TRITON_INTERPRET=1 (set before this import) it runs on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# tl.dot of bfloat16 operands gives garbage under the interpreter (triton 3.9), and numpy's matmul
+# behind it may round a row differently by its place in the tile (invariant_triton.py): under
+# INTERPRET each product is summed in order instead (ROW_SUMS), on the GPU the operands stay 16-bit
+# (tensor cores)
+from .triton_common import INTERPRET
+
+BLOCK_N = 64  # keys a step
+LOG2E = 1.4426950408889634
+
+
+def config(g: int, hd: int, fp32: bool) -> tuple[int, int, int]:
+    """(BLOCK_M query rows a program, ROWS of its tile, num_warps) for g query heads a KV head of
+    head_dim hd: a function of (g, hd, dtype) alone, so prefill and decode run one compiled kernel.
+    16-bit inputs: a tile of 64 rows (one warpgroup's tensor-core tile on Hopper; a decode row
+    fills g of them); float32 inputs (IEEE dots on CUDA cores): 16 rows. 8 warps for head_dim
+    256, else 4."""
+    hd_pad = max(16, triton.next_power_of_2(hd))
+    target = 16 if fp32 else 64
+    rows = target if g <= target else triton.next_power_of_2(g)
+    return rows // g, rows, 8 if hd_pad >= 256 else 4
+
+
+@triton.jit
+def _scaled(s, qk_scale, cap_in, cap_out, SOFTCAP: tl.constexpr):
+    """Scores q k in log2 units: s * qk_scale (scale * log2(e)), or soft-capped, softcap *
+    tanh(s * scale / softcap) * log2(e) = (2 sigmoid(s * cap_in) - 1) * cap_out."""
+    if SOFTCAP:
+        return (2.0 * tl.sigmoid(s * cap_in) - 1.0) * cap_out
+    return s * qk_scale
+
+
+@triton.jit
+def _paged_invariant_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    bt_ptr,
+    qs_ptr,
+    pos_ptr,
+    W,
+    qk_scale,
+    window,
+    cap_in,
+    cap_out,
+    stride_qn,
+    stride_qh,
+    stride_qg,
+    stride_bs,
+    stride_bw,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    NKV: tl.constexpr,
+    G: tl.constexpr,
+    HD: tl.constexpr,
+    HD_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    IEEE: tl.constexpr,
+    ROW_SUMS: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+):
+    # axis 0: the query tiles of one (KV head, sequence), the longest (last) first, so that the
+    # programs reading the same keys run together and the costliest ones start first
+    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the tile's first row in its sequence
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_begin = tl.load(qs_ptr + b).to(tl.int64)
+    T = (tl.load(qs_ptr + b + 1).to(tl.int64) - q_begin).to(tl.int32)  # the sequence's query rows
+    if m0 >= T:  # past the sequence's rows (T = 0: a sequence without rows)
+        return
+    table = bt_ptr + b.to(tl.int64) * stride_bs  # the sequence's block ids: [W]
+
+    r = tl.arange(0, ROWS)
+    tok = m0 + r // G  # the row's index in the sequence's rows, and its head
+    gi = r % G
+    row_ok = (r < BLOCK_M * G) & (tok < T)
+    q_row = q_begin + tok  # (int64: offsets of a long prefill pass 2**31)
+    pos = tl.load(pos_ptr + q_row, mask=row_ok, other=-1).to(tl.int32)
+    n_r = pos + 1  # the row sees keys [lo_r, n_r); a padding row none
+    lo_r = tl.zeros([ROWS], tl.int32)
+    if WINDOWED:
+        lo_r = tl.maximum(n_r - window, 0)
+    hi = tl.max(n_r, axis=0)  # the tile's keys: [lo, hi)
+    lo = tl.min(tl.where(row_ok, lo_r, hi), axis=0)
+
+    d = tl.arange(0, HD_PAD)
+    j = tl.arange(0, BLOCK_N)
+    q_mask = row_ok[:, None] & (d[None, :] < HD)
+    q_off = q_row[:, None] * stride_qn + h * stride_qh + gi[:, None] * stride_qg + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
+    if IEEE:
+        q = q.to(tl.float32)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    denom = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HD_PAD], tl.float32)
+
+    for start in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
+        cols = start + j  # [BLOCK_N] key positions
+        slot = cols // BLOCK_SIZE  # the column's entry of the table (a shift: BLOCK_SIZE is 2**k)
+        live = (cols < hi) & (cols >= lo) & (slot < W)  # (slot < W: never read past the table row)
+        blk = tl.load(table + slot * stride_bw, mask=live, other=0).to(tl.int64)
+        within = (cols % BLOCK_SIZE).to(tl.int64)
+        kv_mask = live[:, None] & (d[None, :] < HD)
+        k = tl.load(k_ptr + (blk * stride_kb + within * stride_kt + h * stride_kh)[:, None] + d[None, :],
+                    mask=kv_mask, other=0.0)  # fmt: skip
+        if ROW_SUMS:  # the interpreter: each product summed in order (a BLAS gemm may not)
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        elif IEEE:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        seen = live[None, :] & (cols[None, :] < n_r[:, None])  # [ROWS, BLOCK_N]: the row's own keys
+        if WINDOWED:
+            seen = seen & (cols[None, :] >= lo_r[:, None])
+        s = tl.where(seen, _scaled(s, qk_scale, cap_in, cap_out, SOFTCAP), float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # a row that sees no key of this block: m_new = m, so alpha = 1 and p = 0 (an exact no-op);
+        # one that has seen none yet: m_new = -inf, any finite reference gives p = 0
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.where(m_new > m, tl.exp2(m - m_ref), 1.0)
+        p = tl.exp2(s - m_ref[:, None])
+        denom = denom * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + (blk * stride_vb + within * stride_vt + h * stride_vh)[:, None] + d[None, :],
+                    mask=kv_mask, other=0.0)  # fmt: skip
+        if ROW_SUMS:
+            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        elif IEEE:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+
+    denom = tl.where(denom == 0.0, 1.0, denom)  # (padding rows saw no key; they are not stored)
+    out = acc / denom[:, None] + 0.0  # + 0.0: a zero result is +0 in every tile
+    o_off = ((q_row[:, None] * NKV + h) * G + gi[:, None]) * HD + d[None, :]  # o: contiguous
+    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=q_mask)
+
+
+def launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start: torch.Tensor,
+    positions: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+) -> None:
+    """q: [N, nkv, g, hd] (last dim contiguous); out: contiguous [N, nkv, g, hd]; k_cache,
+    v_cache: [num_blocks, block_size, nkv, hd] (last dim contiguous, block_size a power of two);
+    block_tables: [B', W] (B' >= B); query_start: contiguous [B + 1]; positions: contiguous [N]."""
+    N, nkv, g, hd = q.shape
+    B = query_start.shape[0] - 1
+    block_m, rows, warps = config(g, hd, q.dtype == torch.float32)
+    grid = (triton.cdiv(max_query_len, block_m), nkv, B)
+    _paged_invariant_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        query_start,
+        positions,
+        block_tables.shape[1],
+        scale * LOG2E,
+        window,
+        2.0 * scale / softcap if softcap else 1.0,
+        softcap * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        block_tables.stride(0),
+        block_tables.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        NKV=nkv,
+        G=g,
+        HD=hd,
+        HD_PAD=max(16, triton.next_power_of_2(hd)),
+        BLOCK_M=block_m,
+        ROWS=rows,
+        BLOCK_N=BLOCK_N,
+        BLOCK_SIZE=k_cache.shape[1],
+        IEEE=q.dtype == torch.float32 or INTERPRET,
+        ROW_SUMS=INTERPRET,
+        WINDOWED=window > 0,
+        SOFTCAP=bool(softcap),
+        num_warps=warps,
+    )
