@@ -189,8 +189,10 @@ class StepGraphs:
     cache: decode steps (positions 1) and DSpark's verify forward (positions > 1).
 
     Decode runs the runner's attention (and batch-invariant kernels in deterministic mode) and
-    returns the graph's own [rows, V] logits; verify runs the paged Triton attention (or SDPA
-    where decode runs a one-token attention; in deterministic mode decode's batch-invariant
+    returns the graph's own [rows, V] logits; verify runs the paged Triton attention, one
+    program per position and KV head where decode splits the keys ("split": T rows a sequence
+    already make programs, and its partials would grow with T), or SDPA where decode runs a
+    one-token attention ("torch", "rows"); in deterministic mode decode's batch-invariant
     kernels, so a position's logits are the bits a decode step there gives) and writes
     [rows, positions, V] into the front of one shared buffer (graphs never replay at once, so
     memory does not grow with the number of shapes; a graph needing a wider one gets a new
@@ -277,10 +279,10 @@ class StepGraphs:
             )  # fmt: skip
         # verify: [rows, P] inputs, logits into the shared buffer; deterministic mode runs the
         # decode's batch-invariant kernels, so each position computes what a decode step there would
+        paged = self.attention in ("triton", "split")
         return self.model.decode_static(
             tok.view(R, P), pos.view(R, P), slots.view(R, P), tables, self.cache, kv_len=tile.kv_len,
-            attention="triton" if self.attention == "triton" else "sdpa", out=self._out(R, P), more=more,
-            invariant=self.invariant,
+            attention="triton" if paged else "sdpa", out=self._out(R, P), more=more, invariant=self.invariant,
         )  # fmt: skip
 
     def _make(self, tile: Tile) -> _Graph:
