@@ -63,6 +63,7 @@ def _paged_attention_kernel(
     SOFTCAP: tl.constexpr,
     SPLIT: tl.constexpr,
     MAX_SPLITS: tl.constexpr,
+    RUNS_PAD: tl.constexpr,
 ):
     # one program: query row r, KV head h (with SPLIT, run s of the row's keys); its G query heads
     # as a [G_PAD, HD_PAD] block (rows past G are zeros: tl.dot needs 16), scores and values
@@ -142,11 +143,11 @@ def _paged_attention_kernel(
         if ticket == runs - 1:  # the last run done: merge the row's runs in order
             tl.store(count_ptr + rh, 0)
             # (.cg: the partials from L2, where the other programs' stores are, never from L1)
-            big = tl.full([G_PAD], float("-inf"), tl.float32)
-            for t in range(0, runs):
-                pt = (rh * CAP + t) * G
-                big = tl.maximum(big, tl.load(part_ml_ptr + 2 * pt + gi, mask=g_mask, other=0.0,
-                                              cache_modifier=".cg"))  # fmt: skip
+            ts = tl.arange(0, RUNS_PAD)
+            maxes = tl.load(part_ml_ptr + 2 * (rh * CAP + ts[:, None]) * G + gi[None, :],
+                            mask=(ts[:, None] < runs) & g_mask[None, :], other=float("-inf"),
+                            cache_modifier=".cg")  # fmt: skip
+            big = tl.where(g_mask, tl.max(maxes, axis=0), 0.0)  # [G_PAD]: the row's max per head
             total = tl.zeros([G_PAD], tl.float32)
             merged = tl.zeros([G_PAD, HD_PAD], tl.float32)
             for t in range(0, runs):
@@ -243,5 +244,6 @@ def launch(
         SOFTCAP=bool(softcap),
         SPLIT=splits > 1,
         MAX_SPLITS=splits,
+        RUNS_PAD=triton.next_power_of_2(splits),
         num_warps=4,
     )
