@@ -128,48 +128,63 @@ def plan_step(
         groups, unit, floor = [(0, rows or B)], 1, KV_FLOOR
     else:
         groups, unit, floor = [(t0, tile) for t0 in range(0, B, tile)], ATTN_CHUNK, ATTN_CHUNK
+    layers = (tables, *more)  # KV-cache groups
     tiles, parts = [], []
     for t0, R in groups:
         n = min(t0 + R, B) - t0  # real rows of this tile
-        first = np.asarray(starts[t0 : t0 + n], dtype=np.int64)
-        kv = kv_bucket(int(first.max()) + P, max_len, unit=unit, floor=floor)
+        first = starts[t0 : t0 + n]
+        kv = kv_bucket(max(first) + P, max_len, unit=unit, floor=floor)
         if kv_len is not None:
             if kv_len < kv:
                 raise ValueError(f"kv_len {kv_len} is less than the {kv} keys this tile needs")
             kv = kv_len
         W = -(-kv // block_size)
-        tok = np.zeros((R, P), np.int64)
+        # the tile's inputs in one array (tile_size of them), each part a view into it
+        x = np.zeros(R * (2 * P + len(layers) * (P + W)), np.int64)
+        tok, pos = x[: R * P].reshape(R, P), x[R * P : 2 * R * P].reshape(R, P)
         if P == 1:
             tok[:n, 0] = [t[0] for t in tokens[t0 : t0 + n]]
+            pos[:n, 0] = first
         else:
             for r, t in enumerate(tokens[t0 : t0 + n]):
                 tok[r, : len(t)] = t
-        pos = np.tile(np.arange(P, dtype=np.int64), (R, 1))
-        pos[:n] += first[:, None]
-        parts += [tok.ravel(), pos.ravel()]
-        for group in (tables, *more):
-            slot, tab = _place(group[t0 : t0 + n], pos, R, W, block_size)
-            parts += [slot.ravel(), tab.ravel()]
+            pos[:] = np.arange(P, dtype=np.int64)
+            pos[:n] += np.asarray(first, dtype=np.int64)[:, None]
+        at = 2 * R * P
+        for group in layers:
+            slot, tab = x[at : at + R * P].reshape(R, P), x[at + R * P : at + R * (P + W)].reshape(R, W)
+            _place(group[t0 : t0 + n], first, pos, block_size, slot, tab)
+            at += R * (P + W)
         tiles.append(Tile(R, kv, P))
-    return StepPlan(tiles, np.concatenate(parts))
+        parts.append(x)
+    return StepPlan(tiles, parts[0] if len(parts) == 1 else np.concatenate(parts))
 
 
-def _place(rows_tables: list[list[int]], pos: np.ndarray, R: int, W: int, block_size: int):
-    """(slots [R, P], block tables [R, W]) of a tile's rows through one KV-cache group's tables."""
-    n = len(rows_tables)
-    lens = np.fromiter((len(t) for t in rows_tables), np.int64, n)
-    tab = np.zeros((R, W), np.int64)
-    wide = max(1, min(int(lens.max()), W))
+def _place(rows_tables: list[list[int]], first: list[int], pos: np.ndarray, block_size: int, slot: np.ndarray,
+           tab: np.ndarray) -> None:  # fmt: skip
+    """Fill a tile's slots [R, P] and block tables [R, W] (zeros on entry) of one KV-cache group:
+    row r < n through ``rows_tables[r]``, its positions ``pos[r]`` (from ``first[r]``); a
+    position past its row's blocks (and every padding row's) writes into the null block 0."""
+    n, W = len(rows_tables), tab.shape[1]
+    lens = [len(t) for t in rows_tables]
+    wide = max(1, min(max(lens), W))
     flat: list[int] = []
     for t in rows_tables:
         flat += t[:wide]
         if len(t) < wide:
             flat += [0] * (wide - len(t))
     tab[:n, :wide] = np.asarray(flat, np.int64).reshape(n, wide)
-    blk = pos // block_size
-    inside = blk < np.concatenate([np.minimum(lens, W), np.zeros(R - n, np.int64)])[:, None]
-    slot = np.take_along_axis(tab, np.minimum(blk, W - 1), axis=1) * block_size + pos % block_size
-    return np.where(inside, slot, 0), tab  # past a row's blocks (and padding rows): the null block
+    bs = block_size
+    if slot.shape[1] == 1 and n <= 64:  # one position a row, few rows: plain Python beats numpy's calls
+        slot[:n, 0] = [
+            t[p // bs] * bs + p % bs if p // bs < min(k, W) else 0
+            for t, p, k in zip(rows_tables, first, lens)
+        ]
+        return
+    blk = pos[:n] // bs
+    ids = tab[np.arange(n)[:, None], np.minimum(blk, W - 1)]
+    inside = blk < np.minimum(np.asarray(lens, np.int64), W)[:, None]
+    slot[:n] = np.where(inside, ids * bs + pos[:n] % bs, 0)
 
 
 def tile_size(tile: Tile, block_size: int, groups: int = 1) -> int:
