@@ -205,10 +205,12 @@ def launch(
     N, nkv, g, hd = q.shape
     W = block_tables.shape[1]
     cap = min(splits, triton.cdiv(W * k_cache.shape[1], block_n))
-    part = N * nkv * cap * g if cap > 1 else 0
-    work = torch.empty(max(part * (hd + 2), 1), dtype=torch.float32, device=q.device)
-    part_o, part_ml = work[: part * hd], work[part * hd :]  # [N, nkv, cap, g, hd] and [N, nkv, cap, 2, g]
-    counters = _counters(q.device, N * nkv) if splits > 1 else work
+    part_o = part_ml = counters = out  # (never read without a split)
+    if splits > 1:
+        part = N * nkv * cap * g if cap > 1 else 0
+        work = torch.empty(max(part * (hd + 2), 1), dtype=torch.float32, device=q.device)
+        part_o, part_ml = work[: part * hd], work[part * hd :]  # [N, nkv, cap, g, hd] and [N, nkv, cap, 2, g]
+        counters = _counters(q.device, N * nkv)
     _paged_attention_kernel[(N, nkv, cap)](
         q,
         k_cache,
