@@ -465,7 +465,8 @@ def _prefill_row(name: str, model, n: int, args, device) -> list:
 
 MODES = {  # name: ModelRunner keywords
     "eager": dict(cuda_graphs=False),
-    "graphs": dict(cuda_graphs=True),  # decode attention: the paged Triton kernel
+    "graphs": dict(cuda_graphs=True),  # decode attention: the paged Triton kernel split over the keys
+    "graphs-unsplit": dict(cuda_graphs=True, attention="triton"),  # the same, one program per row and KV head
     "graphs-sdpa": dict(cuda_graphs=True, attention="sdpa"),  # keys gathered, torch SDPA, a length mask
     # batch-invariant Triton matmul, RMSNorm and attention in the same bucketed graphs
     "deterministic": dict(cuda_graphs=True, deterministic=True),

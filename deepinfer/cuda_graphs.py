@@ -128,48 +128,63 @@ def plan_step(
         groups, unit, floor = [(0, rows or B)], 1, KV_FLOOR
     else:
         groups, unit, floor = [(t0, tile) for t0 in range(0, B, tile)], ATTN_CHUNK, ATTN_CHUNK
+    layers = (tables, *more)  # KV-cache groups
     tiles, parts = [], []
     for t0, R in groups:
         n = min(t0 + R, B) - t0  # real rows of this tile
-        first = np.asarray(starts[t0 : t0 + n], dtype=np.int64)
-        kv = kv_bucket(int(first.max()) + P, max_len, unit=unit, floor=floor)
+        first = starts[t0 : t0 + n]
+        kv = kv_bucket(max(first) + P, max_len, unit=unit, floor=floor)
         if kv_len is not None:
             if kv_len < kv:
                 raise ValueError(f"kv_len {kv_len} is less than the {kv} keys this tile needs")
             kv = kv_len
         W = -(-kv // block_size)
-        tok = np.zeros((R, P), np.int64)
+        # the tile's inputs in one array (tile_size of them), each part a view into it
+        x = np.zeros(R * (2 * P + len(layers) * (P + W)), np.int64)
+        tok, pos = x[: R * P].reshape(R, P), x[R * P : 2 * R * P].reshape(R, P)
         if P == 1:
             tok[:n, 0] = [t[0] for t in tokens[t0 : t0 + n]]
+            pos[:n, 0] = first
         else:
             for r, t in enumerate(tokens[t0 : t0 + n]):
                 tok[r, : len(t)] = t
-        pos = np.tile(np.arange(P, dtype=np.int64), (R, 1))
-        pos[:n] += first[:, None]
-        parts += [tok.ravel(), pos.ravel()]
-        for group in (tables, *more):
-            slot, tab = _place(group[t0 : t0 + n], pos, R, W, block_size)
-            parts += [slot.ravel(), tab.ravel()]
+            pos[:] = np.arange(P, dtype=np.int64)
+            pos[:n] += np.asarray(first, dtype=np.int64)[:, None]
+        at = 2 * R * P
+        for group in layers:
+            slot, tab = x[at : at + R * P].reshape(R, P), x[at + R * P : at + R * (P + W)].reshape(R, W)
+            _place(group[t0 : t0 + n], first, pos, block_size, slot, tab)
+            at += R * (P + W)
         tiles.append(Tile(R, kv, P))
-    return StepPlan(tiles, np.concatenate(parts))
+        parts.append(x)
+    return StepPlan(tiles, parts[0] if len(parts) == 1 else np.concatenate(parts))
 
 
-def _place(rows_tables: list[list[int]], pos: np.ndarray, R: int, W: int, block_size: int):
-    """(slots [R, P], block tables [R, W]) of a tile's rows through one KV-cache group's tables."""
-    n = len(rows_tables)
-    lens = np.fromiter((len(t) for t in rows_tables), np.int64, n)
-    tab = np.zeros((R, W), np.int64)
-    wide = max(1, min(int(lens.max()), W))
+def _place(rows_tables: list[list[int]], first: list[int], pos: np.ndarray, block_size: int, slot: np.ndarray,
+           tab: np.ndarray) -> None:  # fmt: skip
+    """Fill a tile's slots [R, P] and block tables [R, W] (zeros on entry) of one KV-cache group:
+    row r < n through ``rows_tables[r]``, its positions ``pos[r]`` (from ``first[r]``); a
+    position past its row's blocks (and every padding row's) writes into the null block 0."""
+    n, W = len(rows_tables), tab.shape[1]
+    lens = [len(t) for t in rows_tables]
+    wide = max(1, min(max(lens), W))
     flat: list[int] = []
     for t in rows_tables:
         flat += t[:wide]
         if len(t) < wide:
             flat += [0] * (wide - len(t))
     tab[:n, :wide] = np.asarray(flat, np.int64).reshape(n, wide)
-    blk = pos // block_size
-    inside = blk < np.concatenate([np.minimum(lens, W), np.zeros(R - n, np.int64)])[:, None]
-    slot = np.take_along_axis(tab, np.minimum(blk, W - 1), axis=1) * block_size + pos % block_size
-    return np.where(inside, slot, 0), tab  # past a row's blocks (and padding rows): the null block
+    bs = block_size
+    if slot.shape[1] == 1 and n <= 64:  # one position a row, few rows: plain Python beats numpy's calls
+        slot[:n, 0] = [
+            t[p // bs] * bs + p % bs if p // bs < min(k, W) else 0
+            for t, p, k in zip(rows_tables, first, lens)
+        ]
+        return
+    blk = pos[:n] // bs
+    ids = tab[np.arange(n)[:, None], np.minimum(blk, W - 1)]
+    inside = blk < np.minimum(np.asarray(lens, np.int64), W)[:, None]
+    slot[:n] = np.where(inside, ids * bs + pos[:n] % bs, 0)
 
 
 def tile_size(tile: Tile, block_size: int, groups: int = 1) -> int:
@@ -189,8 +204,10 @@ class StepGraphs:
     cache: decode steps (positions 1) and DSpark's verify forward (positions > 1).
 
     Decode runs the runner's attention (and batch-invariant kernels in deterministic mode) and
-    returns the graph's own [rows, V] logits; verify runs the paged Triton attention (or SDPA
-    where decode runs a one-token attention; in deterministic mode decode's batch-invariant
+    returns the graph's own [rows, V] logits; verify runs the paged Triton attention, one
+    program per position and KV head where decode splits the keys ("split": T rows a sequence
+    already make programs, and its partials would grow with T), or SDPA where decode runs a
+    one-token attention ("torch", "rows"); in deterministic mode decode's batch-invariant
     kernels, so a position's logits are the bits a decode step there gives) and writes
     [rows, positions, V] into the front of one shared buffer (graphs never replay at once, so
     memory does not grow with the number of shapes; a graph needing a wider one gets a new
@@ -277,10 +294,10 @@ class StepGraphs:
             )  # fmt: skip
         # verify: [rows, P] inputs, logits into the shared buffer; deterministic mode runs the
         # decode's batch-invariant kernels, so each position computes what a decode step there would
+        paged = self.attention in ("triton", "split")
         return self.model.decode_static(
             tok.view(R, P), pos.view(R, P), slots.view(R, P), tables, self.cache, kv_len=tile.kv_len,
-            attention="triton" if self.attention == "triton" else "sdpa", out=self._out(R, P), more=more,
-            invariant=self.invariant,
+            attention="triton" if paged else "sdpa", out=self._out(R, P), more=more, invariant=self.invariant,
         )  # fmt: skip
 
     def _make(self, tile: Tile) -> _Graph:

@@ -66,10 +66,11 @@ class ModelRunner:
         attention) at any batch shape; False = torch kernels, prefill chunks alone and decode
         in fixed tiles of DETERMINISTIC_TILE rows. None: True on CUDA, False on CPU (where
         Triton only interprets).
-    attention : "sdpa", "torch", "triton", "rows" or None
-        Attention of the fixed-shape decode (`LlamaModel.decode_static`). None: "triton" (the
-        paged kernel) on CUDA; in deterministic mode on the CPU "rows" (one SDPA call per row
-        over its own keys).
+    attention : "sdpa", "torch", "triton", "split", "rows" or None
+        Attention of the fixed-shape decode (`LlamaModel.decode_static`). None: on CUDA "split"
+        (the paged kernel, each row's keys split into runs of a program each), in deterministic
+        mode "triton" (the same kernel, one program per row and KV head); in deterministic mode
+        on the CPU "rows" (one SDPA call per row over its own keys).
     """
 
     def __init__(
@@ -101,7 +102,7 @@ class ModelRunner:
         elif deterministic:
             allowed = ("torch", "triton") if on_cuda else ("rows", "torch", "triton")
         elif on_cuda:
-            allowed = ("triton", "sdpa", "torch")
+            allowed = ("split", "triton", "sdpa", "torch")
         else:
             allowed = tuple(a for a in DECODE_ATTENTION if a != "rows")
         if attention is None:
@@ -110,7 +111,8 @@ class ModelRunner:
             raise ValueError(f"attention must be one of {allowed} here, got {attention!r}")
         self.attention = attention
         # the eager forward's attention for one-token rows (prompt chunks take torch's SDPA):
-        # the paged Triton kernel on CUDA, torch on the CPU
+        # the paged Triton kernel on CUDA (split over the keys in a decode step, unless
+        # deterministic), torch on the CPU
         self.eager_attention = "triton" if on_cuda else "torch"
         # decode through decode_static (graph-shaped); also settable for tests of that path on CPU
         self.static_decode = self.cuda_graphs or deterministic
@@ -171,7 +173,7 @@ class ModelRunner:
         """Keys of every verify graph where the paged Triton attention runs (it reads each row's
         keys up to its own position, so the width costs nothing and one graph per shape serves
         every length); None: the key buckets, as decode's."""
-        return self.max_len if self.attention == "triton" else None
+        return self.max_len if self.attention in ("triton", "split") else None
 
     def _to(self, rows: list) -> torch.Tensor:
         pin = self.device.type == "cuda"  # a pinned source makes the copy truly asynchronous
@@ -368,6 +370,8 @@ class ModelRunner:
         attention = self.eager_attention
         if max(counts) > 1:
             attention = "prefill" if attention == "triton" else "torch"
+        elif attention == "triton" and not self.deterministic:  # one token a row: split the keys
+            attention = "split"
         return self.model.forward(batch, self.cache, invariant=self.invariant, attention=attention)
 
 

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 BLOCK_N = 64  # keys per step of the Triton program
+SPLITS = 16  # runs of a row's keys in the split decode (`paged_attention_triton(splits=SPLITS)`)
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -141,17 +142,29 @@ def paged_attention_triton(
     *,
     window: int = 0,
     softcap: float = 0.0,
+    splits: int = 1,
 ) -> torch.Tensor:
     """q: [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd] (q's dtype, last dim
     contiguous, block_size a power of two); block_tables: [S, W] int32/int64; seq_ids, positions:
     [N] int64 (or int32), on q's device. -> [N, nkv, g, hd] in q's dtype. One launch, no host sync.
     Row n reads keys [0, positions[n]] of sequence seq_ids[n] (with a window: the last ``window``
     of them); the caller keeps positions[n] < W * block_size (a key past the table would be
-    skipped, not read)."""
+    skipped, not read).
+
+    splits: cut each row's keys into at most this many runs of whole BLOCK_N-key blocks
+    (``SPLITS``: the split decode's), a program each, merged in run order inside the launch
+    (flash-decoding: enough programs at a small batch); 1: one program a row. The cut depends on
+    the row's own length, window and ``splits`` only, so a row's bits still do not depend on the
+    batch; they differ from ``splits=1``'s once a row has more than one run. Split launches on
+    one device must not overlap in time (they share its counters: one stream, or graphs replayed
+    in turn, is fine); under CUDA graph capture, make the same call once before capturing (it
+    sizes the counters)."""
     fn = "paged_attention_triton"
     _check_cache(fn, q, k_cache, v_cache, block_tables)
     _check_rows(fn, q, seq_ids, positions)
     _check_window(fn, window)
+    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"{fn}: expected splits a host int >= 1 (1: no split), got {splits!r}")
     bs = k_cache.shape[1]
     if bs < 1 or bs & (bs - 1):
         raise ValueError(f"{fn}: expected block_size (k_cache.shape[1]) a power of two, got {bs}")
@@ -167,7 +180,7 @@ def paged_attention_triton(
     # the kernel reads row n's index at offset n
     seq_ids, positions = seq_ids.contiguous(), positions.contiguous()
     launch(q, k_cache, v_cache, out, block_tables, seq_ids, positions, 1.0 / math.sqrt(q.shape[-1]), BLOCK_N,
-           window, softcap)  # fmt: skip
+           window, softcap, splits)  # fmt: skip
     return out
 
 

@@ -2,6 +2,17 @@
 
 Imported only when that function is called: importing triton is not free, and the CPU path
 never needs it. Under TRITON_INTERPRET=1 (set before this import) it runs on CPU tensors.
+
+Split over the keys (``splits`` > 1, "flash-decoding"): a row's keys, from the block of its first
+visible key to its length, are cut into at most ``splits`` runs of whole BLOCK_N-key blocks, as
+even as whole blocks allow: ``per = cdiv(blocks, splits)`` blocks a run, ``cdiv(blocks, per)``
+runs. The cut depends on the row's own length (and window) alone, never on the batch or on the
+table's width. Program (row, KV head, s) reduces run s as the unsplit program reduces all of
+them; a row of one run writes its output at once (the unsplit program's arithmetic), else each
+run writes its partial (running max, sum of exponentials, unnormalised output) and takes a
+ticket from the (row, KV head)'s counter; the program that takes the last ticket merges the
+partials in run order (so whichever program finishes last, the sum is the same) and sets the
+counter back to 0 for the next launch.
 """
 
 from __future__ import annotations
@@ -25,7 +36,11 @@ def _paged_attention_kernel(
     bt_ptr,
     seq_ptr,
     pos_ptr,
+    part_o_ptr,
+    part_ml_ptr,
+    count_ptr,
     W,
+    CAP,
     scale,
     window,
     softcap,
@@ -46,9 +61,13 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     IEEE: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SPLIT: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    RUNS_PAD: tl.constexpr,
 ):
-    # one program: query row r, KV head h; its G query heads as a [G_PAD, HD_PAD] block (rows
-    # past G are zeros: tl.dot needs 16), scores and values through tl.dot
+    # one program: query row r, KV head h (with SPLIT, run s of the row's keys); its G query heads
+    # as a [G_PAD, HD_PAD] block (rows past G are zeros: tl.dot needs 16), scores and values
+    # through tl.dot
     r = tl.program_id(0).to(tl.int64)  # (int64: q offsets of a long prefill pass 2**31)
     h = tl.program_id(1)
     n = tl.load(pos_ptr + r).to(tl.int32) + 1  # keys [0, n) of the row's sequence
@@ -66,7 +85,18 @@ def _paged_attention_kernel(
     # fixed blocks from key 0 (with a sliding window: from the block of the window's first key
     # lo) up to the row's own length: nothing else sets the reduction order
     lo = tl.maximum(n - window, 0) if window > 0 else 0
-    for start in range((lo // BLOCK_N) * BLOCK_N, n, BLOCK_N):
+    first = (lo // BLOCK_N) * BLOCK_N
+    stop = n
+    s = 0
+    runs = 1
+    if SPLIT:  # run s of the row's blocks (the table's keys only: runs <= CAP, the grid's)
+        s = tl.program_id(2)
+        blocks = tl.maximum(tl.cdiv(tl.minimum(n, W * BLOCK_SIZE) - first, BLOCK_N), 1)
+        per = tl.cdiv(blocks, MAX_SPLITS)
+        runs = tl.cdiv(blocks, per)
+        first += s * per * BLOCK_N
+        stop = tl.minimum(n, first + per * BLOCK_N)  # (s >= runs: nothing visible, nothing written)
+    for start in range(first, stop, BLOCK_N):
         cols = start + j  # [BLOCK_N] key positions
         slot = cols // BLOCK_SIZE  # the column's entry of the table (a shift: BLOCK_SIZE is 2**k)
         live = (cols < n) & (cols >= lo) & (slot < W)  # (slot < W: never read past the table row)
@@ -76,17 +106,17 @@ def _paged_attention_kernel(
         k_rows = blk * stride_kb + within * stride_kt + h * stride_kh  # [BLOCK_N]
         k = tl.load(k_ptr + k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if IEEE:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            sc = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
-            s = tl.dot(q, tl.trans(k))
+            sc = tl.dot(q, tl.trans(k))
         if SOFTCAP:  # softcap * tanh(s / softcap), tanh(u) = 2 sigmoid(2u) - 1
-            s = (2.0 * tl.sigmoid(s * (2.0 * scale / softcap)) - 1.0) * softcap
+            sc = (2.0 * tl.sigmoid(sc * (2.0 * scale / softcap)) - 1.0) * softcap
         else:
-            s = s * scale
-        s = tl.where(live[None, :], s, float("-inf"))  # [G_PAD, BLOCK_N]
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first block holds key lo
+            sc = sc * scale
+        sc = tl.where(live[None, :], sc, float("-inf"))  # [G_PAD, BLOCK_N]
+        m_new = tl.maximum(m, tl.max(sc, axis=1))  # finite: a run's first block holds a visible key
         alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
+        p = tl.exp(sc - m_new[:, None])
         denom = denom * alpha + tl.sum(p, axis=1)
         v_rows = blk * stride_vb + within * stride_vt + h * stride_vh
         v = tl.load(v_ptr + v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
@@ -96,8 +126,61 @@ def _paged_attention_kernel(
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m = m_new
-    out = acc / denom[:, None]
-    tl.store(o_ptr + q_off, out.to(o_ptr.dtype.element_ty), mask=q_mask)
+    if runs == 1:
+        if s == 0:
+            out = acc / denom[:, None]
+            tl.store(o_ptr + q_off, out.to(o_ptr.dtype.element_ty), mask=q_mask)
+    elif s < runs:
+        # the partial of run s: [G, HD] unnormalised output, then [2, G] max and sum
+        rh = r * NKV + h
+        g_mask = gi < G
+        part = (rh * CAP + s) * G
+        tl.store(part_o_ptr + (part + gi[:, None]) * HD + d[None, :], acc, mask=q_mask)
+        tl.store(part_ml_ptr + 2 * part + gi, m, mask=g_mask)
+        tl.store(part_ml_ptr + 2 * part + G + gi, denom, mask=g_mask)
+        tl.debug_barrier()  # every thread's stores before the ticket (released with it)
+        ticket = tl.atomic_add(count_ptr + rh, 1, sem="acq_rel")
+        if ticket == runs - 1:  # the last run done: merge the row's runs in order
+            tl.store(count_ptr + rh, 0)
+            # (.cg: the partials from L2, where the other programs' stores are, never from L1)
+            ts = tl.arange(0, RUNS_PAD)
+            maxes = tl.load(part_ml_ptr + 2 * (rh * CAP + ts[:, None]) * G + gi[None, :],
+                            mask=(ts[:, None] < runs) & g_mask[None, :], other=float("-inf"),
+                            cache_modifier=".cg")  # fmt: skip
+            big = tl.where(g_mask, tl.max(maxes, axis=0), 0.0)  # [G_PAD]: the row's max per head
+            total = tl.zeros([G_PAD], tl.float32)
+            merged = tl.zeros([G_PAD, HD_PAD], tl.float32)
+            for t in range(0, runs):
+                pt = (rh * CAP + t) * G
+                m_t = tl.load(part_ml_ptr + 2 * pt + gi, mask=g_mask, other=0.0, cache_modifier=".cg")
+                l_t = tl.load(part_ml_ptr + 2 * pt + G + gi, mask=g_mask, other=1.0, cache_modifier=".cg")
+                o_t = tl.load(part_o_ptr + (pt + gi[:, None]) * HD + d[None, :], mask=q_mask, other=0.0,
+                              cache_modifier=".cg")  # fmt: skip
+                w = tl.exp(m_t - big)  # 1 for the runs that hold the row's max
+                total += l_t * w
+                merged += o_t * w[:, None]
+            out = merged / total[:, None]
+            tl.store(o_ptr + q_off, out.to(o_ptr.dtype.element_ty), mask=q_mask)
+
+
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}  # device -> its counter buffers, newest last
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """n int32 zeros of the split kernel's per-(row, KV head) counters on ``device``: one buffer a
+    device, shared by every launch there (launches on one device run in turn, and each leaves its
+    counters at 0). A larger one is made when needed; the old ones are kept, as captured CUDA
+    graphs hold their addresses."""
+    bufs = _COUNTERS.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"paged_attention_triton(splits > 1) needs {n} counters on {device} during a CUDA graph "
+                f"capture but has {bufs[-1].numel() if bufs else 0}: run the same call once before capturing"
+            )
+        bufs.append(torch.zeros(max(n, 1 << 12, 2 * bufs[-1].numel() if bufs else 0), dtype=torch.int32,
+                                device=device))  # fmt: skip
+    return bufs[-1]
 
 
 def launch(
@@ -112,12 +195,23 @@ def launch(
     block_n: int,
     window: int = 0,
     softcap: float = 0.0,
+    splits: int = 1,
 ) -> None:
     """q, out: contiguous [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd]
     (last dim contiguous, block_size a power of two); block_tables: [S, W]; seq_ids, positions:
-    contiguous [N]; window: a row's last keys it sees (0: all)."""
+    contiguous [N]; window: a row's last keys it sees (0: all). splits > 1: cut each row's keys
+    into at most that many runs (module docstring); the grid then has a program per run the
+    table's width allows."""
     N, nkv, g, hd = q.shape
-    _paged_attention_kernel[(N, nkv)](
+    W = block_tables.shape[1]
+    cap = min(splits, triton.cdiv(W * k_cache.shape[1], block_n))
+    part_o = part_ml = counters = out  # (never read without a split)
+    if splits > 1:
+        part = N * nkv * cap * g if cap > 1 else 0
+        work = torch.empty(max(part * (hd + 2), 1), dtype=torch.float32, device=q.device)
+        part_o, part_ml = work[: part * hd], work[part * hd :]  # [N, nkv, cap, g, hd] and [N, nkv, cap, 2, g]
+        counters = _counters(q.device, N * nkv)
+    _paged_attention_kernel[(N, nkv, cap)](
         q,
         k_cache,
         v_cache,
@@ -125,7 +219,11 @@ def launch(
         block_tables,
         seq_ids,
         positions,
-        block_tables.shape[1],
+        part_o,
+        part_ml,
+        counters,
+        W,
+        cap,
         scale,
         window,
         softcap if softcap else 1.0,
@@ -146,5 +244,8 @@ def launch(
         BLOCK_SIZE=k_cache.shape[1],
         IEEE=q.dtype == torch.float32 or INTERPRET,
         SOFTCAP=bool(softcap),
+        SPLIT=splits > 1,
+        MAX_SPLITS=splits,
+        RUNS_PAD=triton.next_power_of_2(splits),
         num_warps=4,
     )

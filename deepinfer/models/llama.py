@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
 from ..kernels.paged_attention import (
+    SPLITS,
     attend,
     paged_attention_torch,
     paged_attention_triton,
@@ -33,7 +34,7 @@ from .kv_cache import DEFAULT_BLOCK_SIZE, KVCache, kv_groups
 from .layers import Layer, ops, rope_inv_freq, rope_tables, softcap
 from .moe import MoE
 
-DECODE_ATTENTION = ("sdpa", "torch", "triton", "rows")
+DECODE_ATTENTION = ("sdpa", "torch", "triton", "split", "rows")
 
 
 @dataclass
@@ -287,8 +288,10 @@ class LlamaModel:
 
         attention: "torch" (``paged_attention_torch``: one batched call for the one-token rows,
         one per longer chunk), "triton" (``paged_attention_triton``: one program per token and
-        KV head) or "prefill" (``paged_prefill_triton``: one program per tile of a sequence's
-        query tokens, each key block read once a tile; for prompt chunks on CUDA).
+        KV head), "split" (the same kernel with each token's keys split into up to SPLITS
+        runs, a program each: for decode rows, few tokens) or "prefill"
+        (``paged_prefill_triton``: one program per tile of a sequence's query tokens, each key
+        block read once a tile; for prompt chunks on CUDA).
         invariant: matmuls and norms through deepinfer.kernels.invariant and the attention
         through ``paged_invariant_triton`` (whatever ``attention`` says): each token's result is
         the same bits whatever else is in the batch and however its prompt is chunked, and the
@@ -316,10 +319,10 @@ class LlamaModel:
             slots, tables = batch.group(self.layer_group[i])
             q = self._attention_inputs(layer, h, rope, slots, cache.flat(i), op, invariant)
             q = q.reshape(N, nkv, g, hd)
-            if attention == "triton":
+            if attention in ("triton", "split"):
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], tables, batch.seq_ids,
-                                           batch.positions, window=layer.window,
-                                           softcap=layer.softcap)  # fmt: skip
+                                           batch.positions, window=layer.window, softcap=layer.softcap,
+                                           splits=SPLITS if attention == "split" else 1)  # fmt: skip
             elif attention == "prefill":
                 o = paged_prefill_triton(q, cache.k[i], cache.v[i], tables, query_start, seq_lens,
                                          max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
@@ -439,9 +442,11 @@ class LlamaModel:
         [R, W] int32 (W * block_size >= kv_len).
         attention: "triton" (paged, one program per token and KV head; each row's length read on
         the device; batch-invariant), "sdpa" (the rows' first kv_len keys gathered, torch SDPA
-        with a length mask), for T = 1 "torch" (gathered keys in fixed 256-key blocks; kv_len a
-        multiple of 256; batch-invariant) or "rows" (CPU: one SDPA call per row over its own
-        keys, the lengths read on the host; batch-invariant).
+        with a length mask), for T = 1 "split" (the paged kernel with each row's keys split into
+        up to SPLITS runs, a program each, merged in order: enough programs at a small batch;
+        batch-invariant), "torch" (gathered keys in fixed 256-key blocks; kv_len a multiple of
+        256; batch-invariant) or "rows" (CPU: one SDPA call per row over its own keys, the
+        lengths read on the host; batch-invariant).
         invariant: matmuls and norms through deepinfer.kernels.invariant with attention="triton",
         which then runs ``paged_invariant_triton`` (each row's T positions one sequence of the
         query-tiled kernel): a row's logits are then the same bits at any R and any row, and the
@@ -458,7 +463,7 @@ class LlamaModel:
         g, eps, bs = nh // nkv, c.rms_norm_eps, cache.block_size
         if attention not in DECODE_ATTENTION:
             raise ValueError(f"attention must be one of {DECODE_ATTENTION}, got {attention!r}")
-        if attention in ("torch", "rows") and T > 1:
+        if attention in ("torch", "split", "rows") and T > 1:
             raise ValueError(f"attention={attention!r} decodes one token a row, got {T}")
         if attention in ("sdpa", "torch") and kv_len > bs * block_tables.shape[1]:
             raise ValueError(
@@ -483,9 +488,10 @@ class LlamaModel:
         rope = self._rope(flat_pos)
         seq_ids = None
         bias, visible = {}, {}  # window -> mask
+        splits = SPLITS if attention == "split" else 1  # runs of a row's keys (paged kernel)
         if attention == "triton" and invariant:  # row r: rows [r T, (r + 1) T) of the flat batch
             query_start = torch.arange(0, N + 1, T, device=tokens.device)
-        elif attention == "triton":
+        elif attention in ("triton", "split"):
             seq_ids = torch.arange(R, device=tokens.device)
             if T > 1:
                 seq_ids = seq_ids.repeat_interleave(T)
@@ -517,10 +523,10 @@ class LlamaModel:
                 q = qh.reshape(N, nkv, g, hd)
                 o = paged_invariant_triton(q, kc, vc, block_tables, query_start, flat_pos, T,
                                            window=layer.window, softcap=layer.softcap)  # fmt: skip
-            elif attention == "triton":
+            elif attention in ("triton", "split"):
                 q = qh.reshape(N, nkv, g, hd)
                 o = paged_attention_triton(q, kc, vc, block_tables, seq_ids, flat_pos, window=layer.window,
-                                           softcap=layer.softcap)  # fmt: skip
+                                           softcap=layer.softcap, splits=splits)  # fmt: skip
             elif attention == "rows":
                 q = qh.reshape(N, nkv, g, hd)
                 o = paged_attention_torch(q, kc, vc, block_tables, starts, lengths, per_row=True,
@@ -536,7 +542,7 @@ class LlamaModel:
                     o = decode_attention_torch(q, keys, values, visible[layer.window])
                 else:
                     o = attend(q, keys, values, bias[layer.window], layer.softcap)
-            if attention not in ("triton", "rows"):  # [R, nkv, g * T, hd] -> (row, position) rows
+            if attention not in ("triton", "split", "rows"):  # [R, nkv, g * T, hd] -> (row, position) rows
                 o = o.reshape(R, nkv, g, T, hd).permute(0, 3, 1, 2, 4)
             x, y = self._out_and_mlp(layer, x, o.reshape(N, nh * hd), op)
         x = op.add_norm(x, y, self.norm)[1]

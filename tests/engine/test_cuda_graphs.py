@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import random
+
 import pytest
 import torch
 
 from deepinfer.config import ModelConfig
 from deepinfer.cuda_graphs import Tile, batch_buckets, bucket_for, kv_bucket, plan_step, tile_size
+from deepinfer.kernels.decode_attention import ATTN_CHUNK
 from deepinfer.model_runner import ModelRunner
 from deepinfer.models.llama import LlamaModel
 from deepinfer.sampling_params import SamplingParams
@@ -92,6 +96,67 @@ def test_plan_fixed_tiles():
     assert len(plan.inputs) == tile_size(plan.tiles[0], 4) + tile_size(plan.tiles[1], 4)
 
 
+def _plan_reference(tables, tokens, starts, *, block_size, max_len, positions=1, rows=None, tile=None,
+                    more=(), kv_len=None):  # fmt: skip
+    """plan_step's layout, one row and one position at a time (plain Python)."""
+    B, P, bs = len(tables), positions, block_size
+    groups = [(0, rows or B)] if tile is None else [(t0, tile) for t0 in range(0, B, tile)]
+    unit = 1 if tile is None else ATTN_CHUNK
+    tiles, out = [], []
+    for t0, R in groups:
+        real = range(t0, min(t0 + R, B))
+        kv = kv_len or kv_bucket(
+            max(starts[i] for i in real) + P, max_len, unit=unit, floor=256 if tile is None else unit
+        )
+        W = -(-kv // bs)
+        tok, pos, lay = [], [], []
+        for r in range(R):
+            i = t0 + r
+            for t in range(P):
+                tok.append(tokens[i][t] if i in real and t < len(tokens[i]) else 0)
+                pos.append((starts[i] if i in real else 0) + t)
+        for group in (tables, *more):
+            slots, tabs = [], []
+            for r in range(R):
+                i = t0 + r
+                row = (group[i] if i in real else [])[:W]
+                tabs += row + [0] * (W - len(row))
+                for p in pos[r * P : (r + 1) * P]:
+                    slots.append(row[p // bs] * bs + p % bs if p // bs < len(row) else 0)
+            lay += slots + tabs
+        tiles.append(Tile(R, kv, P))
+        out += tok + pos + lay
+    return tiles, out
+
+
+def test_plan_matches_the_reference_on_random_steps():
+    """Decode and verify steps (1 to 5 positions a row), in one bucketed tile or fixed tiles, with
+    a second KV-cache group, tables shorter or longer than the tile's width, block sizes 1 to 16."""
+    rng = random.Random(0)
+    for _ in range(300):
+        B, P, bs = rng.randint(1, 12), rng.choice([1, 1, 2, 5]), rng.choice([1, 4, 16])
+        max_len = rng.choice([64, 256, 1024])
+        starts = [rng.randint(0, max_len - P) for _ in range(B)]
+
+        def table(p, P=P, bs=bs):  # a block more or fewer than positions p.. need, never empty
+            return [rng.randint(1, 99) for _ in range(max(1, -(-(p + P) // bs) + rng.randint(-2, 1)))]
+
+        tables = [table(p) for p in starts]
+        more = tuple([table(p) for p in starts] for _ in range(rng.randint(0, 1)))
+        tokens = [[rng.randint(1, 99) for _ in range(rng.randint(1, P))] for _ in range(B)]
+        kw = dict(block_size=bs, max_len=max_len, positions=P, more=more)
+        kind = rng.choice(["bucket", "tiles", "width"])
+        if kind == "tiles":
+            kw.update(tile=rng.choice([2, 4]), max_len=1024)
+        else:
+            kw["rows"] = B + rng.randint(0, 3)
+            if kind == "width":
+                kw["kv_len"] = max_len
+        plan = plan_step(tables, tokens, starts, **kw)
+        tiles, inputs = _plan_reference(tables, tokens, starts, **kw)
+        assert plan.tiles == tiles and plan.inputs.tolist() == inputs, kw
+
+
 # -- the fixed-shape decode, run eagerly (what a graph replays) vs the ordinary forward --------
 
 
@@ -136,11 +201,26 @@ def test_static_decode_equals_forward_on_cpu(variant):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+def test_split_static_decode_equals_forward_on_cpu():
+    """decode_static(attention="split") under TRITON_INTERPRET=1 (the paged kernel, a 248-key row's
+    runs merged) against the eager forward (torch attention): the same greedy tokens, close logits."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the Triton kernel on the CPU: needs TRITON_INTERPRET=1")
+    model = _model("llama-gqa-untied", "cpu")
+    ref_tokens, ref = _greedy(ModelRunner(model), _prompts(2), 3, 2)
+    split = ModelRunner(model, attention="split")
+    split.static_decode = True
+    tokens, got = _greedy(split, _prompts(2), 3, 2, seed=1)
+    assert tokens == ref_tokens
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
 # -- CUDA graphs ---------------------------------------------------------------------------------
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attention", ["sdpa", "triton"])
+@pytest.mark.parametrize("attention", ["sdpa", "triton", "split"])
 @pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
 def test_graphs_equal_eager_on_cuda(variant, attention):
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,6 +1,8 @@
 """Paged attention (kernels/paged_attention.py): the Triton kernel and the torch path (batched and
 per-row) against the float64 reference, through shuffled block tables with garbage in the null
 block and past each sequence's length; a row's bits alone vs inside a batch; argument checks.
+The per-token kernel split over the keys (``splits``) against the reference, with windows and
+soft-caps, its bits alone vs in a batch and at any table width, its counters left at 0.
 The query-tiled prefill kernel against the reference and the per-token kernel, and its checks.
 
 TRITON_INTERPRET=1 must be set before the Triton kernel is imported so that it runs on CPU; on a
@@ -235,6 +237,133 @@ def test_triton_empty_call():
     e = torch.zeros(0, dtype=torch.int64)
     got = paged_attention_triton(x.q[:0], x.k_cache, x.v_cache, x.block_tables, e, e)
     assert got.shape == (0, 1, 2, 64)
+
+
+# ---------------------------------------------------------------- split over the keys
+
+# (seq_len, rows): one key; a block exactly; past it; runs of unequal length (5 blocks: 2 + 2 + 1
+# at splits=3); 2 rows of one sequence (a verify's positions), lengths not a multiple of a block
+SPLIT_SPECS = [(1, 1), (64, 1), (70, 1), (300, 1), (150, 2)]
+
+
+def _split(x: Batch, splits: int, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+    if (x.q.device.type == "cpu") != INTERPRET:
+        pytest.skip("Triton runs on CPU only under TRITON_INTERPRET=1, on CUDA only without it")
+    return paged_attention_triton(x.q, x.k_cache, x.v_cache, x.block_tables, *x.rows, window=window,
+                                  softcap=softcap, splits=splits)  # fmt: skip
+
+
+def _counters_at_zero(device) -> bool:
+    from deepinfer.kernels.paged_attention_triton import _COUNTERS
+
+    return all(not c.any() for c in _COUNTERS.get(torch.device(device), []))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("nkv", "g", "hd", "dtype"), [(2, 1, 16, torch.float32), (1, 4, 80, torch.bfloat16)])
+def test_split_matches_reference(device, nkv, g, hd, dtype):
+    """Rows of every kind of length, at 3 and SPLITS (16) runs at most, plain, windowed (a window
+    inside a block, one crossing blocks and past some rows, soft-capped); NaN in every unread
+    slot. The kernel leaves its counters at 0."""
+    from deepinfer.kernels.paged_attention import SPLITS
+
+    x = _batch(SPLIT_SPECS, nkv, g, hd, 16, dtype, device)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for splits, window, softcap in [(3, 0, 0.0), (SPLITS, 0, 0.0), (3, 5, 0.0), (2, 100, 1.5)]:
+        got = _split(x, splits, window, softcap)
+        assert got.shape == x.q.shape and got.dtype == dtype
+        want = paged_attention_reference(x.q, x.k_cache, x.v_cache, x.block_tables, *x.rows, window=window,
+                                         softcap=softcap)  # fmt: skip
+        torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0, msg=f"splits {splits}, "
+                                   f"window {window}, softcap {softcap}")  # fmt: skip
+    assert _counters_at_zero(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_row_bits_do_not_depend_on_batch_or_table_width(device):
+    """A row's bits: alone, inside the batch at another index (another table row), with a wider
+    table (more programs a row in the grid), and called again: the same. Rows of one run have
+    the unsplit kernel's bits."""
+    x = _batch(SPLIT_SPECS, 1, 3, 64, 16, torch.bfloat16, device)
+    a = _split(x, 3)
+    seq_ids, positions = x.rows
+    for i in (3, 5):  # 300 keys, and the second row of a sequence
+        table, one = x.block_tables[seq_ids[i]][None], slice(i, i + 1)
+        alone = paged_attention_triton(x.q[one], x.k_cache, x.v_cache, table, torch.zeros_like(seq_ids[one]),
+                                       positions[one], splits=3)  # fmt: skip
+        assert torch.equal(alone[0], a[i]), i
+    order = torch.tensor([3, 0, 4, 1, 2], device=x.q.device)  # sequence b -> table row where[b]
+    where = torch.argsort(order)
+    rows = torch.arange(x.q.shape[0] - 1, -1, -1, device=x.q.device)  # the rows reversed
+    got = paged_attention_triton(x.q[rows], x.k_cache, x.v_cache, x.block_tables[order], where[seq_ids[rows]],
+                                 positions[rows], splits=3)  # fmt: skip
+    assert torch.equal(got, a[rows])
+    wide = torch.cat([x.block_tables, torch.zeros_like(x.block_tables)], dim=1)
+    assert torch.equal(
+        paged_attention_triton(x.q, x.k_cache, x.v_cache, wide, seq_ids, positions, splits=3), a
+    )
+    assert torch.equal(_split(x, 3), a)
+    one_run = (positions < 64).tolist()  # keys in one block: one run
+    b = _split(x, 1)
+    assert all(torch.equal(a[i], b[i]) for i, one in enumerate(one_run) if one)
+    assert _counters_at_zero(device)
+
+
+def test_split_bad_argument_raises():
+    x = _batch([(5, 1)], 1, 2, 64, 16, torch.float32, "cpu")
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="expected splits a host int >= 1"):
+            paged_attention_triton(x.q, x.k_cache, x.v_cache, x.block_tables, *x.rows, splits=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET, reason="needs TRITON_INTERPRET=0")
+def test_split_on_cuda_many_rows_and_launches():
+    """On CUDA, Llama-3-8B's head shape: 24 rows of 1 to 2600 keys (up to 41 blocks: 14 runs of
+    3), launched 20 times: every launch the same bits (the merge is in run order whichever program
+    ends last), close to the reference, a row alone the same bits, the counters at 0."""
+    gen = torch.Generator().manual_seed(3)
+    lens = torch.randint(1, 2600, (24,), generator=gen).tolist()
+    x = _batch([(n, 1) for n in lens], 8, 4, 128, 16, torch.bfloat16, "cuda")
+    a = _split(x, 16)
+    for _ in range(20):
+        assert torch.equal(_split(x, 16), a)
+    want = paged_attention_reference(x.q, x.k_cache, x.v_cache, x.block_tables, *x.rows)
+    torch.testing.assert_close(a.double().cpu(), want, atol=3e-2, rtol=0)
+    seq_ids, positions = x.rows
+    for i in (0, 17, 23):
+        one = slice(i, i + 1)
+        alone = paged_attention_triton(x.q[one], x.k_cache, x.v_cache, x.block_tables, seq_ids[one],
+                                       positions[one], splits=16)  # fmt: skip
+        assert torch.equal(alone[0], a[i])
+    torch.cuda.synchronize()
+    assert _counters_at_zero("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET, reason="needs TRITON_INTERPRET=0")
+def test_split_in_a_cuda_graph():
+    """Captured once (after a warm-up call), replayed as the rows grow by a key a step: each
+    replay the bits of an eager call at those lengths."""
+    x = _batch([(200, 1), (1000, 1), (70, 1), (5, 1)], 8, 4, 128, 16, torch.bfloat16, "cuda")
+    seq_ids, positions = x.rows
+    pos = (positions - 40).clone()
+    call = lambda: paged_attention_triton(x.q, x.k_cache, x.v_cache, x.block_tables, seq_ids, pos,  # noqa: E731
+                                          splits=16)  # fmt: skip
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(40):
+        pos += 1
+        graph.replay()
+        assert torch.equal(out, call())
+    torch.cuda.synchronize()
+    assert _counters_at_zero("cuda")
 
 
 # ---------------------------------------------------------------- paged_prefill_triton

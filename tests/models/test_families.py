@@ -81,7 +81,8 @@ def test_triton_paths_match_transformers(family_folder, model_type, attention):
     """The Triton attention kernels (per-token: Gemma 2's windowed and soft-capped layers; the
     query-tiled prefill), the Triton grouped-matmul experts and the fused layer kernels (add +
     norm, RoPE + cache store, GLU: Gemma's sandwich norms and GeGLU, Qwen3's q/k norms, Gemma 3's
-    local RoPE), under TRITON_INTERPRET=1: a prefill, then a `decode_static` step."""
+    local RoPE), under TRITON_INTERPRET=1: a prefill, then a `decode_static` step (attention
+    "split", the default CUDA decode)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("runs the Triton kernels on the CPU: needs TRITON_INTERPRET=1")
     from deepinfer.kernels.moe_experts import moe_experts_triton
@@ -99,8 +100,9 @@ def test_triton_paths_match_transformers(family_folder, model_type, attention):
     nxt = torch.stack([part[-1] for part in got.split(LENS)]).argmax(-1).tolist()
     pos = list(LENS)
     slots = [t[p // BS] * BS + p % BS for t, p in zip(tables, pos)]
+    # the default CUDA decode: the paged kernel split over the keys (one run of these short rows)
     out = ours.decode_static(_to(nxt), _to(pos), _to(slots), torch.tensor(tables, dtype=torch.int32), cache,
-                             kv_len=24, attention="triton")  # fmt: skip
+                             kv_len=24, attention="split")  # fmt: skip
     want = torch.stack([_ref(hf, p + [t])[-1] for p, t in zip(prompts, nxt)])
     torch.testing.assert_close(out, want, atol=ATOL, rtol=0)
 

@@ -1,0 +1,112 @@
+"""Decode attention alone: the paged Triton kernel (kernels/paged_attention.py) with one program
+per (row, KV head) and split over the keys (``splits``), beside its memory floor. Prints a table,
+asserts nothing.
+
+    python benchmarks/bench_attention.py [--shapes llama3-8b,smollm2-135m] [--batches 1,16,64]
+        [--contexts 232,1024,8192] [--splits 1,16]
+
+Per head shape, batch and context (every row that many keys, blocks of 16 scattered over the
+pool, bf16): µs a launch, timed as a CUDA graph of 20 launches replayed (no launch gaps of the
+host), and the floor: the K/V bytes the launch must read / the measured copy bandwidth. On the
+CPU (TRITON_INTERPRET=1, tiny shapes) it checks the script only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from functools import partial
+
+import torch
+from bench_decode import _copy_bandwidth, _sync, _table
+
+HEADS = {  # name: (KV heads, query heads per KV head, head_dim)
+    "llama3-8b": (8, 4, 128),
+    "smollm2-135m": (3, 3, 64),
+    "tiny": (2, 2, 16),
+}
+BLOCK_SIZE = 16
+LAUNCHES = 20
+
+
+def _inputs(nkv: int, g: int, hd: int, batch: int, ctx: int, device, dtype):
+    """q [batch, nkv, g, hd]; a cache of batch * ceil(ctx / 16) blocks (+ the null block) in
+    shuffled order; each row's table and its position ctx - 1."""
+    per = -(-ctx // BLOCK_SIZE)
+    blocks = 1 + batch * per
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(blocks, BLOCK_SIZE, nkv, hd, generator=gen).to(device, dtype)
+    v = torch.randn(blocks, BLOCK_SIZE, nkv, hd, generator=gen).to(device, dtype)
+    ids = (torch.randperm(blocks - 1, generator=gen) + 1).view(batch, per)
+    q = torch.randn(batch, nkv, g, hd, generator=gen).to(device, dtype)
+    seq_ids = torch.arange(batch, device=device)
+    positions = torch.full((batch,), ctx - 1, device=device)
+    return q, k, v, ids.to(device, torch.int32), seq_ids, positions
+
+
+def _seconds(call, device) -> float:
+    """Seconds a launch: LAUNCHES calls captured in one CUDA graph, replayed (eager on the CPU)."""
+    if device.type != "cuda":
+        t = time.perf_counter()
+        call()
+        return time.perf_counter() - t
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        call()  # compiles and sizes the split kernel's counters outside the capture
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(LAUNCHES):
+            call()
+    graph.replay()
+    _sync(device)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        graph.replay()
+        _sync(device)
+        best = min(best, (time.perf_counter() - t) / LAUNCHES)
+    return best
+
+
+def main() -> None:
+    from deepinfer.kernels.paged_attention import paged_attention_triton
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", help="cpu: a check of the script (needs TRITON_INTERPRET=1)")
+    ap.add_argument("--shapes", default="llama3-8b,smollm2-135m")
+    ap.add_argument("--batches", type=lambda x: [int(b) for b in x.split(",")], default=[1, 16, 64])
+    ap.add_argument("--contexts", type=lambda x: [int(c) for c in x.split(",")], default=[232, 1024, 8192])
+    ap.add_argument("--splits", type=lambda x: [int(c) for c in x.split(",")], default=[1, 16])
+    args = ap.parse_args()
+    device, dtype = torch.device(args.device), torch.bfloat16
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("on the CPU the kernel runs under the interpreter: set TRITON_INTERPRET=1")
+    bw = _copy_bandwidth(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"{name}: copy bandwidth {bw / 1e9:.0f} GB/s; bf16, blocks of {BLOCK_SIZE}", flush=True)
+    rows = []
+    for shape in args.shapes.split(","):
+        nkv, g, hd = HEADS[shape]
+        for batch in args.batches:
+            for ctx in args.contexts:
+                x = _inputs(nkv, g, hd, batch, ctx, device, dtype)
+                floor = batch * ctx * nkv * hd * 2 * dtype.itemsize / bw  # K and V, each key once
+                row = [shape, batch, ctx, f"{floor * 1e6:.1f}"]
+                best = float("inf")
+                for splits in args.splits:
+                    t = _seconds(partial(paged_attention_triton, *x, splits=splits), device)
+                    best = min(best, t)
+                    row.append(f"{t * 1e6:.1f}")
+                row.append(f"{floor / best:.0%}")
+                rows.append(row)
+                print(f"  {shape} batch {batch} context {ctx}: " + ", ".join(row[4:-1]) + " µs", flush=True)
+                del x
+    header = ["heads", "batch", "keys a row", "floor µs"] + [f"splits={s} µs" for s in args.splits]
+    _table(header + ["best of floor"], rows)
+
+
+if __name__ == "__main__":
+    main()
