@@ -54,7 +54,30 @@ import torch
 import torch.nn.functional as F
 
 BLOCK_N = 64  # keys per step of the Triton program
-SPLITS = 16  # runs of a row's keys in the split decode (`paged_attention_triton(splits=SPLITS)`)
+SPLITS = 16  # the most runs of a row's keys in the split decode (`decode_splits`)
+PROGRAMS_PER_SM = 4  # the split decode aims at this many programs a multiprocessor
+
+
+def decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
+    """Runs a row's keys are cut into by the split decode of ``rows`` rows: enough that (rows x KV heads x
+    runs) fills PROGRAMS_PER_SM programs on each multiprocessor, at most SPLITS, at least 1 (SPLITS
+    off CUDA: the Triton interpreter, where only tests ask for the split). A row's bits then depend on
+    the number of rows in its step (the default mode's decode is not batch-invariant; deterministic
+    mode runs paged_invariant_triton)."""
+    if device.type != "cuda":
+        return SPLITS
+    sms = _multiprocessors(device)
+    return max(1, min(SPLITS, -(-PROGRAMS_PER_SM * sms // max(1, rows * kv_heads))))
+
+
+def _multiprocessors(device: torch.device) -> int:
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SMS:
+        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SMS[i]
+
+
+_SMS: dict[int, int] = {}
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -151,14 +174,14 @@ def paged_attention_triton(
     of them); the caller keeps positions[n] < W * block_size (a key past the table would be
     skipped, not read).
 
-    splits: cut each row's keys into at most this many runs of whole BLOCK_N-key blocks
-    (``SPLITS``: the split decode's), a program each, merged in run order inside the launch
-    (flash-decoding: enough programs at a small batch); 1: one program a row. The cut depends on
-    the row's own length, window and ``splits`` only, so a row's bits still do not depend on the
-    batch; they differ from ``splits=1``'s once a row has more than one run. Split launches on
-    one device must not overlap in time (they share its counters: one stream, or graphs replayed
-    in turn, is fine); under CUDA graph capture, make the same call once before capturing (it
-    sizes the counters)."""
+    splits: cut each row's keys into at most this many runs of whole BLOCK_N-key blocks (the split
+    decode's: ``decode_splits``), a program each, merged in run order inside the launch (flash-
+    decoding: enough programs at a small batch); 1: one program a row. The cut depends on the row's
+    own length, window and ``splits`` only, so at a given ``splits`` a row's bits do not depend on the
+    other rows; they differ from ``splits=1``'s once a row has more than one run. Split launches on
+    one device must not overlap in time (they share its counters: one stream, or graphs replayed in
+    turn, is fine); under CUDA graph capture, make the same call once before capturing (it sizes the
+    counters)."""
     fn = "paged_attention_triton"
     _check_cache(fn, q, k_cache, v_cache, block_tables)
     _check_rows(fn, q, seq_ids, positions)

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
 from ..kernels.paged_attention import (
-    SPLITS,
     attend,
+    decode_splits,
     paged_attention_torch,
     paged_attention_triton,
     paged_invariant_triton,
@@ -288,8 +288,8 @@ class LlamaModel:
 
         attention: "torch" (``paged_attention_torch``: one batched call for the one-token rows,
         one per longer chunk), "triton" (``paged_attention_triton``: one program per token and
-        KV head), "split" (the same kernel with each token's keys split into up to SPLITS
-        runs, a program each: for decode rows, few tokens) or "prefill"
+        KV head), "split" (the same kernel with each token's keys split into runs, a program
+        each, as many as ``decode_splits`` gives for N rows: for decode rows) or "prefill"
         (``paged_prefill_triton``: one program per tile of a sequence's query tokens, each key
         block read once a tile; for prompt chunks on CUDA).
         invariant: matmuls and norms through deepinfer.kernels.invariant and the attention
@@ -313,6 +313,7 @@ class LlamaModel:
                 torch.tensor(x, dtype=torch.int64).to(self.device, non_blocking=True)
                 for x in (batch.query_start, batch.seq_lens)
             )
+        splits = decode_splits(N, nkv, x.device) if attention == "split" else 1  # runs of a row's keys
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
             x, h = op.add_norm(x, y, layer.ln1)
@@ -322,7 +323,7 @@ class LlamaModel:
             if attention in ("triton", "split"):
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], tables, batch.seq_ids,
                                            batch.positions, window=layer.window, softcap=layer.softcap,
-                                           splits=SPLITS if attention == "split" else 1)  # fmt: skip
+                                           splits=splits)  # fmt: skip
             elif attention == "prefill":
                 o = paged_prefill_triton(q, cache.k[i], cache.v[i], tables, query_start, seq_lens,
                                          max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
@@ -440,13 +441,13 @@ class LlamaModel:
 
         tokens, positions, slots: [R] or [R, T] int64 on the model's device; block_tables:
         [R, W] int32 (W * block_size >= kv_len).
-        attention: "triton" (paged, one program per token and KV head; each row's length read on
-        the device; batch-invariant), "sdpa" (the rows' first kv_len keys gathered, torch SDPA
-        with a length mask), for T = 1 "split" (the paged kernel with each row's keys split into
-        up to SPLITS runs, a program each, merged in order: enough programs at a small batch;
-        batch-invariant), "torch" (gathered keys in fixed 256-key blocks; kv_len a multiple of
-        256; batch-invariant) or "rows" (CPU: one SDPA call per row over its own keys, the
-        lengths read on the host; batch-invariant).
+        attention: "triton" (paged, one program per token and KV head; each row's length read on the
+        device; batch-invariant), "sdpa" (the rows' first kv_len keys gathered, torch SDPA with a
+        length mask), for T = 1 "split" (the paged kernel with each row's keys split into
+        ``decode_splits(R, ...)`` runs, a program each, merged in order: enough programs at a
+        small batch; a row's bits depend on R), "torch" (gathered keys in fixed 256-key blocks;
+        kv_len a multiple of 256; batch-invariant) or "rows" (CPU: one SDPA call per row over its
+        own keys, the lengths read on the host; batch-invariant).
         invariant: matmuls and norms through deepinfer.kernels.invariant with attention="triton",
         which then runs ``paged_invariant_triton`` (each row's T positions one sequence of the
         query-tiled kernel): a row's logits are then the same bits at any R and any row, and the
@@ -488,7 +489,7 @@ class LlamaModel:
         rope = self._rope(flat_pos)
         seq_ids = None
         bias, visible = {}, {}  # window -> mask
-        splits = SPLITS if attention == "split" else 1  # runs of a row's keys (paged kernel)
+        splits = decode_splits(R, c.num_kv_heads, tokens.device) if attention == "split" else 1
         if attention == "triton" and invariant:  # row r: rows [r T, (r + 1) T) of the flat batch
             query_start = torch.arange(0, N + 1, T, device=tokens.device)
         elif attention in ("triton", "split"):
