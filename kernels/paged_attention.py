@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 BLOCK_N = 64  # keys per step of the Triton program
 SPLITS = 16  # the most runs of a row's keys in the split decode (`decode_splits`)
-PROGRAMS_PER_SM = 4  # the split decode aims at this many programs a multiprocessor
+PROGRAMS_PER_SM = 2  # the split decode aims at this many programs a multiprocessor
 
 
 def decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
