@@ -6,7 +6,8 @@
 - Hopcroft with many initial blocks (one left out of the worklist) == Moore;
 - a DFA shared by compilations (:class:`DFAMemo`, carried over to other byte classes) ==
   the DFA compiled afresh; whole grammars compile to identical automata with and without
-  the shared DFAs.
+  the shared DFAs, with rules that call none minimised at once or through the steps apart,
+  and with small sub-expressions spliced as DFAs or built inline.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import numpy as np
 import pytest
 
 from deepinfer.constraints import ir
+from deepinfer.constraints.automaton import nfa as nfa_module
+from deepinfer.constraints.automaton import pushdown
 from deepinfer.constraints.automaton.dfa_kernels import _hopcroft_py
 from deepinfer.constraints.automaton.nfa import (
     NFA,
@@ -253,6 +256,37 @@ def test_grammars_compile_the_same_with_and_without_shared_dfas(seed):
         a = _compile(g, Limits(), None, INF, memo)
         assert (a.table == b.table).all() and (a.cls == b.cls).all() and a.calls == b.calls
         assert (a.accepting == b.accepting).all() and a.start == b.start
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_grammars_compile_the_same_minimised_at_once_and_spliced_small(seed, monkeypatch):
+    rng = random.Random(1000 + seed)
+    rules = {
+        "start": ir.seq(ir.Ref("a"), ir.lit(","), ir.alt(ir.Ref("b"), ir.Ref("r"))),
+        "a": _random_expr(rng, 4),  # no calls
+        "b": ir.rep(_random_expr(rng, 3), 0, 3),  # no calls
+        "r": ir.alt(_random_expr(rng, 2), ir.seq(ir.lit("("), ir.Ref("r"), ir.lit(")"))),  # recursive
+    }
+    if rng.random() < 0.5:
+        rules = {"start": ir.seq(rules["a"], ir.rep(rules["b"], 1, 2))}  # one rule, no calls
+    g = ir.Grammar(rules)
+    out = []
+    for pre, splice in ((True, 48), (False, 10**9), (True, 10**9), (False, 8)):
+        monkeypatch.setattr(pushdown, "PREMINIMIZE", pre)
+        monkeypatch.setattr(nfa_module, "SPLICE_MIN_SIZE", splice)
+        for call_above in (None, 0):
+            try:
+                out.append(_compile(g, Limits(), call_above, INF, None))
+            except ConstraintError as e:
+                out.append(type(e))
+    for call_above in (0, 1):
+        ref = out[call_above]
+        for a in out[call_above::2]:
+            if isinstance(ref, type):
+                assert a is ref
+                continue
+            assert (a.table == ref.table).all() and (a.cls == ref.cls).all() and a.calls == ref.calls
+            assert (a.accepting == ref.accepting).all() and a.start == ref.start
 
 
 def _kernel_args(nfa: NFA, alphabet: Alphabet, accept: int) -> tuple:
