@@ -534,6 +534,8 @@ def _rule_pointer(e: ConstraintError | None) -> str:
 
 
 def _check_ir_size(grammar: ir.Grammar, limits: Limits, where) -> None:
+    if sum(e._size for e in grammar.rules.values()) <= limits.max_ir_nodes:
+        return  # (the nodes as trees, shared ones counted each time: no fewer than the distinct)
     n = ir.count_nodes(grammar.rules.values(), limits.max_ir_nodes)
     if n > limits.max_ir_nodes:
         raise ConstraintTooComplex(

@@ -93,10 +93,20 @@ class Items(Expr):
     def __init__(self, items: tuple[Expr, ...]) -> None:
         items = tuple(items)
         _set(self, "items", items)
-        _set(self, "_hash", hash((type(self).__name__, *[i._hash for i in items])))
-        _set(self, "_size", 1 + sum([i._size for i in items]))
-        _set(self, "_refs", _union_refs(items))
-        _set(self, "_long", any([i._long for i in items]))
+        # (one loop for the four: the lowering makes tens of thousands of these per schema)
+        hs = [type(self).__name__]
+        size, refs, long = 1, _NO_REFS, False
+        for i in items:
+            hs.append(i._hash)
+            size += i._size
+            if i._refs:
+                refs = i._refs if not refs else refs | i._refs
+            if i._long:
+                long = True
+        _set(self, "_hash", hash(tuple(hs)))
+        _set(self, "_size", size)
+        _set(self, "_refs", refs)
+        _set(self, "_long", long)
 
     def _key(self) -> tuple:
         return self.items
@@ -283,11 +293,23 @@ def byte_range(lo: int, hi: int) -> ByteSet:
 
 
 def lit(text: str | bytes) -> Expr:
-    """The exact string (str is encoded as UTF-8)."""
+    """The exact string (str is encoded as UTF-8); the node of a recent string is reused
+    (nodes are immutable: JSON keys recur within and across schemas)."""
+    hit = _LITS.get(text)  # ("a" and b"a" are different keys)
+    if hit is not None:
+        return hit
     data = text.encode("utf-8") if isinstance(text, str) else text
     if len(data) == 1:
         return _SINGLE[data[0]]
-    return Seq(tuple([_SINGLE[b] for b in data])) if data else EMPTY
+    e = Seq(tuple([_SINGLE[b] for b in data])) if data else EMPTY
+    if len(data) <= 64:
+        if len(_LITS) >= 8192:
+            _LITS.clear()
+        _LITS[text] = e
+    return e
+
+
+_LITS: dict = {}  # recent literal -> its node
 
 
 def seq(*items: Expr) -> Expr:
