@@ -507,8 +507,14 @@ def size(expr: Expr) -> int:
     return expr._size
 
 
+MASKS_MEMO_MIN = 64  # nodes: a Ref-free sub-expression this large keeps its byte sets (below)
+_MASKS: dict = {}  # Ref-free sub-expression -> frozenset of its byte sets (bounded)
+
+
 def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -> set[int]:
-    """The byte sets of every rule reachable from ``roots`` (shared nodes visited once)."""
+    """The byte sets of every rule reachable from ``roots`` (shared nodes visited once; a
+    large Ref-free sub-expression's are kept across calls: JSON strings, numbers and
+    values recur in every schema)."""
     masks: set[int] = set()
     add = masks.add
     seen_rules: set[str] = set()
@@ -524,6 +530,9 @@ def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) ->
         if id(e) in seen:
             continue
         seen.add(id(e))
+        if e._size >= MASKS_MEMO_MIN and not e._refs:
+            masks.update(_masks_of(e))
+            continue
         if t is repeat:
             stack.append(e.item)
         elif t is ref:
@@ -540,6 +549,38 @@ def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) ->
                 else:
                     stack.append(it)
     return masks
+
+
+def _masks_of(e: Expr) -> frozenset[int]:
+    """The byte sets under the Ref-free expression ``e`` (kept for the large ones)."""
+    hit = _MASKS.get(e)
+    if hit is not None:
+        return hit
+    out: set[int] = set()
+    seen: set[int] = set()
+    stack: list[Expr] = [e]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is ByteSet:
+            out.add(x.mask)
+            continue
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x is not e and x._size >= MASKS_MEMO_MIN:
+            out.update(_masks_of(x))
+        elif t is Repeat:
+            stack.append(x.item)
+        elif t is Dfa:
+            out.update(m for _, m, _ in x.edges)
+        else:  # Seq, Alt, And, Diff
+            stack.extend(x.items)
+    hit = frozenset(out)
+    if len(_MASKS) >= 4096:
+        _MASKS.clear()
+    _MASKS[e] = hit
+    return hit
 
 
 def count_nodes(roots: Iterable[Expr], cap: int) -> int:

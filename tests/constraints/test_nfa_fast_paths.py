@@ -389,3 +389,33 @@ def test_shared_dfas_do_not_cross_state_bounds():
         _compile(g, Limits(max_dfa_states=100), None, INF, memo)
     _compile(g, Limits(), None, INF, memo)
     assert memo.hits
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_collected_byte_sets_equal_a_plain_walk(seed):
+    """``ir.collect_masks`` (large Ref-free sub-expressions' byte sets kept across calls)
+    against a walk of every node."""
+
+    def plain(e, out):
+        if isinstance(e, ir.ByteSet):
+            out.add(e.mask)
+        elif isinstance(e, ir.Repeat):
+            plain(e.item, out)
+        elif isinstance(e, ir.Ref):
+            if e.name not in out_rules:
+                out_rules.add(e.name)
+                plain(rules[e.name], out)
+        else:
+            for it in getattr(e, "items", ()):
+                plain(it, out)
+        return out
+
+    rng = random.Random(seed)
+    for _ in range(3):  # later rounds meet sub-expressions kept by earlier ones
+        big = _random_expr(rng, 4)
+        rules = {
+            "start": ir.seq(ir.lit("["), ir.Ref("v"), ir.rep(big, 0, 2), ir.lit("]")),
+            "v": ir.alt(big, ir.seq(ir.lit("("), ir.Ref("v"), ir.lit(")")), _random_expr(rng, 3)),
+        }
+        out_rules: set = {"start"}
+        assert ir.collect_masks(rules, ["start"], set()) == plain(rules["start"], set())
