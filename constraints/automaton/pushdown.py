@@ -514,11 +514,16 @@ def _compile(
 
     # Productive rules: those that derive at least one finite string.
     productive: set[int] = {i for i, d in pre.items() if len(d.accepting)}
+    lives: dict[int, tuple[frozenset, np.ndarray]] = {}  # rule -> (its productive callees, live states)
     changed = True
     while changed:
         changed = False
         for i, dfa in enumerate(raw):
-            if i not in productive and i not in pre and live_states(dfa, productive)[0]:
+            if i in productive or i in pre:
+                continue
+            live = live_states(dfa, productive)
+            lives[i] = (_callees(dfa) & frozenset(productive), live)
+            if live[0]:
                 productive.add(i)
                 changed = True
     if 0 not in productive:
@@ -539,7 +544,12 @@ def _compile(
         )
         d = memo.get(key, alphabet, limits) if key is not None else None
         if d is None:
-            d = minimize(raw[i], live_states(raw[i], productive), productive)
+            kept = lives.get(i)  # (live states depend only on which callees are productive)
+            if kept is not None and kept[0] == _callees(raw[i]) & frozenset(productive):
+                live = kept[1]
+            else:
+                live = live_states(raw[i], productive)
+            d = minimize(raw[i], live, productive)
             if key is not None:
                 memo.put(key, cls, d, limits)
         dfas[i] = d
@@ -584,6 +594,11 @@ def _compile(
             bound="max_dfa_states",
         )
     return Automaton(table, cls, accepting, calls, start_state, order, counters)
+
+
+def _callees(d) -> frozenset:
+    """The rules a DFA calls."""
+    return frozenset(call_edge_arrays(d)[1].tolist())
 
 
 def _uncounted(

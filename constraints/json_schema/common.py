@@ -183,8 +183,19 @@ def cost(e: Expr, memo: dict | None = None) -> int:
 
 def cost_over(e: Expr, bound: int) -> bool:
     """``cost(e) > bound``, visiting at most about ``bound`` nodes (the lowering asks it of
-    every object value and branch: a whole walk each time is quadratic in the nesting)."""
-    return _capped_cost(e, {}, bound + 1) > bound
+    every object value and branch: a whole walk each time is quadratic in the nesting);
+    kept per expression (values recur across schemas)."""
+    key = (e, bound)
+    hit = _OVER.get(key)
+    if hit is None:
+        hit = _OVER[key] = _capped_cost(e, {}, bound + 1) > bound
+        if len(_OVER) >= 8192:
+            _OVER.clear()
+            _OVER[key] = hit
+    return hit
+
+
+_OVER: dict = {}
 
 
 def _capped_cost(e: Expr, memo: dict, cap: int) -> int:
