@@ -285,7 +285,7 @@ def test_rows_computed_by_several_threads_equal_plain_rows(real):
             np.testing.assert_array_equal(row, ref.mask_row(state))
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(10))
 def test_states_near_a_set_equal_a_plain_backward_search(seed):
     """``compiled._within`` (predecessors marked level by level, no sort) against a
     breadth-first search over each state's successors, on random tables."""
