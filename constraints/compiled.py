@@ -37,6 +37,10 @@ MAX_CANON_STATES = 256
 MAX_FORMS = 16  # canonical forms a vocabulary remembers for matching (most recent first)
 MAX_FORM_TRIES = 4
 CLOSURE_MEMO_SIZE = 4096
+CONTINUATION_MEMO_SIZE = 2048  # continuation walks kept per constraint (their set bits only)
+# automata with counters of at least this many states search, when compiled, which states
+# are near a bound or a region (a few ms per 1,000 states), instead of at their first row
+NEAR_AT_COMPILE = 2000
 _MISS = object()
 
 
@@ -105,8 +109,13 @@ class CompiledConstraint:
                 self._quote_cls = -1
             self._bare = bare.any(axis=1)
             self._near: list[bool] | None = None
+            if a.n_states >= NEAR_AT_COMPILE:  # (searches of tens of ms: not mid-output)
+                self._bare_near(a.start)
+                if not a.is_regular:
+                    self._near_region()
         self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._closures: dict = {}  # stack -> its closure, for continuations
+        self._walks_below: dict = {}  # continuation walks: see _walk_below
         self._split = None  # (tries without / with ", shared rows) of the vocabulary
         self._lock = threading.Lock()
         self._rows: OrderedDict = OrderedDict()
@@ -599,11 +608,15 @@ class CompiledConstraint:
         or a frame from which a token may reach a region (one in a called rule)?"""
         if len(st) == 1:
             return True
+        return self._near_region()[st[-1] % self.automaton.n_states]
+
+    def _near_region(self) -> list[bool]:
+        """Per state: may a token reach a counted region from it (on first use)?"""
         near = self.__dict__.get("_to_region")
         if near is None:
             a = self.automaton
             near = self._to_region = _within(a.table, a.counters.region >= 0, self._count_cap).tolist()
-        return near[st[-1] % self.automaton.n_states]
+        return near
 
     def _unquoted_row(self, state: int) -> np.ndarray:
         """The tokens without '"' allowed from ``state`` by the automaton's table (kept per
@@ -666,12 +679,32 @@ class CompiledConstraint:
                         roots,
                     )
                 elif self.fast_min_bytes <= 256:
-                    n2, t2 = trie.walk_fast(self._walk_memo(False), len(st) > 1, st[-1], words, roots)
+                    n2, t2 = self._walk_below(trie, len(st) > 1, st[-1], roots, words)
                 else:  # the reference
                     bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom
                     n2, t2 = trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)
                 if len(n2):
                     self._continue(st[:-1], n2, t2, words, trie)
+
+    def _walk_below(self, trie, inner: bool, state: int, roots: np.ndarray, words: np.ndarray):
+        """``trie.walk_fast`` below ``roots`` from ``state``, into ``words``: what it adds
+        and the boundaries it returns are kept (bounded), since the same continuation (a
+        return into the same state, below the same trie nodes) recurs in the rows of every
+        stack that holds it; a walk only sets bits, so its part is the same in any row."""
+        key = (state, inner, id(trie), roots.tobytes())
+        memo = self._walks_below
+        hit = memo.get(key)
+        if hit is None:
+            part = np.zeros(self.n_words, dtype=np.uint32)
+            n2, t2 = trie.walk_fast(self._walk_memo(False), inner, state, part, roots)
+            at = np.flatnonzero(part)
+            hit = (at, part[at], n2, t2)
+            if len(memo) >= CONTINUATION_MEMO_SIZE:
+                memo.clear()
+            memo[key] = hit
+        at, bits, n2, t2 = hit
+        words[at] |= bits
+        return n2, t2
 
     def allowed_tokens(self, config) -> np.ndarray:
         """Token ids allowed in ``config`` (for tests and debugging)."""
@@ -689,15 +722,19 @@ def _within(table: np.ndarray, seeds: np.ndarray, depth: int) -> np.ndarray:
     ptr = np.searchsorted(dst, np.arange(n + 1))
     seen = seeds.copy()
     frontier = np.flatnonzero(seen)
+    mark = np.zeros(n, dtype=bool)
     for _ in range(depth):
         lo, hi = ptr[frontier], ptr[frontier + 1]
         lens = hi - lo
-        if not lens.sum():
+        total = int(lens.sum())
+        if not total:
             break
-        idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(lens.sum())
-        preds = np.unique(src[idx])
-        frontier = preds[~seen[preds]]
-        seen[frontier] = True
+        idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(total)
+        mark[src[idx]] = True  # (the new predecessors, without duplicates: no sort)
+        mark &= ~seen
+        frontier = np.flatnonzero(mark)
+        seen |= mark
+        mark[frontier] = False
     return seen
 
 

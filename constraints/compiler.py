@@ -232,7 +232,8 @@ class Compiler:
 
         Each tag is ``{"begin": str, "end": str, "then": "text" | "end"}`` plus at most one
         content key (``json_schema``, ``regex``, ``grammar``, ``choice``, with the options of
-        those methods: ``whitespace``, ``strict``, ``lenient``, ``flags``, ``start``); no
+        those methods: ``whitespace``, ``strict``, ``lenient``, ``key_order``, ``flags``,
+        ``start``); no
         content key: any text up to the first ``end``. A segment starts where a trigger
         (default: the tags' begins) first occurs in the free text; a trigger begins the
         tags whose ``begin`` starts with it. After ``end`` the free text resumes
@@ -308,8 +309,9 @@ class Compiler:
 
     def lower(self, spec: dict, path: str, deadline: float | None = None) -> ir.Grammar:
         """The grammar IR of a constraint given as a dict: one of ``{"json_schema": s,
-        "whitespace", "strict", "lenient"}``, ``{"regex": p, "flags"}``, ``{"grammar": text,
-        "start", "syntax": "lark" | "gbnf"}``, ``{"choice": [...]}``, ``{"structural_tags": [...], "triggers",
+        "whitespace", "strict", "lenient", "key_order"}`` (key_order: the compiler's by
+        default), ``{"regex": p, "flags"}``, ``{"grammar": text, "start", "syntax": "lark" |
+        "gbnf"}``, ``{"choice": [...]}``, ``{"structural_tags": [...], "triggers",
         "min_segments", "max_segments"}`` (not compiled: to embed in another). Errors name
         their place under ``path`` (a JSON pointer)."""
         from .frontends.structural import Tag, check_markers, check_then, tags_grammar
@@ -335,6 +337,9 @@ class Compiler:
                 whitespace = spec.get("whitespace", DEFAULT_WHITESPACE)
                 if whitespace not in WHITESPACE:
                     raise ConstraintError(f"whitespace must be one of {', '.join(WHITESPACE)}", path=path)
+                order = spec.get("key_order", self.key_order)
+                if order not in ("schema", "any"):
+                    raise ConstraintError(f"key_order must be 'schema' or 'any', got {order!r}", path=path)
                 _schema_key(value, limits)
                 return schema_to_grammar(
                     value,
@@ -344,6 +349,7 @@ class Compiler:
                     runtime_unique=False,
                     limits=limits,
                     deadline=deadline,
+                    key_order=order,
                 )
             if kind == "regex":
                 from .frontends.regex import regex_to_ir
@@ -391,6 +397,7 @@ class Compiler:
                         "whitespace",
                         "strict",
                         "lenient",
+                        "key_order",
                         "flags",
                         "start",
                         "syntax",
@@ -527,6 +534,8 @@ def _rule_pointer(e: ConstraintError | None) -> str:
 
 
 def _check_ir_size(grammar: ir.Grammar, limits: Limits, where) -> None:
+    if sum(e._size for e in grammar.rules.values()) <= limits.max_ir_nodes:
+        return  # (the nodes as trees, shared ones counted each time: no fewer than the distinct)
     n = ir.count_nodes(grammar.rules.values(), limits.max_ir_nodes)
     if n > limits.max_ir_nodes:
         raise ConstraintTooComplex(

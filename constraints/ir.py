@@ -93,10 +93,20 @@ class Items(Expr):
     def __init__(self, items: tuple[Expr, ...]) -> None:
         items = tuple(items)
         _set(self, "items", items)
-        _set(self, "_hash", hash((type(self).__name__, *[i._hash for i in items])))
-        _set(self, "_size", 1 + sum([i._size for i in items]))
-        _set(self, "_refs", _union_refs(items))
-        _set(self, "_long", any([i._long for i in items]))
+        # (one loop for the four: the lowering makes tens of thousands of these per schema)
+        hs = [type(self).__name__]
+        size, refs, long = 1, _NO_REFS, False
+        for i in items:
+            hs.append(i._hash)
+            size += i._size
+            if i._refs:
+                refs = i._refs if not refs else refs | i._refs
+            if i._long:
+                long = True
+        _set(self, "_hash", hash(tuple(hs)))
+        _set(self, "_size", size)
+        _set(self, "_refs", refs)
+        _set(self, "_long", long)
 
     def _key(self) -> tuple:
         return self.items
@@ -283,11 +293,23 @@ def byte_range(lo: int, hi: int) -> ByteSet:
 
 
 def lit(text: str | bytes) -> Expr:
-    """The exact string (str is encoded as UTF-8)."""
+    """The exact string (str is encoded as UTF-8); the node of a recent string is reused
+    (nodes are immutable: JSON keys recur within and across schemas)."""
+    hit = _LITS.get(text)  # ("a" and b"a" are different keys)
+    if hit is not None:
+        return hit
     data = text.encode("utf-8") if isinstance(text, str) else text
     if len(data) == 1:
         return _SINGLE[data[0]]
-    return Seq(tuple([_SINGLE[b] for b in data])) if data else EMPTY
+    e = Seq(tuple([_SINGLE[b] for b in data])) if data else EMPTY
+    if len(data) <= 64:
+        if len(_LITS) >= 8192:
+            _LITS.clear()
+        _LITS[text] = e
+    return e
+
+
+_LITS: dict = {}  # recent literal -> its node
 
 
 def seq(*items: Expr) -> Expr:
@@ -485,8 +507,14 @@ def size(expr: Expr) -> int:
     return expr._size
 
 
+MASKS_MEMO_MIN = 64  # nodes: a Ref-free sub-expression this large keeps its byte sets (below)
+_MASKS: dict = {}  # Ref-free sub-expression -> frozenset of its byte sets (bounded)
+
+
 def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -> set[int]:
-    """The byte sets of every rule reachable from ``roots`` (shared nodes visited once)."""
+    """The byte sets of every rule reachable from ``roots`` (shared nodes visited once; a
+    large Ref-free sub-expression's are kept across calls: JSON strings, numbers and
+    values recur in every schema)."""
     masks: set[int] = set()
     add = masks.add
     seen_rules: set[str] = set()
@@ -502,6 +530,9 @@ def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) ->
         if id(e) in seen:
             continue
         seen.add(id(e))
+        if e._size >= MASKS_MEMO_MIN and not e._refs:
+            masks.update(_masks_of(e))
+            continue
         if t is repeat:
             stack.append(e.item)
         elif t is ref:
@@ -518,6 +549,38 @@ def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) ->
                 else:
                     stack.append(it)
     return masks
+
+
+def _masks_of(e: Expr) -> frozenset[int]:
+    """The byte sets under the Ref-free expression ``e`` (kept for the large ones)."""
+    hit = _MASKS.get(e)
+    if hit is not None:
+        return hit
+    out: set[int] = set()
+    seen: set[int] = set()
+    stack: list[Expr] = [e]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is ByteSet:
+            out.add(x.mask)
+            continue
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x is not e and x._size >= MASKS_MEMO_MIN:
+            out.update(_masks_of(x))
+        elif t is Repeat:
+            stack.append(x.item)
+        elif t is Dfa:
+            out.update(m for _, m, _ in x.edges)
+        else:  # Seq, Alt, And, Diff
+            stack.extend(x.items)
+    hit = frozenset(out)
+    if len(_MASKS) >= 4096:
+        _MASKS.clear()
+    _MASKS[e] = hit
+    return hit
 
 
 def count_nodes(roots: Iterable[Expr], cap: int) -> int:

@@ -135,8 +135,22 @@ def _load_aot() -> None:
     STATE.aot, STATE.manifest, STATE.mode = mod, manifest, "aot"
 
 
+_ND_TYPES: dict = {}  # (dtype, ndim, flags) -> _arg_type of such an array
+
+
 def _arg_type(x):
-    """numba's ``typeof`` of an argument, as the manifest writes it."""
+    """numba's ``typeof`` of an argument, as the manifest writes it (an array's by its dtype,
+    dimensions and flags, kept: every kernel call reads it for each argument)."""
+    if type(x) is np.ndarray:
+        key = (x.dtype, x.ndim, x.flags.num)
+        hit = _ND_TYPES.get(key)
+        if hit is None:
+            hit = _ND_TYPES[key] = _arg_type_of(x)
+        return hit
+    return _arg_type_of(x)
+
+
+def _arg_type_of(x):
     if isinstance(x, np.ndarray):
         f = x.flags
         return (

@@ -9,6 +9,11 @@ Once the block holds ``max_tokens`` tokens and its end marker has not been writt
 mask allows exactly one token: the next of the canonical encoding of what remains of the
 markers (the rest of ``begin`` if it is still open, then ``end``, less the part of it the
 text already ends with).
+
+The budget composes with the constraint's own run-time check (JSON keys in any order or
+uniqueItems after the block: ``inner``, the check it replaces as ``compiled.check``): the
+reasoning matcher then wraps that check's matcher instead of a plain one, and every step,
+row and forced byte goes through it.
 """
 
 from __future__ import annotations
@@ -21,18 +26,26 @@ from .matcher import Matcher, encode_forced
 class ReasoningBudget:
     """The run-time check of a reasoning constraint: its markers and token budget."""
 
-    def __init__(self, compiled, begin: bytes, end: bytes, max_tokens: int) -> None:
+    def __init__(self, compiled, begin: bytes, end: bytes, max_tokens: int, inner=None) -> None:
         self.compiled = compiled
         self.begin = begin  # (a special token's marker: its ir.special_bytes)
         self.end = end
         self.max_tokens = max_tokens
+        self.inner = inner  # the constraint's own run-time check (a TagCheck), or None
         self._rows: dict[int, np.ndarray] = {}
 
     def matcher(self) -> ReasoningMatcher:
         return ReasoningMatcher(self.compiled, self)
 
+    def inner_matcher(self):
+        """The matcher the reasoning matcher wraps: the inner check's, else a plain one."""
+        return self.inner.matcher() if self.inner is not None else Matcher.plain(self.compiled)
+
     def accepts(self, data: bytes) -> bool:
-        """The language is the automaton's (the budget bounds tokens, not text)."""
+        """The language is the automaton's, the inner check's included (the budget bounds
+        tokens, not text)."""
+        if self.inner is not None:
+            return self.inner.accepts(data)
         return self.compiled.automaton.accepts(data)
 
     def one_hot(self, token_id: int) -> np.ndarray:
@@ -60,9 +73,10 @@ class ReasoningBudget:
 
 
 def attach_budget(compiled, begin: bytes, end: bytes, max_tokens: int | None):
-    """``compiled`` with a reasoning budget of ``max_tokens`` (nothing to attach where None)."""
+    """``compiled`` with a reasoning budget of ``max_tokens`` (nothing to attach where None),
+    around the check it has already, if any."""
     if max_tokens is not None:
-        compiled.check = ReasoningBudget(compiled, begin, end, max_tokens)
+        compiled.check = ReasoningBudget(compiled, begin, end, max_tokens, inner=compiled.check)
     return compiled
 
 
@@ -77,7 +91,7 @@ class ReasoningMatcher:
     def __init__(self, compiled, check: ReasoningBudget) -> None:
         self.compiled = compiled
         self._check = check
-        self._plain = Matcher.plain(compiled)
+        self._plain = check.inner_matcher()
         self._count = [0]
         self._done = [False]
         self._tail = [b""]
@@ -174,7 +188,7 @@ class ReasoningMatcher:
         return self._plain.mask_row()
 
     def empty_reason(self) -> str | None:
-        return None
+        return None if self._forcing() else self._plain.empty_reason()
 
     def fill_bitmask(self, bitmask, row: int = 0) -> None:
         Matcher.write_row(bitmask, row, self.mask_row())

@@ -82,7 +82,9 @@ class SamplingParams:
         The start rule of `grammar` (GBNF's is ``root``: the default "start" means ``root`` there).
     key_order : "schema" (default) or "any"
         JSON Schema only: object keys in schema order, or in any order (each declared key at
-        most once, the required ones before the object closes; a run-time check).
+        most once, the required ones before the object closes; a run-time check). It applies
+        to the answer after a reasoning block too, and to each structural tag's schema that
+        sets no ``key_order`` of its own.
     structural_tags : list of dict
         Free text in which a trigger starts a tagged segment whose content is constrained
         (tool calls inside text): each tag is ``{"begin": "<tool_call>", "json_schema" |

@@ -65,7 +65,7 @@ class Structured:
         c = self.compiler
         if kind == "structural_tags":
             return c.structural_tags(
-                resolved_tags(p.structural_tags),
+                resolved_tags(p.structural_tags, p.key_order),
                 p.triggers,
                 min_segments=p.min_segments,
                 max_segments=p.max_segments,
@@ -116,6 +116,7 @@ def constraint_spec(p: SamplingParams) -> dict | None:
             "whitespace": p.whitespace,
             "strict": p.strict,
             "lenient": p.lenient,
+            "key_order": p.key_order,
         }
     if kind == "regex":
         return {"regex": p.regex}
@@ -128,7 +129,7 @@ def constraint_spec(p: SamplingParams) -> dict | None:
         return {"choice": list(p.choice)}
     if kind == "structural_tags":
         return {
-            "structural_tags": resolved_tags(p.structural_tags),
+            "structural_tags": resolved_tags(p.structural_tags, p.key_order),
             "triggers": p.triggers,
             "min_segments": p.min_segments,
             "max_segments": p.max_segments,
@@ -136,12 +137,17 @@ def constraint_spec(p: SamplingParams) -> dict | None:
     return None
 
 
-def resolved_tags(tags: list[dict]) -> list[dict]:
-    """Structural tags with each grammar given as text (a packaged name or a file path read)."""
-    return [
-        {**t, "grammar": resolve_grammar(t["grammar"])} if isinstance(t.get("grammar"), str) else t
-        for t in tags
-    ]
+def resolved_tags(tags: list[dict], key_order: str = "schema") -> list[dict]:
+    """Structural tags with each grammar given as text (a packaged name or a file path read),
+    and the request's ``key_order`` on each JSON schema tag that sets none."""
+    out = []
+    for t in tags:
+        if isinstance(t.get("grammar"), str):
+            t = {**t, "grammar": resolve_grammar(t["grammar"])}
+        if key_order != "schema" and t.get("json_schema") is not None and "key_order" not in t:
+            t = {**t, "key_order": key_order}
+        out.append(t)
+    return out
 
 
 def split_reasoning(p: SamplingParams, markers: tuple[str, str], text: str) -> tuple[str | None, str]:

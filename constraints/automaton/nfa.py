@@ -193,7 +193,7 @@ class _Spliced:
         self.dfa = dfa
 
 
-SPLICE_MIN_SIZE = 300  # IR nodes: larger Ref-free sub-expressions are determinised once
+SPLICE_MIN_SIZE = 48  # IR nodes: larger Ref-free sub-expressions are determinised once (a JSON string: 250)
 
 
 SUFFIX_MIN_BRANCHES = 4  # an Alt whose branches share a tail this often is built from the end

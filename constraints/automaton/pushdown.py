@@ -35,9 +35,11 @@ from .nfa import (
     DFAMemo,
     FragmentBuilder,
     Limits,
+    RawDFA,
     call_edge_arrays,
     determinize,
     live_states,
+    minimal_dfa,
     minimize,
 )
 
@@ -374,6 +376,9 @@ def compile_grammar(
 
 
 CALL_ABOVE = 64  # IR nodes: on the second attempt, rules larger than this stay rules
+# a rule that calls none is minimised as it is determinised (one kernel call); False: the
+# reference path (determinize, live_states, minimize), for the tests
+PREMINIMIZE = True
 
 
 def _rule_key(name: str, body: Expr, rule_index: dict[str, int]) -> tuple | None:
@@ -472,6 +477,7 @@ def _compile(
     name = grammar.start
     try:
         raw = []
+        pre: dict[int, RawDFA] = {}  # rules without calls: minimal DFAs already
         dfa_memo: dict = {}
         for name, key in zip(order, keys):
             if name in regions:
@@ -483,6 +489,14 @@ def _compile(
                 builder = FragmentBuilder(nfa, rules, rule_index, dfa_memo, memo)
                 s0 = nfa.new()
                 end = builder.build(rules[name], s0)
+                if not nfa.call and PREMINIMIZE:
+                    # a rule calling none: its minimal DFA in one kernel call (the DFA that
+                    # determinize, live_states and minimize below make of it)
+                    d = pre[len(raw)] = minimal_dfa(nfa, s0, end)
+                    if memo is not None and key is not None:
+                        memo.put(key, cls, d, limits)
+                    raw.append(d)
+                    continue
                 d = determinize(nfa, s0, end, cls, reps, limits)
                 if memo is not None and key is not None:
                     memo.put(key, cls, d, limits)
@@ -499,12 +513,17 @@ def _compile(
         sys.setrecursionlimit(old_limit)
 
     # Productive rules: those that derive at least one finite string.
-    productive: set[int] = set()
+    productive: set[int] = {i for i, d in pre.items() if len(d.accepting)}
+    lives: dict[int, tuple[frozenset, np.ndarray]] = {}  # rule -> (its productive callees, live states)
     changed = True
     while changed:
         changed = False
         for i, dfa in enumerate(raw):
-            if i not in productive and live_states(dfa, productive)[0]:
+            if i in productive or i in pre:
+                continue
+            live = live_states(dfa, productive)
+            lives[i] = (_callees(dfa) & frozenset(productive), live)
+            if live[0]:
                 productive.add(i)
                 changed = True
     if 0 not in productive:
@@ -513,8 +532,8 @@ def _compile(
             "the constraint matches no finite output (unsatisfiable, or recursion with no base case"
             f" in {', '.join(repr(b) for b in bad)})"
         )
-    dfas = {}
-    for i in productive:
+    dfas = {i: pre[i] for i in productive if i in pre}
+    for i in productive - set(dfas):
         if order[i] in regions:  # its states carry ticks (see .counted): as built
             dfas[i] = raw[i]
             continue
@@ -525,7 +544,12 @@ def _compile(
         )
         d = memo.get(key, alphabet, limits) if key is not None else None
         if d is None:
-            d = minimize(raw[i], live_states(raw[i], productive), productive)
+            kept = lives.get(i)  # (live states depend only on which callees are productive)
+            if kept is not None and kept[0] == _callees(raw[i]) & frozenset(productive):
+                live = kept[1]
+            else:
+                live = live_states(raw[i], productive)
+            d = minimize(raw[i], live, productive)
             if key is not None:
                 memo.put(key, cls, d, limits)
         dfas[i] = d
@@ -570,6 +594,11 @@ def _compile(
             bound="max_dfa_states",
         )
     return Automaton(table, cls, accepting, calls, start_state, order, counters)
+
+
+def _callees(d) -> frozenset:
+    """The rules a DFA calls."""
+    return frozenset(call_edge_arrays(d)[1].tolist())
 
 
 def _uncounted(

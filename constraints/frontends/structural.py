@@ -161,7 +161,22 @@ def tags_grammar(
     if any(segs for _, segs in by_trigger.values()):
         start = alt(start, seq(rep(go_on, max(min_segments - 1, 0), None if hi is None else hi - 1), last))
     rules["start"] = start
-    return Grammar(rules=rules, start="start", notes=notes, specials=tuple(sorted(specials)))
+    g = Grammar(rules=rules, start="start", notes=notes, specials=tuple(sorted(specials)))
+    if any(tag.content is not None and tag.content.fallback is not None for tag in tags):
+        # (a segment's JSON keys in any order: where the check cannot be kept, every such
+        # segment in schema order, as its notes say)
+        def fallback() -> Grammar:
+            return tags_grammar([_fallen(tag) for tag in tags], triggers, min_segments, max_segments)
+
+        g.fallback = fallback
+    return g
+
+
+def _fallen(tag: Tag) -> Tag:
+    """``tag`` with its content's fallback grammar (keys in schema order), if it has one."""
+    if tag.content is None or tag.content.fallback is None:
+        return tag
+    return Tag(tag.begin, tag.end, tag.content.fallback(), tag.then, tag.path)
 
 
 def content_expr(rules: dict[str, Expr], tag: Tag, prefix: str, notes: list[str], specials: set[int]) -> Expr:
@@ -211,4 +226,7 @@ def reasoning_grammar(begin: str | bytes, end: str | bytes, after: Grammar | Non
         tail = content_expr(rules, Tag("", "", after, path="#"), "after:", notes, specials)
     inside = free_text([end]) if special_id(end) is None else TEXT  # (text never holds a special token)
     rules["start"] = seq(lit(begin) if begin else EMPTY, inside, lit(end), tail)
-    return Grammar(rules=rules, start="start", notes=notes, specials=tuple(sorted(specials)))
+    g = Grammar(rules=rules, start="start", notes=notes, specials=tuple(sorted(specials)))
+    if after is not None and after.fallback is not None:  # (see tags_grammar)
+        g.fallback = lambda: reasoning_grammar(begin, end, after.fallback())
+    return g

@@ -12,9 +12,11 @@ stops at the compile deadline.
 - :func:`check_value`: the schema as Python values (``Limits.max_schema_nodes``,
   ``max_schema_nesting``, ``max_schema_chars``, ``max_properties``; JSON types only, finite
   numbers, no lone surrogates);
-- :func:`check_metaschema`: ``validator_for(schema).check_schema`` (draft 2020-12 when the
-  schema names none), in pieces of at most :data:`CHUNK_NODES` values for big schemas so
-  that the deadline is checked between them.
+- :func:`check_metaschema`: valid under the metaschema of the schema's draft (2020-12 when it
+  names none), decided by the compiled check of :mod:`.metaschema`; a schema it finds
+  invalid goes through jsonschema's own check (the reference), which names the error, in
+  pieces of at most :data:`CHUNK_NODES` values for big schemas so that the deadline is
+  checked between them.
 """
 
 from __future__ import annotations
@@ -321,9 +323,14 @@ def check_metaschema(
     if isinstance(schema, bool):
         return
     cls = metaschema_class(schema)
+    sizes = sizes or {}
+    from .metaschema import metaschema_valid
+
+    with headroom():
+        if metaschema_valid(schema, cls, sizes.get(id(schema), 1)):
+            return  # (the fast check: jsonschema's walk below only names an error)
     single, maps, lists = APPLICATORS.get(cls.__name__, APPLICATORS["Draft202012Validator"])
     validator = jsonschema_validator(cls)
-    sizes = sizes or {}
     work: list[tuple[object, tuple]] = [(schema, ())]
     passed: set[str] = set()  # pieces found valid (a big schema repeats its subschemas)
     with headroom():

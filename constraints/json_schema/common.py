@@ -181,6 +181,45 @@ def cost(e: Expr, memo: dict | None = None) -> int:
     return n
 
 
+def cost_over(e: Expr, bound: int) -> bool:
+    """``cost(e) > bound``, visiting at most about ``bound`` nodes (the lowering asks it of
+    every object value and branch: a whole walk each time is quadratic in the nesting);
+    kept per expression (values recur across schemas)."""
+    key = (e, bound)
+    hit = _OVER.get(key)
+    if hit is None:
+        hit = _OVER[key] = _capped_cost(e, {}, bound + 1) > bound
+        if len(_OVER) >= 8192:
+            _OVER.clear()
+            _OVER[key] = hit
+    return hit
+
+
+_OVER: dict = {}
+
+
+def _capped_cost(e: Expr, memo: dict, cap: int) -> int:
+    """:func:`cost`, or a number >= ``cap`` once the count reaches ``cap``."""
+    if id(e) in memo:
+        return 1
+    t = type(e)
+    if t is Seq or t is Alt:
+        n = 1
+        for x in e.items:
+            n += _capped_cost(x, memo, cap - n)
+            if n >= cap:
+                return n
+    elif t is Repeat:
+        copies = max(1, e.max if e.max is not None else e.min)
+        if copies > LONG_REPEAT and counted_item(e.item):
+            copies = 1
+        n = 1 + _capped_cost(e.item, memo, -(-(cap - 1) // copies)) * copies
+    else:
+        n = 1
+    memo[id(e)] = (e, n)
+    return n
+
+
 def escaped_at(p: str, i: int) -> bool:
     n = 0
     while i - 1 - n >= 0 and p[i - 1 - n] == "\\":

@@ -69,9 +69,25 @@ def string_of(char: Expr, lo: int = 0, hi: int | None = None) -> Expr:
     return seq(QUOTE, rep(char, lo, hi), QUOTE)
 
 
+_KEPT: dict = {}  # (function, expression) -> result of a top-level byte_bounds / encode_raw
+
+
+def _kept(fn, e: Expr, compute):
+    """``compute()``, kept per expression (formats and patterns recur across schemas)."""
+    key = (fn, e)
+    hit = _KEPT.get(key)
+    if hit is None:
+        hit = compute()
+        if len(_KEPT) >= 4096:
+            _KEPT.clear()
+        _KEPT[key] = hit
+    return hit
+
+
 def byte_bounds(e: Expr, memo: dict | None = None) -> tuple[int, float]:
     """(fewest, most) bytes of a string of the Ref-free language ``e`` (most: inf if unbounded)."""
-    memo = {} if memo is None else memo
+    if memo is None:
+        return _kept("bounds", e, lambda: byte_bounds(e, {}))
     hit = memo.get(id(e))
     if hit is not None:
         return hit[1]
@@ -111,7 +127,8 @@ _SPECIAL_MASK = ((1 << 0x20) - 1) | (1 << 0x22) | (1 << 0x5C)
 
 def encode_raw(e: Expr, memo: dict | None = None) -> Expr:
     """Map a raw-string language (UTF-8 bytes) to its canonical JSON-encoded language."""
-    memo = {} if memo is None else memo
+    if memo is None:
+        return _kept("encode", e, lambda: encode_raw(e, {}))
     if e is ANY_RAW:
         return _enc_any()
     key = id(e)

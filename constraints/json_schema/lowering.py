@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from urllib.parse import unquote
 
@@ -61,6 +62,7 @@ from .common import (
     child,
     constraining,
     cost,
+    cost_over,
     is_trivial,
     join,
     repeat_cost,
@@ -255,8 +257,8 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         if self._validator is None:
             from .checks import metaschema_class
 
-            self._validator = safe_validator_class(metaschema_class(self.root), self.search)(self.root)
-        return _Check(self._validator.evolve(schema=node), ptr)
+            self._validator = safe_validator_class(metaschema_class(self.root))(self.root)
+        return _Check(self._validator.evolve(schema=node), ptr, self.search)
 
     def search(self, pattern: str, text: str, ptr: str = "#") -> bool:
         """``re.search(pattern, text)`` as the grammar reads ``pattern`` (:meth:`pattern_raw`),
@@ -304,7 +306,7 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
             self.rules[name] = e  # (its body refers to the name)
             self.rule_names.setdefault(e, name)
             e = Ref(name)
-        elif tptr != "#" and cost(e) > 64:
+        elif tptr != "#" and cost_over(e, 64):
             # a named rule: the automaton inlines it where small, keeps it a rule where shared and large
             e = self.named(name, e)
         self.cache[tptr] = e
@@ -544,7 +546,7 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         parts = []
         for i, e in enumerate(exprs):
             bptr = child(ptr, kw, i)
-            if len(branches) > 1 and cost(e) > 64:
+            if len(branches) > 1 and cost_over(e, 64):
                 # a named rule: inlined unless the inlined automaton is too large (then the
                 # branches run side by side as pushdown stacks)
                 e = self.named("branch:" + bptr, e)
@@ -553,15 +555,19 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
 
 
 class _Check:
-    """``is_valid`` of a jsonschema validator, its errors raised as ConstraintError."""
+    """``is_valid`` of a jsonschema validator, its errors raised as ConstraintError; its
+    regexes are matched by ``search`` (see :func:`safe_validator_class`)."""
 
-    __slots__ = ("validator", "ptr")
+    __slots__ = ("validator", "ptr", "search")
 
-    def __init__(self, validator, ptr: str) -> None:
+    def __init__(self, validator, ptr: str, search) -> None:
         self.validator = validator
         self.ptr = ptr
+        self.search = search
 
     def is_valid(self, value: object) -> bool:
+        outer = getattr(_SEARCH, "fn", None)
+        _SEARCH.fn = self.search
         try:
             return self.validator.is_valid(value)
         except ConstraintError:
@@ -576,15 +582,33 @@ class _Check:
             raise ConstraintError(
                 f"the schema cannot check values here ({type(e).__name__}: {str(e)[:160]})", path=self.ptr
             ) from None
+        finally:
+            _SEARCH.fn = outer
 
 
 _MISS = object()
 MAX_SEARCHERS = 256  # patterns matched by an automaton per schema (others by re)
 
 
-def safe_validator_class(base, search):
+_SEARCH = threading.local()  # .fn: the search of the _Check running in this thread
+_SAFE_CLASSES: dict[type, type] = {}
+
+
+def _search(pattern: str, text: str) -> bool:
+    return _SEARCH.fn(pattern, text)
+
+
+def safe_validator_class(base):
     """``base`` (a jsonschema validator class) with ``pattern``, ``patternProperties`` and
-    ``additionalProperties`` matching regexes by ``search(pattern, text)``."""
+    ``additionalProperties`` matching regexes by the ``search(pattern, text)`` of the
+    :class:`_Check` that runs it (made once per class: making one takes ~1 ms)."""
+    cls = _SAFE_CLASSES.get(base)
+    if cls is None:
+        cls = _SAFE_CLASSES[base] = _make_safe_class(base, _search)
+    return cls
+
+
+def _make_safe_class(base, search):
     import jsonschema
 
     def pattern(validator, patrn, instance, schema):

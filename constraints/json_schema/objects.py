@@ -34,7 +34,7 @@ from ..ir import (
     star,
 )
 from . import formats as jf
-from .common import ADDL, MAX_PATTERN_PROPERTIES, child, cost, is_trivial
+from .common import ADDL, MAX_PATTERN_PROPERTIES, child, cost_over, is_trivial
 
 # key_order="any" markers (bytes never found in UTF-8 text; uniqueItems uses 0xFB..0xFD)
 KEY_OPEN, KEY_NAME, KEY_CLOSE = 0xF5, 0xF6, 0xF7
@@ -161,7 +161,7 @@ class ObjectMixin:
                     # only a required unsatisfiable property makes the object unsatisfiable
                     return self.unsatisfiable(f"required property {key!r} cannot be satisfied", sptr)
                 continue  # an optional one is dropped
-            if not isinstance(value, Ref) and cost(value) > 64:
+            if not isinstance(value, Ref) and cost_over(value, 64):
                 # a named rule, like a $ref target: inlined where the automaton stays small,
                 # else a call (a long counted string would multiply the states of the object
                 # around it)

@@ -283,3 +283,24 @@ def test_rows_computed_by_several_threads_equal_plain_rows(real):
         assert not errors, errors
         for state, row in seen:
             np.testing.assert_array_equal(row, ref.mask_row(state))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_states_near_a_set_equal_a_plain_backward_search(seed):
+    """``compiled._within`` (predecessors marked level by level, no sort) against a
+    breadth-first search over each state's successors, on random tables."""
+    from deepinfer.constraints.compiled import _within
+
+    rng = np.random.default_rng(seed)
+    n, c = int(rng.integers(1, 60)), int(rng.integers(1, 8))
+    table = np.where(rng.random((n, c)) < 0.3, rng.integers(0, n, (n, c)), -1).astype(np.int32)
+    seeds = rng.random(n) < 0.1
+    for depth in (0, 1, 3, 40):
+        dist = {int(s): 0 for s in np.flatnonzero(seeds)}
+        for k in range(1, depth + 1):  # a state is near when a successor was near one level before
+            for s in range(n):
+                if s not in dist and any(int(t) in dist and dist[int(t)] < k for t in table[s] if t >= 0):
+                    dist[s] = k
+        want = np.zeros(n, dtype=bool)
+        want[list(dist)] = True
+        assert (_within(table, seeds, depth) == want).all(), (seed, depth)

@@ -164,3 +164,28 @@ def test_arg_types_are_numbas_typeof():
     values = [*arrays, ro, 3, True, 2.5, np.int32(7), np.int64(-1), np.bool_(False)]
     for v in values:
         assert native._arg_type(v) == native._numba_type(typeof(v)), v
+
+
+def test_argument_types_kept_per_dtype_and_flags_equal_numbas_reading():
+    """``native._arg_type`` (an array's kept by dtype, dimensions and flags) against
+    ``_arg_type_of`` (read afresh) on arrays of every layout, byte order and write flag."""
+    import random
+
+    from deepinfer.constraints.native import _arg_type, _arg_type_of
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        dt = rng.choice([np.int32, np.int64, np.uint32, np.uint8, np.bool_, np.float64, ">i4", "<i4"])
+        a = np.zeros(rng.choice([(5,), (3, 4), (0,), (2, 3, 2)]), dtype=dt)
+        r = rng.random()
+        if r < 0.2 and a.ndim > 1:
+            a = a.T
+        elif r < 0.4 and a.ndim == 1 and len(a) > 2:
+            a = a[::2]
+        elif r < 0.5:
+            a = np.asfortranarray(a)
+        if rng.random() < 0.3:
+            a.flags.writeable = False
+        assert _arg_type(a) == _arg_type_of(a)
+    for x in (3, 2.5, True, np.int64(4), np.float32(1.0), "x"):
+        assert _arg_type(x) == _arg_type_of(x)

@@ -6,7 +6,8 @@
 - Hopcroft with many initial blocks (one left out of the worklist) == Moore;
 - a DFA shared by compilations (:class:`DFAMemo`, carried over to other byte classes) ==
   the DFA compiled afresh; whole grammars compile to identical automata with and without
-  the shared DFAs.
+  the shared DFAs, with rules that call none minimised at once or through the steps apart,
+  and with small sub-expressions spliced as DFAs or built inline.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import numpy as np
 import pytest
 
 from deepinfer.constraints import ir
+from deepinfer.constraints.automaton import nfa as nfa_module
+from deepinfer.constraints.automaton import pushdown
 from deepinfer.constraints.automaton.dfa_kernels import _hopcroft_py
 from deepinfer.constraints.automaton.nfa import (
     NFA,
@@ -255,6 +258,37 @@ def test_grammars_compile_the_same_with_and_without_shared_dfas(seed):
         assert (a.accepting == b.accepting).all() and a.start == b.start
 
 
+@pytest.mark.parametrize("seed", range(25))
+def test_grammars_compile_the_same_minimised_at_once_and_spliced_small(seed, monkeypatch):
+    rng = random.Random(1000 + seed)
+    rules = {
+        "start": ir.seq(ir.Ref("a"), ir.lit(","), ir.alt(ir.Ref("b"), ir.Ref("r"))),
+        "a": _random_expr(rng, 4),  # no calls
+        "b": ir.rep(_random_expr(rng, 3), 0, 3),  # no calls
+        "r": ir.alt(_random_expr(rng, 2), ir.seq(ir.lit("("), ir.Ref("r"), ir.lit(")"))),  # recursive
+    }
+    if rng.random() < 0.5:
+        rules = {"start": ir.seq(rules["a"], ir.rep(rules["b"], 1, 2))}  # one rule, no calls
+    g = ir.Grammar(rules)
+    out = []
+    for pre, splice in ((True, 48), (False, 10**9), (True, 10**9), (False, 8)):
+        monkeypatch.setattr(pushdown, "PREMINIMIZE", pre)
+        monkeypatch.setattr(nfa_module, "SPLICE_MIN_SIZE", splice)
+        for call_above in (None, 0):
+            try:
+                out.append(_compile(g, Limits(), call_above, INF, None))
+            except ConstraintError as e:
+                out.append(type(e))
+    for call_above in (0, 1):
+        ref = out[call_above]
+        for a in out[call_above::2]:
+            if isinstance(ref, type):
+                assert a is ref
+                continue
+            assert (a.table == ref.table).all() and (a.cls == ref.cls).all() and a.calls == ref.calls
+            assert (a.accepting == ref.accepting).all() and a.start == ref.start
+
+
 def _kernel_args(nfa: NFA, alphabet: Alphabet, accept: int) -> tuple:
     """The CSR arguments of the subset-construction kernels, built with numpy."""
     eps, byt, ch_src, ch_sym, ch_dst, calls = nfa.flat(alphabet)
@@ -355,3 +389,33 @@ def test_shared_dfas_do_not_cross_state_bounds():
         _compile(g, Limits(max_dfa_states=100), None, INF, memo)
     _compile(g, Limits(), None, INF, memo)
     assert memo.hits
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_collected_byte_sets_equal_a_plain_walk(seed):
+    """``ir.collect_masks`` (large Ref-free sub-expressions' byte sets kept across calls)
+    against a walk of every node."""
+
+    def plain(e, out):
+        if isinstance(e, ir.ByteSet):
+            out.add(e.mask)
+        elif isinstance(e, ir.Repeat):
+            plain(e.item, out)
+        elif isinstance(e, ir.Ref):
+            if e.name not in out_rules:
+                out_rules.add(e.name)
+                plain(rules[e.name], out)
+        else:
+            for it in getattr(e, "items", ()):
+                plain(it, out)
+        return out
+
+    rng = random.Random(seed)
+    for _ in range(3):  # later rounds meet sub-expressions kept by earlier ones
+        big = _random_expr(rng, 4)
+        rules = {
+            "start": ir.seq(ir.lit("["), ir.Ref("v"), ir.rep(big, 0, 2), ir.lit("]")),
+            "v": ir.alt(big, ir.seq(ir.lit("("), ir.Ref("v"), ir.lit(")")), _random_expr(rng, 3)),
+        }
+        out_rules: set = {"start"}
+        assert ir.collect_masks(rules, ["start"], set()) == plain(rules["start"], set())

@@ -141,7 +141,8 @@ def random_walk(compiled, vocab, ids, rng, steps: int, check_every: int, marker)
     """A random walk of ``steps`` tokens over ``compiled``'s masks, closed by the shortest
     completion: the whole output. Every ``check_every`` steps the mask is compared with the
     reference (every token tried); where ``marker(rng, out)`` names bytes and the matcher
-    takes them, they are written byte by byte instead of a token."""
+    takes them, they are written byte by byte instead of a token. With a run-time check
+    (keys in any order), None where the walk reached a dead end the check alone causes."""
     m = Matcher(compiled)
     out = bytearray()
     eos = set(vocab.eos_ids)
@@ -162,10 +163,41 @@ def random_walk(compiled, vocab, ids, rng, steps: int, check_every: int, marker)
         t = rng.choice(choices)
         assert m.accept(t)
         out += vocab.token_bytes[t]
-    tail = shortest_completion(compiled.automaton, m.state)
+    if type(m) is Matcher:
+        tail = shortest_completion(compiled.automaton, m.state)
+    else:  # a matcher with a run-time check: completed through it
+        tail = checked_completion(compiled.automaton, m)
+        if tail is None:  # a dead end the check alone causes (a key written again): no output
+            return None
     assert tail is not None
     assert m.accept_bytes(tail) if tail else True
     return bytes(out + tail)
+
+
+def checked_completion(automaton, m, limit: int = 20_000) -> bytes | None:
+    """The shortest bytes after which the matcher ``m`` (one with a run-time check: its
+    ``_plain`` chain ends in a plain matcher) may end, found by stepping copies of it."""
+    from collections import deque
+
+    def plain(x):
+        while type(x) is not Matcher:
+            x = x._plain
+        return x
+
+    if m.can_end():
+        return b""
+    seen, queue = {m.state}, deque([(m, b"")])
+    while queue and len(seen) < limit:
+        cur, path = queue.popleft()
+        for b in automaton.next_bytes(plain(cur).state):
+            nxt = cur.copy()
+            if not nxt.accept_bytes(bytes([b])) or nxt.state in seen:
+                continue
+            if nxt.can_end():
+                return path + bytes([b])
+            seen.add(nxt.state)
+            queue.append((nxt, path + bytes([b])))
+    return None
 
 
 def shortest_completion(automaton, config, limit: int = 50_000) -> bytes | None:
