@@ -87,12 +87,12 @@ class Ops(NamedTuple):
     glu: Callable
 
 
-def ops(invariant: bool, eps: float, fused: bool = False, int8: bool = False) -> Ops:
+def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = False) -> Ops:
     """The ops of a forward: torch's, or the batch-invariant Triton matmul and RMSNorm of
     deepinfer.kernels.invariant (a row's bits do not depend on the other rows); with ``fused``
     (CUDA) the Triton kernels of deepinfer.kernels.fused for the add + norms, RoPE + cache store
     and GLU, else their torch references (each kernel works on one row: invariant too). With
-    ``int8`` the matmul also takes the int8 matrices of deepinfer.kernels.int8_weights."""
+    ``quantized`` the matmul also takes the int8 and int4 matrices of deepinfer.kernels.quantized."""
     from ..kernels import fused as fk
 
     if invariant:
@@ -101,8 +101,8 @@ def ops(invariant: bool, eps: float, fused: bool = False, int8: bool = False) ->
         mm, norm = bi.matmul, lambda x, w: bi.rms_norm(x, w, eps)
     else:
         mm, norm = torch.matmul, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
-    if int8:
-        from ..kernels.int8_weights import matmul as mm
+    if quantized:
+        from ..kernels.quantized import matmul as mm
     if fused:
         return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu)
     return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm),
