@@ -101,13 +101,13 @@ def join(parts: list[Int4Weight]) -> Int4Weight:
 def _unpack(p: Int4Plane, k: int, index: torch.Tensor | None) -> torch.Tensor:
     """Plane p's weights as float32 [K, n]: every column, or the columns ``index``."""
     b = p.packed.view(-1, k, TILE // 2)  # [N / 64, K, 32]
-    sz = p.scale_zeros.float()
     if index is None:
         q = torch.stack([b & 15, b >> 4], dim=1).permute(2, 0, 1, 3).reshape(k, -1)
+        sz = p.scale_zeros.float()
     else:
         j = index % TILE
         q = (b[index // TILE, :, j % (TILE // 2)] >> (4 * (j >= TILE // 2)).to(torch.uint8)[:, None]) & 15
-        q, sz = q.t(), sz[:, index]
+        q, sz = q.t(), p.scale_zeros[:, index].float()
     s, z = (sz[..., i].repeat_interleave(GROUP, dim=0) for i in (0, 1))
     return (q.float() - 8) * s + z
 

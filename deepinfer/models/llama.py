@@ -25,9 +25,12 @@ from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
 from ..kernels.int4_weights import Int4Weight, int4_rows
 from ..kernels.int4_weights import join as join_int4
 from ..kernels.paged_attention import (
+    DecodeKeys,
     attend,
+    decode_keys,
     paged_attention_torch,
     paged_attention_triton,
+    paged_decode_torch,
     paged_prefill_triton,
 )
 from ..loader.gguf_blocks import GGUFMatrix
@@ -348,13 +351,23 @@ class LlamaModel:
                 torch.tensor(x, dtype=torch.int64).to(self.device, non_blocking=True)
                 for x in (batch.query_start, batch.seq_lens)
             )
+        # rows of one token each (a decode step) on the torch path: where each row's keys lie is
+        # worked out once (per KV-cache group and window) for every layer
+        decode = attention == "torch" and not batch.per_row and N == len(batch.seq_lens)
+        keys: dict[tuple[int, int], DecodeKeys] = {}
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
             x, h = op.add_norm(x, y, layer.ln1)
             slots, tables = batch.group(self.layer_group[i])
-            q = self._attention_inputs(layer, h, rope, slots, cache.flat(i), op, invariant)
+            flat = cache.flat(i)
+            q = self._attention_inputs(layer, h, rope, slots, flat, op, invariant)
             q = q.reshape(N, nkv, g, hd)
-            if attention == "triton":
+            if decode:
+                at = (self.layer_group[i], layer.window)
+                if at not in keys:
+                    keys[at] = decode_keys(tables, batch.seq_lens, cache.block_size, layer.window)
+                o = paged_decode_torch(q, *flat, keys[at], layer.softcap)
+            elif attention == "triton":
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], tables, batch.seq_ids,
                                            batch.positions, window=layer.window,
                                            softcap=layer.softcap)  # fmt: skip
