@@ -214,6 +214,7 @@ class LLM:
                 device=self.device,
                 max_len=self.max_model_len,
                 int4=quantization == "gguf",
+                planes=loaded.planes,
             )
             if quantization == "int8":
                 self.model.quantize_int8()

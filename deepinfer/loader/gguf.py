@@ -3,6 +3,7 @@ matrices kept in their blocks: ``keep_blocks``), tokenizer."""
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 from ..config import ModelConfig
 from .gguf_blocks import INT4_TYPES, Q4_0, Q4_1, Q8_0, GGUFMatrix, dequantize_blocks
 from .gguf_file import GGUFError, GGUFFile, is_int
+from .plane_cache import PlaneCache
 from .types import LoadedModel
 
 # GGUF tensor name -> HF name ({i} is the layer).
@@ -139,16 +141,15 @@ def load_gguf(path: str, *, keep_blocks: bool = False) -> LoadedModel:
         f.close()  # (left to the garbage collector while a kept matrix reads the map)
 
 
-def _kept(f: GGUFFile, name: str) -> GGUFMatrix:
-    """Tensor ``name`` (2-d, of an INT4_TYPES type) as its blocks; they are checked finite as
-    they are converted (one pass over the file's pages, not two)."""
+def _kept(f: GGUFFile, name: str, reorder=None) -> GGUFMatrix:
+    """Tensor ``name`` (2-d, of an INT4_TYPES type) as its blocks (``reorder``: of its rows, when
+    first read); they are checked finite as they are converted (one pass over the file's pages)."""
     info = f.tensors[name]
     with warnings.catch_warnings():  # the map is read-only; nothing writes to these blocks
         warnings.simplefilter("ignore", UserWarning)
         raw = torch.from_numpy(f.raw(name))
-    return GGUFMatrix(
-        raw, info.ggml_type, info.shape[1], lambda: f.release(name), f"{f.path!r}: tensor {name!r}"
-    )
+    where = f"{f.path!r}: tensor {name!r}"
+    return GGUFMatrix(raw, info.ggml_type, info.shape[1], lambda: f.release(name), where, reorder)
 
 
 def _load(f: GGUFFile, path: str, keep_blocks: bool = False) -> LoadedModel:
@@ -174,11 +175,11 @@ def _load(f: GGUFFile, path: str, keep_blocks: bool = False) -> LoadedModel:
             continue
         info = f.tensors[name]
         if keep_blocks and len(info.shape) == 2 and info.ggml_type in INT4_TYPES:
-            w = _kept(f, name)
+            reorder = None
             if permute and (".attn_q." in name or ".attn_k." in name):
                 heads = config.num_heads if ".attn_q." in name else config.num_kv_heads
-                w = w.with_rows(unpermute_qk(w.raw, heads))  # (a copy: rows reordered)
-            weights[target] = w
+                reorder = functools.partial(unpermute_qk, n_head=heads)  # (a copy, if ever read)
+            weights[target] = _kept(f, name, reorder)
             continue
         w = dequantize(f, name)
         if config.family.norm_offset and target.endswith("norm.weight"):
@@ -189,7 +190,10 @@ def _load(f: GGUFFile, path: str, keep_blocks: bool = False) -> LoadedModel:
             heads = config.num_heads if ".attn_q." in name else config.num_kv_heads
             w = unpermute_qk(w, heads)
         weights[target] = w.contiguous()
-    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=path, **special)
+    planes = PlaneCache(path) if keep_blocks else None
+    return LoadedModel(
+        config=config, weights=weights, tokenizer=tokenizer, source=path, planes=planes, **special
+    )
 
 
 def check_tensors(f: GGUFFile, config: ModelConfig) -> None:

@@ -64,12 +64,20 @@ class GGUFMatrix:
     (``load_gguf(keep_blocks=True)``), with ``release``, which drops the file's pages of this
     tensor from the process's resident memory once it has been converted."""
 
-    def __init__(self, raw: torch.Tensor, ggml_type: int, cols: int, release=None, name: str = "a matrix"):
-        self.raw = raw
+    def __init__(self, raw: torch.Tensor, ggml_type: int, cols: int, release=None, name: str = "a matrix",
+                 reorder=None):  # fmt: skip
+        self._raw = raw
+        self._reorder = reorder  # rows -> rows in another order, applied on first read
         self.ggml_type = ggml_type
         self.shape = torch.Size((raw.shape[0], cols))
         self._release = release
         self.name = name  # for messages: the file and the tensor
+
+    @property
+    def raw(self) -> torch.Tensor:
+        if self._reorder is not None:
+            self._raw, self._reorder = self._reorder(self._raw), None
+        return self._raw
 
     @property
     def type_name(self) -> str:
@@ -104,7 +112,7 @@ class GGUFMatrix:
         return dequantize_blocks(self.raw[index], self.ggml_type).view(len(index), self.shape[1])
 
     def with_rows(self, rows: torch.Tensor) -> GGUFMatrix:
-        """The same type with other raw rows (a permutation of these, for example)."""
+        """The same type with other raw rows (a copy of these, for example)."""
         return GGUFMatrix(rows, self.ggml_type, self.shape[1], self._release, self.name)
 
     def int4(self, chunk: int = 4096) -> Int4Weight | None:

@@ -34,6 +34,7 @@ from ..kernels.paged_attention import (
     paged_prefill_triton,
 )
 from ..loader.gguf_blocks import GGUFMatrix
+from ..loader.plane_cache import PlaneCache
 from .kv_cache import DEFAULT_BLOCK_SIZE, KVCache, kv_groups
 from .layers import Layer, ops, rope_inv_freq, rope_tables, softcap
 from .moe import MoE
@@ -140,6 +141,7 @@ class LlamaModel:
         device: torch.device | str = "cpu",
         max_len: int | None = None,
         int4: bool = False,
+        planes: PlaneCache | None = None,
     ):
         self.config = c = config
         self.dtype = dtype
@@ -168,11 +170,18 @@ class LlamaModel:
             int4 planes (``int4``, blocks that planes hold; not ``dense``), else dense [in, out]."""
             parts = [w.get(n) for n in names]
             if int4 and not dense and all(isinstance(p, GGUFMatrix) for p in parts):
-                planes = [p.int4() for p in parts]
-                if all(p is not None for p in planes):
+                key = "+".join(names)
+                done = None if planes is None else planes.get(key)  # converted by an earlier load
+                if done is not None:
+                    return done
+                made = [p.int4() for p in parts]
+                if all(m is not None for m in made):
                     for p in parts:
                         p.release()
-                    return planes[0] if len(planes) == 1 else join_int4(planes)
+                    done = made[0] if len(made) == 1 else join_int4(made)
+                    if planes is not None:
+                        planes.put(key, done)
+                    return done
             return torch.cat([take(n) for n in names]).t().contiguous()
 
         def opt(name: str) -> torch.Tensor | None:
@@ -275,6 +284,8 @@ class LlamaModel:
                     softcap=c.attn_softcap or 0.0,
                 )
             )
+        if planes is not None:
+            planes.save()  # (the planes converted here, for the next load)
         # KV-cache groups: full-attention layers, then sliding-window ones (one group unless mixed)
         self.kv_groups = kv_groups([layer.window for layer in self.layers])
         self.layer_group = [0] * c.num_layers
