@@ -70,6 +70,9 @@ def check_shape(K: int, N: int) -> str | None:
 def make_plane(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Int4Plane:
     """One plane from q [N, K] in [0, 16) and the groups' scale and zero [N, K / GROUP] (any float
     dtype; stored as bfloat16): the weight [k, n] is ``(q[n, k] - 8) * scale + zero``."""
+    why = check_shape(q.shape[1], q.shape[0])
+    if why:
+        raise ValueError(why)
     return packed_plane(pack_nibbles(q), scale, zero)
 
 

@@ -144,7 +144,7 @@ class GGUFMatrix:
         a0, a1 = words[:, 0], words[:, 1]  # rows j and j + 32 of each tile
 
         def layout(x: torch.Tensor) -> torch.Tensor:  # [tile, j, block, 32 columns] -> [N, K / 2]
-            return x.view(torch.uint8).permute(0, 2, 3, 1).reshape(N, K // 2)
+            return x.view(torch.uint8).permute(0, 2, 3, 1).reshape(N, K // 2).contiguous()
 
         if self.ggml_type == Q8_0:  # q + 128 = 16 hi + lo:  q = 16 (hi - 8) + (lo - 8) + 8
             flip = -0x7F80 if word == torch.int16 else -0x7F7F7F80  # 0x8080(8080): q + 128, bytewise
