@@ -20,8 +20,10 @@ median over the rounds:
 ``--threads default``: each engine's own thread policy (DeepInfer: deepinfer/_threads.py;
 llama-cpp-python: half the cores for decode, every core for prompts); N: both use N threads.
 ``--dense``: a third column, DeepInfer with ``quantization=None`` (the weights dequantized to
-bfloat16). The llama.cpp column needs llama-cpp-python (in the ``bench`` extra; it builds
-llama.cpp from source in about 8 minutes); without it that column is skipped, with a message.
+bfloat16). ``--quality N``: instead, greedy outputs of N tokens and next-token logits of the
+default and of the weights dequantized to bfloat16, each against float32 weights. The
+llama.cpp column needs llama-cpp-python (in the ``bench`` extra; it builds llama.cpp from
+source in about 8 minutes); without it that column is skipped, with a message.
 """
 
 from __future__ import annotations
@@ -132,6 +134,57 @@ def _work_llama_cpp(args, prompts) -> dict:
                 peak_mib=_rss_mib("VmHWM"), import_mib=rss_import)  # fmt: skip
 
 
+# -- quality: the default against the dequantized weights -------------------------------------
+QUALITY_PROMPTS = [
+    "What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis briefly.",
+    "List three prime numbers.", "What is 12 times 7?", "Translate 'good morning' into Spanish.",
+    "Name a famous painting by Leonardo da Vinci.", "Give me a synonym for 'happy'.",
+    "What does a CPU do?", "Describe a cat in five words.", "Who wrote Romeo and Juliet?",
+    "What is the boiling point of water in Celsius?", "Suggest a name for a pet goldfish.",
+    "Write a Python function that adds two numbers.", "Why is the sky blue?", "What is JSON?",
+]  # fmt: skip
+
+
+def quality(tokens: int) -> None:
+    """Greedy text and next-token logits of the default (int4 planes, bfloat16 activations) and
+    of the weights dequantized to bfloat16, each against the weights dequantized to float32."""
+    import torch
+
+    from deepinfer import LLM, SamplingParams
+
+    kw = dict(device="cpu", seed=0, kv_cache_memory=64 << 20)
+    engines = {"default": LLM(None, **kw), "bfloat16": LLM(None, quantization=None, dtype="bfloat16", **kw),
+               "float32": LLM(None, quantization=None, dtype="float32", **kw)}  # fmt: skip
+    ref = engines["float32"]
+    msgs = [[{"role": "user", "content": p}] for p in QUALITY_PROMPTS]
+    sp = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    outs = {k: [o.token_ids for o in e.chat(msgs, sp, use_tqdm=False)] for k, e in engines.items()}
+    ids = [ref.tokenizer.encode(ref.tokenizer.apply_chat_template(m, True)) for m in msgs]
+    last = {k: torch.stack([x[-1] for x in e.model.logits(ids)]) for k, e in engines.items()}
+
+    def agree(a, b):  # tokens before the first difference
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    print(f"\nQuality: {len(msgs)} chat prompts, greedy, {tokens} tokens; each against float32 weights "
+          "(the file's blocks dequantized to float32)")  # fmt: skip
+    rows = []
+    for k in ("default", "bfloat16"):
+        same = [agree(a, b) for a, b in zip(outs[k], outs["float32"])]
+        p, q = torch.softmax(last[k].float(), -1), torch.softmax(last["float32"], -1)
+        top = (last[k].argmax(-1) == last["float32"].argmax(-1)).float().mean()
+        rows.append([k, f"{sum(x == tokens for x in same)}/{len(same)}", f"{sum(same) / len(same):.1f}",
+                     f"{top:.0%}", f"{(last[k].float() - last['float32']).abs().amax(-1).mean():.3f}",
+                     f"{0.5 * (p - q).abs().sum(-1).mean():.4f}"])  # fmt: skip
+    header = ["weights", f"identical {tokens}-token outputs", "mean tokens before a difference",
+              "first token agrees", "max logit error (mean)", "total variation, next token"]  # fmt: skip
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+
+
 # -- the parent: interleaved rounds ----------------------------------------------------------
 def _run(engine: str, variant: str, args, prompts_file: str) -> dict | None:
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
@@ -176,6 +229,8 @@ def main() -> None:
     ap.add_argument("--threads", default="default")
     ap.add_argument("--n-ctx", type=int, default=2048, help="llama.cpp's context (its KV cache)")
     ap.add_argument("--dense", action="store_true", help="also DeepInfer with quantization=None")
+    ap.add_argument("--quality", type=int, default=0, metavar="TOKENS",
+                    help="only the quality table: TOKENS-token greedy outputs, against float32")  # fmt: skip
     ap.add_argument("--worker", choices=["deepinfer", "llama_cpp"], help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="default", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
@@ -188,6 +243,8 @@ def main() -> None:
         print(json.dumps(work(args, prompts)))
         return
 
+    if args.quality:
+        return quality(args.quality)
     import importlib.util
     import tempfile
 
