@@ -220,6 +220,11 @@ class LLM:
                 self.model.quantize_int8()
         del loaded
         self.deterministic = deterministic
+        # CPU threads step by step (deepinfer/_threads.py); fixed in deterministic mode, whose
+        # promise should not rest on every kernel splitting work alike at any thread count
+        self._step_threads = (
+            _threads.StepThreads() if self.device.type == "cpu" and not deterministic else None
+        )
         self.runner = ModelRunner(
             self.model,
             cuda_graphs=False if enforce_eager or getattr(self.model, "eager_only", False) else None,
@@ -347,6 +352,8 @@ class LLM:
         for s, why in out.refused:
             s.fail(why, self.tokenizer)
         if out.rows:
+            if self._step_threads is not None:  # every core, unless masks or a neighbour need one
+                self._step_threads.for_step(drafting or any(s.constraint is not None for s in out.batch))
             masks = self.masks.start(out.batch)  # bitmasks on a host thread while the device runs
             if out.decode:
                 out.verify = self._plan_drafts(out.rows)  # DSpark drafts, or None: plain decode
