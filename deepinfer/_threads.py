@@ -23,7 +23,8 @@ def cpu_count() -> int:
 
 def configure_torch_threads() -> int:
     """Intra-op threads = cores - 1 (at least 1), unless DEEPINFER_NUM_THREADS / OMP_NUM_THREADS
-    say otherwise; one inter-op thread (the engine runs one op at a time).
+    say otherwise; one inter-op thread (the engine runs one op at a time). On the CPU the engine
+    then raises it to every core for the steps that may use one (`StepThreads`).
 
     Why cores - 1: one core stays free for the host side of a step (tokenizer, scheduler,
     constraint masks) and for neighbours. Measured here on 2 shared cores (bf16 decode, batch 1):
