@@ -191,7 +191,7 @@ def quality(tokens: int) -> None:
 
 # -- the parent: interleaved rounds ----------------------------------------------------------
 def _run(engine: str, variant: str, args, prompts_file: str, cache: str) -> dict | None:
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", DEEPINFER_CACHE_DIR=cache)
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", DEEPINFER_PLANE_CACHE=cache)
     if args.threads != "default":
         env["DEEPINFER_NUM_THREADS"] = str(args.threads)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--variant", variant,

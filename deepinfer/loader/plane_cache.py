@@ -13,7 +13,8 @@ A file is a header (magic, :data:`VERSION`, the JSON index's length), the JSON i
 -> K, N and each plane's byte ranges), then the data; it is written whole to a temporary file and
 renamed, so a reader sees a whole file or none. One that does not parse, or whose index points
 past its end, is ignored (and replaced). A folder that cannot be written only costs the
-conversion. ``DEEPINFER_PLANE_CACHE=0`` turns the cache off.
+conversion. ``DEEPINFER_PLANE_CACHE=0`` turns the cache off; ``DEEPINFER_PLANE_CACHE=<folder>``
+puts the files there instead.
 """
 
 from __future__ import annotations
@@ -54,12 +55,13 @@ class PlaneCache:
         self.path: str | None = None
         self._stored: dict[str, Int4Weight] = {}
         self._new: dict[str, Int4Weight] = {}
-        if os.environ.get(ENV, "1") == "0":
+        where = os.environ.get(ENV, "")
+        if where == "0":
             return
         st = os.stat(gguf_path)
         ident = f"v{VERSION}|{os.path.realpath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}|{torch.__version__}"
         key = hashlib.sha256(ident.encode()).hexdigest()[:32]
-        self.path = os.path.join(cache_dir(), "planes", f"{key}.bin")
+        self.path = os.path.join(where or os.path.join(cache_dir(), "planes"), f"{key}.bin")
         self._stored = _read(self.path) or {}
 
     def get(self, name: str) -> Int4Weight | None:

@@ -104,6 +104,11 @@ def test_plane_cache_round_trip(tmp_path, monkeypatch):
     off.put("head", w)
     off.save()
     assert off.path is None and PlaneCache(str(src)).get("head") is None
+    monkeypatch.setenv("DEEPINFER_PLANE_CACHE", str(tmp_path / "elsewhere"))
+    moved = PlaneCache(str(src))
+    moved.put("head", w)
+    moved.save()
+    assert moved.path.startswith(str(tmp_path / "elsewhere")) and PlaneCache(str(src)).get("head") is not None
 
 
 @pytest.fixture(scope="module")
