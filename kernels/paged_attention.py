@@ -281,12 +281,13 @@ def paged_decode_torch(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tens
     R, nkv, _, hd = q.shape
     L = keys.slots.shape[1]
     if keys.start is not None:  # one row, its keys side by side: views, no gather
-        k, v = (c[keys.start : keys.start + L].view(1, L, nkv, hd).transpose(1, 2) for c in (k_flat, v_flat))
+        k = k_flat[keys.start : keys.start + L].view(1, L, nkv, hd).transpose(1, 2)
+        v = v_flat[keys.start : keys.start + L].view(1, L, nkv, hd).transpose(1, 2)
     else:
-        k, v = (
-            c.index_select(0, keys.slots.view(-1)).view(R, L, nkv, hd).transpose(1, 2)
-            for c in (k_flat, v_flat)
-        )
+        k = k_flat.index_select(0, keys.slots.view(-1)).view(R, L, nkv, hd).transpose(1, 2)
+        v = v_flat.index_select(0, keys.slots.view(-1)).view(R, L, nkv, hd).transpose(1, 2)
+    if not softcap and keys.mask is None:
+        return F.scaled_dot_product_attention(q, k, v)
     return attend(q, k, v, keys.mask, softcap)
 
 

@@ -91,7 +91,8 @@ def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = Fals
     """The ops of a forward: torch's, or the batch-invariant Triton matmul and RMSNorm of
     deepinfer.kernels.invariant (a row's bits do not depend on the other rows); with ``fused``
     (CUDA) the Triton kernels of deepinfer.kernels.fused for the add + norms, RoPE + cache store
-    and GLU, else their torch references (each kernel works on one row: invariant too). With
+    and GLU, else their torch references (RoPE: `rope_store_torch`, the reference's bits with a
+    signed sin table; each kernel works on one row: invariant too). With
     ``quantized`` the matmul also takes the int8 and int4 matrices of deepinfer.kernels.quantized."""
     from ..kernels import fused as fk
 
@@ -106,7 +107,7 @@ def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = Fals
     if fused:
         return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu)
     return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm),
-               fk.rope_store_reference, fk.glu_reference)  # fmt: skip
+               fk.rope_store_torch, fk.glu_reference)  # fmt: skip
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
+from ..kernels.fused import signed_sin
 from ..kernels.int4_weights import Int4Weight, int4_rows
 from ..kernels.int4_weights import join as join_int4
 from ..kernels.paged_attention import (
@@ -407,14 +408,17 @@ class LlamaModel:
     def _rope(self, positions: torch.Tensor) -> tuple[tuple, tuple]:
         """(cos, sin, positions) of the global RoPE table, then of the local one, as `rope_store`
         takes them: the tables and the positions for the fused kernel (it gathers the rows);
-        for its torch reference the tokens' rows, gathered once for every layer, and None."""
+        for the torch path (`rope_store_torch`) the tokens' rows of cos and of the signed sin,
+        gathered once for every layer, and None."""
         tables = [(self.cos, self.sin), (self.cos_local, self.sin_local)]
         if self.cos_local is None:
             tables = tables[:1]
         if self.fused:
             out = [(cos, sin, positions) for cos, sin in tables]
         else:
-            out = [(cos[positions], sin[positions], None) for cos, sin in tables]
+            if getattr(self, "_signed", None) is None:  # (made once: the tables never change)
+                self._signed = [signed_sin(sin) for _, sin in tables]
+            out = [(cos[positions], s[positions], None) for (cos, _), s in zip(tables, self._signed)]
         return out[0], out[-1]
 
     def _attention_inputs(self, layer: Layer, h: torch.Tensor, rope: tuple, slots: torch.Tensor,
