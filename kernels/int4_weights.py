@@ -106,13 +106,13 @@ def _unpack(p: Int4Plane, k: int, index: torch.Tensor | None) -> torch.Tensor:
     b = p.packed.view(-1, k, TILE // 2)  # [N / 64, K, 32]
     if index is None:
         q = torch.stack([b & 15, b >> 4], dim=1).permute(2, 0, 1, 3).reshape(k, -1)
-        sz = p.scale_zeros.float()
-    else:
-        j = index % TILE
-        q = (b[index // TILE, :, j % (TILE // 2)] >> (4 * (j >= TILE // 2)).to(torch.uint8)[:, None]) & 15
-        q, sz = q.t(), p.scale_zeros[:, index].float()
-    s, z = (sz[..., i].repeat_interleave(GROUP, dim=0) for i in (0, 1))
-    return (q.float() - 8) * s + z
+        s, z = (p.scale_zeros[..., i].float().repeat_interleave(GROUP, dim=0) for i in (0, 1))
+        return (q.float() - 8) * s + z
+    j = index % TILE
+    q = (b[index // TILE, :, j % (TILE // 2)] >> (4 * (j >= TILE // 2)).to(torch.uint8)[:, None]) & 15
+    sz = p.scale_zeros[:, index].float().transpose(0, 1)  # [n, K / 32, 2]
+    w = (q.view(len(index), k // GROUP, GROUP).float() - 8) * sz[..., :1] + sz[..., 1:]
+    return w.view(len(index), k).t()
 
 
 def dequantize_int4(w: Int4Weight) -> torch.Tensor:

@@ -256,6 +256,14 @@ def decode_keys(
     block_tables[r]) sees keys [max(0, n - window), n) of its sequence (n = seq_lens[r]; window
     0: from 0). Padding repeats a row's last key (written, so finite) and is masked out."""
     _check_window("decode_keys", window)
+    if len(seq_lens) == 1 and block_tables.device.type == "cpu":  # (the CPU at batch 1: on the host)
+        n = seq_lens[0]
+        lo = max(0, n - window) if window else 0
+        first, last = lo // block_size, (n - 1) // block_size
+        blocks = block_tables[0, first : last + 1].tolist()
+        if blocks == list(range(blocks[0], blocks[0] + len(blocks))):  # its blocks in a row
+            start = blocks[0] * block_size + lo % block_size
+            return DecodeKeys(torch.arange(start, start + n - lo)[None], None, start)
     n = torch.tensor(seq_lens, dtype=torch.int64, device=block_tables.device)
     lo = (n - window).clamp_(min=0) if window else torch.zeros_like(n)
     L = int((n - lo).max())

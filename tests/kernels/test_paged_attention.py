@@ -190,10 +190,14 @@ def test_decode_row_in_consecutive_blocks_is_read_as_a_view():
     for c in (x.k_cache, x.v_cache):  # the row's blocks copied to ids 2, 3, 4
         c[2:5] = c[x.block_tables[0, :3].long()].clone()
     tables = torch.tensor([[2, 3, 4, 0]], dtype=torch.int32)
-    keys = decode_keys(tables, x.seq_lens, 16)
-    assert keys.start == 32 and keys.mask is None
-    got = paged_decode_torch(x.q, *flat, keys)
-    assert torch.equal(got, paged_decode_torch(x.q, *flat, keys._replace(start=None)))
+    for window in (0, 20):
+        keys = decode_keys(tables, x.seq_lens, 16, window)
+        assert keys.start == (32 if not window else 32 + 20) and keys.mask is None
+        got = paged_decode_torch(x.q, *flat, keys)
+        assert torch.equal(got, paged_decode_torch(x.q, *flat, keys._replace(start=None)))
+        moved = replace(x, block_tables=tables)
+        want = paged_attention_reference(x.q, x.k_cache, x.v_cache, tables, *moved.rows, window=window)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
     assert decode_keys(x.block_tables, x.seq_lens, 16).start is None  # (shuffled blocks: gathered)
 
 
