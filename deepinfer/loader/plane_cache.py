@@ -3,11 +3,12 @@ converting the file's blocks again.
 
 Converting a file's Q4/Q8 blocks into the CPU kernel's layout (`GGUFMatrix.int4`) reads and
 writes every weight: about 0.2 s for the embedded 135M-parameter model, seconds for billions.
-The first load writes the planes it made to ``<cache dir>/planes/<key>.bin`` (the cache dir is
-``DEEPINFER_CACHE_DIR``, else the user's cache folder, as for the constraint kernels); a later
-load maps that file and its tensors are views of the map (pages read as the model first runs
-them). The key is a hash of the GGUF file's path, size and modification time, of torch's version
-(the packed layout is torch's) and of :data:`VERSION`; a change to any of them makes another file.
+The first load writes the planes it made, on a thread of its own, to
+``<cache dir>/planes/<key>.bin`` (the cache dir is ``DEEPINFER_CACHE_DIR``, else the user's
+cache folder, as for the constraint kernels); a later load maps that file and its tensors are
+views of the map (pages read as the model first runs them). The key is a hash of the GGUF
+file's path, size and modification time, of torch's version (the packed layout is torch's)
+and of :data:`VERSION`; a change to any of them makes another file.
 
 A file is a header (magic, :data:`VERSION`, the JSON index's length), the JSON index (tensor name
 -> K, N and each plane's byte ranges), then the data; it is written whole to a temporary file and
@@ -25,6 +26,7 @@ import mmap
 import os
 import struct
 import tempfile
+import threading
 import warnings
 
 import torch
@@ -71,15 +73,25 @@ class PlaneCache:
         if self.path is not None and name not in self._stored:
             self._new[name] = w
 
-    def save(self) -> None:
-        """Write the planes converted by this load, unless the file held them already."""
+    def save(self, wait: bool = False) -> None:
+        """Write the planes converted by this load, unless the file held them already: on a
+        thread of its own, so that the model serves meanwhile (the process waits for it at
+        exit); ``wait``: here and now."""
         if self.path is None or not self._new or self._stored:
             return
-        try:
-            _write(self.path, self._new)
-        except OSError:  # a folder that cannot be written: the next load converts again
-            pass
-        self._new = {}
+        new, self._new = self._new, {}
+        if wait:
+            _save(self.path, new)
+            return
+        self.writer = threading.Thread(target=_save, args=(self.path, new), name="deepinfer-plane-cache")
+        self.writer.start()
+
+
+def _save(path: str, planes: dict[str, Int4Weight]) -> None:
+    try:
+        _write(path, planes)
+    except OSError:  # a folder that cannot be written: the next load converts again
+        pass
 
 
 def _read(path: str) -> dict[str, Int4Weight] | None:
@@ -126,11 +138,11 @@ def _write(path: str, planes: dict[str, Int4Weight]) -> None:
         for p in w.planes:
             spans = []
             for t in (p.packed, p.scale_zeros):
-                data = t.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+                data = t.contiguous().view(torch.uint8).reshape(-1).numpy()  # (written as it is)
                 pad = -at % _ALIGN
                 chunks += [b"\0" * pad, data]
-                spans.append([at + pad, len(data)])
-                at += pad + len(data)
+                spans.append([at + pad, data.nbytes])
+                at += pad + data.nbytes
             entry.append(spans)
         index[name] = {"k": w.k, "n": w.n, "planes": entry}
     body = json.dumps(index).encode()

@@ -88,6 +88,7 @@ def test_plane_cache_round_trip(tmp_path, monkeypatch):
     assert cache.get("head") is None
     cache.put("head", w)
     cache.save()
+    cache.writer.join()
     again = PlaneCache(str(src)).get("head")
     assert again is not None and all(
         torch.equal(a.packed, b.packed) and torch.equal(a.scale_zeros, b.scale_zeros)
@@ -107,7 +108,7 @@ def test_plane_cache_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("DEEPINFER_PLANE_CACHE", str(tmp_path / "elsewhere"))
     moved = PlaneCache(str(src))
     moved.put("head", w)
-    moved.save()
+    moved.save(wait=True)
     assert moved.path.startswith(str(tmp_path / "elsewhere")) and PlaneCache(str(src)).get("head") is not None
 
 
