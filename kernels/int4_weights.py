@@ -128,19 +128,21 @@ def int4_rows(w: Int4Weight, index: torch.Tensor) -> torch.Tensor:
 
 def int4_matmul(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """x [..., K] bfloat16 @ w -> [..., N] bfloat16 (each plane's product rounded, then added)."""
-    K = x.shape[-1]
-    if K != w.k:
-        raise ValueError(f"x has {K} features, the int4 matrix takes {w.k}")
-    if x.dtype != torch.bfloat16:
+    if x.shape[-1] != w.k or x.dtype != torch.bfloat16:  # (one test: a decode step calls this ~120 times)
+        if x.shape[-1] != w.k:
+            raise ValueError(f"x has {x.shape[-1]} features, the int4 matrix takes {w.k}")
         raise ValueError(f"the int4 matmul takes bfloat16 activations, got {x.dtype}")
-    x2 = x.reshape(-1, K)
+    x2 = x if x.dim() == 2 else x.reshape(-1, w.k)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    mm = torch.ops.aten._weight_int4pack_mm_for_cpu
-    y = mm(x2, w.planes[0].packed, GROUP, w.planes[0].scale_zeros)
-    for p in w.planes[1:]:
-        y += mm(x2, p.packed, GROUP, p.scale_zeros)
-    return y.view(*x.shape[:-1], w.n)
+    first, *rest = w.planes
+    y = _MM(x2, first.packed, GROUP, first.scale_zeros)
+    for p in rest:
+        y += _MM(x2, p.packed, GROUP, p.scale_zeros)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], w.n)
+
+
+_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 
 
 def int4_matmul_reference(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:

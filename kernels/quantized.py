@@ -10,8 +10,9 @@ from .int8_weights import Int8Weight, int8_matmul
 
 
 def matmul(x: torch.Tensor, w) -> torch.Tensor:
-    if isinstance(w, Int4Weight):
+    t = type(w)
+    if t is Int4Weight:
         return int4_matmul(x, w)
-    if isinstance(w, Int8Weight):
+    if t is Int8Weight:
         return int8_matmul(x, w)
     return torch.matmul(x, w)
