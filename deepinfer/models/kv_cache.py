@@ -130,6 +130,7 @@ class KVCache:
                 v = zeros((len(layers), n, *row), dtype, device)
                 for j, i in enumerate(layers):
                     self.k[i], self.v[i] = k[j], v[j]
+        self._flat: dict[int, tuple] = {}
         self.group_blocks = blocks
         self.num_blocks = blocks[0]
         self.block_size = block_size
@@ -148,9 +149,13 @@ class KVCache:
         )
 
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k, v) of one layer as [num_blocks * block_size, nkv, hd]: indexed by slot."""
-        k, v = self.k[layer], self.v[layer]
-        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+        """(k, v) of one layer as [num_blocks * block_size, nkv, hd]: indexed by slot (views made
+        once; every layer of every step asks)."""
+        made = self._flat.get(layer)
+        if made is None or made[0] is not self.k or made[1] is not self.v:
+            k, v = self.k[layer], self.v[layer]
+            made = self._flat[layer] = (self.k, self.v, k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:]))
+        return made[2], made[3]
 
 
 def kv_blocks(memory: int | float | None, per_block: int, device: torch.device, worst: int) -> int:
