@@ -1,7 +1,9 @@
 """Decode benchmark: prints tables, asserts nothing.
 
 CPU (default): the embedded SmolLM2-135M-Instruct, DeepInfer next to transformers' `generate`
-on the same GGUF weights, same dtype, same process; then DeepInfer's deterministic mode:
+on the same GGUF weights dequantized (quantization=None), same dtype, same process; then
+DeepInfer's deterministic mode (benchmarks/bench_cpu.py measures the CPU default, which keeps
+the file's blocks, beside llama.cpp):
     .venv/bin/python benchmarks/bench_decode.py [--dtype bfloat16|float32] [--steps 32]
 
 CUDA: random weights at real model shapes, bf16, batch 1/16/64, decode eager, as CUDA graphs,
@@ -189,7 +191,7 @@ def bench_cpu(args) -> None:
     threads = configure_torch_threads()
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     t = time.perf_counter()
-    llm = LLM(None, dtype=dtype, device="cpu", seed=0)
+    llm = LLM(None, dtype=dtype, device="cpu", seed=0, quantization=None)  # transformers' weights
     ours_load = time.perf_counter() - t
     words = ("the quick brown fox jumps over the lazy dog and then " * 40).split()
     prompt_ids = llm.tokenizer.encode(" ".join(words))[: args.prompt_len]

@@ -648,6 +648,8 @@ def main() -> int:
     ap.add_argument("--show-errors", type=int, default=0, metavar="N", help="print N wrong outputs per mode")
     ap.add_argument("--dump", default=None, metavar="FILE", help="write every per-document result (JSONL)")
     ap.add_argument("--no-dspark", action="store_true", help="LLM(dspark=False): no speculative decoding")
+    ap.add_argument("--quantization", default="auto",
+                    help="LLM(quantization=...): auto (default), none (dequantized), gguf, int8")  # fmt: skip
     ap.add_argument(
         "--repeat", type=int, default=1, help="run the modes N times, interleaved (tok/s is their mean)"
     )
@@ -682,6 +684,7 @@ def main() -> int:
         args.model,
         seed=0,
         deterministic=args.deterministic,
+        quantization=None if args.quantization == "none" else args.quantization,
         **({"dspark": False} if args.no_dspark else {}),
         **({"device": args.device} if args.device else {}),
     )
@@ -689,7 +692,7 @@ def main() -> int:
     print(f"machine: {machine(llm)}")
     print(
         f"model: {model}, loaded in {llm.load_seconds:.1f} s, DSpark default {llm.dspark.config.default}, "
-        f"deterministic {llm.deterministic}"
+        f"deterministic {llm.deterministic}, quantization {llm.quantization}, {llm.dtype}"
     )
     counts = defaultdict(int)
     for d in docs:

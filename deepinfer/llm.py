@@ -24,6 +24,7 @@ from .config import ModelConfig
 from .detokenizer import IncrementalDetokenizer
 from .dspark import DSpark
 from .loader import load_model
+from .loader.gguf_blocks import GGUFMatrix
 from .model_runner import DETERMINISTIC_CHUNK, ModelRunner
 from .models.kv_cache import DEFAULT_BLOCK_SIZE, group_blocks, kv_blocks
 from .models.llama import LlamaModel
@@ -61,20 +62,25 @@ def _resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtyp
     return _DTYPES[dtype]
 
 
-def _check_quantization(q, device: torch.device, dtype: torch.dtype, asked, deterministic: bool,
-                        ranks: int) -> None:  # fmt: skip
+def _resolve_quantization(q, device: torch.device, dtype: torch.dtype, asked, deterministic: bool,
+                          ranks: int) -> str | None:  # fmt: skip
+    """The quantization asked for, checked: "auto" is "gguf" on the CPU where the activations are
+    bfloat16 (the int4 kernel's) and the model runs in one process, else None."""
+    if q == "auto":
+        return "gguf" if device.type == "cpu" and dtype == torch.bfloat16 and ranks == 1 else None
     if q is None:
-        return
-    if q != "int8":
-        raise ValueError(f"quantization must be None or 'int8', got {q!r}")
+        return None
+    if q not in ("int8", "gguf"):
+        raise ValueError(f"quantization must be 'auto', None, 'gguf' or 'int8', got {q!r}")
     if device.type != "cpu":
-        raise ValueError(f"quantization='int8' runs on the CPU only, not on {device}")
+        raise ValueError(f"quantization={q!r} runs on the CPU only, not on {device}")
     if asked != "auto" and dtype != torch.bfloat16:
-        raise ValueError(f"quantization='int8' computes in bfloat16; dtype={asked!r} asked for {dtype}")
-    if deterministic:
+        raise ValueError(f"quantization={q!r} computes in bfloat16; dtype={asked!r} asked for {dtype}")
+    if deterministic and q == "int8":
         raise ValueError("quantization='int8' has no batch-invariant kernel: not with deterministic=True")
     if ranks != 1:
-        raise ValueError("quantization='int8' runs in one process: not with tensor or expert parallel")
+        raise ValueError(f"quantization={q!r} runs in one process: not with tensor or expert parallel")
+    return q
 
 
 class LLM:
@@ -162,29 +168,36 @@ class LLM:
         deterministic: bool = False,
         enforce_eager: bool = False,
         dspark: bool | dict | None = None,
-        quantization: str | None = None,
+        quantization: str | None = "auto",
         tensor_parallel_size: int = 1,
         expert_parallel_size: int = 1,
         data_parallel_size: int = 1,
     ):
         _threads.configure_torch_threads()
+        asked_quantization = quantization
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, self.device)
-        _check_quantization(quantization, self.device, self.dtype, dtype, deterministic,
-                            tensor_parallel_size * expert_parallel_size)  # fmt: skip
-        if quantization == "int8":
-            self.dtype = torch.bfloat16  # the packed int8 kernel's activations
+        quantization = _resolve_quantization(quantization, self.device, self.dtype, dtype, deterministic,
+                                             tensor_parallel_size * expert_parallel_size)  # fmt: skip
+        if quantization is not None:
+            self.dtype = torch.bfloat16  # the packed int8 and int4 kernels' activations
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs!r}")
         t0 = time.perf_counter()
-        loaded = load_model(model)
+        loaded = load_model(model, keep_blocks=quantization == "gguf")
+        if quantization == "gguf" and not any(isinstance(w, GGUFMatrix) for w in loaded.weights.values()):
+            if asked_quantization == "gguf":
+                raise ValueError(f"quantization='gguf' keeps a GGUF file's Q4_0, Q4_1 and Q8_0 matrices in "
+                                 f"their blocks; {loaded.source!r} has none")  # fmt: skip
+            quantization, self.dtype = None, _resolve_dtype(dtype, self.device)
+        # what the matrices are kept as: None (dtype), "int8", "gguf" (the file's blocks, int4 planes)
+        self.quantization = quantization
         self.config: ModelConfig = loaded.config
         self.tokenizer = Tokenizer.from_loaded(loaded)
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings, 1 << 20)
         if max_model_len is None:
             self.max_model_len = min(self.max_model_len, 8192)
-        # no text longer than this fits the context (x4: normalisers may shorten text)
-        self.tokenizer.max_prompt_chars = 4 * self.max_model_len * self.tokenizer.longest_token_chars
+        self.tokenizer.max_prompt_tokens = self.max_model_len  # (a longer text is refused untokenised)
         if tensor_parallel_size != 1 or expert_parallel_size != 1:  # worker ranks hold the other shards
             from .parallel.model import parallel_model
 
@@ -200,11 +213,18 @@ class LLM:
                 dtype=self.dtype,
                 device=self.device,
                 max_len=self.max_model_len,
+                int4=quantization == "gguf",
+                planes=loaded.planes,
             )
             if quantization == "int8":
                 self.model.quantize_int8()
         del loaded
         self.deterministic = deterministic
+        # CPU threads step by step (deepinfer/_threads.py); fixed in deterministic mode, whose
+        # promise should not rest on every kernel splitting work alike at any thread count
+        self._step_threads = (
+            _threads.StepThreads() if self.device.type == "cpu" and not deterministic else None
+        )
         self.runner = ModelRunner(
             self.model,
             cuda_graphs=False if enforce_eager or getattr(self.model, "eager_only", False) else None,
@@ -332,6 +352,8 @@ class LLM:
         for s, why in out.refused:
             s.fail(why, self.tokenizer)
         if out.rows:
+            if self._step_threads is not None:  # every core, unless masks or a neighbour need one
+                self._step_threads.for_step(drafting or any(s.constraint is not None for s in out.batch))
             masks = self.masks.start(out.batch)  # bitmasks on a host thread while the device runs
             if out.decode:
                 out.verify = self._plan_drafts(out.rows)  # DSpark drafts, or None: plain decode

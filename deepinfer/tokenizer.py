@@ -112,9 +112,17 @@ class Tokenizer:
         )
 
     # -- bounds ------------------------------------------------------------------------------
-    #: the prompt length (characters) past which a text cannot fit ``max_len`` tokens is
-    #: ``max_len * longest_token_chars``; LLM sets ``max_prompt_chars`` from its context
-    max_prompt_chars: int = 4 << 20
+    #: the context (tokens) a prompt must fit; LLM sets it. A text past ``max_prompt_chars``
+    #: characters cannot fit ``max_prompt_tokens`` tokens (x4: normalisers may shorten text)
+    max_prompt_tokens: int | None = None
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """Characters past which a text cannot fit ``max_prompt_tokens`` tokens (worked out on
+        first use: reading the vocabulary costs ~50 ms, not worth paying while loading)."""
+        if self.max_prompt_tokens is None:
+            return 4 << 20
+        return 4 * self.max_prompt_tokens * self.longest_token_chars
 
     @cached_property
     def longest_token_chars(self) -> int:

@@ -72,6 +72,35 @@ def rope_store_reference(
     return out[:, :nh]
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin rows [..., hd] with their first half negated: what `rope_store_torch` takes."""
+    h = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :h], sin[..., h:]), dim=-1)
+
+
+def rope_store_torch(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin_signed: torch.Tensor,
+    positions: torch.Tensor | None,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
+    slots: torch.Tensor,
+    nh: int,
+) -> torch.Tensor:
+    """`rope_store_reference`'s bits in fewer ops (the CPU path): with ``sin_signed`` =
+    `signed_sin` of the sin rows, ``rotate_half(x) * sin`` is ``roll(x, hd / 2) * sin_signed``
+    (the same products: -x2 * s and x2 * -s round alike), so no halves are negated and joined in
+    every layer. cos, sin_signed: the tokens' rows [N, hd] (``positions`` None) or tables."""
+    if positions is not None:
+        cos, sin_signed = cos[positions], sin_signed[positions]
+    out = qk * cos.unsqueeze(1) + qk.roll(qk.shape[-1] // 2, -1) * sin_signed.unsqueeze(1)
+    k_flat.index_copy_(0, slots, out[:, nh:])
+    v_flat.index_copy_(0, slots, v)
+    return out[:, :nh]
+
+
 def glu_reference(gu: torch.Tensor, act: str) -> torch.Tensor:
     gate, up = gu.chunk(2, dim=-1)
     if act == "silu":

@@ -49,6 +49,7 @@ first query), so a windowed layer reads at most ``window`` + a block (+ a tile) 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -358,6 +359,65 @@ def paged_invariant_triton(
     launch(q, k_cache, v_cache, out, block_tables, query_start.contiguous(), positions.contiguous(),
            max_query_len, 1.0 / math.sqrt(q.shape[-1]), window, softcap)  # fmt: skip
     return out
+
+
+class DecodeKeys(NamedTuple):
+    """Where the keys of one-token rows lie in a layer's flat cache (``KVCache.flat``): worked out
+    once a step by `decode_keys`, read by `paged_decode_torch` in every layer."""
+
+    slots: torch.Tensor  # [R, L] int64: row r's keys in order, then its last one repeated
+    mask: torch.Tensor | None  # [R, 1, 1, L] bool (True: a key of the row); None: every slot is
+    start: int | None = None  # one row whose keys are slots start .. start + L - 1: read as a view
+
+
+def decode_keys(
+    block_tables: torch.Tensor, seq_lens: list[int], block_size: int, window: int = 0
+) -> DecodeKeys:
+    """The keys of R rows of one token each: row r (at position seq_lens[r] - 1, through
+    block_tables[r]) sees keys [max(0, n - window), n) of its sequence (n = seq_lens[r]; window
+    0: from 0). Padding repeats a row's last key (written, so finite) and is masked out."""
+    _check_window("decode_keys", window)
+    if len(seq_lens) == 1 and block_tables.device.type == "cpu":  # (the CPU at batch 1: on the host)
+        n = seq_lens[0]
+        lo = max(0, n - window) if window else 0
+        first, last = lo // block_size, (n - 1) // block_size
+        blocks = block_tables[0, first : last + 1].tolist()
+        if blocks == list(range(blocks[0], blocks[0] + len(blocks))):  # its blocks in a row
+            start = blocks[0] * block_size + lo % block_size
+            return DecodeKeys(torch.arange(start, start + n - lo)[None], None, start)
+    n = torch.tensor(seq_lens, dtype=torch.int64, device=block_tables.device)
+    lo = (n - window).clamp_(min=0) if window else torch.zeros_like(n)
+    L = int((n - lo).max())
+    pos = torch.minimum(lo[:, None] + torch.arange(L, device=n.device), n[:, None] - 1)  # [R, L]
+    blocks = block_tables[: len(seq_lens)].long().gather(1, pos // block_size)
+    mask = None
+    if int((n - lo).min()) != L:
+        mask = (torch.arange(L, device=n.device) < (n - lo)[:, None])[:, None, None, :]
+    slots = blocks * block_size + pos % block_size
+    start = None
+    if len(seq_lens) == 1 and bool((slots[0, 1:] - slots[0, :-1] == 1).all()):  # its blocks in a row
+        start = int(slots[0, 0])
+    return DecodeKeys(slots, mask, start)
+
+
+def paged_decode_torch(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, keys: DecodeKeys,
+                       softcap: float = 0.0) -> torch.Tensor:  # fmt: skip
+    """The attention of one-token rows (the CPU's decode step; what `paged_attention_torch` does
+    for them): q [R, nkv, g, hd]; k_flat, v_flat: a layer's cache by slot [slots, nkv, hd] (its K/V
+    of the rows' own tokens already written); keys: `decode_keys` of the rows. -> [R, nkv, g, hd].
+    One gather of exactly the keys each row sees (no block of garbage to zero, unlike the batched
+    decode call of `paged_attention_torch`) and one SDPA call."""
+    R, nkv, _, hd = q.shape
+    L = keys.slots.shape[1]
+    if keys.start is not None:  # one row, its keys side by side: views, no gather
+        k = k_flat[keys.start : keys.start + L].view(1, L, nkv, hd).transpose(1, 2)
+        v = v_flat[keys.start : keys.start + L].view(1, L, nkv, hd).transpose(1, 2)
+    else:
+        k = k_flat.index_select(0, keys.slots.view(-1)).view(R, L, nkv, hd).transpose(1, 2)
+        v = v_flat.index_select(0, keys.slots.view(-1)).view(R, L, nkv, hd).transpose(1, 2)
+    if not softcap and keys.mask is None:
+        return F.scaled_dot_product_attention(q, k, v)
+    return attend(q, k, v, keys.mask, softcap)
 
 
 def _own_keys(cache: torch.Tensor, table_row: torch.Tensor, n: int, lo: int = 0) -> torch.Tensor:

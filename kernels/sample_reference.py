@@ -185,13 +185,13 @@ def sample(
     x = logits.float()
     if bitmask is not None:
         x = x.masked_fill(~rows_mask(bitmask, V, B, indices), float("-inf"))
-    m_raw = x.max(dim=1).values
-    empty = m_raw == float("-inf")
     greedy = temperature == 0
-    if bool(greedy.any()):
-        tokens = x.argmax(dim=1)  # greedy rows (lowest id on ties); sampled rows replaced below
+    if bool(greedy.any()):  # greedy rows' tokens (lowest id on ties); sampled rows replaced below
+        m_raw, tokens = x.max(dim=1)  # (one pass: on the CPU max and argmax each cost ~0.1 ms a row)
     else:
+        m_raw = x.amax(dim=1)
         tokens = torch.zeros(B, dtype=torch.int64, device=x.device)
+    empty = m_raw == float("-inf")
 
     # Only rows that sample pay for the draws; kept() is evaluated at the drawn tokens only
     # (count and mass above one score are a masked sum: no sort of the vocabulary)

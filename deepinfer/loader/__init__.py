@@ -27,9 +27,13 @@ def default_gguf_path() -> str:
     raise FileNotFoundError(f"no .gguf file inside the {DEFAULT_MODEL_PACKAGE} package")
 
 
-def load_model(model: str | os.PathLike | LoadedModel | None = None) -> LoadedModel:
+def load_model(
+    model: str | os.PathLike | LoadedModel | None = None, *, keep_blocks: bool = False
+) -> LoadedModel:
     """Load `model`: None (embedded default), a .gguf file, a local HF folder, a hub repo id,
-    or an already loaded `LoadedModel` (config + weights + tokenizer built in memory)."""
+    or an already loaded `LoadedModel` (config + weights + tokenizer built in memory).
+    ``keep_blocks``: a GGUF file's Q4_0 / Q4_1 / Q8_0 matrices stay in their blocks
+    (`gguf_blocks.GGUFMatrix`) instead of being dequantized."""
     if isinstance(model, LoadedModel):
         return model
     if model is None:
@@ -40,7 +44,7 @@ def load_model(model: str | os.PathLike | LoadedModel | None = None) -> LoadedMo
             raise FileNotFoundError(f"GGUF file not found: {model!r}")
         from .gguf import load_gguf
 
-        return load_gguf(model)
+        return load_gguf(model, keep_blocks=keep_blocks)
     from .hf import load_hf
 
     return load_hf(model)

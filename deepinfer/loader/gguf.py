@@ -1,7 +1,9 @@
-"""Load a llama.cpp GGUF file: config, dequantized weights in HF names/layout, tokenizer."""
+"""Load a llama.cpp GGUF file: config, weights in HF names/layout (dequantized, or quantized
+matrices kept in their blocks: ``keep_blocks``), tokenizer."""
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from typing import Any
@@ -10,7 +12,9 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig
+from .gguf_blocks import INT4_TYPES, Q4_0, Q4_1, Q8_0, GGUFMatrix, dequantize_blocks
 from .gguf_file import GGUFError, GGUFFile, is_int
+from .plane_cache import PlaneCache
 from .types import LoadedModel
 
 # GGUF tensor name -> HF name ({i} is the layer).
@@ -91,53 +95,18 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, out // n_head // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
 
 
-def _f16(b: torch.Tensor) -> torch.Tensor:
-    """[N, 2] uint8 -> [N, 1] float32 (little-endian half)."""
-    return b.contiguous().view(torch.float16).float()
-
-
-def _dequant_fast(raw: np.ndarray, qtype: int) -> torch.Tensor | None:
-    """Whole-tensor torch dequantization of the common types; None for the others.
-
-    Block layouts (32 weights a block): Q4_0 = f16 d, 16 B nibbles: (q - 8) d;
-    Q4_1 = f16 d, f16 m, 16 B nibbles: q d + m; Q8_0 = f16 d, 32 int8: q d.
-    Nibbles: low halves are weights 0..15, high halves 16..31.
-    """
-    from gguf import GGMLQuantizationType as Q
-
-    t = torch.from_numpy(raw.reshape(-1))
-    if qtype == Q.F32:
-        return t.view(torch.float32).clone()
-    if qtype == Q.F16:
-        return t.view(torch.float16).float()
-    if qtype == Q.BF16:
-        return t.view(torch.bfloat16).float()
-    if qtype in (Q.Q4_0, Q.Q4_1):
-        head = 2 if qtype == Q.Q4_0 else 4
-        b = t.view(-1, head + 16)
-        qs = b[:, head:]
-        q = torch.cat([qs & 0x0F, qs >> 4], dim=1).float()  # [N, 32]
-        if qtype == Q.Q4_0:
-            return ((q - 8.0) * _f16(b[:, 0:2])).view(-1)
-        return torch.addcmul(_f16(b[:, 2:4]), q, _f16(b[:, 0:2])).view(-1)
-    if qtype == Q.Q8_0:
-        b = t.view(-1, 34)
-        return (b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, 0:2])).view(-1)
-    return None
-
-
 def dequantize(f: GGUFFile, name: str) -> torch.Tensor:
     """float32 tensor in numpy/HF shape (row-major, [out, in]); GGUFError if a value is not finite."""
-    from gguf import GGMLQuantizationType, quants
-
     info = f.tensors[name]
     raw = f.raw(name)
     with warnings.catch_warnings():  # the map is read-only; every path below copies
         warnings.simplefilter("ignore", UserWarning)
-        fast = _dequant_fast(raw, info.ggml_type)
+        fast = dequantize_blocks(torch.from_numpy(raw), info.ggml_type)
     if fast is not None:
         _check_finite(f, name, raw, fast)
         return fast.view(info.shape)
+    from gguf import GGMLQuantizationType, quants
+
     qtype = GGMLQuantizationType(info.ggml_type)
     try:
         arr = quants.dequantize(raw, qtype)
@@ -151,9 +120,7 @@ def dequantize(f: GGUFFile, name: str) -> torch.Tensor:
 def _check_finite(f: GGUFFile, name: str, raw: np.ndarray, out: torch.Tensor) -> None:
     """GGUFError unless every value is finite. Q4_0/Q4_1/Q8_0 weights are finite iff their f16
     block scales are (1/32 of the values to check); other types are checked whole."""
-    from gguf import GGMLQuantizationType as Q
-
-    layout = {Q.Q4_0: (18, 2), Q.Q4_1: (20, 4), Q.Q8_0: (34, 2)}.get(f.tensors[name].ggml_type)
+    layout = {Q4_0: (18, 2), Q4_1: (20, 4), Q8_0: (34, 2)}.get(f.tensors[name].ggml_type)
     if layout is not None:
         block, head = layout
         ok = bool(np.isfinite(raw.reshape(-1, block)[:, :head].copy().view(np.float16)).all())
@@ -163,15 +130,29 @@ def _check_finite(f: GGUFFile, name: str, raw: np.ndarray, out: torch.Tensor) ->
         raise GGUFError(f"{f.path!r}: tensor {name!r} holds values that are not finite (NaN or inf)")
 
 
-def load_gguf(path: str) -> LoadedModel:
+def load_gguf(path: str, *, keep_blocks: bool = False) -> LoadedModel:
+    """``keep_blocks``: matrices stored as Q4_0, Q4_1 or Q8_0 come back as `GGUFMatrix` (their
+    blocks, read from the file's map, not dequantized; the map stays open while one lives); every
+    other tensor is dequantized to float32."""
     f = GGUFFile(path)
     try:
-        return _load(f, path)
+        return _load(f, path, keep_blocks)
     finally:
-        f.close()
+        f.close()  # (left to the garbage collector while a kept matrix reads the map)
 
 
-def _load(f: GGUFFile, path: str) -> LoadedModel:
+def _kept(f: GGUFFile, name: str, reorder=None) -> GGUFMatrix:
+    """Tensor ``name`` (2-d, of an INT4_TYPES type) as its blocks (``reorder``: of its rows, when
+    first read); they are checked finite as they are converted (one pass over the file's pages)."""
+    info = f.tensors[name]
+    with warnings.catch_warnings():  # the map is read-only; nothing writes to these blocks
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.from_numpy(f.raw(name))
+    where = f"{f.path!r}: tensor {name!r}"
+    return GGUFMatrix(raw, info.ggml_type, info.shape[1], lambda: f.release(name), where, reorder)
+
+
+def _load(f: GGUFFile, path: str, keep_blocks: bool = False) -> LoadedModel:
     meta = f.metadata
     try:  # every value and shape is checked against the others before anything is dequantized
         config = ModelConfig.from_gguf(
@@ -185,12 +166,20 @@ def _load(f: GGUFFile, path: str) -> LoadedModel:
     except ValueError as e:
         raise GGUFError(f"{path!r}: {e}") from e
     tokenizer, special = build_tokenizer(meta, path)
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor | GGUFMatrix] = {}
     permute = config.family.gguf_permute  # llama.cpp permutes q/k rows for llama, mistral, smollm
     sandwich = config.family.sandwich_norms
     for name in f.tensors:
         target = hf_name(name, sandwich)
         if target is None:
+            continue
+        info = f.tensors[name]
+        if keep_blocks and len(info.shape) == 2 and info.ggml_type in INT4_TYPES:
+            reorder = None
+            if permute and (".attn_q." in name or ".attn_k." in name):
+                heads = config.num_heads if ".attn_q." in name else config.num_kv_heads
+                reorder = functools.partial(unpermute_qk, n_head=heads)  # (a copy, if ever read)
+            weights[target] = _kept(f, name, reorder)
             continue
         w = dequantize(f, name)
         if config.family.norm_offset and target.endswith("norm.weight"):
@@ -201,7 +190,10 @@ def _load(f: GGUFFile, path: str) -> LoadedModel:
             heads = config.num_heads if ".attn_q." in name else config.num_kv_heads
             w = unpermute_qk(w, heads)
         weights[target] = w.contiguous()
-    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=path, **special)
+    planes = PlaneCache(path) if keep_blocks else None
+    return LoadedModel(
+        config=config, weights=weights, tokenizer=tokenizer, source=path, planes=planes, **special
+    )
 
 
 def check_tensors(f: GGUFFile, config: ModelConfig) -> None:
@@ -276,15 +268,27 @@ def _bpe_merges(meta: dict[str, Any], tokens: list[str], path: str, bad) -> list
     if not isinstance(raw_merges, list) or not raw_merges or not all(isinstance(m, str) for m in raw_merges):
         raise bad("tokenizer.ggml.merges", raw_merges, "a non-empty array of strings")
     vocab = set(tokens)
+    # The checks as string and set operations (C loops; a Python loop over 48k merges took
+    # 0.1-0.3 s of a load): when every merge holds one space and no newline, the joined text
+    # splits into left, right, left, right, ...; the loop below runs only when that does not
+    # hold, to accept the merges a right part with a space makes, or to name the first bad one.
+    n = len(raw_merges)
+    text = "\n".join(raw_merges)
+    if text.count("\n") == n - 1 and text.count(" ") == n and all(" " in m for m in raw_merges):
+        halves = text.replace(" ", "\n").split("\n")
+        lefts, rights = halves[0::2], halves[1::2]
+        joined = text.replace(" ", "").split("\n")
+        if vocab.issuperset(lefts) and vocab.issuperset(rights) and vocab.issuperset(joined):
+            return list(zip(lefts, rights))
     merges = []
     for j, m in enumerate(raw_merges):
-        pair = m.split(" ", 1)
-        if len(pair) != 2 or pair[0] not in vocab or pair[1] not in vocab or pair[0] + pair[1] not in vocab:
+        a, space, b = m.partition(" ")
+        if not space or a not in vocab or b not in vocab or a + b not in vocab:
             raise GGUFError(
                 f"{path!r}: tokenizer.ggml.merges[{j}]={m!r}: expected two tokens separated by a space, "
                 "each and their concatenation in tokenizer.ggml.tokens"
             )
-        merges.append((pair[0], pair[1]))
+        merges.append((a, b))
     return merges
 
 

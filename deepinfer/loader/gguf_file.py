@@ -43,6 +43,21 @@ _SCALARS: dict[int, tuple[str, np.dtype]] = {
     12: ("<d", np.dtype("<f8")),
 }
 _STRING, _ARRAY = 8, 9
+# GGML tensor types: id -> (name, values a block holds, bytes a block takes), as llama.cpp's
+# ggml.h and the gguf package's GGML_QUANT_SIZES define them (kept here: importing gguf costs
+# ~0.5 s, most of a load)
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+}  # fmt: skip
+GGML_TYPE_IDS = {name: i for i, (name, _, _) in GGML_TYPES.items()}
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 _DEFAULT_ALIGNMENT = 32
 # Smallest possible encodings: a key-value pair (empty key, type, a 1-byte value) and a tensor
@@ -205,8 +220,6 @@ class GGUFFile:
             self._what = f"the value of metadata key {key!r}"
             self.metadata[key] = self._value(self._unpack("<I"))
 
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
         raw = []
         for i in range(n_tensors):
             self._what = f"the name of tensor #{i}"
@@ -232,19 +245,17 @@ class GGUFFile:
         for name, dims, ggml_type, offset, at in raw:
             if name in self.tensors:
                 raise self._error(f"tensor {name!r} appears twice (the second info at offset {at})")
-            try:
-                qtype = GGMLQuantizationType(ggml_type)
-                block, type_size = GGML_QUANT_SIZES[qtype]
-            except (ValueError, KeyError) as e:
+            if ggml_type not in GGML_TYPES:
                 raise GGUFError(
                     f"{self.path!r}: tensor {name!r} has unknown ggml type {ggml_type} (info at offset {at})"
-                ) from e
+                )
+            type_name, block, type_size = GGML_TYPES[ggml_type]
             if any(d >= 1 << 63 for d in dims) or math.prod(dims) >= 1 << 63:
                 raise self._error(f"tensor {name!r} has dims {dims} (info at offset {at}): too many elements")
             row = dims[0] if dims else 1
             if row % block:
                 raise self._error(
-                    f"tensor {name!r} has type {qtype.name}, which stores blocks of {block} values, but "
+                    f"tensor {name!r} has type {type_name}, which stores blocks of {block} values, but "
                     f"its row length ne[0]={row} is not a multiple of {block} (info at offset {at})"
                 )
             nbytes = math.prod(dims) // block * type_size
@@ -269,6 +280,19 @@ class GGUFFile:
         t = self.tensors[name]
         arr = np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
         return arr.reshape(*t.shape[:-1], -1) if t.shape else arr
+
+    def release(self, name: str) -> None:
+        """Drop the pages of tensor ``name`` from this process's resident memory (they stay in
+        the page cache, and a later read maps them again): a loader calls it once a tensor is
+        converted, so that mapped pages do not add up while a model is built."""
+        t = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = t.offset // page * page
+        end = min(-(-(t.offset + t.nbytes) // page) * page, self.size)
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (AttributeError, OSError, ValueError):  # no madvise here, or the map is closed
+            pass
 
     def close(self) -> None:
         try:

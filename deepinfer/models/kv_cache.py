@@ -18,6 +18,8 @@ A model whose layers all have one window keeps one group: the single tensor abov
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Sequence
 
 import torch
@@ -78,6 +80,18 @@ def group_blocks(num_blocks: int, block_bytes: list[int], windows: list[int], ma
     return counts
 
 
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A tensor of zeros. On the CPU its memory is an anonymous map: the kernel hands out zero
+    pages as they are first written, so a cache costs the memory of the blocks used so far, not
+    of the whole pool (and allocating it costs no time)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if n == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, n), dtype=dtype).view(shape)
+
+
 class KVCache:
     """Parameters
     ----------
@@ -107,15 +121,16 @@ class KVCache:
         # zeros, not empty: attention never reads a slot it did not write, but garbage NaNs in a
         # block that a masked SDPA row touches would still poison it
         if len(groups) == 1:
-            self.k = torch.zeros((num_layers, blocks[0], *row), dtype=dtype, device=device)
-            self.v = torch.zeros((num_layers, blocks[0], *row), dtype=dtype, device=device)
+            self.k = zeros((num_layers, blocks[0], *row), dtype, device)
+            self.v = zeros((num_layers, blocks[0], *row), dtype, device)
         else:
             self.k, self.v = [None] * num_layers, [None] * num_layers
             for layers, n in zip(groups, blocks):
-                k = torch.zeros((len(layers), n, *row), dtype=dtype, device=device)
-                v = torch.zeros((len(layers), n, *row), dtype=dtype, device=device)
+                k = zeros((len(layers), n, *row), dtype, device)
+                v = zeros((len(layers), n, *row), dtype, device)
                 for j, i in enumerate(layers):
                     self.k[i], self.v[i] = k[j], v[j]
+        self._flat: dict[int, tuple] = {}
         self.group_blocks = blocks
         self.num_blocks = blocks[0]
         self.block_size = block_size
@@ -134,9 +149,13 @@ class KVCache:
         )
 
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k, v) of one layer as [num_blocks * block_size, nkv, hd]: indexed by slot."""
-        k, v = self.k[layer], self.v[layer]
-        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+        """(k, v) of one layer as [num_blocks * block_size, nkv, hd]: indexed by slot (views made
+        once; every layer of every step asks)."""
+        made = self._flat.get(layer)
+        if made is None or made[0] is not self.k or made[1] is not self.v:
+            k, v = self.k[layer], self.v[layer]
+            made = self._flat[layer] = (self.k, self.v, k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:]))
+        return made[2], made[3]
 
 
 def kv_blocks(memory: int | float | None, per_block: int, device: torch.device, worst: int) -> int:

@@ -87,12 +87,13 @@ class Ops(NamedTuple):
     glu: Callable
 
 
-def ops(invariant: bool, eps: float, fused: bool = False, int8: bool = False) -> Ops:
+def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = False) -> Ops:
     """The ops of a forward: torch's, or the batch-invariant Triton matmul and RMSNorm of
     deepinfer.kernels.invariant (a row's bits do not depend on the other rows); with ``fused``
     (CUDA) the Triton kernels of deepinfer.kernels.fused for the add + norms, RoPE + cache store
-    and GLU, else their torch references (each kernel works on one row: invariant too). With
-    ``int8`` the matmul also takes the int8 matrices of deepinfer.kernels.int8_weights."""
+    and GLU, else their torch references (RoPE: `rope_store_torch`, the reference's bits with a
+    signed sin table; each kernel works on one row: invariant too). With
+    ``quantized`` the matmul also takes the int8 and int4 matrices of deepinfer.kernels.quantized."""
     from ..kernels import fused as fk
 
     if invariant:
@@ -101,12 +102,20 @@ def ops(invariant: bool, eps: float, fused: bool = False, int8: bool = False) ->
         mm, norm = bi.matmul, lambda x, w: bi.rms_norm(x, w, eps)
     else:
         mm, norm = torch.matmul, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
-    if int8:
-        from ..kernels.int8_weights import matmul as mm
+    if quantized:
+        from ..kernels.quantized import matmul as mm
     if fused:
         return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu)
-    return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm),
-               fk.rope_store_reference, fk.glu_reference)  # fmt: skip
+    if invariant:
+        add_norm = lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm)  # noqa: E731
+    else:  # add_rms_norm_reference's ops, called straight (61 times a decode step on the CPU)
+        rms = torch.rms_norm  # (what F.rms_norm calls)
+
+        def add_norm(x, d, w):
+            s = x if d is None else x + d
+            return s, rms(s, (s.shape[-1],), w, eps)
+
+    return Ops(mm, norm, add_norm, fk.rope_store_torch, fk.glu_reference)
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:

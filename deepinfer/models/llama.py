@@ -22,14 +22,22 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
+from ..kernels.fused import signed_sin
+from ..kernels.int4_weights import Int4Weight, int4_rows
+from ..kernels.int4_weights import join as join_int4
 from ..kernels.paged_attention import (
+    DecodeKeys,
     attend,
+    decode_keys,
     decode_splits,
     paged_attention_torch,
     paged_attention_triton,
+    paged_decode_torch,
     paged_invariant_triton,
     paged_prefill_triton,
 )
+from ..loader.gguf_blocks import GGUFMatrix
+from ..loader.plane_cache import PlaneCache
 from .kv_cache import DEFAULT_BLOCK_SIZE, KVCache, kv_groups
 from .layers import Layer, ops, rope_inv_freq, rope_tables, softcap
 from .moe import MoE
@@ -135,16 +143,49 @@ class LlamaModel:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         max_len: int | None = None,
+        int4: bool = False,
+        planes: PlaneCache | None = None,
     ):
         self.config = c = config
         self.dtype = dtype
         self.device = torch.device(device)
+        if int4 and (self.device.type != "cpu" or dtype != torch.bfloat16):
+            raise ValueError(
+                "int4 matrices run on the CPU with bfloat16 activations (torch's packed int4 matmul)"
+            )
+        # matrices given as GGUF blocks (`GGUFMatrix`) kept as int4 planes where those hold them
+        # exactly, the embedding's rows dequantized as they are looked up (else: dequantized)
+        self.int4 = int4
         w = {k.removeprefix("model.") if k.startswith("model.") else k: v for k, v in weights.items()}
 
         def take(name: str) -> torch.Tensor:
             if name not in w:
                 raise ValueError(f"checkpoint lacks weight {name!r}")
-            return w[name].to(device=self.device, dtype=dtype)
+            t = w[name]
+            if isinstance(t, GGUFMatrix):
+                dense = t.dequantize().to(device=self.device, dtype=dtype)
+                t.release()
+                return dense
+            return t.to(device=self.device, dtype=dtype)
+
+        def matrix(*names: str, dense: bool = False) -> torch.Tensor | Int4Weight:
+            """The matrices ``names`` ([out, in] each) stacked on out, as ``x @ w`` takes them:
+            int4 planes (``int4``, blocks that planes hold; not ``dense``), else dense [in, out]."""
+            parts = [w.get(n) for n in names]
+            if int4 and not dense and all(isinstance(p, GGUFMatrix) for p in parts):
+                key = "+".join(names)
+                done = None if planes is None else planes.get(key)  # converted by an earlier load
+                if done is not None:
+                    return done
+                made = [p.int4() for p in parts]
+                if all(m is not None for m in made):
+                    for p in parts:
+                        p.release()
+                    done = made[0] if len(made) == 1 else join_int4(made)
+                    if planes is not None:
+                        planes.put(key, done)
+                    return done
+            return torch.cat([take(n) for n in names]).t().contiguous()
 
         def opt(name: str) -> torch.Tensor | None:
             return take(name) if name in w else None
@@ -155,9 +196,17 @@ class LlamaModel:
         def scale(name: str) -> torch.Tensor:  # a norm's weight as the scale it applies
             return (w[name].float() + off).to(self.device, dtype) if off and name in w else take(name)
 
-        self.embed = take("embed_tokens.weight")  # [V, H]
-        head = self.embed if c.tie_word_embeddings or "lm_head.weight" not in w else take("lm_head.weight")
-        self.lm_head = head.t().contiguous()  # [H, V]
+        tied = c.tie_word_embeddings or "lm_head.weight" not in w
+        self.lm_head = matrix("embed_tokens.weight" if tied else "lm_head.weight")  # [H, V]
+        embed = w.get("embed_tokens.weight")
+        if tied and isinstance(self.lm_head, Int4Weight):  # the head's planes, a column a token
+            self.embed = self.lm_head
+        elif int4 and isinstance(embed, GGUFMatrix):  # [V, H] in blocks (a copy: the file's map closes)
+            embed.check_finite()
+            self.embed = embed.with_rows(embed.raw.clone())
+            embed.release()
+        else:
+            self.embed = take("embed_tokens.weight")  # [V, H]
         self.logits_width = self.lm_head.shape[1]  # V (a tensor-parallel shard's head holds V / N)
         # tensor parallel (deepinfer.parallel): the rank's collectives, or None on one device; then
         # wo and wd are row shards (their products summed over ranks) and lm_head a vocabulary shard
@@ -178,19 +227,21 @@ class LlamaModel:
             p = f"layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
             if f.fused_qkv:
-                wqkv, biases = take(a + "qkv_proj.weight"), [None]
+                names, biases = [a + "qkv_proj.weight"], [None]
             else:
-                wqkv = torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+                names = [a + f"{x}_proj.weight" for x in "qkv"]
                 biases = [opt(a + f"{x}_proj.bias") for x in "qkv"]
                 if any(b is not None for b in biases) and not all(b is not None for b in biases):
                     raise ValueError(f"layer {i}: q/k/v biases must be all present or all absent")
+            # [H, (nh + 2 nkv) hd]; dense where q's scale is folded into it
+            wqkv = matrix(*names, dense=q_scale is not None and not f.qk_norm)
             bqkv = torch.cat(biases) if biases[0] is not None else None
             q_norm = scale(a + "q_norm.weight") if f.qk_norm else None
             if q_scale is not None:
                 if q_norm is not None:
                     q_norm = q_norm * q_scale
                 else:
-                    wqkv = torch.cat([wqkv[:nq] * q_scale, wqkv[nq:]])
+                    wqkv = torch.cat([wqkv[:, :nq] * q_scale, wqkv[:, nq:]], dim=1)
                     bqkv = None if bqkv is None else torch.cat([bqkv[:nq] * q_scale, bqkv[nq:]])
             if f.sandwich_norms:
                 ln2, post = (
@@ -210,17 +261,19 @@ class LlamaModel:
                     act=f.hidden_act,
                 )
             else:
-                gu = take(m + "gate_up_proj.weight") if f.fused_qkv else None
-                if gu is None:
-                    gu = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
-                wgu, wd = gu.t().contiguous(), take(m + "down_proj.weight").t().contiguous()
+                gu = (
+                    [m + "gate_up_proj.weight"]
+                    if f.fused_qkv
+                    else [m + "gate_proj.weight", m + "up_proj.weight"]
+                )
+                wgu, wd = matrix(*gu), matrix(m + "down_proj.weight")
             window = c.window(i)
             self.layers.append(
                 Layer(
                     ln1=scale(p + "input_layernorm.weight"),
-                    wqkv=wqkv.t().contiguous(),
+                    wqkv=wqkv,
                     bqkv=bqkv,
-                    wo=take(a + "o_proj.weight").t().contiguous(),
+                    wo=matrix(a + "o_proj.weight"),
                     ln2=ln2,
                     wgu=wgu,
                     wd=wd,
@@ -234,6 +287,8 @@ class LlamaModel:
                     softcap=c.attn_softcap or 0.0,
                 )
             )
+        if planes is not None:
+            planes.save()  # (the planes converted here, for the next load)
         # KV-cache groups: full-attention layers, then sliding-window ones (one group unless mixed)
         self.kv_groups = kv_groups([layer.window for layer in self.layers])
         self.layer_group = [0] * c.num_layers
@@ -303,7 +358,7 @@ class LlamaModel:
         if max(batch.seq_lens) > cache.block_size * batch.block_tables.shape[1]:
             raise ValueError(f"sequence length {max(batch.seq_lens)} exceeds its block table")
         x = self._embed(batch.tokens)  # [N, H]
-        op = ops(invariant, c.rms_norm_eps, self.fused, self.int8)
+        op = ops(invariant, c.rms_norm_eps, self.fused, self.int8 or self.int4)
         rope = self._rope(batch.positions)
         if invariant:
             attention = "invariant"
@@ -314,13 +369,23 @@ class LlamaModel:
                 for x in (batch.query_start, batch.seq_lens)
             )
         splits = decode_splits(N, nkv, x.device) if attention == "split" else 1  # runs of a row's keys
+        # rows of one token each (a decode step) on the torch path: where each row's keys lie is
+        # worked out once (per KV-cache group and window) for every layer
+        decode = attention == "torch" and not batch.per_row and N == len(batch.seq_lens)
+        keys: dict[tuple[int, int], DecodeKeys] = {}
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
             x, h = op.add_norm(x, y, layer.ln1)
             slots, tables = batch.group(self.layer_group[i])
-            q = self._attention_inputs(layer, h, rope, slots, cache.flat(i), op, invariant)
+            flat = cache.flat(i)
+            q = self._attention_inputs(layer, h, rope, slots, flat, op, invariant)
             q = q.reshape(N, nkv, g, hd)
-            if attention in ("triton", "split"):
+            if decode:
+                at = (self.layer_group[i], layer.window)
+                if at not in keys:
+                    keys[at] = decode_keys(tables, batch.seq_lens, cache.block_size, layer.window)
+                o = paged_decode_torch(q, *flat, keys[at], layer.softcap)
+            elif attention in ("triton", "split"):
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], tables, batch.seq_ids,
                                            batch.positions, window=layer.window, softcap=layer.softcap,
                                            splits=splits)  # fmt: skip
@@ -341,20 +406,28 @@ class LlamaModel:
         return softcap(self._head(x, op.mm).float(), self.config.final_softcap)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(tokens, self.embed)
+        if isinstance(self.embed, Int4Weight):  # a tied head's planes: the columns read, dequantized
+            x = int4_rows(self.embed, tokens).to(self.dtype)
+        elif isinstance(self.embed, GGUFMatrix):  # blocks: the rows read are dequantized
+            x = self.embed.rows(tokens).to(self.dtype)
+        else:
+            x = F.embedding(tokens, self.embed)
         return x if self.embed_scale is None else x * self.embed_scale
 
     def _rope(self, positions: torch.Tensor) -> tuple[tuple, tuple]:
         """(cos, sin, positions) of the global RoPE table, then of the local one, as `rope_store`
         takes them: the tables and the positions for the fused kernel (it gathers the rows);
-        for its torch reference the tokens' rows, gathered once for every layer, and None."""
+        for the torch path (`rope_store_torch`) the tokens' rows of cos and of the signed sin,
+        gathered once for every layer, and None."""
         tables = [(self.cos, self.sin), (self.cos_local, self.sin_local)]
         if self.cos_local is None:
             tables = tables[:1]
         if self.fused:
             out = [(cos, sin, positions) for cos, sin in tables]
         else:
-            out = [(cos[positions], sin[positions], None) for cos, sin in tables]
+            if getattr(self, "_signed", None) is None:  # (made once: the tables never change)
+                self._signed = [signed_sin(sin) for _, sin in tables]
+            out = [(cos[positions], s[positions], None) for (cos, _), s in zip(tables, self._signed)]
         return out[0], out[-1]
 
     def _attention_inputs(self, layer: Layer, h: torch.Tensor, rope: tuple, slots: torch.Tensor,
@@ -480,7 +553,7 @@ class LlamaModel:
         if attention == "torch" and (windows != [0] or self.config.attn_softcap):
             raise ValueError("attention='torch' has no sliding window (its first key block must be visible) "
                              "and no soft-cap: use 'triton', 'sdpa' or 'rows' for this model")  # fmt: skip
-        op = ops(invariant, eps, self.fused, self.int8)
+        op = ops(invariant, eps, self.fused, self.int8 or self.int4)
         N = R * T
         x = self._embed(tokens.reshape(N))  # [N, H], row-major (row, position)
         flat_pos = positions.reshape(N)

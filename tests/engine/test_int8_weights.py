@@ -34,7 +34,7 @@ def test_int8_model_generates_close_to_bfloat16(tiny_folder, monkeypatch_session
 @pytest.mark.parametrize(
     "kw,msg",
     [
-        (dict(quantization="int4"), "quantization must be None or 'int8', got 'int4'"),
+        (dict(quantization="int4"), "quantization must be 'auto', None, 'gguf' or 'int8', got 'int4'"),
         (dict(quantization="int8", dtype="float32"), "computes in bfloat16; dtype='float32'"),
         (dict(quantization="int8", deterministic=True), "not with deterministic=True"),
     ],

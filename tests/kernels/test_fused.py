@@ -116,6 +116,26 @@ def test_rope_store_equals_reference(device, dtype, nh, nkv, hd):
     assert torch.equal(caches[1][slots], v)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("nh", "nkv", "hd"), [(4, 2, 16), (9, 3, 64), (3, 1, 24)])
+@pytest.mark.parametrize("gathered", [True, False])
+def test_rope_store_torch_is_the_references_bits(dtype, nh, nkv, hd, gathered):
+    """The CPU path (a signed sin table, roll instead of negate-and-join): the reference's bits,
+    for the tokens' rows gathered beforehand (the model's way) or the tables and positions."""
+    N = 5
+    qkv, cos, sin, pos, slots = _rope_case(N, nh, nkv, hd, dtype, "cpu", 1, [0, 3, 17, 300, 511])
+    qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]
+    caches = [torch.full((64, nkv, hd), float("nan"), dtype=dtype) for _ in range(4)]
+    signed = fk.signed_sin(sin)
+    if gathered:
+        q = fk.rope_store_torch(qk, v, cos[pos], signed[pos], None, caches[0], caches[1], slots, nh)
+    else:
+        q = fk.rope_store_torch(qk, v, cos, signed, pos, caches[0], caches[1], slots, nh)
+    q_ref = fk.rope_store_reference(qk, v, cos, sin, pos, caches[2], caches[3], slots, nh)
+    assert torch.equal(q, q_ref)
+    assert torch.equal(caches[0][slots], caches[2][slots]) and torch.equal(caches[1][slots], v)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_rope_store_rejects_bad_shapes(device):
     qkv, cos, sin, pos, slots = _rope_case(2, 4, 2, 16, torch.float32, device, 1, [3, 4])

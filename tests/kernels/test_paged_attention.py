@@ -19,9 +19,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from deepinfer.kernels.paged_attention import (  # noqa: E402
+    decode_keys,
     paged_attention_reference,
     paged_attention_torch,
     paged_attention_triton,
+    paged_decode_torch,
     paged_prefill_triton,
 )
 
@@ -162,6 +164,43 @@ def test_row_bits_do_not_depend_on_the_batch(device, impl):
         seq_lens=[x.seq_lens[b] for b in order],
     )
     assert torch.equal(_run(impl, shuffled)[starts[2] : starts[3]], a[s:e])
+
+
+@pytest.mark.parametrize("specs", [[(37, 1)], [(1, 1), (37, 1), (70, 1), (16, 1)], [(5, 1), (5, 1)]])
+@pytest.mark.parametrize("window", [0, 20])
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_rows_match_reference(specs, window, softcap, dtype):
+    """The CPU decode step's attention (`decode_keys` once, `paged_decode_torch` per layer): rows
+    of one token, of one and several lengths, with and without a window and a soft-cap, through
+    shuffled blocks with NaN in every slot no row reads; against the float64 reference."""
+    x = _batch(specs, 2, 3, 64, 16, dtype, "cpu")
+    keys = decode_keys(x.block_tables, x.seq_lens, 16, window)
+    flat = [c.view(-1, 2, 64) for c in (x.k_cache, x.v_cache)]
+    got = paged_decode_torch(x.q, *flat, keys, softcap)
+    assert got.shape == x.q.shape and got.dtype == dtype and not got.isnan().any()
+    want = paged_attention_reference(x.q, x.k_cache, x.v_cache, x.block_tables, *x.rows, window=window,
+                                     softcap=softcap)  # fmt: skip
+    torch.testing.assert_close(got.double(), want, atol=1e-5 if dtype == torch.float32 else 3e-2, rtol=0)
+
+
+def test_decode_row_in_consecutive_blocks_is_read_as_a_view():
+    """One row whose blocks follow each other: its keys are a slice of the cache (no gather), with
+    the bits of the gathered read."""
+    x = _batch([(40, 1)], 1, 4, 64, 16, torch.float32, "cpu")
+    flat = [c.view(-1, 1, 64) for c in (x.k_cache, x.v_cache)]
+    for c in (x.k_cache, x.v_cache):  # the row's blocks copied to ids 2, 3, 4
+        c[2:5] = c[x.block_tables[0, :3].long()].clone()
+    tables = torch.tensor([[2, 3, 4, 0]], dtype=torch.int32)
+    for window in (0, 20):
+        keys = decode_keys(tables, x.seq_lens, 16, window)
+        assert keys.start == (32 if not window else 32 + 20) and keys.mask is None
+        got = paged_decode_torch(x.q, *flat, keys)
+        assert torch.equal(got, paged_decode_torch(x.q, *flat, keys._replace(start=None)))
+        moved = replace(x, block_tables=tables)
+        want = paged_attention_reference(x.q, x.k_cache, x.v_cache, tables, *moved.rows, window=window)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+    assert decode_keys(x.block_tables, x.seq_lens, 16).start is None  # (shuffled blocks: gathered)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,0 +1,339 @@
+"""The embedded default on the CPU beside llama.cpp: prints a table, asserts nothing.
+
+The same GGUF file (the embedded SmolLM2-135M-Instruct, Q4_1 with a Q8_0 embedding), the same
+prompts (token ids), greedy decoding at batch 1. Every measurement runs in a fresh process
+(load time and peak memory are a process's), and the engines take turns, round after round,
+so that a neighbour's load on a shared machine falls on both; the table gives each metric's
+median over the rounds:
+
+    .venv/bin/python benchmarks/bench_cpu.py [--rounds 5] [--prompt-len 256] [--decode 64]
+        [--threads default|N] [--dense]
+
+- load: building the engine from the file (``LLM()``, ``Llama()``), imports excluded. The runs
+  share a plane cache of their own (deepinfer/loader/plane_cache.py), written by one run
+  before the rounds: its load is the "first load" row;
+- prefill: prompt tokens a second, to the first sampled token (each repeat's prompt differs in
+  its first token, so neither engine's prefix cache serves it);
+- decode: tokens a second after the first, each engine's own generation loop (``LLM.step``;
+  llama-cpp-python's ``Llama.generate``), sampling included;
+- peak memory: the process's peak resident set (VmHWM), imports included (torch's own is about
+  220 MiB; the row below it gives each process's resident set after its imports).
+
+``--threads default``: each engine's own thread policy (DeepInfer: deepinfer/_threads.py;
+llama-cpp-python: half the cores for decode, every core for prompts); N: both use N threads.
+``--dense``: a third column, DeepInfer with ``quantization=None`` (the weights dequantized to
+bfloat16). ``--quality N``: instead, greedy outputs of N tokens and next-token logits of the
+default and of the weights dequantized to bfloat16, each against float32 weights. The
+llama.cpp column needs llama-cpp-python (in the ``bench`` extra; it builds llama.cpp from
+source in about 8 minutes); without it that column is skipped, with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GOALS = {"decode": 1.0, "prefill": 1.0, "peak_mib": 2.0, "load_s": 0.5}
+
+
+def _rss_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _prompts(n: int, length: int) -> list[list[int]]:
+    """n prompts of ``length`` token ids of ordinary text, differing in their first token."""
+    from deepinfer.loader import load_model
+
+    tok = load_model(None, keep_blocks=True).tokenizer
+    text = " ".join(
+        "The committee reviewed the annual report on regional water supplies and asked for a revised "
+        "budget, a timeline for the new pumping stations, and a survey of household use.".split()
+        * (length // 20 + 2)
+    )
+    ids = tok.encode(text).ids[: length - 1]
+    return [[100 + i] + ids for i in range(n)]
+
+
+# -- workers: one engine, one process --------------------------------------------------------
+def _work_deepinfer(args, prompts) -> dict:
+    t = time.perf_counter()
+    from deepinfer import LLM, SamplingParams
+
+    imports = time.perf_counter() - t
+    rss_import = _rss_mib("VmRSS")
+    kw = {} if args.variant == "default" else {"quantization": None}
+    t = time.perf_counter()
+    llm = LLM(None, device="cpu", seed=0, **kw)
+    load = time.perf_counter() - t
+    st = llm._step_threads  # (every core on steps while no other process keeps one busy)
+    threads = (
+        f"{st.base}-{st.cores} by load" if st is not None and st.enabled else str(st.current if st else 1)
+    )
+    llm.generate([[1, 2, 3, 4, 5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                 use_tqdm=False)  # fmt: skip
+    prefill, decode = [], []
+    for p in prompts:
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=args.decode + 1, ignore_eos=True))
+        t0 = time.perf_counter()
+        llm.step()  # the prompt, and the first token
+        t1 = time.perf_counter()
+        while llm.has_unfinished_requests():
+            llm.step()
+        t2 = time.perf_counter()
+        prefill.append(len(p) / (t1 - t0))
+        decode.append(args.decode / (t2 - t1))
+    return dict(load_s=load, imports_s=imports, prefill=max(prefill), decode=max(decode),
+                threads=threads, peak_mib=_rss_mib("VmHWM"), import_mib=rss_import,
+                quantization=str(llm.quantization))  # fmt: skip
+
+
+def _work_llama_cpp(args, prompts) -> dict:
+    t = time.perf_counter()
+    from llama_cpp import Llama
+
+    from deepinfer.loader import default_gguf_path
+
+    imports = time.perf_counter() - t
+    rss_import = _rss_mib("VmRSS")
+    path = default_gguf_path()
+    kw = (
+        {}
+        if args.threads == "default"
+        else dict(n_threads=int(args.threads), n_threads_batch=int(args.threads))
+    )
+    t = time.perf_counter()
+    m = Llama(model_path=path, n_ctx=args.n_ctx, verbose=False, seed=0, **kw)
+    load = time.perf_counter() - t
+
+    def run(tokens, n):
+        """Seconds to the first token and to the n-th, llama-cpp-python's greedy loop."""
+        t0 = time.perf_counter()
+        first = None
+        for i, _ in enumerate(m.generate(tokens, temp=0.0, top_k=1, reset=True)):
+            if i == 0:
+                first = time.perf_counter()
+            if i == n - 1:
+                break
+        return first - t0, time.perf_counter() - first
+
+    run([1, 2, 3, 4, 5, 6, 7, 8], 4)
+    prefill, decode = [], []
+    for p in prompts:
+        a, b = run(p, args.decode + 1)
+        prefill.append(len(p) / a)
+        decode.append(args.decode / b)
+    return dict(load_s=load, imports_s=imports, prefill=max(prefill), decode=max(decode),
+                threads=f"{m.context_params.n_threads}/{m.context_params.n_threads_batch}",
+                peak_mib=_rss_mib("VmHWM"), import_mib=rss_import)  # fmt: skip
+
+
+# -- quality: the default against the dequantized weights -------------------------------------
+QUALITY_PROMPTS = [
+    "What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis briefly.",
+    "List three prime numbers.", "What is 12 times 7?", "Translate 'good morning' into Spanish.",
+    "Name a famous painting by Leonardo da Vinci.", "Give me a synonym for 'happy'.",
+    "What does a CPU do?", "Describe a cat in five words.", "Who wrote Romeo and Juliet?",
+    "What is the boiling point of water in Celsius?", "Suggest a name for a pet goldfish.",
+    "Write a Python function that adds two numbers.", "Why is the sky blue?", "What is JSON?",
+]  # fmt: skip
+
+
+def quality(tokens: int) -> None:
+    """Greedy text and next-token logits of the default (int4 planes, bfloat16 activations) and
+    of the weights dequantized to bfloat16, each against the weights dequantized to float32."""
+    import torch
+
+    from deepinfer import LLM, SamplingParams
+
+    kw = dict(device="cpu", seed=0, kv_cache_memory=64 << 20)
+    engines = {"default": LLM(None, **kw), "bfloat16": LLM(None, quantization=None, dtype="bfloat16", **kw),
+               "float32": LLM(None, quantization=None, dtype="float32", **kw)}  # fmt: skip
+    ref = engines["float32"]
+    msgs = [[{"role": "user", "content": p}] for p in QUALITY_PROMPTS]
+    sp = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    outs = {k: [o.token_ids for o in e.chat(msgs, sp, use_tqdm=False)] for k, e in engines.items()}
+    ids = [ref.tokenizer.encode(ref.tokenizer.apply_chat_template(m, True)) for m in msgs]
+    last = {k: torch.stack([x[-1] for x in e.model.logits(ids)]) for k, e in engines.items()}
+
+    def agree(a, b):  # tokens before the first difference
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    print(f"\nQuality: {len(msgs)} chat prompts, greedy, {tokens} tokens; each against float32 weights "
+          "(the file's blocks dequantized to float32)")  # fmt: skip
+    rows = []
+    for k in ("default", "bfloat16"):
+        same = [agree(a, b) for a, b in zip(outs[k], outs["float32"])]
+        p, q = torch.softmax(last[k].float(), -1), torch.softmax(last["float32"], -1)
+        top = (last[k].argmax(-1) == last["float32"].argmax(-1)).float().mean()
+        rows.append([k, f"{sum(x == tokens for x in same)}/{len(same)}", f"{sum(same) / len(same):.1f}",
+                     f"{top:.0%}", f"{(last[k].float() - last['float32']).abs().amax(-1).mean():.3f}",
+                     f"{0.5 * (p - q).abs().sum(-1).mean():.4f}"])  # fmt: skip
+    header = ["weights", f"identical {tokens}-token outputs", "mean tokens before a difference",
+              "first token agrees", "max logit error (mean)", "total variation, next token"]  # fmt: skip
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+
+
+# -- the parent: interleaved rounds ----------------------------------------------------------
+def _run(engine: str, variant: str, args, prompts_file: str, cache: str) -> dict | None:
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", DEEPINFER_PLANE_CACHE=cache)
+    if args.threads != "default":
+        env["DEEPINFER_NUM_THREADS"] = str(args.threads)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--variant", variant,
+           "--prompts", prompts_file, "--decode", str(args.decode), "--threads", str(args.threads),
+           "--n-ctx", str(args.n_ctx)]  # fmt: skip
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"{engine} ({variant}) failed:\n{r.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _machine() -> str:
+    model = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True
+        )
+        return out.stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--decode", type=int, default=64, help="tokens decoded after the first")
+    ap.add_argument("--repeats", type=int, default=2, help="prompts per process (its best counts)")
+    ap.add_argument("--threads", default="default")
+    ap.add_argument("--n-ctx", type=int, default=2048, help="llama.cpp's context (its KV cache)")
+    ap.add_argument("--dense", action="store_true", help="also DeepInfer with quantization=None")
+    ap.add_argument("--quality", type=int, default=0, metavar="TOKENS",
+                    help="only the quality table: TOKENS-token greedy outputs, against float32")  # fmt: skip
+    ap.add_argument("--worker", choices=["deepinfer", "llama_cpp"], help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="default", help=argparse.SUPPRESS)
+    ap.add_argument("--prompts", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker:
+        with open(args.prompts) as f:
+            prompts = json.load(f)
+        work = _work_deepinfer if args.worker == "deepinfer" else _work_llama_cpp
+        print(json.dumps(work(args, prompts)))
+        return
+
+    if args.quality:
+        return quality(args.quality)
+    import importlib.util
+    import tempfile
+
+    engines = [("deepinfer", "default")] + ([("deepinfer", "dense")] if args.dense else [])
+    if importlib.util.find_spec("llama_cpp") is None:
+        print("llama-cpp-python is not installed: the llama.cpp column is skipped. Install it with "
+              "`.venv/bin/pip install -e \".[bench]\"` (it builds llama.cpp from source, about 8 minutes; "
+              "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" builds for this CPU).\n")  # fmt: skip
+    else:
+        engines.insert(0, ("llama_cpp", "default"))
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(_prompts(args.repeats, args.prompt_len), f)
+        prompts_file = f.name
+    load_before = os.getloadavg()[0]
+    results: dict[tuple[str, str], list[dict]] = {e: [] for e in engines}
+    cache = tempfile.mkdtemp(prefix="bench_cpu_cache_")  # the plane cache of these runs only
+    try:
+        first = _run("deepinfer", "default", args, prompts_file, cache)  # converts, writes the cache
+        for r in range(args.rounds):
+            order = engines if r % 2 == 0 else engines[::-1]  # who goes first alternates
+            for e in order:
+                out = _run(*e, args, prompts_file, cache)
+                if out is not None:
+                    results[e].append(out)
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    finally:
+        os.unlink(prompts_file)
+        shutil.rmtree(cache, ignore_errors=True)
+    load_after = os.getloadavg()[0]
+
+    def med(e, key):
+        vals = [x[key] for x in results[e]]
+        return statistics.median(vals) if vals else float("nan")
+
+    names = {("llama_cpp", "default"): "llama.cpp", ("deepinfer", "default"): "DeepInfer (default)",
+             ("deepinfer", "dense"): "DeepInfer (quantization=None)"}  # fmt: skip
+    cols = [e for e in engines if results[e]]
+    peer = ("llama_cpp", "default") if results.get(("llama_cpp", "default")) else None
+    ours = ("deepinfer", "default")
+    print(f"\nCPU: {_machine()}; load average {load_before:.1f} before, {load_after:.1f} after; commit "
+          f"{_commit()}; {args.rounds} rounds, medians; prompt {args.prompt_len} tokens, decode "
+          f"{args.decode} tokens at batch 1, greedy")  # fmt: skip
+    rows = [
+        ("decode, batch 1 [tok/s]", "decode", "{:.1f}"),
+        (f"prefill, {args.prompt_len}-token prompt [tok/s]", "prefill", "{:.0f}"),
+        ("peak memory [MiB]", "peak_mib", "{:.0f}"),
+        ("  of which after imports [MiB]", "import_mib", "{:.0f}"),
+        ("load [s]", "load_s", "{:.2f}"),
+    ]
+    header = ["metric", *(names[e] for e in cols)] + (
+        ["DeepInfer / llama.cpp", "goal", "met"] if peer else []
+    )
+    table = []
+    for label, key, fmt in rows:
+        row = [label, *(fmt.format(med(e, key)) for e in cols)]
+        if peer:
+            ratio = med(ours, key) / med(peer, key)
+            goal, met = "", ""
+            if key in ("decode", "prefill"):
+                goal, met = f">= {GOALS[key]:.2f}x", "yes" if ratio >= GOALS[key] else "no"
+            elif key == "peak_mib":
+                goal, met = f"<= {GOALS[key]:.2f}x", "yes" if ratio <= GOALS[key] else "no"
+            elif key == "load_s":
+                goal, met = f"<= {GOALS[key]} s", "yes" if med(ours, key) <= GOALS[key] else "no"
+            row += [f"{ratio:.2f}x", goal, met]
+        table.append(row)
+    if first is not None:  # the first load of a file: no plane cache yet
+        row = ["first load (writes the plane cache) [s]"]
+        row += [f"{first['load_s']:.2f}" if e == ours else "" for e in cols]
+        if peer:
+            met = "yes" if first["load_s"] <= GOALS["load_s"] else "no"
+            row += [f"{first['load_s'] / med(peer, 'load_s'):.2f}x", f"<= {GOALS['load_s']} s", met]
+        table.append(row)
+    table.append(["threads (decode/prompt)", *(str(results[e][0]["threads"]) for e in cols)]
+                 + (["", "", ""] if peer else []))  # fmt: skip
+    widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in table:
+        print(line(r))
+    for e in cols:
+        spread = [f"{x['decode']:.0f}" for x in results[e]]
+        print(f"{names[e]}: decode per round {', '.join(spread)} tok/s")
+
+
+if __name__ == "__main__":
+    main()

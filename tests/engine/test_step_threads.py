@@ -1,0 +1,75 @@
+"""The CPU's threads step by step (deepinfer/_threads.py, StepThreads): every core while no
+other process keeps one busy and the step has no mask work; the base count otherwise; fixed
+where the user set it. The machine's load is fed in through its reading, the clock stepped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer import _threads
+
+
+class Machine:
+    """A fake /proc/stat and clocks: ``run(seconds, others, ours)`` advances them."""
+
+    def __init__(self, monkeypatch):
+        self.busy, self.now, self.own = 100.0, 0.0, 1.0
+        monkeypatch.setattr(_threads, "_busy_seconds", lambda: self.busy)
+        monkeypatch.setattr(_threads, "cpu_count", lambda: 2)
+
+    def run(self, seconds: float, others: float, ours: float = 1.0) -> None:
+        """``others``, ``ours``: cores busy on average (other processes, this one)."""
+        self.now += seconds
+        self.own += ours * seconds
+        self.busy += (others + ours) * seconds
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    monkeypatch.delenv("DEEPINFER_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = torch.get_num_threads()
+    m = Machine(monkeypatch)
+    yield m
+    torch.set_num_threads(threads)
+
+
+def _policy(m: Machine) -> _threads.StepThreads:
+    p = _threads.StepThreads(window=0.25)
+    p.base = p.current = 1
+    p.enabled = True
+    p._clock, p._cpu = (lambda: m.now), (lambda: m.own)
+    p._t, p._own, p._busy = m.now, m.own, m.busy
+    return p
+
+
+def test_every_core_while_the_other_is_idle(machine):
+    p = _policy(machine)
+    assert p.for_step(False) == 1  # no window measured yet: the base count
+    machine.run(0.3, others=0.02)
+    assert p.for_step(False) == 2 and torch.get_num_threads() == 2
+    assert p.for_step(True) == 1  # a step with masks to fill leaves a core to them
+    assert p.for_step(False) == 2
+    machine.run(0.3, others=0.6, ours=1.8)  # a neighbour starts
+    assert p.for_step(False) == 1 and torch.get_num_threads() == 1
+    machine.run(0.3, others=0.2)  # below a quarter core but not below a tenth: still theirs
+    assert p.for_step(False) == 1
+    machine.run(0.3, others=0.05)
+    assert p.for_step(False) == 2
+
+
+def test_a_window_shorter_than_its_length_is_not_measured(machine):
+    p = _policy(machine)
+    machine.run(0.1, others=0.0)
+    assert p.for_step(False) == 1
+    machine.run(0.2, others=0.0)
+    assert p.for_step(False) == 2
+
+
+def test_fixed_where_the_user_set_threads(machine, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_NUM_THREADS", "1")
+    p = _threads.StepThreads()
+    assert not p.enabled
+    machine.run(1.0, others=0.0)
+    assert p.for_step(False) == p.current
