@@ -120,6 +120,32 @@ def _check_window(fn: str, window) -> None:
         raise ValueError(f"{fn}: expected window a host int >= 0 (0: no sliding window), got {window!r}")
 
 
+def _check_block_size(fn: str, k_cache: torch.Tensor) -> None:
+    bs = k_cache.shape[1]
+    if bs < 1 or bs & (bs - 1):
+        raise ValueError(f"{fn}: expected block_size (k_cache.shape[1]) a power of two, got {bs}")
+
+
+def _check_one_device(fn: str, *tensors: torch.Tensor) -> None:
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"{fn}: expected every tensor on one device, got {sorted(map(str, devices))}")
+
+
+def _check_tiles(fn: str, q: torch.Tensor, block_tables: torch.Tensor, B: int, max_query_len) -> None:
+    """The query-tiled kernels' shared arguments: a table row per sequence (B of them), and
+    max_query_len a host int that covers q's rows."""
+    if block_tables.shape[0] < B:
+        raise ValueError(f"{fn}: expected a block_tables row per sequence ({B}), got {block_tables.shape[0]}")
+    N = q.shape[0]
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 0:
+        raise ValueError(f"{fn}: expected max_query_len a host int >= 0 (the most rows of a sequence), "
+                         f"got {max_query_len!r}")  # fmt: skip
+    if N > 0 and (B == 0 or max_query_len == 0):
+        raise ValueError(f"{fn}: q has {N} rows but there are {B} sequences and max_query_len is "
+                         f"{max_query_len} (expected both >= 1)")  # fmt: skip
+
+
 def paged_attention_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -189,12 +215,8 @@ def paged_attention_triton(
     _check_window(fn, window)
     if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise ValueError(f"{fn}: expected splits a host int >= 1 (1: no split), got {splits!r}")
-    bs = k_cache.shape[1]
-    if bs < 1 or bs & (bs - 1):
-        raise ValueError(f"{fn}: expected block_size (k_cache.shape[1]) a power of two, got {bs}")
-    devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_ids, positions)}
-    if len(devices) != 1:
-        raise ValueError(f"{fn}: expected every tensor on one device, got {sorted(map(str, devices))}")
+    _check_block_size(fn, k_cache)
+    _check_one_device(fn, q, k_cache, v_cache, block_tables, seq_ids, positions)
     q = q.contiguous()
     out = torch.empty_like(q)
     if q.shape[0] == 0:
@@ -244,9 +266,7 @@ def paged_prefill_triton(
     _check_window(fn, window)
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"{fn}: expected q float32, bfloat16 or float16, got {q.dtype}")
-    bs = k_cache.shape[1]
-    if bs < 1 or bs & (bs - 1):
-        raise ValueError(f"{fn}: expected block_size (k_cache.shape[1]) a power of two, got {bs}")
+    _check_block_size(fn, k_cache)
     for name, t in (("query_start", query_start), ("seq_lens", seq_lens)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{fn}: expected {name} a tensor on q's device (paged_attention_torch takes "
@@ -258,18 +278,9 @@ def paged_prefill_triton(
     if query_start.shape != (B + 1,) or query_start.dtype not in _INDEX_DTYPES:
         raise ValueError(f"{fn}: expected query_start int32 or int64 of shape [{B + 1}] (B + 1 for {B} "
                          f"seq_lens), got {query_start.dtype} {tuple(query_start.shape)}")  # fmt: skip
-    if block_tables.shape[0] < B:
-        raise ValueError(f"{fn}: expected a block_tables row per sequence ({B}), got {block_tables.shape[0]}")
+    _check_tiles(fn, q, block_tables, B, max_query_len)
     N = q.shape[0]
-    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 0:
-        raise ValueError(f"{fn}: expected max_query_len a host int >= 0 (the most rows of a sequence), "
-                         f"got {max_query_len!r}")  # fmt: skip
-    if N > 0 and (B == 0 or max_query_len == 0):
-        raise ValueError(f"{fn}: q has {N} rows but there are {B} sequences and max_query_len is "
-                         f"{max_query_len} (expected both >= 1)")  # fmt: skip
-    devices = {t.device for t in (q, k_cache, v_cache, block_tables, query_start, seq_lens)}
-    if len(devices) != 1:
-        raise ValueError(f"{fn}: expected every tensor on one device, got {sorted(map(str, devices))}")
+    _check_one_device(fn, q, k_cache, v_cache, block_tables, query_start, seq_lens)
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -324,9 +335,7 @@ def paged_invariant_triton(
     _check_window(fn, window)
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"{fn}: expected q float32, bfloat16 or float16, got {q.dtype}")
-    bs = k_cache.shape[1]
-    if bs < 1 or bs & (bs - 1):
-        raise ValueError(f"{fn}: expected block_size (k_cache.shape[1]) a power of two, got {bs}")
+    _check_block_size(fn, k_cache)
     for name, t in (("query_start", query_start), ("positions", positions)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{fn}: expected {name} a tensor on q's device, got {type(t).__name__}")
@@ -338,17 +347,8 @@ def paged_invariant_triton(
         raise ValueError(f"{fn}: expected positions int64 (or int32) of shape [{N}] (q's rows), got "
                          f"{positions.dtype} {tuple(positions.shape)}")  # fmt: skip
     B = query_start.shape[0] - 1
-    if block_tables.shape[0] < B:
-        raise ValueError(f"{fn}: expected a block_tables row per sequence ({B}), got {block_tables.shape[0]}")
-    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 0:
-        raise ValueError(f"{fn}: expected max_query_len a host int >= 0 (the most rows of a sequence), "
-                         f"got {max_query_len!r}")  # fmt: skip
-    if N > 0 and (B == 0 or max_query_len == 0):
-        raise ValueError(f"{fn}: q has {N} rows but there are {B} sequences and max_query_len is "
-                         f"{max_query_len} (expected both >= 1)")  # fmt: skip
-    devices = {t.device for t in (q, k_cache, v_cache, block_tables, query_start, positions)}
-    if len(devices) != 1:
-        raise ValueError(f"{fn}: expected every tensor on one device, got {sorted(map(str, devices))}")
+    _check_tiles(fn, q, block_tables, B, max_query_len)
+    _check_one_device(fn, q, k_cache, v_cache, block_tables, query_start, positions)
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
