@@ -40,6 +40,17 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _table(header, rows):
+    """bench_decode's Markdown table (imported here, not at the top: a llama.cpp child process
+    must not import torch, whose memory it would count)."""
+    sys.path.insert(0, HERE)
+    from bench_decode import _table as table
+
+    table(header, rows)
+
+
 GOALS = {"decode": 1.0, "prefill": 1.0, "peak_mib": 2.0, "load_s": 0.5}
 
 
@@ -181,12 +192,7 @@ def quality(tokens: int) -> None:
                      f"{0.5 * (p - q).abs().sum(-1).mean():.4f}"])  # fmt: skip
     header = ["weights", f"identical {tokens}-token outputs", "mean tokens before a difference",
               "first token agrees", "max logit error (mean)", "total variation, next token"]  # fmt: skip
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
+    _table(header, rows)
 
 
 # -- the parent: interleaved rounds ----------------------------------------------------------
@@ -324,12 +330,7 @@ def main() -> None:
         table.append(row)
     table.append(["threads (decode/prompt)", *(str(results[e][0]["threads"]) for e in cols)]
                  + (["", "", ""] if peer else []))  # fmt: skip
-    widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
-    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in table:
-        print(line(r))
+    _table(header, table)
     for e in cols:
         spread = [f"{x['decode']:.0f}" for x in results[e]]
         print(f"{names[e]}: decode per round {', '.join(spread)} tok/s")
