@@ -6,7 +6,9 @@ fixed. HTTP: a server subprocess (``--max-num-seqs`` = the concurrency), c clien
 streaming its requests in turn (asyncio tasks, spread over ``--client-procs`` processes).
 Offline: an ``LLM`` with ``max_num_seqs`` = c in this process, the same requests through
 ``add_request`` / ``step``, c in flight at a time. Per row: output tokens/s, time to first token
-(mean) and time per output token (mean), and HTTP / offline.
+(mean) and time per output token (mean), and HTTP / offline; then the engine steps of each
+run by kind (decode, prefill: prompt tokens with or without decode rows, verify) with their
+mean host time, the server's from its /metrics.
 
 CPU, the embedded model:
     .venv/bin/python benchmarks/bench_serve.py [--requests 32] [--max-tokens 32]
@@ -130,6 +132,39 @@ CHATML = (
 )
 
 
+STEP_METRICS = ("deepinfer_engine_steps_by_kind_total", "deepinfer_engine_step_seconds_total")
+
+
+def server_steps(base: str) -> dict[str, list[float]]:
+    """The server engine's steps by kind so far: {kind: [steps, seconds]}, from /metrics."""
+    import httpx
+
+    out: dict[str, list[float]] = {}
+    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
+        for i, name in enumerate(STEP_METRICS):
+            if line.startswith(name + "{"):
+                kind = line.split('"')[1]
+                out.setdefault(kind, [0, 0.0])[i] = float(line.split()[-1])
+    return out
+
+
+def offline_steps(llm) -> dict[str, list[float]]:
+    """The offline engine's steps by kind so far, as ``server_steps``."""
+    m = llm.metrics()
+    kinds = [k[: -len("_steps")] for k in m if k.endswith("_steps")]
+    return {k: [m[k + "_steps"], m[k + "_step_seconds"]] for k in kinds}
+
+
+def steps_between(before: dict, after: dict) -> str:
+    """'kind n x mean ms' for each kind that ran between two step counts."""
+    parts = []
+    for kind, (n, t) in after.items():
+        n0, t0 = before.get(kind, (0, 0.0))
+        if n > n0:
+            parts.append(f"{kind} {n - n0:.0f} x {(t - t0) / (n - n0) * 1e3:.1f} ms")
+    return ", ".join(parts) or "-"
+
+
 def make_llm(args, c: int):
     """The engine under test: the embedded model on the CPU, or random weights at ``args.shape``."""
     from deepinfer import LLM
@@ -212,7 +247,7 @@ def main() -> None:
     from bench_decode import _table
 
     bodies = requests(args.requests)
-    rows = []
+    rows, steps = [], []
     for c in (int(x) for x in args.concurrency.split(",")):
         port = _port()
         if args.device == "cpu":
@@ -237,25 +272,32 @@ def main() -> None:
                     time.sleep(0.5)
             http_run(base, bodies[:2], 2, 4)  # warm-up: the constraint compiled
             procs = args.client_procs or max(1, min(c // 8, (os.cpu_count() or 1) // 4))
+            s0 = server_steps(base)
             h = http_run(base, bodies, c, args.max_tokens, procs)
+            h["steps"] = steps_between(s0, server_steps(base))
         finally:
             proc.terminate()
             proc.wait(timeout=30)
         llm = make_llm(args, c)
         offline_run(llm, bodies[:2], 4, 2)
+        s0 = offline_steps(llm)
         o = offline_run(llm, bodies, args.max_tokens, c)
+        o["steps"] = steps_between(s0, offline_steps(llm))
         del llm
         ratio, diff = h["tok_s"] / o["tok_s"], (h["ttft"] - o["ttft"]) * 1e3
         ms = [f"{h['ttft'] * 1e3:.0f}", f"{o['ttft'] * 1e3:.0f}", f"{diff:+.0f}"]
         ms += [f"{h['tpot'] * 1e3:.1f}", f"{o['tpot'] * 1e3:.1f}"]
         rows.append([c, f"{h['tok_s']:.1f}", f"{o['tok_s']:.1f}", f"{ratio:.2f}x", *ms])
-        print("  measured", rows[-1], flush=True)
+        steps.append([c, h["steps"], o["steps"]])
+        print("  measured", rows[-1], steps[-1], flush=True)
     what = "chat requests (half JSON-Schema constrained), greedy"
     if args.device != "cpu":
         what += f", {args.shape} random weights on {args.device}"
     print(f"\n{args.requests} {what}, max_tokens {args.max_tokens}")
     _table(["concurrency", "HTTP tok/s", "offline tok/s", "HTTP / offline", "HTTP TTFT ms", "offline TTFT ms",
             "TTFT diff ms", "HTTP TPOT ms", "offline TPOT ms"], rows)  # fmt: skip
+    print("\nEngine steps by kind (count x mean host time a step)")
+    _table(["concurrency", "HTTP", "offline"], steps)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ from .sequence import Sequence
 from .structured import MaskFiller, Structured, judge, split_reasoning
 from .tokenizer import Message, Tokenizer
 
+# What an engine step computed, for ``metrics``: one token a row, prompt tokens (with or without
+# decode rows beside them), or DSpark's drafts verified.
+STEP_KINDS = ("decode", "prefill", "verify")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -272,6 +275,7 @@ class LLM:
         # its constraint ends there was decoded one step too many: that token is dropped.
         self._pending: list[tuple[Sequence, int]] = []
         self._compile_seconds, self._compiles = 0.0, 0  # constraints compiled at admission (cache hits too)
+        self._steps = {kind: [0, 0.0] for kind in STEP_KINDS}  # steps and their seconds, by kind
         self.step_times: dict[tuple[str, int, int], float] = {}  # warm-up: device seconds a step shape
         self.capture_graphs()  # before the first step, no request pays a capture (CUDA)
         self.load_seconds = time.perf_counter() - t0
@@ -344,6 +348,7 @@ class LLM:
         """One engine step: schedule -> forward -> sample -> post-process. Returns an output per
         request that finished (since the last step: ``finished=True``, in no particular order)
         and, for streamed requests, a partial one per request that gained tokens."""
+        t0 = time.perf_counter()
         sch = self.scheduler
         drafting = self._gate(sch.running)  # may this step draft (DSpark)?
         if self._pending and (sch.waiting or drafting):
@@ -372,6 +377,9 @@ class LLM:
                 else:
                     masks.wait()
             sch.commit(out.rows)
+            kind = self._steps["verify" if out.verify is not None else "decode" if out.decode else "prefill"]
+            kind[0] += 1
+            kind[1] += time.perf_counter() - t0
         return self._outputs(out.finished + sch.reap(), out.batch)
 
     def metrics(self) -> dict[str, int | float]:
@@ -383,7 +391,9 @@ class LLM:
         ``waiting`` now; constraint work: ``constraints_compiled`` and the seconds it took
         (``constraint_compile_seconds``, cache hits included), ``mask_seconds`` spent filling
         bitmasks and ``mask_wait_seconds`` of it the step loop waited for (not hidden behind
-        the forward)."""
+        the forward); steps by kind and their host seconds: ``decode_steps`` (one token a row),
+        ``prefill_steps`` (prompt tokens, with or without decode rows), ``verify_steps`` (DSpark
+        drafts), and ``decode_step_seconds`` etc."""
         sch = self.scheduler
         pool = sch.pool
         return {
@@ -406,6 +416,8 @@ class LLM:
             "constraint_compile_seconds": self._compile_seconds,
             "mask_seconds": self.masks.mask_seconds,
             "mask_wait_seconds": self.masks.wait_seconds,
+            **{f"{k}_steps": n for k, (n, _) in self._steps.items()},
+            **{f"{k}_step_seconds": t for k, (_, t) in self._steps.items()},
         }
 
     def abort_request(self, request_id: Any) -> None:

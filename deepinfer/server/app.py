@@ -329,7 +329,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 def prometheus(loop: EngineLoop) -> str:
     """Prometheus text: requests by finish reason, tokens, TTFT / TPOT histograms, queue, KV,
-    constraint compile and mask time."""
+    constraint compile and mask time, engine steps and their seconds by kind."""
     st = loop.stats
     m = dict.fromkeys(METRICS, 0)
     m.update(loop.engine_metrics)  # the engine's, as of its latest step
@@ -353,6 +353,11 @@ def prometheus(loop: EngineLoop) -> str:
         ("deepinfer_mask_wait_seconds_total", m["mask_wait_seconds"], "counter"),
     ):
         lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
+    for name, key in (("deepinfer_engine_steps_by_kind_total", "_steps"),
+                      ("deepinfer_engine_step_seconds_total", "_step_seconds")):  # fmt: skip
+        lines.append(f"# TYPE {name} counter")
+        kinds = [k[: -len("_step_seconds")] for k in m if k.endswith("_step_seconds")]
+        lines += [f'{name}{{kind="{k}"}} {m[k + key]}' for k in kinds]
     for name, xs in (("deepinfer_time_to_first_token_seconds", st.ttft),
                      ("deepinfer_time_per_output_token_seconds", st.tpot)):  # fmt: skip
         xs = list(xs)

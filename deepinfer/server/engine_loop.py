@@ -108,6 +108,7 @@ class EngineLoop:
         if msg[0] != "ready":
             raise RuntimeError(f"the engine failed to start: {msg[1]}")
         self.info = msg[1]
+        self.engine_metrics = self.info.pop("metrics", {})
         self._reader = threading.Thread(target=self._read, name="deepinfer-engine-reader", daemon=True)
         self._reader.start()
 
@@ -246,7 +247,8 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
             b if b is not None else (tok.id_to_token(i) or "").encode()
             for i, b in enumerate(tok.token_bytes())
         ]
-        outbox.send(("ready", {"chat_template": tok.chat_template, "token_bytes": token_bytes}))
+        info = {"chat_template": tok.chat_template, "token_bytes": token_bytes, "metrics": llm.metrics()}
+        outbox.send(("ready", info))
     except BaseException as e:  # noqa: BLE001 - the server says why it could not start
         outbox.send(("failed", f"{type(e).__name__}: {e}"))
         return

@@ -149,3 +149,15 @@ def test_metrics_count_constraint_compiles_and_mask_time(llm):
     assert after["constraints_compiled"] - before["constraints_compiled"] == 2
     assert after["constraint_compile_seconds"] > before["constraint_compile_seconds"]
     assert after["mask_seconds"] > before["mask_seconds"]
+
+
+def test_metrics_count_steps_by_kind(llm):
+    before = llm.metrics()
+    llm.generate([[1, 5, 9], [1, 7]], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
+    after = llm.metrics()
+    # both prompts in one prefill step (their first token sampled there), then 3 decode steps
+    assert after["prefill_steps"] - before["prefill_steps"] == 1
+    assert after["decode_steps"] - before["decode_steps"] == 3
+    assert after["verify_steps"] == before["verify_steps"]
+    for kind in ("prefill", "decode"):
+        assert after[f"{kind}_step_seconds"] > before[f"{kind}_step_seconds"]

@@ -89,6 +89,8 @@ def test_models_health_and_metrics(server, client):
         "deepinfer_time_to_first_token_seconds",
         "deepinfer_constraint_compile_seconds_total",
         "deepinfer_mask_seconds_total",
+        'deepinfer_engine_steps_by_kind_total{kind="decode"}',
+        'deepinfer_engine_step_seconds_total{kind="prefill"}',
     ):
         assert name in text
 
