@@ -436,10 +436,10 @@ class LLM:
         at 8B scale): decode for every batch bucket up to ``max_num_seqs`` and key bucket up to
         ``max_len`` (default ``max_model_len``), and DSpark's verify forward at every width up to
         ``max_drafts + 1`` (``verify``: None = unless DSpark is off by default); compile the
-        verify kernel and time every step shape on the device (DSpark's cost model starts from
-        these). Construction calls it; returns the number captured (0 off CUDA, and when
-        everything is captured already)."""
-        from .warmup import compile_verify, time_steps, verify_widths
+        sampler's and the verify kernel's variants and time every step shape on the device
+        (DSpark's cost model starts from these). Construction calls it; returns the number
+        captured (0 off CUDA, and when everything is captured already)."""
+        from .warmup import compile_sampling, compile_verify, time_steps, verify_widths
 
         if not self.runner.cuda_graphs:
             return 0
@@ -450,6 +450,7 @@ class LLM:
         widths = verify_widths(cfg.max_drafts) if verify else ()
         n = self.runner.capture_graphs(max_len, widths)
         if n:
+            compile_sampling(self.config.vocab_size, self.device)
             if widths:
                 compile_verify(self.config.vocab_size, self.device)
             self.step_times = time_steps(self.runner, widths)

@@ -46,6 +46,10 @@ from .sequence import Sequence
 # Rows of a deterministic decode tile (torch kernels: every tile has this many rows whatever the
 # batch, so a row's arithmetic never changes). Not used with the batch-invariant kernels.
 DETERMINISTIC_TILE = 8
+# Tokens a step's prompt chunks may add to its decode rows and still run in the decode graphs
+# (default mode on CUDA): each prompt token becomes a decode row of its own, so a step where a
+# short prompt joins the running batch replays a graph instead of the eager forward.
+MIXED_TOKENS = 64
 # Prefill chunk of the CPU's deterministic mode: chunks start at multiples of it, so a prompt's
 # chunks are the same shapes whether a prefix of it was cached or not.
 DETERMINISTIC_CHUNK = 64
@@ -160,9 +164,11 @@ class ModelRunner:
             kv = kv_bucket(kv + 1, self.model.max_len)
             kvs.append(kv)
         verify_kvs = kvs if self.verify_kv is None else [self.verify_kv]
-        for rows in batch_buckets(self.max_rows):
+        for rows in self.buckets():
             for kv in kvs:
                 n += self.graphs.ensure(Tile(rows, kv))
+            if rows > self.max_rows:  # (mixed steps only: a verify step has at most max_rows rows)
+                continue
             for T in sorted({t_bucket(T) for T in positions}):
                 for kv in verify_kvs:
                     n += self.graphs.ensure(Tile(rows, kv, T))
@@ -188,6 +194,8 @@ class ModelRunner:
         decode = all(n == 1 and s.completes(1) for s, n in zip(rows, counts))
         if decode and self.static_decode:
             logits = self._decode_static(rows)
+        elif self._mixed_fits(rows, counts):
+            logits = self._mixed_static(rows, counts)
         elif self.tile:
             logits = self._step_tiles(rows, counts)
         else:
@@ -195,6 +203,44 @@ class ModelRunner:
         for s, n in zip(rows, counts):
             s.num_cached += n
         return logits
+
+    @property
+    def graph_rows(self) -> int:
+        """Rows of the largest decode graph: ``max_rows``, and MIXED_TOKENS more where mixed steps
+        replay the decode graphs (CUDA graphs, default mode)."""
+        return self.max_rows + (MIXED_TOKENS if self.cuda_graphs and not self.deterministic else 0)
+
+    def buckets(self) -> list[int]:
+        """The decode graphs' row counts: ``batch_buckets(max_rows)``, then those of
+        ``graph_rows`` above max_rows."""
+        low = batch_buckets(self.max_rows)
+        return low + [b for b in batch_buckets(self.graph_rows) if b > self.max_rows]
+
+    def _mixed_fits(self, rows: list[Sequence], counts: list[int]) -> bool:
+        """A step with prompt chunks that the decode graphs can run: default mode on CUDA, at most
+        ``graph_rows`` tokens, every position inside the graphs' RoPE tables."""
+        if not self.cuda_graphs or self.deterministic or sum(counts) > self.graph_rows:
+            return False
+        return max(s.num_cached + n for s, n in zip(rows, counts)) <= self.model.max_len
+
+    def _mixed_static(self, rows: list[Sequence], counts: list[int]) -> torch.Tensor:
+        """A step with prompt chunks through the decode graphs: each fed token a decode row of its
+        own (its token, its position, its sequence's blocks), as ``verify_tiles`` lays out
+        positions. The step writes every row's K/V before any row attends, so a prompt token sees
+        the tokens before it in its chunk. Logits of the rows that sample, in row order."""
+        seqs, tokens, starts, last = [], [], [], []
+        for s, n in zip(rows, counts):
+            ids = s.all_token_ids
+            for j in range(s.num_cached, s.num_cached + n):
+                seqs.append(s)
+                tokens.append([ids[j]])
+                starts.append(j)
+            if s.completes(n):
+                last.append(len(seqs) - 1)
+        logits = self._run_tiles(seqs, tokens, starts)
+        if len(last) == len(seqs):
+            return logits
+        return logits[self._to(last)]
 
     def _step_tiles(self, rows: list[Sequence], counts: list[int]) -> torch.Tensor:
         """Deterministic mode with torch kernels: each prefill chunk alone, the decode rows in
@@ -335,7 +381,7 @@ class ModelRunner:
             starts,
             block_size=self.cache.block_size,
             max_len=self.max_len if self.tile else self.model.max_len,
-            rows=None if self.tile else bucket_for(len(seqs), batch_buckets(self.max_rows)),
+            rows=None if self.tile else bucket_for(len(seqs), self.buckets()),
             tile=self.tile,
             more=self._more(seqs),
         )

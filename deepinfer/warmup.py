@@ -3,6 +3,9 @@ in the middle of a run, done at ``LLM`` construction instead.
 
 - capture every decode and verify CUDA graph (``ModelRunner.capture_graphs``);
 - compile the verify kernel's variants (no mask, every row masked, some rows masked);
+- compile the sampler's variants: each kind of row set (``kernels.sample_kinds``) with no mask,
+  every row masked and some rows masked (a server meets them as requests come and go: the
+  last constrained request alone in the batch is a variant of its own);
 - time each step shape's forward on the device (``StepGraphs.time``): DSpark's cost model starts
   from these (``CostModel.seed``), so it never runs a step only to learn what a shape costs.
 
@@ -36,6 +39,30 @@ def time_steps(runner: ModelRunner, widths: tuple[int, ...], reps: int = 3) -> d
         for T in widths:
             out[("verify", rows, T)] = runner.graphs.time(Tile(rows, runner.verify_kv or kv, T), reps)
     return out
+
+
+SAMPLE_KINDS = {  # kind -> (temperature, top_k, top_p, min_p) of a row that needs it
+    "greedy": (0.0, 0, 1.0, 0.0),
+    "plain": (1.0, 0, 1.0, 0.0),
+    "sample": (1.0, 0, 1.0, 0.1),
+    "top_p": (1.0, 0, 0.9, 0.0),
+    "top_k": (1.0, 5, 1.0, 0.0),
+    "filter": (1.0, 5, 0.9, 0.1),
+}
+
+
+def compile_sampling(vocab_size: int, device: torch.device) -> None:
+    """Run the fused sampler once in each kind x mask variant it compiles (float32 logits, as
+    the forward returns them)."""
+    B, W = 2, (vocab_size + 31) // 32
+    logits = torch.zeros(B, vocab_size, device=device)
+    mask = torch.full((B, W), -1, dtype=torch.int32, device=device)
+    ints = torch.zeros(B, dtype=torch.int64, device=device)
+    some = torch.zeros(1, dtype=torch.int64, device=device)
+    for kind, (t, k, p, mp) in SAMPLE_KINDS.items():
+        for bitmask, indices in ((None, None), (mask, None), (mask, some)):
+            kernels.sample(logits, bitmask=bitmask, indices=indices, temperature=t, top_k=k, top_p=p,
+                           min_p=mp, seed=ints, step=ints, validate=False, kinds=kind)  # fmt: skip
 
 
 def compile_verify(vocab_size: int, device: torch.device) -> None:

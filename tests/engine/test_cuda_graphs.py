@@ -216,6 +216,47 @@ def test_split_static_decode_equals_forward_on_cpu():
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+def _mixed_steps(runner, mixed: bool):
+    """One sequence prefilled, then a step where it decodes while a second prompt joins whole and
+    a third feeds its first 5 tokens (no logits), then a step of all three: the logits of both
+    steps. ``mixed``: the steps with prompt chunks go through ``_mixed_static`` (each prompt token
+    a decode row), as CUDA graphs run them; else through ``step`` (the eager forward)."""
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompts = _prompts(8)
+    seqs = [Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=4096)
+            for i, p in enumerate([prompts[4], prompts[2], prompts[7]])]  # fmt: skip
+    give_blocks(runner, seqs, 320, block_size=16, max_rows=64)
+
+    def step(rows, counts):
+        if not mixed:
+            return runner.step(rows, counts)
+        logits = runner._mixed_static(rows, counts)
+        for s, n in zip(rows, counts):
+            s.num_cached += n
+        return logits
+
+    first = runner.step(seqs[:1], [len(seqs[0])])
+    seqs[0].output_token_ids.append(int(first.argmax(-1)[0]))
+    out = [step(seqs, [1, len(seqs[1]), 5])]
+    for s, t in zip(seqs[:2], out[0].argmax(-1).tolist()):
+        s.output_token_ids.append(t)
+    out.append(step(seqs, [1, 1, len(seqs[2]) - 5]))
+    return [x.cpu() for x in out]
+
+
+def test_mixed_step_as_decode_rows_equals_forward_on_cpu():
+    """A step with prompt chunks laid out as decode rows (a token each, what the decode graphs
+    replay for a short prompt joining the batch) gives the eager forward's logits."""
+    model = _model("llama-gqa-untied", "cpu")
+    ref = _mixed_steps(ModelRunner(model), mixed=False)
+    static = ModelRunner(model)
+    static.static_decode = True
+    got = _mixed_steps(static, mixed=True)
+    assert [x.shape[0] for x in got] == [2, 3]  # the third row samples only once its prompt is in
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
 # -- CUDA graphs ---------------------------------------------------------------------------------
 
 

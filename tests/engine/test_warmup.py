@@ -1,0 +1,33 @@
+"""Warm-up at construction (CUDA): no step compiles a sampling kernel mid-run."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.warmup import SAMPLE_KINDS
+
+pytestmark = pytest.mark.gpu
+
+
+def test_no_sampling_kernel_compiles_after_construction(tiny_folder, monkeypatch_session):
+    from triton import knobs
+
+    llm = LLM(tiny_folder[0], dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512)
+    compiled = []
+
+    def hook(*, fn, **_):
+        compiled.append(f"{fn.module}.{fn.name}")
+
+    old, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hook
+    try:
+        # every kind of row set, alone and beside constrained rows, and a constrained row alone
+        for t, k, p, mp in SAMPLE_KINDS.values():
+            free = SamplingParams(temperature=t, top_k=k, top_p=p, min_p=mp, seed=1, max_tokens=3)
+            regex = SamplingParams(temperature=t, top_k=k, top_p=p, min_p=mp, seed=1, max_tokens=3,
+                                   regex="[ab]{3}")  # fmt: skip
+            for params in ([free, free], [regex, regex], [free, regex]):
+                llm.generate([[1, 5, 9], [1, 7]], params, use_tqdm=False)
+    finally:
+        knobs.runtime.jit_cache_hook = old
+    assert [c for c in compiled if ".sample" in c] == []
