@@ -270,7 +270,8 @@ def main() -> None:
                         break
                 except httpx.HTTPError:
                     time.sleep(0.5)
-            http_run(base, bodies[:2], 2, 4)  # warm-up: the constraint compiled
+            # warm-up, the same for both sides: the constraint compiled, a full batch of each kind
+            http_run(base, bodies[:c], c, 8)
             procs = args.client_procs or max(1, min(c // 8, (os.cpu_count() or 1) // 4))
             s0 = server_steps(base)
             h = http_run(base, bodies, c, args.max_tokens, procs)
@@ -279,7 +280,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
         llm = make_llm(args, c)
-        offline_run(llm, bodies[:2], 4, 2)
+        offline_run(llm, bodies[:c], 8, c)
         s0 = offline_steps(llm)
         o = offline_run(llm, bodies, args.max_tokens, c)
         o["steps"] = steps_between(s0, offline_steps(llm))
