@@ -409,15 +409,22 @@ def paged_decode_torch(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tens
     decode call of `paged_attention_torch`) and one SDPA call."""
     R, nkv, _, hd = q.shape
     L = keys.slots.shape[1]
-    if keys.start is not None:  # one row, its keys side by side: views, no gather
-        k = k_flat[keys.start : keys.start + L].view(1, L, nkv, hd).transpose(1, 2)
-        v = v_flat[keys.start : keys.start + L].view(1, L, nkv, hd).transpose(1, 2)
+    if keys.start is not None:  # one row, its keys side by side: views [1, nkv, L, hd], no gather
+        k, v = (_rows_view(c, keys.start, L) for c in (k_flat, v_flat))
     else:
         k = k_flat.index_select(0, keys.slots.view(-1)).view(R, L, nkv, hd).transpose(1, 2)
         v = v_flat.index_select(0, keys.slots.view(-1)).view(R, L, nkv, hd).transpose(1, 2)
     if softcap:
         return attend(q, k, v, keys.mask, softcap)
     return _attend_float32(q, k, v, keys.mask)
+
+
+def _rows_view(flat: torch.Tensor, start: int, L: int) -> torch.Tensor:
+    """Slots start .. start + L - 1 of a flat cache [slots, nkv, hd] as [1, nkv, L, hd], one op."""
+    s0, s1, s2 = flat.stride()
+    return flat.as_strided(
+        (1, flat.shape[1], L, flat.shape[2]), (L * s0, s1, s0, s2), flat.storage_offset() + start * s0
+    )
 
 
 def _attend_float32(

@@ -218,6 +218,7 @@ class LlamaModel:
         # the fused Triton kernels of deepinfer.kernels.fused (their torch references when False)
         self.fused = self.device.type == "cuda"
         self.int8 = False  # matrices as int8 (quantize_int8)
+        self._norms: dict = {}  # [w, w] of each norm weight w, for the CPU's norm (layers.ops)
         # the softmax scale the kernels apply is 1/sqrt(head_dim): another one (Gemma's
         # query_pre_attn_scalar) is folded into q (its norm, else its projection)
         q_scale = None if c.attn_scale is None else c.attn_scale * c.head_dim**0.5
@@ -358,7 +359,7 @@ class LlamaModel:
         if max(batch.seq_lens) > cache.block_size * batch.block_tables.shape[1]:
             raise ValueError(f"sequence length {max(batch.seq_lens)} exceeds its block table")
         x = self._embed(batch.tokens)  # [N, H]
-        op = ops(invariant, c.rms_norm_eps, self.fused, self.int8 or self.int4)
+        op = ops(invariant, c.rms_norm_eps, self.fused, self.int8 or self.int4, self._norms)
         rope = self._rope(batch.positions)
         if invariant:
             attention = "invariant"
@@ -417,8 +418,8 @@ class LlamaModel:
     def _rope(self, positions: torch.Tensor) -> tuple[tuple, tuple]:
         """(cos, sin, positions) of the global RoPE table, then of the local one, as `rope_store`
         takes them: the tables and the positions for the fused kernel (it gathers the rows);
-        for the torch path (`rope_store_torch`) the tokens' rows of cos and of the signed sin,
-        gathered once for every layer, and None."""
+        for the torch path (`rope_store_torch`) the tokens' rows of cos and of the signed sin
+        ([N, 1, hd]: broadcast over the heads), gathered once for every layer, and None."""
         tables = [(self.cos, self.sin), (self.cos_local, self.sin_local)]
         if self.cos_local is None:
             tables = tables[:1]
@@ -427,7 +428,9 @@ class LlamaModel:
         else:
             if getattr(self, "_signed", None) is None:  # (made once: the tables never change)
                 self._signed = [signed_sin(sin) for _, sin in tables]
-            out = [(cos[positions], s[positions], None) for (cos, _), s in zip(tables, self._signed)]
+            out = [
+                (cos[positions, None], s[positions, None], None) for (cos, _), s in zip(tables, self._signed)
+            ]
         return out[0], out[-1]
 
     def _attention_inputs(self, layer: Layer, h: torch.Tensor, rope: tuple, slots: torch.Tensor,
@@ -553,7 +556,7 @@ class LlamaModel:
         if attention == "torch" and (windows != [0] or self.config.attn_softcap):
             raise ValueError("attention='torch' has no sliding window (its first key block must be visible) "
                              "and no soft-cap: use 'triton', 'sdpa' or 'rows' for this model")  # fmt: skip
-        op = ops(invariant, eps, self.fused, self.int8 or self.int4)
+        op = ops(invariant, eps, self.fused, self.int8 or self.int4, self._norms)
         N = R * T
         x = self._embed(tokens.reshape(N))  # [N, H], row-major (row, position)
         flat_pos = positions.reshape(N)
