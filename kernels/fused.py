@@ -47,26 +47,6 @@ def add_rms_norm_reference(
     return s, norm(s, weight)
 
 
-def rms_norm_by_layer_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, doubled: dict | None = None
-) -> torch.Tensor:
-    """``F.rms_norm(x, (H,), weight, eps)`` through layer_norm's one-pass kernel (the CPU path:
-    torch's rms_norm runs about eight ops on bfloat16, layer_norm one). Over the row [x, -x] the
-    mean is 0 and the variance is mean(x^2), so the first half of layer_norm([x, -x]) with the
-    weight [weight, weight] is x's RMS norm, computed in float32 and rounded once as rms_norm's
-    is (the mean comes out as a rounding error of 0, not 0: an ulp of difference now and then).
-    ``doubled``: a dict that keeps [weight, weight] for each weight (by id) between calls."""
-    H = x.shape[-1]
-    if doubled is None:
-        w2 = torch.cat((weight, weight))
-    else:
-        hit = doubled.get(id(weight))
-        if hit is None or hit[0] is not weight:
-            hit = doubled[id(weight)] = (weight, torch.cat((weight, weight)))
-        w2 = hit[1]
-    return F.layer_norm(torch.cat((x, x.neg()), dim=-1), (2 * H,), w2, None, eps)[..., :H]
-
-
 def rope_store_reference(
     qk: torch.Tensor,
     v: torch.Tensor,

@@ -87,17 +87,13 @@ class Ops(NamedTuple):
     glu: Callable
 
 
-def ops(
-    invariant: bool, eps: float, fused: bool = False, quantized: bool = False, norms: dict | None = None
-) -> Ops:
+def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = False) -> Ops:
     """The ops of a forward: torch's, or the batch-invariant Triton matmul and RMSNorm of
     deepinfer.kernels.invariant (a row's bits do not depend on the other rows); with ``fused``
     (CUDA) the Triton kernels of deepinfer.kernels.fused for the add + norms, RoPE + cache store
     and GLU, else their torch references (RoPE: `rope_store_torch`, the reference's bits with a
     signed sin table; each kernel works on one row: invariant too). With
-    ``quantized`` the matmul also takes the int8 and int4 matrices of deepinfer.kernels.quantized.
-    ``norms``: the model's dict of doubled norm weights, which the torch add + norm keeps
-    (`rms_norm_by_layer_norm`)."""
+    ``quantized`` the matmul also takes the int8 and int4 matrices of deepinfer.kernels.quantized."""
     from ..kernels import fused as fk
 
     if invariant:
@@ -112,13 +108,12 @@ def ops(
         return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu)
     if invariant:
         add_norm = lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm)  # noqa: E731
-    else:  # add_rms_norm_reference's ops, called straight (61 times a decode step on the CPU),
-        # the norm through layer_norm's one-pass kernel (fk.rms_norm_by_layer_norm)
-        rms, doubled = fk.rms_norm_by_layer_norm, {} if norms is None else norms
+    else:  # add_rms_norm_reference's ops, called straight (61 times a decode step on the CPU)
+        rms = torch.rms_norm  # (what F.rms_norm calls)
 
         def add_norm(x, d, w):
             s = x if d is None else x + d
-            return s, rms(s, w, eps, doubled)
+            return s, rms(s, (s.shape[-1],), w, eps)
 
     return Ops(mm, norm, add_norm, fk.rope_store_torch, fk.glu_reference)
 

@@ -218,7 +218,6 @@ class LlamaModel:
         # the fused Triton kernels of deepinfer.kernels.fused (their torch references when False)
         self.fused = self.device.type == "cuda"
         self.int8 = False  # matrices as int8 (quantize_int8)
-        self._norms: dict = {}  # [w, w] of each norm weight w, for the CPU's norm (layers.ops)
         # the softmax scale the kernels apply is 1/sqrt(head_dim): another one (Gemma's
         # query_pre_attn_scalar) is folded into q (its norm, else its projection)
         q_scale = None if c.attn_scale is None else c.attn_scale * c.head_dim**0.5
@@ -359,7 +358,7 @@ class LlamaModel:
         if max(batch.seq_lens) > cache.block_size * batch.block_tables.shape[1]:
             raise ValueError(f"sequence length {max(batch.seq_lens)} exceeds its block table")
         x = self._embed(batch.tokens)  # [N, H]
-        op = ops(invariant, c.rms_norm_eps, self.fused, self.int8 or self.int4, self._norms)
+        op = ops(invariant, c.rms_norm_eps, self.fused, self.int8 or self.int4)
         rope = self._rope(batch.positions)
         if invariant:
             attention = "invariant"
@@ -556,7 +555,7 @@ class LlamaModel:
         if attention == "torch" and (windows != [0] or self.config.attn_softcap):
             raise ValueError("attention='torch' has no sliding window (its first key block must be visible) "
                              "and no soft-cap: use 'triton', 'sdpa' or 'rows' for this model")  # fmt: skip
-        op = ops(invariant, eps, self.fused, self.int8 or self.int4, self._norms)
+        op = ops(invariant, eps, self.fused, self.int8 or self.int4)
         N = R * T
         x = self._embed(tokens.reshape(N))  # [N, H], row-major (row, position)
         flat_pos = positions.reshape(N)
