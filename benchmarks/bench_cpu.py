@@ -7,7 +7,7 @@ so that a neighbour's load on a shared machine falls on both; the table gives ea
 median over the rounds:
 
     .venv/bin/python benchmarks/bench_cpu.py [--rounds 5] [--prompt-len 256] [--decode 64]
-        [--threads default|N] [--dense]
+        [--threads default|N] [--dense] [--quality TOKENS] [--breakdown STEPS]
 
 - load: building the engine from the file (``LLM()``, ``Llama()``), imports excluded. The runs
   share a plane cache of their own (deepinfer/loader/plane_cache.py), written by one run
@@ -23,9 +23,12 @@ median over the rounds:
 llama-cpp-python: half the cores for decode, every core for prompts); N: both use N threads.
 ``--dense``: a third column, DeepInfer with ``quantization=None`` (the weights dequantized to
 bfloat16). ``--quality N``: instead, greedy outputs of N tokens and next-token logits of the
-default and of the weights dequantized to bfloat16, each against float32 weights. The
-llama.cpp column needs llama-cpp-python (in the ``bench`` extra; it builds llama.cpp from
-source in about 8 minutes); without it that column is skipped, with a message.
+default and of the weights dequantized to bfloat16, each against float32 weights.
+``--breakdown N``: instead, where N decode steps of the default go (one thread, in this process:
+the int4 matmuls by shape, the attention, the rest), beside the matmuls' floor (their bytes over
+the read bandwidth). The llama.cpp column needs llama-cpp-python (in the ``bench`` extra; it
+builds llama.cpp from source in about 8 minutes); without it that column is skipped, with a
+message.
 """
 
 from __future__ import annotations
@@ -195,6 +198,95 @@ def quality(tokens: int) -> None:
     _table(header, rows)
 
 
+# -- breakdown: where a decode step goes ------------------------------------------------------
+def breakdown(steps: int, prompt_len: int) -> None:
+    """The default's decode steps at batch 1 on one thread, in this process: each step's CPU time
+    (``time.thread_time``: the time this thread ran, so a neighbour taking the core is left out)
+    and its pieces, the int4 matmuls by shape and the attention, medians over the steps; beside
+    the floor of the matmuls, their bytes over this machine's read bandwidth (a sum, one thread)."""
+    import torch
+
+    from deepinfer import LLM, SamplingParams
+    from deepinfer.kernels import quantized
+    from deepinfer.models import llama
+
+    llm = LLM(None, device="cpu", seed=0)
+    if llm._step_threads is not None:
+        llm._step_threads.enabled = False
+    torch.set_num_threads(1)
+    spent: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    nbytes: dict[str, int] = {}
+
+    def timed(name, fn, size=0):
+        def run(*a, **k):
+            t = time.thread_time()
+            out = fn(*a, **k)
+            spent[name] = spent.get(name, 0.0) + time.thread_time() - t
+            calls[name] = calls.get(name, 0) + 1
+            nbytes[name] = nbytes.get(name, 0) + size
+            return out
+
+        return run
+
+    mm, attend = quantized.matmul, llama.paged_decode_torch
+
+    def matmul(x, w):
+        k, n = w.shape
+        name = "LM head" if n == llm.model.logits_width else f"int4 {k}x{n}"
+        return timed(name, mm, getattr(w, "nbytes", 0))(x, w)
+
+    quantized.matmul, llama.paged_decode_torch = matmul, timed("attention (30 layers)", attend)
+    try:
+        prompt = _prompts(1, prompt_len)[0]
+        llm.add_request(prompt, SamplingParams(temperature=0, max_tokens=steps + 9, ignore_eos=True))
+        for _ in range(8):  # the prompt, then a few steps
+            llm.step()
+        per_step: dict[str, list[float]] = {}
+        step_times = []
+        for _ in range(steps):
+            spent.clear()
+            t = time.thread_time()
+            llm.step()
+            step_times.append(time.thread_time() - t)
+            for k, v in spent.items():
+                per_step.setdefault(k, []).append(v)
+    finally:
+        quantized.matmul, llama.paged_decode_torch = mm, attend
+    a = torch.ones(256 << 20, dtype=torch.uint8).view(torch.int64)  # read bandwidth: a sum, one thread
+    reads = []
+    for _ in range(5):
+        t = time.thread_time()
+        a.sum()
+        reads.append(time.thread_time() - t)
+    bandwidth = 8 * a.numel() / min(reads[1:])
+    med = {k: statistics.median(v) for k, v in per_step.items()}
+    step = statistics.median(step_times)
+    mats = sorted(k for k in med if k != "attention (30 layers)")
+    weight_bytes = sum(nbytes[k] / calls[k] * (calls[k] // (steps + 8)) for k in mats)
+    print(f"\nA decode step at batch 1, one thread: {steps} steps from position {prompt_len + 8}; "
+          f"CPU time of the thread, medians; read bandwidth {bandwidth / 1e9:.1f} GB/s; load average "
+          f"{os.getloadavg()[0]:.1f}; commit {_commit()}")  # fmt: skip
+    rows = []
+    for k in [*mats, "attention (30 layers)"]:
+        n = calls[k] // (steps + 8) if k != "attention (30 layers)" else 30
+        gbs = f"{nbytes[k] / calls[k] * n / med[k] / 1e9:.1f}" if k in mats else ""
+        rows.append([k, str(n), f"{med[k] * 1e3:.2f}", gbs])
+    inside = sum(med.values())
+    rows.append(["the rest (norms, RoPE, GLU, the engine, ...)", "", f"{(step - inside) * 1e3:.2f}", ""])
+    rows.append(["step", "", f"{step * 1e3:.2f}", f"({1 / step:.0f} tok/s)"])
+    floor = weight_bytes / bandwidth
+    rows.append(
+        [
+            "floor of the matmuls (bytes / read bandwidth)",
+            "",
+            f"{floor * 1e3:.2f}",
+            f"{weight_bytes / 1e6:.0f} MB",
+        ]
+    )
+    _table(["piece", "calls a step", "ms a step", "GB/s read"], rows)
+
+
 # -- the parent: interleaved rounds ----------------------------------------------------------
 def _run(engine: str, variant: str, args, prompts_file: str, cache: str) -> dict | None:
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", DEEPINFER_PLANE_CACHE=cache)
@@ -241,6 +333,8 @@ def main() -> None:
     ap.add_argument("--dense", action="store_true", help="also DeepInfer with quantization=None")
     ap.add_argument("--quality", type=int, default=0, metavar="TOKENS",
                     help="only the quality table: TOKENS-token greedy outputs, against float32")  # fmt: skip
+    ap.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
+                    help="only where STEPS decode steps go (one thread, in this process)")  # fmt: skip
     ap.add_argument("--worker", choices=["deepinfer", "llama_cpp"], help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="default", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
@@ -255,6 +349,8 @@ def main() -> None:
 
     if args.quality:
         return quality(args.quality)
+    if args.breakdown:
+        return breakdown(args.breakdown, args.prompt_len)
     import importlib.util
     import tempfile
 

@@ -92,10 +92,13 @@ def rope_store_torch(
     """`rope_store_reference`'s bits in fewer ops (the CPU path): with ``sin_signed`` =
     `signed_sin` of the sin rows, ``rotate_half(x) * sin`` is ``roll(x, hd / 2) * sin_signed``
     (the same products: -x2 * s and x2 * -s round alike), so no halves are negated and joined in
-    every layer. cos, sin_signed: the tokens' rows [N, hd] (``positions`` None) or tables."""
+    every layer. cos, sin_signed: the tokens' rows [N, hd] or [N, 1, hd] (``positions`` None) or
+    tables."""
     if positions is not None:
         cos, sin_signed = cos[positions], sin_signed[positions]
-    out = qk * cos.unsqueeze(1) + qk.roll(qk.shape[-1] // 2, -1) * sin_signed.unsqueeze(1)
+    if cos.dim() == 2:
+        cos, sin_signed = cos.unsqueeze(1), sin_signed.unsqueeze(1)
+    out = qk * cos + qk.roll(qk.shape[-1] // 2, -1) * sin_signed
     k_flat.index_copy_(0, slots, out[:, nh:])
     v_flat.index_copy_(0, slots, v)
     return out[:, :nh]

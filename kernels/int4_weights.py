@@ -14,9 +14,14 @@ Q8_0 block (an int8 q is ``16 (h - 8) + l`` with h, l its high and low nibbles o
 scale 16 d, zero 0, then scale d, zero 8 d). The scales and zeros are bfloat16, the kernel's
 format: a float16 block scale of a GGUF file is rounded to bfloat16 (8 significant bits).
 
+The P planes of a matrix are kept side by side along K, as the kernel's layout of one [P K, N]
+matrix (`stack_planes`), so that one kernel call multiplies them all: ``[x, x, ...] @ [w_1; w_2;
+...]`` is the sum of the planes' products. A Q8_0 LM head (two planes) then streams its 35 MB
+once, in one call, with no bfloat16 product per plane to write, read back and add.
+
 ``int4_matmul_reference`` is the float32 oracle of the kernel (``dequantize_int4`` then a
-float32 matmul); the kernel accumulates in float32 too, and rounds each plane's product to the
-activations' dtype before the planes are added.
+float32 matmul); the kernel accumulates in float32 too (the planes' products in one sum) and
+rounds once to the activations' dtype.
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ class Int4Plane(NamedTuple):
 
 
 class Int4Weight(NamedTuple):
-    """A [K, N] matrix (``x @ w``) as planes of 4-bit integers whose products add up."""
+    """A [K, N] matrix (``x @ w``) as P planes of 4-bit integers whose products add up, side by
+    side along K: the kernel's layout of a [P K, N] matrix (`stack_planes`)."""
 
-    planes: tuple[Int4Plane, ...]
+    packed: torch.Tensor  # [N, P K / 2] uint8: a plane's layout, over plane 0's K, then plane 1's...
+    scale_zeros: torch.Tensor  # [P K / GROUP, N, 2] bfloat16: plane 0's groups, then plane 1's, ...
     k: int
     n: int
 
@@ -46,8 +53,13 @@ class Int4Weight(NamedTuple):
         return torch.Size((self.k, self.n))
 
     @property
+    def count(self) -> int:
+        """P, the number of planes."""
+        return self.scale_zeros.shape[0] * GROUP // self.k
+
+    @property
     def nbytes(self) -> int:
-        return sum(p.packed.numel() + 2 * p.scale_zeros.numel() for p in self.planes)
+        return self.packed.numel() + 2 * self.scale_zeros.numel()
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -90,55 +102,74 @@ def packed_plane(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) 
     return Int4Plane(packed, sz)
 
 
+def stack_planes(planes: tuple[Int4Plane, ...] | list[Int4Plane], k: int, n: int) -> Int4Weight:
+    """The [k, n] matrix that is the sum of ``planes``, as one weight: the planes side by side
+    along K (a copy when there are two or more)."""
+    if not planes or any(p.packed.shape != (n, k // 2) or p.scale_zeros.shape != (k // GROUP, n, 2)
+                         for p in planes):  # fmt: skip
+        raise ValueError(f"planes of one [{k}, {n}] matrix expected")
+    if len(planes) == 1:
+        return Int4Weight(planes[0].packed, planes[0].scale_zeros, k, n)
+    packed = torch.cat([p.packed.view(n // TILE, k, TILE // 2) for p in planes], dim=1)
+    sz = torch.cat([p.scale_zeros for p in planes])
+    return Int4Weight(packed.view(n, -1), sz, k, n)
+
+
 def join(parts: list[Int4Weight]) -> Int4Weight:
     """Matrices of one K side by side ([K, N1 + N2 + ...]: q|k|v, gate|up, row chunks)."""
-    if len({w.k for w in parts}) != 1 or len({len(w.planes) for w in parts}) != 1:
+    if len({w.k for w in parts}) != 1 or len({w.count for w in parts}) != 1:
         raise ValueError("int4 matrices joined side by side need one K and one number of planes")
-    planes = tuple(
-        Int4Plane(torch.cat([p.packed for p in ps]), torch.cat([p.scale_zeros for p in ps], dim=1))
-        for ps in zip(*(w.planes for w in parts))
-    )
-    return Int4Weight(planes, parts[0].k, sum(w.n for w in parts))
+    packed = torch.cat([w.packed for w in parts])
+    sz = torch.cat([w.scale_zeros for w in parts], dim=1)
+    return Int4Weight(packed, sz, parts[0].k, sum(w.n for w in parts))
 
 
-def _unpack(p: Int4Plane, k: int, index: torch.Tensor | None) -> torch.Tensor:
-    """Plane p's weights as float32 [K, n]: every column, or the columns ``index``."""
-    b = p.packed.view(-1, k, TILE // 2)  # [N / 64, K, 32]
+def _unpack(w: Int4Weight, index: torch.Tensor | None) -> torch.Tensor:
+    """The weights of every plane, as float32 [P, K, n]: every column, or the columns ``index``."""
+    P, k = w.count, w.k
+    b = w.packed.view(-1, P * k, TILE // 2)  # [N / 64, P K, 32]
     if index is None:
-        q = torch.stack([b & 15, b >> 4], dim=1).permute(2, 0, 1, 3).reshape(k, -1)
-        s, z = (p.scale_zeros[..., i].float().repeat_interleave(GROUP, dim=0) for i in (0, 1))
-        return (q.float() - 8) * s + z
+        q = torch.stack([b & 15, b >> 4], dim=1).permute(2, 0, 1, 3).reshape(P * k, -1)
+        s, z = (w.scale_zeros[..., i].float().repeat_interleave(GROUP, dim=0) for i in (0, 1))
+        return ((q.float() - 8) * s + z).view(P, k, -1)
     j = index % TILE
     q = (b[index // TILE, :, j % (TILE // 2)] >> (4 * (j >= TILE // 2)).to(torch.uint8)[:, None]) & 15
-    sz = p.scale_zeros[:, index].float().transpose(0, 1)  # [n, K / 32, 2]
-    w = (q.view(len(index), k // GROUP, GROUP).float() - 8) * sz[..., :1] + sz[..., 1:]
-    return w.view(len(index), k).t()
+    sz = w.scale_zeros[:, index].float().transpose(0, 1)  # [n, P K / 32, 2]
+    x = (q.view(len(index), P * k // GROUP, GROUP).float() - 8) * sz[..., :1] + sz[..., 1:]
+    return x.view(len(index), P, k).permute(1, 2, 0)
+
+
+def _planes_sum(x: torch.Tensor) -> torch.Tensor:
+    """[P, ...] -> [...]: the planes added in order, in float32."""
+    out = x[0]
+    for p in x[1:]:
+        out = out + p
+    return out
 
 
 def dequantize_int4(w: Int4Weight) -> torch.Tensor:
     """The [K, N] float32 matrix ``w`` stands for (its planes added in float32)."""
-    return sum(_unpack(p, w.k, None) for p in w.planes)
+    return _planes_sum(_unpack(w, None)).contiguous()
 
 
 def int4_rows(w: Int4Weight, index: torch.Tensor) -> torch.Tensor:
     """Columns ``index`` (int64 [n]) of the matrix, as rows: float32 [n, K], bit for bit
     ``dequantize_int4(w)[:, index].T`` (an embedding that shares a tied LM head's planes)."""
-    return sum(_unpack(p, w.k, index) for p in w.planes).t()
+    return _planes_sum(_unpack(w, index)).t()
 
 
 def int4_matmul(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
-    """x [..., K] bfloat16 @ w -> [..., N] bfloat16 (each plane's product rounded, then added)."""
+    """x [..., K] bfloat16 @ w -> [..., N] bfloat16: one kernel call, over x repeated once a plane."""
     if x.shape[-1] != w.k or x.dtype != torch.bfloat16:  # (one test: a decode step calls this ~120 times)
         if x.shape[-1] != w.k:
             raise ValueError(f"x has {x.shape[-1]} features, the int4 matrix takes {w.k}")
         raise ValueError(f"the int4 matmul takes bfloat16 activations, got {x.dtype}")
     x2 = x if x.dim() == 2 else x.reshape(-1, w.k)
-    if not x2.is_contiguous():
+    if 2 * w.packed.shape[1] != w.k:  # two or more planes
+        x2 = x2.repeat(1, 2 * w.packed.shape[1] // w.k)
+    elif not x2.is_contiguous():
         x2 = x2.contiguous()
-    first, *rest = w.planes
-    y = _MM(x2, first.packed, GROUP, first.scale_zeros)
-    for p in rest:
-        y += _MM(x2, p.packed, GROUP, p.scale_zeros)
+    y = _MM(x2, w.packed, GROUP, w.scale_zeros)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], w.n)
 
 

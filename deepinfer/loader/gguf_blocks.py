@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.int4_weights import GROUP, TILE, Int4Weight, check_shape, join, packed_plane
+from ..kernels.int4_weights import GROUP, TILE, Int4Weight, check_shape, join, packed_plane, stack_planes
 from .gguf_file import GGML_TYPE_IDS, GGML_TYPES, GGUFError
 
 F32, F16, BF16 = GGML_TYPE_IDS["F32"], GGML_TYPE_IDS["F16"], GGML_TYPE_IDS["BF16"]
@@ -164,4 +164,4 @@ class GGUFMatrix:
             )
             self._check(d, zero)
             planes = (packed_plane(packed, d, zero),)
-        return Int4Weight(planes, K, N)
+        return stack_planes(planes, K, N)

@@ -11,11 +11,11 @@ file's path, size and modification time, of torch's version (the packed layout i
 and of :data:`VERSION`; a change to any of them makes another file.
 
 A file is a header (magic, :data:`VERSION`, the JSON index's length), the JSON index (tensor name
--> K, N and each plane's byte ranges), then the data; it is written whole to a temporary file and
-renamed, so a reader sees a whole file or none. One that does not parse, or whose index points
-past its end, is ignored (and replaced). A folder that cannot be written only costs the
-conversion. ``DEEPINFER_PLANE_CACHE=0`` turns the cache off; ``DEEPINFER_PLANE_CACHE=<folder>``
-puts the files there instead.
+-> K, N and the byte ranges of its packed planes and of their scales), then the data; it is
+written whole to a temporary file and renamed, so a reader sees a whole file or none. One that
+does not parse, or whose index points past its end, is ignored (and replaced). A folder that
+cannot be written only costs the conversion. ``DEEPINFER_PLANE_CACHE=0`` turns the cache off;
+``DEEPINFER_PLANE_CACHE=<folder>`` puts the files there instead.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import warnings
 
 import torch
 
-from ..kernels.int4_weights import Int4Plane, Int4Weight
+from ..kernels.int4_weights import Int4Weight
 
-VERSION = 1  # of the file layout and of how planes are made: a change to either must bump it
+VERSION = 2  # of the file layout and of how planes are made: a change to either must bump it
 ENV = "DEEPINFER_PLANE_CACHE"
 MAGIC = b"DIPLANES"
 _HEAD = struct.Struct("<8sII")  # magic, version, index length
@@ -114,14 +114,12 @@ def _read(path: str) -> dict[str, Int4Weight] | None:
         with warnings.catch_warnings():  # a read-only map: nothing writes to these tensors
             warnings.simplefilter("ignore", UserWarning)
             for name, e in index.items():
-                planes = []
-                for (po, pn), (so, sn) in e["planes"]:
-                    if base + max(po + pn, so + sn) > size:
-                        return None
-                    packed = torch.frombuffer(buf, dtype=torch.uint8, count=pn, offset=base + po)
-                    sz = torch.frombuffer(buf, dtype=torch.bfloat16, count=sn // 2, offset=base + so)
-                    planes.append(Int4Plane(packed.view(e["n"], e["k"] // 2), sz.view(-1, e["n"], 2)))
-                out[name] = Int4Weight(tuple(planes), e["k"], e["n"])
+                (po, pn), (so, sn) = e["packed"], e["scale_zeros"]
+                if base + max(po + pn, so + sn) > size:
+                    return None
+                packed = torch.frombuffer(buf, dtype=torch.uint8, count=pn, offset=base + po)
+                sz = torch.frombuffer(buf, dtype=torch.bfloat16, count=sn // 2, offset=base + so)
+                out[name] = Int4Weight(packed.view(e["n"], -1), sz.view(-1, e["n"], 2), e["k"], e["n"])
         return out
     except (ValueError, KeyError, TypeError, RuntimeError, struct.error):
         return None
@@ -134,17 +132,14 @@ def _data_start(index_len: int) -> int:
 def _write(path: str, planes: dict[str, Int4Weight]) -> None:
     index, chunks, at = {}, [], 0  # offsets from the data's start
     for name, w in planes.items():
-        entry = []
-        for p in w.planes:
-            spans = []
-            for t in (p.packed, p.scale_zeros):
-                data = t.contiguous().view(torch.uint8).reshape(-1).numpy()  # (written as it is)
-                pad = -at % _ALIGN
-                chunks += [b"\0" * pad, data]
-                spans.append([at + pad, data.nbytes])
-                at += pad + data.nbytes
-            entry.append(spans)
-        index[name] = {"k": w.k, "n": w.n, "planes": entry}
+        entry = {"k": w.k, "n": w.n}
+        for field, t in (("packed", w.packed), ("scale_zeros", w.scale_zeros)):
+            data = t.contiguous().view(torch.uint8).reshape(-1).numpy()  # (written as it is)
+            pad = -at % _ALIGN
+            chunks += [b"\0" * pad, data]
+            entry[field] = [at + pad, data.nbytes]
+            at += pad + data.nbytes
+        index[name] = entry
     body = json.dumps(index).encode()
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)

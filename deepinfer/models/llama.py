@@ -417,8 +417,8 @@ class LlamaModel:
     def _rope(self, positions: torch.Tensor) -> tuple[tuple, tuple]:
         """(cos, sin, positions) of the global RoPE table, then of the local one, as `rope_store`
         takes them: the tables and the positions for the fused kernel (it gathers the rows);
-        for the torch path (`rope_store_torch`) the tokens' rows of cos and of the signed sin,
-        gathered once for every layer, and None."""
+        for the torch path (`rope_store_torch`) the tokens' rows of cos and of the signed sin
+        ([N, 1, hd]: broadcast over the heads), gathered once for every layer, and None."""
         tables = [(self.cos, self.sin), (self.cos_local, self.sin_local)]
         if self.cos_local is None:
             tables = tables[:1]
@@ -427,7 +427,9 @@ class LlamaModel:
         else:
             if getattr(self, "_signed", None) is None:  # (made once: the tables never change)
                 self._signed = [signed_sin(sin) for _, sin in tables]
-            out = [(cos[positions], s[positions], None) for (cos, _), s in zip(tables, self._signed)]
+            out = [
+                (cos[positions, None], s[positions, None], None) for (cos, _), s in zip(tables, self._signed)
+            ]
         return out[0], out[-1]
 
     def _attention_inputs(self, layer: Layer, h: torch.Tensor, rope: tuple, slots: torch.Tensor,

@@ -129,6 +129,10 @@ def test_rope_store_torch_is_the_references_bits(dtype, nh, nkv, hd, gathered):
     signed = fk.signed_sin(sin)
     if gathered:
         q = fk.rope_store_torch(qk, v, cos[pos], signed[pos], None, caches[0], caches[1], slots, nh)
+        # the model's rows: [N, 1, hd], shaped once a step to broadcast over the heads
+        assert torch.equal(
+            fk.rope_store_torch(qk, v, cos[pos, None], signed[pos, None], None, *caches[2:], slots, nh), q
+        )
     else:
         q = fk.rope_store_torch(qk, v, cos, signed, pos, caches[0], caches[1], slots, nh)
     q_ref = fk.rope_store_reference(qk, v, cos, sin, pos, caches[2], caches[3], slots, nh)

@@ -9,6 +9,7 @@ import torch
 
 from deepinfer.kernels.int4_weights import (
     GROUP,
+    Int4Plane,
     Int4Weight,
     dequantize_int4,
     int4_matmul,
@@ -17,6 +18,7 @@ from deepinfer.kernels.int4_weights import (
     join,
     make_plane,
     pack_nibbles,
+    stack_planes,
 )
 from deepinfer.kernels.quantized import matmul
 
@@ -29,7 +31,7 @@ def _weight(K: int, N: int, planes: int, gen: torch.Generator) -> Int4Weight:
         scale = torch.rand(N, K // GROUP, generator=gen) * 0.02 / K**0.5 + 1e-4
         zero = torch.randn(N, K // GROUP, generator=gen) * 0.02 / K**0.5
         made.append(make_plane(q, scale, zero))
-    return Int4Weight(tuple(made), K, N)
+    return stack_planes(made, K, N)
 
 
 @pytest.mark.parametrize("K,N", [(64, 64), (576, 960), (1536, 576), (96, 192)])
@@ -44,7 +46,7 @@ def test_dequantize_is_the_planes_definition():
     g = torch.Generator().manual_seed(1)
     q = torch.randint(0, 16, (128, 64), generator=g)
     scale, zero = torch.rand(128, 2, generator=g), torch.randn(128, 2, generator=g)
-    w = Int4Weight((make_plane(q, scale, zero),), 64, 128)
+    w = stack_planes([make_plane(q, scale, zero)], 64, 128)
     s, z = (t.bfloat16().float().repeat_interleave(GROUP, dim=1) for t in (scale, zero))
     assert torch.equal(dequantize_int4(w), ((q.float() - 8) * s + z).t())
 
@@ -58,9 +60,9 @@ def test_packed_kernel_equals_reference_on_random_inputs(planes, rows):
         x = torch.randn(2, rows, K, generator=g).bfloat16()
         got, want = int4_matmul(x, w), int4_matmul_reference(x, w)
         assert got.shape == (2, rows, N) and got.dtype == torch.bfloat16
-        # float32 accumulation in both; the kernel rounds each plane's product to bfloat16
+        # float32 accumulation in both (the kernel's over every plane at once), one rounding
         scale = want.float().abs().amax()
-        torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=float(scale) * 2**-7 * planes)
+        torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=float(scale) * 2**-7)
         assert torch.equal(matmul(x, w), got)
 
 
@@ -84,6 +86,25 @@ def test_rows_and_joins():
     )
     index = torch.tensor([0, 31, 32, 63, 64, 200, 255, 5, 5])
     assert torch.equal(int4_rows(ab, index), dequantize_int4(ab)[:, index].t())
+
+
+def test_stacked_planes_are_the_sum_of_the_planes():
+    """Two planes side by side along K (one kernel call) stand for the sum of the two matrices,
+    each a weight of its own; the product is their products' sum, rounded once."""
+    g = torch.Generator().manual_seed(6)
+    K, N = 576, 192
+    planes = [_weight(K, N, 1, g) for _ in range(2)]
+    as_planes = [Int4Plane(w.packed, w.scale_zeros) for w in planes]
+    both = stack_planes(as_planes, K, N)
+    assert both.count == 2 and both.nbytes == sum(w.nbytes for w in planes)
+    assert torch.equal(dequantize_int4(both), dequantize_int4(planes[0]) + dequantize_int4(planes[1]))
+    index = torch.tensor([0, 63, 64, 191, 100])
+    assert torch.equal(int4_rows(both, index), dequantize_int4(both)[:, index].t())
+    x = torch.randn(5, K, generator=g).bfloat16()
+    two = sum(int4_matmul_reference(x, w).float() for w in planes)  # each rounded, then added
+    torch.testing.assert_close(int4_matmul(x, both).float(), two, rtol=0, atol=float(two.abs().max()) * 2**-7)
+    with pytest.raises(ValueError, match=r"planes of one \[576, 64\] matrix expected"):
+        stack_planes(as_planes, K, 64)
 
 
 def test_bad_shapes_are_refused():
