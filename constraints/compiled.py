@@ -631,8 +631,7 @@ class CompiledConstraint:
             if canon is not None:
                 words |= self._unquoted_row(s)
             else:
-                memo = self._walk_memo(count_bytes(a.table, self._cls_sizes, s) >= self.fast_min_bytes)
-                nodes, states = no_quote.walk_fast(memo, False, s, words)
+                nodes, states = no_quote.walk_fast(self._walk_memo(False), False, s, words)
                 if len(nodes):
                     self._continue((), nodes, states, words, no_quote)
             nodes, states = with_quote.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
@@ -772,7 +771,7 @@ class CompiledConstraint:
         hit = memo.get(key)
         if hit is None:
             part = np.zeros(self.n_words, dtype=np.uint32)
-            n2, t2 = trie.walk_fast(self._walk_memo(True), inner, state, part, roots)
+            n2, t2 = trie.walk_fast(self._walk_memo(False), inner, state, part, roots)
             at = np.flatnonzero(part)
             hit = (at, part[at], n2, t2)
             if len(memo) >= CONTINUATION_MEMO_SIZE:
