@@ -624,14 +624,16 @@ class CompiledConstraint:
                 split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
             (no_quote, with_quote), shared = split
             canon = None
-            if count_bytes(a.table, self._cls_sizes, s) >= PERMISSIVE_BYTES:
+            n_bytes = count_bytes(a.table, self._cls_sizes, s)
+            if n_bytes >= PERMISSIVE_BYTES:
                 big = self.__dict__.get("_canon_big")
                 if big is None or not big[s] or self._canon_region[s] >= 0:
                     canon = self._canonical_unquoted(s, False)  # no call or return over other bytes
             if canon is not None:
                 words |= self._unquoted_row(s)
-            else:
-                nodes, states = no_quote.walk_fast(self._walk_memo(False), False, s, words)
+            else:  # (the subtree shortcut, as the context-independent walks take it)
+                memo = self._walk_memo(n_bytes >= self.fast_min_bytes)
+                nodes, states = no_quote.walk_fast(memo, False, s, words)
                 if len(nodes):
                     self._continue((), nodes, states, words, no_quote)
             nodes, states = with_quote.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
