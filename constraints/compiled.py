@@ -23,8 +23,9 @@ from collections import OrderedDict
 import numpy as np
 
 from .automaton import counted as ct
+from .automaton import pushdown
 from .automaton.nfa import equivalent_blocks
-from .automaton.pushdown import MAX_STACK_DEPTH, Automaton, Config
+from .automaton.pushdown import Automaton, Config
 from .bitmask import unpack_bitmask
 from .ir import SPECIAL_LEAD, special_bytes
 from .tokens.rows import canonical_key, count_bytes, match_form, unquoted_region
@@ -116,16 +117,14 @@ class CompiledConstraint:
                     self._near_region()
         self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._closures: dict = {}  # stack -> its closure and the reads, for continuations
-        # the parts of pushdown rows (see _stack_part): by the top frames their walks read,
-        # by the whole stack; the deepest view kept; the part being walked's lowest read
+        # the parts of pushdown rows (see _stack_part): by the top frames their walks read
+        # (with how much longer than itself a stack their walks met), by the whole stack; the
+        # deepest view kept; the shortest and longest stacks the part being walked read
         self._views: dict = {}
         self._parts: dict = {}
         self._interned_parts: dict[bytes, np.ndarray] = {}
         self._view_max = 0
-        self._lowest = 0
-        # no stack this deep or deeper meets the nesting bound within a token: each byte
-        # of a token may take each rule's call once (no left recursion), plus one
-        self._view_depth_bound = MAX_STACK_DEPTH - (self.index.max_depth + 2) * (len(a.rule_names) + 1)
+        self._lowest = self._highest = 0
         self._walks_below: dict = {}  # continuation walks: see _walk_below
         self._split = None  # (tries without / with ", shared rows) of the vocabulary
         self._lock = threading.Lock()
@@ -508,10 +507,12 @@ class CompiledConstraint:
         return into). Walks read a stack from the top down, each frame read deciding
         whether the next one is, so when the frames read are its top ``k < len(st)`` any
         stack with those top ``k`` frames and at least one below reads the same frames and
-        allows the same tokens: the part is kept under ``st[-k:]`` (:attr:`_views`). A part
-        that read the bottom frame, or of a stack so deep that a token could meet the
-        nesting bound (:data:`~.automaton.pushdown.MAX_STACK_DEPTH`), is kept under the
-        whole stack (:attr:`_parts`). :meth:`_stack_part_ref` is the reference."""
+        allows the same tokens, as long as its walks stay below the nesting bound
+        (:data:`~.automaton.pushdown.MAX_STACK_DEPTH`; they meet stacks ``grow`` frames
+        longer than it): the part is kept under ``st[-k:]`` with ``grow``
+        (:attr:`_views`). A part that read the bottom frame, or whose walks met the bound,
+        is kept under the whole stack (:attr:`_parts`). :meth:`_stack_part_ref` is the
+        reference."""
         parts = self._parts
         key = st
         if self._counters is not None:  # a count as far as a token can see it (see _row_key)
@@ -520,22 +521,26 @@ class CompiledConstraint:
         if hit is not None:
             return hit
         views = self._views
+        bound = pushdown.MAX_STACK_DEPTH
         for k in range(1, min(self._view_max, len(st) - 1) + 1):
             hit = views.get(key[-k:])
             if hit is not None:
-                return hit
+                if len(st) + hit[1] < bound:
+                    return hit[0]
+                break  # (this stack's walks may meet the bound: walked whole)
         words = self._stack_part_ref(st)
         k = len(st) - self._lowest + 1
+        grow = self._highest - len(st)
         data = words.tobytes()
         part = self._interned_parts.get(data)
         if part is None:
             part = words
             part.flags.writeable = False
             self._interned_parts[data] = part
-        if k < len(st) and len(st) < self._view_depth_bound:
+        if k < len(st) and self._highest < bound:
             if len(views) >= PART_CACHE_SIZE:
                 views.clear()
-            views[key[-k:]] = part
+            views[key[-k:]] = (part, grow)
             if k > self._view_max:
                 self._view_max = k
         else:
@@ -548,10 +553,11 @@ class CompiledConstraint:
 
     def _stack_part_ref(self, st: tuple[int, ...]) -> np.ndarray:
         """The tokens stack ``st`` allows, walked (the reference of :meth:`_stack_part`);
-        sets :attr:`_lowest` to the length of the shortest stack whose top the walks read."""
+        sets :attr:`_lowest` and :attr:`_highest` to the lengths of the shortest and the
+        longest stacks whose top the walks read."""
         a = self.automaton
         words = np.zeros(self.n_words, dtype=np.uint32)
-        self._lowest = len(st)
+        self._lowest = self._highest = len(st)
         if a.counters is not None:
             n = a.n_states
             if len(st) == 1:  # the bottom frame holds the count
@@ -734,9 +740,11 @@ class CompiledConstraint:
                 if len(closures) >= CLOSURE_MEMO_SIZE:
                     closures.clear()
                 closures[stack] = hit
-            cfg, lowest = hit
+            cfg, lowest, highest = hit
             if lowest < self._lowest:
                 self._lowest = lowest
+            if highest > self._highest:
+                self._highest = highest
             if cfg is None:
                 continue
             roots = nodes[states == t]

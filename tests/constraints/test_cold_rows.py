@@ -349,17 +349,23 @@ _RECURSIVE = [
 ]
 
 
-def test_row_parts_kept_by_the_frames_they_read_equal_whole_stack_rows():
+@pytest.mark.parametrize("bound", [None, 9], ids=["nesting-4000", "nesting-9"])
+def test_row_parts_kept_by_the_frames_they_read_equal_whole_stack_rows(bound, monkeypatch):
     """A pushdown row is the union of its stacks' parts, each kept under the top frames its
-    walks read: on random walks that nest deeply, every row equals the row of the same
-    configuration with every stack walked whole, and parts kept by view serve stacks that
-    were never walked."""
+    walks read: on random walks and on documents that nest deeply, every row equals the row
+    of the same configuration with every stack walked whole, and parts kept by view serve
+    stacks that were never walked. With a nesting bound of 9 frames, stacks whose walks meet
+    the bound (deeper structure not generated) are among them."""
+    from deepinfer.constraints.automaton import pushdown
+
     vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
     comp = Compiler(vocab)
     rng = random.Random(16)
     constraints = [comp.json_schema(s) for s in _RECURSIVE]
     constraints += [c for c in compiled_schemas(vocab, 16, seed=17) if not c.automaton.is_regular]
-    n_counted = n_stacks = 0
+    if bound is not None:
+        monkeypatch.setattr(pushdown, "MAX_STACK_DEPTH", bound)
+    n_counted = n_stacks = deepest = 0
     for i, c in enumerate(constraints):
         n_counted += c.automaton.counters is not None
         fast = CountedWalks(c.automaton, vocab, c.kind, c.spec)
@@ -376,17 +382,21 @@ def test_row_parts_kept_by_the_frames_they_read_equal_whole_stack_rows():
                 for b in json.dumps(doc, separators=(",", ":")).encode():
                     configs.append(cfg)
                     cfg = c.automaton.step_byte(cfg, b)
-                    assert cfg is not None
+                    if cfg is None:  # (nested past the bound)
+                        assert bound is not None
+                        break
         stacks = set()
         CountedWalks.walked = 0
         for cfg in configs:
             stacks.update(cfg.stacks)
+            deepest = max([deepest, *(len(st) for st in cfg.stacks)])
             np.testing.assert_array_equal(fast.mask_row(cfg), ref.mask_row(cfg))
         n_stacks += len(stacks)
         assert CountedWalks.walked <= len(stacks)
-        if i < 3:  # many stacks are served by a part kept by view
+        if i < 3 and bound is None:  # many stacks are served by a part kept by view
             assert fast._views and CountedWalks.walked < 0.7 * len(stacks), (CountedWalks.walked, len(stacks))
-    assert n_counted == 2 and n_stacks > 500
+    assert n_counted == 2 and n_stacks > 400
+    assert deepest == bound if bound is not None else deepest > 9
 
 
 def _nested(rng: random.Random, depth: int):
