@@ -23,6 +23,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .automaton import counted as ct
+from .automaton import pushdown
 from .automaton.nfa import equivalent_blocks
 from .automaton.pushdown import Automaton, Config
 from .bitmask import unpack_bitmask
@@ -37,6 +38,7 @@ MAX_CANON_STATES = 256
 MAX_FORMS = 16  # canonical forms a vocabulary remembers for matching (most recent first)
 MAX_FORM_TRIES = 4
 CLOSURE_MEMO_SIZE = 4096
+PART_CACHE_SIZE = 8192  # pushdown row parts kept per constraint (by view, by whole stack)
 CONTINUATION_MEMO_SIZE = 2048  # continuation walks kept per constraint (their set bits only)
 # automata with counters of at least this many states search, when compiled, which states
 # are near a bound or a region (a few ms per 1,000 states), instead of at their first row
@@ -114,7 +116,15 @@ class CompiledConstraint:
                 if not a.is_regular:
                     self._near_region()
         self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._closures: dict = {}  # stack -> its closure, for continuations
+        self._closures: dict = {}  # stack -> its closure and the reads, for continuations
+        # the parts of pushdown rows (see _stack_part): by the top frames their walks read
+        # (with how much longer than itself a stack their walks met), by the whole stack; the
+        # deepest view kept; the shortest and longest stacks the part being walked read
+        self._views: dict = {}
+        self._parts: dict = {}
+        self._interned_parts: dict[bytes, np.ndarray] = {}
+        self._view_max = 0
+        self._lowest = self._highest = 0
         self._walks_below: dict = {}  # continuation walks: see _walk_below
         self._split = None  # (tries without / with ", shared rows) of the vocabulary
         self._lock = threading.Lock()
@@ -474,32 +484,100 @@ class CompiledConstraint:
         if a.counters is not None:
             if a.is_regular:
                 return self._compute_counted(config)
-            words = np.zeros(self.n_words, dtype=np.uint32)
+            return self._stacks_row(config)
+        if a.is_regular:
+            return self._context_independent(config, False)[0].copy()
+        return self._stacks_row(config)
+
+    def _stacks_row(self, config) -> np.ndarray:
+        """A pushdown configuration's row: the union of its stacks' parts (the tokens each
+        stack allows: :meth:`_stack_part`)."""
+        stacks = config.stacks
+        if len(stacks) == 1:
+            (st,) = stacks
+            return self._stack_part(st).copy()
+        words = np.zeros(self.n_words, dtype=np.uint32)
+        for st in stacks:
+            words |= self._stack_part(st)
+        return words
+
+    def _stack_part(self, st: tuple[int, ...]) -> np.ndarray:
+        """The tokens stack ``st`` allows (shared; do not modify), kept by what of the stack
+        they depend on: the frames its walks read (its top, and those its continuations
+        return into). Walks read a stack from the top down, each frame read deciding
+        whether the next one is, so when the frames read are its top ``k < len(st)`` any
+        stack with those top ``k`` frames and at least one below reads the same frames and
+        allows the same tokens, as long as its walks stay below the nesting bound
+        (:data:`~.automaton.pushdown.MAX_STACK_DEPTH`; they meet stacks ``grow`` frames
+        longer than it): the part is kept under ``st[-k:]`` with ``grow``
+        (:attr:`_views`). A part that read the bottom frame, or whose walks met the bound,
+        is kept under the whole stack (:attr:`_parts`). :meth:`_stack_part_ref` is the
+        reference."""
+        parts = self._parts
+        key = st
+        if self._counters is not None:  # a count as far as a token can see it (see _row_key)
+            key = st[:-1] + (self._row_key_int(st[-1]),)
+        hit = parts.get(key)
+        if hit is not None:
+            return hit
+        views = self._views
+        bound = pushdown.MAX_STACK_DEPTH
+        for k in range(1, min(self._view_max, len(st) - 1) + 1):
+            hit = views.get(key[-k:])
+            if hit is not None:
+                if len(st) + hit[1] < bound:
+                    return hit[0]
+                break  # (this stack's walks may meet the bound: walked whole)
+        words = self._stack_part_ref(st)
+        k = len(st) - self._lowest + 1
+        grow = self._highest - len(st)
+        data = words.tobytes()
+        part = self._interned_parts.get(data)
+        if part is None:
+            part = words
+            part.flags.writeable = False
+            self._interned_parts[data] = part
+        if k < len(st) and self._highest < bound:
+            if len(views) >= PART_CACHE_SIZE:
+                views.clear()
+            views[key[-k:]] = (part, grow)
+            if k > self._view_max:
+                self._view_max = k
+        else:
+            if len(parts) >= PART_CACHE_SIZE:
+                parts.clear()
+            parts[key] = part
+        if len(self._interned_parts) >= PART_CACHE_SIZE:
+            self._interned_parts.clear()
+        return part
+
+    def _stack_part_ref(self, st: tuple[int, ...]) -> np.ndarray:
+        """The tokens stack ``st`` allows, walked (the reference of :meth:`_stack_part`);
+        sets :attr:`_lowest` and :attr:`_highest` to the lengths of the shortest and the
+        longest stacks whose top the walks read."""
+        a = self.automaton
+        words = np.zeros(self.n_words, dtype=np.uint32)
+        self._lowest = self._highest = len(st)
+        if a.counters is not None:
             n = a.n_states
-            for st in config.stacks:
-                if len(st) == 1:  # the bottom frame holds the count
-                    self._bottom_counted(st[0], words)
-                    continue
-                if self._counted_frame(st):  # near a region in a called rule: the counted walk
-                    nodes, states = self.index.walk_counted(
-                        a.table, a.counters, a.cls, st[-1] % n, st[-1] // n, words, self._bnd_inner
-                    )
-                    if len(nodes):
-                        self._continue(st[:-1], nodes, states, words, self.index)
-                    continue
+            if len(st) == 1:  # the bottom frame holds the count
+                self._bottom_counted(st[0], words)
+            elif self._counted_frame(st):  # near a region in a called rule: the counted walk
+                nodes, states = self.index.walk_counted(
+                    a.table, a.counters, a.cls, st[-1] % n, st[-1] // n, words, self._bnd_inner
+                )
+                if len(nodes):
+                    self._continue(st[:-1], nodes, states, words, self.index)
+            else:
                 ci_words, nodes, states, trie = self._context_independent(st[-1], True)
                 words |= ci_words
                 if len(nodes):
                     self._continue(st[:-1], nodes, states, words, trie)
             return words
-        if a.is_regular:
-            return self._context_independent(config, False)[0].copy()
-        words = np.zeros(self.n_words, dtype=np.uint32)
-        for st in config.stacks:
-            ci_words, nodes, states, trie = self._context_independent(st[-1], len(st) > 1)
-            words |= ci_words
-            if len(nodes):
-                self._continue(st[:-1], nodes, states, words, trie)
+        ci_words, nodes, states, trie = self._context_independent(st[-1], len(st) > 1)
+        words |= ci_words
+        if len(nodes):
+            self._continue(st[:-1], nodes, states, words, trie)
         return words
 
     def _compute_counted(self, config: int) -> np.ndarray:
@@ -552,14 +630,16 @@ class CompiledConstraint:
                 split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
             (no_quote, with_quote), shared = split
             canon = None
-            if count_bytes(a.table, self._cls_sizes, s) >= PERMISSIVE_BYTES:
+            n_bytes = count_bytes(a.table, self._cls_sizes, s)
+            if n_bytes >= PERMISSIVE_BYTES:
                 big = self.__dict__.get("_canon_big")
                 if big is None or not big[s] or self._canon_region[s] >= 0:
                     canon = self._canonical_unquoted(s, False)  # no call or return over other bytes
             if canon is not None:
                 words |= self._unquoted_row(s)
-            else:
-                nodes, states = no_quote.walk_fast(self._walk_memo(False), False, s, words)
+            else:  # (the subtree shortcut, as the context-independent walks take it)
+                memo = self._walk_memo(n_bytes >= self.fast_min_bytes)
+                nodes, states = no_quote.walk_fast(memo, False, s, words)
                 if len(nodes):
                     self._continue((), nodes, states, words, no_quote)
             nodes, states = with_quote.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
@@ -654,12 +734,17 @@ class CompiledConstraint:
         closures = self._closures
         for t in sorted(set(states.tolist())):
             stack = base + (t,)
-            cfg = closures.get(stack, _MISS)
-            if cfg is _MISS:  # the same boundaries recur in many rows
-                cfg = a.closure([stack])
+            hit = closures.get(stack)
+            if hit is None:  # the same boundaries recur in many rows
+                hit = a.closure_reads([stack])
                 if len(closures) >= CLOSURE_MEMO_SIZE:
                     closures.clear()
-                closures[stack] = cfg
+                closures[stack] = hit
+            cfg, lowest, highest = hit
+            if lowest < self._lowest:
+                self._lowest = lowest
+            if highest > self._highest:
+                self._highest = highest
             if cfg is None:
                 continue
             roots = nodes[states == t]

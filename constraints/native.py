@@ -136,18 +136,77 @@ def _load_aot() -> None:
 
 
 _ND_TYPES: dict = {}  # (dtype, ndim, flags) -> _arg_type of such an array
+# a scalar's type -> its _arg_type (Python's bool, int and float; numpy's scalar types)
+_SCALAR_TYPES: dict = {bool: "|b1", int: "<i8", float: "<f8"}
 
 
 def _arg_type(x):
     """numba's ``typeof`` of an argument, as the manifest writes it (an array's by its dtype,
-    dimensions and flags, kept: every kernel call reads it for each argument)."""
-    if type(x) is np.ndarray:
+    dimensions and flags, kept: every kernel call reads it for each argument; a scalar's by
+    its type)."""
+    t = type(x)
+    if t is np.ndarray:
         key = (x.dtype, x.ndim, x.flags.num)
         hit = _ND_TYPES.get(key)
         if hit is None:
             hit = _ND_TYPES[key] = _arg_type_of(x)
         return hit
-    return _arg_type_of(x)
+    hit = _SCALAR_TYPES.get(t)
+    if hit is not None:
+        return hit
+    hit = _arg_type_of(x)
+    if t in _NUMPY_SCALARS:  # (a numpy scalar's dtype is its type's)
+        _SCALAR_TYPES[t] = hit
+    return hit
+
+
+# each argument type :func:`_arg_type` writes, as a small int (a call's signature is then a
+# tuple of ints: quick to hash); arrays by (dtype, ndim, flags), scalars by their type
+_TYPE_IDS: dict = {}
+_ND_IDS: dict = {}
+_SCALAR_IDS: dict = {}
+
+
+def _type_id(t) -> int:
+    i = _TYPE_IDS.get(t)
+    if i is None:
+        i = _TYPE_IDS[t] = len(_TYPE_IDS)
+    return i
+
+
+def _arg_id(x) -> int:
+    """:func:`_type_id` of :func:`_arg_type` of ``x``, kept per array dtype, dimensions and
+    flags and per scalar type (what every kernel call reads for each argument)."""
+    t = type(x)
+    if t is np.ndarray:
+        key = (x.dtype, x.ndim, x.flags.num)
+        hit = _ND_IDS.get(key)
+        if hit is None:
+            hit = _ND_IDS[key] = _type_id(_arg_type(x))
+        return hit
+    hit = _SCALAR_IDS.get(t)
+    if hit is None:
+        hit = _type_id(_arg_type(x))
+        if t in _SCALAR_TYPES:  # (Python's scalars and numpy's: the type decides)
+            _SCALAR_IDS[t] = hit
+    return hit
+
+
+_NUMPY_SCALARS = frozenset(
+    (
+        np.bool_,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.float32,
+        np.float64,
+    )
+)
 
 
 def _arg_type_of(x):
@@ -190,20 +249,19 @@ class Kernel:
         self.py_func, self.module, self.name, self.setup = py_func, module, name, setup
         self.qualname = f"{module}.{name}"
         self.jit = None  # the numba dispatcher, once in JIT mode
-        self._sigs: dict = {}  # argument types -> the AOT function
+        self._sigs: dict = {}  # argument types (as _type_id ints) -> the AOT function
         self.__doc__ = py_func.__doc__
         self.__wrapped__ = py_func
 
     def _bind_aot(self) -> None:
         for args, export in STATE.manifest.get("kernels", {}).get(self.qualname, []):
-            self._sigs[tuple(tuple(a) if isinstance(a, list) else a for a in args)] = getattr(
-                STATE.aot, export
-            )
+            sig = tuple(_type_id(tuple(a) if isinstance(a, list) else a) for a in args)
+            self._sigs[sig] = getattr(STATE.aot, export)
 
     def __call__(self, *args):
         if self.jit is not None:
             return self.jit(*args)
-        f = self._sigs.get(tuple(map(_arg_type, args)))
+        f = self._sigs.get(tuple(map(_arg_id, args)))
         if f is not None:
             return f(*args)
         STATE.misses.append((self.qualname, tuple(map(_arg_type, args))))

@@ -111,17 +111,30 @@ class Automaton:
 
     def closure(self, stacks) -> Config | None:
         """Take every call and return; keep stacks whose top can read a byte."""
+        return self.closure_reads(stacks)[0]
+
+    def closure_reads(self, stacks) -> tuple[Config | None, int, int]:
+        """:meth:`closure`, and the lengths of the shortest and the longest stack whose top
+        it read. Below the shortest, no frame is read, so any frames may stand there; what
+        the closure does then depends on the lengths only through the nesting bound, which
+        the longest tells whether it met."""
         out: set[tuple[int, ...]] = set()
         seen: set[tuple[int, ...]] = set()
         work = list(stacks)
         can_end = False
         acc, hb, calls = self._acc_list, self._has_bytes_list, self.calls
         counted = self.counters is not None
+        lowest = MAX_STACK_DEPTH + 1
+        highest = 0
         while work:
             st = work.pop()
             if st in seen:
                 continue
             seen.add(st)
+            if len(st) < lowest:
+                lowest = len(st)
+            if len(st) > highest:
+                highest = len(st)
             top = st[-1]
             ends = None
             if counted:  # a frame in a region is a top frame: state + n_states * count
@@ -142,10 +155,10 @@ class Automaton:
             if len(seen) > 64 * MAX_STACKS:
                 raise ConstraintTooComplex("grammar is too ambiguous: too many parse stacks")
         if not out and not can_end:
-            return None
+            return None, lowest, highest
         if len(out) > MAX_STACKS:
             raise ConstraintTooComplex(f"grammar is too ambiguous: more than {MAX_STACKS} parse stacks")
-        return Config(frozenset(out), can_end)
+        return Config(frozenset(out), can_end), lowest, highest
 
     def step_byte(self, config, b: int):
         """Advance a configuration (int state or Config) by one byte; None if dead."""

@@ -457,60 +457,66 @@ def _walk_range(
     nodes,
     tok_bit,
     tok_ids,
-    lo,
-    hi,
-    base_depth,
+    los,
+    his,
+    base_depths,
+    n_ranges,
     out,
     bnd_nodes,
     bnd_states,
     states,
 ):
-    """``_walk_py`` with three changes, same results: the state of the previous node is
-    kept when the next is its child; a node's first token is set without a branch; and
-    below a live, non-boundary node whose subtree's bytes lie in a shortcut set deeper
-    than the subtree (see :func:`_alive_depth`), every token is set without walking."""
-    states[base_depth] = start
+    """``_walk_py`` over the DFS ranges ``los[r]..his[r]-1`` (roots at ``base_depths[r] + 1``)
+    for ``r < n_ranges``, in one call (a call per range costs more than a small range's
+    walk), with three changes, same results: the state of the previous node is kept when
+    the next is its child; a node's first token is set without a branch; and below a live,
+    non-boundary node whose subtree's bytes lie in a shortcut set deeper than the subtree
+    (see :func:`_alive_depth`), every token is set without walking."""
     nb = 0
-    i = lo
-    prev_d = base_depth
-    prev_s = start
-    while i < hi:
-        d = nodes[i, F_DEPTH]
-        s = prev_s if d == prev_d + 1 else states[d - 1]
-        t = table[s, cls[nodes[i, F_BYTE]]]
-        if t < 0:
-            i = nodes[i, F_SKIP]
-            continue
-        out[nodes[i, F_WORD]] |= tok_bit[i]
-        k0 = nodes[i, F_TOK_LO]
-        k1 = nodes[i, F_TOK_HI]
-        if k1 - k0 > 1:  # tokens with the same bytes (rare)
-            for k in range(k0 + 1, k1):
-                tid = tok_ids[k]
-                out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-        if boundary[t]:
-            bnd_nodes[nb] = i
-            bnd_states[nb] = t
-            nb += 1
-        else:
-            sub = nodes[i, F_SUB]
-            j = sub & 255
-            if j < N_SETS and depth_memo.shape[0]:  # (a light memo has no depths)
-                h = depth_memo[t, j]
-                if h < 0:
-                    h = _alive_depth(
-                        table, boundary, t, j, set_cls, depth_memo, level, nxt, mark, stamp, chain
-                    )
-                if (sub >> 8) <= h:
-                    for k in range(k1, nodes[i, F_TOK_END]):
-                        tid = tok_ids[k]
-                        out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-                    i = nodes[i, F_SKIP]
-                    continue
-        states[d] = t
-        prev_d = d
-        prev_s = t
-        i += 1
+    for r in range(n_ranges):
+        base_depth = base_depths[r]
+        hi = his[r]
+        states[base_depth] = start
+        i = los[r]
+        prev_d = base_depth
+        prev_s = start
+        while i < hi:
+            d = nodes[i, F_DEPTH]
+            s = prev_s if d == prev_d + 1 else states[d - 1]
+            t = table[s, cls[nodes[i, F_BYTE]]]
+            if t < 0:
+                i = nodes[i, F_SKIP]
+                continue
+            out[nodes[i, F_WORD]] |= tok_bit[i]
+            k0 = nodes[i, F_TOK_LO]
+            k1 = nodes[i, F_TOK_HI]
+            if k1 - k0 > 1:  # tokens with the same bytes (rare)
+                for k in range(k0 + 1, k1):
+                    tid = tok_ids[k]
+                    out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+            if boundary[t]:
+                bnd_nodes[nb] = i
+                bnd_states[nb] = t
+                nb += 1
+            else:
+                sub = nodes[i, F_SUB]
+                j = sub & 255
+                if j < N_SETS and depth_memo.shape[0]:  # (a light memo has no depths)
+                    h = depth_memo[t, j]
+                    if h < 0:
+                        h = _alive_depth(
+                            table, boundary, t, j, set_cls, depth_memo, level, nxt, mark, stamp, chain
+                        )
+                    if (sub >> 8) <= h:
+                        for k in range(k1, nodes[i, F_TOK_END]):
+                            tid = tok_ids[k]
+                            out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                        i = nodes[i, F_SKIP]
+                        continue
+            states[d] = t
+            prev_d = d
+            prev_s = t
+            i += 1
     return nb
 
 
@@ -543,62 +549,50 @@ def _walk_fast_py(
     nxt = mscr[1 + n : 1 + 2 * n]
     mark = mscr[1 + 2 * n : 1 + 3 * n]
     chain = mscr[1 + 3 * n :]
-    nb = 0
+    m = roots.shape[0] if roots.shape[0] else 256
+    los = np.empty(m, dtype=np.int64)
+    his = np.empty(m, dtype=np.int64)
+    bases = np.zeros(m, dtype=np.int64)
+    k = 0
     if roots.shape[0] == 0:
         for b in range(256):
             r = root_of_byte[b]
             if r < 0 or table[start, cls[b]] < 0:
                 continue
-            nb += _walk_range(
-                table,
-                cls,
-                boundary,
-                depth_memo,
-                set_cls,
-                level,
-                nxt,
-                mark,
-                stamp,
-                chain,
-                start,
-                nodes,
-                tok_bit,
-                tok_ids,
-                r,
-                nodes[r, F_SKIP],
-                0,
-                out,
-                bnd_nodes[nb:],
-                bnd_states[nb:],
-                states,
-            )
-        return nb
-    for r in range(roots.shape[0]):
-        node = roots[r]
-        nb += _walk_range(
-            table,
-            cls,
-            boundary,
-            depth_memo,
-            set_cls,
-            level,
-            nxt,
-            mark,
-            stamp,
-            chain,
-            start,
-            nodes,
-            tok_bit,
-            tok_ids,
-            node + 1,
-            nodes[node, F_SKIP],
-            nodes[node, F_DEPTH],
-            out,
-            bnd_nodes[nb:],
-            bnd_states[nb:],
-            states,
-        )
-    return nb
+            los[k] = r
+            his[k] = nodes[r, F_SKIP]
+            k += 1
+    else:
+        for x in range(roots.shape[0]):
+            node = roots[x]
+            los[k] = node + 1
+            his[k] = nodes[node, F_SKIP]
+            bases[k] = nodes[node, F_DEPTH]
+            k += 1
+    return _walk_range(
+        table,
+        cls,
+        boundary,
+        depth_memo,
+        set_cls,
+        level,
+        nxt,
+        mark,
+        stamp,
+        chain,
+        start,
+        nodes,
+        tok_bit,
+        tok_ids,
+        los,
+        his,
+        bases,
+        k,
+        out,
+        bnd_nodes,
+        bnd_states,
+        states,
+    )
 
 
 def _set_classes_py(cls, set_rows, set_bytes, set_cls):

@@ -304,3 +304,109 @@ def test_states_near_a_set_equal_a_plain_backward_search(seed):
         want = np.zeros(n, dtype=bool)
         want[list(dist)] = True
         assert (_within(table, seeds, depth) == want).all(), (seed, depth)
+
+
+class WholeStacks(CompiledConstraint):
+    """The reference of the rows' parts: every stack walked whole, nothing kept by view."""
+
+    def _stack_part(self, st):
+        return self._stack_part_ref(st)
+
+
+class CountedWalks(CompiledConstraint):
+    """Counts the stacks walked (the others were served by a part kept before)."""
+
+    walked = 0
+
+    def _stack_part_ref(self, st):
+        CountedWalks.walked += 1
+        return super()._stack_part_ref(st)
+
+
+_NODE = {
+    "anyOf": [
+        {"type": "integer"},
+        {"type": "array", "items": {"$ref": "#/$defs/n"}},
+        {"type": "object", "properties": {"k": {"$ref": "#/$defs/n"}, "s": {"type": "string"}}},
+    ]
+}
+# recursive schemas: pushdown automata, two of them with a counter in the bottom frame
+_RECURSIVE = [
+    {"type": "array", "items": {"$ref": "#/$defs/n"}, "$defs": {"n": _NODE}},
+    {
+        "type": "object",
+        "properties": {"s": {"type": "string", "maxLength": 5000}, "kids": {"$ref": "#/$defs/n"}},
+        "$defs": {"n": _NODE},
+    },
+    {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "maxLength": 5000},
+            "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}},
+        },
+        "$defs": {"n": _NODE},
+    },
+]
+
+
+@pytest.mark.parametrize("bound", [None, 9], ids=["nesting-4000", "nesting-9"])
+def test_row_parts_kept_by_the_frames_they_read_equal_whole_stack_rows(bound, monkeypatch):
+    """A pushdown row is the union of its stacks' parts, each kept under the top frames its
+    walks read: on random walks and on documents that nest deeply, every row equals the row
+    of the same configuration with every stack walked whole, and parts kept by view serve
+    stacks that were never walked. With a nesting bound of 9 frames, stacks whose walks meet
+    the bound (deeper structure not generated) are among them."""
+    from deepinfer.constraints.automaton import pushdown
+
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    comp = Compiler(vocab)
+    rng = random.Random(16)
+    constraints = [comp.json_schema(s) for s in _RECURSIVE]
+    constraints += [c for c in compiled_schemas(vocab, 16, seed=17) if not c.automaton.is_regular]
+    if bound is not None:
+        monkeypatch.setattr(pushdown, "MAX_STACK_DEPTH", bound)
+    n_counted = n_stacks = deepest = 0
+    for i, c in enumerate(constraints):
+        n_counted += c.automaton.counters is not None
+        fast = CountedWalks(c.automaton, vocab, c.kind, c.spec)
+        ref = WholeStacks(c.automaton, vocab, c.kind, c.spec)
+        configs = [m.state for m in _random_configs(c, rng, walks=4, steps=30)]
+        if i < 3:  # deeply nested documents, byte by byte: the same states under many stacks
+            for _ in range(3):
+                doc = _nested(rng, 7)
+                if i:
+                    doc = {"s": "x" * rng.randint(0, 3), "kids": doc if i == 1 else [doc, 1]}
+                elif not isinstance(doc, list):
+                    doc = [doc]
+                cfg = c.initial
+                for b in json.dumps(doc, separators=(",", ":")).encode():
+                    configs.append(cfg)
+                    cfg = c.automaton.step_byte(cfg, b)
+                    if cfg is None:  # (nested past the bound)
+                        assert bound is not None
+                        break
+        stacks = set()
+        CountedWalks.walked = 0
+        for cfg in configs:
+            stacks.update(cfg.stacks)
+            deepest = max([deepest, *(len(st) for st in cfg.stacks)])
+            np.testing.assert_array_equal(fast.mask_row(cfg), ref.mask_row(cfg))
+        n_stacks += len(stacks)
+        assert CountedWalks.walked <= len(stacks)
+        if i < 3 and bound is None:  # many stacks are served by a part kept by view
+            assert fast._views and CountedWalks.walked < 0.7 * len(stacks), (CountedWalks.walked, len(stacks))
+    assert n_counted == 2 and n_stacks > 400
+    assert deepest == bound if bound is not None else deepest > 9
+
+
+def _nested(rng: random.Random, depth: int):
+    """A random instance of ``_NODE`` nested up to ``depth`` levels."""
+    r = rng.random()
+    if depth == 0 or r < 0.2:
+        return rng.randint(0, 99)
+    if r < 0.6:
+        return [_nested(rng, depth - 1) for _ in range(rng.randint(1, 3))]
+    out = {"k": _nested(rng, depth - 1)}
+    if rng.random() < 0.5:
+        out["s"] = "ab"[: rng.randint(0, 2)]
+    return out

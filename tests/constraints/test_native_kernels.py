@@ -167,11 +167,12 @@ def test_arg_types_are_numbas_typeof():
 
 
 def test_argument_types_kept_per_dtype_and_flags_equal_numbas_reading():
-    """``native._arg_type`` (an array's kept by dtype, dimensions and flags) against
-    ``_arg_type_of`` (read afresh) on arrays of every layout, byte order and write flag."""
+    """``native._arg_type`` (an array's kept by dtype, dimensions and flags) and ``_arg_id``
+    against ``_arg_type_of`` (read afresh) on arrays of every layout, byte order and write
+    flag, and on scalars."""
     import random
 
-    from deepinfer.constraints.native import _arg_type, _arg_type_of
+    from deepinfer.constraints.native import _arg_id, _arg_type, _arg_type_of, _type_id
 
     rng = random.Random(0)
     for _ in range(2000):
@@ -187,5 +188,7 @@ def test_argument_types_kept_per_dtype_and_flags_equal_numbas_reading():
         if rng.random() < 0.3:
             a.flags.writeable = False
         assert _arg_type(a) == _arg_type_of(a)
-    for x in (3, 2.5, True, np.int64(4), np.float32(1.0), "x"):
+        assert _arg_id(a) == _type_id(_arg_type_of(a))  # (the call-time check's key)
+    for x in (3, 2.5, True, np.int64(4), np.float32(1.0), np.bool_(True), np.int32(2), "x"):
         assert _arg_type(x) == _arg_type_of(x)
+        assert _arg_id(x) == _type_id(_arg_type_of(x))
