@@ -102,8 +102,10 @@ def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = Fals
         mm, norm = bi.matmul, lambda x, w: bi.rms_norm(x, w, eps)
     else:
         mm, norm = torch.matmul, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
-    if quantized:
-        from ..kernels.quantized import matmul as mm
+    if quantized:  # batch-invariant: torch's kernels only (the C kernel serves a few rows)
+        from ..kernels import quantized as q
+
+        mm = q.matmul_torch if invariant else q.matmul
     if fused:
         return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu)
     if invariant:
