@@ -21,6 +21,9 @@
 
 #define GROUP 32
 #define TILE 64
+#ifndef PREFETCH
+#define PREFETCH 8 /* groups ahead */
+#endif
 
 static float bf16_to_f32(uint16_t h) {
     uint32_t b = (uint32_t)h << 16;
@@ -73,6 +76,8 @@ static void tile_group(const uint8_t *b, const int8_t *xq, __m256i out[8]) {
     __m256i a[8];
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
     for (int k = 0; k < GROUP; k += 4) {
+        _mm_prefetch((const char *)(b + PREFETCH * 1024 + k * 32), _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + PREFETCH * 1024 + k * 32 + 64), _MM_HINT_T0);
         __m256i c0 = _mm256_loadu_si256((const __m256i *)(b + (k + 0) * 32));
         __m256i c1 = _mm256_loadu_si256((const __m256i *)(b + (k + 1) * 32));
         __m256i c2 = _mm256_loadu_si256((const __m256i *)(b + (k + 2) * 32));
@@ -112,6 +117,8 @@ static void tile(const uint8_t *packed, const uint16_t *sz, int64_t N, int64_t K
         tile_group(packed + g * GROUP * 32, xq + gx * GROUP, s);
         __m256 dg = _mm256_set1_ps(d[gx]), tg = _mm256_set1_ps(t[gx]), t8 = _mm256_set1_ps(8.0f * t[gx]);
         const uint16_t *row = sz + g * N * 2;
+        if (g + PREFETCH < P * G) /* the (s, z) of a later group: a stride the hardware misses */
+            for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(row + PREFETCH * N * 2 + 32 * i), _MM_HINT_T0);
         for (int i = 0; i < 8; i++) {
             __m256i w = _mm256_loadu_si256((const __m256i *)(row + i * 16)); /* (s, z) of 8 rows */
             __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
@@ -146,21 +153,25 @@ static void tile(const uint8_t *packed, const uint16_t *sz, int64_t N, int64_t K
 #endif
 
 /* y [M, N] bfloat16 = x [M, K] bfloat16 @ the planes (packed [N, P K / 2], sz [P K / 32, N, 2]
- * bfloat16), with x's rows quantized to int8. Returns 0, or -1 when out of memory. */
+ * bfloat16), with x's rows quantized to int8; the tiles of N split over `threads` OpenMP threads
+ * (torch's runtime: the process's one libgomp) when built with OpenMP. Returns 0, or -1 when out
+ * of memory. */
 int int4_gemv(const uint16_t *x, int64_t M, int64_t K, int64_t P, int64_t N, const uint8_t *packed,
-              const uint16_t *sz, uint16_t *y) {
+              const uint16_t *sz, uint16_t *y, int threads) {
     int64_t G = K / GROUP;
-    int8_t *xq = malloc((size_t)K);
-    float *d = malloc(sizeof(float) * (size_t)G), *t = malloc(sizeof(float) * (size_t)G);
+    int8_t *xq = malloc((size_t)(M * K));
+    float *d = malloc(sizeof(float) * (size_t)(M * G)), *t = malloc(sizeof(float) * (size_t)(M * G));
     if (!xq || !d || !t) {
         free(xq), free(d), free(t);
         return -1;
     }
-    float out[TILE];
-    for (int64_t m = 0; m < M; m++) {
-        quantize_row(x + m * K, K, xq, d, t);
-        for (int64_t n0 = 0; n0 < N; n0 += TILE) {
-            tile(packed + n0 * P * K / 2, sz + n0 * 2, N, K, P, xq, d, t, out);
+    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, xq + m * K, d + m * G, t + m * G);
+    (void)threads;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t n0 = 0; n0 < N; n0 += TILE) {
+        float out[TILE];
+        for (int64_t m = 0; m < M; m++) {
+            tile(packed + n0 * P * K / 2, sz + n0 * 2, N, K, P, xq + m * K, d + m * G, t + m * G, out);
             for (int j = 0; j < TILE; j++) y[m * N + n0 + j] = f32_to_bf16(out[j]);
         }
     }

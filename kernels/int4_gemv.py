@@ -41,7 +41,8 @@ from .int4_weights import GROUP, Int4Weight, _unpack
 
 ENV = "DEEPINFER_INT4_GEMV"  # "0": never use the C kernel
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "int4_gemv.c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno"]
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-fopenmp"]
+PARALLEL = 1 << 20  # weights (K N) from which a matmul splits its columns over torch's threads
 
 
 def cache_dir() -> str:
@@ -108,6 +109,7 @@ def build(folder: str | None = None) -> str:
 
 class _State:
     lib = None  # the loaded library
+    fn = None  # its int4_gemv
     why = "not loaded yet"  # why the C kernel is not in use
     isa = ""  # the path the build took
 
@@ -117,7 +119,7 @@ STATE = _State()
 
 def load(folder: str | None = None) -> bool:
     """Load this source's build (once it matches its manifest); whether the kernel is usable."""
-    STATE.lib = None
+    STATE.lib = STATE.fn = None
     if os.environ.get(ENV) == "0":
         STATE.why = f"{ENV}=0"
         return False
@@ -136,11 +138,11 @@ def load(folder: str | None = None) -> bool:
         STATE.why = f"build not loaded: {type(e).__name__}: {e}"
         return False
     i64, p = ctypes.c_int64, ctypes.c_void_p
-    lib.int4_gemv.argtypes = [p, i64, i64, i64, i64, p, p, p]
+    lib.int4_gemv.argtypes = [p, i64, i64, i64, i64, p, p, p, ctypes.c_int]
     lib.int4_gemv.restype = ctypes.c_int
     lib.int4_gemv_isa.restype = ctypes.c_char_p
     STATE.isa = lib.int4_gemv_isa().decode()
-    STATE.lib, STATE.why = lib, ""
+    STATE.lib, STATE.fn, STATE.why = lib, lib.int4_gemv, ""
     return True
 
 
@@ -149,13 +151,13 @@ def available() -> bool:
 
 
 def int4_gemv(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
-    """x [M, K] bfloat16 (contiguous) @ w -> [M, N] bfloat16, x's rows quantized to int8 (the
-    C kernel; `available` must be True)."""
-    M = x.shape[0]
-    y = torch.empty((M, w.n), dtype=torch.bfloat16)
-    P = 2 * w.packed.shape[1] // w.k
-    rc = STATE.lib.int4_gemv(x.data_ptr(), M, w.k, P, w.n, w.packed.data_ptr(), w.scale_zeros.data_ptr(),
-                             y.data_ptr())  # fmt: skip
+    """x [..., K] bfloat16 (contiguous) @ w -> [..., N] bfloat16, x's rows quantized to int8 (the
+    C kernel; `available` must be True). The caller checks x (`quantized.matmul`)."""
+    k = w.k
+    y = torch.empty((*x.shape[:-1], w.n), dtype=torch.bfloat16)
+    threads = torch.get_num_threads() if k * w.n >= PARALLEL else 1
+    rc = STATE.fn(x.data_ptr(), x.numel() // k, k, 2 * w.packed.shape[1] // k, w.n, w.packed.data_ptr(),
+                  w.scale_zeros.data_ptr(), y.data_ptr(), threads)  # fmt: skip
     if rc:
         raise MemoryError("int4_gemv: out of memory for the activations' int8 copy")
     return y
@@ -186,7 +188,9 @@ def int4_gemv_reference(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 def _unpack_q(w: Int4Weight) -> torch.Tensor:
     """The 4-bit q of every plane, [P K, N] (from the weights with scale 1 and zero 8)."""
-    ones = torch.stack([torch.ones_like(w.scale_zeros[..., 0]), torch.full_like(w.scale_zeros[..., 0], 8)], -1)
+    ones = torch.stack(
+        [torch.ones_like(w.scale_zeros[..., 0]), torch.full_like(w.scale_zeros[..., 0], 8)], -1
+    )
     return _unpack(Int4Weight(w.packed, ones, w.k, w.n), None).reshape(-1, w.n).round()
 
 

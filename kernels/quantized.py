@@ -15,20 +15,21 @@ from . import int4_gemv
 from .int4_weights import Int4Weight, int4_matmul
 from .int8_weights import Int8Weight, int8_matmul
 
+_GEMV = int4_gemv.STATE
 GEMV_ROWS = 4  # at most this many rows take the C kernel (measured: bench_cpu, kernels/int4_gemv.py)
 
 
 def matmul(x: torch.Tensor, w) -> torch.Tensor:
     t = type(w)
     if t is Int4Weight:
-        if int4_gemv.STATE.lib is not None and x.dtype == torch.bfloat16 and x.shape[-1] == w.k:
-            rows = x.numel() // w.k
-            if rows <= GEMV_ROWS:
-                x2 = x.reshape(rows, w.k)
-                if not x2.is_contiguous():
-                    x2 = x2.contiguous()
-                y = int4_gemv.int4_gemv(x2, w)
-                return y if x.dim() == 2 else y.view(*x.shape[:-1], w.n)
+        if (
+            _GEMV.fn is not None
+            and x.dtype == torch.bfloat16
+            and x.numel() <= GEMV_ROWS * w.k
+            and x.shape[-1] == w.k
+            and x.is_contiguous()
+        ):
+            return int4_gemv.int4_gemv(x, w)
         return int4_matmul(x, w)
     if t is Int8Weight:
         return int8_matmul(x, w)
