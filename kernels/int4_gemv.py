@@ -93,14 +93,21 @@ def build(folder: str | None = None) -> str:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(so), suffix=".so.tmp")
     os.close(fd)
     try:
-        subprocess.run([cc, *FLAGS, "-o", tmp, SOURCE, "-lm"], check=True, capture_output=True, text=True)
-        meta = {"key": build_key(), "sha256": _sha(tmp), "compiler": cc, "flags": FLAGS}
+        flags = FLAGS
+        try:
+            subprocess.run([cc, *flags, "-o", tmp, SOURCE, "-lm"], check=True, capture_output=True, text=True)
+        except subprocess.CalledProcessError:  # a compiler without OpenMP: one thread
+            flags = [f for f in FLAGS if f != "-fopenmp"]
+            subprocess.run([cc, *flags, "-o", tmp, SOURCE, "-lm"], check=True, capture_output=True, text=True)
+        meta = {"key": build_key(), "sha256": _sha(tmp), "compiler": cc, "flags": flags}
         with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(so), suffix=".json.tmp", delete=False) as f:
             json.dump(meta, f)
         os.replace(tmp, so)
         os.replace(f.name, man)
     except subprocess.CalledProcessError as e:
         raise RuntimeError(f"{cc} failed on {SOURCE}: {e.stderr.strip()}") from None
+    except OSError as e:
+        raise RuntimeError(f"cannot run the C compiler {cc!r} or write {so}: {e}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -199,7 +206,10 @@ def main(argv: list[str]) -> None:
     if "--if-missing" in argv and all(map(os.path.exists, build_paths(folder))):
         print(build_paths(folder)[0])
         return
-    print(build(folder))
+    try:
+        print(build(folder))
+    except RuntimeError as e:
+        sys.exit(f"C int4 GEMV not built: {e}")
 
 
 load()
