@@ -37,7 +37,7 @@ import tempfile
 
 import torch
 
-from .int4_weights import GROUP, Int4Weight, _unpack
+from .int4_weights import GROUP, TILE, Int4Weight
 
 ENV = "DEEPINFER_INT4_GEMV"  # "0": never use the C kernel
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "int4_gemv.c")
@@ -194,11 +194,10 @@ def int4_gemv_reference(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 
 def _unpack_q(w: Int4Weight) -> torch.Tensor:
-    """The 4-bit q of every plane, [P K, N] (from the weights with scale 1 and zero 8)."""
-    ones = torch.stack(
-        [torch.ones_like(w.scale_zeros[..., 0]), torch.full_like(w.scale_zeros[..., 0], 8)], -1
-    )
-    return _unpack(Int4Weight(w.packed, ones, w.k, w.n), None).reshape(-1, w.n).round()
+    """The 4-bit q of every plane, [P K, N] float32 (the layout: tiles of 64 columns, byte j of
+    an input holding columns j and j + 32 of its tile)."""
+    b = w.packed.view(w.n // TILE, -1, TILE // 2)  # [N / 64, P K, 32]
+    return torch.stack([b & 15, b >> 4], dim=1).permute(2, 0, 1, 3).reshape(-1, w.n).float()
 
 
 def main(argv: list[str]) -> None:
