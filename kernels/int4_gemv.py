@@ -40,7 +40,9 @@ import torch
 from .int4_weights import GROUP, TILE, Int4Weight
 
 ENV = "DEEPINFER_INT4_GEMV"  # "0": never use the C kernel
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "int4_gemv.c")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# the library's C sources: this GEMV and the add + RMSNorm of kernels/add_rms_norm.py
+SOURCES = tuple(os.path.join(_HERE, f) for f in ("int4_gemv.c", "add_rms_norm.c"))
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-fopenmp"]
 PARALLEL = 1 << 20  # weights (K N) from which a matmul splits its columns over torch's threads
 
@@ -63,10 +65,11 @@ def _cpu_flags() -> bytes:
 
 
 def build_key() -> str:
-    """A hash of the C source, the flags and the CPU (-march=native builds for this CPU)."""
+    """A hash of the C sources, the flags and the CPU (-march=native builds for this CPU)."""
     h = hashlib.sha256()
-    with open(SOURCE, "rb") as f:
-        h.update(f.read())
+    for src in SOURCES:
+        with open(src, "rb") as f:
+            h.update(f.read())
     h.update(" ".join(FLAGS).encode() + platform.machine().encode() + _cpu_flags())
     return h.hexdigest()[:20]
 
@@ -95,17 +98,21 @@ def build(folder: str | None = None) -> str:
     try:
         flags = FLAGS
         try:
-            subprocess.run([cc, *flags, "-o", tmp, SOURCE, "-lm"], check=True, capture_output=True, text=True)
+            subprocess.run(
+                [cc, *flags, "-o", tmp, *SOURCES, "-lm"], check=True, capture_output=True, text=True
+            )
         except subprocess.CalledProcessError:  # a compiler without OpenMP: one thread
             flags = [f for f in FLAGS if f != "-fopenmp"]
-            subprocess.run([cc, *flags, "-o", tmp, SOURCE, "-lm"], check=True, capture_output=True, text=True)
+            subprocess.run(
+                [cc, *flags, "-o", tmp, *SOURCES, "-lm"], check=True, capture_output=True, text=True
+            )
         meta = {"key": build_key(), "sha256": _sha(tmp), "compiler": cc, "flags": flags}
         with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(so), suffix=".json.tmp", delete=False) as f:
             json.dump(meta, f)
         os.replace(tmp, so)
         os.replace(f.name, man)
     except subprocess.CalledProcessError as e:
-        raise RuntimeError(f"{cc} failed on {SOURCE}: {e.stderr.strip()}") from None
+        raise RuntimeError(f"{cc} failed on {', '.join(SOURCES)}: {e.stderr.strip()}") from None
     except OSError as e:
         raise RuntimeError(f"cannot run the C compiler {cc!r} or write {so}: {e}") from None
     finally:
@@ -117,6 +124,7 @@ def build(folder: str | None = None) -> str:
 class _State:
     lib = None  # the loaded library
     fn = None  # its int4_gemv
+    norm = None  # its add_rms_norm
     why = "not loaded yet"  # why the C kernel is not in use
     isa = ""  # the path the build took
 
@@ -126,7 +134,7 @@ STATE = _State()
 
 def load(folder: str | None = None) -> bool:
     """Load this source's build (once it matches its manifest); whether the kernel is usable."""
-    STATE.lib = STATE.fn = None
+    STATE.lib = STATE.fn = STATE.norm = None
     if os.environ.get(ENV) == "0":
         STATE.why = f"{ENV}=0"
         return False
@@ -148,8 +156,10 @@ def load(folder: str | None = None) -> bool:
     lib.int4_gemv.argtypes = [p, i64, i64, i64, i64, p, p, p, ctypes.c_int]
     lib.int4_gemv.restype = ctypes.c_int
     lib.int4_gemv_isa.restype = ctypes.c_char_p
+    lib.add_rms_norm.argtypes = [p, p, p, ctypes.c_float, i64, i64, p, p]
+    lib.add_rms_norm.restype = None
     STATE.isa = lib.int4_gemv_isa().decode()
-    STATE.lib, STATE.fn, STATE.why = lib, lib.int4_gemv, ""
+    STATE.lib, STATE.fn, STATE.norm, STATE.why = lib, lib.int4_gemv, lib.add_rms_norm, ""
     return True
 
 

@@ -112,8 +112,11 @@ def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = Fals
         add_norm = lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm)  # noqa: E731
     else:  # add_rms_norm_reference's ops, called straight (61 times a decode step on the CPU)
         rms = torch.rms_norm  # (what F.rms_norm calls)
+        from ..kernels import add_rms_norm as cn
 
         def add_norm(x, d, w):
+            if cn.usable(x, d, w):  # a decode step's few rows: one C call (kernels/add_rms_norm.c)
+                return cn.add_rms_norm(x, d, w, eps)
             s = x if d is None else x + d
             return s, rms(s, (s.shape[-1],), w, eps)
 
