@@ -12,7 +12,8 @@ for the weight ``(q_w - 8) s + z``. :func:`int4_gemv_reference` is this arithmet
 (float64 sums). torch's bfloat16 kernel is bound by its arithmetic at decode (9-16 GB/s of
 weights); this one by the weights' bytes.
 
-The library is compiled by ``python -m deepinfer.kernels.int4_gemv [--if-missing] [FOLDER]``
+The library (this GEMV and the add + RMSNorm of kernels/add_rms_norm.py: `SOURCES`) is
+compiled by ``python -m deepinfer.kernels.int4_gemv [--if-missing] [FOLDER]``
 (``./build.sh install`` runs it) with the C compiler (``CC``, else ``cc``) and
 ``-O3 -march=native``: the build runs where it is built, and its path (AVX-512 VNNI,
 AVX-VNNI, AVX2 or plain C) is what the compiler finds on this machine. It lives in the cache
