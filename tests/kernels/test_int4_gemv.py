@@ -134,7 +134,7 @@ def test_error_on_the_embedded_models_matrices_is_small():
 def test_build_is_loaded_only_whole(tmp_path, monkeypatch):
     if not _CC:
         pytest.skip("no C compiler")
-    state = (G.STATE.lib, G.STATE.fn, G.STATE.why, G.STATE.isa)
+    state = (G.STATE.lib, G.STATE.fn, G.STATE.norm, G.STATE.why, G.STATE.isa)
     try:
         so = G.build(str(tmp_path))
         assert G.load(str(tmp_path)) and G.STATE.isa in ("avx512-vnni", "avx-vnni", "avx2", "c")
@@ -150,4 +150,4 @@ def test_build_is_loaded_only_whole(tmp_path, monkeypatch):
         w = _weight(64, 64, 1, torch.Generator().manual_seed(5))
         assert torch.equal(quantized.matmul(x, w), int4_matmul(x, w))  # torch's kernel then
     finally:
-        G.STATE.lib, G.STATE.fn, G.STATE.why, G.STATE.isa = state
+        G.STATE.lib, G.STATE.fn, G.STATE.norm, G.STATE.why, G.STATE.isa = state
