@@ -42,9 +42,10 @@ from .int4_weights import GROUP, TILE, Int4Weight
 
 ENV = "DEEPINFER_INT4_GEMV"  # "0": never use the C kernel
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# the library's C sources: this GEMV and the add + RMSNorm of kernels/add_rms_norm.py
-SOURCES = tuple(os.path.join(_HERE, f) for f in ("int4_gemv.c", "add_rms_norm.c"))
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-fopenmp"]
+# the library's C sources: this GEMV, the add + RMSNorm of kernels/add_rms_norm.py and the
+# column lookup of `int4_weights.int4_rows`
+SOURCES = tuple(os.path.join(_HERE, f) for f in ("int4_gemv.c", "add_rms_norm.c", "int4_rows.c"))
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
 PARALLEL = 1 << 20  # weights (K N) from which a matmul splits its columns over torch's threads
 
 
@@ -126,6 +127,7 @@ class _State:
     lib = None  # the loaded library
     fn = None  # its int4_gemv
     norm = None  # its add_rms_norm
+    columns = None  # its int4_columns
     why = "not loaded yet"  # why the C kernel is not in use
     isa = ""  # the path the build took
 
@@ -135,7 +137,7 @@ STATE = _State()
 
 def load(folder: str | None = None) -> bool:
     """Load this source's build (once it matches its manifest); whether the kernel is usable."""
-    STATE.lib = STATE.fn = STATE.norm = None
+    STATE.lib = STATE.fn = STATE.norm = STATE.columns = None
     if os.environ.get(ENV) == "0":
         STATE.why = f"{ENV}=0"
         return False
@@ -159,8 +161,11 @@ def load(folder: str | None = None) -> bool:
     lib.int4_gemv_isa.restype = ctypes.c_char_p
     lib.add_rms_norm.argtypes = [p, p, p, ctypes.c_float, i64, i64, p, p]
     lib.add_rms_norm.restype = None
+    lib.int4_columns.argtypes = [p, p, i64, i64, i64, p, i64, p]
+    lib.int4_columns.restype = None
     STATE.isa = lib.int4_gemv_isa().decode()
-    STATE.lib, STATE.fn, STATE.norm, STATE.why = lib, lib.int4_gemv, lib.add_rms_norm, ""
+    STATE.lib, STATE.fn, STATE.norm, STATE.columns = lib, lib.int4_gemv, lib.add_rms_norm, lib.int4_columns
+    STATE.why = ""
     return True
 
 
@@ -179,6 +184,18 @@ def int4_gemv(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     if rc:
         raise MemoryError("int4_gemv: out of memory for the activations' int8 copy")
     return y
+
+
+def int4_columns(w: Int4Weight, index: torch.Tensor) -> torch.Tensor:
+    """Columns ``index`` (int64 [n], each in [0, N)) of the matrix as float32 rows [n, K], in C:
+    bit for bit `int4_weights.int4_rows` (`STATE.columns` must be loaded)."""
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= w.n):
+        raise IndexError(f"column index out of range [0, {w.n})")
+    index = index.contiguous()
+    out = torch.empty((index.shape[0], w.k), dtype=torch.float32)
+    STATE.columns(w.packed.data_ptr(), w.scale_zeros.data_ptr(), w.k, 2 * w.packed.shape[1] // w.k, w.n,
+                  index.data_ptr(), index.shape[0], out.data_ptr())  # fmt: skip
+    return out
 
 
 def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ from deepinfer.kernels.int4_weights import (
     Int4Weight,
     dequantize_int4,
     int4_matmul,
+    int4_rows,
     make_plane,
     stack_planes,
 )
@@ -134,7 +135,7 @@ def test_error_on_the_embedded_models_matrices_is_small():
 def test_build_is_loaded_only_whole(tmp_path, monkeypatch):
     if not _CC:
         pytest.skip("no C compiler")
-    state = (G.STATE.lib, G.STATE.fn, G.STATE.norm, G.STATE.why, G.STATE.isa)
+    state = dict(vars(G.STATE))
     try:
         so = G.build(str(tmp_path))
         assert G.load(str(tmp_path)) and G.STATE.isa in ("avx512-vnni", "avx-vnni", "avx2", "c")
@@ -150,4 +151,14 @@ def test_build_is_loaded_only_whole(tmp_path, monkeypatch):
         w = _weight(64, 64, 1, torch.Generator().manual_seed(5))
         assert torch.equal(quantized.matmul(x, w), int4_matmul(x, w))  # torch's kernel then
     finally:
-        G.STATE.lib, G.STATE.fn, G.STATE.norm, G.STATE.why, G.STATE.isa = state
+        vars(G.STATE).update(state)
+
+
+def test_columns_lookup_is_bit_for_bit_the_torch_one():
+    g = torch.Generator().manual_seed(6)
+    for K, N, planes in [(576, 192, 2), (96, 128, 1)]:
+        w = _weight(K, N, planes, g)
+        idx = torch.tensor([0, 5, 31, 32, 63, 64, N - 1, 5])
+        assert torch.equal(G.int4_columns(w, idx), int4_rows(w, idx))
+    with pytest.raises(IndexError, match="out of range"):
+        G.int4_columns(w, torch.tensor([N]))
