@@ -164,8 +164,9 @@ QUALITY_PROMPTS = [
 
 
 def quality(tokens: int) -> None:
-    """Greedy text and next-token logits of the default (int4 planes, bfloat16 activations) and
-    of the weights dequantized to bfloat16, each against the weights dequantized to float32."""
+    """Greedy text and next-token logits of the default (int4 planes, bfloat16 activations), of
+    the default with int8 activations in every matmul (the C GEMV of a batch-1 decode) and of the
+    weights dequantized to bfloat16, each against the weights dequantized to float32."""
     import torch
 
     from deepinfer import LLM, SamplingParams
@@ -179,6 +180,18 @@ def quality(tokens: int) -> None:
     outs = {k: [o.token_ids for o in e.chat(msgs, sp, use_tqdm=False)] for k, e in engines.items()}
     ids = [ref.tokenizer.encode(ref.tokenizer.apply_chat_template(m, True)) for m in msgs]
     last = {k: torch.stack([x[-1] for x in e.model.logits(ids)]) for k, e in engines.items()}
+    # a batch-1 decode's matmuls (kernels/int4_gemv.py: int8 activations) for every row here
+    # (16 prompts decode at once, prompts prefill: torch's bfloat16 kernel in "default")
+    from deepinfer.kernels import int4_gemv, quantized
+
+    if int4_gemv.available():
+        rows, quantized.GEMV_ROWS = quantized.GEMV_ROWS, 1 << 20
+        try:
+            e = engines["default"]
+            outs["default, int8 activations"] = [o.token_ids for o in e.chat(msgs, sp, use_tqdm=False)]
+            last["default, int8 activations"] = torch.stack([x[-1] for x in e.model.logits(ids)])
+        finally:
+            quantized.GEMV_ROWS = rows
 
     def agree(a, b):  # tokens before the first difference
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -186,7 +199,9 @@ def quality(tokens: int) -> None:
     print(f"\nQuality: {len(msgs)} chat prompts, greedy, {tokens} tokens; each against float32 weights "
           "(the file's blocks dequantized to float32)")  # fmt: skip
     rows = []
-    for k in ("default", "bfloat16"):
+    for k in ("default", "default, int8 activations", "bfloat16"):
+        if k not in outs:
+            continue
         same = [agree(a, b) for a, b in zip(outs[k], outs["float32"])]
         p, q = torch.softmax(last[k].float(), -1), torch.softmax(last["float32"], -1)
         top = (last[k].argmax(-1) == last["float32"].argmax(-1)).float().mean()

@@ -59,6 +59,9 @@ def _busy_seconds() -> float | None:
     return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
+SMALL_ROWS = 4  # a decode step of at most this many rows keeps the base threads (`for_step`)
+
+
 class StepThreads:
     """Intra-op threads for each engine step on the CPU: every core when the step leaves no host
     work to a core (no constraint masks to fill) and no other process keeps a core busy; else
@@ -101,15 +104,19 @@ class StepThreads:
         self.others_busy = share >= (0.1 if self.others_busy else 0.25)
         self._t, self._busy, self._own = now, busy, own
 
-    def for_step(self, host_work: bool) -> int:
+    def for_step(self, host_work: bool, small: bool = False) -> int:
         """Set (if it changes) and return the threads for a step; ``host_work``: the step fills
-        constraint masks (or drafts) on a host thread while the forward runs."""
+        constraint masks (or drafts) on a host thread while the forward runs; ``small``: a decode
+        step of at most `SMALL_ROWS` rows, whose ops last microseconds: there a parallel region's
+        wake-up of a sleeping thread (OMP_WAIT_POLICY=PASSIVE) costs more than the second core
+        saves (benchmarks/bench_cpu.py's decode at batch 1 on the idle 2-core machine: 117 tok/s
+        on one thread, 48 on two), so it keeps the base count."""
         if not self.enabled:
             return self.current
         import torch
 
         self._measure()
-        want = self.base if host_work or self.others_busy else self.cores
+        want = self.base if host_work or small or self.others_busy else self.cores
         if want != self.current:
             torch.set_num_threads(want)
             self.current = want

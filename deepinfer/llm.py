@@ -358,7 +358,8 @@ class LLM:
             s.fail(why, self.tokenizer)
         if out.rows:
             if self._step_threads is not None:  # every core, unless masks or a neighbour need one
-                self._step_threads.for_step(drafting or any(s.constraint is not None for s in out.batch))
+                host = drafting or any(s.constraint is not None for s in out.batch)
+                self._step_threads.for_step(host, small=out.decode and len(out.rows) <= _threads.SMALL_ROWS)
             masks = self.masks.start(out.batch)  # bitmasks on a host thread while the device runs
             if out.decode:
                 out.verify = self._plan_drafts(out.rows)  # DSpark drafts, or None: plain decode

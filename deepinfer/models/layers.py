@@ -102,16 +102,21 @@ def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = Fals
         mm, norm = bi.matmul, lambda x, w: bi.rms_norm(x, w, eps)
     else:
         mm, norm = torch.matmul, lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
-    if quantized:
-        from ..kernels.quantized import matmul as mm
+    if quantized:  # batch-invariant: torch's kernels only (the C kernel serves a few rows)
+        from ..kernels import quantized as q
+
+        mm = q.matmul_torch if invariant else q.matmul
     if fused:
         return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu)
     if invariant:
         add_norm = lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm)  # noqa: E731
     else:  # add_rms_norm_reference's ops, called straight (61 times a decode step on the CPU)
         rms = torch.rms_norm  # (what F.rms_norm calls)
+        from ..kernels import add_rms_norm as cn
 
         def add_norm(x, d, w):
+            if cn.usable(x, d, w):  # a decode step's few rows: one C call (kernels/add_rms_norm.c)
+                return cn.add_rms_norm(x, d, w, eps)
             s = x if d is None else x + d
             return s, rms(s, (s.shape[-1],), w, eps)
 

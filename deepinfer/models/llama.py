@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..kernels import int4_gemv
 from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
 from ..kernels.fused import signed_sin
 from ..kernels.int4_weights import Int4Weight, int4_rows
@@ -407,7 +408,10 @@ class LlamaModel:
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, Int4Weight):  # a tied head's planes: the columns read, dequantized
-            x = int4_rows(self.embed, tokens).to(self.dtype)
+            if int4_gemv.STATE.columns is not None and tokens.dtype == torch.int64 and tokens.dim() == 1:
+                x = int4_gemv.int4_columns(self.embed, tokens).to(self.dtype)  # int4_rows's bits, in C
+            else:
+                x = int4_rows(self.embed, tokens).to(self.dtype)
         elif isinstance(self.embed, GGUFMatrix):  # blocks: the rows read are dequantized
             x = self.embed.rows(tokens).to(self.dtype)
         else:

@@ -50,6 +50,7 @@ def test_every_core_while_the_other_is_idle(machine):
     machine.run(0.3, others=0.02)
     assert p.for_step(False) == 2 and torch.get_num_threads() == 2
     assert p.for_step(True) == 1  # a step with masks to fill leaves a core to them
+    assert p.for_step(False, small=True) == 1  # a decode step of a few rows: one thread
     assert p.for_step(False) == 2
     machine.run(0.3, others=0.6, ours=1.8)  # a neighbour starts
     assert p.for_step(False) == 1 and torch.get_num_threads() == 1
