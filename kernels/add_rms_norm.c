@@ -6,21 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-static float bf(uint16_t h) {
-    uint32_t b = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-}
-
-static uint16_t to_bf(float f) { /* round to nearest even, as torch */
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40);
-    b += 0x7fffu + ((b >> 16) & 1u);
-    return (uint16_t)(b >> 16);
-}
+#include "bf16.h"
 
 void add_rms_norm(const uint16_t *x, const uint16_t *d, const uint16_t *w, float eps, int64_t M, int64_t H,
                   uint16_t *s, uint16_t *h) {
@@ -29,13 +15,13 @@ void add_rms_norm(const uint16_t *x, const uint16_t *d, const uint16_t *w, float
         uint16_t *sr = dr ? s + m * H : NULL, *hr = h + m * H;
         float part[16] = {0};
         for (int64_t i = 0; i < H; i++) {
-            float v = dr ? bf(to_bf(bf(xr[i]) + bf(dr[i]))) : bf(xr[i]);
-            if (dr) sr[i] = to_bf(v);
+            float v = dr ? bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(dr[i]))) : bf16_to_f32(xr[i]);
+            if (dr) sr[i] = f32_to_bf16(v);
             part[i & 15] += v * v;
         }
         float sum = 0.0f;
         for (int i = 0; i < 16; i++) sum += part[i];
         float r = 1.0f / sqrtf(sum / (float)H + eps);
-        for (int64_t i = 0; i < H; i++) hr[i] = to_bf(bf(dr ? sr[i] : xr[i]) * r * bf(w[i]));
+        for (int64_t i = 0; i < H; i++) hr[i] = f32_to_bf16(bf16_to_f32(dr ? sr[i] : xr[i]) * r * bf16_to_f32(w[i]));
     }
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bf16.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -24,21 +25,6 @@
 #ifndef PREFETCH
 #define PREFETCH 8 /* groups ahead */
 #endif
-
-static float bf16_to_f32(uint16_t h) {
-    uint32_t b = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-}
-
-static uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch */
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40); /* NaN stays NaN */
-    b += 0x7fffu + ((b >> 16) & 1u);
-    return (uint16_t)(b >> 16);
-}
 
 /* One row of K bfloat16 -> K int8 q, the groups' d and t = d sum(q). */
 static void quantize_row(const uint16_t *x, int64_t K, int8_t *q, float *d, float *t) {

@@ -45,12 +45,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # the library's C sources: this GEMV, the add + RMSNorm of kernels/add_rms_norm.py and the
 # column lookup of `int4_weights.int4_rows`
 SOURCES = tuple(os.path.join(_HERE, f) for f in ("int4_gemv.c", "add_rms_norm.c", "int4_rows.c"))
+HEADERS = (os.path.join(_HERE, "bf16.h"),)  # included by the sources: part of the build's key
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
 PARALLEL = 1 << 20  # weights (K N) from which a matmul splits its columns over torch's threads
 
 
 def cache_dir() -> str:
-    """``DEEPINFER_CACHE_DIR``, else the user's cache folder (deepinfer.constraints.native's rule)."""
+    """Where builds and caches live: ``DEEPINFER_CACHE_DIR``, else the user's cache folder
+    (deepinfer.constraints.native's rule; the plane cache uses this one)."""
     d = os.environ.get("DEEPINFER_CACHE_DIR")
     if d:
         return d
@@ -69,7 +71,7 @@ def _cpu_flags() -> bytes:
 def build_key() -> str:
     """A hash of the C sources, the flags and the CPU (-march=native builds for this CPU)."""
     h = hashlib.sha256()
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         with open(src, "rb") as f:
             h.update(f.read())
     h.update(" ".join(FLAGS).encode() + platform.machine().encode() + _cpu_flags())

@@ -4,13 +4,7 @@
  * where torch's gather and unpack take about 20 ops. */
 #include <stdint.h>
 #include <string.h>
-
-static float bf16f(uint16_t h) {
-    uint32_t b = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-}
+#include "bf16.h"
 
 /* out [R, K] float32 = columns index[r] of the P planes (packed [N, P K / 2], sz [P K / 32, N, 2]). */
 void int4_columns(const uint8_t *packed, const uint16_t *sz, int64_t K, int64_t P, int64_t N,
@@ -23,7 +17,7 @@ void int4_columns(const uint8_t *packed, const uint16_t *sz, int64_t K, int64_t 
             for (int64_t k = 0; k < K; k++) {
                 int64_t kk = p * K + k, g = kk / 32;
                 int q = (tile[kk * 32 + (j & 31)] >> shift) & 15;
-                float s = bf16f(sz[(g * N + n) * 2]), z = bf16f(sz[(g * N + n) * 2 + 1]);
+                float s = bf16_to_f32(sz[(g * N + n) * 2]), z = bf16_to_f32(sz[(g * N + n) * 2 + 1]);
                 float v = ((float)q - 8.0f) * s + z;
                 o[k] = p ? o[k] + v : v;
             }

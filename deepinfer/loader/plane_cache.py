@@ -31,6 +31,7 @@ import warnings
 
 import torch
 
+from ..kernels.int4_gemv import cache_dir
 from ..kernels.int4_weights import Int4Weight
 
 VERSION = 2  # of the file layout and of how planes are made: a change to either must bump it
@@ -38,15 +39,6 @@ ENV = "DEEPINFER_PLANE_CACHE"
 MAGIC = b"DIPLANES"
 _HEAD = struct.Struct("<8sII")  # magic, version, index length
 _ALIGN = 64
-
-
-def cache_dir() -> str:
-    """``DEEPINFER_CACHE_DIR``, else the user's cache folder (deepinfer.constraints.native's rule)."""
-    d = os.environ.get("DEEPINFER_CACHE_DIR")
-    if d:
-        return d
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "deepinfer")
 
 
 class PlaneCache:
