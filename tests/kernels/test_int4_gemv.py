@@ -21,9 +21,9 @@ from deepinfer.kernels.int4_weights import (
     dequantize_int4,
     int4_matmul,
     int4_rows,
-    make_plane,
-    stack_planes,
 )
+
+from .test_int4_weights import _weight
 
 _CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
@@ -38,16 +38,6 @@ def kernel(tmp_path_factory):
         G.build(folder)
         assert G.load(folder), G.STATE.why
     return G.STATE
-
-
-def _weight(K: int, N: int, planes: int, gen: torch.Generator) -> Int4Weight:
-    made = []
-    for _ in range(planes):
-        q = torch.randint(0, 16, (N, K), generator=gen)
-        scale = torch.rand(N, K // GROUP, generator=gen) * 0.02 / K**0.5 + 1e-4
-        zero = torch.randn(N, K // GROUP, generator=gen) * 0.02 / K**0.5
-        made.append(make_plane(q, scale, zero))
-    return stack_planes(made, K, N)
 
 
 SHAPES = [
