@@ -21,7 +21,6 @@ calls ``abort``: the request ends before the engine's next step, its KV blocks f
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import multiprocessing as mp
 import threading
@@ -239,9 +238,6 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
     """Build the LLM, say ready, then step while there is work; take requests between steps."""
     try:
         llm = factory()  # (on CUDA its graphs are captured as it is built: no request pays one)
-        # the model, tries and kernels live as long as the process: keep the collector from
-        # walking them again (a full collection over them took up to 0.6 s, on a mask's time)
-        gc.freeze()
         tok = llm.tokenizer
         token_bytes = [
             b if b is not None else (tok.id_to_token(i) or "").encode()

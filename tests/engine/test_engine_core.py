@@ -151,6 +151,21 @@ def test_metrics_count_constraint_compiles_and_mask_time(llm):
     assert after["mask_seconds"] > before["mask_seconds"]
 
 
+def test_construction_freezes_what_it_built(tiny_folder, monkeypatch_session):
+    """The model's tensors, the tokenizer and the engine's tables are out of the collector's
+    walks once the LLM is built."""
+    import gc
+
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    llm = LLM(tiny_folder[0], seed=0)
+    assert gc.get_freeze_count() > 0
+    walked = {id(o) for o in gc.get_objects()}  # what collections walk: not the frozen
+    assert id(llm.scheduler) not in walked and id(llm.runner) not in walked
+    after = LLM.__new__(LLM)  # made later: walked as usual
+    assert id(after) in {id(o) for o in gc.get_objects()}
+
+
 def test_metrics_count_steps_by_kind(llm):
     before = llm.metrics()
     llm.generate([[1, 5, 9], [1, 7]], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
