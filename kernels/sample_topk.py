@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from .sample_filters import first_kept
-from .triton_common import NDRAW, chunk_mass, draw_t, fast_exp, helper, load_scores, pick_chunk, quanta, scale
+from .triton_common import NDRAW, chunk_mass, draw_t, fast_exp, helper, load_scores, quanta, scale
 
 
 @helper
@@ -71,12 +71,20 @@ def kth_key(key, k, cap, lo, hi):
 @helper
 def chunk_candidates(s, local, c, k, cv_ptr, ci_ptr, cn_ptr, CHUNK: tl.constexpr, KC: tl.constexpr):
     # pass 1 of a top-k row (k <= KC) on its chunk c, tile s [CHUNK / G, G] (token local[i, j]
-    # of the chunk): the chunk's largest scores, at least k of them and at most KC unless ties
-    # at the threshold forbid it, stored in token order at cv_ptr / ci_ptr; their count at
-    # cn_ptr (over KC: overflow, the row takes the per-row way). Every token at or above the
-    # row's k-th largest score is among them: that score is at or above the chunk's k-th largest
+    # of the chunk; a tile row is a group of G tokens): the chunk's largest scores, at least k
+    # of them and at most KC unless ties at the threshold forbid it, stored in token order at
+    # cv_ptr / ci_ptr; their count at cn_ptr (over KC: overflow, the row takes the per-row way).
+    # Every token at or above the row's k-th largest score is among them: that score is at or
+    # above the chunk's k-th largest, which is at or above the threshold t taken here.
+    # t: the k-th largest of the groups' maxima (``group_kth``: k tokens, the k maxima, are at
+    # or above it), found at once by ranking the groups; only when more than KC tokens reach it
+    # (ties, a dense top) does kth_key search on, from t up to the chunk's max
     u = tl.where(s > float("-inf"), order_key(s), NO_KEY)
-    t, n = kth_key(u, k, KC, tl.full((), NO_KEY + 1, tl.int32), tl.full((), 2147483647, tl.int32))
+    gm = tl.max(u, 1)  # [CHUNK / G] each group's largest key
+    t = group_kth(gm, k)
+    n = tl.sum((u >= t).to(tl.int32))
+    if n > KC:
+        t, n = kth_key(u, k, KC, t, tl.max(gm, 0))
     sel = u >= t
     # position of each selected token among them in token order ([CHUNK / G, G] row-major)
     per_row = tl.sum(sel.to(tl.int32), 1)
@@ -85,6 +93,18 @@ def chunk_candidates(s, local, c, k, cv_ptr, ci_ptr, cn_ptr, CHUNK: tl.constexpr
     tl.store(cv_ptr + pos, s, mask=ok)
     tl.store(ci_ptr + pos, c * CHUNK + local, mask=ok)
     tl.store(cn_ptr, n)
+
+
+@helper
+def group_kth(gm, k):
+    # gm [R]: the groups' largest order keys (NO_KEY: a group with no entry) -> the k-th largest
+    # of them (with multiplicity), min{g : fewer than k groups strictly above g}, by ranking
+    # every group against every other (R * R compares, no search); NO_KEY + 1 (every entry)
+    # where fewer than k groups have an entry
+    above = tl.sum((gm[None, :] > gm[:, None]).to(tl.int32), 1)
+    has = gm > NO_KEY
+    gk = tl.min(tl.where(has & (above < k), gm, 2147483647), 0)
+    return tl.where(tl.sum(has.to(tl.int32), 0) >= k, gk, NO_KEY + 1)
 
 
 @helper
@@ -133,27 +153,24 @@ def row_topk_low(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k, HAS_MASK:
 
 
 @helper
-def _cand_draw(cv, ci, ms, zs, cs, low, j, k0, k1, KC: tl.constexpr):
-    # inverse-CDF draw j over {s > low} from the candidates cv / ci [SP, KC] (token order in each
-    # chunk; every token above low is one): the chunk as row_draw, then the candidate whose
-    # running quanta sum passes the draw -> (token, its score); the same token as row_draw
-    c = pick_chunk(ms, zs, cs, draw_t(2 * j, k0, k1))
-    sel = cs[:, None] == c
-    v = tl.max(tl.where(sel, cv, float("-inf")), 0)  # [KC]: the chunk's candidates
-    idx = tl.max(tl.where(sel, ci, -1), 0)
-    mc = tl.sum(tl.where(cs == c, ms, 0.0), 0)
-    zc = tl.sum(tl.where(cs == c, zs, 0), 0)
-    cum = tl.cumsum(quanta(v, mc, low), 0)
-    p = tl.sum((cum <= scale(zc, draw_t(2 * j + 1, k0, k1))).to(tl.int32), 0)
-    kk = tl.arange(0, KC)
-    return tl.sum(tl.where(kk == p, idx, 0), 0), tl.max(tl.where(kk == p, v, float("-inf")), 0)
+def _cand_draw(cand_ptr, cidx_ptr, cq, zl, cum, cs, j, k0, k1, KC: tl.constexpr):
+    # inverse-CDF draw j over {s > low} from the candidates at cand_ptr / cidx_ptr [SP, KC]
+    # (token order in each chunk; every token above low is one), given their quanta's running
+    # sums cq [SP, KC] in each chunk, the chunks' quanta sums zl and the running sum cum of the
+    # chunks' weights: the chunk (as pick_chunk), then the candidate whose running sum passes
+    # the draw -> (token, its score); the token row_draw would give
+    c = tl.sum((cum <= scale(tl.max(cum, 0), draw_t(2 * j, k0, k1))).to(tl.int32), 0)
+    h = scale(tl.sum(tl.where(cs == c, zl, 0), 0), draw_t(2 * j + 1, k0, k1))
+    at = c * KC + tl.sum(((cs[:, None] == c) & (cq <= h)).to(tl.int32))
+    return tl.load(cidx_ptr + at), tl.load(cand_ptr + at)
 
 
 @helper
-def _cand_above(cv, m, q):
-    # mass sum exp(s - m) and count of the candidates above q (all the row's tokens above q >= v_k)
+def _cand_above(cv, e, q):
+    # mass sum exp(s - m) (e) and count of the candidates above q (all the row's tokens above
+    # q >= v_k)
     above = cv > q
-    return tl.sum(tl.where(above, fast_exp(cv - m), 0.0)), tl.sum(above.to(tl.int32))
+    return tl.sum(tl.where(above, e, 0.0)), tl.sum(above.to(tl.int32))
 
 
 @helper
@@ -162,13 +179,14 @@ def topk_row(cand_ptr, cidx_ptr, cn_ptr, S, ms, zs, cs, m, top_k, top_p, min_p, 
     # a top-k row after the split pass 1 stored its candidates (chunk_candidates; none
     # overflowed): v_k and low from them, then the draws over {s > low} and the first kept
     # (first_kept: top-k keeps every draw; top-p's mass and min-p as decide), rounds of four
-    # above the highest cut score when all four are cut. zs: pass 1's quanta sums (Z)
+    # above the highest cut score when all four are cut. zs: pass 1's quanta sums (Z). The
+    # draws of a round share one pass over the candidates (their quanta, running sums in each
+    # chunk, and the chunks' weights); each then reads its token and score back
     kk = tl.arange(0, KC)
     n = tl.load(cn_ptr + cs, mask=cs < S, other=0)
     ok = (cs[:, None] < S) & (kk[None, :] < n[:, None])
     off = cs[:, None] * KC + kk[None, :]
     cv = tl.load(cand_ptr + off, mask=ok, other=float("-inf"))
-    ci = tl.load(cidx_ptr + off, mask=ok, other=0)
     u = tl.where(ok, order_key(cv), NO_KEY)
     low = float("-inf")
     if tl.sum(ok.to(tl.int32)) >= top_k:
@@ -181,20 +199,24 @@ def topk_row(cand_ptr, cidx_ptr, cn_ptr, S, ms, zs, cs, m, top_k, top_p, min_p, 
     kmax = top_k
     cut_p = top_p < 1.0
     zz = tl.sum(chunk_mass(ms, zs, m), 0) * (1.0 / 4294967296.0)
+    e = fast_exp(cv - m)  # (top-p's mass above a draw)
     j = tl.full((), 0, tl.uint32)
     tok = 0
     searching = m > float("-inf")
     while searching:
-        zl = tl.sum(quanta(cv, ms[:, None], low), 1)  # the chunks' quanta sums over {s > low}
-        x0, q0 = _cand_draw(cv, ci, ms, zl, cs, low, j, k0, k1, KC)
+        q = quanta(cv, ms[:, None], low)
+        zl = tl.sum(q, 1)  # the chunks' quanta sums over {s > low}
+        cq = tl.cumsum(q, 1)
+        cum = tl.cumsum(chunk_mass(ms, zl, m).to(tl.int64), 0)
+        x0, q0 = _cand_draw(cand_ptr, cidx_ptr, cq, zl, cum, cs, j, k0, k1, KC)
         if cut_p | (min_p > 0.0):
-            x1, q1 = _cand_draw(cv, ci, ms, zl, cs, low, j + 1, k0, k1, KC)
-            x2, q2 = _cand_draw(cv, ci, ms, zl, cs, low, j + 2, k0, k1, KC)
-            x3, q3 = _cand_draw(cv, ci, ms, zl, cs, low, j + 3, k0, k1, KC)
-            mass0, cnt0 = _cand_above(cv, m, q0)
-            mass1, cnt1 = _cand_above(cv, m, q1)
-            mass2, cnt2 = _cand_above(cv, m, q2)
-            mass3, cnt3 = _cand_above(cv, m, q3)
+            x1, q1 = _cand_draw(cand_ptr, cidx_ptr, cq, zl, cum, cs, j + 1, k0, k1, KC)
+            x2, q2 = _cand_draw(cand_ptr, cidx_ptr, cq, zl, cum, cs, j + 2, k0, k1, KC)
+            x3, q3 = _cand_draw(cand_ptr, cidx_ptr, cq, zl, cum, cs, j + 3, k0, k1, KC)
+            mass0, cnt0 = _cand_above(cv, e, q0)
+            mass1, cnt1 = _cand_above(cv, e, q1)
+            mass2, cnt2 = _cand_above(cv, e, q2)
+            mass3, cnt3 = _cand_above(cv, e, q3)
             tok, searching = first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2,
                                         mass3, cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p,
                                         0, 0, 0, 0)  # fmt: skip

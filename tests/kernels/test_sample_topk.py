@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 from deepinfer import kernels
 from deepinfer.kernels import SampleTuning, sample_reference, sample_topk
 
-from ._util import random_bitmask
+from ._util import TRITON_DEVICES, random_bitmask
 from .conftest import INTERPRET
 
 # small layouts so the CPU interpreter sees several chunks and both top-k ways: chunks of 64
@@ -183,3 +183,98 @@ def test_top_k_frequencies(impl, row, top_k, top_p):
     assert counts[~keep].sum() == 0
     exp = q[keep] * n
     assert chisquare(counts[keep].numpy(), exp.numpy()).pvalue > 1e-3
+
+
+# chunks of 1024 tokens (32 groups of 32) and 64 candidates a chunk: pass 1's threshold from the
+# groups' maxima (k <= 32), its search past it (ties, k > 32 groups), overflow (the per-row way)
+GROUPS = SampleTuning(chunk_max=1024, topk_max=64)
+
+
+def _rows(kind: str, B: int, V: int, gen: torch.Generator) -> torch.Tensor:
+    if kind == "flat":
+        return torch.randn(B, V, generator=gen) * 0.3
+    if kind == "peaked":  # a few tokens far above the rest
+        x = torch.randn(B, V, generator=gen)
+        x[:, torch.randperm(V, generator=gen)[:8]] += 12.0
+        return x
+    return torch.randint(0, 6, (B, V), generator=gen).float()  # "ties"
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ties"])
+def test_group_threshold_matches_reference(impl, kind):
+    """Rows over three chunks of 1024 (the last one short), flat, peaked and tied, half masked
+    or nearly all masked (fewer groups with a token than k): k = 1, within the 32 groups, past
+    them, at the 64 candidates, past them (the per-row way), k >= V (off); with and without
+    top-p. The reference's tokens."""
+    gen = torch.Generator().manual_seed(11 + len(kind))
+    B, V = 8, 2500
+    logits = _rows(kind, B, V, gen)
+    bitmask = random_bitmask(B, V, 0.5, gen)
+    bitmask[5:7] = random_bitmask(2, V, 0.02, gen)  # ~50 tokens a row, in fewer than 32 groups
+    top_k = [1, 7, 32, 33, 64, 100, V, 5]
+    _both(impl, logits, GROUPS, bitmask=bitmask, temperature=1.0, top_k=top_k)
+    _both(impl, logits, GROUPS, bitmask=bitmask, temperature=0.8, top_k=top_k,
+          top_p=[0.9, 0.5, 0.95, 0.7, 0.9, 0.9, 0.9, 0.3])  # fmt: skip
+
+
+@triton.jit
+def _chunk_kernel(s_ptr, cv_ptr, ci_ptr, cn_ptr, t_ptr, k, R: tl.constexpr, KC: tl.constexpr):
+    # chunk_candidates on one chunk of R groups of 32 scores, and group_kth of its groups
+    offs = 32 * tl.arange(0, R)[:, None] + tl.arange(0, 32)[None, :]
+    s = tl.load(s_ptr + offs)
+    sample_topk.chunk_candidates(s, offs, 0, k, cv_ptr, ci_ptr, cn_ptr, R * 32, KC)
+    u = tl.where(s > float("-inf"), sample_topk.order_key(s), -2147483648)
+    tl.store(t_ptr, sample_topk.group_kth(tl.max(u, 1), k))
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_chunk_candidates_hold_the_top_k(device):
+    """A chunk's candidates: the tokens at or above a threshold (an upper set, in token order),
+    at least min(k, allowed) of them, at most KC unless the ties at the chunk's k-th largest
+    score are more; group_kth is the k-th largest of the groups' maxima. Random, tied, masked and
+    near-empty chunks."""
+    gen = torch.Generator().manual_seed(13)
+    R, KC = 16, 32
+    N = R * 32
+    cases = []
+    for it in range(12):
+        s = torch.randn(N, generator=gen) * (0.2 + it)
+        if it % 3 == 1:
+            s = torch.randint(0, 3 + it, (N,), generator=gen).float()
+        if it % 4 == 2:
+            s[torch.rand(N, generator=gen) < 0.9] = float("-inf")
+        if it == 11:
+            s[4:] = float("-inf")
+        cases.append((s, [1, 2, 5, 16, 17, 32][it % 6]))
+    for s, k in cases:
+        cv = torch.full((KC,), float("nan"), device=device)
+        ci = torch.full((KC,), -1, dtype=torch.int32, device=device)
+        cn = torch.zeros(1, dtype=torch.int32, device=device)
+        t = torch.zeros(1, dtype=torch.int32, device=device)
+        _chunk_kernel[(1,)](s.to(device), cv, ci, cn, t, k, R=R, KC=KC)
+        cv, ci, n = cv.cpu(), ci.cpu(), int(cn)
+        allowed = s > float("-inf")
+        gm = s.view(R, 32).amax(1)
+        gm = gm[gm > float("-inf")]
+        if len(gm) >= k:
+            gk = gm.sort(descending=True).values[k - 1]
+            assert sample_topk_key(gk) == int(t), (gk, int(t))
+        else:
+            assert int(t) == -2147483647
+        vk = s[allowed].sort(descending=True).values[min(k, int(allowed.sum())) - 1]
+        assert n >= min(k, int(allowed.sum()))
+        if int((s >= vk).sum()) <= KC:
+            assert n <= KC
+        if n <= KC:
+            idx = ci[:n]
+            assert idx.tolist() == sorted(idx.tolist())
+            assert cv[:n].tolist() == s[idx.long()].tolist()
+            low = cv[:n].min()
+            assert set(idx.tolist()) == set(torch.nonzero(s >= low).flatten().tolist())
+            assert low <= vk
+
+
+def sample_topk_key(v: torch.Tensor) -> int:
+    """order_key of a float32 (torch): the bits, the negative ones flipped, +-0 as 0."""
+    bits = int(v.view(torch.int32))
+    return 0 if float(v) == 0.0 else (bits if bits >= 0 else bits ^ 0x7FFFFFFF)
