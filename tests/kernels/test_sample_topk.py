@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 from deepinfer import kernels
 from deepinfer.kernels import SampleTuning, sample_reference, sample_topk
 
-from ._util import TRITON_DEVICES, random_bitmask
+from ._util import random_bitmask
 from .conftest import INTERPRET
 
 # small layouts so the CPU interpreter sees several chunks and both top-k ways: chunks of 64
@@ -185,9 +185,11 @@ def test_top_k_frequencies(impl, row, top_k, top_p):
     assert chisquare(counts[keep].numpy(), exp.numpy()).pvalue > 1e-3
 
 
-# chunks of 1024 tokens (32 groups of 32) and 64 candidates a chunk: pass 1's threshold from the
-# groups' maxima (k <= 32), its search past it (ties, k > 32 groups), overflow (the per-row way)
+# chunks of 1024 tokens (32 groups of 32), 64 groups gathered a row (top_k <= 64; ties past 64
+# groups at the threshold: the per-row way); and 8 groups for top_k <= 8 (top_k = 8: the groups'
+# search must stop at exactly the 8th largest group max)
 GROUPS = SampleTuning(chunk_max=1024, topk_max=64)
+TIGHT = SampleTuning(chunk_max=256, topk_max=8)
 
 
 def _rows(kind: str, B: int, V: int, gen: torch.Generator) -> torch.Tensor:
@@ -201,80 +203,30 @@ def _rows(kind: str, B: int, V: int, gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", ["flat", "peaked", "ties"])
-def test_group_threshold_matches_reference(impl, kind):
-    """Rows over three chunks of 1024 (the last one short), flat, peaked and tied, half masked
-    or nearly all masked (fewer groups with a token than k): k = 1, within the 32 groups, past
-    them, at the 64 candidates, past them (the per-row way), k >= V (off); with and without
-    top-p. The reference's tokens."""
+def test_top_groups_match_reference(impl, kind):
+    """Rows over three chunks of 1024 (the last one short) or ten of 256, flat, peaked and tied,
+    half masked or nearly all masked (fewer groups with a token than k): k = 1, up to the groups
+    gathered, past them (the per-row way), k >= V (off); with and without top-p. The
+    reference's tokens."""
     gen = torch.Generator().manual_seed(11 + len(kind))
     B, V = 8, 2500
     logits = _rows(kind, B, V, gen)
     bitmask = random_bitmask(B, V, 0.5, gen)
-    bitmask[5:7] = random_bitmask(2, V, 0.02, gen)  # ~50 tokens a row, in fewer than 32 groups
-    top_k = [1, 7, 32, 33, 64, 100, V, 5]
-    _both(impl, logits, GROUPS, bitmask=bitmask, temperature=1.0, top_k=top_k)
-    _both(impl, logits, GROUPS, bitmask=bitmask, temperature=0.8, top_k=top_k,
-          top_p=[0.9, 0.5, 0.95, 0.7, 0.9, 0.9, 0.9, 0.3])  # fmt: skip
+    bitmask[5:7] = random_bitmask(2, V, 0.02, gen)  # ~50 tokens a row, in fewer than 64 groups
+    top_p = [0.9, 0.5, 0.95, 0.7, 0.9, 0.9, 0.9, 0.3]
+    for tuning, top_k in ((GROUPS, [1, 7, 32, 33, 64, 100, V, 5]), (TIGHT, [8, 8, 1, 7, 8, 3, 8, 9])):
+        _both(impl, logits, tuning, bitmask=bitmask, temperature=1.0, top_k=top_k)
+        _both(impl, logits, tuning, bitmask=bitmask, temperature=0.8, top_k=top_k, top_p=top_p)
 
 
-@triton.jit
-def _chunk_kernel(s_ptr, cv_ptr, ci_ptr, cn_ptr, t_ptr, k, R: tl.constexpr, KC: tl.constexpr):
-    # chunk_candidates on one chunk of R groups of 32 scores, and group_kth of its groups
-    offs = 32 * tl.arange(0, R)[:, None] + tl.arange(0, 32)[None, :]
-    s = tl.load(s_ptr + offs)
-    sample_topk.chunk_candidates(s, offs, 0, k, cv_ptr, ci_ptr, cn_ptr, R * 32, KC)
-    u = tl.where(s > float("-inf"), sample_topk.order_key(s), -2147483648)
-    tl.store(t_ptr, sample_topk.group_kth(tl.max(u, 1), k))
-
-
-@pytest.mark.parametrize("device", TRITON_DEVICES)
-def test_chunk_candidates_hold_the_top_k(device):
-    """A chunk's candidates: the tokens at or above a threshold (an upper set, in token order),
-    at least min(k, allowed) of them, at most KC unless the ties at the chunk's k-th largest
-    score are more; group_kth is the k-th largest of the groups' maxima. Random, tied, masked and
-    near-empty chunks."""
-    gen = torch.Generator().manual_seed(13)
-    R, KC = 16, 32
-    N = R * 32
-    cases = []
-    for it in range(12):
-        s = torch.randn(N, generator=gen) * (0.2 + it)
-        if it % 3 == 1:
-            s = torch.randint(0, 3 + it, (N,), generator=gen).float()
-        if it % 4 == 2:
-            s[torch.rand(N, generator=gen) < 0.9] = float("-inf")
-        if it == 11:
-            s[4:] = float("-inf")
-        cases.append((s, [1, 2, 5, 16, 17, 32][it % 6]))
-    for s, k in cases:
-        cv = torch.full((KC,), float("nan"), device=device)
-        ci = torch.full((KC,), -1, dtype=torch.int32, device=device)
-        cn = torch.zeros(1, dtype=torch.int32, device=device)
-        t = torch.zeros(1, dtype=torch.int32, device=device)
-        _chunk_kernel[(1,)](s.to(device), cv, ci, cn, t, k, R=R, KC=KC)
-        cv, ci, n = cv.cpu(), ci.cpu(), int(cn)
-        allowed = s > float("-inf")
-        gm = s.view(R, 32).amax(1)
-        gm = gm[gm > float("-inf")]
-        if len(gm) >= k:
-            gk = gm.sort(descending=True).values[k - 1]
-            assert sample_topk_key(gk) == int(t), (gk, int(t))
-        else:
-            assert int(t) == -2147483647
-        vk = s[allowed].sort(descending=True).values[min(k, int(allowed.sum())) - 1]
-        assert n >= min(k, int(allowed.sum()))
-        if int((s >= vk).sum()) <= KC:
-            assert n <= KC
-        if n <= KC:
-            idx = ci[:n]
-            assert idx.tolist() == sorted(idx.tolist())
-            assert cv[:n].tolist() == s[idx.long()].tolist()
-            low = cv[:n].min()
-            assert set(idx.tolist()) == set(torch.nonzero(s >= low).flatten().tolist())
-            assert low <= vk
-
-
-def sample_topk_key(v: torch.Tensor) -> int:
-    """order_key of a float32 (torch): the bits, the negative ones flipped, +-0 as 0."""
-    bits = int(v.view(torch.int32))
-    return 0 if float(v) == 0.0 else (bits if bits >= 0 else bits ^ 0x7FFFFFFF)
+def test_top_groups_hold_the_kth(impl):
+    """The groups gathered hold the k-th largest score when it is the only high one in its group:
+    seven groups top out near 1.0, an eighth at 0.9, every other token is 0 (top_k = 8 of 8
+    groups gathered: the 0.9 group must be among them, else the draws would reach the zeros)."""
+    B, V = 16, 2500
+    row = torch.zeros(V)
+    for i, g in enumerate((3, 11, 20, 29, 40, 52, 61)):
+        row[g * 32 + 5] = 1.0 + 0.01 * i
+    row[70 * 32 + 9] = 0.9
+    got = _both(impl, row.expand(B, V).contiguous(), TIGHT, temperature=0.5, top_k=8)
+    assert bool((row[got] >= 0.9).all())
