@@ -1,8 +1,9 @@
 """Top-k by the exact k-th largest score (``sample_topk``): the Triton paths against the torch
-reference on random rows (split candidates, the per-row search, ties, overflowing ties, rows
-with fewer allowed tokens than k, mixed batches), the select's helpers against torch, the
-reference's top-k set against its definition, and the sampled frequencies on flat and peaked
-rows."""
+reference on random rows (the row's top groups by pass 1's group maxima, the per-row search,
+flat, peaked and tied rows, overflowing ties, rows with fewer allowed tokens than k, mixed
+batches, real vocabularies on a GPU), a constructed row whose k-th score is alone in its group,
+the select's helpers against torch, the reference's top-k set against its definition, and the
+sampled frequencies on flat and peaked rows."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ._util import random_bitmask
 from .conftest import INTERPRET
 
 # small layouts so the CPU interpreter sees several chunks and both top-k ways: chunks of 64
-# tokens, 16 candidates a chunk (top_k > 16, or ties past 16 at a chunk's threshold: per row)
+# tokens, 16 groups gathered a row (top_k > 16, or ties past 16 groups at the threshold: per row)
 SMALL = SampleTuning(chunk_max=64, topk_max=16)
 
 
@@ -230,3 +231,32 @@ def test_top_groups_hold_the_kth(impl):
     row[70 * 32 + 9] = 0.9
     got = _both(impl, row.expand(B, V).contiguous(), TIGHT, temperature=0.5, top_k=8)
     assert bool((row[got] >= 0.9).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs CUDA, TRITON_INTERPRET=0")
+@pytest.mark.parametrize("V", [49152, 128256, 262144])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_real_shapes_match_reference(V, dtype):
+    """The default layout at real vocabularies (chunks of 4096, 128 groups gathered): N(0, 4)
+    rows half masked, peaked rows and bfloat16's ties; k = 1 up to past the groups gathered and
+    k >= V, with and without top-p, mixed with greedy and top-p rows. Same tokens as the torch
+    reference on the device."""
+    gen = torch.Generator(device="cuda").manual_seed(V)
+    B = 48
+    logits = torch.randn(B, V, device="cuda", generator=gen) * 2
+    logits[16:32] = logits[16:32] * 0.5
+    logits[16:32, torch.randint(0, V, (16, 40), device="cuda", generator=gen)] += 10.0  # peaked
+    logits = logits.to(dtype)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (B, (V + 31) // 32), device="cuda", dtype=torch.int32,
+                            generator=gen)  # fmt: skip
+    ks = [1, 5, 50, 50, 100, 128, 129, 1000, V, 0, 50, 2]
+    top_k = torch.tensor([ks[i % len(ks)] for i in range(B)], device="cuda")
+    for top_p, temperature in ((1.0, 1.0), (0.9, 0.7)):
+        temp = torch.full((B,), temperature, device="cuda")
+        temp[::13] = 0.0
+        seed = torch.arange(B, device="cuda")
+        args = dict(bitmask=bitmask, temperature=temp, top_k=top_k, top_p=top_p, seed=seed, step=7)
+        got = kernels.sample(logits, backend="triton", **args).tokens
+        want = kernels.sample(logits, backend="torch", **args).tokens
+        assert got.tolist() == want.tolist()
