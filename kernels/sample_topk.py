@@ -125,6 +125,17 @@ def group_maxima(s, gm_ptr):
 
 
 @helper
+def group_kth(gm, k):
+    # gm [BC]: order keys (NO_KEY: no entry) -> the k-th largest of them (with multiplicity),
+    # min{g : fewer than k entries strictly above g}, by ranking every entry against every other
+    # (BC * BC compares, no search); NO_KEY + 1 (every entry) where fewer than k have one
+    above = tl.sum((gm[None, :] > gm[:, None]).to(tl.int32), 1)
+    has = gm > NO_KEY
+    gk = tl.min(tl.where(has & (above < k), gm, 2147483647), 0)
+    return tl.where(tl.sum(has.to(tl.int32), 0) >= k, gk, NO_KEY + 1)
+
+
+@helper
 def _group_draw(lrow, stride_lv, inv_t, tok, gc, cq, zl, base, cum, cs, V, j, k0, k1):
     # inverse-CDF draw j over {s > low} from the gathered groups (tok [NG, G] their tokens, V
     # where none; gc [NG] their chunk; cq the running quanta sum over them in token order; zl,
@@ -161,19 +172,28 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
     # groups tie at T (the caller takes the per-row way). pm_ptr: the row's chunk maxima
     G: tl.constexpr = 32 if CHUNK >= 32 else CHUNK  # (tile2d's groups)
     R: tl.constexpr = CHUNK // G
-    ga = tl.arange(0, SP * R)
+    # the row's group maxima as [A, BC], group a * BC + b at [a, b]: BC sets (the columns) of A
+    # groups each
+    BC: tl.constexpr = NG if SP * R > NG else SP * R
+    A: tl.constexpr = SP * R // BC
+    ga = tl.arange(0, A)[:, None] * BC + tl.arange(0, BC)[None, :]
     g = tl.load(gm_ptr + row * S * R + ga, mask=ga < S * R, other=float("-inf"))
     gk = tl.where(g > float("-inf"), order_key(g), NO_KEY)
-    t = tl.full((), NO_KEY + 1, tl.int32)
-    n = tl.sum((gk > NO_KEY).to(tl.int32), 0)
-    if n >= top_k:
-        t, n = kth_key(gk, top_k, NG, t, tl.max(gk, 0))
+    # t: the k-th largest of the sets' maxima, at most the k-th largest group max (they are k
+    # groups' maxima), found at once (group_kth); kth_key searches on only when more than NG
+    # groups reach it
+    t = group_kth(tl.max(gk, 0), top_k)
+    n = tl.sum((gk >= t).to(tl.int32))
+    if n > NG:
+        t, n = kth_key(gk, top_k, NG, t, tl.max(gk))
     done = n <= NG
     tok = 0
     if done:
         # the groups at or above t, gathered in token order
         sel = gk >= t
-        tl.store(gid_ptr + tl.cumsum(sel.to(tl.int32), 0) - 1, ga, mask=sel)
+        per = tl.sum(sel.to(tl.int32), 1)
+        pos = (tl.cumsum(per, 0) - per)[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1
+        tl.store(gid_ptr + pos, ga, mask=sel)
         tl.debug_barrier()
         slot = tl.arange(0, NG)
         gid = tl.load(gid_ptr + slot, mask=slot < n, other=-1, cache_modifier=".cg")

@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 from deepinfer import kernels
 from deepinfer.kernels import SampleTuning, sample_reference, sample_topk
 
-from ._util import random_bitmask
+from ._util import TRITON_DEVICES, random_bitmask
 from .conftest import INTERPRET
 
 # small layouts so the CPU interpreter sees several chunks and both top-k ways: chunks of 64
@@ -133,6 +133,35 @@ def test_select_helpers_match_torch():
     want = torch.nextafter(vals, torch.full_like(vals, float("-inf")))
     assert below.view(torch.int32).tolist() == want.view(torch.int32).tolist()
     assert kth.tolist() == sorted(vals.tolist(), reverse=True)
+
+
+@triton.jit
+def _group_kth_kernel(v_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    # group_kth of the values' order keys (-inf: no entry) for k = 1..N + 1
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(v_ptr + offs, mask=offs < N, other=float("-inf"))
+    keys = tl.where(v > float("-inf"), sample_topk.order_key(v), -2147483648)
+    for k in range(1, N + 2):
+        tl.store(out_ptr + k - 1, sample_topk.group_kth(keys, k))
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_group_kth_matches_torch(device):
+    """group_kth is the k-th largest entry (with multiplicity), and NO_KEY + 1 past the entries."""
+    vals = torch.tensor([2.5, -1.0, 2.5, float("-inf"), 0.0, -0.0, 7.0, 1e-45, 2.5, -3.0, float("-inf"), 1.0])
+    N = len(vals)
+    out = torch.empty(N + 1, dtype=torch.int32, device=device)
+    _group_kth_kernel[(1,)](vals.to(device), out, N, BLOCK=16)
+    entries = sorted((v for v in vals.tolist() if v > float("-inf")), reverse=True)
+    for k in range(1, N + 2):
+        want = _key(torch.tensor(entries[k - 1])) if k <= len(entries) else -(2**31) + 1
+        assert int(out[k - 1]) == want, k
+
+
+def _key(v: torch.Tensor) -> int:
+    """sample_topk.order_key of a float32: its bits, the negative ones' flipped, +-0 as 0."""
+    bits = int(v.to(torch.float32).view(torch.int32))
+    return 0 if float(v) == 0.0 else (bits if bits >= 0 else bits ^ 0x7FFFFFFF)
 
 
 def test_reference_top_k_set_is_the_definition():
