@@ -204,7 +204,21 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
         u = tl.where(s > float("-inf"), order_key(s), NO_KEY)
         low = float("-inf")
         if tl.sum((u > NO_KEY).to(tl.int32)) >= top_k:  # (else top-k keeps every token)
-            tk, _n = kth_key(u, top_k, top_k, t, order_key(m))
+            # v_k is among the tokens at or above t (at least k of them): their keys go through
+            # the scratch into [NG] when they fit, and v_k is their k-th largest (group_kth, at
+            # once); else kth_key searches the gathered tokens from t
+            cand = u >= t
+            nc = tl.sum(cand.to(tl.int32))
+            if nc <= NG:
+                tl.debug_barrier()  # (every thread has read the groups' indices)
+                per = tl.sum(cand.to(tl.int32), 1)
+                at = (tl.cumsum(per, 0) - per)[:, None] + tl.cumsum(cand.to(tl.int32), 1) - 1
+                tl.store(gid_ptr + at, u, mask=cand)
+                tl.debug_barrier()
+                ck = tl.load(gid_ptr + slot, mask=slot < nc, other=NO_KEY, cache_modifier=".cg")
+                tk = group_kth(ck, top_k)
+            else:
+                tk, _n = kth_key(u, top_k, top_k, t, order_key(m))
             low = float_below(tl.min(tl.where(u >= tk, s, float("inf"))))
         kmax = top_k
         cut_p = top_p < 1.0

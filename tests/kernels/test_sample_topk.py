@@ -262,6 +262,18 @@ def test_top_groups_hold_the_kth(impl):
     assert bool((row[got] >= 0.9).all())
 
 
+def test_top_groups_many_high_tokens(impl):
+    """Eight whole groups of high scores (in one of the 8 sets whose maxima start the groups'
+    search) over a low row: the 8 groups gathered hold 256 tokens at or above their threshold,
+    more than fit the rank of group_kth, so kth_key finds v_k among them."""
+    B, V = 16, 2500
+    row = torch.rand(V, generator=torch.Generator().manual_seed(2))
+    for i, g in enumerate(range(2, 66, 8)):
+        row[g * 32 : g * 32 + 32] = 5.0 + 0.001 * torch.arange(32) + 0.00003 * i
+    got = _both(impl, row.expand(B, V).contiguous(), TIGHT, temperature=0.01, top_k=8)
+    assert bool((row[got] >= row.topk(8).values[-1]).all())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs CUDA, TRITON_INTERPRET=0")
 @pytest.mark.parametrize("V", [49152, 128256, 262144])
