@@ -2,21 +2,23 @@
 
 Top-k keeps ``{i : s_i >= v_k}``, v_k the k-th largest score of the row (with multiplicity), so
 its draws start from ``{s > low}``, ``low = nextafter(v_k, -inf)`` (``sample_reference.topk_low``):
-the top-k test then never cuts a draw. v_k is found by a search over the scores' order keys
-(``order_key``: the float bits as an integer in the order of the floats), bit by bit from the
-top, each step a count of the keys at or above a candidate (``kth_key``).
+the top-k test then never cuts a draw. v_k is found on the scores' order keys (``order_key``:
+the float bits as an integer in the order of the floats), by ranking a few keys against each
+other (``group_kth``: the k-th largest of up to NG keys at once) or by a search bit by bit from
+the top, each step a count of the keys at or above a candidate (``kth_key``).
 
 With the split, pass 1 stores each chunk's group maxima (``group_maxima``: the max of each group
 of G = 32 tokens, a tile row; no search) beside its max and quanta sum. The per-row kernel
-(``topk_row``) then searches the row's S * CHUNK / G group maxima, stopping at a threshold T
-that k to ``NG`` (``SampleTuning.topk_max``) groups reach: T is at most the k-th largest
-group max, which is at most v_k (k tokens, the k largest maxima, are at or above it), and a
-token at or above v_k has its group's max at or above it. So those groups' [NG, G] tokens,
-gathered in token order, hold every token the draws can reach: v_k (the same search from T),
-the chunks' quanta sums above low, the draws, their count and mass above them for top-p, and
-any rounds all come from them. A row with k > NG, or whose ties at T pass NG groups, takes the
-per-row way instead (``row_topk_low``: the same search over the row itself, then the row's
-draws).
+(``topk_row``) then finds a threshold T that k to ``NG`` (``SampleTuning.topk_max``) groups
+reach: the k-th largest of the maxima of NG sets of groups (group_kth), and kth_key from there
+only when more than NG groups reach that. T is at most the k-th largest group max, which is at
+most v_k (k tokens, the k largest maxima, are at or above it), and a token at or above v_k has
+its group's max at or above it. So those groups' [NG, G] tokens, gathered in token order, hold
+every token the draws can reach: v_k (group_kth of their tokens at or above T when at most NG,
+else kth_key from T), the chunks' quanta sums above low, the draws, their count and mass above
+them for top-p, and any rounds all come from them. A row with k > NG, or whose ties at T pass
+NG groups, takes the per-row way instead (``row_topk_low``: kth_key over the row itself, then
+the row's draws).
 """
 
 from __future__ import annotations
@@ -163,13 +165,13 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
              m, top_k, top_p, min_p, k0, k1, HAS_MASK: tl.constexpr, CHUNK: tl.constexpr, NG: tl.constexpr,
              SP: tl.constexpr):  # fmt: skip
     # a top-k row (top_k <= NG) after the split pass 1 stored its groups' maxima (group_maxima,
-    # gm_ptr [B, S * R], row) -> (token, done). The groups at or above T, the k-th largest group max or a
-    # little below (kth_key over the maxima, stopped at k to NG groups), hold every token at or
-    # above v_k (a token's group max is at least the token), and at least k tokens; their
-    # indices go through gid_ptr [NG] (scratch) to gather their tokens, in token order. v_k,
-    # the chunks' quanta sums above low, the draws, their count and mass above them for top-p,
-    # and any rounds all come from those [NG, G] tokens. done is False where more than NG
-    # groups tie at T (the caller takes the per-row way). pm_ptr: the row's chunk maxima
+    # gm_ptr [B, S * R], row) -> (token, done). The groups at or above T, at most the k-th
+    # largest group max and reached by k to NG groups, hold every token at or above v_k (a
+    # token's group max is at least the token), and at least k tokens; their indices go through
+    # gid_ptr [NG] (scratch) to gather their tokens, in token order. v_k, the chunks' quanta
+    # sums above low, the draws, their count and mass above them for top-p, and any rounds all
+    # come from those [NG, G] tokens. done is False where more than NG groups tie at T (the
+    # caller takes the per-row way). pm_ptr: the row's chunk maxima
     G: tl.constexpr = 32 if CHUNK >= 32 else CHUNK  # (tile2d's groups)
     R: tl.constexpr = CHUNK // G
     # the row's group maxima as [A, BC], group a * BC + b at [a, b]: BC sets (the columns) of A
@@ -211,8 +213,8 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
             nc = tl.sum(cand.to(tl.int32))
             if nc <= NG:
                 tl.debug_barrier()  # (every thread has read the groups' indices)
-                per = tl.sum(cand.to(tl.int32), 1)
-                at = (tl.cumsum(per, 0) - per)[:, None] + tl.cumsum(cand.to(tl.int32), 1) - 1
+                pg = tl.sum(cand.to(tl.int32), 1)
+                at = (tl.cumsum(pg, 0) - pg)[:, None] + tl.cumsum(cand.to(tl.int32), 1) - 1
                 tl.store(gid_ptr + at, u, mask=cand)
                 tl.debug_barrier()
                 ck = tl.load(gid_ptr + slot, mask=slot < nc, other=NO_KEY, cache_modifier=".cg")

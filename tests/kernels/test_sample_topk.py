@@ -46,7 +46,7 @@ def _top_k_set(s: torch.Tensor, k: int) -> set[int]:
 
 
 def test_random_rows_match_reference(impl):
-    """Random rows, masks, temperatures and filters: candidates (k <= 16) and the per-row
+    """Random rows, masks, temperatures and filters: top groups (k <= 16) and the per-row
     search (k > 16) over chunks of 64, the one-program row (split "never", the search over
     several blocks) and one chunk (the search in registers)."""
     gen = torch.Generator().manual_seed(3)
