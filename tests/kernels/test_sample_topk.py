@@ -185,11 +185,13 @@ PEAKED = torch.tensor([6.0, 5.5, 5.0, 2.0] + [0.0] * 36)
 FLAT = torch.linspace(0.0, 0.5, 40)
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize(("row", "top_k", "top_p"), [("flat", 5, 1.0), ("flat", 8, 0.9), ("peaked", 3, 1.0),
                                                      ("peaked", 6, 0.95)])  # fmt: skip
-def test_top_k_frequencies(impl, row, top_k, top_p):
+def test_top_k_frequencies(impl, row, top_k, top_p, split):
     """Chi-square: top-k on flat rows (the top 5 of 40 hold ~14% of the mass: without drawing
-    above the k-th score, four first draws would rarely be kept) and on peaked rows."""
+    above the k-th score, four first draws would rarely be kept) and on peaked rows; the row as
+    one chunk (the per-row search), or split into chunks of 16 (the top groups of 16 tokens)."""
     backend, device = impl
     if (backend, device) == ("triton", "cpu"):
         pytest.skip("interpreter: its tokens equal the reference's (the tests above)")
@@ -207,7 +209,8 @@ def test_top_k_frequencies(impl, row, top_k, top_p):
         mass += float(p[i])
     q = torch.where(keep, p, 0.0)
     q = q / q.sum()
-    tokens = _run(impl, logits.expand(n, V).contiguous(), SampleTuning(), temperature=1.0, top_k=top_k,
+    tuning = SampleTuning(chunk_max=16, topk_max=8) if split else SampleTuning()
+    tokens = _run(impl, logits.expand(n, V).contiguous(), tuning, temperature=1.0, top_k=top_k,
                   top_p=top_p, seed=torch.arange(n) * 7919 + 5, step=torch.arange(n) % 13)  # fmt: skip
     counts = torch.bincount(tokens, minlength=V).double()
     assert counts[~keep].sum() == 0
