@@ -22,7 +22,7 @@ capture fails (marked ``*``). Not a test: it prints a table and asserts nothing.
 
 Usage (from the repository root, on a CUDA machine)::
 
-    python benchmarks/bench_sampling.py [--quick] [--batches 128 512] [--vocabs 128256]
+    python benchmarks/bench_sampling.py [--quick] [--batches 128 512] [--vocabs 128256] [--dtypes float32]
     python benchmarks/bench_sampling.py --compare --batches 128 512   # per-row vs split pass 1
     python benchmarks/bench_sampling.py --split-sweep --compare --batches 128 --vocabs 128256
     python benchmarks/bench_sampling.py --quick --tuning pdl=0      # A/B of a SampleTuning field
@@ -51,6 +51,7 @@ except Exception:  # noqa: BLE001 - any import failure means "not available"
 
 BATCHES = (1, 16, 128, 512)
 VOCABS = (49152, 128256, 262144)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _bench(fn) -> tuple[float, bool]:
@@ -248,13 +249,14 @@ def split_sweep(vocabs: list[int], floor_tbs: float, base: SampleTuning) -> None
                     )
 
 
-def topk_sweep(shapes: list[tuple[int, int]], floor_tbs: float, base: SampleTuning) -> None:
+def topk_sweep(shapes: list[tuple[int, int]], floor_tbs: float, base: SampleTuning,
+               dtypes: tuple[torch.dtype, ...] = tuple(DTYPES.values())) -> None:  # fmt: skip
     """Top-k 50 and top-k 50 + top-p 0.9 µs against top-p 0.9 for the top-k layouts
-    (``topk_max`` candidates a chunk, ``topk_warps``); the same tokens in every one."""
+    (``topk_max`` groups a row gathers, ``topk_warps``); the same tokens in every one."""
     print("| dtype | B | V | topk_max | topk_warps | top-p | top-k | top-k+p | top-k / top-p "
           "| top-k+p / top-p |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in dtypes:
         for B, V in shapes:
             for kc in (64, 128):
                 for warps in (4, 8, 16):
@@ -295,6 +297,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="first time BLOCK x num_warps variants")
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes")
     ap.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS), help="vocabulary sizes")
+    ap.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES), help="logits dtypes")
     ap.add_argument(
         "--compare",
         action="store_true",
@@ -341,14 +344,14 @@ def main() -> None:
         split_sweep(args.vocabs, args.floor, tuning)
     shapes = [(128, 128256)] if args.quick else [(B, V) for V in args.vocabs for B in args.batches]
     if args.topk_sweep:
-        topk_sweep(shapes, args.floor, tuning)
+        topk_sweep(shapes, args.floor, tuning, tuple(DTYPES[d] for d in args.dtypes))
         return
     if args.compare:
         compare(shapes, args.floor, tuning)
         return
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (DTYPES[d] for d in args.dtypes):
         for B, V in shapes:
             r = run(dtype, B, V, args.floor, peers="none" if args.no_peers else True, kind=args.logits,
                     tuning=tuning)  # fmt: skip

@@ -147,9 +147,8 @@ def _sample_kernel(
     dq_ptr,
     dv_ptr,  # SPLIT: [B, NDRAW] drawn tokens, scores, verdicts (_split_draw_kernel)
     ps_ptr,  # SPLIT2: [B, 8, S] float32 written by _split_pass2_kernel
-    cv_ptr,
-    ci_ptr,
-    cn_ptr,  # TOPK: [B, S, KC] float32, int32 top-k candidates, [B, S] int32 counts (pass 1)
+    gm_ptr,  # TOPK: [B, S * CHUNK / G] float32 the groups' maxima (pass 1)
+    gid_ptr,  # TOPK: [B, KC] int32 scratch (sample_topk.topk_row)
     V,
     S,
     HAS_MASK: tl.constexpr,
@@ -161,7 +160,7 @@ def _sample_kernel(
     SPLIT2: tl.constexpr,  # (with SPLIT) the test pass too
     SP: tl.constexpr,  # next power of 2 >= S
     PDL: tl.constexpr,  # (SPLIT) launched early: wait for the split passes before their results
-    TOPK: tl.constexpr,  # (SPLIT) pass 1 stored top-k candidates: top-k rows are drawn from them
+    TOPK: tl.constexpr,  # (SPLIT) pass 1 stored the groups' maxima: top-k rows draw from their top groups
     KC: tl.constexpr,  # SampleTuning.topk_max
 ):
     pid = tl.program_id(0)
@@ -190,13 +189,14 @@ def _sample_kernel(
         k_on = (top_k > 0) & (top_k < V) & TOPK
         if greedy:  # the first chunk holding the max, its lowest argmax: the row's lowest argmax
             tok = tl.sum(tl.where(cs == bc, idxs, 0), 0)
-        elif k_on & (m > float("-inf")):  # top-k: from pass 1's candidates, else by the row itself
-            cn = tl.load(cn_ptr + row * S + cs, mask=cs < S, other=0)
-            if (top_k <= KC) & (tl.max(cn, 0) <= KC):
-                at = row * S * KC
-                tok = topk_row(cv_ptr + at, ci_ptr + at, cn_ptr + row * S, S, ms, zs, cs, m,
-                               top_k, top_p, min_p, k0, k1, KC, SP)  # fmt: skip
-            else:
+        elif k_on & (m > float("-inf")):  # top-k: from the row's top groups, else by the row itself
+            tok = 0
+            done = top_k < 0  # (False)
+            if top_k <= KC:
+                tok, done = topk_row(gm_ptr, row, gid_ptr + row * KC, lrow, stride_lv, mrow_ptr,
+                                     has_row_mask, V, inv_t, pm_ptr + row * S, S, ms, zs, cs, m, top_k, top_p,
+                                     min_p, k0, k1, HAS_MASK, CHUNK, KC, SP)  # fmt: skip
+            if done == 0:
                 tok = sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k,
                                  top_p, min_p, k0, k1, HAS_MASK, BLOCK, CHUNK, SP)  # fmt: skip
         else:  # the draws' tokens, scores and verdicts load with the chunks' results (an empty row's: unused)
@@ -311,9 +311,9 @@ def launch(rows: RowArgs, temperature: torch.Tensor, top_k: torch.Tensor, top_p:
            V: int, S: int, chunk: int, return_logprobs: bool, split: bool, split2: bool, pdl: bool,
            tuning: SampleTuning, topk: bool = False) -> None:  # fmt: skip
     """``_sample_kernel`` over the B rows: ``out`` = (tokens, empty, logprobs) [B];
-    ``split_results`` = (pm, pz, pi, dx, dq, dv, ps, cv, ci, cn), what the split passes wrote
-    (placeholders where they did not run; ``topk``: pass 1 stored the top-k candidates cv, ci,
-    cn)."""
+    ``split_results`` = (pm, pz, pi, dx, dq, dv, ps, gm, gid), what the split passes wrote
+    (placeholders where they did not run; ``topk``: pass 1 stored the groups' maxima gm, and
+    gid is the top-k rows' scratch)."""
     B = rows.logits[0].shape[0]
     _sample_kernel[(B,)](
         *rows.logits,

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .sample_filters import filter_on, test_low, tile_sums, verdict
-from .sample_topk import chunk_candidates
+from .sample_topk import group_maxima
 from .triton_common import (
     N_DRAWS,
     NDRAW,
@@ -54,9 +54,7 @@ def _split_pass1_kernel(
     pm_ptr,
     pz_ptr,
     pi_ptr,  # out: [B, S] float32 max s, int64 quanta sum, int32 greedy argmax
-    cv_ptr,
-    ci_ptr,
-    cn_ptr,  # out (TOPK): [B, S, KC] float32 / int32 top-k candidates, [B, S] int32 their count
+    gm_ptr,  # out (TOPK): [B, S, CHUNK / G] float32 the groups' maxima (group_maxima)
     V,
     S,
     HAS_MASK: tl.constexpr,
@@ -64,8 +62,8 @@ def _split_pass1_kernel(
     RETURN_LOGPROBS: tl.constexpr,
     CHUNK: tl.constexpr,
     PDL: tl.constexpr,  # the launches after this one start early and wait for it (gdc_wait)
-    TOPK: tl.constexpr,  # some row may have top-k: its chunks store candidates (chunk_candidates)
-    KC: tl.constexpr,  # SampleTuning.topk_max
+    TOPK: tl.constexpr,  # some row may have top-k: its chunks store their groups' maxima
+    KC: tl.constexpr,  # SampleTuning.topk_max: top-k rows with top_k <= KC
 ):
     if PDL:
         gdc_launch_dependents()
@@ -88,9 +86,7 @@ def _split_pass1_kernel(
         if TOPK:
             top_k = tl.load(top_k_ptr + r)
             if (top_k > 0) & (top_k < V) & (top_k <= KC):
-                at = (row * S + c) * KC
-                cn = cn_ptr + row * S + c
-                chunk_candidates(s, local, c, top_k, cv_ptr + at, ci_ptr + at, cn, CHUNK, KC)
+                group_maxima(s, gm_ptr + (row * S + c) * s.shape[0])
     tl.store(pm_ptr + row * S + c, m)
     if RETURN_LOGPROBS | (greedy == 0):
         tl.store(pz_ptr + row * S + c, tl.sum(quanta(s, m, float("-inf"))))
@@ -356,24 +352,23 @@ class SplitCall(NamedTuple):
 def pass1(call: SplitCall, temperature: torch.Tensor, return_logprobs: bool, warps: int,
           top_k: torch.Tensor | None = None, kc: int = 1):  # fmt: skip
     """Pass 1 over (row, chunk) programs -> [B, S] each chunk's max (float32), quanta sum (int64)
-    and lowest argmax (int32); with ``top_k`` (some row may have it) also the top-k candidates
-    (``sample_topk.chunk_candidates``), ``kc`` (``SampleTuning.topk_max``) a chunk, as
-    (values [B, S, kc] float32, tokens [B, S, kc] int32, counts [B, S] int32), else None."""
+    and lowest argmax (int32); with ``top_k`` (some row may have it) also, for its rows with
+    top_k <= ``kc`` (``SampleTuning.topk_max``), the maxima of their groups of 32 tokens
+    (``sample_topk.group_maxima``) as (maxima [B, S * groups a chunk] float32, [B, kc] int32 the
+    per-row kernel's scratch for the groups it gathers), else None."""
     B = temperature.shape[0]
     dev = temperature.device
     pm = torch.empty(B, call.S, dtype=torch.float32, device=dev)
     pz = torch.empty(B, call.S, dtype=torch.int64, device=dev)
     pi = torch.empty(B, call.S, dtype=torch.int32, device=dev)
     cand = None
-    cv = ci = cn = pi  # placeholders, never read
+    gm = pm  # placeholder, never read
     if top_k is not None:
-        cv = torch.empty(B, call.S, kc, dtype=torch.float32, device=dev)
-        ci = torch.empty(B, call.S, kc, dtype=torch.int32, device=dev)
-        cn = torch.empty(B, call.S, dtype=torch.int32, device=dev)
-        cand = (cv, ci, cn)
+        gm = torch.empty(B, call.S * (call.chunk // min(32, call.chunk)), dtype=torch.float32, device=dev)
+        cand = (gm, torch.empty(B, kc, dtype=torch.int32, device=dev))
     _split_pass1_kernel[(B * call.S,)](
         *call.rows.logits, *call.rows.mask, temperature, top_k if top_k is not None else temperature,
-        pm, pz, pi, cv, ci, cn, call.V, call.S,
+        pm, pz, pi, gm, call.V, call.S,
         RETURN_LOGPROBS=return_logprobs, CHUNK=call.chunk, PDL=call.pdl, TOPK=top_k is not None, KC=kc,
         **call.rows.flags, **launch_opts(warps),
     )  # fmt: skip
@@ -396,7 +391,7 @@ def draws(call: SplitCall, temperature: torch.Tensor, top_k: torch.Tensor, top_p
           min_p: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, pm: torch.Tensor, pz: torch.Tensor,
           warps: int, topk: bool = False):  # fmt: skip
     """The draws over (row, draw) programs -> [B, N_DRAWS] drawn tokens (int32), their scores
-    (float32) and verdicts (int32). ``topk``: pass 1 stored top-k candidates; rows with top-k are
+    (float32) and verdicts (int32). ``topk``: pass 1 stored the group maxima; rows with top-k are
     left to the per-row kernel (verdicts "kept": the test pass skips them)."""
     B = temperature.shape[0]
     dev = temperature.device

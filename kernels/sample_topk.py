@@ -2,17 +2,23 @@
 
 Top-k keeps ``{i : s_i >= v_k}``, v_k the k-th largest score of the row (with multiplicity), so
 its draws start from ``{s > low}``, ``low = nextafter(v_k, -inf)`` (``sample_reference.topk_low``):
-the top-k test then never cuts a draw. v_k is found by a search over the scores' order keys
-(``order_key``: the float bits as an integer in the order of the floats), bit by bit from the
-top, each step a count of the keys at or above a candidate (``kth_key``).
+the top-k test then never cuts a draw. v_k is found on the scores' order keys (``order_key``:
+the float bits as an integer in the order of the floats), by ranking a few keys against each
+other (``group_kth``: the k-th largest of up to NG keys at once) or by a search bit by bit from
+the top, each step a count of the keys at or above a candidate (``kth_key``).
 
-With the split, pass 1 (``chunk_candidates``) searches each chunk only far enough to keep
-between k and ``KC`` (``SampleTuning.topk_max``) of its largest scores, and stores those
-candidates in token order. Every token at or above v_k is among them, so the per-row kernel
-(``topk_row``) finds v_k, the chunks' quanta sums above low, the draws, their count and mass
-above them for top-p, and any rounds, all from the [S, KC] candidates, without reading the row
-again. A row with k > KC, or whose ties at a chunk's threshold overflow KC, takes the per-row
-way instead (``row_topk_low``: the same search over the row itself, then the row's draws).
+With the split, pass 1 stores each chunk's group maxima (``group_maxima``: the max of each group
+of G = 32 tokens, a tile row; no search) beside its max and quanta sum. The per-row kernel
+(``topk_row``) then finds a threshold T that k to ``NG`` (``SampleTuning.topk_max``) groups
+reach: the k-th largest of the maxima of NG sets of groups (group_kth), and kth_key from there
+only when more than NG groups reach that. T is at most the k-th largest group max, which is at
+most v_k (k tokens, the k largest maxima, are at or above it), and a token at or above v_k has
+its group's max at or above it. So those groups' [NG, G] tokens, gathered in token order, hold
+every token the draws can reach: v_k (group_kth of their tokens at or above T when at most NG,
+else kth_key from T), the chunks' quanta sums above low, the draws, their count and mass above
+them for top-p, and any rounds all come from them. A row with k > NG, or whose ties at T pass
+NG groups, takes the per-row way instead (``row_topk_low``: kth_key over the row itself, then
+the row's draws).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from .sample_filters import first_kept
-from .triton_common import NDRAW, chunk_mass, draw_t, fast_exp, helper, load_scores, pick_chunk, quanta, scale
+from .triton_common import NDRAW, chunk_mass, draw_t, fast_exp, helper, load_scores, quanta, scale
 
 
 @helper
@@ -69,25 +75,6 @@ def kth_key(key, k, cap, lo, hi):
 
 
 @helper
-def chunk_candidates(s, local, c, k, cv_ptr, ci_ptr, cn_ptr, CHUNK: tl.constexpr, KC: tl.constexpr):
-    # pass 1 of a top-k row (k <= KC) on its chunk c, tile s [CHUNK / G, G] (token local[i, j]
-    # of the chunk): the chunk's largest scores, at least k of them and at most KC unless ties
-    # at the threshold forbid it, stored in token order at cv_ptr / ci_ptr; their count at
-    # cn_ptr (over KC: overflow, the row takes the per-row way). Every token at or above the
-    # row's k-th largest score is among them: that score is at or above the chunk's k-th largest
-    u = tl.where(s > float("-inf"), order_key(s), NO_KEY)
-    t, n = kth_key(u, k, KC, tl.full((), NO_KEY + 1, tl.int32), tl.full((), 2147483647, tl.int32))
-    sel = u >= t
-    # position of each selected token among them in token order ([CHUNK / G, G] row-major)
-    per_row = tl.sum(sel.to(tl.int32), 1)
-    pos = (tl.cumsum(per_row, 0) - per_row)[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1
-    ok = sel & (pos < KC)
-    tl.store(cv_ptr + pos, s, mask=ok)
-    tl.store(ci_ptr + pos, c * CHUNK + local, mask=ok)
-    tl.store(cn_ptr, n)
-
-
-@helper
 def row_topk_low(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k, HAS_MASK: tl.constexpr,
                  BLOCK: tl.constexpr):  # fmt: skip
     # sample_reference.topk_low of one row, by kth_key's search over the row itself (a pass
@@ -133,74 +120,144 @@ def row_topk_low(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, k, HAS_MASK:
 
 
 @helper
-def _cand_draw(cv, ci, ms, zs, cs, low, j, k0, k1, KC: tl.constexpr):
-    # inverse-CDF draw j over {s > low} from the candidates cv / ci [SP, KC] (token order in each
-    # chunk; every token above low is one): the chunk as row_draw, then the candidate whose
-    # running quanta sum passes the draw -> (token, its score); the same token as row_draw
-    c = pick_chunk(ms, zs, cs, draw_t(2 * j, k0, k1))
-    sel = cs[:, None] == c
-    v = tl.max(tl.where(sel, cv, float("-inf")), 0)  # [KC]: the chunk's candidates
-    idx = tl.max(tl.where(sel, ci, -1), 0)
-    mc = tl.sum(tl.where(cs == c, ms, 0.0), 0)
-    zc = tl.sum(tl.where(cs == c, zs, 0), 0)
-    cum = tl.cumsum(quanta(v, mc, low), 0)
-    p = tl.sum((cum <= scale(zc, draw_t(2 * j + 1, k0, k1))).to(tl.int32), 0)
-    kk = tl.arange(0, KC)
-    return tl.sum(tl.where(kk == p, idx, 0), 0), tl.max(tl.where(kk == p, v, float("-inf")), 0)
+def group_maxima(s, gm_ptr):
+    # pass 1 of a top-k row on one chunk, tile s [CHUNK / G, G]: each group's (tile row's) max,
+    # stored at gm_ptr [CHUNK / G]
+    tl.store(gm_ptr + tl.arange(0, s.shape[0]), tl.max(s, 1))
 
 
 @helper
-def _cand_above(cv, m, q):
-    # mass sum exp(s - m) and count of the candidates above q (all the row's tokens above q >= v_k)
-    above = cv > q
-    return tl.sum(tl.where(above, fast_exp(cv - m), 0.0)), tl.sum(above.to(tl.int32))
+def group_kth(gm, k):
+    # gm [BC]: order keys (NO_KEY: no entry) -> the k-th largest of them (with multiplicity),
+    # min{g : fewer than k entries strictly above g}, by ranking every entry against every other
+    # (BC * BC compares, no search); NO_KEY + 1 (every entry) where fewer than k have one
+    above = tl.sum((gm[None, :] > gm[:, None]).to(tl.int32), 1)
+    has = gm > NO_KEY
+    gk = tl.min(tl.where(has & (above < k), gm, 2147483647), 0)
+    return tl.where(tl.sum(has.to(tl.int32), 0) >= k, gk, NO_KEY + 1)
 
 
 @helper
-def topk_row(cand_ptr, cidx_ptr, cn_ptr, S, ms, zs, cs, m, top_k, top_p, min_p, k0, k1,
-             KC: tl.constexpr, SP: tl.constexpr):  # fmt: skip
-    # a top-k row after the split pass 1 stored its candidates (chunk_candidates; none
-    # overflowed): v_k and low from them, then the draws over {s > low} and the first kept
-    # (first_kept: top-k keeps every draw; top-p's mass and min-p as decide), rounds of four
-    # above the highest cut score when all four are cut. zs: pass 1's quanta sums (Z)
-    kk = tl.arange(0, KC)
-    n = tl.load(cn_ptr + cs, mask=cs < S, other=0)
-    ok = (cs[:, None] < S) & (kk[None, :] < n[:, None])
-    off = cs[:, None] * KC + kk[None, :]
-    cv = tl.load(cand_ptr + off, mask=ok, other=float("-inf"))
-    ci = tl.load(cidx_ptr + off, mask=ok, other=0)
-    u = tl.where(ok, order_key(cv), NO_KEY)
-    low = float("-inf")
-    if tl.sum(ok.to(tl.int32)) >= top_k:
-        # the k-th largest is at least each chunk's least candidate where it has k of them, at
-        # most the max
-        least = tl.min(tl.where(ok, u, 2147483647), 1)
-        lo = tl.max(tl.where(n >= top_k, least, NO_KEY + 1), 0)
-        t, _n = kth_key(u, top_k, top_k, lo, order_key(m))
-        low = float_below(tl.min(tl.where(u >= t, cv, float("inf"))))
-    kmax = top_k
-    cut_p = top_p < 1.0
-    zz = tl.sum(chunk_mass(ms, zs, m), 0) * (1.0 / 4294967296.0)
-    j = tl.full((), 0, tl.uint32)
+def _group_draw(lrow, stride_lv, inv_t, tok, gc, cq, zl, base, cum, cs, V, j, k0, k1):
+    # inverse-CDF draw j over {s > low} from the gathered groups (tok [NG, G] their tokens, V
+    # where none; gc [NG] their chunk; cq the running quanta sum over them in token order; zl,
+    # base: each chunk's quanta sum and the sum before it; cum: the running chunk weights): the
+    # chunk (as pick_chunk), then its first token whose running sum in the chunk passes the draw
+    # -> (token, its score); the token row_draw would give (a token not gathered weighs 0)
+    c = tl.sum((cum <= scale(tl.max(cum, 0), draw_t(2 * j, k0, k1))).to(tl.int32), 0)
+    zc = tl.sum(tl.where(cs == c, zl, 0), 0)
+    bc = tl.sum(tl.where(cs == c, base, 0), 0)
+    h = scale(zc, draw_t(2 * j + 1, k0, k1))
+    x = tl.min(tl.where((gc[:, None] == c) & (cq - bc > h), tok, V))
+    return x, tl.load(lrow + x.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
+
+
+@helper
+def _above(s, e, q):
+    # mass sum exp(s - m) (e) and count of the gathered tokens above q (all the row's tokens
+    # above q >= v_k)
+    above = s > q
+    return tl.sum(tl.where(above, e, 0.0)), tl.sum(above.to(tl.int32))
+
+
+@helper
+def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, pm_ptr, S, ms, zs, cs,
+             m, top_k, top_p, min_p, k0, k1, HAS_MASK: tl.constexpr, CHUNK: tl.constexpr, NG: tl.constexpr,
+             SP: tl.constexpr):  # fmt: skip
+    # a top-k row (top_k <= NG) after the split pass 1 stored its groups' maxima (group_maxima,
+    # gm_ptr [B, S * R], row) -> (token, done). The groups at or above T, at most the k-th
+    # largest group max and reached by k to NG groups, hold every token at or above v_k (a
+    # token's group max is at least the token), and at least k tokens; their indices go through
+    # gid_ptr [NG] (scratch) to gather their tokens, in token order. v_k, the chunks' quanta
+    # sums above low, the draws, their count and mass above them for top-p, and any rounds all
+    # come from those [NG, G] tokens. done is False where more than NG groups tie at T (the
+    # caller takes the per-row way). pm_ptr: the row's chunk maxima
+    G: tl.constexpr = 32 if CHUNK >= 32 else CHUNK  # (tile2d's groups)
+    R: tl.constexpr = CHUNK // G
+    # the row's group maxima as [A, BC], group a * BC + b at [a, b]: BC sets (the columns) of A
+    # groups each
+    BC: tl.constexpr = NG if SP * R > NG else SP * R
+    A: tl.constexpr = SP * R // BC
+    ga = tl.arange(0, A)[:, None] * BC + tl.arange(0, BC)[None, :]
+    g = tl.load(gm_ptr + row * S * R + ga, mask=ga < S * R, other=float("-inf"))
+    gk = tl.where(g > float("-inf"), order_key(g), NO_KEY)
+    # t: the k-th largest of the sets' maxima, at most the k-th largest group max (they are k
+    # groups' maxima), found at once (group_kth); kth_key searches on only when more than NG
+    # groups reach it
+    t = group_kth(tl.max(gk, 0), top_k)
+    n = tl.sum((gk >= t).to(tl.int32))
+    if n > NG:
+        t, n = kth_key(gk, top_k, NG, t, tl.max(gk))
+    done = n <= NG
     tok = 0
-    searching = m > float("-inf")
-    while searching:
-        zl = tl.sum(quanta(cv, ms[:, None], low), 1)  # the chunks' quanta sums over {s > low}
-        x0, q0 = _cand_draw(cv, ci, ms, zl, cs, low, j, k0, k1, KC)
-        if cut_p | (min_p > 0.0):
-            x1, q1 = _cand_draw(cv, ci, ms, zl, cs, low, j + 1, k0, k1, KC)
-            x2, q2 = _cand_draw(cv, ci, ms, zl, cs, low, j + 2, k0, k1, KC)
-            x3, q3 = _cand_draw(cv, ci, ms, zl, cs, low, j + 3, k0, k1, KC)
-            mass0, cnt0 = _cand_above(cv, m, q0)
-            mass1, cnt1 = _cand_above(cv, m, q1)
-            mass2, cnt2 = _cand_above(cv, m, q2)
-            mass3, cnt3 = _cand_above(cv, m, q3)
-            tok, searching = first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2,
-                                        mass3, cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p,
-                                        0, 0, 0, 0)  # fmt: skip
-            low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
-            j += NDRAW
-        else:  # top-k alone keeps every draw: the token is x0
-            tok = x0
-            searching = False
-    return tok
+    if done:
+        # the groups at or above t, gathered in token order
+        sel = gk >= t
+        per = tl.sum(sel.to(tl.int32), 1)
+        pos = (tl.cumsum(per, 0) - per)[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1
+        tl.store(gid_ptr + pos, ga, mask=sel)
+        tl.debug_barrier()
+        slot = tl.arange(0, NG)
+        gid = tl.load(gid_ptr + slot, mask=slot < n, other=-1, cache_modifier=".cg")
+        tokens = tl.where(gid[:, None] >= 0, gid[:, None] * G + tl.arange(0, G)[None, :], V)
+        s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, tokens, V, inv_t, HAS_MASK)
+        gc = tl.where(gid >= 0, gid // R, SP)  # each group's chunk
+        mg = tl.load(pm_ptr + gc, mask=gid >= 0, other=0.0)  # its max
+        u = tl.where(s > float("-inf"), order_key(s), NO_KEY)
+        low = float("-inf")
+        if tl.sum((u > NO_KEY).to(tl.int32)) >= top_k:  # (else top-k keeps every token)
+            # v_k is among the tokens at or above t (at least k of them): their keys go through
+            # the scratch into [NG] when they fit, and v_k is their k-th largest (group_kth, at
+            # once); else kth_key searches the gathered tokens from t
+            cand = u >= t
+            nc = tl.sum(cand.to(tl.int32))
+            if nc <= NG:
+                tl.debug_barrier()  # (every thread has read the groups' indices)
+                pg = tl.sum(cand.to(tl.int32), 1)
+                at = (tl.cumsum(pg, 0) - pg)[:, None] + tl.cumsum(cand.to(tl.int32), 1) - 1
+                tl.store(gid_ptr + at, u, mask=cand)
+                tl.debug_barrier()
+                ck = tl.load(gid_ptr + slot, mask=slot < nc, other=NO_KEY, cache_modifier=".cg")
+                tk = group_kth(ck, top_k)
+            else:
+                tk, _n = kth_key(u, top_k, top_k, t, order_key(m))
+            low = float_below(tl.min(tl.where(u >= tk, s, float("inf"))))
+        kmax = top_k
+        cut_p = top_p < 1.0
+        zz = tl.sum(chunk_mass(ms, zs, m), 0) * (1.0 / 4294967296.0)
+        j = tl.full((), 0, tl.uint32)
+        searching = m > float("-inf")
+        while searching:
+            # the quanta over {s > low}, their running sum over the gathered tokens in token
+            # order, each chunk's sum (zl) and the sum before it (base), the chunks' weights
+            q = quanta(s, mg[:, None], low)
+            qg = tl.sum(q, 1)
+            cq = (tl.cumsum(qg, 0) - qg)[:, None] + tl.cumsum(q, 1)
+            zl = tl.sum(tl.where(gc[:, None] == cs[None, :], qg[:, None], 0), 0)
+            base = tl.cumsum(zl, 0) - zl
+            cum = tl.cumsum(chunk_mass(ms, zl, m).to(tl.int64), 0)
+            x0, q0 = _group_draw(lrow, stride_lv, inv_t, tokens, gc, cq, zl, base, cum, cs, V, j, k0, k1)
+            if cut_p | (min_p > 0.0):
+                x1, q1 = _group_draw(
+                    lrow, stride_lv, inv_t, tokens, gc, cq, zl, base, cum, cs, V, j + 1, k0, k1
+                )
+                x2, q2 = _group_draw(
+                    lrow, stride_lv, inv_t, tokens, gc, cq, zl, base, cum, cs, V, j + 2, k0, k1
+                )
+                x3, q3 = _group_draw(
+                    lrow, stride_lv, inv_t, tokens, gc, cq, zl, base, cum, cs, V, j + 3, k0, k1
+                )
+                e = fast_exp(s - m)
+                mass0, cnt0 = _above(s, e, q0)
+                mass1, cnt1 = _above(s, e, q1)
+                mass2, cnt2 = _above(s, e, q2)
+                mass3, cnt3 = _above(s, e, q3)
+                tok, searching = first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2,
+                                            mass3, cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p,
+                                            0, 0, 0, 0)  # fmt: skip
+                low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
+                j += NDRAW
+            else:  # top-k alone keeps every draw: the token is x0
+                tok = x0
+                searching = False
+    return tok, done

@@ -10,9 +10,10 @@ except that top-k's own threshold, the k-th largest score, is found exactly (``s
 and a top-k row draws only above it:
 
     pass 1: m = max(s), Z = sum exp(s - m)            (greedy: m and the lowest argmax only;
-            top-k rows: each chunk's top-k candidates, ``sample_topk.chunk_candidates``)
-    top-k rows, in the per-row kernel: the k-th largest score from the candidates, then the
-            draws, the top-p / min-p test and any rounds below, all on the candidates
+            top-k rows: the maxima of each chunk's groups of 32 tokens, ``sample_topk``)
+    top-k rows, in the per-row kernel: the groups whose max reaches the k-th largest group
+            max (or a little below), their tokens gathered; the k-th largest score from them,
+            then the draws, the top-p / min-p test and any rounds below, all on those tokens
     draws:  x_0..x_3 = 4 inverse-CDF draws from softmax(s) (u_0..u_3), one tile each, and
             each one's verdict from pass 1's chunk maxima and sums (``sample_filters.verdict``):
             kept or cut for sure, or left to the test pass
@@ -73,7 +74,8 @@ def sample(
     plus one small scatter when ``indices`` is given. ``kinds`` (known on the host) leaves out
     launches no row needs: "greedy" (every row greedy: no draws), "plain" (no row samples with
     a filter: pass 1, then one program a row draws and ends it), "top_k" (every sampling row
-    has top-k: pass 1 stores its candidates, the per-row kernel draws from them: two launches),
+    has top-k: pass 1 stores the group maxima, the per-row kernel draws from the top groups: two
+    launches),
     "sample" (no row samples with top-k or top-p: no test pass), "top_p" (no row samples with
     top-k: the test pass without the counts), "filter" (all of them). ``tuning`` picks the
     layout (the same tokens in any).
@@ -91,17 +93,17 @@ def sample(
     chunk = chunk_size(V, tuning.chunk_max)
     S = triton.cdiv(V, chunk)
     pm = pz = pi = dx = dq = dv = ps = tokens  # unused without the split
-    cand = (tokens, tokens, tokens)
+    cand = (tokens, tokens)
     if split and kinds == "greedy" and not return_logprobs and tuning.greedy1:
         sample_greedy.launch(rows, tokens, empty, V, chunk, tuning)
         return tokens, empty, None
     pdl = split and tuning.pdl and pdl_device(dev)
     if split:
         call = sample_split.SplitCall(rows, V, S, chunk, pdl)
-        topk = kinds in ("top_k", "filter")  # some row may have top-k: pass 1 stores its candidates
+        topk = kinds in ("top_k", "filter")  # some row may have top-k: pass 1 stores its groups' maxima
         pm, pz, pi, got = sample_split.pass1(call, temperature, return_logprobs, tuning.split_warps,
                                              top_k if topk else None, tuning.topk_max)  # fmt: skip
-        cand = got if topk else (pm, pi, pi)  # (placeholders of the candidates' types, never read)
+        cand = got if topk else (pm, pi)  # (placeholders of the top-k buffers' types, never read)
         if kinds == "plain":  # no filter: the draw (or the argmax) ends the row
             sample_split.plain(call, temperature, seed, step, (pm, pz, pi), (tokens, empty, logprobs),
                                return_logprobs, tuning.draw_warps)  # fmt: skip

@@ -64,12 +64,14 @@ class SampleTuning:
     pass2_warps : int
         Warps of the split test pass: 32 tokens a thread (1.3-1.8x faster than 8 at B >= 128).
     topk_max : int
-        With the split, the most candidates a chunk keeps for top-k, a power of 2: rows with
-        top_k up to it find the k-th largest score and draw from pass 1's candidates alone;
-        larger top_k search the row itself (``sample_topk``).
+        With the split, the most groups of 32 tokens a top-k row gathers, a power of 2: rows
+        with top_k up to it find the k-th largest score and draw from the tokens of their
+        largest groups (by pass 1's group maxima); larger top_k search the row itself
+        (``sample_topk``).
     topk_warps : int
-        Warps of the per-row kernel after a split pass 1 that stored top-k candidates (its
-        select and draws reduce over [S, topk_max] candidates, a chain of small reductions).
+        Warps of the per-row kernel after a split pass 1 that stored the group maxima (its
+        searches and draws reduce over the row's group maxima and [topk_max, 32] gathered
+        tokens, chains of small reductions).
     chunk_max : int
         Tokens per chunk of the inverse-CDF draws, a power of 2: chunk = min(chunk_max, next
         power of 2 >= V), from V only, never B. Part of what a seed samples (see the module

@@ -165,7 +165,7 @@ def test_test_pass_reads_only_undecided_chunks(monkeypatch, split, split2):
     the DSpark verify kernel). On peaked rows the verdicts settle the draws, and the test pass
     reads at most the peak's chunk of a row (not the 16); on flat rows it reads nearly all of
     them in the rows without top-k (rows with top-k draw above the k-th largest score: after
-    the split pass 1, from its candidates, without a test pass). The tokens are the
+    the split pass 1, from their top groups, without a test pass). The tokens are the
     reference's in both."""
     tuning = SampleTuning(split=split, split2=split2, block_max=64, chunk_max=64)
     tiles = count_calls(monkeypatch, "tile_sums")
