@@ -8,7 +8,8 @@ Offline: an ``LLM`` with ``max_num_seqs`` = c in this process, the same requests
 ``add_request`` / ``step``, c in flight at a time. Per row: output tokens/s, time to first token
 (mean) and time per output token (mean), and HTTP / offline; then the engine steps of each
 run by kind (decode, prefill: prompt tokens with or without decode rows, verify) with their
-mean host time, the server's from its /metrics.
+mean host time, the server's from its /metrics. ``--trace``: both runs recorded step by step
+(``deepinfer/server/step_trace.py``), and a third table of where the time went.
 
 CPU, the embedded model:
     .venv/bin/python benchmarks/bench_serve.py [--requests 32] [--max-tokens 32]
@@ -185,8 +186,9 @@ def make_llm(args, c: int):
     return LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=c, max_model_len=1024, seed=0)
 
 
-def offline_run(llm, bodies: list[dict], max_tokens: int, c: int) -> dict:
-    """The same requests through the engine core, c in flight at a time (as c clients would)."""
+def offline_run(llm, bodies: list[dict], max_tokens: int, c: int, trace=None) -> dict:
+    """The same requests through the engine core, c in flight at a time (as c clients would);
+    ``trace``: a StepTrace that records the steps."""
     from deepinfer import SamplingParams
 
     def add(b: dict) -> None:
@@ -196,6 +198,8 @@ def offline_run(llm, bodies: list[dict], max_tokens: int, c: int) -> dict:
         sp = SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
         t = time.perf_counter()
         arrival[llm.add_request(llm.chat_prompt(b["messages"]), sp, stream=True)] = t
+        if trace is not None:
+            trace.arrived()
 
     t0 = time.perf_counter()
     arrival, first, last, done = {}, {}, {}, {}
@@ -203,13 +207,15 @@ def offline_run(llm, bodies: list[dict], max_tokens: int, c: int) -> dict:
     for _ in range(min(c, len(todo))):
         add(todo.pop(0))
     while llm.has_unfinished_requests():
-        for o in llm.step():
+        for o in llm.step() if trace is None else trace.step(llm):
             now = time.perf_counter()
             if o.token_ids:
                 first.setdefault(o.request_id, now)
                 last[o.request_id] = now
             if o.finished:
                 done[o.request_id] = len(o.token_ids)
+                if trace is not None:
+                    trace.finished()
                 if todo:
                     add(todo.pop(0))
     wall = time.perf_counter() - t0
@@ -229,6 +235,12 @@ def main() -> None:
         default=None,
         help="client processes (default: concurrency / 8, at most a quarter of the cores)",
     )
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="record each engine step of both runs (DEEPINFER_STEP_TRACE on the server) and print where "
+        "the time went: idle time, prefill steps by prompt tokens",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--shape", default="llama3-8b", help="random-weight shape on the device")
     ap.add_argument("--serve-shape", default=None, help=argparse.SUPPRESS)  # the server subprocess
@@ -246,8 +258,10 @@ def main() -> None:
     import httpx
     from bench_decode import _table
 
+    from deepinfer.server.step_trace import StepTrace, describe
+
     bodies = requests(args.requests)
-    rows, steps = [], []
+    rows, steps, traces = [], [], []
     for c in (int(x) for x in args.concurrency.split(",")):
         port = _port()
         if args.device == "cpu":
@@ -257,8 +271,13 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--device", args.device, "--serve-shape", args.shape,
                    "--port", str(port), "--max-num-seqs", str(c)]  # fmt: skip
 
-        log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bench_serve_{port}.log"), "w+")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        tmp = os.environ.get("TMPDIR", "/tmp")
+        log = open(os.path.join(tmp, f"bench_serve_{port}.log"), "w+")
+        env = dict(os.environ)
+        trace_path = os.path.join(tmp, f"bench_serve_{port}.trace.json")
+        if args.trace:
+            env["DEEPINFER_STEP_TRACE"] = trace_path
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         base = f"http://127.0.0.1:{port}"
         try:
             for _ in range(600):
@@ -281,9 +300,13 @@ def main() -> None:
             proc.wait(timeout=30)
         llm = make_llm(args, c)
         offline_run(llm, bodies[:c], 8, c)
-        s0 = offline_steps(llm)
-        o = offline_run(llm, bodies, args.max_tokens, c)
-        o["steps"] = steps_between(s0, offline_steps(llm))
+        s1 = offline_steps(llm)
+        trace = StepTrace() if args.trace else None
+        o = offline_run(llm, bodies, args.max_tokens, c, trace)
+        o["steps"] = steps_between(s1, offline_steps(llm))
+        if args.trace:
+            served = StepTrace.load(trace_path).since(int(sum(n for n, _ in s0.values())))  # after warm-up
+            traces.append([c, describe(served), describe(trace)])
         del llm
         ratio, diff = h["tok_s"] / o["tok_s"], (h["ttft"] - o["ttft"]) * 1e3
         ms = [f"{h['ttft'] * 1e3:.0f}", f"{o['ttft'] * 1e3:.0f}", f"{diff:+.0f}"]
@@ -299,6 +322,9 @@ def main() -> None:
             "TTFT diff ms", "HTTP TPOT ms", "offline TPOT ms"], rows)  # fmt: skip
     print("\nEngine steps by kind (count x mean host time a step)")
     _table(["concurrency", "HTTP", "offline"], steps)
+    if traces:
+        print("\nWhere the time went (--trace: step by step)")
+        _table(["concurrency", "HTTP", "offline"], traces)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing as mp
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .step_trace import StepTrace
 
 
 @dataclass
@@ -253,28 +256,38 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
     # final output
     sent: dict[str, list] = {}
     steps = 0
+    trace_path = os.environ.get("DEEPINFER_STEP_TRACE")
+    trace = StepTrace() if trace_path else None
+
+    def take(msg: tuple) -> bool:
+        """One message from the server: False for ``stop``."""
+        if msg[0] == "stop":
+            return False
+        if msg[0] == "abort":
+            llm.abort_request(msg[1])
+            return True
+        _, rid, payload, params, stream = msg
+        prompt = payload[1]
+        if payload[0] == "chat":
+            prompt = llm.chat_prompt(payload[1], chat_template_kwargs=payload[2])
+        llm.add_request(prompt, params, request_id=rid, stream=True)
+        # reasoning: the text is whole only once split, so it comes at the end
+        sent[rid] = [stream and params.reasoning is None, 0, 0, False]
+        if trace is not None:
+            trace.arrived()
+        return True
+
     try:
         while True:
             busy = llm.has_unfinished_requests()
             if inbox.poll(0 if busy else 0.05):
                 while inbox.poll():
-                    msg = inbox.recv()
-                    if msg[0] == "stop":
+                    if not take(inbox.recv()):
                         return
-                    if msg[0] == "abort":
-                        llm.abort_request(msg[1])
-                        continue
-                    _, rid, payload, params, stream = msg
-                    prompt = payload[1]
-                    if payload[0] == "chat":
-                        prompt = llm.chat_prompt(payload[1], chat_template_kwargs=payload[2])
-                    llm.add_request(prompt, params, request_id=rid, stream=True)
-                    # reasoning: the text is whole only once split, so it comes at the end
-                    sent[rid] = [stream and params.reasoning is None, 0, 0, False]
                 continue
             if not busy:
                 continue
-            outs = llm.step()
+            outs = llm.step() if trace is None else trace.step(llm)
             steps += 1
             packed = []
             for o in outs:
@@ -293,6 +306,8 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
                     final = (o.text, len(o.prompt_token_ids), o.finish_reason, o.error, o.reasoning)
                     packed.append((rid, "", len(o.token_ids), lps, final))
                     del sent[rid]
+                    if trace is not None:
+                        trace.finished()
                 else:
                     packed.append((rid, o.text[chars:], len(o.token_ids), lps, None))
                     s[1], s[2] = len(o.text), len(o.logprobs or ())
@@ -305,3 +320,6 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
             outbox.send(("failed", f"{type(e).__name__}: {e}"))
         except OSError:
             pass
+    finally:
+        if trace is not None:
+            trace.dump(trace_path)
