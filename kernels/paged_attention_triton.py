@@ -21,10 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-# tl.dot of bfloat16 operands gives garbage under the interpreter (triton 3.9): under INTERPRET the
-# operands go to float32 first (exact products, float32 sums), on the GPU they stay 16-bit (tensor
-# cores)
-from .triton_common import INTERPRET
+from .paged_common import cache_strides, shape_constants
 
 
 @triton.jit
@@ -227,22 +224,10 @@ def launch(
         scale,
         window,
         softcap if softcap else 1.0,
-        block_tables.stride(0),
-        block_tables.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        NKV=nkv,
-        G=g,
-        HD=hd,
+        *cache_strides(block_tables, k_cache, v_cache),
+        **shape_constants(q, k_cache),
         G_PAD=max(16, triton.next_power_of_2(g)),
-        HD_PAD=max(16, triton.next_power_of_2(hd)),
         BLOCK_N=block_n,
-        BLOCK_SIZE=k_cache.shape[1],
-        IEEE=q.dtype == torch.float32 or INTERPRET,
         SOFTCAP=bool(softcap),
         SPLIT=splits > 1,
         MAX_SPLITS=splits,

@@ -18,13 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-# tl.dot of bfloat16 operands gives garbage under the interpreter (triton 3.9): under INTERPRET the
-# operands go to float32 first (exact products, float32 sums), on the GPU they stay 16-bit (tensor
-# cores)
-from .triton_common import INTERPRET
+from .paged_common import cache_strides, score_scalars, shape_constants
+from .paged_common import scaled as _scaled
 
 BLOCK_N = 64  # keys a step
-LOG2E = 1.4426950408889634
 
 
 def config(g: int, hd: int, fp32: bool) -> tuple[int, int, int]:
@@ -39,15 +36,6 @@ def config(g: int, hd: int, fp32: bool) -> tuple[int, int, int]:
     block_m = max(1, target // g)
     rows = max(16, triton.next_power_of_2(block_m * g))
     return block_m, rows, 8 if rows >= 128 or hd_pad >= 256 else 4
-
-
-@triton.jit
-def _scaled(s, qk_scale, cap_in, cap_out, SOFTCAP: tl.constexpr):
-    """Scores q k in log2 units: s * qk_scale (scale * log2(e)), or soft-capped, softcap *
-    tanh(s * scale / softcap) * log2(e) = (2 sigmoid(s * cap_in) - 1) * cap_out."""
-    if SOFTCAP:
-        return (2.0 * tl.sigmoid(s * cap_in) - 1.0) * cap_out
-    return s * qk_scale
 
 
 @triton.jit
@@ -225,30 +213,13 @@ def launch(
         query_start,
         seq_lens,
         block_tables.shape[1],
-        scale * LOG2E,
-        window,
-        2.0 * scale / softcap if softcap else 1.0,
-        softcap * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        block_tables.stride(0),
-        block_tables.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        NKV=nkv,
-        G=g,
-        HD=hd,
-        HD_PAD=max(16, triton.next_power_of_2(hd)),
+        *score_scalars(scale, window, softcap),
+        *q.stride()[:3],
+        *cache_strides(block_tables, k_cache, v_cache),
+        **shape_constants(q, k_cache),
         BLOCK_M=block_m,
         ROWS=rows,
         BLOCK_N=BLOCK_N,
-        BLOCK_SIZE=k_cache.shape[1],
-        IEEE=q.dtype == torch.float32 or INTERPRET,
         WINDOWED=window > 0,
         SOFTCAP=bool(softcap),
         num_warps=warps,
