@@ -5,8 +5,10 @@ The engine runs in a separate process so that the server's Python work (HTTP, JS
 and the engine's (scheduling, masks, sampling) run on two cores, not in turns under one GIL.
 Between them are two pipes:
 
-- server -> engine: ``("add", rid, payload, params, stream)`` (payload ``("chat", messages,
-  template kwargs)``, rendered by the engine's chat template, or ``("prompt", text or ids)``),
+- server -> engine: ``("add", rid, payload, params, stream, posted)`` (payload ``("chat",
+  messages, template kwargs)``, rendered by the engine's chat template, or ``("prompt", text or
+  ids)``; posted: the server's ``time.perf_counter()`` as it sent it, a clock both processes
+  share on Linux, for the step trace),
   ``("abort", rid)``, ``("stop",)``;
 - engine -> server: ``("ready", info)`` once loaded, then one ``("step", outputs, metrics)``
   per engine step that has outputs, or ``("failed", message)`` if the engine itself fails.
@@ -141,7 +143,7 @@ class EngineLoop:
         rid = f"req-{next(self._ids)}"
         self._queues[rid] = (asyncio.get_running_loop(), q, stream, Output(rid))
         self._times[rid] = [time.perf_counter(), 0.0, 0.0]
-        self._post(("add", rid, payload, params, stream))
+        self._post(("add", rid, payload, params, stream, time.perf_counter()))
         return rid
 
     def abort(self, rid: str) -> None:
@@ -266,7 +268,7 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
         if msg[0] == "abort":
             llm.abort_request(msg[1])
             return True
-        _, rid, payload, params, stream = msg
+        _, rid, payload, params, stream, posted = msg
         prompt = payload[1]
         if payload[0] == "chat":
             prompt = llm.chat_prompt(payload[1], chat_template_kwargs=payload[2])
@@ -274,7 +276,7 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
         # reasoning: the text is whole only once split, so it comes at the end
         sent[rid] = [stream and params.reasoning is None, 0, 0, False]
         if trace is not None:
-            trace.arrived()
+            trace.arrived(posted)
         return True
 
     try:

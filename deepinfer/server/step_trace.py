@@ -2,11 +2,12 @@
 
 Each step gives one row: when it began and ended, its kind (``decode``, ``prefill``, ``verify``,
 from ``LLM.metrics``'s step counters), the prompt tokens it computed, the requests running
-after it, and the requests that arrived since the step before. The times requests arrived and
-finished are kept too. ``summary`` turns them into what a serving run is short of against an
-offline one: the time no step ran (the engine waiting for requests), the rows a step ran on
-average, the prefill steps by how many prompt tokens they held, and how long after a request
-finished the next one arrived (a closed-loop client's round trip: its slot stays empty so long).
+after it, and the requests that arrived since the step before. The times requests were sent
+to the engine, reached it and finished are kept too. ``summary`` turns them into what a serving
+run is short of against an offline one: the time no step ran (the engine waiting for requests),
+the rows a step ran on average, the prefill steps by how many prompt tokens they held, how long
+after a request finished the next one was sent (a closed-loop client's round trip: HTTP, the
+client, the server) and how long a request then waited for the running step to end.
 
 The server's engine process keeps one when ``DEEPINFER_STEP_TRACE`` names a file (JSON, written
 when the engine stops); ``benchmarks/bench_serve.py --trace`` sets it and traces its offline run
@@ -29,14 +30,18 @@ class StepTrace:
 
     def __init__(self) -> None:
         self.rows: list[tuple[float, float, str, int, int, int]] = []
-        self.arrivals: list[float] = []
+        self.arrivals: list[float] = []  # when the engine took each request
+        self.posted: list[float] = []  # when it was sent to the engine (= arrival offline)
         self.finishes: list[float] = []
         self._arrived = 0
 
-    def arrived(self) -> None:
-        """A request reached the engine (counted on the next step's row)."""
+    def arrived(self, posted: float | None = None) -> None:
+        """A request reached the engine (counted on the next step's row); ``posted``: when it was
+        sent (``time.perf_counter()`` of the sender; default now)."""
         self._arrived += 1
-        self.arrivals.append(time.perf_counter())
+        now = time.perf_counter()
+        self.arrivals.append(now)
+        self.posted.append(now if posted is None else posted)
 
     def finished(self) -> None:
         """A request's final output left the engine."""
@@ -60,13 +65,16 @@ class StepTrace:
         out = StepTrace()
         out.rows = self.rows[n:]
         t = self.rows[n - 1][1] if 0 < n <= len(self.rows) else float("-inf")
-        out.arrivals = [a for a in self.arrivals if a > t]
+        keep = [i for i, a in enumerate(self.arrivals) if a > t]
+        out.arrivals = [self.arrivals[i] for i in keep]
+        out.posted = [self.posted[i] for i in keep]
         out.finishes = [f for f in self.finishes if f > t]
         return out
 
     def dump(self, path: str) -> None:
         with open(path, "w") as f:
-            json.dump({"rows": self.rows, "arrivals": self.arrivals, "finishes": self.finishes}, f)
+            json.dump({"rows": self.rows, "arrivals": self.arrivals, "posted": self.posted,
+                       "finishes": self.finishes}, f)  # fmt: skip
 
     @classmethod
     def load(cls, path: str) -> StepTrace:
@@ -74,7 +82,7 @@ class StepTrace:
             d = json.load(f)
         out = cls()
         out.rows = [tuple(r) for r in d["rows"]]
-        out.arrivals, out.finishes = d["arrivals"], d["finishes"]
+        out.arrivals, out.posted, out.finishes = d["arrivals"], d["posted"], d["finishes"]
         return out
 
 
@@ -95,12 +103,12 @@ def summary(trace: StepTrace) -> dict[str, Any]:
     (seconds inside steps), ``idle`` (the rest) and ``idle_gaps`` (gaps over 1 ms: count,
     seconds); ``rows``: requests running after a step, on average; ``kinds``: {kind: (steps,
     mean seconds)}; ``prefill``: [(size label, steps, mean seconds, mean requests arrived before
-    them)]; ``replacement``: mean seconds from a finish to the next arrival (``replacement_gaps``),
-    or None."""
+    them)]; ``replacement``: mean seconds from a finish to the next request sent
+    (``replacement_gaps``), or None; ``wait``: mean seconds a request sent waited to be taken."""
     rows = trace.rows
     if not rows:
         return {"wall": 0.0, "busy": 0.0, "idle": 0.0, "idle_gaps": (0, 0.0), "rows": 0.0, "kinds": {},
-                "prefill": [], "replacement": None}  # fmt: skip
+                "prefill": [], "replacement": None, "wait": None}  # fmt: skip
     wall = rows[-1][1] - rows[0][0]
     busy = sum(r[1] - r[0] for r in rows)
     gaps = [b[0] - a[1] for a, b in zip(rows, rows[1:])]
@@ -117,20 +125,25 @@ def summary(trace: StepTrace) -> dict[str, Any]:
             mean = sum(r[1] - r[0] for r in sel) / len(sel)
             prefill.append((label, len(sel), mean, sum(r[5] for r in sel) / len(sel)))
         lo = hi or lo
-    gaps = replacement_gaps(trace.arrivals, trace.finishes)
+    gaps = replacement_gaps(sorted(trace.posted), trace.finishes)
+    waits = [a - p for a, p in zip(trace.arrivals, trace.posted)]
     return {"wall": wall, "busy": busy, "idle": wall - busy, "idle_gaps": (len(long), sum(long)),
             "rows": sum(r[4] for r in rows) / len(rows), "kinds": kinds, "prefill": prefill,
-            "replacement": sum(gaps) / len(gaps) if gaps else None}  # fmt: skip
+            "replacement": sum(gaps) / len(gaps) if gaps else None,
+            "wait": sum(waits) / len(waits) if waits else None}  # fmt: skip
 
 
 def describe(trace: StepTrace) -> str:
     """``summary`` in one line: 'wall W ms, idle I ms (G gaps > 1 ms), R rows a step, next
-    request X ms after a finish, prefill <=64: n x m ms (a arrived), ...'."""
+    request sent X ms after a finish, taken Y ms after it was sent, prefill <=64: n x m ms (a
+    arrived), ...'."""
     s = summary(trace)
     gaps = s["idle_gaps"][0]
     parts = [f"wall {s['wall'] * 1e3:.0f} ms, idle {s['idle'] * 1e3:.0f} ms ({gaps} gaps > 1 ms)",
              f"{s['rows']:.1f} rows a step"]  # fmt: skip
     if s["replacement"] is not None:
-        parts.append(f"next request {s['replacement'] * 1e3:.1f} ms after a finish")
+        parts.append(f"next request sent {s['replacement'] * 1e3:.1f} ms after a finish")
+    if s["wait"] is not None:
+        parts.append(f"taken {s['wait'] * 1e3:.1f} ms after it was sent")
     parts += [f"prefill {lab}: {n} x {m * 1e3:.1f} ms ({a:.1f} arrived)" for lab, n, m, a in s["prefill"]]
     return ", ".join(parts)

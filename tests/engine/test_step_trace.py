@@ -41,8 +41,9 @@ def test_trace_rows_match_the_engines_step_counters(tiny_llm):
     assert sum(n for _, n, _, _ in s["prefill"]) == s["kinds"]["prefill"][0]
     assert s["replacement"] is not None and 0 <= s["replacement"] < s["wall"]
     assert "rows a step" in describe(trace)
+    assert trace.posted == trace.arrivals and s["wait"] == 0.0  # offline: sent is taken
     later = trace.since(2)
-    assert later.rows == trace.rows[2:] and len(later.arrivals) == 1  # the replacement only
+    assert later.rows == trace.rows[2:] and len(later.arrivals) == len(later.posted) == 1  # the replacement
     assert trace.since(0).rows == trace.rows
 
 
@@ -76,6 +77,9 @@ def test_server_engine_writes_its_trace(tiny_folder, tmp_path, monkeypatch):
         loop.stop()
     assert sorted(o.num_tokens for o in finals) == [3, 5]
     trace = StepTrace.load(str(path))
-    assert len(trace.arrivals) == 2 and len(trace.finishes) == 2
+    assert len(trace.arrivals) == len(trace.posted) == len(trace.finishes) == 2
+    # the server's send times, on the clock the engine process shares: before the engine took them
+    assert all(0 <= a - p < 60 for a, p in zip(trace.arrivals, trace.posted))
+    assert summary(trace)["wait"] >= 0
     assert sum(r[5] for r in trace.rows) == 2
     assert {r[2] for r in trace.rows} <= {"decode", "prefill", "verify"} and trace.rows[0][2] == "prefill"
