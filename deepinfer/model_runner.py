@@ -47,9 +47,13 @@ from .sequence import Sequence
 # batch, so a row's arithmetic never changes). Not used with the batch-invariant kernels.
 DETERMINISTIC_TILE = 8
 # Tokens a step's prompt chunks may add to its decode rows and still run in the decode graphs
-# (default mode on CUDA): each prompt token becomes a decode row of its own, so a step where a
-# short prompt joins the running batch replays a graph instead of the eager forward.
-MIXED_TOKENS = 64
+# (default mode on CUDA): each prompt token becomes a decode row of its own, so a step where
+# short prompts join the running batch replays a graph instead of the eager forward. A server
+# meets several arrivals in one step (a few hundred prompt tokens) as often as one.
+MIXED_TOKENS = 256
+# The first decode graph above max_rows holds this many prompt tokens; each next one twice as
+# many, up to MIXED_TOKENS (a step pads its prompt tokens by at most 2x, in few graphs).
+MIXED_FIRST = 16
 # Prefill chunk of the CPU's deterministic mode: chunks start at multiples of it, so a prompt's
 # chunks are the same shapes whether a prefix of it was cached or not.
 DETERMINISTIC_CHUNK = 64
@@ -211,10 +215,14 @@ class ModelRunner:
         return self.max_rows + (MIXED_TOKENS if self.cuda_graphs and not self.deterministic else 0)
 
     def buckets(self) -> list[int]:
-        """The decode graphs' row counts: ``batch_buckets(max_rows)``, then those of
-        ``graph_rows`` above max_rows."""
+        """The decode graphs' row counts: ``batch_buckets(max_rows)``, then, for mixed steps,
+        max_rows + 16, + 32, + 64, ... up to ``graph_rows``."""
         low = batch_buckets(self.max_rows)
-        return low + [b for b in batch_buckets(self.graph_rows) if b > self.max_rows]
+        extra, m = [], MIXED_FIRST
+        while self.max_rows + m < self.graph_rows:
+            extra.append(self.max_rows + m)
+            m *= 2
+        return low + extra + ([self.graph_rows] if self.graph_rows > self.max_rows else [])
 
     def _mixed_fits(self, rows: list[Sequence], counts: list[int]) -> bool:
         """A step with prompt chunks that the decode graphs can run: default mode on CUDA, at most

@@ -11,7 +11,7 @@ import torch
 from deepinfer.config import ModelConfig
 from deepinfer.cuda_graphs import Tile, batch_buckets, bucket_for, kv_bucket, plan_step, tile_size
 from deepinfer.kernels.decode_attention import ATTN_CHUNK
-from deepinfer.model_runner import ModelRunner
+from deepinfer.model_runner import MIXED_TOKENS, ModelRunner
 from deepinfer.models.llama import LlamaModel
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.sequence import Sequence
@@ -257,6 +257,28 @@ def test_mixed_step_as_decode_rows_equals_forward_on_cpu():
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+def test_mixed_buckets_take_several_arrivals_in_few_graphs():
+    """Where mixed steps replay the decode graphs, the graphs above max_rows hold 16, 32, 64, ...
+    up to MIXED_TOKENS prompt tokens: a step where four 45-token prompts join 32 decodes (a
+    server's arrivals between two steps) fits a graph, padded by less than 2x."""
+    runner = ModelRunner(_model("llama-gqa-untied", "cpu"))
+    runner.max_rows, runner.cuda_graphs = 32, True  # as on CUDA (graphs are not captured here)
+    assert runner.graph_rows == 32 + MIXED_TOKENS == 288
+    buckets = runner.buckets()
+    assert buckets == [1, 2, 4, 8, 16, 32, 48, 64, 96, 160, 288]
+    sp = SamplingParams(temperature=0, max_tokens=4)
+    rows = [Sequence(i, None, [1] * (45 if i >= 32 else 3), sp, seed=0, eos_token_ids=(), max_len=4096)
+            for i in range(36)]  # fmt: skip
+    counts = [1] * 32 + [45] * 4
+    for s in rows[:32]:
+        s.num_cached = 3
+        s.output_token_ids.append(5)
+    assert runner._mixed_fits(rows, counts)
+    assert bucket_for(sum(counts), buckets) == 288 < 2 * sum(counts)
+    runner.deterministic = True  # deterministic mode keeps its own tiles: no mixed graphs
+    assert not runner._mixed_fits(rows, counts) and runner.buckets() == batch_buckets(32)
+
+
 # -- CUDA graphs ---------------------------------------------------------------------------------
 
 
@@ -273,7 +295,8 @@ def test_graphs_equal_eager_on_cuda(variant, attention):
         assert tokens == ref_tokens, (variant, batch)
         for a, b in zip(got, ref):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
-        assert len(graphed.graphs.graphs) == 2  # the 256- and the 320-key bucket
+        # decode: the 256- and the 320-key bucket (the prompts replay a mixed-step graph above)
+        assert len([t for t in graphed.graphs.graphs if t.rows <= graphed.max_rows]) == 2
 
 
 @pytest.mark.gpu

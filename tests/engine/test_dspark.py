@@ -348,10 +348,10 @@ def test_capture_graphs_up_front_leaves_nothing_to_capture(tiny_folder, monkeypa
     n = llm.capture_graphs(300)
     graphs = llm.runner.graphs.graphs
     decode, verify = [{k for k in graphs if (k.positions > 1) == v} for v in (False, True)]
-    # decode: batch buckets 1, 2, 4, and 8, 16, 32, 48, 64, 68 for the mixed steps (4 rows and
+    # decode: batch buckets 1, 2, 4, and 20, 36, 68, 132, 260 for the mixed steps (4 rows and
     # up to MIXED_TOKENS prompt tokens) x key buckets 256, 512; verify: 1, 2, 4 x widths 2, 3, 5
-    assert llm.runner.buckets() == [1, 2, 4, 8, 16, 32, 48, 64, 68]
-    assert n == len(decode) + len(verify) == 18 + 18
+    assert llm.runner.buckets() == [1, 2, 4, 20, 36, 68, 132, 260]
+    assert n == len(decode) + len(verify) == 16 + 18
     keys = (set(decode), set(verify))
     prompts = [[1, 5, 9], [1, 7, 7, 7, 7], [1, 300, 301], [1, 2]]
     params = [
