@@ -61,9 +61,12 @@ def _port() -> int:
 def http_run(base: str, bodies: list[dict], c: int, max_tokens: int, procs: int = 1) -> dict:
     """c clients, each streaming its requests in turn, spread over ``procs`` client processes
     (as many independent clients would be; one process's event loop would be the bottleneck at
-    high concurrency). Each process runs its clients as asyncio tasks over one connection pool."""
+    high concurrency). Each process runs its clients as asyncio tasks over one connection pool.
+    Every client takes the next request of one queue shared by all processes (a counter in shared
+    memory), as the offline run does: no process runs out of work while another still has some."""
     procs = max(1, min(procs, c))
     if procs == 1:
+        _share(None)  # a queue of this run's own
         res, t0, t1 = _clients(base, bodies, c, max_tokens)
         wall = t1 - t0
     else:
@@ -73,10 +76,11 @@ def http_run(base: str, bodies: list[dict], c: int, max_tokens: int, procs: int 
         # every process waits at the barrier with its imports done, so they start together
         shares = [(c // procs) + (i < c % procs) for i in range(procs)]
         ctx = mp.get_context("spawn")
-        with ctx.Manager() as mgr, ProcessPoolExecutor(procs, mp_context=ctx) as ex:
+        taken = ctx.Value("l", 0)  # the shared queue's head: the next request's index
+        with ctx.Manager() as mgr, ProcessPoolExecutor(procs, mp_context=ctx, initializer=_share,
+                                                       initargs=(taken,)) as ex:  # fmt: skip
             ready = mgr.Barrier(procs)
-            futs = [ex.submit(_clients, base, bodies[i::procs], shares[i], max_tokens, ready)
-                    for i in range(procs)]  # fmt: skip
+            futs = [ex.submit(_clients, base, bodies, shares[i], max_tokens, ready) for i in range(procs)]
             parts = [f.result() for f in futs]
         res = [r for p in parts for r in p[0]]
         wall = max(p[2] for p in parts) - min(p[1] for p in parts)
@@ -84,9 +88,32 @@ def http_run(base: str, bodies: list[dict], c: int, max_tokens: int, procs: int 
             "tpot": statistics.mean(r[1] for r in res)}  # fmt: skip
 
 
+_taken = None  # a client process's view of the shared queue's head (set by _share)
+
+
+def _share(taken) -> None:
+    global _taken
+    _taken = taken
+
+
+def _next(n: int) -> int | None:
+    """The next request's index from the queue shared by every client process (this process's
+    own when it runs alone), or None once all ``n`` are taken."""
+    global _taken
+    if _taken is None:
+        import multiprocessing as mp
+
+        _taken = mp.Value("l", 0)
+    with _taken.get_lock():
+        i = _taken.value
+        _taken.value = i + 1
+    return i if i < n else None
+
+
 def _clients(base: str, bodies: list[dict], c: int, max_tokens: int, ready=None):
     """c asyncio clients in this process, started once every client process has passed
-    ``ready`` (a barrier, or None): ([(ttft, tpot, tokens)], start, end)."""
+    ``ready`` (a barrier, or None), taking requests from the shared queue (``_next``):
+    ([(ttft, tpot, tokens)], start, end)."""
     import asyncio
 
     import httpx
@@ -108,14 +135,13 @@ def _clients(base: str, bodies: list[dict], c: int, max_tokens: int, ready=None)
         return first - t0 if first else end - t0, (end - first) / max(n - 1, 1) if first else 0.0, n
 
     async def run():
-        todo = list(bodies)
         res = []
         limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
         async with httpx.AsyncClient(timeout=600, limits=limits) as cl:
 
             async def client():
-                while todo:
-                    res.append(await one(cl, todo.pop(0)))
+                while (i := _next(len(bodies))) is not None:
+                    res.append(await one(cl, bodies[i]))
 
             if ready is not None:
                 await asyncio.to_thread(ready.wait)

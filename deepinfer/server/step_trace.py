@@ -61,13 +61,16 @@ class StepTrace:
         return outs
 
     def since(self, n: int) -> StepTrace:
-        """The trace after its first ``n`` steps (a run's own, when a warm-up came before it)."""
+        """The trace after its first ``n`` steps (a run's own, when a warm-up came before it).
+        Between step n-1 and step n the loop records step n-1's finishes (the warm-up's) and
+        takes the requests that step n runs (the run's)."""
         out = StepTrace()
         out.rows = self.rows[n:]
         t = self.rows[n - 1][1] if 0 < n <= len(self.rows) else float("-inf")
         keep = [i for i, a in enumerate(self.arrivals) if a > t]
         out.arrivals = [self.arrivals[i] for i in keep]
         out.posted = [self.posted[i] for i in keep]
+        t = self.rows[n][0] if 0 < n < len(self.rows) else (t if n else float("-inf"))
         out.finishes = [f for f in self.finishes if f > t]
         return out
 

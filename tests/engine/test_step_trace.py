@@ -47,6 +47,21 @@ def test_trace_rows_match_the_engines_step_counters(tiny_llm):
     assert trace.since(0).rows == trace.rows
 
 
+def test_since_leaves_the_warm_ups_last_finishes_out():
+    """The finishes of the warm-up's last step are recorded after it ended, beside the run's
+    first arrivals: they belong to the warm-up (in the run they would have no replacement and
+    shift every match of ``replacement_gaps``)."""
+    trace = StepTrace()
+    trace.rows = [(0.0, 1.0, "decode", 0, 2, 0), (2.0, 3.0, "prefill", 8, 2, 2)]
+    trace.rows.append((4.0, 5.0, "decode", 0, 2, 0))
+    trace.arrivals = trace.posted = [-1.0, 1.6, 1.7, 3.6]
+    trace.finishes = [1.5, 1.5, 3.5, 5.5]  # two after step 0 (the warm-up), one after each run step
+    run = trace.since(1)
+    assert run.rows == trace.rows[1:] and run.arrivals == [1.6, 1.7, 3.6] and run.finishes == [3.5, 5.5]
+    assert replacement_gaps(run.posted, run.finishes) == pytest.approx([0.1])
+    assert trace.since(3).finishes == [5.5] and trace.since(0).finishes == trace.finishes
+
+
 def test_replacement_gaps_match_each_finish_to_the_next_arrival():
     # arrivals at 0 and 1 come before any finish; the finish at 2 is answered at 2.5, the
     # finishes at 3 and 3.1 at 4 and 6 (oldest first); the finish at 7 never
