@@ -5,6 +5,11 @@ asserts nothing.
     python benchmarks/bench_attention.py [--shapes llama3-8b,smollm2-135m] [--batches 1,16,64]
         [--contexts 232,1024,8192] [--splits 1,16]
 
+``--prefill 2048,8192,32768``: the prefill kernel instead (``paged_prefill_triton``, one prompt
+of each length in one chunk), with its default tiles and each of ``--tunings`` (tile rows,
+keys a step, warps, pipeline stages): TFLOP/s of causal attention and the largest difference
+from the default's output. A tuning that does not fit the device is reported as such.
+
 Per head shape, batch and context (every row that many keys, blocks of 16 scattered over the
 pool, bf16): µs a launch, timed as a CUDA graph of 20 launches replayed (no launch gaps of the
 host), and the floor: the K/V bytes the launch must read / the measured copy bandwidth. On the
@@ -71,6 +76,78 @@ def _seconds(call, device) -> float:
     return best
 
 
+DEFAULT_TUNINGS = ",".join(
+    f"{r}:{n}:{w}:{st}" for r in (64, 128) for n in (32, 64, 128) for w in (4, 8) for st in (2, 3, 4)
+)
+
+
+def _event_seconds(call) -> float:
+    """The median of 10 launches, by CUDA events (after one untimed)."""
+    call()
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def prefill(args, device, dtype) -> None:
+    """The prefill kernel at each prompt length, default tiles and each tuning (see the docstring)."""
+    import math
+
+    from deepinfer.kernels.paged_prefill_triton import config, launch
+
+    tunings = [None] + [tuple(int(x) for x in t.split(":")) for t in args.tunings.split(",") if t]
+    lengths = [int(n) for n in args.prefill.split(",")]
+    for shape in args.shapes.split(","):
+        nkv, g, hd = HEADS[shape]
+        block_m, rows_d, warps = config(g, hd, False)
+        print(f"{shape}: default tiles {rows_d} rows ({block_m} tokens x {g} heads), 64 keys, {warps} warps")
+        table, results = [], {}
+        for n in lengths:
+            blocks = -(-n // BLOCK_SIZE)
+            gen = torch.Generator().manual_seed(0)
+            k = torch.randn(1 + blocks, BLOCK_SIZE, nkv, hd, generator=gen).to(device, dtype)
+            v = torch.randn(1 + blocks, BLOCK_SIZE, nkv, hd, generator=gen).to(device, dtype)
+            q = torch.randn(n, nkv, g, hd, generator=gen).to(device, dtype)
+            ids = (torch.randperm(blocks, generator=gen) + 1).to(device, torch.int32)[None]
+            qs = torch.tensor([0, n], device=device)
+            lens = torch.tensor([n], device=device)
+            flops = 4 * nkv * g * hd * n * (n + 1) / 2
+            ref = None
+            for t in tunings:
+                out = torch.empty_like(q)
+                call = partial(launch, q, k, v, out, ids, qs, lens, n, 1.0 / math.sqrt(hd), tuning=t)
+                try:
+                    sec = _event_seconds(call) if device.type == "cuda" else 0.0
+                    if device.type != "cuda":
+                        call()
+                except Exception as e:  # noqa: BLE001 - out of shared memory or registers: skipped
+                    results[(t, n)] = f"{type(e).__name__}"
+                    print(f"  {shape} {n} {t}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                if ref is None:
+                    ref = out.float()
+                diff = (out.float() - ref).abs().max().item()
+                tf = flops / sec / 1e12 if sec else float("nan")
+                results[(t, n)] = (tf, diff)
+                ms = f"{sec * 1e3:.3f} ms, {tf:.0f} TFLOP/s"
+                print(f"  {shape} {n} {t or 'default'}: {ms}, max diff {diff:.2e}", flush=True)
+        base = {n: results[(None, n)][0] for n in lengths}
+        for t in tunings:
+            row = [shape, "default" if t is None else ":".join(map(str, t))]
+            for n in lengths:
+                r = results[(t, n)]
+                row.append(r if isinstance(r, str) else f"{r[0]:.0f} ({r[0] / base[n]:.2f}x, {r[1]:.0e})")
+            table.append(row)
+        cols = [f"{n} tokens TFLOP/s (vs default, max diff)" for n in lengths]
+        _table(["heads", "rows:keys:warps:stages", *cols], table)
+
+
 def main() -> None:
     from deepinfer.kernels.paged_attention import paged_attention_triton
 
@@ -80,10 +157,14 @@ def main() -> None:
     ap.add_argument("--batches", type=lambda x: [int(b) for b in x.split(",")], default=[1, 16, 64])
     ap.add_argument("--contexts", type=lambda x: [int(c) for c in x.split(",")], default=[232, 1024, 8192])
     ap.add_argument("--splits", type=lambda x: [int(c) for c in x.split(",")], default=[1, 16])
+    ap.add_argument("--prefill", default=None, help="prompt lengths: time the prefill kernel instead")
+    ap.add_argument("--tunings", default=DEFAULT_TUNINGS, help="rows:keys:warps:stages,... (with --prefill)")
     args = ap.parse_args()
     device, dtype = torch.device(args.device), torch.bfloat16
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("on the CPU the kernel runs under the interpreter: set TRITON_INTERPRET=1")
+    if args.prefill:
+        return prefill(args, device, dtype)
     bw = _copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{name}: copy bandwidth {bw / 1e9:.0f} GB/s; bf16, blocks of {BLOCK_SIZE}", flush=True)

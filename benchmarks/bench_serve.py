@@ -315,8 +315,9 @@ def main() -> None:
                         break
                 except httpx.HTTPError:
                     time.sleep(0.5)
-            # warm-up, the same for both sides: the constraint compiled, a full batch of each kind
-            http_run(base, bodies[:c], c, 8)
+            # warm-up, the same for both sides: a full batch, and at least one request of each
+            # kind (at c = 1 too: the first constrained request of a process builds the compiler)
+            http_run(base, bodies[: max(c, 2)], c, 8)
             procs = args.client_procs or max(1, min(c // 8, (os.cpu_count() or 1) // 4))
             s0 = server_steps(base)
             h = http_run(base, bodies, c, args.max_tokens, procs)
@@ -325,7 +326,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
         llm = make_llm(args, c)
-        offline_run(llm, bodies[:c], 8, c)
+        offline_run(llm, bodies[: max(c, 2)], 8, c)
         s1 = offline_steps(llm)
         trace = StepTrace() if args.trace else None
         o = offline_run(llm, bodies, args.max_tokens, c, trace)

@@ -196,13 +196,21 @@ def launch(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    tuning: tuple[int, int, int, int] | None = None,
 ) -> None:
     """q: [N, nkv, g, hd] (last dim contiguous); out: contiguous [N, nkv, g, hd]; k_cache,
     v_cache: [num_blocks, block_size, nkv, hd] (last dim contiguous, block_size a power of two);
-    block_tables: [B', W] (B' >= B); query_start: contiguous [B + 1]; seq_lens: contiguous [B]."""
+    block_tables: [B', W] (B' >= B); query_start: contiguous [B + 1]; seq_lens: contiguous [B].
+    tuning: (tile rows, BLOCK_N, num_warps, num_stages) in place of ``config``'s (for
+    benchmarks/bench_attention.py --prefill; None: ``config``, BLOCK_N and Triton's stages)."""
     N, nkv, g, hd = q.shape
     B = seq_lens.shape[0]
     block_m, rows, warps = config(g, hd, q.dtype == torch.float32)
+    block_n, opts = BLOCK_N, {}
+    if tuning is not None:
+        rows, block_n, warps, opts["num_stages"] = tuning
+        block_m = max(1, rows // g)
+        rows = max(16, triton.next_power_of_2(block_m * g))
     grid = (B, nkv, triton.cdiv(max_query_len, block_m))
     _paged_prefill_kernel[grid](
         q,
@@ -219,8 +227,9 @@ def launch(
         **shape_constants(q, k_cache),
         BLOCK_M=block_m,
         ROWS=rows,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=block_n,
         WINDOWED=window > 0,
         SOFTCAP=bool(softcap),
         num_warps=warps,
+        **opts,
     )
