@@ -353,6 +353,14 @@ def build(workload, folder: str | None = None, verbose: bool = False, only=None)
         raise RuntimeError(f"build() needs the JIT ({ENV_MODE}=jit), the kernels run as {STATE.mode}")
     key = build_key()  # (the source the modules were imported from: checked again at the end)
     _import_kernel_modules()
+    from numba.core.caching import NullCache
+
+    # every kernel compiled afresh, not loaded from numba's disk cache: a kernel that only
+    # other kernels call would come in inside its callers' cached code and never compile as
+    # itself, so its signatures (needed where Python calls it too) would be missing
+    for k in _KERNELS:
+        if k.jit is not None:
+            k.jit._cache = NullCache()
     workload()
     from numba.core import compiler as _ncompiler
     from numba.pycc import CC

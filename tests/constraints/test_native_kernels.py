@@ -192,3 +192,43 @@ def test_argument_types_kept_per_dtype_and_flags_equal_numbas_reading():
     for x in (3, 2.5, True, np.int64(4), np.float32(1.0), np.bool_(True), np.int32(2), "x"):
         assert _arg_type(x) == _arg_type_of(x)
         assert _arg_id(x) == _type_id(_arg_type_of(x))
+
+
+# a kernel that calls two others (hopcroft, _columns), one of them called from Python too
+INNER = """
+import json, sys
+import numpy as np
+from deepinfer.constraints import native
+from deepinfer.constraints.tokens import rows
+
+def run():
+    rows.unquoted_region(np.full((1, 1), -1, dtype=np.int32), np.zeros(256, dtype=np.int32), 0x22,
+                         np.zeros(1, dtype=np.bool_), 0, 4, np.full(1, -1, dtype=np.int32))
+
+if sys.argv[1] == "warm":
+    run()  # numba's disk cache now holds the three, the callees inside their caller's code
+else:
+    only = {"deepinfer.constraints.tokens.rows." + k for k in ("unquoted_region", "_columns")}
+    only.add("deepinfer.constraints.automaton.dfa_kernels.hopcroft")
+    so = native.build(run, sys.argv[2], only=only)
+    man = native._paths(native.build_key(), sys.argv[2])[1]
+    print("RESULT " + json.dumps(sorted(json.load(open(man))["kernels"])))
+"""
+
+
+def test_build_compiles_kernels_afresh_with_numbas_cache_warm(tmp_path):
+    """A build learns each kernel's signatures from the workload under the JIT. With numba's
+    disk cache warm (a process ran the kernels before), a kernel called only inside another
+    would come in inside its caller's cached code and miss from the build, though Python
+    calls it elsewhere: every kernel is compiled afresh instead."""
+    env = {"DEEPINFER_KERNELS": "jit", "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    _run(INNER, env, 400, "warm")
+    assert any((tmp_path / "numba").rglob("*.nbi"))
+    got = _result(_run(INNER, env, 400, "build", str(tmp_path / "kernels")))
+    assert got == sorted(
+        [
+            "deepinfer.constraints.automaton.dfa_kernels.hopcroft",
+            "deepinfer.constraints.tokens.rows._columns",
+            "deepinfer.constraints.tokens.rows.unquoted_region",
+        ]
+    )
