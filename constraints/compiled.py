@@ -18,6 +18,7 @@ references for the tests.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
 import numpy as np
@@ -99,6 +100,8 @@ class CompiledConstraint:
             caps = np.full(a.n_states, self._count_cap, dtype=np.int64)
             caps[inside] += most[:-1]
             self._hi_caps = caps.tolist()
+            # per region state met near a bound: what of the count its tokens see (_count_marks)
+            self._caps: dict[int, tuple[list[int], list[int], int]] = {}
             _warm_up_counted(self.index)
             # states with a bound on a byte other than '"' (entering or leaving a region
             # that is not a JSON string): see _compute_counted
@@ -183,19 +186,23 @@ class CompiledConstraint:
         """What a row of an automaton with counted repetitions depends on: the state, and
         inside a region the distances to its bounds, capped beyond a token's reach (no
         token starts more items than it has bytes; hi is met with ``need`` more). In a
-        pushdown automaton, the same for the top frame of each stack."""
+        pushdown automaton, the same for each stack (:meth:`_stack_key`)."""
         a = self.automaton
         if not a.is_regular:
             stacks = []
             changed = False
             for st in config.stacks:
-                k = self._row_key_int(st[-1])
-                if k != st[-1]:
+                k = self._stack_key(st)
+                if k != st:
                     changed = True
-                    st = st[:-1] + (k,)
-                stacks.append(st)
+                stacks.append(k)
             return Config(frozenset(stacks), config.can_end) if changed else config
         return self._row_key_int(config)
+
+    def _stack_key(self, st: tuple[int, ...]) -> tuple[int, ...]:
+        """A stack as far as a token can see it: its top frame by :meth:`_row_key_int` (a
+        region calls no rule, so a count lives in the top frame only)."""
+        return st[:-1] + (self._row_key_int(st[-1]),)
 
     def _row_key_int(self, config: int):
         a = self.automaton
@@ -204,8 +211,31 @@ class CompiledConstraint:
         r = a._region_list[s]
         if r < 0:
             return s
-        c, cap = config // n, self._count_cap
-        return (s, min(a._hi_list[r] - c, self._hi_caps[s]), min(max(a._lo_list[r] - c, 0), cap))
+        c = config // n
+        hi_left, lo_left = a._hi_list[r] - c, max(a._lo_list[r] - c, 0)
+        marks = self._caps.get(s)
+        if marks is None:
+            hi_cap, lo_cap = self._hi_caps[s], self._count_cap  # (bounds by the tokens' length)
+            if hi_left >= hi_cap and (lo_left == 0 or lo_left >= lo_cap):  # far from both bounds
+                return (s, hi_cap, min(lo_left, lo_cap))
+            marks = self._count_marks(s)
+        # near a bound: the counts between two of the tokens' own margins (exits) look alike
+        his, los, _ = marks
+        return (s, bisect_right(his, hi_left), bisect_left(los, lo_left) if lo_left else -1, 0)
+
+    def _count_marks(self, s: int) -> tuple[list[int], list[int], int]:
+        """What of the count the tokens from region state ``s`` see (one walk of the
+        vocabulary's trie, ``VocabIndex.count_reach``): their margins below hi and the items
+        started before their exits, sorted, and the largest margin. Two counts with as many
+        margins at or below ``hi - c`` and as many exits at or above ``lo - c`` (``lo - c`` both
+        0 or both positive: the automaton may end at one only) allow the same tokens. Where a
+        bound by the tokens' length alone (``max_depth`` items) would keep a row per count
+        near a bound, a pattern like ``(\\S+\\s+){0,99}`` needs a few (its tokens start an item
+        or two), and a string's length bound one per distinct length of the long tokens."""
+        a = self.automaton
+        his, los = self.index.count_reach(a.table, a.counters, a.cls, s, self._hi_caps[s])
+        marks = self._caps[s] = (his, los, his[-1] if his else 0)
+        return marks
 
     def _cold_row(self, key, config) -> np.ndarray:
         words = self._compute(config)
@@ -516,7 +546,7 @@ class CompiledConstraint:
         parts = self._parts
         key = st
         if self._counters is not None:  # a count as far as a token can see it (see _row_key)
-            key = st[:-1] + (self._row_key_int(st[-1]),)
+            key = self._stack_key(st)
         hit = parts.get(key)
         if hit is not None:
             return hit
@@ -596,7 +626,7 @@ class CompiledConstraint:
             split = self._split
             if split is None:
                 split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
-            if r < 0 or a._hi_list[r] - c >= self._hi_caps[s]:
+            if r < 0 or a._hi_list[r] - c >= self._hi_cap(s):
                 words = self._unquoted_row(s).copy()
             else:  # near hi: tokens without '"' by the margin they need
                 words = self._near_hi_row(s, a._hi_list[r] - c)
@@ -615,7 +645,7 @@ class CompiledConstraint:
         n = a.n_states
         s, c = config % n, config // n
         r = a._region_list[s]
-        if r >= 0 and a._hi_list[r] - c < self._hi_caps[s] and not self._bare_near(s):
+        if r >= 0 and a._hi_list[r] - c < self._hi_cap(s) and not self._bare_near(s):
             if self._split is None:
                 self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
             words |= self._near_hi_row(s, a._hi_list[r] - c)  # (no call inside a region)
@@ -624,7 +654,7 @@ class CompiledConstraint:
             if len(nodes):
                 self._continue((), nodes, states, words, with_quote)
             return
-        if (r < 0 or a._hi_list[r] - c >= self._hi_caps[s]) and not self._bare_near(s):
+        if (r < 0 or a._hi_list[r] - c >= self._hi_cap(s)) and not self._bare_near(s):
             split = self._split
             if split is None:
                 split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
@@ -649,6 +679,12 @@ class CompiledConstraint:
         nodes, states = self.index.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
         if len(nodes):
             self._continue((), nodes, states, words, self.index)
+
+    def _hi_cap(self, s: int) -> int:
+        """Items below hi past which no token from region state ``s`` meets it (the tokens'
+        own reach once known, else the bound by their length)."""
+        marks = self._caps.get(s)
+        return self._hi_caps[s] if marks is None else marks[2]
 
     def _near_hi_row(self, state: int, left: int) -> np.ndarray:
         """The tokens without '"' allowed from region state ``state`` when ``left`` more

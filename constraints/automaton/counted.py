@@ -22,9 +22,9 @@ then every string has one parse into items, read off byte by byte.
 The count is the number of items started. A configuration is the int ``state + n_states *
 count`` (``count`` is 0 outside regions, so other configurations are plain states).
 A token of ``W`` bytes starts at most ``W`` items, so the allowed tokens depend on the count
-only through ``min(hi - count, W + 1 + max need)`` and ``min(max(lo - count, 0), W + 1)``:
-the compiled constraint memoises rows under those (see
-:meth:`~.compiled.CompiledConstraint.mask_row`).
+only through ``min(hi - count, W + 1 + max need)`` and ``min(max(lo - count, 0), W + 1)``,
+and near a bound only through which of the tokens' own margins it passes: the compiled
+constraint memoises rows under those (see :meth:`~.compiled.CompiledConstraint.mask_row`).
 """
 
 from __future__ import annotations

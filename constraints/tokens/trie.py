@@ -326,6 +326,59 @@ def _walk_crit_py(
 _walk_crit = kernel(_walk_crit_py, __name__, "_walk_crit")
 
 
+def _count_reach_py(
+    table, act, cls, region, need, start, node_byte, node_depth, node_skip, tok_lo, tok_hi, states, ticks,
+    crits, hi_seen, lo_seen
+):  # fmt: skip
+    """What of the count the tokens from region state ``start`` can see. A token's path is
+    checked against the count only while it is in the region it started in (an EXIT or ENTER
+    sets the count): its *margin* is the most, over that part, of items started so far +
+    ``need`` of the state reached (it passes hi from count c iff ``c + margin <= hi``), and
+    where it exits, the items started before (it passes lo iff ``c + those >= lo``). Marks
+    ``hi_seen[margin]`` for every token's margin (a margin past the array's end is not
+    marked) and ``lo_seen[items]`` for every exit. Every transition is taken as if the count
+    allowed it (a token cut by a bound still marks), so from two counts that no mark tells
+    apart every token passes the same bounds."""
+    states[0] = start
+    ticks[0] = 0
+    crits[0] = 0
+    n_hi = hi_seen.shape[0]
+    n = node_byte.shape[0]
+    i = 0
+    while i < n:
+        d = node_depth[i]
+        s = states[d - 1]
+        k = cls[node_byte[i]]
+        t = table[s, k]
+        if t < 0:
+            i = node_skip[i]
+            continue
+        a = act[s, k]
+        tk = ticks[d - 1]
+        cr = crits[d - 1]
+        if a & 12:  # EXIT | ENTER: the count is set; every token below has this margin
+            if a & 4:  # EXIT: checked against lo with the count before this transition
+                lo_seen[tk] = True
+            if cr < n_hi:
+                hi_seen[cr] = True
+            i = node_skip[i]
+            continue
+        if a & 2:  # TICK
+            tk += 1
+        if region[t] >= 0:
+            cr = max(cr, tk + need[t])
+        if tok_hi[i] > tok_lo[i] and cr < n_hi:
+            hi_seen[cr] = True
+        states[d] = t
+        ticks[d] = tk
+        crits[d] = cr
+        i += 1
+    return 0
+
+
+_count_reach = kernel(_count_reach_py, __name__, "_count_reach")
+
+
 # Byte sets for the walk's shortcut, each inside the next: a subtree whose bytes all lie
 # in a set is taken whole when the automaton stays alive (and off boundaries) for any
 # string over the set as long as the subtree is deep.
@@ -923,6 +976,34 @@ class VocabIndex:
             ticks,
             crits,
         )
+
+    def count_reach(self, table, counters, cls, start: int, most: int) -> tuple[list[int], list[int]]:
+        """``_count_reach_py`` from region state ``start`` over the whole vocabulary: the
+        tokens' margins up to ``most`` and the items started before their exits, each sorted."""
+        states = np.empty(self.max_depth + 2, dtype=np.int32)
+        ticks = np.empty(self.max_depth + 2, dtype=np.int64)
+        crits = np.empty(self.max_depth + 2, dtype=np.int64)
+        hi_seen = np.zeros(most + 1, dtype=np.bool_)
+        lo_seen = np.zeros(self.max_depth + 2, dtype=np.bool_)
+        _count_reach(
+            table,
+            counters.act,
+            cls,
+            counters.region,
+            counters.need,
+            np.int32(start),
+            self.node_byte,
+            self.node_depth,
+            self.node_skip,
+            self.tok_lo,
+            self.tok_hi,
+            states,
+            ticks,
+            crits,
+            hi_seen,
+            lo_seen,
+        )
+        return np.flatnonzero(hi_seen).tolist(), np.flatnonzero(lo_seen).tolist()
 
     def _scratch(self):
         """Boundary buffers and the state stack of a walk, one set per thread."""

@@ -201,6 +201,8 @@ CASES = {
     # a pattern and a length (the product of the pattern and the counted characters)
     "pattern": Grammar({"start": seq(QUOTE, ir.intersect(PATH, jf.encoded_length(0, 70)), QUOTE)}),
     "pattern_min": Grammar({"start": seq(QUOTE, ir.intersect(PATH, jf.encoded_length(66, 75)), QUOTE)}),
+    # an item of several bytes: up to 80 words, each followed by spaces
+    "words": Grammar({"start": seq(QUOTE, rep(seq(ir.plus(LOWER), ir.plus(lit(" "))), 0, 80), QUOTE)}),
     # a pushdown automaton: the count lives in the bottom frame (the start rule's)
     "pushdown": Grammar(
         {
@@ -268,6 +270,37 @@ def test_rows_are_shared_by_counts_that_look_alike(compiler):
     assert m.mask_row() is row
     feed(m, b"z" * (5000 - 1100 - 3))
     assert m.mask_row() is not row  # three left: long tokens are out
+
+
+def test_rows_are_shared_by_counts_no_token_can_tell_apart(monkeypatch):
+    """An item of several bytes (a word and its spaces): a token starts as many items as it
+    has letters after a space, far fewer than its bytes, so the counts share rows up to that
+    many items below hi (not up to the longest token's length), and part only where a token
+    could pass hi."""
+    counted_c, _ = _pair("words", monkeypatch)
+    longest = counted_c.index.max_depth
+    words = [t for t in counted_c.vocab.token_bytes if t and all(b == 32 or 97 <= b <= 122 for b in t)]
+    ticks = max(sum(1 for a, b in zip(t, t[1:]) if a == 32 and b != 32) for t in words)
+    assert 1 <= ticks < longest
+    m = Matcher(counted_c)
+    feed(m, b'"ab ab')  # in the second word: count 2
+    cold = []
+    compute = counted_c._compute
+    monkeypatch.setattr(counted_c, "_compute", lambda config: cold.append(config) or compute(config))
+    keys = {}
+    for c in range(3, 80):
+        feed(m, b" ab")
+        m.mask_row()
+        keys[c] = counted_c._row_key(m.state)
+        if c % 7 == 0 or c > 75:
+            assert np.array_equal(m.allowed_tokens(), reference_allowed(counted_c, m.state))
+    # hi = 80, need 0: the counts with at least `ticks` items left look alike (two keys: far
+    # from hi, where the tokens' length already bounds them, and near it), the counts closer
+    # to hi each apart; a bound by the tokens' length alone would part every count with
+    # fewer than longest + 1 items left and build its row afresh
+    assert len({keys[c] for c in keys if 80 - c >= ticks}) == 2
+    assert len({keys[c] for c in keys if 80 - c < ticks}) == ticks - 1
+    assert len(cold) <= 3 * (ticks + 2) < 3 * (longest + 1)
 
 
 def test_json_cost_counts_one_copy_of_a_counted_item():
