@@ -24,7 +24,7 @@ import time
 from functools import partial
 
 import torch
-from bench_decode import _copy_bandwidth, _sync, _table
+from bench_decode import _copy_bandwidth, _event_seconds, _sync, _table
 
 HEADS = {  # name: (KV heads, query heads per KV head, head_dim)
     "llama3-8b": (8, 4, 128),
@@ -79,20 +79,6 @@ def _seconds(call, device) -> float:
 DEFAULT_TUNINGS = ",".join(
     f"{r}:{n}:{w}:{st}" for r in (64, 128) for n in (32, 64, 128) for w in (4, 8) for st in (2, 3, 4)
 )
-
-
-def _event_seconds(call) -> float:
-    """The median of 10 launches, by CUDA events (after one untimed)."""
-    call()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        call()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def prefill(args, device, dtype) -> None:

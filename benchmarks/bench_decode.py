@@ -408,19 +408,21 @@ def _attention_seconds(cfg, n: int, device, dtype) -> tuple[float, float]:
         lambda: paged_prefill_triton(q, k, v, table, qs, lens, n, **kw),
         lambda: paged_invariant_triton(q, k, v, table, qs, pos, n, **kw),
     ]
-    out = []
-    for call in calls:
-        call()  # compile
-        times = []
-        for _ in range(10):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            call()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        out.append(sorted(times)[len(times) // 2])
-    return out[0], out[1]
+    return _event_seconds(calls[0]), _event_seconds(calls[1])
+
+
+def _event_seconds(call) -> float:
+    """The median of 10 launches, by CUDA events (after one untimed: compiles)."""
+    call()
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 def _sync(device) -> None:

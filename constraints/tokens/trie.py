@@ -952,57 +952,30 @@ class VocabIndex:
         )
         return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
+    def _region_walk(self, table, counters, cls, start: int) -> tuple:
+        """The leading arguments of a walk from region state ``start`` that tracks items
+        (``_walk_crit``, ``_count_reach``): the automaton, its counters, the trie."""
+        return (table, counters.act, cls, counters.region, counters.need, np.int32(start), self.node_byte,
+                self.node_depth, self.node_skip, self.tok_lo, self.tok_hi)  # fmt: skip
+
+    def _depth_scratch(self) -> tuple:
+        """Per depth: the state, the items started, the margin so far."""
+        d = self.max_depth + 2
+        return np.empty(d, dtype=np.int32), np.empty(d, dtype=np.int64), np.empty(d, dtype=np.int64)
+
     def walk_crit(self, table, counters, cls, start: int, crit: np.ndarray) -> None:
         """Write into ``crit`` (int64 [vocab]) the count margin of each token that stays
         inside ``start``'s counted region (see ``_walk_crit_py``)."""
-        states = np.empty(self.max_depth + 2, dtype=np.int32)
-        ticks = np.empty(self.max_depth + 2, dtype=np.int64)
-        crits = np.empty(self.max_depth + 2, dtype=np.int64)
-        _walk_crit(
-            table,
-            counters.act,
-            cls,
-            counters.region,
-            counters.need,
-            np.int32(start),
-            self.node_byte,
-            self.node_depth,
-            self.node_skip,
-            self.tok_lo,
-            self.tok_hi,
-            self.tok_ids,
-            crit,
-            states,
-            ticks,
-            crits,
-        )
+        walk = self._region_walk(table, counters, cls, start)
+        _walk_crit(*walk, self.tok_ids, crit, *self._depth_scratch())
 
     def count_reach(self, table, counters, cls, start: int, most: int) -> tuple[list[int], list[int]]:
         """``_count_reach_py`` from region state ``start`` over the whole vocabulary: the
         tokens' margins up to ``most`` and the items started before their exits, each sorted."""
-        states = np.empty(self.max_depth + 2, dtype=np.int32)
-        ticks = np.empty(self.max_depth + 2, dtype=np.int64)
-        crits = np.empty(self.max_depth + 2, dtype=np.int64)
         hi_seen = np.zeros(most + 1, dtype=np.bool_)
         lo_seen = np.zeros(self.max_depth + 2, dtype=np.bool_)
-        _count_reach(
-            table,
-            counters.act,
-            cls,
-            counters.region,
-            counters.need,
-            np.int32(start),
-            self.node_byte,
-            self.node_depth,
-            self.node_skip,
-            self.tok_lo,
-            self.tok_hi,
-            states,
-            ticks,
-            crits,
-            hi_seen,
-            lo_seen,
-        )
+        walk = self._region_walk(table, counters, cls, start)
+        _count_reach(*walk, *self._depth_scratch(), hi_seen, lo_seen)
         return np.flatnonzero(hi_seen).tolist(), np.flatnonzero(lo_seen).tolist()
 
     def _scratch(self):
