@@ -109,9 +109,11 @@ def prefill(args, device, dtype) -> None:
                 out = torch.empty_like(q)
                 call = partial(launch, q, k, v, out, ids, qs, lens, n, 1.0 / math.sqrt(hd), tuning=t)
                 try:
-                    sec = _event_seconds(call) if device.type == "cuda" else 0.0
-                    if device.type != "cuda":
+                    if device.type == "cuda":
+                        sec = _event_seconds(call)
+                    else:  # (the interpreter: a check of the script, not timed)
                         call()
+                        sec = 0.0
                 except Exception as e:  # noqa: BLE001 - out of shared memory or registers: skipped
                     results[(t, n)] = f"{type(e).__name__}"
                     print(f"  {shape} {n} {t}: {type(e).__name__}: {str(e)[:120]}", flush=True)

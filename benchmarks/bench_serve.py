@@ -66,7 +66,9 @@ def http_run(base: str, bodies: list[dict], c: int, max_tokens: int, procs: int 
     memory), as the offline run does: no process runs out of work while another still has some."""
     procs = max(1, min(procs, c))
     if procs == 1:
-        _share(None)  # a queue of this run's own
+        import multiprocessing as mp
+
+        _share(mp.Value("l", 0))  # a queue of this run's own
         res, t0, t1 = _clients(base, bodies, c, max_tokens)
         wall = t1 - t0
     else:
@@ -99,11 +101,6 @@ def _share(taken) -> None:
 def _next(n: int) -> int | None:
     """The next request's index from the queue shared by every client process (this process's
     own when it runs alone), or None once all ``n`` are taken."""
-    global _taken
-    if _taken is None:
-        import multiprocessing as mp
-
-        _taken = mp.Value("l", 0)
     with _taken.get_lock():
         i = _taken.value
         _taken.value = i + 1

@@ -101,7 +101,7 @@ class CompiledConstraint:
             caps[inside] += most[:-1]
             self._hi_caps = caps.tolist()
             # per region state met near a bound: what of the count its tokens see (_count_marks)
-            self._caps: dict[int, tuple[list[int], list[int], int]] = {}
+            self._caps: dict[int, tuple[list[int], list[int]]] = {}
             _warm_up_counted(self.index)
             # states with a bound on a byte other than '"' (entering or leaving a region
             # that is not a JSON string): see _compute_counted
@@ -213,28 +213,25 @@ class CompiledConstraint:
             return s
         c = config // n
         hi_left, lo_left = a._hi_list[r] - c, max(a._lo_list[r] - c, 0)
-        marks = self._caps.get(s)
-        if marks is None:
-            hi_cap, lo_cap = self._hi_caps[s], self._count_cap  # (bounds by the tokens' length)
-            if hi_left >= hi_cap and (lo_left == 0 or lo_left >= lo_cap):  # far from both bounds
-                return (s, hi_cap, min(lo_left, lo_cap))
-            marks = self._count_marks(s)
+        hi_cap, lo_cap = self._hi_caps[s], self._count_cap  # (bounds by the tokens' length)
+        if hi_left >= hi_cap and (lo_left == 0 or lo_left >= lo_cap):  # far from both bounds
+            return (s, hi_cap, min(lo_left, lo_cap))
         # near a bound: the counts between two of the tokens' own margins (exits) look alike
-        his, los, _ = marks
+        # (a key of another length: never equal to a far one)
+        his, los = self._caps.get(s) or self._count_marks(s)
         return (s, bisect_right(his, hi_left), bisect_left(los, lo_left) if lo_left else -1, 0)
 
-    def _count_marks(self, s: int) -> tuple[list[int], list[int], int]:
+    def _count_marks(self, s: int) -> tuple[list[int], list[int]]:
         """What of the count the tokens from region state ``s`` see (one walk of the
         vocabulary's trie, ``VocabIndex.count_reach``): their margins below hi and the items
-        started before their exits, sorted, and the largest margin. Two counts with as many
+        started before their exits, sorted. Two counts with as many
         margins at or below ``hi - c`` and as many exits at or above ``lo - c`` (``lo - c`` both
         0 or both positive: the automaton may end at one only) allow the same tokens. Where a
         bound by the tokens' length alone (``max_depth`` items) would keep a row per count
         near a bound, a pattern like ``(\\S+\\s+){0,99}`` needs a few (its tokens start an item
         or two), and a string's length bound one per distinct length of the long tokens."""
         a = self.automaton
-        his, los = self.index.count_reach(a.table, a.counters, a.cls, s, self._hi_caps[s])
-        marks = self._caps[s] = (his, los, his[-1] if his else 0)
+        marks = self._caps[s] = self.index.count_reach(a.table, a.counters, a.cls, s, self._hi_caps[s])
         return marks
 
     def _cold_row(self, key, config) -> np.ndarray:
@@ -684,7 +681,9 @@ class CompiledConstraint:
         """Items below hi past which no token from region state ``s`` meets it (the tokens'
         own reach once known, else the bound by their length)."""
         marks = self._caps.get(s)
-        return self._hi_caps[s] if marks is None else marks[2]
+        if marks is None:
+            return self._hi_caps[s]
+        return marks[0][-1] if marks[0] else 0  # (the largest margin)
 
     def _near_hi_row(self, state: int, left: int) -> np.ndarray:
         """The tokens without '"' allowed from region state ``state`` when ``left`` more

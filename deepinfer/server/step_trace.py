@@ -70,7 +70,8 @@ class StepTrace:
         keep = [i for i, a in enumerate(self.arrivals) if a > t]
         out.arrivals = [self.arrivals[i] for i in keep]
         out.posted = [self.posted[i] for i in keep]
-        t = self.rows[n][0] if 0 < n < len(self.rows) else (t if n else float("-inf"))
+        if 0 < n < len(self.rows):
+            t = self.rows[n][0]  # (after step n-1's finishes)
         out.finishes = [f for f in self.finishes if f > t]
         return out
 
