@@ -11,7 +11,8 @@ when it is unset). Per row it prints
 tokens/s unconstrained and constrained (DSpark off), their ratio, host time per step spent
 on masks, the share of it hidden behind the device step (1 - wait / mask), and tokens/s
 constrained with DSpark on. Each mode runs once untimed first (graph captures, constraint
-rows), then timed. With random weights, each schema is followed by a 600-character string
+rows); then the modes take turns ``--trials`` times (3) and each mode's median run is
+reported. With random weights, each schema is followed by a 600-character string
 so that no constrained output can end before max_tokens (the unconstrained ones ignore EOS). With
 ``--deterministic`` it also measures ``LLM(deterministic=True)`` against the default.
 With ``--repeat N`` the LLM is built afresh N times (warm-up included) and a last table gives
@@ -66,8 +67,21 @@ def _schemas(n: int) -> list[dict]:
 
 def _run(llm, prompts, params) -> tuple[float, int, dict]:
     llm.masks.reset_stats()
+    steps: list[float] = []
+    step = llm.step
+
+    def timed_step():  # each engine step's wall time, for where a mode's time goes
+        t0 = time.perf_counter()
+        out = step()
+        steps.append(time.perf_counter() - t0)
+        return out
+
+    llm.step = timed_step
     t = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        del llm.step
     dt = time.perf_counter() - t
     n = sum(len(o.token_ids) for o in outs)
     m = llm.masks
@@ -81,6 +95,7 @@ def _run(llm, prompts, params) -> tuple[float, int, dict]:
             "steps": max(m.steps, 1),
             "valid": valid,
             "errors": [o.error for o in outs if o.error][:2],
+            "step_s": steps,
         },
     )
 
@@ -97,10 +112,23 @@ def forced_length(schema: dict) -> dict:
     }
 
 
+def _median_run(runs: list[tuple[float, int, dict]]) -> tuple[float, int, dict]:
+    """The run of median tokens/s."""
+    return sorted(runs, key=lambda r: r[1] / r[0])[len(runs) // 2]
+
+
 def bench(
-    llm, label: str, batches: list[int], max_tokens: int, schemas: list[dict], temperature: float, chat: bool
+    llm,
+    label: str,
+    batches: list[int],
+    max_tokens: int,
+    schemas: list[dict],
+    temperature: float,
+    chat: bool,
+    trials: int = 1,
 ) -> list[list]:
     from deepinfer import SamplingParams
+    from deepinfer.dspark.policy import batch_bucket
 
     rows = []
     for b in batches:
@@ -153,17 +181,43 @@ def bench(
         _run(llm, prompts, free)
         t_cold, n_cold, st_cold = _run(llm, prompts, cons)
         _run(llm, prompts, spec)  # (graphs were captured and step shapes timed when the LLM was built)
-        t_free, n_free, _ = _run(llm, prompts, free)
-        t_cons, n_cons, st = _run(llm, prompts, cons)
+        # the modes take turns, trials times; each mode's median run is reported (one run of 64
+        # steps at a 1-3 ms step lasts 0.1-0.2 s, where a pause elsewhere moves it by 10%)
+        runs: dict[str, list] = {"free": [], "cons": [], "spec": []}
         llm.dspark.stats.reset()
-        t_spec, n_spec, _ = _run(llm, prompts, spec)
+        for _ in range(trials):
+            for mode, params in (("free", free), ("cons", cons), ("spec", spec)):
+                runs[mode].append(_run(llm, prompts, params))
+        (t_free, n_free, _), (t_cons, n_cons, st), (t_spec, n_spec, _) = (
+            _median_run(runs[m]) for m in ("free", "cons", "spec")
+        )
         ds = llm.dspark.stats
         print(
-            f"  DSpark: {ds.verify_steps} verify steps, {ds.decode_steps} plain ({ds.skipped} decided before "
-            f"drafting), {ds.drafting_steps} drafted, {ds.probes} probes, accepted {ds.accepted} of "
+            f"  DSpark ({trials} run{'s' if trials > 1 else ''}): {ds.verify_steps} verify steps, "
+            f"{ds.decode_steps} plain ({ds.skipped} decided before drafting), {ds.drafting_steps} drafted, "
+            f"{ds.probes} probes, accepted {ds.accepted} of "
             f"{ds.drafted} (forced, n-gram)",
             flush=True,
         )
+        for mode in ("cons", "spec"):  # the median run's steps: typical, and the slowest ones
+            st_s = sorted(_median_run(runs[mode])[2]["step_s"])
+            if st_s:
+                print(
+                    f"  {mode} steps: {len(st_s)}, median {st_s[len(st_s) // 2] * 1e3:.2f} ms, slowest "
+                    + ", ".join(f"{x * 1e3:.1f}" for x in st_s[-4:][::-1])
+                    + f" ms; total {sum(st_s) * 1e3:.1f} ms",
+                    flush=True,
+                )
+        cost = getattr(llm.dspark, "_cost", None)
+        if cost is not None:  # the policy's measured drafting vs plain steps at this batch bucket
+            d, p = (cost.drafting.get((batch_bucket(b), plain)) for plain in (False, True))
+            print(
+                "  DSpark cost model: drafting steps "
+                + (f"{d.steps} x {d.seconds * 1e3:.2f} ms, {d.per_row:.2f} tok/row" if d else "none")
+                + ", plain steps "
+                + (f"{p.steps} x {p.seconds * 1e3:.2f} ms" if p else "none"),
+                flush=True,
+            )
         print(
             f"  cold constrained pass: {n_cold / t_cold:.1f} tok/s, mask "
             f"{st_cold['mask'] / st_cold['steps'] * 1e3:.2f} ms/step",
@@ -269,6 +323,9 @@ def main() -> None:
     ap.add_argument("--export-tokenizer", action="store_true")
     ap.add_argument("--random", action="store_true", help="random weights at --shapes even on the CPU")
     ap.add_argument(
+        "--trials", type=int, default=3, help="timed runs of each mode, taking turns; the median is reported"
+    )
+    ap.add_argument(
         "--repeat", type=int, default=1, help="device: build the LLM and measure this many times (fresh each)"
     )
     args = ap.parse_args()
@@ -300,7 +357,16 @@ def main() -> None:
         max_tokens = args.max_tokens or 48
         if not args.deterministic_only:
             llm = LLM(seed=0)
-            rows += bench(llm, "SmolLM2-135M (embedded, CPU)", batches, max_tokens, schemas, 0.7, chat=True)
+            rows += bench(
+                llm,
+                "SmolLM2-135M (embedded, CPU)",
+                batches,
+                max_tokens,
+                schemas,
+                0.7,
+                chat=True,
+                trials=args.trials,
+            )
         if args.deterministic or args.deterministic_only:
             det_rows += bench_deterministic(
                 lambda d: LLM(seed=0, deterministic=d), "SmolLM2-135M CPU", batches, max_tokens
@@ -341,6 +407,7 @@ def main() -> None:
                     [forced_length(x) for x in schemas],
                     1.0,
                     chat=False,
+                    trials=args.trials,
                 )
                 del llm
                 if device.type == "cuda":

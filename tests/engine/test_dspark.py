@@ -6,6 +6,8 @@ sources, the scheduler and the settings."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -377,6 +379,25 @@ def test_ngram_index_longest_suffix_most_recent():
     assert idx.lookup(toks, 2, context=[4]) == ([9, 2], 3)  # suffix (2, 3, 4) with a draft
     assert idx.lookup(toks + [8], 1) == ([], 0)  # (8) never occurred before
     assert NgramIndex(1, 3).lookup([1, 2], 3) == ([], 0)  # nothing earlier
+
+
+def test_ngram_index_matches_its_definition_on_random_text():
+    # NgramIndex._extend builds its dicts with zip; the definition is the plain loop below,
+    # index[n][tokens[e-n:e]] = e for every end e >= max(n, 1), later ends overwriting
+    rng = random.Random(7)
+    for trial in range(200):
+        n_min, n_max = rng.choice([(1, 4), (2, 4), (1, 1), (3, 5)])
+        toks = [rng.randrange(6) for _ in range(rng.randrange(0, 60))]
+        idx = NgramIndex(n_min, n_max)
+        upto = 0
+        while upto < len(toks):  # extended in random pieces, as a growing output is
+            upto = min(len(toks), upto + rng.randrange(1, 9))
+            idx._extend(toks, upto)
+        want = [{} for _ in range(n_max + 1)]
+        for e in range(1, len(toks)):
+            for n in range(n_min, min(n_max, e) + 1):
+                want[n][tuple(toks[e - n : e])] = e
+        assert idx.index == want, (trial, n_min, n_max, toks)
 
 
 def test_scheduler_verifies_where_it_pays():
