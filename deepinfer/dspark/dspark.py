@@ -114,6 +114,7 @@ class DSpark:
         self._gated: tuple[int, bool] = (-1, False)  # (step, may it draft) of the last ``gate``
         self._drafted: list | None = None  # [gate time, tokens emitted] of a step that drafted
         self._gate_at = 0.0
+        self._ids: frozenset = frozenset()  # request ids of the batch ``gate`` last saw
 
     # -- which requests ---------------------------------------------------------------------
     def speculates(self, s) -> bool:
@@ -149,7 +150,7 @@ class DSpark:
         model's prior; ``step_times``: {(path, rows, positions): device seconds} of the step
         shapes, timed at warm-up (``seed``s the cost model, so no shape is probed mid-run)."""
         now = time.perf_counter()
-        ids = frozenset(s.request_id for s in running)
+        ids = self._ids = frozenset(s.request_id for s in running)
         cost = self._cost_model(device_type, step_times)
         if self._last is not None and ids <= self._last[3]:  # no prefill since: a clean interval
             t0, path, tokens, _, rows = self._last
@@ -162,14 +163,20 @@ class DSpark:
         self._step += 1
         self._gate_at = now
         self._gated = (self._step, False)
+        adaptive = self.config.schedule != "fixed"
+        pays = cost.drafting_pays(len(running)) if adaptive else None  # measured, once drafted enough
+        if pays is False and self._step - self._last_draft_probe < cost.drafting_gap(len(running)):
+            # drafting does not pay at this batch and no probe is due: decided without a look at
+            # the rows, so a closed gate costs a plain step a few microseconds at any batch size
+            self.stats.skipped += 1
+            return False
         left = [s.max_tokens - len(s.output_token_ids) - 1 for s in running if self.speculates(s)]
         if not left:
             return False
         kmax = min(self.config.max_drafts, min(cache_len - len(s) for s in running), max(left))
         if kmax <= 0:
             return False
-        pays = cost.drafting_pays(len(running))  # measured, once this batch bucket drafted enough
-        if self.config.schedule != "fixed" and (
+        if adaptive and (
             pays is False
             or (pays is None and not cost.may_pay(len(running), kmax, token_budget, self._best_rate(running)))
         ):
@@ -202,7 +209,9 @@ class DSpark:
         if self._gated[0] != self._step or self._last is not None:  # gate not run for this step
             self.gate(running, cache_len=cache_len, token_budget=token_budget, device_type=device_type,
                       step_times=step_times)  # fmt: skip
-        ids = frozenset(s.request_id for s in running)
+        ids = self._ids  # gate's, when these rows are the batch it saw (they are a subset of it)
+        if len(ids) != len(running):
+            ids = frozenset(s.request_id for s in running)
         if not self._gated[1]:
             return self._plain(running, ids)
         now = self._gate_at
