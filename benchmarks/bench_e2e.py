@@ -196,7 +196,9 @@ def bench(
             f"  DSpark ({trials} run{'s' if trials > 1 else ''}): {ds.verify_steps} verify steps, "
             f"{ds.decode_steps} plain ({ds.skipped} decided before drafting), {ds.drafting_steps} drafted, "
             f"{ds.probes} probes, accepted {ds.accepted} of "
-            f"{ds.drafted} (forced, n-gram)",
+            f"{ds.drafted} (forced, n-gram); host: drafting {ds.draft_seconds * 1e3:.1f} ms, verify steps "
+            f"{ds.verify_seconds * 1e3:.1f} ms (waiting for the drafts' masks "
+            f"{ds.mask_wait_seconds * 1e3:.1f} ms)",
             flush=True,
         )
         for mode in ("cons", "spec"):  # the median run's steps: typical, and the slowest ones

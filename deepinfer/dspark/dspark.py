@@ -52,6 +52,9 @@ class DSparkStats:
     probes: int = 0  # verify steps taken to measure a shape predicted not to pay
     drafting_steps: int = 0  # steps that made drafts (verified or not)
     skipped: int = 0  # plain steps decided before drafting (drafting could not pay)
+    draft_seconds: float = 0.0  # host time making drafts (``plan``)
+    verify_seconds: float = 0.0  # host time of verify steps (``step``: masks, forward, kernel, tokens)
+    mask_wait_seconds: float = 0.0  # of it, waiting for the drafts' per-position bitmasks
     accept_hist: dict[tuple[int, int], int] = field(default_factory=dict)  # (drafts, accepted) -> rows
 
     def reset(self) -> None:
@@ -224,6 +227,7 @@ class DSpark:
         room = min(cache_len - len(s) for s in running)  # positions L-1 .. L-1+T-1 fit the cache
         budget = token_budget
         self.stats.drafting_steps += 1
+        t_draft = time.perf_counter()
         self._drafted = [now, len(running)]  # a plain step emits a token a row; ``step`` counts a verify
         drafts: list[Drafts] = []
         for s, on in zip(running, spec):
@@ -243,6 +247,7 @@ class DSpark:
                 ))  # fmt: skip
             except Exception:  # a matcher that fails here fails its request at on_token, not the batch
                 drafts.append(Drafts())
+        self.stats.draft_seconds += time.perf_counter() - t_draft
         if cfg.schedule == "fixed":
             T = min(max(len(d) for d in drafts) + 1, max(budget // len(running), 1))
             expected = None
@@ -277,6 +282,7 @@ class DSpark:
         drafts, T, graphs=...)``: the verify forward's logits [B, T, V] (``ModelRunner.verify``);
         ``tokenizer``: what the sequences finish with; ``vocab_size``, ``device``: the bitmasks'
         width and where they go. Returns the sequences that finished."""
+        t_step = time.perf_counter()
         seqs, T = plan.seqs, plan.T
         drafts = [d.tokens for d in plan.drafts]
         v = self._verifier
@@ -285,7 +291,9 @@ class DSpark:
         host0, constrained = masks.wait()  # position 0's rows (filled while drafts were made)
         pending = v.start_masks(seqs, drafts, T, host0, constrained)
         logits = forward(seqs, drafts, T, graphs=self.config.cuda_graphs)  # [B, T, V]
+        t_wait = time.perf_counter()
         bitmask = v.bitmask(pending)  # [B, T, W] on the device, or None
+        self.stats.mask_wait_seconds += time.perf_counter() - t_wait
         out = self.verify_fn(
             logits, bitmask=bitmask, validate=False, **v.inputs(seqs, drafts, T, constrained)
         )
@@ -323,6 +331,7 @@ class DSpark:
             self._drafted[1] = st.emitted - emitted0
         if plan.expected is not None:  # realized vs expected tokens, for the cost model
             self._cost_model(device.type).observe_tokens(len(seqs), plan.expected, st.emitted - emitted0)
+        st.verify_seconds += time.perf_counter() - t_step
         return finished
 
     # -- helpers ------------------------------------------------------------------------------

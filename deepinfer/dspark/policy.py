@@ -254,25 +254,46 @@ class CostModel:
         step that did not draft, timed the same way."""
         self.drafting.setdefault((batch_bucket(B), plain), Drafting()).observe(B, tokens, seconds)
 
-    def drafting_pays(self, B: int) -> bool | None:
-        """Did this batch bucket's drafting steps, all costs in, emit more tokens per second
-        than its plain steps (timed alike, else the decode step time)? None before YIELD_MIN
-        drafting steps."""
-        d = self.drafting.get((batch_bucket(B), False))
+    def _bucket_pays(self, b: int) -> bool | None:
+        """drafting_pays of batch bucket b from its own drafting steps, None before YIELD_MIN."""
+        d = self.drafting.get((b, False))
         if d is None or d.steps < YIELD_MIN:
             return None
-        p = self.drafting.get((batch_bucket(B), True))
-        plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", B, 1)
+        p = self.drafting.get((b, True))
+        plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", b, 1)
         return d.per_row / max(d.seconds, 1e-12) > 1.0 / max(plain, 1e-12)
+
+    def _drafting_bucket(self, B: int) -> int | None:
+        """The batch bucket whose drafting steps speak for B: its own once it drafted YIELD_MIN
+        times, else the largest smaller bucket where drafting was measured not to pay (a row
+        gains the same tokens at any batch, and its verify forward only costs more at a larger
+        one), else None. So a batch passing through a bucket it never drafted at (a batch
+        filling up) does not pay three drafting steps to learn there what a smaller batch
+        already showed."""
+        b = batch_bucket(B)
+        if self._bucket_pays(b) is not None:
+            return b
+        smaller = sorted((bb for bb, plain in self.drafting if not plain and bb < b), reverse=True)
+        return next((bb for bb in smaller if self._bucket_pays(bb) is False), None)
+
+    def drafting_pays(self, B: int) -> bool | None:
+        """Did this batch bucket's drafting steps, all costs in, emit more tokens per second
+        than its plain steps (timed alike, else the decode step time)? False also where a
+        smaller batch's drafting did not pay and this bucket has not drafted YIELD_MIN times
+        (``_drafting_bucket``); else None before YIELD_MIN drafting steps."""
+        b = self._drafting_bucket(B)
+        return None if b is None else self._bucket_pays(b)
 
     def drafting_gap(self, B: int) -> int:
         """Steps between drafting probes where drafting does not pay: PROBE_GAP, or more where a
-        drafting step costs more than PROBE_SHARE x that many plain steps (large batches)."""
-        d = self.drafting.get((batch_bucket(B), False))
-        if d is None or d.steps < YIELD_MIN:
+        drafting step costs more than PROBE_SHARE x that many plain steps (large batches), as
+        measured at the bucket that speaks for B (``_drafting_bucket``)."""
+        b = self._drafting_bucket(B)
+        if b is None:
             return PROBE_GAP
-        p = self.drafting.get((batch_bucket(B), True))
-        plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", B, 1)
+        d = self.drafting[(b, False)]
+        p = self.drafting.get((b, True))
+        plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", b, 1)
         extra = max(d.seconds - plain, 0.0) / max(plain, 1e-12)  # in plain steps
         return int(min(max(PROBE_GAP, extra / PROBE_SHARE), PROBE_GAP_MAX))
 

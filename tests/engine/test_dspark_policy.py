@@ -249,3 +249,20 @@ def test_drafting_switched_off_for_the_batch_once_measured_not_to_pay():
     for _ in range(20):
         cost.observe_drafting(64, 3 * 64, 0.015)  # three tokens a row for 1.5x the time
     assert cost.drafting_pays(64) is True
+
+
+def test_a_larger_batch_inherits_that_drafting_did_not_pay_at_a_smaller_one():
+    """A batch filling up passes through buckets it never drafted at: where drafting was measured
+    not to pay at a smaller batch, a larger one is not drafted at to learn it again (its verify
+    forward costs more a row, and a row gains the same tokens), and its probes are spaced by the
+    smaller batch's measured cost. A smaller batch learns nothing from a larger one."""
+    cost = _measured({32: 0.010, 64: 0.012, 128: 0.014}, {})
+    for _ in range(YIELD_MIN):
+        cost.observe_drafting(32, 32, 0.060)  # a token a row for 5 extra plain steps
+    assert cost.drafting_pays(32) is False
+    assert cost.drafting_pays(64) is False and cost.drafting_pays(128) is False
+    assert cost.drafting_gap(64) == cost.drafting_gap(32) > PROBE_GAP
+    assert cost.drafting_pays(8) is None and cost.drafting_gap(8) == PROBE_GAP
+    for _ in range(YIELD_MIN):
+        cost.observe_drafting(128, 3 * 128, 0.016)  # measured at 128 itself: three tokens a row pay
+    assert cost.drafting_pays(128) is True and cost.drafting_pays(64) is False
