@@ -198,7 +198,8 @@ def bench(
             f"{ds.probes} probes, accepted {ds.accepted} of "
             f"{ds.drafted} (forced, n-gram); host: drafting {ds.draft_seconds * 1e3:.1f} ms, verify steps "
             f"{ds.verify_seconds * 1e3:.1f} ms (waiting for the drafts' masks "
-            f"{ds.mask_wait_seconds * 1e3:.1f} ms)",
+            f"{ds.mask_wait_seconds * 1e3:.1f} ms, for the forward and kernel's read-back "
+            f"{ds.verify_sync_seconds * 1e3:.1f} ms)",
             flush=True,
         )
         for mode in ("cons", "spec"):  # the median run's steps: typical, and the slowest ones

@@ -55,6 +55,9 @@ class DSparkStats:
     draft_seconds: float = 0.0  # host time making drafts (``plan``)
     verify_seconds: float = 0.0  # host time of verify steps (``step``: masks, forward, kernel, tokens)
     mask_wait_seconds: float = 0.0  # of it, waiting for the drafts' per-position bitmasks
+    verify_sync_seconds: float = (
+        0.0  # of it, from the kernel's launch to its results read back (the forward's end)
+    )
     accept_hist: dict[tuple[int, int], int] = field(default_factory=dict)  # (drafts, accepted) -> rows
 
     def reset(self) -> None:
@@ -294,10 +297,12 @@ class DSpark:
         t_wait = time.perf_counter()
         bitmask = v.bitmask(pending)  # [B, T, W] on the device, or None
         self.stats.mask_wait_seconds += time.perf_counter() - t_wait
+        t_sync = time.perf_counter()
         out = self.verify_fn(
             logits, bitmask=bitmask, validate=False, **v.inputs(seqs, drafts, T, constrained)
         )
         both = torch.cat([out.accepted[:, None], out.tokens], dim=1).tolist()  # one read-back
+        self.stats.verify_sync_seconds += time.perf_counter() - t_sync
         accepted, tokens = [r[0] for r in both], [r[1:] for r in both]
         finished = []
         st = self.stats

@@ -287,7 +287,8 @@ class CostModel:
     def drafting_gap(self, B: int) -> int:
         """Steps between drafting probes where drafting does not pay: PROBE_GAP, or more where a
         drafting step costs more than PROBE_SHARE x that many plain steps (large batches), as
-        measured at the bucket that speaks for B (``_drafting_bucket``)."""
+        measured at the bucket that speaks for B (``_drafting_bucket``): a smaller bucket's extra
+        cost is scaled by the ratio of the buckets (drafts, masks and matchers are work a row)."""
         b = self._drafting_bucket(B)
         if b is None:
             return PROBE_GAP
@@ -295,6 +296,7 @@ class CostModel:
         p = self.drafting.get((b, True))
         plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", b, 1)
         extra = max(d.seconds - plain, 0.0) / max(plain, 1e-12)  # in plain steps
+        extra *= batch_bucket(B) / b
         return int(min(max(PROBE_GAP, extra / PROBE_SHARE), PROBE_GAP_MAX))
 
     def seed(self, path: str, B: int, T: int, seconds: float) -> None:
