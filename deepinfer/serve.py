@@ -28,6 +28,17 @@ def parser() -> argparse.ArgumentParser:
                     help="bytes (>= 2), or a fraction of free memory (<= 1)")  # fmt: skip
     ap.add_argument("--max-waiting", type=int, default=1024, help="requests in flight before 429")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="batch-invariant forward: a request's tokens do not depend on what runs beside it",
+    )
+    ap.add_argument(
+        "--dspark",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="DSpark speculative decoding of constrained requests (auto: on on CPU, off on CUDA)",
+    )
     ap.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks the model is split over")
     ap.add_argument("--expert-parallel-size", type=int, default=1, help="ranks a MoE's experts spread over")
     ap.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas behind one router")
@@ -45,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
         kv = int(kv)
     factory = partial(LLM, args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                       max_model_len=args.max_model_len, kv_cache_memory=kv, seed=args.seed,
+                      deterministic=args.deterministic,
+                      dspark={"auto": None, "on": True, "off": False}[args.dspark],
                       tensor_parallel_size=args.tensor_parallel_size,
                       expert_parallel_size=args.expert_parallel_size,
                       data_parallel_size=args.data_parallel_size)  # fmt: skip

@@ -44,7 +44,11 @@ def server():
     port = _free_port()
     env = dict(os.environ, DEEPINFER_API_KEY=KEY)
     cmd = [sys.executable, "-m", "deepinfer.serve", "--port", str(port), "--max-model-len", "1024",
-           "--max-num-seqs", "32", "--seed", "0", "--max-waiting", "256"]  # fmt: skip
+           "--max-num-seqs", "32", "--seed", "0", "--max-waiting", "256", "--dspark", "off"]  # fmt: skip
+    # DSpark off: whether it drafts at a step follows measured step times, and a verify forward's
+    # logits differ from decode's by rounding, so under a loaded machine a near tie could make a
+    # streamed greedy answer differ from the same request unstreamed (--deterministic rules that
+    # out too, at the cost of prefilling one request at a time)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
@@ -77,6 +81,17 @@ def _chat(client, **kw):
     kw.setdefault("max_tokens", 48)
     kw.setdefault("temperature", 0)
     return client.chat.completions.create(model=MODEL, **kw)
+
+
+def test_serve_flags_reach_the_engine(monkeypatch):
+    import deepinfer.serve as serve
+
+    seen = []
+    monkeypatch.setattr(serve, "serve", lambda factory, **kw: seen.append(factory.keywords))
+    serve.main(["m"])
+    serve.main(["m", "--deterministic", "--dspark", "on"])
+    serve.main(["m", "--dspark", "off"])
+    assert [(k["deterministic"], k["dspark"]) for k in seen] == [(False, None), (True, True), (False, False)]
 
 
 def test_models_health_and_metrics(server, client):
