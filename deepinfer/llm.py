@@ -131,13 +131,12 @@ class LLM:
         README, "Deterministic mode".
     enforce_eager : bool
         Never capture CUDA graphs (decode launches every kernel from Python; for debugging).
-    dspark : bool, dict or None
-        DSpark speculative decoding (README, "DSpark"): True = on for requests with a
-        constraint, False = off unless a request sets ``speculative=True``, a dict = the fields
-        of ``deepinfer.dspark.DSparkConfig``. Lossless: drafts are verified by the model
-        (docs/dspark.md says exactly what that means in each mode). None (default) = True on
-        the CPU and False on CUDA, where drafting is not yet measured never to lose at large
-        batches (benchmarks/RESULTS.md, "DSpark").
+    dspark : bool or dict
+        DSpark speculative decoding (README, "DSpark"): True (default) = on for requests with
+        a constraint, False = off unless a request sets ``speculative=True``, a dict = the
+        fields of ``deepinfer.dspark.DSparkConfig``. Lossless: drafts are verified by the model
+        (docs/dspark.md says exactly what that means in each mode); where drafting does not
+        pay, a cost model stops it (benchmarks/RESULTS.md, "DSpark").
     tensor_parallel_size : int
         Ranks the model is split over, Megatron-style (one worker process per rank besides this
         one; rank r on ``cuda:r``): docs/parallel.md.
@@ -173,7 +172,7 @@ class LLM:
         seed: int | None = None,
         deterministic: bool = False,
         enforce_eager: bool = False,
-        dspark: bool | dict | None = None,
+        dspark: bool | dict = True,
         quantization: str | None = "auto",
         tensor_parallel_size: int = 1,
         expert_parallel_size: int = 1,
@@ -244,8 +243,6 @@ class LLM:
         self.structured = Structured(self.tokenizer, self.config.vocab_size)
         cuda = self.device.type == "cuda"
         self.masks = MaskFiller(self.config.vocab_size, pin=cuda, inline=cuda)
-        if dspark is None:
-            dspark = not cuda
         self.dspark = DSpark(dspark)  # speculative decoding: drafts verified in one forward
         self._seed_rng = random.Random(seed)
         self._next_id = 0

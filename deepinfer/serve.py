@@ -35,9 +35,9 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--dspark",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="DSpark speculative decoding of constrained requests (auto: on on CPU, off on CUDA)",
+        choices=("on", "off"),
+        default="on",
+        help="DSpark speculative decoding of constrained requests",
     )
     ap.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks the model is split over")
     ap.add_argument("--expert-parallel-size", type=int, default=1, help="ranks a MoE's experts spread over")
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     factory = partial(LLM, args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                       max_model_len=args.max_model_len, kv_cache_memory=kv, seed=args.seed,
                       deterministic=args.deterministic,
-                      dspark={"auto": None, "on": True, "off": False}[args.dspark],
+                      dspark=args.dspark == "on",
                       tensor_parallel_size=args.tensor_parallel_size,
                       expert_parallel_size=args.expert_parallel_size,
                       data_parallel_size=args.data_parallel_size)  # fmt: skip

@@ -91,7 +91,7 @@ def test_serve_flags_reach_the_engine(monkeypatch):
     serve.main(["m"])
     serve.main(["m", "--deterministic", "--dspark", "on"])
     serve.main(["m", "--dspark", "off"])
-    assert [(k["deterministic"], k["dspark"]) for k in seen] == [(False, None), (True, True), (False, False)]
+    assert [(k["deterministic"], k["dspark"]) for k in seen] == [(False, True), (True, True), (False, False)]
 
 
 def test_models_health_and_metrics(server, client):
