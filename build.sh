@@ -54,7 +54,8 @@ case "${1:-}" in
         shift
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
-        TRITON_INTERPRET=1 "$PY" -m pytest -q "$@"
+        # one worker per core; a file's tests stay on one worker (module-scoped servers and models)
+        TRITON_INTERPRET=1 "$PY" -m pytest -q -n auto --dist loadfile "$@"
         ;;
     *)
         echo "usage: $0 {install|demo|test} [args...]" >&2
