@@ -65,18 +65,3 @@ def test_generate_equals_one_rank_and_batch_invariant(pool4, parallel_folder):
     os.kill(pool4.procs[0].pid, signal.SIGKILL)
     with pytest.raises(WorkerFailed, match=r"rank 1 \(pid \d+, exit code -9\)[^\n]* died"):
         tp.generate(PROMPTS, greedy, use_tqdm=False)
-
-
-def test_serve_flags_reach_the_engine(monkeypatch):
-    import deepinfer.serve as serve
-
-    seen = {}
-    monkeypatch.setattr(serve, "serve", lambda factory, **kw: seen.update(factory.keywords))
-    serve.main(
-        ["m", "--tensor-parallel-size", "2", "--data-parallel-size", "3", "--expert-parallel-size", "4"]
-    )
-    assert (seen["tensor_parallel_size"], seen["data_parallel_size"], seen["expert_parallel_size"]) == (
-        2,
-        3,
-        4,
-    )

@@ -83,15 +83,25 @@ def _chat(client, **kw):
     return client.chat.completions.create(model=MODEL, **kw)
 
 
-def test_serve_flags_reach_the_engine(monkeypatch):
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], {"deterministic": False, "dspark": True}),
+        (["--deterministic", "--dspark", "on"], {"deterministic": True, "dspark": True}),
+        (["--dspark", "off"], {"deterministic": False, "dspark": False}),
+        (
+            ["--tensor-parallel-size", "2", "--data-parallel-size", "3", "--expert-parallel-size", "4"],
+            {"tensor_parallel_size": 2, "data_parallel_size": 3, "expert_parallel_size": 4},
+        ),
+    ],
+)
+def test_serve_flags_reach_the_engine(monkeypatch, argv, expected):
     import deepinfer.serve as serve
 
-    seen = []
-    monkeypatch.setattr(serve, "serve", lambda factory, **kw: seen.append(factory.keywords))
-    serve.main(["m"])
-    serve.main(["m", "--deterministic", "--dspark", "on"])
-    serve.main(["m", "--dspark", "off"])
-    assert [(k["deterministic"], k["dspark"]) for k in seen] == [(False, True), (True, True), (False, False)]
+    seen = {}
+    monkeypatch.setattr(serve, "serve", lambda factory, **kw: seen.update(factory.keywords))
+    serve.main(["m", *argv])
+    assert {k: seen[k] for k in expected} == expected
 
 
 def test_models_health_and_metrics(server, client):
