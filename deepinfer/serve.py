@@ -28,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
                     help="bytes (>= 2), or a fraction of free memory (<= 1)")  # fmt: skip
     ap.add_argument("--max-waiting", type=int, default=1024, help="requests in flight before 429")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--timeout-keep-alive", type=int, default=5,
+                    help="seconds an idle HTTP connection stays open (uvicorn's default: 5)")  # fmt: skip
     ap.add_argument(
         "--deterministic",
         action="store_true",
@@ -65,13 +67,16 @@ def main(argv: list[str] | None = None) -> None:
         os.path.basename(str(args.model)) if args.model else "SmolLM2-135M-Instruct"
     )
     serve(factory, name=name, host=args.host, port=args.port, api_key=args.api_key,
-          max_waiting=args.max_waiting)  # fmt: skip
+          max_waiting=args.max_waiting, timeout_keep_alive=args.timeout_keep_alive)  # fmt: skip
 
 
 def serve(factory, *, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          max_waiting: int = 1024) -> None:  # fmt: skip
+          max_waiting: int = 1024, timeout_keep_alive: int = 5) -> None:  # fmt: skip
     """Serve until interrupted: the engine process (``factory()`` builds its LLM there; a
-    picklable callable), then uvicorn in this one."""
+    picklable callable), then uvicorn in this one. An idle keep-alive connection is closed after
+    ``timeout_keep_alive`` seconds; a client that sends on it just as it closes sees the server
+    disconnect without a response, so clients that pool connections retry, or the timeout is
+    made longer than their idle gaps."""
     import uvicorn
 
     from .server.app import create_app
@@ -82,7 +87,7 @@ def serve(factory, *, name: str, host: str = "127.0.0.1", port: int = 8000, api_
     app = create_app(loop, model_name=name, api_key=api_key)
     print(f"deepinfer: serving {name} on http://{host}:{port}/v1", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=timeout_keep_alive)
     finally:
         loop.stop()
 

@@ -44,11 +44,14 @@ def server():
     port = _free_port()
     env = dict(os.environ, DEEPINFER_API_KEY=KEY)
     cmd = [sys.executable, "-m", "deepinfer.serve", "--port", str(port), "--max-model-len", "1024",
-           "--max-num-seqs", "32", "--seed", "0", "--max-waiting", "256", "--dspark", "off"]  # fmt: skip
+           "--max-num-seqs", "32", "--seed", "0", "--max-waiting", "256", "--dspark", "off",
+           "--timeout-keep-alive", "600"]  # fmt: skip
     # DSpark off: whether it drafts at a step follows measured step times, and a verify forward's
     # logits differ from decode's by rounding, so under a loaded machine a near tie could make a
     # streamed greedy answer differ from the same request unstreamed (--deterministic rules that
-    # out too, at the cost of prefilling one request at a time)
+    # out too, at the cost of prefilling one request at a time). A long keep-alive: with the
+    # default 5 s, the pooled connection the client (max_retries=0) picked once closed as a request
+    # went out on it, and the request failed with "Server disconnected without sending a response"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
@@ -118,6 +121,17 @@ def test_models_health_and_metrics(server, client):
         'deepinfer_engine_step_seconds_total{kind="prefill"}',
     ):
         assert name in text
+
+
+def test_an_idle_connection_stays_open_for_the_keep_alive_timeout(server):
+    # the fixture's --timeout-keep-alive 600 outlives uvicorn's 5 s default
+    port = int(server.rsplit(":", 1)[1])
+    get = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        for wait in (0, 6):
+            time.sleep(wait)
+            s.sendall(get)
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
 
 
 def test_json_schema_response_format_is_valid_json(client):
