@@ -767,7 +767,12 @@ class CompiledConstraint:
         share a state share one closure and one batched walk."""
         a = self.automaton
         closures = self._closures
-        for t in sorted(set(states.tolist())):
+        t0 = int(states.min())
+        if t0 == int(states.max()):  # (mostly one state: a walk through a called rule's return)
+            groups = ((t0, nodes),)
+        else:
+            groups = [(t, nodes[states == t]) for t in np.unique(states).tolist()]
+        for t, roots in groups:
             stack = base + (t,)
             hit = closures.get(stack)
             if hit is None:  # the same boundaries recur in many rows
@@ -782,7 +787,6 @@ class CompiledConstraint:
                 self._highest = highest
             if cfg is None:
                 continue
-            roots = nodes[states == t]
             for st in cfg.stacks:
                 if st == stack:
                     continue
