@@ -267,47 +267,13 @@ def _walk_counted_many_py(
     """``_walk_counted_py`` of the whole trie (``roots`` empty), else of the subtrees below
     each node of ``roots`` (children only; from (``starts[i]``, ``start_counts[i]``) below
     ``roots[i]`` if ``starts`` is not empty)."""
-    if roots.shape[0] == 0:
-        return _walk_counted(
-            table,
-            act,
-            cls,
-            region,
-            need,
-            lo,
-            hi,
-            start,
-            count,
-            node_byte,
-            node_depth,
-            node_skip,
-            tok_lo,
-            tok_hi,
-            tok_ids,
-            0,
-            node_byte.shape[0],
-            0,
-            boundary,
-            out,
-            bnd_nodes,
-            bnd_states,
-            states,
-            counts,
-            recall_from,
-            recall_to,
-            recall_count,
-            max_level,
-            lev,
-            bnd_levels,
-            side_states,
-            pend_state,
-            pend_node,
-            side_mark,
-            side_stamp,
-        )
     nb = 0
-    for r in range(roots.shape[0]):
-        node = roots[r]
+    n_roots = roots.shape[0]
+    for r in range(max(n_roots, 1)):
+        lo_i, hi_i, base_depth = 0, node_byte.shape[0], 0  # (no roots: the whole trie)
+        if n_roots:
+            node = roots[r]
+            lo_i, hi_i, base_depth = node + 1, node_skip[node], node_depth[node]
         if starts.shape[0]:
             start = starts[r]
             count = start_counts[r]
@@ -327,9 +293,9 @@ def _walk_counted_many_py(
             tok_lo,
             tok_hi,
             tok_ids,
-            node + 1,
-            node_skip[node],
-            node_depth[node],
+            lo_i,
+            hi_i,
+            base_depth,
             boundary,
             out,
             bnd_nodes[nb:],
