@@ -860,7 +860,7 @@ class CompiledConstraint:
         from ``y`` one level further below each node where it reaches ``r``; then the side
         walks, every level's in one call (below ``roots`` from ``b_0``, below the nodes where
         level k went on from ``b_k``), of those nodes only where ``b_k`` reads a child's
-        byte (the chain's walk marks them). The boundaries either walk meets go on as
+        byte (the chain's walk lists them). The boundaries either walk meets go on as
         continuations: the side walks' from ``stack[:-2]``, level k's from ``st_k[:-1]``."""
         a = self.automaton
         n = a.n_states
@@ -870,18 +870,16 @@ class CompiledConstraint:
         recall = (r, y, L)
         if a.counters is not None and self._counted_frame(st):
             bnd = self._bnd_bottom if len(st) == 1 else self._bnd_inner
-            n2, t2, l2, _, marked = trie.walk_counted(
+            n2, t2, l2, _, (side_roots, side_levels) = trie.walk_counted(
                 a.table, a.counters, a.cls, y % n, y // n, words, bnd, roots, recall=recall, side=b % n
             )
         else:
             memo = self._walk_memo(False)
-            n2, t2, l2, _, marked = trie.walk_fast(memo, len(st) > 1, y, words, roots, recall=recall, side=b)
-        again = (t2 == r) & (l2 < L)  # level l reached r: level l + 1 went on below
-        on = again & marked[n2]
-        keep = marked[roots]
-        side_roots = np.concatenate([roots[keep], n2[on]])
+            n2, t2, l2, _, (side_roots, side_levels) = trie.walk_fast(
+                memo, len(st) > 1, y, words, roots, recall=recall, side=b
+            )
         if len(side_roots):
-            side_starts = np.concatenate([np.full(int(keep.sum()), b[0]), b[l2[on]]])
+            side_starts = b[side_levels]
             side = stack[:-1]
             if a.counters is not None and self._counted_frame(side):
                 bnd = self._bnd_bottom if len(side) == 1 else self._bnd_inner
@@ -893,10 +891,8 @@ class CompiledConstraint:
                 sn, ss = trie.walk_fast(memo, len(side) > 1, 0, words, side_roots, starts=side_starts)
             if len(sn):
                 self._continue(side[:-1], sn, ss, words, trie)
-        rest = ~again
-        if not rest.any():
+        if not len(n2):
             return
-        n2, t2, l2 = n2[rest], t2[rest], l2[rest]
         for k in _distinct(l2):
             at = l2 == k
             self._continue(chain[k - 1][:-1], n2[at], t2[at], words, trie)

@@ -148,10 +148,13 @@ def _walk_counted_py(
     lev,
     bnd_levels,
     side_states,
-    pend_state,
+    pend_level,
     pend_node,
     side_mark,
     side_stamp,
+    side_nodes,
+    side_levels,
+    side_count,
 ):
     """``_walk_py`` for an automaton with counted repetitions (see :mod:`..automaton.counted`): the
     configuration at each depth is (state, count), and a transition is live only if its
@@ -166,7 +169,7 @@ def _walk_counted_py(
     lev[base_depth] = 1
     side_on = side_states.shape[0] > 0
     if side_on:
-        pend_state[base_depth] = side_states[0]
+        pend_level[base_depth] = 0
         pend_node[base_depth] = lo_i - 1
     nb = 0
     i = lo_i
@@ -176,9 +179,15 @@ def _walk_counted_py(
         c = counts[d - 1]
         k = cls[node_byte[i]]
         if side_on:
-            ps = pend_state[d - 1]
-            if ps >= 0 and table[ps, k] >= 0:
-                side_mark[pend_node[d - 1]] = side_stamp
+            pl = pend_level[d - 1]
+            if pl >= 0 and table[side_states[pl], k] >= 0:  # a side walk reads this byte
+                x = pend_node[d - 1]
+                if side_mark[x] != side_stamp:
+                    side_mark[x] = side_stamp
+                    j = side_count[0]
+                    side_nodes[j] = x
+                    side_levels[j] = pl
+                    side_count[0] = j + 1
         t = table[s, k]
         if t >= 0:
             a = act[s, k]
@@ -205,12 +214,8 @@ def _walk_counted_py(
         lv = lev[d - 1]
         lev[d] = lv
         if side_on:
-            pend_state[d] = -1
+            pend_level[d] = -1
         if boundary[t]:
-            bnd_nodes[nb] = i
-            bnd_states[nb] = t
-            bnd_levels[nb] = lv
-            nb += 1
             if t == recall_from and lv < max_level:  # the rule called again, below
                 states[d] = recall_to
                 counts[d] = recall_count
@@ -218,8 +223,13 @@ def _walk_counted_py(
                 if lv + 1 > lev[lev.shape[0] - 1]:
                     lev[lev.shape[0] - 1] = lv + 1
                 if side_on:
-                    pend_state[d] = side_states[lv]
+                    pend_level[d] = lv
                     pend_node[d] = i
+            else:
+                bnd_nodes[nb] = i
+                bnd_states[nb] = t
+                bnd_levels[nb] = lv
+                nb += 1
         i += 1
     return nb
 
@@ -259,10 +269,13 @@ def _walk_counted_many_py(
     lev,
     bnd_levels,
     side_states,
-    pend_state,
+    pend_level,
     pend_node,
     side_mark,
     side_stamp,
+    side_nodes,
+    side_levels,
+    side_count,
 ):
     """``_walk_counted_py`` of the whole trie (``roots`` empty), else of the subtrees below
     each node of ``roots`` (children only; from (``starts[i]``, ``start_counts[i]``) below
@@ -309,10 +322,13 @@ def _walk_counted_many_py(
             lev,
             bnd_levels[nb:],
             side_states,
-            pend_state,
+            pend_level,
             pend_node,
             side_mark,
             side_stamp,
+            side_nodes,
+            side_levels,
+            side_count,
         )
     return nb
 
@@ -567,10 +583,13 @@ def _walk_range(
     lev,
     bnd_levels,
     side_states,
-    pend_state,
+    pend_level,
     pend_node,
     side_mark,
     side_stamp,
+    side_nodes,
+    side_levels,
+    side_count,
 ):
     """``_walk_py`` over the DFS ranges ``los[r]..his[r]-1`` (roots at ``base_depths[r] + 1``)
     for ``r < n_ranges``, in one call (a call per range costs more than a small range's
@@ -598,7 +617,7 @@ def _walk_range(
         lev[base_depth] = 1
         side_on = side_states.shape[0] > 0
         if side_on:
-            pend_state[base_depth] = side_states[0]
+            pend_level[base_depth] = 0
             pend_node[base_depth] = los[r] - 1
         i = los[r]
         prev_d = base_depth
@@ -607,9 +626,15 @@ def _walk_range(
             d = nodes[i, F_DEPTH]
             s = prev_s if d == prev_d + 1 else states[d - 1]
             if side_on:
-                ps = pend_state[d - 1]
-                if ps >= 0 and table[ps, cls[nodes[i, F_BYTE]]] >= 0:
-                    side_mark[pend_node[d - 1]] = side_stamp
+                pl = pend_level[d - 1]
+                if pl >= 0 and table[side_states[pl], cls[nodes[i, F_BYTE]]] >= 0:
+                    x = pend_node[d - 1]  # a side walk reads this byte below x
+                    if side_mark[x] != side_stamp:
+                        side_mark[x] = side_stamp
+                        j = side_count[0]
+                        side_nodes[j] = x
+                        side_levels[j] = pl
+                        side_count[0] = j + 1
             t = table[s, cls[nodes[i, F_BYTE]]]
             if t < 0:
                 i = nodes[i, F_SKIP]
@@ -625,20 +650,21 @@ def _walk_range(
                 lv = lev[d - 1]
                 lev[d] = lv
                 if side_on:
-                    pend_state[d] = -1
+                    pend_level[d] = -1
                 if boundary[t]:
-                    bnd_nodes[nb] = i
-                    bnd_states[nb] = t
-                    bnd_levels[nb] = lv
-                    nb += 1
                     if t == recall_from and lv < max_level:  # the rule called again, below
                         t = recall_to
                         lev[d] = lv + 1
                         if lv + 1 > lev[lev.shape[0] - 1]:
                             lev[lev.shape[0] - 1] = lv + 1
                         if side_on:
-                            pend_state[d] = side_states[lv]
+                            pend_level[d] = lv
                             pend_node[d] = i
+                    else:
+                        bnd_nodes[nb] = i
+                        bnd_states[nb] = t
+                        bnd_levels[nb] = lv
+                        nb += 1
                     states[d] = t
                     prev_d = d
                     prev_s = t
@@ -694,10 +720,13 @@ def _walk_fast_py(
     lev,
     bnd_levels,
     side_states,
-    pend_state,
+    pend_level,
     pend_node,
     side_mark,
     side_stamp,
+    side_nodes,
+    side_levels,
+    side_count,
 ):
     """:func:`_walk_range` over the whole trie when ``roots`` is empty, else over the
     subtrees below each node of ``roots`` (children only; from ``starts[i]`` below
@@ -762,10 +791,13 @@ def _walk_fast_py(
         lev,
         bnd_levels,
         side_states,
-        pend_state,
+        pend_level,
         pend_node,
         side_mark,
         side_stamp,
+        side_nodes,
+        side_levels,
+        side_count,
     )
 
 
@@ -1043,7 +1075,7 @@ class VocabIndex:
         whole trie or below ``roots``. Returns ``(nodes, states)`` of the boundary pairs met.
         ``starts``: each root's own configuration (state + n_states * count) instead.
         ``recall``: a chain of calls, as in :meth:`walk_fast` (``recall_to`` a configuration);
-        then ``(nodes, states, levels, the highest level reached, side)`` (``side`` as there)."""
+        then ``(nodes, states, levels, the highest level reached, sides)`` (as there)."""
         bnd_nodes, bnd_states, states = self._scratch()
         lev, bnd_levels = self._level_scratch()[:2]
         lev[-1] = 1
@@ -1061,7 +1093,7 @@ class VocabIndex:
         if recall is not None:
             recall_from, max_level = recall[0], recall[2]
             to_state, to_count = recall[1] % n, recall[1] // n
-        side_args, marks, stamp = self._side(side)
+        side_args = self._side(side)
         if starts is None:
             start_states, start_counts = _NO_ROOTS, _NO_COUNTS
         else:
@@ -1102,8 +1134,9 @@ class VocabIndex:
         )
         if recall is not None:
             n2, t2 = bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
-            marked = None if marks is None else (marks == stamp)
-            return n2, t2, bnd_levels[:nb].copy(), int(lev[-1]), marked
+            k = int(side_args[7][0])
+            sides = (side_args[5][:k].copy(), side_args[6][:k].copy())
+            return n2, t2, bnd_levels[:nb].copy(), int(lev[-1]), sides
         return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
     def _region_walk(self, table, counters, cls, start: int) -> tuple:
@@ -1134,30 +1167,33 @@ class VocabIndex:
 
     def _level_scratch(self):
         """The level per depth (and, last, the highest level reached) and per boundary pair
-        of a walk, for chains of calls."""
+        of a walk, and the side walks' scratch, for chains of calls."""
         key = ("levels", threading.get_ident())
         sc = self._scratches.get(key)
         if sc is None:
             sc = self._scratches[key] = (
                 np.zeros(self.max_depth + 3, dtype=np.int64),
                 np.empty(self.n_nodes, dtype=np.int32),
-                np.full(self.max_depth + 3, -1, dtype=np.int32),  # per depth: the side state
+                np.full(self.max_depth + 3, -1, dtype=np.int32),  # per depth: the side level
                 np.zeros(self.max_depth + 3, dtype=np.int32),  # per depth: its node
                 [np.zeros(self.n_nodes, dtype=np.int32), 0],  # the side marks, their stamp
+                np.empty(self.n_nodes, dtype=np.int32),  # the side walks' roots
+                np.empty(self.n_nodes, dtype=np.int32),  # and their levels
+                np.zeros(1, dtype=np.int64),  # how many
             )
         return sc
 
-    def _side(self, side: np.ndarray | None):
-        """The side-walk arguments of a walk (``side``: the state per level, or None) and
-        the marks' array and this walk's stamp."""
-        lev, _, pend_state, pend_node, marks = self._level_scratch()
+    def _side(self, side: np.ndarray | None) -> tuple:
+        """The side-walk arguments of a walk (``side``: the start state per level, or None)."""
+        _, _, pend_level, pend_node, marks, nodes, levels, count = self._level_scratch()
+        count[0] = 0
         if side is None:
-            return (_NO_ROOTS, pend_state, pend_node, marks[0], 0), None, 0
+            return _NO_ROOTS, pend_level, pend_node, marks[0], 0, nodes, levels, count
         marks[1] += 1
         if marks[1] >= 2**31 - 1:
             marks[0][:] = 0
             marks[1] = 1
-        return (side.astype(np.int32), pend_state, pend_node, marks[0], marks[1]), marks[0], marks[1]
+        return side.astype(np.int32), pend_level, pend_node, marks[0], marks[1], nodes, levels, count
 
     def _scratch(self):
         """Boundary buffers and the state stack of a walk, one set per thread."""
@@ -1193,11 +1229,11 @@ class VocabIndex:
         maxLength: each return from the rule calls it again one position further). Where it
         reaches the boundary ``recall_from`` (the rule's end, which reads no byte) at a level
         below ``max_level``, it reports the pair and goes on below that node from
-        ``recall_to`` (the rule's start) at the next level. Returns ``(nodes, states,
-        levels, the highest level reached, side)``. ``side`` (with ``recall``): the state
-        of each level's side walk (level 0's below ``roots``, level k's below the nodes where
-        level k went on); then ``side`` returned is a bool per trie node, true at the roots
-        and nodes whose side walk reads a child byte (the others' side walks find nothing)."""
+        ``recall_to`` (the rule's start) at the next level; that node is not reported.
+        ``side`` (with ``recall``): the start state of each level's side walk (level 0's
+        below ``roots``, level k's below the nodes where level k went on). Returns
+        ``(nodes, states, levels, the highest level reached, (side nodes, their levels))``:
+        the roots and nodes whose side walk reads a child's byte (the others' find nothing)."""
         bnd_nodes, bnd_states, states = self._scratch()
         lev, bnd_levels = self._level_scratch()[:2]
         lev[-1] = 1
@@ -1209,7 +1245,7 @@ class VocabIndex:
                 bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
                 bnd_levels = np.empty(cap, dtype=np.int32)
         recall_from, recall_to, max_level = recall if recall is not None else (-1, -1, 0)
-        side_args, marks, stamp = self._side(side)
+        side_args = self._side(side)
         nb = _walk_fast(
             memo.table,
             memo.cls,
@@ -1237,8 +1273,9 @@ class VocabIndex:
         )
         if recall is not None:
             n2, t2 = bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
-            marked = None if marks is None else (marks == stamp)
-            return n2, t2, bnd_levels[:nb].copy(), int(lev[-1]), marked
+            k = int(side_args[7][0])
+            sides = (side_args[5][:k].copy(), side_args[6][:k].copy())
+            return n2, t2, bnd_levels[:nb].copy(), int(lev[-1]), sides
         return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
 
     def greedy_tokenize(self, data: bytes, vocab) -> list[int]:
