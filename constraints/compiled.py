@@ -785,17 +785,22 @@ class CompiledConstraint:
                 if len(n2):
                     self._continue(st[:-1], n2, t2, words, trie)
 
-    def _walk_stack(self, st: tuple[int, ...], roots: np.ndarray, words: np.ndarray, trie):
-        """The walk of stack ``st``'s top below ``roots`` into ``words``: its boundary pairs."""
+    def _walk_stack(self, st: tuple[int, ...], roots: np.ndarray, words: np.ndarray, trie, **chain):
+        """The walk of stack ``st``'s top below ``roots`` into ``words``: its boundary pairs.
+        ``chain``: ``starts`` (each root's own top frame, of a stack of ``st``'s height and
+        kind), ``recall`` and ``side`` (a chain of calls), passed to the trie's walk (see
+        :meth:`_continue_chain`)."""
         a = self.automaton
+        bnd = self._bnd_bottom if len(st) == 1 else self._bnd_inner
         if a.counters is not None and self._counted_frame(st):
             n = a.n_states  # a bottom frame, or a region's: with its count
-            bnd = self._bnd_bottom if len(st) == 1 else self._bnd_inner
-            return trie.walk_counted(a.table, a.counters, a.cls, st[-1] % n, st[-1] // n, words, bnd, roots)
+            top, count = st[-1] % n, st[-1] // n
+            return trie.walk_counted(a.table, a.counters, a.cls, top, count, words, bnd, roots, **chain)
+        if chain:
+            return trie.walk_fast(self._walk_memo(False), len(st) > 1, st[-1], words, roots, **chain)
         if self.fast_min_bytes <= 256:
             return self._walk_below(trie, len(st) > 1, st[-1], roots, words)
-        bnd = self._bnd_inner if len(st) > 1 else self._bnd_bottom  # the reference
-        return trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)
+        return trie.walk_below(a.table, a.cls, st[-1], bnd, words, roots)  # the reference
 
     def _closure(self, stack: tuple[int, ...]):
         """The closure of ``stack`` (kept: the same boundaries recur in many rows), its reads
@@ -863,32 +868,15 @@ class CompiledConstraint:
         byte (the chain's walk lists them). The boundaries either walk meets go on as
         continuations: the side walks' from ``stack[:-2]``, level k's from ``st_k[:-1]``."""
         a = self.automaton
-        n = a.n_states
-        r, st, L = stack[-1], chain[0], len(chain)
-        y = st[-1]
+        r, st = stack[-1], chain[0]
         b = np.array([stack[-2]] + [s[-2] for s in chain], dtype=np.int64)  # b_0 .. b_L
-        recall = (r, y, L)
-        if a.counters is not None and self._counted_frame(st):
-            bnd = self._bnd_bottom if len(st) == 1 else self._bnd_inner
-            n2, t2, l2, _, (side_roots, side_levels) = trie.walk_counted(
-                a.table, a.counters, a.cls, y % n, y // n, words, bnd, roots, recall=recall, side=b % n
-            )
-        else:
-            memo = self._walk_memo(False)
-            n2, t2, l2, _, (side_roots, side_levels) = trie.walk_fast(
-                memo, len(st) > 1, y, words, roots, recall=recall, side=b
-            )
+        # (the side walks' start states, counts left out: which bytes they may read)
+        n2, t2, l2, _, (side_roots, side_levels) = self._walk_stack(
+            st, roots, words, trie, recall=(r, st[-1], len(chain)), side=b % a.n_states
+        )
         if len(side_roots):
-            side_starts = b[side_levels]
             side = stack[:-1]
-            if a.counters is not None and self._counted_frame(side):
-                bnd = self._bnd_bottom if len(side) == 1 else self._bnd_inner
-                sn, ss = trie.walk_counted(
-                    a.table, a.counters, a.cls, 0, 0, words, bnd, side_roots, starts=side_starts
-                )
-            else:
-                memo = self._walk_memo(False)
-                sn, ss = trie.walk_fast(memo, len(side) > 1, 0, words, side_roots, starts=side_starts)
+            sn, ss = self._walk_stack(side, side_roots, words, trie, starts=b[side_levels])
             if len(sn):
                 self._continue(side[:-1], sn, ss, words, trie)
         if not len(n2):

@@ -116,6 +116,20 @@ def _walk_many_py(
 _walk_many = kernel(_walk_many_py, __name__, "_walk_many")
 
 
+def _note_side_py(x, pl, side_mark, side_stamp, side_nodes, side_levels, side_count):
+    """List trie node ``x`` for a side walk of level ``pl``, once per walk (``side_mark[x]``
+    stamped with ``side_stamp``; ``side_count[0]`` nodes listed so far)."""
+    if side_mark[x] != side_stamp:
+        side_mark[x] = side_stamp
+        j = side_count[0]
+        side_nodes[j] = x
+        side_levels[j] = pl
+        side_count[0] = j + 1
+
+
+_note_side = kernel(_note_side_py, __name__, "_note_side")
+
+
 def _walk_counted_py(
     table,
     act,
@@ -181,13 +195,7 @@ def _walk_counted_py(
         if side_on:
             pl = pend_level[d - 1]
             if pl >= 0 and table[side_states[pl], k] >= 0:  # a side walk reads this byte
-                x = pend_node[d - 1]
-                if side_mark[x] != side_stamp:
-                    side_mark[x] = side_stamp
-                    j = side_count[0]
-                    side_nodes[j] = x
-                    side_levels[j] = pl
-                    side_count[0] = j + 1
+                _note_side(pend_node[d - 1], pl, side_mark, side_stamp, side_nodes, side_levels, side_count)
         t = table[s, k]
         if t >= 0:
             a = act[s, k]
@@ -219,7 +227,7 @@ def _walk_counted_py(
             if t == recall_from and lv < max_level:  # the rule called again, below
                 states[d] = recall_to
                 counts[d] = recall_count
-                lev[d] = lv + 1
+                lev[d] = lv + 1  # (inline: as a kernel call, the chain walk took 1.7x)
                 if lv + 1 > lev[lev.shape[0] - 1]:
                     lev[lev.shape[0] - 1] = lv + 1
                 if side_on:
@@ -602,12 +610,13 @@ def _walk_range(
     (``recall_from >= 0``, see :meth:`VocabIndex.walk_fast`): every boundary pair also gets
     its level in ``bnd_levels`` (from 1), and below a node reached in ``recall_from`` at
     level ``l < max_level`` the walk goes on from ``recall_to`` at level ``l + 1``. ``lev``
-    holds the level per depth, and in its last item the highest level reached. With
-    ``side_states`` (state per level, not empty): ``side_mark[x] = side_stamp`` for each root
-    ``x`` that state ``side_states[0]`` reads a child byte of, and each node where level
-    ``l`` went on to the next whose child byte ``side_states[l]`` reads (where a side walk
-    from that state below that node can find anything)."""
+    holds the level per depth, and in its last item the highest level reached; a node where
+    the walk goes on is not a boundary pair. With ``side_states`` (start state per level, not
+    empty), :func:`_note_side` lists each root whose child byte ``side_states[0]`` reads, and
+    each node where level ``l`` went on whose child byte ``side_states[l]`` reads (where a
+    side walk from that state below that node can find anything)."""
     nb = 0
+    side_on = side_states.shape[0] > 0
     for r in range(n_ranges):
         base_depth = base_depths[r]
         hi = his[r]
@@ -615,7 +624,6 @@ def _walk_range(
             start = range_starts[r]
         states[base_depth] = start
         lev[base_depth] = 1
-        side_on = side_states.shape[0] > 0
         if side_on:
             pend_level[base_depth] = 0
             pend_node[base_depth] = los[r] - 1
@@ -627,14 +635,9 @@ def _walk_range(
             s = prev_s if d == prev_d + 1 else states[d - 1]
             if side_on:
                 pl = pend_level[d - 1]
-                if pl >= 0 and table[side_states[pl], cls[nodes[i, F_BYTE]]] >= 0:
-                    x = pend_node[d - 1]  # a side walk reads this byte below x
-                    if side_mark[x] != side_stamp:
-                        side_mark[x] = side_stamp
-                        j = side_count[0]
-                        side_nodes[j] = x
-                        side_levels[j] = pl
-                        side_count[0] = j + 1
+                if pl >= 0 and table[side_states[pl], cls[nodes[i, F_BYTE]]] >= 0:  # a side walk reads it
+                    x = pend_node[d - 1]
+                    _note_side(x, pl, side_mark, side_stamp, side_nodes, side_levels, side_count)
             t = table[s, cls[nodes[i, F_BYTE]]]
             if t < 0:
                 i = nodes[i, F_SKIP]
@@ -654,7 +657,7 @@ def _walk_range(
                 if boundary[t]:
                     if t == recall_from and lv < max_level:  # the rule called again, below
                         t = recall_to
-                        lev[d] = lv + 1
+                        lev[d] = lv + 1  # (inline: as a kernel call, the chain walk took 1.7x)
                         if lv + 1 > lev[lev.shape[0] - 1]:
                             lev[lev.shape[0] - 1] = lv + 1
                         if side_on:
@@ -824,6 +827,20 @@ _walk_fast = kernel(_walk_fast_py, __name__, "_walk_fast")
 
 _NO_ROOTS = np.zeros(0, dtype=np.int32)
 _NO_COUNTS = np.zeros(0, dtype=np.int64)
+
+
+def _walk_result(nb: int, bnd_nodes, bnd_states, bnd_levels, lev, side_args: tuple, recall) -> tuple:
+    """What a walk returns: ``(nodes, states)`` of its ``nb`` boundary pairs, and with
+    ``recall`` their levels, the highest level reached and the side walks' ``(nodes,
+    levels)`` (``side_args`` as :meth:`VocabIndex._side` made them)."""
+    nodes, states = bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
+    if recall is None:
+        return nodes, states
+    k = int(side_args[7][0])
+    sides = (side_args[5][:k].copy(), side_args[6][:k].copy())
+    return nodes, states, bnd_levels[:nb].copy(), int(lev[-1]), sides
+
+
 _NO_DEPTHS = np.zeros((0, N_SETS), dtype=np.int16)
 _NO_SET_CLS = np.zeros((N_SETS, 257), dtype=np.int32)
 _NO_SCRATCH = np.zeros(1, dtype=np.int64)
@@ -1076,18 +1093,9 @@ class VocabIndex:
         ``starts``: each root's own configuration (state + n_states * count) instead.
         ``recall``: a chain of calls, as in :meth:`walk_fast` (``recall_to`` a configuration);
         then ``(nodes, states, levels, the highest level reached, sides)`` (as there)."""
-        bnd_nodes, bnd_states, states = self._scratch()
-        lev, bnd_levels = self._level_scratch()[:2]
-        lev[-1] = 1
+        roots, bnd_nodes, bnd_states, bnd_levels, states, lev = self._walk_buffers(roots)
         if boundary is None:
             boundary = np.zeros(table.shape[0], dtype=np.bool_)
-        if roots is None:
-            roots = _NO_ROOTS
-        elif len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
-            cap = int((self.node_skip[roots] - roots).sum())
-            if cap > self.n_nodes:
-                bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
-                bnd_levels = np.empty(cap, dtype=np.int32)
         n = table.shape[0]
         recall_from, to_state, to_count, max_level = -1, -1, 0, 0
         if recall is not None:
@@ -1132,12 +1140,7 @@ class VocabIndex:
             bnd_levels,
             *side_args,
         )
-        if recall is not None:
-            n2, t2 = bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
-            k = int(side_args[7][0])
-            sides = (side_args[5][:k].copy(), side_args[6][:k].copy())
-            return n2, t2, bnd_levels[:nb].copy(), int(lev[-1]), sides
-        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
+        return _walk_result(nb, bnd_nodes, bnd_states, bnd_levels, lev, side_args, recall)
 
     def _region_walk(self, table, counters, cls, start: int) -> tuple:
         """The leading arguments of a walk from region state ``start`` that tracks items
@@ -1164,6 +1167,21 @@ class VocabIndex:
         walk = self._region_walk(table, counters, cls, start)
         _count_reach(*walk, *self._depth_scratch(), hi_seen, lo_seen)
         return np.flatnonzero(hi_seen).tolist(), np.flatnonzero(lo_seen).tolist()
+
+    def _walk_buffers(self, roots: np.ndarray | None) -> tuple:
+        """``(roots, boundary nodes, their states, their levels, the state stack, the level
+        per depth)`` of a kernel walk below ``roots`` (None: the whole trie), the boundary
+        buffers with room for every pair."""
+        bnd_nodes, bnd_states, states = self._scratch()
+        lev, bnd_levels = self._level_scratch()[:2]
+        lev[-1] = 1
+        if roots is None:
+            roots = _NO_ROOTS
+        elif len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
+            cap = int((self.node_skip[roots] - roots).sum())
+            if cap > self.n_nodes:
+                bnd_nodes, bnd_states, bnd_levels = (np.empty(cap, dtype=np.int32) for _ in range(3))
+        return roots, bnd_nodes, bnd_states, bnd_levels, states, lev
 
     def _level_scratch(self):
         """The level per depth (and, last, the highest level reached) and per boundary pair
@@ -1228,22 +1246,13 @@ class VocabIndex:
         calls of one rule (a string's characters as an item rule repeated up to its
         maxLength: each return from the rule calls it again one position further). Where it
         reaches the boundary ``recall_from`` (the rule's end, which reads no byte) at a level
-        below ``max_level``, it reports the pair and goes on below that node from
-        ``recall_to`` (the rule's start) at the next level; that node is not reported.
+        below ``max_level``, it goes on below that node from ``recall_to`` (the rule's start)
+        at the next level instead of reporting the pair.
         ``side`` (with ``recall``): the start state of each level's side walk (level 0's
         below ``roots``, level k's below the nodes where level k went on). Returns
         ``(nodes, states, levels, the highest level reached, (side nodes, their levels))``:
         the roots and nodes whose side walk reads a child's byte (the others' find nothing)."""
-        bnd_nodes, bnd_states, states = self._scratch()
-        lev, bnd_levels = self._level_scratch()[:2]
-        lev[-1] = 1
-        if roots is None:
-            roots = _NO_ROOTS
-        elif len(roots) > 1:  # nested roots walk a subtree twice: room for every pair
-            cap = int((self.node_skip[roots] - roots).sum())
-            if cap > self.n_nodes:
-                bnd_nodes, bnd_states = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
-                bnd_levels = np.empty(cap, dtype=np.int32)
+        roots, bnd_nodes, bnd_states, bnd_levels, states, lev = self._walk_buffers(roots)
         recall_from, recall_to, max_level = recall if recall is not None else (-1, -1, 0)
         side_args = self._side(side)
         nb = _walk_fast(
@@ -1271,12 +1280,7 @@ class VocabIndex:
             bnd_levels,
             *side_args,
         )
-        if recall is not None:
-            n2, t2 = bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
-            k = int(side_args[7][0])
-            sides = (side_args[5][:k].copy(), side_args[6][:k].copy())
-            return n2, t2, bnd_levels[:nb].copy(), int(lev[-1]), sides
-        return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
+        return _walk_result(nb, bnd_nodes, bnd_states, bnd_levels, lev, side_args, recall)
 
     def greedy_tokenize(self, data: bytes, vocab) -> list[int]:
         """Longest-match tokenization of ``data`` (every token's bytes concatenate to it)."""
