@@ -101,6 +101,11 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--system", default=None, help="a system message before it (default: none)")
     ap.add_argument("--strict", action="store_true", help="forbid properties the schema does not declare")
+    ap.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="batch-invariant engine: a row's output is the same whatever rows, process or threads run it",
+    )
     ap.add_argument("--limit", type=int, default=None, help="process at most this many new rows, then exit 0")
     ap.add_argument(
         "--stop-after",
@@ -178,6 +183,7 @@ def _run(args: argparse.Namespace, llm: Any) -> int:
         strict=args.strict,
         template=args.prompt_template,
         system=args.system,
+        deterministic=args.deterministic,
     )
     config.params()  # a bad --max-tokens etc.: refused before the output is touched
     sink = open_sink(args.output)  # likewise a bad output path, or a busy one

@@ -36,6 +36,7 @@ class EngineConfig:
     system: str | None = None
     device: str = "auto"
     threads: int | None = None  # CPU threads for torch (DEEPINFER_NUM_THREADS); None: the default
+    deterministic: bool = False  # LLM(deterministic=True): outputs independent of batch and threads
 
     def params(self) -> Any:
         from deepinfer import SamplingParams
@@ -63,7 +64,8 @@ class Extractor:
                 os.environ["DEEPINFER_NUM_THREADS"] = str(config.threads)
             from deepinfer import LLM
 
-            llm = LLM(config.model, device=config.device, seed=config.seed)
+            c = config
+            llm = LLM(c.model, device=c.device, seed=c.seed, deterministic=c.deterministic)
         self.llm = llm
         try:  # the compiler's verdict (unsupported keyword, ...) before any generation
             llm.compile_constraint(self.params)
