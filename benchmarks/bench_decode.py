@@ -471,6 +471,8 @@ MODES = {  # name: ModelRunner keywords
     "eager": dict(cuda_graphs=False),
     "graphs": dict(cuda_graphs=True),  # decode attention: the paged Triton kernel split over the keys
     "graphs-unsplit": dict(cuda_graphs=True, attention="triton"),  # the same, one program per row and KV head
+    # the same, every matmul cuBLAS's and the norms and GLU apart (no kernels/norm_matmul.py)
+    "graphs-cublas": dict(cuda_graphs=True, fused_matmul=False),
     "graphs-sdpa": dict(cuda_graphs=True, attention="sdpa"),  # keys gathered, torch SDPA, a length mask
     # batch-invariant Triton matmul, RMSNorm and attention in the same bucketed graphs
     "deterministic": dict(cuda_graphs=True, deterministic=True),
@@ -552,6 +554,8 @@ def bench_cuda(args) -> None:
                 if device.type == "cuda"
                 else {k: v for k, v in MODES[mode].items() if k != "cuda_graphs"}
             )
+            kw = dict(kw)
+            model.fused_matmul = kw.pop("fused_matmul", True)  # (a model setting, not the runner's)
             runner = ModelRunner(model, **kw)
             for batch in args.batches:
                 try:

@@ -1,8 +1,9 @@
 """Where a decode step's device time goes: torch.profiler over decode steps replayed as CUDA
 graphs (random weights at real shapes, bf16), the device time summed by kernel. Settings: the
-fused layer kernels (kernels/fused.py) off ("unfused") and on ("fused"); "unsplit": fused, with
-the decode attention one program per row and KV head instead of split over the keys;
-"deterministic" (fused). Prints tables, asserts nothing.
+fused layer kernels (kernels/fused.py) off ("unfused") and on ("fused", with the norms inside the
+q|k|v and gate|up matmuls where kernels/norm_matmul.py serves; "fused-cublas": those norms and the
+GLU apart, every matmul cuBLAS's); "unsplit": fused, with the decode attention one program per
+row and KV head instead of split over the keys; "deterministic" (fused). Prints tables, asserts nothing.
 
     python benchmarks/profile_decode.py --shapes smollm2-135m,llama3-8b --batches 1 [--out DIR]
 
@@ -90,7 +91,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--profile-steps", type=int, default=10)
-    ap.add_argument("--settings", default="unfused,fused", help="unfused, fused, unsplit, deterministic")
+    ap.add_argument("--settings", default="unfused,fused-cublas,fused",
+                    help="unfused, fused-cublas, fused, unsplit, deterministic")  # fmt: skip
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script (tiny shapes)")
@@ -111,6 +113,7 @@ def main() -> None:
         del weights
         for setting in args.settings.split(","):
             model.fused = setting != "unfused"
+            model.fused_matmul = setting != "fused-cublas"
             attention = "triton" if setting == "unsplit" else None
             kw = dict(deterministic=setting == "deterministic", attention=attention)
             runner = ModelRunner(model, cuda_graphs=graphs, **kw)

@@ -78,23 +78,36 @@ def rope_tables(inv: torch.Tensor, length: int, device, dtype) -> tuple[torch.Te
 class Ops(NamedTuple):
     """The ops of one forward: matmul, rms_norm(x, w), add_norm(x, d, w) -> (x + d, norm(x + d, w))
     (d None: x itself), rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, nh) -> q
-    (RoPE on q|k, k and v written at the slots) and glu(gate|up, act) (deepinfer.kernels.fused)."""
+    (RoPE on q|k, k and v written at the slots), glu(gate|up, act) (deepinfer.kernels.fused) and
+    norm_mm(x, d, w, m, act=None) -> (x + d, norm(x + d, w) @ m), with glu(..., act) after the
+    matmul when act is given, and norm_qkv_rope(x, d, w, m, cos, sin, positions, k_flat, v_flat,
+    slots, nh) -> (x + d, q): norm_mm's q|k|v, then rope_store (deepinfer.kernels.norm_matmul:
+    one launch each where it serves)."""
 
     mm: Callable
     norm: Callable
     add_norm: Callable
     rope_store: Callable
     glu: Callable
+    norm_mm: Callable
+    norm_qkv_rope: Callable
 
 
-def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = False) -> Ops:
+def ops(
+    invariant: bool, eps: float, fused: bool = False, quantized: bool = False, fused_matmul: bool = False
+) -> Ops:
     """The ops of a forward: torch's, or the batch-invariant Triton matmul and RMSNorm of
     deepinfer.kernels.invariant (a row's bits do not depend on the other rows); with ``fused``
     (CUDA) the Triton kernels of deepinfer.kernels.fused for the add + norms, RoPE + cache store
     and GLU, else their torch references (RoPE: `rope_store_torch`, the reference's bits with a
     signed sin table; each kernel works on one row: invariant too). With
-    ``quantized`` the matmul also takes the int8 and int4 matrices of deepinfer.kernels.quantized."""
+    ``quantized`` the matmul also takes the int8 and int4 matrices of deepinfer.kernels.quantized.
+    With ``fused`` and ``fused_matmul`` (and not ``invariant``: its matmul is the batch-invariant one)
+    ``mm`` and ``norm_mm`` run deepinfer.kernels.norm_matmul's kernel where `use_fused` says it
+    serves (one row, small matrices), else the ops above (norm_mm: the add + norm, the matmul and
+    the GLU)."""
     from ..kernels import fused as fk
+    from ..kernels import norm_matmul as nmk
 
     if invariant:
         from ..kernels import invariant as bi
@@ -107,20 +120,50 @@ def ops(invariant: bool, eps: float, fused: bool = False, quantized: bool = Fals
 
         mm = q.matmul_torch if invariant else q.matmul
     if fused:
-        return Ops(mm, norm, lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu)
-    if invariant:
-        add_norm = lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm)  # noqa: E731
-    else:  # add_rms_norm_reference's ops, called straight (61 times a decode step on the CPU)
-        rms = torch.rms_norm  # (what F.rms_norm calls)
-        from ..kernels import add_rms_norm as cn
+        add_norm, rope_store, glu = lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu
+    else:
+        rope_store, glu = fk.rope_store_torch, fk.glu_reference
+        if invariant:
+            add_norm = lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm)  # noqa: E731
+        else:  # add_rms_norm_reference's ops, called straight (61 times a decode step on the CPU)
+            rms = torch.rms_norm  # (what F.rms_norm calls)
+            from ..kernels import add_rms_norm as cn
 
-        def add_norm(x, d, w):
-            if cn.usable(x, d, w):  # a decode step's few rows: one C call (kernels/add_rms_norm.c)
-                return cn.add_rms_norm(x, d, w, eps)
-            s = x if d is None else x + d
-            return s, rms(s, (s.shape[-1],), w, eps)
+            def add_norm(x, d, w):
+                if cn.usable(x, d, w):  # a decode step's few rows: one C call (kernels/add_rms_norm.c)
+                    return cn.add_rms_norm(x, d, w, eps)
+                s = x if d is None else x + d
+                return s, rms(s, (s.shape[-1],), w, eps)
 
-    return Ops(mm, norm, add_norm, fk.rope_store_torch, fk.glu_reference)
+    def norm_mm(x, d, w, m, act=None):
+        s, h = add_norm(x, d, w)
+        y = mm(h, m)
+        return s, (y if act is None else glu(y, act))
+
+    def norm_qkv_rope(x, d, w, m, cos, sin, positions, k_flat, v_flat, slots, nh):
+        s, qkv = norm_mm(x, d, w, m)
+        nkv, hd = k_flat.shape[1:]
+        qkv = qkv.view(s.shape[0], nh + 2 * nkv, hd)
+        return s, rope_store(
+            qkv[:, : nh + nkv], qkv[:, nh + nkv :], cos, sin, positions, k_flat, v_flat, slots, nh
+        )
+
+    if not (fused and fused_matmul and not invariant):
+        return Ops(mm, norm, add_norm, rope_store, glu, norm_mm, norm_qkv_rope)
+
+    # one row's small matmuls: one kernel each
+    def mm_one_row(x, m):
+        return nmk.norm_matmul(x, None, None, m, eps)[1] if nmk.use_fused(x, m) else mm(x, m)
+
+    def norm_mm_one_row(x, d, w, m, act=None):
+        return nmk.norm_matmul(x, d, w, m, eps, act) if nmk.use_fused(x, m) else norm_mm(x, d, w, m, act)
+
+    def norm_qkv_rope_one_row(x, d, w, m, cos, sin, positions, *rest):
+        if nmk.use_fused(x, m) and positions is not None:
+            return nmk.norm_qkv_rope(x, d, w, m, eps, cos, sin, positions, *rest)
+        return norm_qkv_rope(x, d, w, m, cos, sin, positions, *rest)
+
+    return Ops(mm_one_row, norm, add_norm, rope_store, glu, norm_mm_one_row, norm_qkv_rope_one_row)
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:

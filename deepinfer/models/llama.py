@@ -218,6 +218,9 @@ class LlamaModel:
         self.act = f.hidden_act
         # the fused Triton kernels of deepinfer.kernels.fused (their torch references when False)
         self.fused = self.device.type == "cuda"
+        # with fused: a norm and the matmul after it as one kernel where it serves (small matrices
+        # at a few rows: deepinfer.kernels.norm_matmul), outside deterministic mode
+        self.fused_matmul = True
         self.int8 = False  # matrices as int8 (quantize_int8)
         # the softmax scale the kernels apply is 1/sqrt(head_dim): another one (Gemma's
         # query_pre_attn_scalar) is folded into q (its norm, else its projection)
@@ -359,7 +362,7 @@ class LlamaModel:
         if max(batch.seq_lens) > cache.block_size * batch.block_tables.shape[1]:
             raise ValueError(f"sequence length {max(batch.seq_lens)} exceeds its block table")
         x = self._embed(batch.tokens)  # [N, H]
-        op = ops(invariant, c.rms_norm_eps, self.fused, self.int8 or self.int4)
+        op = ops(invariant, c.rms_norm_eps, self.fused, self.int8 or self.int4, self.fused_matmul)
         rope = self._rope(batch.positions)
         if invariant:
             attention = "invariant"
@@ -376,10 +379,9 @@ class LlamaModel:
         keys: dict[tuple[int, int], DecodeKeys] = {}
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
-            x, h = op.add_norm(x, y, layer.ln1)
             slots, tables = batch.group(self.layer_group[i])
             flat = cache.flat(i)
-            q = self._attention_inputs(layer, h, rope, slots, flat, op, invariant)
+            x, q = self._attention_inputs(layer, x, y, rope, slots, flat, op, invariant)
             q = q.reshape(N, nkv, g, hd)
             if decode:
                 at = (self.layer_group[i], layer.window)
@@ -436,20 +438,29 @@ class LlamaModel:
             ]
         return out[0], out[-1]
 
-    def _attention_inputs(self, layer: Layer, h: torch.Tensor, rope: tuple, slots: torch.Tensor,
-                          kv: tuple[torch.Tensor, torch.Tensor], op, invariant: bool):  # fmt: skip
-        """q [N, nh, hd] of layer's normed input h, with q/k norms and RoPE (``rope``: `_rope`)
-        applied; the token's k and v written at its slot of the layer's cache ``kv``
-        (`KVCache.flat`)."""
+    def _attention_inputs(self, layer: Layer, x: torch.Tensor, d: torch.Tensor | None, rope: tuple,
+                          slots: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], op,
+                          invariant: bool):  # fmt: skip
+        """(the residual stream x + d, q [N, nh, hd]): q of the layer's normed input, with q/k
+        norms and RoPE (``rope``: `_rope`) applied; the token's k and v written at its slot of the
+        layer's cache ``kv`` (`KVCache.flat`). Without a bias or q/k norms, one ``norm_qkv_rope``
+        (on CUDA, one kernel for a decode row)."""
         c = self.config
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         nqk = nh + nkv
-        qkv = _qkv(h, layer, op.mm, invariant).view(h.shape[0], nqk + nkv, hd)
+        cos, sin, positions = rope[layer.local]
+        if layer.bqkv is None and layer.q_norm is None:
+            return op.norm_qkv_rope(x, d, layer.ln1, layer.wqkv, cos, sin, positions, *kv, slots, nh)
+        if layer.bqkv is None:
+            x, qkv = op.norm_mm(x, d, layer.ln1, layer.wqkv)
+        else:
+            x, h = op.add_norm(x, d, layer.ln1)
+            qkv = _qkv(h, layer, op.mm, invariant)
+        qkv = qkv.view(x.shape[0], nqk + nkv, hd)
         qk = qkv[:, :nqk]  # heads: nh q, nkv k, nkv v
         if layer.q_norm is not None:
             qk = torch.cat([op.norm(qk[:, :nh], layer.q_norm), op.norm(qk[:, nh:], layer.k_norm)], dim=1)
-        cos, sin, positions = rope[layer.local]
-        return op.rope_store(qk, qkv[:, nqk:], cos, sin, positions, *kv, slots, nh)
+        return x, op.rope_store(qk, qkv[:, nqk:], cos, sin, positions, *kv, slots, nh)
 
     def quantize_int8(self) -> None:
         """Keep every dense matrix (attention, MLP, LM head) as int8 with a scale per output
@@ -485,11 +496,13 @@ class LlamaModel:
         a = op.mm(o, layer.wo)
         if self.tp is not None:
             a = self.tp.all_reduce(a)
-        x, h = op.add_norm(x, a if layer.post_attn is None else op.norm(a, layer.post_attn), layer.ln2)
+        d = a if layer.post_attn is None else op.norm(a, layer.post_attn)
         if layer.moe is not None:
+            x, h = op.add_norm(x, d, layer.ln2)
             y = layer.moe(h, op.mm)
         else:
-            y = op.mm(op.glu(op.mm(h, layer.wgu), self.act), layer.wd)
+            x, g = op.norm_mm(x, d, layer.ln2, layer.wgu, self.act)
+            y = op.mm(g, layer.wd)
             if self.tp is not None:
                 y = self.tp.all_reduce(y)
         return x, (y if layer.post_mlp is None else op.norm(y, layer.post_mlp))
@@ -559,7 +572,7 @@ class LlamaModel:
         if attention == "torch" and (windows != [0] or self.config.attn_softcap):
             raise ValueError("attention='torch' has no sliding window (its first key block must be visible) "
                              "and no soft-cap: use 'triton', 'sdpa' or 'rows' for this model")  # fmt: skip
-        op = ops(invariant, eps, self.fused, self.int8 or self.int4)
+        op = ops(invariant, eps, self.fused, self.int8 or self.int4, self.fused_matmul)
         N = R * T
         x = self._embed(tokens.reshape(N))  # [N, H], row-major (row, position)
         flat_pos = positions.reshape(N)
@@ -594,10 +607,9 @@ class LlamaModel:
                 visible[w] = seen[:, 0]  # [R, kv_len], as the "torch" attention takes it
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
-            x, h = op.add_norm(x, y, layer.ln1)
             gi = self.layer_group[i] if more else 0
             flat_slots, block_tables = io[gi]
-            qh = self._attention_inputs(layer, h, rope, flat_slots, cache.flat(i), op, invariant)
+            x, qh = self._attention_inputs(layer, x, y, rope, flat_slots, cache.flat(i), op, invariant)
             kc, vc = cache.k[i], cache.v[i]  # [blocks, bs, nkv, hd]
             if attention == "triton" and invariant:
                 q = qh.reshape(N, nkv, g, hd)
