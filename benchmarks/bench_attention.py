@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from functools import partial
 
 import torch
-from bench_decode import _copy_bandwidth, _event_seconds, _sync, _table
+from bench_decode import _copy_bandwidth, _event_seconds, _graph_seconds, _table
 
 HEADS = {  # name: (KV heads, query heads per KV head, head_dim)
     "llama3-8b": (8, 4, 128),
@@ -51,29 +50,9 @@ def _inputs(nkv: int, g: int, hd: int, batch: int, ctx: int, device, dtype):
 
 
 def _seconds(call, device) -> float:
-    """Seconds a launch: LAUNCHES calls captured in one CUDA graph, replayed (eager on the CPU)."""
-    if device.type != "cuda":
-        t = time.perf_counter()
-        call()
-        return time.perf_counter() - t
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        call()  # compiles and sizes the split kernel's counters outside the capture
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAUNCHES):
-            call()
-    graph.replay()
-    _sync(device)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        graph.replay()
-        _sync(device)
-        best = min(best, (time.perf_counter() - t) / LAUNCHES)
-    return best
+    """Seconds a launch: LAUNCHES calls captured in one CUDA graph, replayed (once, eagerly, on the
+    CPU)."""
+    return _graph_seconds([call] * LAUNCHES, device)
 
 
 DEFAULT_TUNINGS = ",".join(

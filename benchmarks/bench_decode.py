@@ -425,6 +425,34 @@ def _event_seconds(call) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _graph_seconds(calls, device) -> float:
+    """Seconds a call: the calls captured in one CUDA graph, the best of 5 replays (each call runs
+    once outside the capture first: compiles, sizes buffers); on the CPU the first call, once."""
+    if device.type != "cuda":
+        t = time.perf_counter()
+        calls[0]()
+        return time.perf_counter() - t
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for c in dict.fromkeys(calls):
+            c()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    graph.replay()
+    _sync(device)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        graph.replay()
+        _sync(device)
+        best = min(best, (time.perf_counter() - t) / len(calls))
+    return best
+
+
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -19,39 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from functools import partial
 
 import torch
-from bench_decode import _config, _copy_bandwidth, _sync, _table
-
-
-def _seconds(calls, device) -> float:
-    """Seconds a call: the calls captured in one CUDA graph, replayed (once, eagerly, on the CPU)."""
-    if device.type != "cuda":
-        t = time.perf_counter()
-        for c in calls:
-            c()
-        return (time.perf_counter() - t) / len(calls)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for c in calls[:2]:
-            c()  # compiles outside the capture
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    graph.replay()
-    _sync(device)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        graph.replay()
-        _sync(device)
-        best = min(best, (time.perf_counter() - t) / len(calls))
-    return best
+from bench_decode import _config, _copy_bandwidth, _graph_seconds, _table
 
 
 def _unfused(x, d, ln, w, eps, glu):
@@ -133,7 +104,7 @@ def main() -> None:
                     ref = [partial(_unfused_rope, x, d, ln, w, eps, *rope, cfg.num_heads) for w in ws]
                 else:
                     ref = [partial(_unfused, x, d, ln, w, eps, glu) for w in ws]
-                t_ref = _seconds(ref, device)
+                t_ref = _graph_seconds(ref, device)
                 cells = []
                 for tiles in tilings:
                     try:
@@ -146,7 +117,7 @@ def main() -> None:
                         else:
                             kw = dict(tiles=tiles, pdl=pdl)
                             calls = [partial(nm.norm_matmul, x, d, ln, w, eps, glu, **kw) for w in ws]
-                        t = _seconds(calls, device)
+                        t = _graph_seconds(calls, device)
                         cells.append(f"{t * 1e6:.1f} ({t_ref / t:.2f}x)")
                     except Exception as e:  # a tiling that does not fit the device
                         cells.append(f"failed: {type(e).__name__}")

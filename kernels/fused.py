@@ -133,6 +133,16 @@ def add_rms_norm(
     return (x if d is None else s.view(*lead, H)), y.view(*lead, H)
 
 
+def check_rope_rows(op: str, N: int, hd: int, cos, sin, positions, slots) -> None:
+    """The checks of the tables and rows a RoPE + cache store kernel takes: cos and sin [L, hd],
+    positions and slots [N] (ValueError naming ``op``)."""
+    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != hd:
+        raise ValueError(f"{op}: cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: expected [L, {hd}]")
+    if positions.shape != (N,) or slots.shape != (N,):
+        raise ValueError(f"{op}: positions {tuple(positions.shape)} and slots {tuple(slots.shape)}: "
+                         f"expected [{N}]")  # fmt: skip
+
+
 def rope_store(
     qk: torch.Tensor,
     v: torch.Tensor,
@@ -157,14 +167,10 @@ def rope_store(
         raise ValueError(f"rope_store: v {tuple(v.shape)}, k_flat {tuple(k_flat.shape)}, v_flat "
                          f"{tuple(v_flat.shape)}: expected [{N}, {nkv}, {hd}] and "
                          f"[slots, {nkv}, {hd}]")  # fmt: skip
-    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != hd:
-        raise ValueError(f"rope_store: cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: expected [L, {hd}]")
     for name, t in (("qk", qk), ("v", v)):
         if t.stride(2) != 1 or t.stride(1) != hd:
             raise ValueError(f"rope_store: expected {name}'s heads contiguous, got strides {t.stride()}")
-    if positions.shape != (N,) or slots.shape != (N,):
-        raise ValueError(f"rope_store: positions {tuple(positions.shape)} and slots {tuple(slots.shape)}: "
-                         f"expected [{N}]")  # fmt: skip
+    check_rope_rows("rope_store", N, hd, cos, sin, positions, slots)
     q = torch.empty(N, nh, hd, dtype=qk.dtype, device=qk.device)
     if N:
         kt.rope_store(qk, v, cos.contiguous(), sin.contiguous(), positions.contiguous(), k_flat, v_flat,

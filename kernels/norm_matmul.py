@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from .fused import ACTIVATIONS, add_rms_norm_reference, glu_reference, rope_store_reference
+from .fused import ACTIVATIONS, add_rms_norm_reference, check_rope_rows, glu_reference, rope_store_reference
 
 MAX_ROWS = 2  # rows up to which the kernel serves (each row's programs read the weights again)
 MAX_BYTES = 8 << 20  # weight bytes up to which it serves (above, cuBLAS streams the weights faster)
@@ -70,50 +70,44 @@ def use_fused(x: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
-def norm_matmul(
-    x: torch.Tensor,
-    d: torch.Tensor | None,
-    ln: torch.Tensor | None,
-    w: torch.Tensor,
-    eps: float,
-    glu: str | None = None,
-    tiles: tuple[int, int, int, int] | None = None,
-    pdl: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows(op: str, x: torch.Tensor, d: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x and d [..., H] as contiguous rows [M, H] (d: x's shape, or None)."""
+    if d is not None and d.shape != x.shape:
+        raise ValueError(f"{op}: d of shape {tuple(d.shape)}, expected x's {tuple(x.shape)}")
+    H = x.shape[-1]
+    return x.reshape(-1, H).contiguous(), None if d is None else d.reshape(-1, H).contiguous()
+
+
+def _launch(x2: torch.Tensor, w: torch.Tensor, tiles, pdl: bool | None) -> tuple:
+    """(w with unit column stride, the tiles for x2's rows, whether to launch as a programmatic
+    dependent launch: by default where the device has it)."""
+    from .triton_common import pdl_device
+
+    pdl = PDL and pdl_device(x2.device) if pdl is None else pdl
+    return w if w.stride(1) == 1 else w.contiguous(), tiles or TILES[min(x2.shape[0], 2)], pdl
+
+
+def norm_matmul(x: torch.Tensor, d: torch.Tensor | None, ln: torch.Tensor | None, w: torch.Tensor, eps: float,
+                glu: str | None = None, tiles: tuple[int, int, int, int] | None = None,
+                pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The Triton kernel of `norm_matmul_reference` (x, d: [..., H]; ln [H] or None; w [H, N], or
     [H, 2 I] with ``glu``): (s [..., H], y [..., N or I]). ``tiles`` overrides `TILES`'s; ``pdl``:
     launched as a programmatic dependent launch (default: where the device has it)."""
     from . import norm_matmul_triton as kt
-    from .triton_common import pdl_device
 
     H = x.shape[-1]
     if glu is not None and glu not in ACTIVATIONS:
         raise ValueError(f"norm_matmul: glu must be one of {ACTIVATIONS} or None, got {glu!r}")
     if (ln is not None and ln.shape != (H,)) or w.dim() != 2 or w.shape[0] != H:
         ln_shape = None if ln is None else tuple(ln.shape)
-        raise ValueError(
-            f"norm_matmul: x [..., {H}], ln {ln_shape}, w {tuple(w.shape)}: expected ln [{H}] and w [{H}, N]"
-        )
+        raise ValueError(f"norm_matmul: x [..., {H}], ln {ln_shape}, w {tuple(w.shape)}: expected ln [{H}] "
+                         f"and w [{H}, N]")  # fmt: skip
     if glu is not None and w.shape[1] % 2:
         raise ValueError(f"norm_matmul: gate|up of odd width {w.shape[1]}")
-    if d is not None and d.shape != x.shape:
-        raise ValueError(f"norm_matmul: d of shape {tuple(d.shape)}, expected x's {tuple(x.shape)}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, H).contiguous()
-    d2 = None if d is None else d.reshape(-1, H).contiguous()
-    if pdl is None:
-        pdl = PDL and pdl_device(x.device)
-    s, y = kt.norm_matmul(
-        x2,
-        d2,
-        None if ln is None else ln.contiguous(),
-        w if w.stride(1) == 1 else w.contiguous(),
-        eps,
-        glu,
-        tiles or TILES[min(x2.shape[0], 2)],
-        pdl,
-    )
-    return (x if d is None else s.view(*lead, H)), y.view(*lead, y.shape[-1])
+    x2, d2 = _rows("norm_matmul", x, d)
+    w, tiles, pdl = _launch(x2, w, tiles, pdl)
+    s, y = kt.norm_matmul(x2, d2, None if ln is None else ln.contiguous(), w, eps, glu, tiles, pdl)
+    return (x if d is None else s.view(x.shape)), y.view(*x.shape[:-1], y.shape[-1])
 
 
 def norm_qkv_rope_reference(x, d, ln, w, eps: float, cos, sin, positions, k_flat, v_flat, slots, nh: int):
@@ -127,72 +121,31 @@ def norm_qkv_rope_reference(x, d, ln, w, eps: float, cos, sin, positions, k_flat
     )
 
 
-def norm_qkv_rope(
-    x: torch.Tensor,
-    d: torch.Tensor | None,
-    ln: torch.Tensor,
-    w: torch.Tensor,
-    eps: float,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor,
-    k_flat: torch.Tensor,
-    v_flat: torch.Tensor,
-    slots: torch.Tensor,
-    nh: int,
-    tiles: tuple[int, int, int, int] | None = None,
-    pdl: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_qkv_rope(x: torch.Tensor, d: torch.Tensor | None, ln: torch.Tensor, w: torch.Tensor, eps: float,
+                  cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, k_flat: torch.Tensor,
+                  v_flat: torch.Tensor, slots: torch.Tensor, nh: int,
+                  tiles: tuple[int, int, int, int] | None = None,
+                  pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The Triton kernel of `norm_qkv_rope_reference`: the attention's norm, q|k|v projection,
-    RoPE and K/V store as one launch (x, d [M, H]; w [H, (nh + 2 nkv) hd]; cos, sin [L, hd]
+    RoPE and K/V store as one launch (x, d [..., H]; w [H, (nh + 2 nkv) hd]; cos, sin [L, hd]
     tables; positions, slots [M]; k_flat, v_flat [slots, nkv, hd], `KVCache.flat`) -> (s, q
     [M, nh, hd]). Positions must lie in the tables and slots in the cache (not checked: no host
     sync)."""
     from . import norm_matmul_triton as kt
-    from .triton_common import pdl_device
 
     H = x.shape[-1]
     nkv, hd = k_flat.shape[1:]
-    if ln.shape != (H,) or w.dim() != 2 or w.shape != (H, (nh + 2 * nkv) * hd) or hd % 2:
-        raise ValueError(
-            f"norm_qkv_rope: x [..., {H}], ln {tuple(ln.shape)}, w {tuple(w.shape)}, k_flat "
-            f"{tuple(k_flat.shape)}, nh={nh}: expected ln [{H}] and w [{H}, (nh + 2 nkv) hd] "
-            f"of an even head_dim"
-        )
+    if ln.shape != (H,) or w.shape != (H, (nh + 2 * nkv) * hd) or hd % 2:
+        raise ValueError(f"norm_qkv_rope: x [..., {H}], ln {tuple(ln.shape)}, w {tuple(w.shape)}, k_flat "
+                         f"{tuple(k_flat.shape)}, nh={nh}: expected ln [{H}] and w [{H}, (nh + 2 nkv) hd] "
+                         f"of an even head_dim")  # fmt: skip
     if v_flat.shape != k_flat.shape or k_flat.stride()[1:] != (hd, 1) or v_flat.stride() != k_flat.stride():
-        raise ValueError(
-            f"norm_qkv_rope: k_flat {tuple(k_flat.shape)}, v_flat {tuple(v_flat.shape)}: expected "
-            f"one shape, each slot's heads contiguous"
-        )
-    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != hd:
-        raise ValueError(f"norm_qkv_rope: cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: expected [L, {hd}]")
-    x2 = x.reshape(-1, H).contiguous()
-    M = x2.shape[0]
-    if positions.shape != (M,) or slots.shape != (M,):
-        raise ValueError(
-            f"norm_qkv_rope: positions {tuple(positions.shape)} and slots {tuple(slots.shape)}: "
-            f"expected [{M}]"
-        )
-    if d is not None and d.shape != x.shape:
-        raise ValueError(f"norm_qkv_rope: d of shape {tuple(d.shape)}, expected x's {tuple(x.shape)}")
-    d2 = None if d is None else d.reshape(-1, H).contiguous()
-    if pdl is None:
-        pdl = PDL and pdl_device(x.device)
-    s, q = kt.norm_qkv_rope(
-        x2,
-        d2,
-        ln.contiguous(),
-        w if w.stride(1) == 1 else w.contiguous(),
-        eps,
-        cos.contiguous(),
-        sin.contiguous(),
-        positions.contiguous(),
-        k_flat,
-        v_flat,
-        slots.contiguous(),
-        nh,
-        hd,
-        tiles or TILES[min(M, 2)],
-        pdl,
-    )
+        raise ValueError(f"norm_qkv_rope: k_flat {tuple(k_flat.shape)}, v_flat {tuple(v_flat.shape)}: "
+                         f"expected one shape, each slot's heads contiguous")  # fmt: skip
+    x2, d2 = _rows("norm_qkv_rope", x, d)
+    check_rope_rows("norm_qkv_rope", x2.shape[0], hd, cos, sin, positions, slots)
+    w, tiles, pdl = _launch(x2, w, tiles, pdl)
+    s, q = kt.norm_qkv_rope(x2, d2, ln.contiguous(), w, eps, cos.contiguous(), sin.contiguous(),
+                            positions.contiguous(), k_flat, v_flat, slots.contiguous(), nh, hd, tiles,
+                            pdl)  # fmt: skip
     return (x if d is None else s.view(x.shape)), q

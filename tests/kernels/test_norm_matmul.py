@@ -90,6 +90,22 @@ def test_norm_matmul_rejects_bad_shapes():
         nm.norm_matmul(x, d, ln, w, 1e-5, "relu")
     with pytest.raises(ValueError, match=r"d of shape \(1, 64\), expected x's \(2, 64\)"):
         nm.norm_matmul(x, d[:1], ln, w, 1e-5)
+    # the q|k|v kernel: 2 q heads and 1 k|v head of 8 -> w [64, 32]
+    kc, vc = torch.zeros(4, 1, 8, dtype=torch.float16), torch.zeros(4, 1, 8, dtype=torch.float16)
+    cos = sin = torch.zeros(16, 8, dtype=torch.float16)
+    pos, slots = torch.tensor([0, 1]), torch.tensor([2, 3])
+    with pytest.raises(
+        ValueError, match=r"w \(64, 24\), k_flat \(4, 1, 8\), nh=2: expected .* \[64, \(nh \+ 2 nkv\) hd\]"
+    ):
+        nm.norm_qkv_rope(x, d, ln, w[:, :24], 1e-5, cos, sin, pos, kc, vc, slots, 2)
+    with pytest.raises(ValueError, match="each slot's heads contiguous"):
+        nm.norm_qkv_rope(
+            x, d, ln, w, 1e-5, cos, sin, pos, kc, vc.transpose(0, 2).contiguous().transpose(0, 2), slots, 2
+        )
+    with pytest.raises(ValueError, match=r"norm_qkv_rope: positions \(1,\) and slots \(2,\): expected \[2\]"):
+        nm.norm_qkv_rope(x, d, ln, w, 1e-5, cos, sin, pos[:1], kc, vc, slots, 2)
+    with pytest.raises(ValueError, match=r"norm_qkv_rope: cos \(16, 8\), sin \(16, 4\): expected \[L, 8\]"):
+        nm.norm_qkv_rope(x, d, ln, w, 1e-5, cos, sin[:, :4], pos, kc, vc, slots, 2)
 
 
 def test_where_the_kernel_serves(monkeypatch):
