@@ -499,7 +499,7 @@ MODES = {  # name: ModelRunner keywords
     "eager": dict(cuda_graphs=False),
     "graphs": dict(cuda_graphs=True),  # decode attention: the paged Triton kernel split over the keys
     "graphs-unsplit": dict(cuda_graphs=True, attention="triton"),  # the same, one program per row and KV head
-    # the same, every matmul cuBLAS's and the norms and GLU apart (no kernels/norm_matmul.py)
+    # the same, every matmul cuBLAS's and the norms, RoPE and GLU apart (no kernels/norm_matmul.py)
     "graphs-cublas": dict(cuda_graphs=True, fused_matmul=False),
     "graphs-sdpa": dict(cuda_graphs=True, attention="sdpa"),  # keys gathered, torch SDPA, a length mask
     # batch-invariant Triton matmul, RMSNorm and attention in the same bucketed graphs
@@ -577,13 +577,9 @@ def bench_cuda(args) -> None:
                                        f"{flops / t / 1e12:.0f}", f"{flops / t_det / 1e12:.0f}"])  # fmt: skip
         step = {}
         for mode in modes:
-            kw = (
-                MODES[mode]
-                if device.type == "cuda"
-                else {k: v for k, v in MODES[mode].items() if k != "cuda_graphs"}
-            )
-            kw = dict(kw)
-            model.fused_matmul = kw.pop("fused_matmul", True)  # (a model setting, not the runner's)
+            # (a copy: the CPU check leaves graphs out, and fused_matmul is a model setting)
+            kw = {k: v for k, v in MODES[mode].items() if device.type == "cuda" or k != "cuda_graphs"}
+            model.fused_matmul = kw.pop("fused_matmul", True)
             runner = ModelRunner(model, **kw)
             for batch in args.batches:
                 try:

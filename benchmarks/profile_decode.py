@@ -1,9 +1,10 @@
 """Where a decode step's device time goes: torch.profiler over decode steps replayed as CUDA
 graphs (random weights at real shapes, bf16), the device time summed by kernel. Settings: the
-fused layer kernels (kernels/fused.py) off ("unfused") and on ("fused", with the norms inside the
-q|k|v and gate|up matmuls where kernels/norm_matmul.py serves; "fused-cublas": those norms and the
-GLU apart, every matmul cuBLAS's); "unsplit": fused, with the decode attention one program per
-row and KV head instead of split over the keys; "deterministic" (fused). Prints tables, asserts nothing.
+fused layer kernels (kernels/fused.py) off ("unfused") and on ("fused", with a decode row's
+matmuls as the kernels of kernels/norm_matmul.py where they serve; "fused-cublas": every matmul
+cuBLAS's, the norms, RoPE and GLU apart); "unsplit": fused, with the decode attention one program
+per row and KV head instead of split over the keys; "deterministic" (fused). Prints tables,
+asserts nothing.
 
     python benchmarks/profile_decode.py --shapes smollm2-135m,llama3-8b --batches 1 [--out DIR]
 

@@ -1,19 +1,22 @@
-"""A decode row's matmuls as one kernel each, with the RMSNorm before and the GLU after fused in.
+"""A decode row's matmuls as one kernel each, with the ops around them fused in.
 
     norm_matmul(x, d, ln, w, eps) -> (s, y):            s = x + d (d None: s = x)
                                                         y = rms_norm(s, ln) @ w   (ln None: s @ w)
     norm_matmul(x, d, ln, wgu, eps, glu=act) -> (s, y): y = act(h @ gate) * (h @ up),
                                                         h = rms_norm(s, ln), gate|up the halves of wgu
 
+    norm_qkv_rope(x, d, ln, w, eps, cos, sin, positions, k_flat, v_flat, slots, nh) -> (s, q):
+        norm_matmul's q|k|v, then RoPE on the q and k heads, k and v written at the rows' slots
+
 A decode step of a small model at batch 1 is launch-bound: each of a layer's matmuls reads a
 megabyte or two of weights, less than a launch costs, and cuBLAS's kernel for one row takes
-about 4 µs on the H200 (SmolLM2's shapes). This kernel computes one row's block of columns a
-program, summing the products elementwise over K and reducing once at the end. With the norm
-before the q|k|v and gate|up projections and the GLU after the latter fused in, a layer runs six
-kernels instead of nine (``LlamaModel``: the attention's norm with q|k|v, the attention output's
-projection, the MLP's norm with gate|up and the GLU, the down projection). Each launch is a
-programmatic dependent launch where the device has it (compute capability 9): it starts while
-the kernel before it ends and waits for it before reading.
+about 4 µs on the H200 (SmolLM2's shapes). These kernels compute one row's block of columns a
+program, summing the products elementwise over K and reducing once at the end. With the ops
+around the matmuls fused in, a layer runs five kernels instead of nine (``LlamaModel``: the
+attention's norm, q|k|v, RoPE and K/V store; the attention output's projection; the MLP's norm,
+gate|up and GLU; the down projection). Each launch is a programmatic dependent launch where
+the device has it (compute capability 9): it starts while the kernel before it ends and waits
+for it before reading.
 
 The reference, ``norm_matmul_reference``, is the unfused layer's ops: `add_rms_norm_reference`,
 the matmul, `glu_reference`. The kernel rounds the residual sum, the matmul's output, the
@@ -58,15 +61,14 @@ def norm_matmul_reference(x, d, ln, w, eps: float, glu: str | None = None, norm=
 
 def use_fused(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `norm_matmul` runs the Triton kernel for input rows x and matrix w."""
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
     return (
         type(w) is torch.Tensor
         and w.dtype in (torch.bfloat16, torch.float16)
         and x.dtype == w.dtype
-        and (w.is_cuda or interpret)
         and x.reshape(-1, x.shape[-1]).shape[0] <= MAX_ROWS
         and w.numel() * w.element_size() <= MAX_BYTES
         and w.stride(1) == 1
+        and (w.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")  # (read only off CUDA)
     )
 
 
