@@ -109,8 +109,8 @@ def test_norm_matmul_rejects_bad_shapes():
 
 
 def test_where_the_kernel_serves(monkeypatch):
-    """16-bit weights, a decode step's few rows, small matrices; never float32 (tl.dot would
-    round its operands to tf32), a matrix past MAX_BYTES, or more rows than one block."""
+    """16-bit weights, a decode step's few rows, small matrices; never float32 (its speed was
+    not measured), a matrix past MAX_BYTES, more rows than MAX_ROWS, or strided columns."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     w = torch.zeros(576, 960, dtype=torch.bfloat16)
     x = torch.zeros(1, 576, dtype=torch.bfloat16)
