@@ -260,7 +260,7 @@ def topk_sweep(shapes: list[tuple[int, int]], floor_tbs: float, base: SampleTuni
         for B, V in shapes:
             for kc in (64, 128):
                 for warps in (4, 8, 16):
-                    tuning = dataclasses.replace(base, topk_max=kc, topk_warps=warps)
+                    tuning = dataclasses.replace(base, topk_max=kc, topk_warps=warps, topk_small_warps=warps)
                     r = run(dtype, B, V, floor_tbs, peers="topk", tuning=tuning)
                     print(f"| {str(dtype)[6:]} | {B} | {V} | {kc} | {warps} | {r['top_p']:.1f} "
                           f"| {r['top_k']:.1f} | {r['top_kp']:.1f} | {r['top_k'] / r['top_p']:.2f} "

@@ -32,7 +32,7 @@ from .triton_common import (
     row_keys,
     row_ptrs,
 )
-from .tuning import SampleTuning
+from .tuning import SMALL_ROWS, SampleTuning
 
 
 @helper
@@ -148,7 +148,7 @@ def _sample_kernel(
     dv_ptr,  # SPLIT: [B, NDRAW] drawn tokens, scores, verdicts (_split_draw_kernel)
     ps_ptr,  # SPLIT2: [B, 8, S] float32 written by _split_pass2_kernel
     gm_ptr,  # TOPK: [B, S * CHUNK / G] float32 the groups' maxima (pass 1)
-    gid_ptr,  # TOPK: [B, KC] int32 scratch (sample_topk.topk_row)
+    gid_ptr,  # TOPK: [B, 2 * KC] int32 scratch (sample_topk.topk_row)
     V,
     S,
     HAS_MASK: tl.constexpr,
@@ -193,8 +193,8 @@ def _sample_kernel(
             tok = 0
             done = top_k < 0  # (False)
             if top_k <= KC:
-                tok, done = topk_row(gm_ptr, row, gid_ptr + row * KC, lrow, stride_lv, mrow_ptr,
-                                     has_row_mask, V, inv_t, pm_ptr + row * S, S, ms, zs, cs, m, top_k, top_p,
+                tok, done = topk_row(gm_ptr, row, gid_ptr + row * 2 * KC, lrow, stride_lv, mrow_ptr,
+                                     has_row_mask, V, inv_t, pm_ptr + row * S, S, ms, zs, m, top_k, top_p,
                                      min_p, k0, k1, HAS_MASK, CHUNK, KC, SP)  # fmt: skip
             if done == 0:
                 tok = sample_row(lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, ms, zs, cs, m, top_k,
@@ -315,6 +315,9 @@ def launch(rows: RowArgs, temperature: torch.Tensor, top_k: torch.Tensor, top_p:
     (placeholders where they did not run; ``topk``: pass 1 stored the groups' maxima gm, and
     gid is the top-k rows' scratch)."""
     B = rows.logits[0].shape[0]
+    warps = tuning.num_warps
+    if topk:
+        warps = tuning.topk_small_warps if B <= SMALL_ROWS else tuning.topk_warps
     _sample_kernel[(B,)](
         *rows.logits,
         *rows.mask,
@@ -327,5 +330,5 @@ def launch(rows: RowArgs, temperature: torch.Tensor, top_k: torch.Tensor, top_p:
         RETURN_LOGPROBS=return_logprobs, BLOCK=block_size(V, tuning.block_max), CHUNK=chunk,
         SPLIT=split, SPLIT2=split2, SP=triton.next_power_of_2(S), PDL=pdl, TOPK=topk, KC=tuning.topk_max,
         **rows.flags,
-        **launch_opts(tuning.topk_warps if topk else tuning.num_warps), **dependent(pdl),
+        **launch_opts(warps), **dependent(pdl),
     )  # fmt: skip

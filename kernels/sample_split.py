@@ -354,8 +354,8 @@ def pass1(call: SplitCall, temperature: torch.Tensor, return_logprobs: bool, war
     """Pass 1 over (row, chunk) programs -> [B, S] each chunk's max (float32), quanta sum (int64)
     and lowest argmax (int32); with ``top_k`` (some row may have it) also, for its rows with
     top_k <= ``kc`` (``SampleTuning.topk_max``), the maxima of their groups of 32 tokens
-    (``sample_topk.group_maxima``) as (maxima [B, S * groups a chunk] float32, [B, kc] int32 the
-    per-row kernel's scratch for the groups it gathers), else None."""
+    (``sample_topk.group_maxima``) as (maxima [B, S * groups a chunk] float32, [B, 2 * kc] int32 the
+    per-row kernel's scratch for the groups and candidates it gathers), else None."""
     B = temperature.shape[0]
     dev = temperature.device
     pm = torch.empty(B, call.S, dtype=torch.float32, device=dev)
@@ -365,7 +365,7 @@ def pass1(call: SplitCall, temperature: torch.Tensor, return_logprobs: bool, war
     gm = pm  # placeholder, never read
     if top_k is not None:
         gm = torch.empty(B, call.S * (call.chunk // min(32, call.chunk)), dtype=torch.float32, device=dev)
-        cand = (gm, torch.empty(B, kc, dtype=torch.int32, device=dev))
+        cand = (gm, torch.empty(B, 2 * kc, dtype=torch.int32, device=dev))
     _split_pass1_kernel[(B * call.S,)](
         *call.rows.logits, *call.rows.mask, temperature, top_k if top_k is not None else temperature,
         pm, pz, pi, gm, call.V, call.S,

@@ -23,6 +23,7 @@ the row's draws).
 
 from __future__ import annotations
 
+import triton
 import triton.language as tl
 
 from .sample_filters import first_kept
@@ -137,41 +138,48 @@ def group_kth(gm, k):
     return tl.where(tl.sum(has.to(tl.int32), 0) >= k, gk, NO_KEY + 1)
 
 
+@triton.jit  # (a combine function: jitted under the interpreter too)
+def _seg_add(f1, v1, f2, v2):
+    # a running sum that restarts where the flag f (int32, 1: first of its segment) is set
+    return f1 | f2, tl.where(f2 != 0, v2, v1 + v2)
+
+
 @helper
-def _group_draw(lrow, stride_lv, inv_t, tok, gc, cq, zl, base, cum, cs, V, j, k0, k1):
-    # inverse-CDF draw j over {s > low} from the gathered groups (tok [NG, G] their tokens, V
-    # where none; gc [NG] their chunk; cq the running quanta sum over them in token order; zl,
-    # base: each chunk's quanta sum and the sum before it; cum: the running chunk weights): the
-    # chunk (as pick_chunk), then its first token whose running sum in the chunk passes the draw
-    # -> (token, its score); the token row_draw would give (a token not gathered weighs 0)
-    c = tl.sum((cum <= scale(tl.max(cum, 0), draw_t(2 * j, k0, k1))).to(tl.int32), 0)
-    zc = tl.sum(tl.where(cs == c, zl, 0), 0)
-    bc = tl.sum(tl.where(cs == c, base, 0), 0)
-    h = scale(zc, draw_t(2 * j + 1, k0, k1))
-    x = tl.min(tl.where((gc[:, None] == c) & (cq - bc > h), tok, V))
+def _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j, k0, k1, SP: tl.constexpr):
+    # inverse-CDF draw j over {s > low} from the candidates (tc [NG] their tokens in token
+    # order, V where none; cc their chunk, SP where none; run: the running quanta sum in the
+    # chunk; cum: the running chunk weights, each chunk's added at its last candidate): the
+    # chunk, the first whose running weight passes the draw (pick_chunk), then its first token
+    # whose running sum passes the draw -> (token, its score); the token row_draw would give
+    # (a token not among the candidates weighs 0)
+    c = tl.min(tl.where(cum > scale(tl.max(cum, 0), draw_t(2 * j, k0, k1)), cc, SP), 0)
+    h = scale(tl.max(tl.where(cc == c, run, 0), 0), draw_t(2 * j + 1, k0, k1))
+    x = tl.min(tl.where((cc == c) & (run > h), tc, V), 0)
     return x, tl.load(lrow + x.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
 
 
 @helper
 def _above(s, e, q):
-    # mass sum exp(s - m) (e) and count of the gathered tokens above q (all the row's tokens
-    # above q >= v_k)
+    # mass sum exp(s - m) (e) and count of the candidates above q (all the row's tokens above
+    # q >= v_k)
     above = s > q
-    return tl.sum(tl.where(above, e, 0.0)), tl.sum(above.to(tl.int32))
+    return tl.sum(tl.where(above, e, 0.0), 0), tl.sum(above.to(tl.int32), 0)
 
 
 @helper
-def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, pm_ptr, S, ms, zs, cs,
-             m, top_k, top_p, min_p, k0, k1, HAS_MASK: tl.constexpr, CHUNK: tl.constexpr, NG: tl.constexpr,
+def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, inv_t, pm_ptr, S, ms, zs, m,
+             top_k, top_p, min_p, k0, k1, HAS_MASK: tl.constexpr, CHUNK: tl.constexpr, NG: tl.constexpr,
              SP: tl.constexpr):  # fmt: skip
     # a top-k row (top_k <= NG) after the split pass 1 stored its groups' maxima (group_maxima,
     # gm_ptr [B, S * R], row) -> (token, done). The groups at or above T, at most the k-th
     # largest group max and reached by k to NG groups, hold every token at or above v_k (a
     # token's group max is at least the token), and at least k tokens; their indices go through
-    # gid_ptr [NG] (scratch) to gather their tokens, in token order. v_k, the chunks' quanta
-    # sums above low, the draws, their count and mass above them for top-p, and any rounds all
-    # come from those [NG, G] tokens. done is False where more than NG groups tie at T (the
-    # caller takes the per-row way). pm_ptr: the row's chunk maxima
+    # gid_ptr [2 * NG] (scratch) to gather their tokens, in token order. The candidates, those
+    # of them at or above T (or at or above v_k, found by kth_key, when more than NG are), go
+    # through the scratch too, as [NG] vectors in token order: v_k, the chunks' quanta sums
+    # above low, the draws, their count and mass above them for top-p, and any rounds all come
+    # from those. done is False where more than NG groups tie at T, or more than NG tokens at
+    # v_k (the caller takes the per-row way). pm_ptr: the row's chunk maxima
     G: tl.constexpr = 32 if CHUNK >= 32 else CHUNK  # (tile2d's groups)
     R: tl.constexpr = CHUNK // G
     # the row's group maxima as [A, BC], group a * BC + b at [a, b]: BC sets (the columns) of A
@@ -201,63 +209,71 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
         gid = tl.load(gid_ptr + slot, mask=slot < n, other=-1, cache_modifier=".cg")
         tokens = tl.where(gid[:, None] >= 0, gid[:, None] * G + tl.arange(0, G)[None, :], V)
         s = load_scores(lrow, stride_lv, mrow_ptr, has_row_mask, tokens, V, inv_t, HAS_MASK)
-        gc = tl.where(gid >= 0, gid // R, SP)  # each group's chunk
-        mg = tl.load(pm_ptr + gc, mask=gid >= 0, other=0.0)  # its max
         u = tl.where(s > float("-inf"), order_key(s), NO_KEY)
-        low = float("-inf")
-        if tl.sum((u > NO_KEY).to(tl.int32)) >= top_k:  # (else top-k keeps every token)
-            # v_k is among the tokens at or above t (at least k of them): their keys go through
-            # the scratch into [NG] when they fit, and v_k is their k-th largest (group_kth, at
-            # once); else kth_key searches the gathered tokens from t
-            cand = u >= t
+        # the candidates: the gathered tokens at or above t (every token at or above v_k, at
+        # least k of them; every allowed token of the row when it has fewer than k). Past NG of
+        # them, v_k by kth_key's search over the gathered tokens, and the candidates are the
+        # tokens at or above it; still past NG (ties at v_k) the caller takes the per-row way
+        nf = tl.sum((u > NO_KEY).to(tl.int32))
+        cand = u >= t
+        nc = tl.sum(cand.to(tl.int32))
+        if (nc > NG) & (nf >= top_k):
+            tk, _n = kth_key(u, top_k, top_k, t, order_key(m))
+            cand = u >= tk
             nc = tl.sum(cand.to(tl.int32))
-            if nc <= NG:
-                tl.debug_barrier()  # (every thread has read the groups' indices)
-                pg = tl.sum(cand.to(tl.int32), 1)
-                at = (tl.cumsum(pg, 0) - pg)[:, None] + tl.cumsum(cand.to(tl.int32), 1) - 1
-                tl.store(gid_ptr + at, u, mask=cand)
-                tl.debug_barrier()
-                ck = tl.load(gid_ptr + slot, mask=slot < nc, other=NO_KEY, cache_modifier=".cg")
-                tk = group_kth(ck, top_k)
-            else:
-                tk, _n = kth_key(u, top_k, top_k, t, order_key(m))
-            low = float_below(tl.min(tl.where(u >= tk, s, float("inf"))))
-        kmax = top_k
-        cut_p = top_p < 1.0
-        zz = tl.sum(chunk_mass(ms, zs, m), 0) * (1.0 / 4294967296.0)
-        j = tl.full((), 0, tl.uint32)
-        searching = m > float("-inf")
-        while searching:
-            # the quanta over {s > low}, their running sum over the gathered tokens in token
-            # order, each chunk's sum (zl) and the sum before it (base), the chunks' weights
-            q = quanta(s, mg[:, None], low)
-            qg = tl.sum(q, 1)
-            cq = (tl.cumsum(qg, 0) - qg)[:, None] + tl.cumsum(q, 1)
-            zl = tl.sum(tl.where(gc[:, None] == cs[None, :], qg[:, None], 0), 0)
-            base = tl.cumsum(zl, 0) - zl
-            cum = tl.cumsum(chunk_mass(ms, zl, m).to(tl.int64), 0)
-            x0, q0 = _group_draw(lrow, stride_lv, inv_t, tokens, gc, cq, zl, base, cum, cs, V, j, k0, k1)
-            if cut_p | (min_p > 0.0):
-                x1, q1 = _group_draw(
-                    lrow, stride_lv, inv_t, tokens, gc, cq, zl, base, cum, cs, V, j + 1, k0, k1
-                )
-                x2, q2 = _group_draw(
-                    lrow, stride_lv, inv_t, tokens, gc, cq, zl, base, cum, cs, V, j + 2, k0, k1
-                )
-                x3, q3 = _group_draw(
-                    lrow, stride_lv, inv_t, tokens, gc, cq, zl, base, cum, cs, V, j + 3, k0, k1
-                )
-                e = fast_exp(s - m)
-                mass0, cnt0 = _above(s, e, q0)
-                mass1, cnt1 = _above(s, e, q1)
-                mass2, cnt2 = _above(s, e, q2)
-                mass3, cnt3 = _above(s, e, q3)
-                tok, searching = first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2,
-                                            mass3, cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p,
-                                            0, 0, 0, 0)  # fmt: skip
-                low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
-                j += NDRAW
-            else:  # top-k alone keeps every draw: the token is x0
-                tok = x0
-                searching = False
+        done = nc <= NG
+        if done:
+            # the candidates' tokens and scores (bits) through the scratch, in token order, as
+            # [NG] vectors: v_k, the draws, their count and mass above them, and any rounds
+            # are all computed on those
+            tl.debug_barrier()  # (every thread has read the groups' indices)
+            pg = tl.sum(cand.to(tl.int32), 1)
+            at = (tl.cumsum(pg, 0) - pg)[:, None] + tl.cumsum(cand.to(tl.int32), 1) - 1
+            tl.store(gid_ptr + at, tokens, mask=cand)
+            tl.store(gid_ptr + NG + at, s.to(tl.int32, bitcast=True), mask=cand)
+            tl.debug_barrier()
+            ok = slot < nc
+            tc = tl.load(gid_ptr + slot, mask=ok, other=V, cache_modifier=".cg")
+            # (the candidates before and after: where each chunk's run starts and ends)
+            tp = tl.load(gid_ptr + slot - 1, mask=ok & (slot > 0), other=0, cache_modifier=".cg")
+            tn = tl.load(gid_ptr + slot + 1, mask=slot + 1 < nc, other=0, cache_modifier=".cg")
+            bits = tl.load(gid_ptr + NG + slot, mask=ok, other=0, cache_modifier=".cg")
+            sc = tl.where(ok, bits.to(tl.float32, bitcast=True), float("-inf"))
+            cc = tl.where(ok, tc // CHUNK, SP)  # each candidate's chunk
+            first = ((slot == 0) | (tp // CHUNK != cc) | (ok == 0)).to(tl.int32)
+            last = tl.where(slot + 1 < nc, tn // CHUNK != cc, ok)
+            mg = tl.load(pm_ptr + cc, mask=ok, other=0.0)  # its max
+            uc = tl.where(ok, order_key(sc), NO_KEY)
+            low = float("-inf")
+            if nf >= top_k:  # (else top-k keeps every token)
+                low = float_below(tl.min(tl.where(uc >= group_kth(uc, top_k), sc, float("inf")), 0))
+            kmax = top_k
+            cut_p = top_p < 1.0
+            zz = tl.sum(chunk_mass(ms, zs, m), 0) * (1.0 / 4294967296.0)
+            j = tl.full((), 0, tl.uint32)
+            searching = m > float("-inf")
+            while searching:
+                # the quanta over {s > low}, their running sum in each chunk, and the running
+                # chunk weights (each chunk's quanta sum at its last candidate, as chunk_mass)
+                q = quanta(sc, mg, low)
+                _f, run = tl.associative_scan((first, q), 0, _seg_add)
+                cum = tl.cumsum(tl.where(last, chunk_mass(mg, run, m), 0.0).to(tl.int64), 0)
+                x0, q0 = _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j, k0, k1, SP)
+                if cut_p | (min_p > 0.0):
+                    x1, q1 = _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j + 1, k0, k1, SP)
+                    x2, q2 = _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j + 2, k0, k1, SP)
+                    x3, q3 = _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j + 3, k0, k1, SP)
+                    e = fast_exp(sc - m)
+                    mass0, cnt0 = _above(sc, e, q0)
+                    mass1, cnt1 = _above(sc, e, q1)
+                    mass2, cnt2 = _above(sc, e, q2)
+                    mass3, cnt3 = _above(sc, e, q3)
+                    tok, searching = first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2,
+                                                mass3, cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p,
+                                                0, 0, 0, 0)  # fmt: skip
+                    low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
+                    j += NDRAW
+                else:  # top-k alone keeps every draw: the token is x0
+                    tok = x0
+                    searching = False
     return tok, done

@@ -70,8 +70,12 @@ class SampleTuning:
         (``sample_topk``).
     topk_warps : int
         Warps of the per-row kernel after a split pass 1 that stored the group maxima (its
-        searches and draws reduce over the row's group maxima and [topk_max, 32] gathered
-        tokens, chains of small reductions).
+        searches reduce over the row's group maxima and [topk_max, 32] gathered tokens, its
+        draws over [topk_max] candidates: chains of small reductions).
+    topk_small_warps : int
+        The same kernel's warps in a call of at most ``SMALL_ROWS`` rows, where one row's chain
+        of reductions is the call's time (H200, top-k 50, V = 128,256, B = 1: 4 warps 15.2 µs,
+        8 warps 17.1; B = 16: 20.4 and 19.3).
     chunk_max : int
         Tokens per chunk of the inverse-CDF draws, a power of 2: chunk = min(chunk_max, next
         power of 2 >= V), from V only, never B. Part of what a seed samples (see the module
@@ -92,6 +96,7 @@ class SampleTuning:
     pass2_warps: int = 4
     topk_max: int = 128
     topk_warps: int = 8
+    topk_small_warps: int = 4
     chunk_max: int = CHUNK_MAX
 
     def __post_init__(self) -> None:
@@ -108,6 +113,8 @@ class SampleTuning:
             if value & (value - 1):
                 raise ValueError(f"SampleTuning.{name} must be a power of 2, got {value}")
 
+
+SMALL_ROWS = 8  # (SampleTuning.topk_small_warps)
 
 DEFAULT_TUNING = SampleTuning()
 
