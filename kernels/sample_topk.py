@@ -14,11 +14,12 @@ reach: the k-th largest of the maxima of NG sets of groups (group_kth), and kth_
 only when more than NG groups reach that. T is at most the k-th largest group max, which is at
 most v_k (k tokens, the k largest maxima, are at or above it), and a token at or above v_k has
 its group's max at or above it. So those groups' [NG, G] tokens, gathered in token order, hold
-every token the draws can reach: v_k (group_kth of their tokens at or above T when at most NG,
-else kth_key from T), the chunks' quanta sums above low, the draws, their count and mass above
-them for top-p, and any rounds all come from them. A row with k > NG, or whose ties at T pass
-NG groups, takes the per-row way instead (``row_topk_low``: kth_key over the row itself, then
-the row's draws).
+every token the draws can reach. Their candidates, the tokens at or above T (at or above v_k,
+by kth_key from T, when more than NG are), go through the scratch into [NG] vectors in token
+order: v_k (group_kth of the candidates), the chunks' quanta sums above low (a segmented scan),
+the draws, their count and mass above them for top-p, and any rounds all come from those. A
+row with k > NG, or whose ties at T pass NG groups or at v_k NG tokens, takes the per-row way
+instead (``row_topk_low``: kth_key over the row itself, then the row's draws).
 """
 
 from __future__ import annotations
