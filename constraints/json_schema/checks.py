@@ -306,10 +306,9 @@ def metaschema_class(schema: object):
     """The jsonschema validator class of ``schema``'s draft (2020-12 when it names none)."""
     import jsonschema
 
-    default = jsonschema.Draft202012Validator
-    if isinstance(schema, dict) and not isinstance(schema.get("$schema", ""), str):
-        return default  # (its metaschema refuses a $schema that is not a string)
-    return jsonschema.validators.validator_for(schema, default=default)
+    from .metaschema import draft_name
+
+    return getattr(jsonschema, draft_name(schema))
 
 
 def check_metaschema(
@@ -322,14 +321,15 @@ def check_metaschema(
     off and checked on its own, as the metaschema checks it), the deadline between them."""
     if isinstance(schema, bool):
         return
-    cls = metaschema_class(schema)
-    sizes = sizes or {}
-    from .metaschema import metaschema_valid
+    from .metaschema import draft_name, metaschema_valid
 
+    draft = draft_name(schema)
+    sizes = sizes or {}
     with headroom():
-        if metaschema_valid(schema, cls, sizes.get(id(schema), 1)):
+        if metaschema_valid(schema, draft, sizes.get(id(schema), 1)):
             return  # (the fast check: jsonschema's walk below only names an error)
-    single, maps, lists = APPLICATORS.get(cls.__name__, APPLICATORS["Draft202012Validator"])
+    cls = metaschema_class(schema)
+    single, maps, lists = APPLICATORS.get(draft, APPLICATORS["Draft202012Validator"])
     validator = jsonschema_validator(cls)
     work: list[tuple[object, tuple]] = [(schema, ())]
     passed: set[str] = set()  # pieces found valid (a big schema repeats its subschemas)

@@ -6,8 +6,8 @@ metaschema is eight documents joined by ``$dynamicRef: "#meta"``): about as long
 rest of a small schema's compilation. :func:`metaschema_valid` answers the same question,
 valid or not, from a checker made once per draft:
 
-- references are resolved when the checker is made (``$ref`` through jsonschema's own
-  resolver; ``$dynamicRef: "#meta"`` and ``$recursiveRef: "#"`` to the metaschema's root,
+- references are resolved when the checker is made (``$ref`` among the official metaschema
+  documents; ``$dynamicRef: "#meta"`` and ``$recursiveRef: "#"`` to the metaschema's root,
   where a check that starts at the root always lands);
 - an ``allOf`` of references to documents that only constrain ``type`` and ``properties``
   (2020-12's vocabularies) is merged into one table: keyword -> the checks of its value;
@@ -18,13 +18,23 @@ runs jsonschema (the reference) only for a schema it finds invalid, to name the 
 its place. A draft whose metaschema uses a keyword the compiler does not know (draft 3)
 has no checker (None: jsonschema decides). ``tests/constraints/test_metaschema.py`` checks
 the verdicts against jsonschema's on random schemas of every draft.
+
+Neither jsonschema nor referencing is imported on that path (together about 100 ms, most of
+a new process's first compilation): a schema's draft comes from its ``$schema`` by
+:data:`DRAFT_URIS` (jsonschema's own table: a test compares them), and the metaschema
+documents are read from the files of jsonschema-specifications, the package jsonschema
+takes them from, without importing it (:func:`_documents`).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 
 # keywords of a metaschema that never make an instance invalid (annotations, identifiers,
 # definitions reached only through $ref, and format: jsonschema's check asserts no format)
@@ -64,18 +74,121 @@ class _Budget(Exception):
 
 
 def _equal(a: Any, b: Any) -> bool:
-    """JSON Schema equality (1 == 1.0, True != 1, by value through arrays and objects)."""
-    from jsonschema._utils import equal
-
-    return equal(a, b)
+    """JSON Schema equality (1 == 1.0, True != 1, by value through arrays and objects), as
+    jsonschema's."""
+    if a is b:
+        return True
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
 
 
 def _unique(items: list) -> bool:
     if all(type(x) is str for x in items):
         return len(set(items)) == len(items)
-    from jsonschema._utils import uniq
+    return not any(_equal(items[i], items[j]) for i in range(len(items)) for j in range(i))
 
-    return uniq(items)
+
+# the metaschemas' URIs (as jsonschema keys them: urlsplit(uri).geturl()) -> jsonschema's
+# validator class name of the draft
+DRAFT_URIS = {
+    "http://json-schema.org/draft-03/schema": "Draft3Validator",
+    "http://json-schema.org/draft-04/schema": "Draft4Validator",
+    "http://json-schema.org/draft-06/schema": "Draft6Validator",
+    "http://json-schema.org/draft-07/schema": "Draft7Validator",
+    "https://json-schema.org/draft/2019-09/schema": "Draft201909Validator",
+    "https://json-schema.org/draft/2020-12/schema": "Draft202012Validator",
+}
+_URI_OF = {name: uri for uri, name in DRAFT_URIS.items()}
+LATEST = "Draft202012Validator"
+
+
+def draft_name(schema: object) -> str:
+    """The name of jsonschema's validator class for ``schema`` (``validator_for`` with the
+    2020-12 default), from its ``$schema``: a string that is not a URI the table knows gives
+    the default, as jsonschema does."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("$schema", ""), str):
+        return LATEST  # (its metaschema refuses a $schema that is not a string)
+    uri = schema.get("$schema")
+    if uri is None:
+        return LATEST
+    try:
+        return DRAFT_URIS.get(urlsplit(uri).geturl(), LATEST)
+    except ValueError:  # (jsonschema's lookup raises the same: let it name it)
+        import jsonschema
+
+        return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).__name__
+
+
+_DOCS: dict[str, Any] = {}
+
+
+def _documents() -> dict[str, Any]:
+    """The official metaschema documents (each draft's metaschema and 2019-09's and 2020-12's
+    vocabularies) by URI, fragment dropped: read from jsonschema-specifications' files
+    without importing it, else (another layout) from its registry."""
+    if _DOCS:
+        return _DOCS
+    spec = importlib.util.find_spec("jsonschema_specifications")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    docs: dict[str, Any] = {}
+    for folder in folders:
+        top = os.path.join(folder, "schemas")
+        if not os.path.isdir(top):
+            continue
+        for draft in sorted(os.listdir(top)):
+            base = os.path.join(top, draft)
+            paths = [os.path.join(base, "metaschema.json")]
+            vocab = os.path.join(base, "vocabularies")
+            if os.path.isdir(vocab):
+                paths += [os.path.join(vocab, f) for f in sorted(os.listdir(vocab)) if not f.startswith(".")]
+            for path in paths:
+                if os.path.isfile(path):
+                    with open(path, encoding="utf-8") as f:
+                        doc = json.load(f)
+                    ident = doc.get("$id", doc.get("id")) if isinstance(doc, dict) else None
+                    if isinstance(ident, str):
+                        docs[urldefrag(ident)[0]] = doc
+    if not all(uri in docs for uri in DRAFT_URIS):
+        from jsonschema_specifications import REGISTRY
+
+        docs = {urldefrag(uri)[0]: REGISTRY.contents(uri) for uri in REGISTRY}
+    _DOCS.update(docs)
+    return _DOCS
+
+
+class _Resolver:
+    """``$ref`` among the metaschema documents, relative to a base URI."""
+
+    def __init__(self, docs: dict[str, Any], base: str) -> None:
+        self.docs, self.base = docs, base
+
+    def in_subresource(self, ident: str) -> _Resolver:
+        return _Resolver(self.docs, urldefrag(urljoin(self.base, ident))[0])
+
+    def lookup(self, ref: str) -> tuple[Any, _Resolver]:
+        uri, frag = urldefrag(urljoin(self.base, ref))
+        target = self.docs.get(uri)
+        if target is None:
+            raise Unsupported(f"$ref {ref!r}")
+        if frag.startswith("/"):
+            for raw in frag.split("/")[1:]:
+                key = unquote(raw).replace("~1", "/").replace("~0", "~")
+                if isinstance(target, list) and key.isdigit():
+                    target = target[int(key)]
+                elif isinstance(target, dict) and key in target:
+                    target = target[key]
+                else:
+                    raise Unsupported(f"$ref {ref!r}")
+        elif frag:
+            raise Unsupported(f"$ref {ref!r} (an anchor)")
+        return target, _Resolver(self.docs, uri)
 
 
 class _Node:
@@ -94,22 +207,17 @@ class _Node:
 
 
 class _Compiler:
-    def __init__(self, cls) -> None:
-        import jsonschema
-
-        meta_cls = jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls)
-        if meta_cls.__name__ == "Draft3Validator":  # (its type, required and extends read otherwise)
+    def __init__(self, draft: str) -> None:
+        docs = _documents()
+        uri = urldefrag(_URI_OF.get(draft, _URI_OF[LATEST]))[0]
+        self.root = docs[uri]
+        meta = draft_name(self.root)  # (the metaschema's own draft)
+        if meta == "Draft3Validator":  # (its type, required and extends read otherwise)
             raise Unsupported("draft 3")
-        self.root_resolver = meta_cls(cls.META_SCHEMA)._resolver
-        self.root = cls.META_SCHEMA
-        self.legacy_ref = meta_cls.__name__ in (
-            "Draft3Validator",
-            "Draft4Validator",
-            "Draft6Validator",
-            "Draft7Validator",
-        )
+        self.root_resolver = _Resolver(docs, uri)
+        self.legacy_ref = meta in ("Draft3Validator", "Draft4Validator", "Draft6Validator", "Draft7Validator")
         # the type predicates of the metaschema's own draft (draft 4: 1.0 is no integer)
-        self.float_int = meta_cls.__name__ != "Draft4Validator"
+        self.float_int = meta != "Draft4Validator"
         self.memo: dict[int, _Node] = {}
 
     def compile(self, schema: Any, resolver) -> _Node:
@@ -133,7 +241,7 @@ class _Compiler:
         if "$id" in schema or "id" in schema:  # (a new base URI for the refs below)
             ident = schema.get("$id", schema.get("id"))
             if isinstance(ident, str) and not ident.startswith("#"):
-                resolver = resolver.in_subresource(_resource(schema))
+                resolver = resolver.in_subresource(ident)
         keys = list(schema)
         if "$ref" in schema and self.legacy_ref:
             keys = ["$ref"]  # (up to draft 7, $ref's siblings are ignored)
@@ -147,8 +255,7 @@ class _Compiler:
                         raise Unsupported(f"{kw} {v!r}")
                     target, res = self.root, self.root_resolver
                 else:
-                    resolved = resolver.lookup(v)
-                    target, res = resolved.contents, resolved.resolver
+                    target, res = resolver.lookup(v)
                 if isinstance(target, dict) and set(target) <= _MERGEABLE and id(target) not in merged:
                     merged.add(id(target))
                     self._fill(node, target, res, merged)
@@ -265,20 +372,6 @@ class _Compiler:
                 node.trivial = True
 
 
-def _resource(schema: dict):
-    from referencing.jsonschema import specification_with
-
-    spec = specification_with(
-        schema.get("$schema", "https://json-schema.org/draft/2020-12/schema"),
-        default=None,
-    )
-    if spec is None:
-        from referencing.jsonschema import DRAFT202012
-
-        spec = DRAFT202012
-    return spec.create_resource(schema)
-
-
 def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -349,29 +442,30 @@ def _check(node: _Node, x: Any, budget: list) -> bool:
     return True
 
 
-_CHECKERS: dict[type, tuple[_Node, bool] | None] = {}
+_CHECKERS: dict[str, tuple[_Node, bool] | None] = {}
 
 
-def checker(cls) -> tuple[_Node, bool] | None:
-    """The compiled metaschema of validator class ``cls`` (made once), or None."""
-    if cls in _CHECKERS:
-        return _CHECKERS[cls]
+def checker(draft: str) -> tuple[_Node, bool] | None:
+    """The compiled metaschema of ``draft`` (a :func:`draft_name`; made once), or None."""
+    if draft in _CHECKERS:
+        return _CHECKERS[draft]
     try:
-        c = _Compiler(cls)
-        root = c.compile(cls.META_SCHEMA, c.root_resolver)
+        c = _Compiler(draft)
+        root = c.compile(c.root, c.root_resolver)
         c.finish()
         out = (root, c.float_int)
     except Unsupported:
         out = None
-    _CHECKERS[cls] = out
+    _CHECKERS[draft] = out
     return out
 
 
-def metaschema_valid(schema: Any, cls, n_values: int) -> bool | None:
-    """Is ``schema`` valid under the metaschema of ``cls``: True, False, or None where this
-    check cannot tell (no checker for the draft, a walk past its budget of
-    ``MAX_VISITS * n_values`` values, Python's recursion limit): then jsonschema decides."""
-    compiled = checker(cls)
+def metaschema_valid(schema: Any, draft: str, n_values: int) -> bool | None:
+    """Is ``schema`` valid under the metaschema of ``draft`` (a :func:`draft_name`): True,
+    False, or None where this check cannot tell (no checker for the draft, a walk past its
+    budget of ``MAX_VISITS * n_values`` values, Python's recursion limit): then jsonschema
+    decides."""
+    compiled = checker(draft)
     if compiled is None:
         return None
     root, float_int = compiled

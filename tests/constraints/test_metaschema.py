@@ -1,17 +1,29 @@
 """The fast metaschema check (:mod:`deepinfer.constraints.json_schema.metaschema`) against
 its reference, jsonschema's own check, on random schemas of every draft it compiles: valid
-ones and ones with a keyword's value of the wrong type or out of range."""
+ones and ones with a keyword's value of the wrong type or out of range. Its draft lookup and
+JSON equality against jsonschema's, and a new process compiling a schema without importing
+jsonschema."""
 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
 
 from deepinfer.constraints import Compiler, ConstraintError
 from deepinfer.constraints.json_schema import checks
-from deepinfer.constraints.json_schema.metaschema import checker, metaschema_valid
+from deepinfer.constraints.json_schema.metaschema import (
+    DRAFT_URIS,
+    _equal,
+    _unique,
+    checker,
+    draft_name,
+    metaschema_valid,
+)
 
 from .vocabs import small_vocab
 
@@ -97,7 +109,7 @@ def reference_valid(schema, cls) -> bool:
 @pytest.mark.parametrize("draft", list(DRAFTS))
 def test_fast_metaschema_check_agrees_with_jsonschema(draft):
     cls = jsonschema.validators.validator_for({"$schema": DRAFTS[draft]})
-    assert checker(cls) is not None, f"no compiled metaschema for {draft}"
+    assert checker(cls.__name__) is not None, f"no compiled metaschema for {draft}"
     rng = random.Random(hash(draft) & 0xFFFF)
     seen = {True: 0, False: 0}
     for i in range(600):
@@ -105,16 +117,65 @@ def test_fast_metaschema_check_agrees_with_jsonschema(draft):
         if isinstance(schema, dict):
             schema = {"$schema": DRAFTS[draft], **schema}
         want = reference_valid(schema, cls)
-        got = metaschema_valid(schema, cls, 1000)
+        got = metaschema_valid(schema, cls.__name__, 1000)
         assert got == want, (draft, schema)
         seen[want] += 1
     assert min(seen.values()) > 50, seen  # (both verdicts well represented)
 
 
 def test_a_schema_of_an_unknown_draft_is_left_to_jsonschema():
-    cls = jsonschema.Draft3Validator
-    assert checker(cls) is None
-    assert metaschema_valid({"type": "string"}, cls, 1) is None
+    assert checker("Draft3Validator") is None
+    assert metaschema_valid({"type": "string"}, "Draft3Validator", 1) is None
+
+
+def test_draft_lookup_is_jsonschemas():
+    """DRAFT_URIS is jsonschema's own table, and draft_name picks jsonschema's class (2020-12
+    by default) for every form of $schema: with and without "#", unknown, absent, not a string."""
+    table = {uri: cls.__name__ for uri, cls in jsonschema.validators._META_SCHEMAS.store.items()}
+    assert table == DRAFT_URIS
+    forms = [*DRAFTS.values(), *(u.rstrip("#") + "#" for u in DRAFTS.values()), *DRAFT_URIS,
+             "http://example.com/custom", "", "HTTP://JSON-SCHEMA.ORG/draft-07/schema#", 7, None]  # fmt: skip
+    for form in forms:
+        schema = {"$schema": form, "type": "string"}
+        want = checks.metaschema_class(schema) if not isinstance(form, str) else None
+        if want is None:
+            want = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        assert draft_name(schema) == want.__name__, form
+    assert draft_name(True) == draft_name({}) == "Draft202012Validator"
+
+
+def test_json_equality_is_jsonschemas():
+    """_equal and _unique (enum, const, uniqueItems) decide as jsonschema's own on random values:
+    1 == 1.0, True != 1, by value through arrays and objects."""
+    from jsonschema._utils import equal, uniq
+
+    rng = random.Random(11)
+    values = [random_value(rng, 3) for _ in range(300)] + [1, 1.0, True, False, 0, 0.0, [1], [1.0], [True],
+                                                            {"a": 1}, {"a": 1.0}, {"a": True}]  # fmt: skip
+    for i, a in enumerate(values):
+        for b in values[i : i + 40]:
+            assert _equal(a, b) == equal(a, b), (a, b)
+    for i in range(0, len(values) - 4, 3):
+        items = values[i : i + 4]
+        assert _unique(items) == uniq(items), items
+
+
+def test_compiling_a_schema_imports_no_jsonschema():
+    """The metaschema check of a valid schema needs neither jsonschema nor referencing: a new
+    process compiles a schema without importing them (about 100 ms of its first compilation)."""
+    code = (
+        "import sys\n"
+        "from deepinfer.constraints import Compiler\n"
+        "from tests.constraints.vocabs import small_vocab\n"
+        "c = Compiler(small_vocab())\n"
+        "c.json_schema({'$schema': 'http://json-schema.org/draft-07/schema#', 'type': 'object',"
+        " 'properties': {'a': {'enum': [1, 2.5, None]}, 'b': {'type': 'array', 'uniqueItems': True}}})\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jsonschema', 'referencing')))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_an_invalid_schema_is_refused_with_jsonschemas_error_and_pointer():
