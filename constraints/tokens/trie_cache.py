@@ -15,8 +15,8 @@ turns the cache off.
 from __future__ import annotations
 
 import hashlib
+import marshal
 import os
-import pickle
 import tempfile
 import zlib
 
@@ -34,7 +34,9 @@ def vocab_digest(vocab) -> str:
     d = vocab.__dict__.get("_digest")
     if d is None:
         h = hashlib.sha256(f"v{VERSION}|{vocab.vocab_size}|".encode())
-        h.update(pickle.dumps(list(vocab.token_bytes), protocol=5))  # (unambiguous, at C speed)
+        # (unambiguous, at C speed: marshal's version 2 writes every object in full, no
+        # references, so equal token lists give equal bytes; 2 ms for Llama 3's 128k tokens)
+        h.update(marshal.dumps(tuple(vocab.token_bytes), 2))
         d = vocab.__dict__["_digest"] = h.hexdigest()[:32]
     return d
 
