@@ -84,3 +84,18 @@ def test_other_vocabularies_do_not_share_a_file(cache):
     assert trie_cache.vocab_digest(a) != trie_cache.vocab_digest(b)
     _same(VocabIndex(a), trie_cache.trie(a, "all"))
     _same(VocabIndex(b), trie_cache.trie(b, "all"))
+
+
+def test_equal_vocabularies_share_a_file_however_their_tokens_were_made():
+    """The digest is of the tokens' bytes: the same tokens as other objects (copies, one
+    object repeated) name the same file, and a token moved from one id to another does not."""
+    a = _vocab(3)
+    toks = list(a.token_bytes)
+    copies = [None if t is None else bytes(bytearray(t)) for t in toks]
+    shared = [toks[0] if t == toks[0] else t for t in copies]  # (equal tokens as one object)
+    for other in (copies, shared):
+        b = Vocabulary(other, eos_ids=[len(other) - 3], vocab_size=a.vocab_size)
+        assert trie_cache.vocab_digest(b) == trie_cache.vocab_digest(a)
+    swapped = [toks[1], toks[0], *toks[2:]] if toks[0] != toks[1] else [b"zz", *toks[1:]]
+    c = Vocabulary(swapped, eos_ids=[len(swapped) - 3], vocab_size=a.vocab_size)
+    assert trie_cache.vocab_digest(c) != trie_cache.vocab_digest(a)
