@@ -106,6 +106,10 @@ DRAFT_URIS = {
     "https://json-schema.org/draft/2020-12/schema": "Draft202012Validator",
 }
 _URI_OF = {name: uri for uri, name in DRAFT_URIS.items()}
+# each draft's folder among jsonschema-specifications' schemas
+_FOLDER_OF = {"Draft3Validator": "draft3", "Draft4Validator": "draft4", "Draft6Validator": "draft6",
+              "Draft7Validator": "draft7", "Draft201909Validator": "draft201909",
+              "Draft202012Validator": "draft202012"}  # fmt: skip
 LATEST = "Draft202012Validator"
 
 
@@ -126,41 +130,39 @@ def draft_name(schema: object) -> str:
         return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).__name__
 
 
-_DOCS: dict[str, Any] = {}
+_DOCS: dict[str, dict[str, Any]] = {}  # draft -> its metaschema documents by URI
 
 
-def _documents() -> dict[str, Any]:
-    """The official metaschema documents (each draft's metaschema and 2019-09's and 2020-12's
-    vocabularies) by URI, fragment dropped: read from jsonschema-specifications' files
-    without importing it, else (another layout) from its registry."""
-    if _DOCS:
-        return _DOCS
+def _documents(draft: str) -> dict[str, Any]:
+    """The official metaschema documents of ``draft`` (its metaschema, and 2019-09's and
+    2020-12's vocabularies) by URI, fragment dropped: read from jsonschema-specifications'
+    files without importing it (its folder of that draft only), else (another layout) from
+    its registry."""
+    docs = _DOCS.get(draft)
+    if docs is not None:
+        return docs
     spec = importlib.util.find_spec("jsonschema_specifications")
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    docs: dict[str, Any] = {}
+    docs = {}
     for folder in folders:
-        top = os.path.join(folder, "schemas")
-        if not os.path.isdir(top):
-            continue
-        for draft in sorted(os.listdir(top)):
-            base = os.path.join(top, draft)
-            paths = [os.path.join(base, "metaschema.json")]
-            vocab = os.path.join(base, "vocabularies")
-            if os.path.isdir(vocab):
-                paths += [os.path.join(vocab, f) for f in sorted(os.listdir(vocab)) if not f.startswith(".")]
-            for path in paths:
-                if os.path.isfile(path):
-                    with open(path, encoding="utf-8") as f:
-                        doc = json.load(f)
-                    ident = doc.get("$id", doc.get("id")) if isinstance(doc, dict) else None
-                    if isinstance(ident, str):
-                        docs[urldefrag(ident)[0]] = doc
-    if not all(uri in docs for uri in DRAFT_URIS):
+        base = os.path.join(folder, "schemas", _FOLDER_OF.get(draft, ""))
+        paths = [os.path.join(base, "metaschema.json")]
+        vocab = os.path.join(base, "vocabularies")
+        if os.path.isdir(vocab):
+            paths += [os.path.join(vocab, f) for f in sorted(os.listdir(vocab)) if not f.startswith(".")]
+        for path in paths:
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8") as f:
+                    doc = json.load(f)
+                ident = doc.get("$id", doc.get("id")) if isinstance(doc, dict) else None
+                if isinstance(ident, str):
+                    docs[urldefrag(ident)[0]] = doc
+    if urldefrag(_URI_OF.get(draft, _URI_OF[LATEST]))[0] not in docs:
         from jsonschema_specifications import REGISTRY
 
         docs = {urldefrag(uri)[0]: REGISTRY.contents(uri) for uri in REGISTRY}
-    _DOCS.update(docs)
-    return _DOCS
+    _DOCS[draft] = docs
+    return docs
 
 
 class _Resolver:
@@ -208,7 +210,7 @@ class _Node:
 
 class _Compiler:
     def __init__(self, draft: str) -> None:
-        docs = _documents()
+        docs = _documents(draft)
         uri = urldefrag(_URI_OF.get(draft, _URI_OF[LATEST]))[0]
         self.root = docs[uri]
         meta = draft_name(self.root)  # (the metaschema's own draft)
