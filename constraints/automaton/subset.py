@@ -539,14 +539,18 @@ else:  # no counter the compiled kernels can read: a clock that stands still
 _RATE: list[float] = []
 
 
+RATE_WINDOW = 0.001  # seconds: perf_counter's resolution (< 1 µs) makes it exact to 0.1%
+
+
 def clock_rate() -> float:
-    """Ticks of the kernels' clock (:func:`now`) per second, measured once (0.0: the clock
-    does not advance here; the kernels then bound their work, not their time)."""
+    """Ticks of the kernels' clock (:func:`now`) per second, measured once over
+    :data:`RATE_WINDOW` of a new process's first compilation (0.0: the clock does not
+    advance here; the kernels then bound their work, not their time)."""
     if not _RATE:
         rate = 0.0
         try:
             c0, t0 = int(_clock()), time.perf_counter()
-            while time.perf_counter() - t0 < 0.005:
+            while time.perf_counter() - t0 < RATE_WINDOW:
                 pass
             c1, t1 = int(_clock()), time.perf_counter()
             rate = (c1 - c0) / (t1 - t0) if c1 > c0 else 0.0
