@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from urllib.parse import unquote
 
 from ..errors import ConstraintError
 from ..ir import LONG_REPEAT, Alt, Expr, Repeat, Seq
@@ -104,6 +105,23 @@ def child(ptr: str, *keys: object) -> str:
     for k in keys:
         ptr += "/" + str(k).replace("~", "~0").replace("/", "~1")
     return ptr
+
+
+MISSING = object()  # (pointer_step: no such member)
+
+
+def pointer_keys(frag: str) -> list[str]:
+    """The reference tokens of a JSON pointer fragment, decoded ("/a/b~1c%25" -> ["a", "b/c%"])."""
+    return [unquote(raw).replace("~1", "/").replace("~0", "~") for raw in frag.split("/")[1:]]
+
+
+def pointer_step(node: object, key: str) -> object:
+    """``node``'s member ``key`` (an object's key, an array's index), or MISSING."""
+    if isinstance(node, dict):
+        return node.get(key, MISSING)
+    if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+        return node[int(key)]
+    return MISSING
 
 
 def is_trivial(s: object) -> bool:

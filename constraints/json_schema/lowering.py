@@ -27,7 +27,6 @@ import json
 import re
 import threading
 import time
-from urllib.parse import unquote
 
 from ..errors import ConstraintError, ConstraintTooComplex, is_interrupt, is_recursion_error
 from ..ir import (
@@ -54,6 +53,7 @@ from .common import (
     MAX_DEPTH,
     MAX_ENUM,
     MAX_REPEAT_COST,
+    MISSING,
     ORIGIN,
     TYPES,
     UNSUPPORTED,
@@ -65,6 +65,8 @@ from .common import (
     cost_over,
     is_trivial,
     join,
+    pointer_keys,
+    pointer_step,
     repeat_cost,
 )
 from .loader import load_schema
@@ -239,13 +241,9 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
         if frag and not frag.startswith("/"):
             raise ConstraintError(f"$ref {ref!r}: unknown anchor", path=ptr)
         target, tptr = node, base
-        for raw in frag.split("/")[1:]:
-            key = unquote(raw).replace("~1", "/").replace("~0", "~")
-            if isinstance(target, dict) and key in target:
-                target = target[key]
-            elif isinstance(target, list) and key.isdigit() and int(key) < len(target):
-                target = target[int(key)]
-            else:
+        for key in pointer_keys(frag):
+            target = pointer_step(target, key)
+            if target is MISSING:
                 raise ConstraintError(f"$ref {ref!r} does not resolve", path=ptr)
             tptr = child(tptr, key)
         return target, tptr

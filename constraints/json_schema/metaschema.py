@@ -34,7 +34,9 @@ import os
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, urldefrag, urljoin, urlsplit
+from urllib.parse import urldefrag, urljoin, urlsplit
+
+from .common import MISSING, pointer_keys, pointer_step
 
 # keywords of a metaschema that never make an instance invalid (annotations, identifiers,
 # definitions reached only through $ref, and format: jsonschema's check asserts no format)
@@ -180,13 +182,9 @@ class _Resolver:
         if target is None:
             raise Unsupported(f"$ref {ref!r}")
         if frag.startswith("/"):
-            for raw in frag.split("/")[1:]:
-                key = unquote(raw).replace("~1", "/").replace("~0", "~")
-                if isinstance(target, list) and key.isdigit():
-                    target = target[int(key)]
-                elif isinstance(target, dict) and key in target:
-                    target = target[key]
-                else:
+            for key in pointer_keys(frag):
+                target = pointer_step(target, key)
+                if target is MISSING:
                     raise Unsupported(f"$ref {ref!r}")
         elif frag:
             raise Unsupported(f"$ref {ref!r} (an anchor)")
