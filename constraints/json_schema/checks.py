@@ -328,7 +328,9 @@ def check_metaschema(
     with headroom():
         if metaschema_valid(schema, draft, sizes.get(id(schema), 1)):
             return  # (the fast check: jsonschema's walk below only names an error)
-    cls = metaschema_class(schema)
+    import jsonschema
+
+    cls = getattr(jsonschema, draft)  # (metaschema_class, from the draft already read)
     single, maps, lists = APPLICATORS.get(draft, APPLICATORS["Draft202012Validator"])
     validator = jsonschema_validator(cls)
     work: list[tuple[object, tuple]] = [(schema, ())]

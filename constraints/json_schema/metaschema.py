@@ -119,11 +119,9 @@ def draft_name(schema: object) -> str:
     """The name of jsonschema's validator class for ``schema`` (``validator_for`` with the
     2020-12 default), from its ``$schema``: a string that is not a URI the table knows gives
     the default, as jsonschema does."""
-    if not isinstance(schema, dict) or not isinstance(schema.get("$schema", ""), str):
-        return LATEST  # (its metaschema refuses a $schema that is not a string)
-    uri = schema.get("$schema")
-    if uri is None:
-        return LATEST
+    uri = schema.get("$schema") if isinstance(schema, dict) else None
+    if not isinstance(uri, str):
+        return LATEST  # (absent; or not a string, which its metaschema refuses)
     try:
         return DRAFT_URIS.get(urlsplit(uri).geturl(), LATEST)
     except ValueError:  # (jsonschema's lookup raises the same: let it name it)
