@@ -3,10 +3,17 @@
 Imported only when a batch-invariant forward runs: importing triton is not free, and the default
 paths never need it. Under TRITON_INTERPRET=1 (set before this import) they run on CPU tensors.
 
-Every kernel is compiled once per problem (N, K, dtype) whatever the number of rows M: M (and
-the partials' stride M * N) is a plain runtime argument (``do_not_specialize``), the block sizes
-and the K split are chosen from (N, K) alone, and a row's products are accumulated in the same
-k order by the same instructions in every launch. Rows never mix, so a row's bits cannot depend on the others.
+M (and the partials' stride M * N) is a plain runtime argument (``do_not_specialize``). The K
+split is chosen from (N, K) alone, and a row's products are accumulated in the same k order by
+the same instructions in every launch: each split in BLOCK_K steps of tensor-core dots, the
+splits then added in split order. Rows never mix, so a row's bits cannot depend on the others.
+
+The tiles and where the splits are added do change with M, for speed, not bits: decode-sized
+products run 64-row tiles and add their splits through float32 partials (more programs for a
+few rows); prompt-sized ones (`prompt_sized`) run PROMPT_TILES and add the splits inside each
+program. A tile's shape changes how many elements an instruction computes, not how one element
+is summed: tests/kernels/test_invariant.py checks the bits on the GPU, and
+benchmarks/bench_invariant.py at a model's shapes.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ BLOCK_K = 64
 NUM_WARPS = 4
 TARGET_PROGRAMS = 66  # split K until one block of rows has ~half an H200's 132 SMs busy
 MIN_K_PER_SPLIT = 8 * BLOCK_K
+PROMPT_PROGRAMS = 264  # two programs an H200 SM without a K split: the partials cost more
+PROMPT_TILES = (128, 256, 8, 4)  # (block_m, block_n, warps, stages) of prompt-sized products
 
 
 def config(n: int, k: int) -> tuple[int, int, int]:
@@ -37,6 +46,29 @@ def config(n: int, k: int) -> tuple[int, int, int]:
     splits = max(1, min(k // MIN_K_PER_SPLIT, triton.cdiv(TARGET_PROGRAMS, n_blocks)))
     per = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
     return block_n, triton.cdiv(k, per), per
+
+
+@triton.jit
+def _dot_step(a_ptr, w_ptr, rm, rn, rk, acc, M, N, K, stride_am, stride_wk, IEEE: tl.constexpr,
+              ROW_SUMS: tl.constexpr):  # fmt: skip
+    # acc + a[rm, rk] @ w[rk, rn], the keys rk in order
+    a = tl.load(
+        a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :],
+        mask=(rm[:, None] < M) & (rk[None, :] < K),
+        other=0.0,
+    )
+    w = tl.load(
+        w_ptr + rk[:, None].to(tl.int64) * stride_wk + rn[None, :],
+        mask=(rk[:, None] < K) & (rn[None, :] < N),
+        other=0.0,
+    )
+    if ROW_SUMS:  # the interpreter: each product summed in k order (a BLAS gemm may not)
+        acc += tl.sum(a.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+    elif IEEE:
+        acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, w, acc)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M", "stride_cs"])
@@ -57,34 +89,35 @@ def _mm_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     ROW_SUMS: tl.constexpr = False,
+    SPLITS_IN: tl.constexpr = 1,
 ):
-    # axis 0: row blocks (fastest, so the programs sharing a weight tile run together)
+    # axis 0: row blocks (fastest, so the programs sharing a weight tile run together).
+    # SPLITS_IN == 1: program (m, n, s) sums split s (keys s * K_PER_SPLIT ...) in float32 and
+    # stores it to partial s; _sum_splits_kernel adds the partials in split order.
+    # SPLITS_IN > 1 (one program a tile): the program sums each split the same way and adds it
+    # to its total at the split's end, in split order with the same float32 adds, so the bits
+    # are the partials' without their trip through memory.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     kk = tl.arange(0, BK)
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    k0 = pid_s * K_PER_SPLIT
-    for start in range(0, K_PER_SPLIT, BK):
-        rk = k0 + start + kk
-        a = tl.load(
-            a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :],
-            mask=(rm[:, None] < M) & (rk[None, :] < K),
-            other=0.0,
-        )
-        w = tl.load(
-            w_ptr + rk[:, None].to(tl.int64) * stride_wk + rn[None, :],
-            mask=(rk[:, None] < K) & (rn[None, :] < N),
-            other=0.0,
-        )
-        if ROW_SUMS:  # the interpreter: each product summed in k order (a BLAS gemm may not)
-            acc += tl.sum(a.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
-        elif IEEE:
-            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, w, acc)
+    if SPLITS_IN == 1:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for start in range(0, K_PER_SPLIT, BK):
+            rk = pid_s * K_PER_SPLIT + start + kk
+            acc = _dot_step(a_ptr, w_ptr, rm, rn, rk, acc, M, N, K, stride_am, stride_wk, IEEE, ROW_SUMS)
+    else:
+        acc = tl.full([BM, BN], -0.0, dtype=tl.float32)  # -0.0 + x is x, for every x
+        part = tl.zeros([BM, BN], dtype=tl.float32)
+        # one loop over all the keys (a loop of splits around a loop of keys runs at half speed)
+        for start in range(0, SPLITS_IN * K_PER_SPLIT, BK):
+            part = _dot_step(a_ptr, w_ptr, rm, rn, start + kk, part, M, N, K, stride_am, stride_wk, IEEE,
+                             ROW_SUMS)  # fmt: skip
+            if (start + BK) % K_PER_SPLIT == 0:
+                acc += part
+                part = tl.zeros([BM, BN], dtype=tl.float32)
     c = c_ptr + pid_s * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
@@ -100,58 +133,46 @@ def _sum_splits_kernel(p_ptr, out_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.co
     tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=m)
 
 
-def matmul(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def prompt_sized(m: int, n: int, k: int) -> bool:
+    """Whether a product has rows enough (prompt-sized M) that its row blocks alone give the
+    device PROMPT_PROGRAMS programs: then the programs add their K splits themselves, with
+    PROMPT_TILES. Either way gives the same bits."""
+    block_n = config(n, k)[0]
+    return triton.cdiv(m, BLOCK_M) * triton.cdiv(n, block_n) >= PROMPT_PROGRAMS
+
+
+def matmul(
+    a: torch.Tensor, w: torch.Tensor, splits_in: bool | None = None, tiles: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """a [M, K] @ w [K, N]. `splits_in` (default: `prompt_sized`) picks where the K splits are
+    added; `tiles` (block_m, block_n, warps, stages; default: PROMPT_TILES for a prompt-sized
+    product, else BLOCK_M, config's block_n, NUM_WARPS, 4) the programs' tiles.
+    Neither changes a row's bits (tests/kernels/test_invariant.py), only the speed."""
     M, K = a.shape
     N = w.shape[1]
     block_n, splits, per = config(N, K)
     out = torch.empty(M, N, dtype=a.dtype, device=a.device)
     if M == 0:
         return out
-    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, block_n), splits)
+    prompt = prompt_sized(M, N, K)
+    if splits_in is None:
+        splits_in = prompt
+    if tiles is None:
+        # (the interpreter's k-order sums hold a [BM, BK, BN] tile: too big for PROMPT_TILES)
+        tiles = PROMPT_TILES if prompt and not INTERPRET else (BLOCK_M, block_n, NUM_WARPS, 4)
+    bm, bn, warps, stages = tiles
     ieee = a.dtype == torch.float32 or INTERPRET  # float32 operands: exact products
-    if splits == 1:
+    kw = dict(K_PER_SPLIT=per, IEEE=ieee, ROW_SUMS=INTERPRET, BM=bm, BN=bn, BK=BLOCK_K, num_warps=warps,
+              num_stages=stages)  # fmt: skip
+    if splits == 1 or splits_in:
+        grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), 1)
         _mm_kernel[grid](
-            a,
-            w,
-            out,
-            M,
-            N,
-            K,
-            a.stride(0),
-            w.stride(0),
-            0,
-            out.stride(0),
-            K_PER_SPLIT=per,
-            IEEE=ieee,
-            ROW_SUMS=INTERPRET,
-            BM=BLOCK_M,
-            BN=block_n,
-            BK=BLOCK_K,
-            num_warps=NUM_WARPS,
-            num_stages=4,
+            a, w, out, M, N, K, a.stride(0), w.stride(0), 0, out.stride(0), SPLITS_IN=splits, **kw
         )
         return out
     part = torch.empty(splits, M, N, dtype=torch.float32, device=a.device)
-    _mm_kernel[grid](
-        a,
-        w,
-        part,
-        M,
-        N,
-        K,
-        a.stride(0),
-        w.stride(0),
-        part.stride(0),
-        part.stride(1),
-        K_PER_SPLIT=per,
-        IEEE=ieee,
-        ROW_SUMS=INTERPRET,
-        BM=BLOCK_M,
-        BN=block_n,
-        BK=BLOCK_K,
-        num_warps=NUM_WARPS,
-        num_stages=4,
-    )
+    grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), splits)
+    _mm_kernel[grid](a, w, part, M, N, K, a.stride(0), w.stride(0), part.stride(0), part.stride(1), **kw)
     total = M * N
     block = 1024
     _sum_splits_kernel[(triton.cdiv(total, block),)](

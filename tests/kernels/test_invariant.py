@@ -76,6 +76,49 @@ def test_matmul_row_bits_do_not_depend_on_the_batch(device, K, N):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("K", "N"), [(1100, 40), (1536, 96)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul_splits_added_in_the_programs_give_the_partials_bits(device, K, N, dtype):
+    """A prompt-sized product adds its K splits inside each program; a decode-sized one through
+    float32 partials and a second kernel. Same splits, same order, same adds: same bits."""
+    from deepinfer.kernels import invariant_triton as kt
+
+    a = _rand(70, K, dtype=dtype, device=device, seed=7)
+    w = _rand(K, N, dtype=dtype, device=device, seed=8) / K**0.5
+    assert kt.config(N, K)[1] > 1
+    inside = kt.matmul(a, w, splits_in=True)
+    assert torch.equal(inside, kt.matmul(a, w, splits_in=False))
+    torch.testing.assert_close(inside.float(), bi.matmul_reference(a, w).float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tiles", [(128, 128, 8, 3), (128, 64, 4, 3), (64, 256, 8, 3)])
+def test_matmul_tiles_do_not_change_a_rows_bits(device, tiles):
+    """Other tiles for the prompt-sized way (PROMPT_TILES): each element is still summed by the
+    same instructions in the same k order, so a row's bits are those of its decode tiles."""
+    from deepinfer.kernels import invariant_triton as kt
+
+    a = _rand(130, 1536, dtype=torch.bfloat16, device=device, seed=9)
+    w = _rand(1536, 200, dtype=torch.bfloat16, device=device, seed=10) / 1536**0.5
+    base = kt.matmul(a, w, splits_in=False)
+    assert torch.equal(kt.matmul(a, w, splits_in=True, tiles=tiles), base)
+    assert torch.equal(kt.matmul(a[:1], w, splits_in=False)[0], base[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prompt_sized_products_keep_a_rows_bits(device, monkeypatch):
+    """With the prompt threshold lowered to 3 programs, 100 rows of [1536] @ [1536, 96] take the
+    prompt-sized way (2 x 2 programs) and 40 rows the decode way (1 x 2): row 5 is the same."""
+    from deepinfer.kernels import invariant_triton as kt
+
+    monkeypatch.setattr(kt, "PROMPT_PROGRAMS", 3)
+    assert kt.prompt_sized(100, 96, 1536) and not kt.prompt_sized(40, 96, 1536)
+    a = _rand(100, 1536, dtype=torch.bfloat16, device=device, seed=11)
+    w = _rand(1536, 96, dtype=torch.bfloat16, device=device, seed=12) / 1536**0.5
+    assert torch.equal(bi.matmul(a, w)[5], bi.matmul(a[:40], w)[5])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_matmul_every_row_position_float32(device):
     """Each of 12 float32 rows alone == in the batch: no place in a row block rounds differently
     (the interpreter's numpy matmul did, at rows 6-11, on some CPUs)."""
