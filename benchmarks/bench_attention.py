@@ -8,7 +8,9 @@ asserts nothing.
 ``--prefill 2048,8192,32768``: the prefill kernel instead (``paged_prefill_triton``, one prompt
 of each length in one chunk), with its default tiles and each of ``--tunings`` (tile rows,
 keys a step, warps, pipeline stages): TFLOP/s of causal attention and the largest difference
-from the default's output. A tuning that does not fit the device is reported as such.
+from the default's output. A tuning that does not fit the device is reported as such. With
+``--peers``, torch's SDPA backends on the same prompt with its keys contiguous (cuDNN's is
+what the forward runs for all-new long prompts: kernels/dense_prefill.py).
 
 Per head shape, batch and context (every row that many keys, blocks of 16 scattered over the
 pool, bf16): µs a launch, timed as a CUDA graph of 20 launches replayed (no launch gaps of the
@@ -104,15 +106,56 @@ def prefill(args, device, dtype) -> None:
                 results[(t, n)] = (tf, diff)
                 ms = f"{sec * 1e3:.3f} ms, {tf:.0f} TFLOP/s"
                 print(f"  {shape} {n} {t or 'default'}: {ms}, max diff {diff:.2e}", flush=True)
+            if args.peers and device.type == "cuda":
+                for name, tf, diff in _sdpa_peers(q, k, v, ids, n, flops, ref):
+                    results[(name, n)] = tf if isinstance(tf, str) else (tf, diff)
         base = {n: results[(None, n)][0] for n in lengths}
+        if args.peers and device.type == "cuda":
+            tunings = tunings + [name for name in SDPA_BACKENDS]
         for t in tunings:
-            row = [shape, "default" if t is None else ":".join(map(str, t))]
+            row = [shape, "default" if t is None else t if isinstance(t, str) else ":".join(map(str, t))]
             for n in lengths:
                 r = results[(t, n)]
                 row.append(r if isinstance(r, str) else f"{r[0]:.0f} ({r[0] / base[n]:.2f}x, {r[1]:.0e})")
             table.append(row)
         cols = [f"{n} tokens TFLOP/s (vs default, max diff)" for n in lengths]
         _table(["heads", "rows:keys:warps:stages", *cols], table)
+
+
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+
+
+def _sdpa_peers(q, k, v, ids, n, flops, ref):
+    """(backend, TFLOP/s, max diff from the default kernel) of torch's causal SDPA on the same
+    prompt with its keys contiguous, for each of torch's fused backends (GQA without repeating
+    K/V); a backend that refuses the shape gives its error's name."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    _, nkv, g, hd = q.shape
+    qh = q.reshape(n, nkv * g, hd).transpose(0, 1)[None].contiguous()
+    kh, vh = (c[ids[0].long()].reshape(-1, nkv, hd)[:n].transpose(0, 1)[None].contiguous() for c in (k, v))
+    rows = []
+    for name in SDPA_BACKENDS:
+
+        def call(name=name):
+            with sdpa_kernel(getattr(SDPBackend, name)):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    qh, kh, vh, is_causal=True, enable_gqa=True
+                )
+
+        try:
+            sec = _event_seconds(call)
+        except Exception as e:  # noqa: BLE001 - the backend does not take this shape
+            rows.append((name, type(e).__name__, None))
+            continue
+        out = call()[0].transpose(0, 1).reshape(n, nkv, g, hd).float()
+        tf = flops / sec / 1e12
+        diff = (out - ref).abs().max().item()
+        print(
+            f"  torch sdpa {name} {n}: {sec * 1e3:.3f} ms, {tf:.0f} TFLOP/s, max diff {diff:.2e}", flush=True
+        )
+        rows.append((name, tf, diff))
+    return rows
 
 
 def main() -> None:
@@ -126,6 +169,7 @@ def main() -> None:
     ap.add_argument("--splits", type=lambda x: [int(c) for c in x.split(",")], default=[1, 16])
     ap.add_argument("--prefill", default=None, help="prompt lengths: time the prefill kernel instead")
     ap.add_argument("--tunings", default=DEFAULT_TUNINGS, help="rows:keys:warps:stages,... (with --prefill)")
+    ap.add_argument("--peers", action="store_true", help="with --prefill: torch SDPA's backends beside it")
     args = ap.parse_args()
     device, dtype = torch.device(args.device), torch.bfloat16
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

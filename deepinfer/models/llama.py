@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..kernels import dense_prefill as dense
 from ..kernels import int4_gemv
 from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
 from ..kernels.fused import signed_sin
@@ -372,6 +373,10 @@ class LlamaModel:
                 torch.tensor(x, dtype=torch.int64).to(self.device, non_blocking=True)
                 for x in (batch.query_start, batch.seq_lens)
             )
+        # every sequence's first tokens, and long: cuDNN's dense causal attention (dense_prefill)
+        fresh = attention == "prefill" and dense.usable(x.device, x.dtype)
+        spans = list(zip(batch.query_start, batch.query_start[1:]))
+        fresh = fresh and all(b - a == n >= dense.MIN_TOKENS for (a, b), n in zip(spans, batch.seq_lens))
         splits = decode_splits(N, nkv, x.device) if attention == "split" else 1  # runs of a row's keys
         # rows of one token each (a decode step) on the torch path: where each row's keys lie is
         # worked out once (per KV-cache group and window) for every layer
@@ -392,6 +397,12 @@ class LlamaModel:
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], tables, batch.seq_ids,
                                            batch.positions, window=layer.window, softcap=layer.softcap,
                                            splits=splits)  # fmt: skip
+            elif fresh and not layer.softcap and (not layer.window or layer.window >= max_q):
+                o = self._dense_prefill(q, cache.k[i], cache.v[i], tables, spans)
+                if o is None:  # cuDNN refused: the paged kernel from now on
+                    fresh = False
+                    o = paged_prefill_triton(q, cache.k[i], cache.v[i], tables, query_start, seq_lens,
+                                             max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
             elif attention == "prefill":
                 o = paged_prefill_triton(q, cache.k[i], cache.v[i], tables, query_start, seq_lens,
                                          max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
@@ -407,6 +418,19 @@ class LlamaModel:
             x, y = x[batch.logits_index], y[batch.logits_index]
         x = op.add_norm(x, y, self.norm)[1]
         return softcap(self._head(x, op.mm).float(), self.config.final_softcap)
+
+    @staticmethod
+    def _dense_prefill(q, k_cache, v_cache, tables, spans) -> torch.Tensor | None:
+        """Each sequence's rows of q by dense_prefill; None (and the path off for the process,
+        dense.REFUSED) where cuDNN refuses the shape."""
+        try:
+            parts = [
+                dense.dense_prefill(q[a:b], k_cache, v_cache, tables[s]) for s, (a, b) in enumerate(spans)
+            ]
+        except RuntimeError as e:
+            dense.REFUSED.append(str(e))
+            return None
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, Int4Weight):  # a tied head's planes: the columns read, dequantized

@@ -158,13 +158,14 @@ def test_norm_qkv_rope_matches_reference(device, dtype, nh, nkv, hd, M):
     assert caches[0][untouched].isnan().all() and caches[1][untouched].isnan().all()
 
 
-def _tiny_model(dtype, device):
+def _tiny_model(dtype, device, max_len: int = 128):
     """A 2-layer Llama of random weights (norm weights near 1, matrices scaled by 1/sqrt(fan-in))."""
     from deepinfer.config import ModelConfig
     from deepinfer.models.llama import LlamaModel
 
     cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=16, rope_theta=1e4, max_position_embeddings=128)  # fmt: skip
+                      num_kv_heads=2, head_dim=16, rope_theta=1e4,
+                      max_position_embeddings=max_len)  # fmt: skip
     g = torch.Generator().manual_seed(0)
     shapes = cfg.weight_shapes()
 
@@ -179,7 +180,7 @@ def _tiny_model(dtype, device):
     for i in range(cfg.num_layers):
         for part in cfg.layer_weights(i):
             w[f"model.layers.{i}.{part}"] = make(part)
-    return LlamaModel(cfg, w, dtype=dtype, device=device, max_len=128)
+    return LlamaModel(cfg, w, dtype=dtype, device=device, max_len=max_len)
 
 
 @pytest.mark.parametrize("device", DEVICES)
