@@ -4,8 +4,8 @@ Building a trie sorts every token's bytes in Python (about a second for Llama 3'
 tokens, three tries per vocabulary: all tokens, and those without and with ``"``); loading
 its arrays takes milliseconds. A file is named by the SHA-256 of the vocabulary (each
 token's bytes and the logits width) and the part, in ``<cache dir>/tries/``
-(:func:`..native.cache_dir`). It holds a header (magic, :data:`VERSION`, the Adler-32
-checksum of the data, each array's length), then the trie's
+(:func:`..native.cache_dir`). It holds a header (magic, :data:`VERSION`, a checksum of
+the data (:func:`_checksum`), each array's length), then the trie's
 :data:`~.trie.VocabIndex.BASE` and ``DERIVED`` arrays as int32: a file that does not load, or does not
 match its header, is built again, and written atomically (a temporary file, then a
 rename). A folder that cannot be written only costs the build. ``DEEPINFER_TRIE_CACHE=0``
@@ -18,14 +18,13 @@ import hashlib
 import marshal
 import os
 import tempfile
-import zlib
 
 import numpy as np
 
 from ..native import cache_dir
 from .trie import VocabIndex
 
-VERSION = 2  # of the trie's layout: a change to how a trie is built must bump it
+VERSION = 3  # of the trie file: a change to how a trie is built, or stored, must bump it
 ENV = "DEEPINFER_TRIE_CACHE"
 
 
@@ -47,7 +46,15 @@ HEAD = 3 + len(STORED)  # magic, version, checksum, then each array's length
 
 
 def _checksum(data: np.ndarray) -> int:
-    return zlib.adler32(data.data) & 0x7FFFFFFF
+    """31 bits of a hash of the int32 data's 64-bit words' sum and XOR (and of a last odd
+    word): a word changed, a zeroed run or a torn write changes the sum. Two vectorised
+    passes: under a millisecond for Llama 3's 16 MB tries."""
+    words = data[: len(data) & ~1].view(np.uint64)
+    total = int(words.sum(dtype=np.uint64)) if len(words) else 0
+    xor = int(np.bitwise_xor.reduce(words)) if len(words) else 0
+    tail = int(data[-1]) & 0xFFFFFFFF if len(data) & 1 else 0
+    key = total.to_bytes(8, "little") + xor.to_bytes(8, "little") + tail.to_bytes(4, "little")
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little") & 0x7FFFFFFF
 
 
 def _read(path: str) -> dict | None:

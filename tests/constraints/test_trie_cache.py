@@ -71,6 +71,22 @@ def test_corrupt_files_are_built_again(cache):
         _same(built, trie_cache.trie(v, "all"))  # (rewritten whole)
 
 
+def test_checksum_sees_one_word_changed_and_zeroed_runs():
+    """Every single-bit flip at words across an odd-length array (the last word included), and
+    a zeroed run, change the checksum."""
+    data = np.random.default_rng(0).integers(-(2**31), 2**31, size=1001, dtype=np.int64).astype(np.int32)
+    base = trie_cache._checksum(data)
+    for i in (0, 1, 2, 500, 999, 1000):
+        for bit in (0, 17, 31):
+            bad = data.copy()
+            bad[i] ^= np.int32(-(2**31)) if bit == 31 else np.int32(1 << bit)
+            assert trie_cache._checksum(bad) != base, (i, bit)
+    bad = data.copy()
+    bad[100:164] = 0
+    assert trie_cache._checksum(bad) != base
+    assert trie_cache._checksum(data[:0]) == trie_cache._checksum(np.zeros(0, np.int32))
+
+
 def test_unwritable_cache_folder_still_builds(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache folder would be")
