@@ -33,6 +33,9 @@ install() {
     # minute), so a new process does not pay numba's JIT; without it they run under the JIT.
     "$PY" -m deepinfer.constraints.native_build --if-missing \
         || echo "constraint kernels not built ahead of time: numba's JIT runs them" >&2
+    # The package's modules byte-compiled now: where PYTHONDONTWRITEBYTECODE is set, Python
+    # would otherwise compile them again in every new process (about 15 ms for the compiler).
+    "$PY" -m compileall -q constraints deepinfer kernels >/dev/null
     # The C int4 GEMV of a CPU decode step (kernels/int4_gemv.c, -march=native, a second);
     # without a C compiler torch's int4 kernel runs every matmul.
     "$PY" -m deepinfer.kernels.int4_gemv --if-missing \
