@@ -30,7 +30,7 @@ from .automaton.pushdown import Automaton, Config
 from .bitmask import unpack_bitmask
 from .ir import SPECIAL_LEAD, special_bytes
 from .tokens.rows import canonical_key, count_bytes, match_form, unquoted_region
-from .tokens.trie import WalkMemo
+from .tokens.trie import WalkMemo, counted_loops
 
 ROW_CACHE_SIZE = 8192
 QUOTE = 0x22
@@ -590,7 +590,14 @@ class CompiledConstraint:
                 self._bottom_counted(st[0], words)
             elif self._counted_frame(st):  # near a region in a called rule: the counted walk
                 nodes, states = self.index.walk_counted(
-                    a.table, a.counters, a.cls, st[-1] % n, st[-1] // n, words, self._bnd_inner
+                    a.table,
+                    a.counters,
+                    a.cls,
+                    st[-1] % n,
+                    st[-1] // n,
+                    words,
+                    self._bnd_inner,
+                    loops=self._loops(),
                 )
                 if len(nodes):
                     self._continue(st[:-1], nodes, states, words, self.index)
@@ -626,10 +633,10 @@ class CompiledConstraint:
                 words = self._unquoted_row(s).copy()
             else:  # near hi: tokens without '"' by the margin they need
                 words = self._near_hi_row(s, a._hi_list[r] - c)
-            split[0][1].walk_counted(a.table, a.counters, a.cls, s, c, words)
+            split[0][1].walk_counted(a.table, a.counters, a.cls, s, c, words, loops=self._loops())
             return words
         words = np.zeros(self.n_words, dtype=np.uint32)
-        self.index.walk_counted(a.table, a.counters, a.cls, s, c, words)
+        self.index.walk_counted(a.table, a.counters, a.cls, s, c, words, loops=self._loops())
         return words
 
     def _bottom_counted(self, config: int, words: np.ndarray) -> None:
@@ -646,7 +653,9 @@ class CompiledConstraint:
                 self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
             words |= self._near_hi_row(s, a._hi_list[r] - c)  # (no call inside a region)
             with_quote = self._split[0][1]
-            nodes, states = with_quote.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
+            nodes, states = with_quote.walk_counted(
+                a.table, a.counters, a.cls, s, c, words, self._bnd_bottom, loops=self._loops()
+            )
             if len(nodes):
                 self._continue((), nodes, states, words, with_quote)
             return
@@ -668,13 +677,26 @@ class CompiledConstraint:
                 nodes, states = no_quote.walk_fast(memo, False, s, words)
                 if len(nodes):
                     self._continue((), nodes, states, words, no_quote)
-            nodes, states = with_quote.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
+            nodes, states = with_quote.walk_counted(
+                a.table, a.counters, a.cls, s, c, words, self._bnd_bottom, loops=self._loops()
+            )
             if len(nodes):
                 self._continue((), nodes, states, words, with_quote)
             return
-        nodes, states = self.index.walk_counted(a.table, a.counters, a.cls, s, c, words, self._bnd_bottom)
+        nodes, states = self.index.walk_counted(
+            a.table, a.counters, a.cls, s, c, words, self._bnd_bottom, loops=self._loops()
+        )
         if len(nodes):
             self._continue((), nodes, states, words, self.index)
+
+    def _loops(self) -> tuple[np.ndarray, np.ndarray]:
+        """The automaton's ``counted_loops``, for the counted walks' subtree shortcut (on
+        first use)."""
+        loops = self.__dict__.get("_loop_sets")
+        if loops is None:
+            a = self.automaton
+            loops = self._loop_sets = counted_loops(a.table, a.counters.act, a.cls, a.counters.region)
+        return loops
 
     def _hi_cap(self, s: int) -> int:
         """Items below hi past which no token from region state ``s`` meets it (the tokens'
@@ -795,7 +817,8 @@ class CompiledConstraint:
         if a.counters is not None and self._counted_frame(st):
             n = a.n_states  # a bottom frame, or a region's: with its count
             top, count = st[-1] % n, st[-1] // n
-            return trie.walk_counted(a.table, a.counters, a.cls, top, count, words, bnd, roots, **chain)
+            return trie.walk_counted(a.table, a.counters, a.cls, top, count, words, bnd, roots, **chain,
+                                     loops=self._loops())  # fmt: skip
         if chain:
             return trie.walk_fast(self._walk_memo(False), len(st) > 1, st[-1], words, roots, **chain)
         if self.fast_min_bytes <= 256:

@@ -169,6 +169,10 @@ def _walk_counted_py(
     side_nodes,
     side_levels,
     side_count,
+    sub,
+    tok_end,
+    loop_set,
+    loop_tick,
 ):
     """``_walk_py`` for an automaton with counted repetitions (see :mod:`..automaton.counted`): the
     configuration at each depth is (state, count), and a transition is live only if its
@@ -177,7 +181,15 @@ def _walk_counted_py(
     region. Boundary states (never in a region) are reported as by ``_walk_py``, each with
     its level in ``bnd_levels``. A chain of calls as in :func:`_walk_range`: below a node
     reached in ``recall_from`` at level ``l < max_level`` the walk goes on from
-    (``recall_to``, ``recall_count``) at level ``l + 1``; ``side_states`` as there."""
+    (``recall_to``, ``recall_count``) at level ``l + 1``; ``side_states`` as there.
+
+    The subtree shortcut (``loop_set`` not empty; see :func:`counted_loops`): below a live,
+    non-boundary node reached in state t with count c, whose subtree's bytes lie in shortcut
+    set ``sub & 255`` <= ``loop_set[t]`` (each of those bytes keeps t, with no counter action
+    but the same TICK or none), every token of the subtree (``tok_end``) is set without
+    walking when c + (its height ``sub >> 8`` if those bytes TICK) + need[t] <= hi: the
+    walk would stay in t with every check passed."""
+    short = loop_set.shape[0] > 0
     states[base_depth] = start
     counts[base_depth] = count
     lev[base_depth] = 1
@@ -238,6 +250,14 @@ def _walk_counted_py(
                 bnd_states[nb] = t
                 bnd_levels[nb] = lv
                 nb += 1
+        elif short and (sub[i] & 255) <= loop_set[t]:
+            rt = region[t]
+            if rt < 0 or c + ((sub[i] >> 8) if loop_tick[t] else 0) + need[t] <= hi[rt]:
+                for k2 in range(tok_hi[i], tok_end[i]):
+                    tid = tok_ids[k2]
+                    out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                i = node_skip[i]
+                continue
         i += 1
     return nb
 
@@ -284,6 +304,10 @@ def _walk_counted_many_py(
     side_nodes,
     side_levels,
     side_count,
+    sub,
+    tok_end,
+    loop_set,
+    loop_tick,
 ):
     """``_walk_counted_py`` of the whole trie (``roots`` empty), else of the subtrees below
     each node of ``roots`` (children only; from (``starts[i]``, ``start_counts[i]``) below
@@ -337,6 +361,10 @@ def _walk_counted_many_py(
             side_nodes,
             side_levels,
             side_count,
+            sub,
+            tok_end,
+            loop_set,
+            loop_tick,
         )
     return nb
 
@@ -457,6 +485,37 @@ SHORTCUT_SETS = (_LOWER, _ALPHA, _ALNUM, _WORD, _PRINT)
 N_SETS = len(SHORTCUT_SETS)
 _SET_ROWS = np.concatenate([np.full(len(bs), j, dtype=np.int32) for j, bs in enumerate(SHORTCUT_SETS)])
 _SET_BYTES = np.concatenate([np.array(sorted(bs), dtype=np.int32) for bs in SHORTCUT_SETS])
+
+
+_NO_LOOPS = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.bool_))
+
+
+def counted_loops(
+    table: np.ndarray, act: np.ndarray, cls: np.ndarray, region: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per state t of a counted automaton: the largest shortcut set (index into
+    SHORTCUT_SETS; -1: none) each of whose bytes keeps t with one counter action for all,
+    no action or TICK alone, and whether that action is TICK; for the states of a region
+    (``region >= 0``) only, the others -1. The counted walk takes a subtree over such a set
+    whole (see ``_walk_counted_py``): its state never changes there, and its count grows by
+    at most the subtree's height."""
+    n = table.shape[0]
+    inside = np.flatnonzero(region >= 0)
+    inside = inside[table[inside, cls[0x61]] == inside]  # ("a" is in every set: a loop there first)
+    loop_set = np.full(n, -1, dtype=np.int32)
+    loop_tick = np.zeros(n, dtype=np.bool_)
+    ok = np.ones(len(inside), dtype=np.bool_)
+    tick = np.zeros(len(inside), dtype=np.bool_)
+    sub_t, sub_a = table[inside], act[inside]
+    for j, byte_set in enumerate(SHORTCUT_SETS):  # (nested: a set's loop is its subsets' too)
+        k = np.array(sorted({int(cls[b]) for b in byte_set}))  # (a class's bytes share their edges)
+        t, a = sub_t[:, k], sub_a[:, k]
+        ok &= (t == inside[:, None]).all(axis=1) & ((a == 0).all(axis=1) | (a == 2).all(axis=1))
+        if j == 0:
+            tick = a[:, 0] == 2
+        loop_set[inside[ok]] = j
+    loop_tick[inside] = tick
+    return loop_set, loop_tick
 
 
 def _subtree_sets_py(node_byte, node_depth, node_skip, tok_lo, n_tok, byte_set, sub_set, sub_height, tok_end):
@@ -1086,13 +1145,16 @@ class VocabIndex:
         recall: tuple[int, int, int] | None = None,
         starts: np.ndarray | None = None,
         side: np.ndarray | None = None,
+        loops: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         """Set the tokens allowed from configuration (``start``, ``count``) of an automaton
         with counted repetitions (``counters``: its :class:`~..automaton.counted.Counters`), over the
         whole trie or below ``roots``. Returns ``(nodes, states)`` of the boundary pairs met.
         ``starts``: each root's own configuration (state + n_states * count) instead.
         ``recall``: a chain of calls, as in :meth:`walk_fast` (``recall_to`` a configuration);
-        then ``(nodes, states, levels, the highest level reached, sides)`` (as there)."""
+        then ``(nodes, states, levels, the highest level reached, sides)`` (as there).
+        ``loops``: :func:`counted_loops` of the automaton, for the subtree shortcut (None:
+        every node walked; the same tokens)."""
         roots, bnd_nodes, bnd_states, bnd_levels, states, lev = self._walk_buffers(roots)
         if boundary is None:
             boundary = np.zeros(table.shape[0], dtype=np.bool_)
@@ -1139,8 +1201,21 @@ class VocabIndex:
             lev,
             bnd_levels,
             *side_args,
+            *self._subtree_columns(),
+            *(loops if loops is not None else _NO_LOOPS),
         )
         return _walk_result(nb, bnd_nodes, bnd_states, bnd_levels, lev, side_args, recall)
+
+    def _subtree_columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """``fast_nodes``' subtree set and height (F_SUB) and tokens' end (F_TOK_END) columns,
+        contiguous, for the counted walk's shortcut (made on first use)."""
+        cols = self.__dict__.get("_sub_cols")
+        if cols is None:
+            cols = self._sub_cols = (
+                np.ascontiguousarray(self.fast_nodes[:, F_SUB]),
+                np.ascontiguousarray(self.fast_nodes[:, F_TOK_END]),
+            )
+        return cols
 
     def _region_walk(self, table, counters, cls, start: int) -> tuple:
         """The leading arguments of a walk from region state ``start`` that tracks items

