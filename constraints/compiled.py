@@ -103,6 +103,10 @@ class CompiledConstraint:
             # per region state met near a bound: what of the count its tokens see (_count_marks)
             self._caps: dict[int, tuple[list[int], list[int]]] = {}
             _warm_up_counted(self.index)
+            self.index.subtree_columns()  # (now, not in a mask; the tries without '"' too, if built)
+            split = vocab.split_index_if_built(QUOTE)
+            if split is not None:
+                split[0].subtree_columns()
             # states with a bound on a byte other than '"' (entering or leaving a region
             # that is not a JSON string): see _compute_counted
             q = int(a.cls[QUOTE])
@@ -715,7 +719,7 @@ class CompiledConstraint:
         if crit is None:
             a = self.automaton
             crit = np.full(self.vocab_size, np.iinfo(np.int64).max, dtype=np.int64)
-            self._split[0][0].walk_crit(a.table, a.counters, a.cls, state, crit)
+            self._split[0][0].walk_crit(a.table, a.counters, a.cls, state, crit, loops=self._loops())
             memo[state] = crit
         bits = np.packbits(crit <= left, bitorder="little")
         words = np.zeros(self.n_words * 4, dtype=np.uint8)

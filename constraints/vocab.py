@@ -298,6 +298,10 @@ class Vocabulary:
             cache[byte] = hit
         return hit
 
+    def split_index_if_built(self, byte: int) -> tuple[Any, Any] | None:
+        """:meth:`split_index` where it was built (or loaded) before, else None."""
+        return self.__dict__.get("_split", {}).get(byte)
+
     def shared_rows(self) -> dict:
         """Rows shared across compilations, keyed by a canonical form of the automaton
         that decides them (e.g. "inside a JSON string"): computed once per vocabulary."""

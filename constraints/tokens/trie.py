@@ -389,10 +389,20 @@ def _walk_crit_py(
     states,
     ticks,
     crits,
+    sub,
+    tok_end,
+    tok_depth,
+    loop_set,
+    loop_tick,
 ):
     """For each token that stays inside ``start``'s counted region, the count margin it
     needs: the most, over its path, of items started so far + ``need`` of the state
-    reached (allowed from count c iff c + crit <= hi). Other tokens keep their value."""
+    reached (allowed from count c iff c + crit <= hi). Other tokens keep their value.
+    The subtree shortcut of ``_walk_counted_py`` (``loop_set`` not empty): below a node
+    reached in state t whose subtree's bytes t keeps, a token at depth D (``tok_depth``, by
+    its place in ``tok_ids``) needs the node's margin or, if those bytes tick, its items
+    plus the D - d more and need[t], whichever is more."""
+    short = loop_set.shape[0] > 0
     states[0] = start
     ticks[0] = 0
     crits[0] = 0
@@ -413,6 +423,14 @@ def _walk_crit_py(
         crits[d] = cr
         for k2 in range(tok_lo[i], tok_hi[i]):
             crit[tok_ids[k2]] = cr
+        if short and (sub[i] & 255) <= loop_set[t]:
+            step = 1 if loop_tick[t] else 0
+            base = tk - d * step + need[t]
+            for k2 in range(tok_hi[i], tok_end[i]):
+                v = base + tok_depth[k2] * step
+                crit[tok_ids[k2]] = v if v > cr else cr
+            i = node_skip[i]
+            continue
         i += 1
     return 0
 
@@ -1201,19 +1219,32 @@ class VocabIndex:
             lev,
             bnd_levels,
             *side_args,
-            *self._subtree_columns(),
+            *self.subtree_columns()[:2],
             *(loops if loops is not None else _NO_LOOPS),
         )
         return _walk_result(nb, bnd_nodes, bnd_states, bnd_levels, lev, side_args, recall)
 
-    def _subtree_columns(self) -> tuple[np.ndarray, np.ndarray]:
-        """``fast_nodes``' subtree set and height (F_SUB) and tokens' end (F_TOK_END) columns,
-        contiguous, for the counted walk's shortcut (made on first use)."""
+    def subtree_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What the counted walks' subtree shortcut reads, contiguous (made on first use,
+        about 2 ms for Llama 3's trie: ``CompiledConstraint`` asks for it when it compiles an
+        automaton with counters): ``fast_nodes``' subtree set and height (F_SUB) and tokens'
+        end (F_TOK_END) columns, and per place in ``tok_ids`` the depth (byte length) of its
+        token's node."""
         cols = self.__dict__.get("_sub_cols")
         if cols is None:
+            counts = self.tok_hi - self.tok_lo
+            depths = np.repeat(self.node_depth, counts)  # (the nodes' ranges in order, end to end)
+            if len(depths) != len(self.tok_ids) or not np.array_equal(
+                self.tok_lo, np.cumsum(counts) - counts
+            ):
+                first = np.repeat(self.tok_lo, counts)
+                within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+                depths = np.zeros(len(self.tok_ids), dtype=np.int32)
+                depths[first + within] = np.repeat(self.node_depth, counts)
             cols = self._sub_cols = (
                 np.ascontiguousarray(self.fast_nodes[:, F_SUB]),
                 np.ascontiguousarray(self.fast_nodes[:, F_TOK_END]),
+                np.ascontiguousarray(depths, dtype=np.int32),
             )
         return cols
 
@@ -1228,11 +1259,15 @@ class VocabIndex:
         d = self.max_depth + 2
         return np.empty(d, dtype=np.int32), np.empty(d, dtype=np.int64), np.empty(d, dtype=np.int64)
 
-    def walk_crit(self, table, counters, cls, start: int, crit: np.ndarray) -> None:
+    def walk_crit(
+        self, table, counters, cls, start: int, crit: np.ndarray, loops: tuple | None = None
+    ) -> None:
         """Write into ``crit`` (int64 [vocab]) the count margin of each token that stays
-        inside ``start``'s counted region (see ``_walk_crit_py``)."""
+        inside ``start``'s counted region (see ``_walk_crit_py``); ``loops`` as in
+        :meth:`walk_counted`."""
         walk = self._region_walk(table, counters, cls, start)
-        _walk_crit(*walk, self.tok_ids, crit, *self._depth_scratch())
+        _walk_crit(*walk, self.tok_ids, crit, *self._depth_scratch(), *self.subtree_columns(),
+                   *(loops if loops is not None else _NO_LOOPS))  # fmt: skip
 
     def count_reach(self, table, counters, cls, start: int, most: int) -> tuple[list[int], list[int]]:
         """``_count_reach_py`` from region state ``start`` over the whole vocabulary: the

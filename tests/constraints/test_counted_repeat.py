@@ -352,12 +352,12 @@ def test_pattern_whose_lengths_have_gaps_keeps_its_product(monkeypatch):
 
 
 @pytest.mark.parametrize("vocab_name", ["small", "llama3"])
-@pytest.mark.parametrize("name", ["words", "pattern", "strings", "pushdown"])
+@pytest.mark.parametrize("name", ["words", "pattern", "pattern_min", "strings", "pushdown"])
 def test_subtree_shortcut_gives_the_walks_tokens(name, vocab_name, monkeypatch):
     """The counted walk's subtree shortcut (``counted_loops``) against the same walk node by
     node: the same tokens and the same boundary pairs, from every region state with a loop
-    and from others, at counts far from hi, at its edge and past it (Llama 3's trie has deep
-    subtrees over the shortcut sets)."""
+    and from others, at counts far from hi, at its edge and past it; and the same count
+    margins (``walk_crit``). Llama 3's trie has deep subtrees over the shortcut sets."""
     from deepinfer.constraints.tokens.trie import counted_loops
 
     if vocab_name == "llama3":
@@ -385,3 +385,10 @@ def test_subtree_shortcut_gives_the_walks_tokens(name, vocab_name, monkeypatch):
             w = c.index.walk_counted(a.table, a.counters, a.cls, s, count, want, bnd)
             assert np.array_equal(got, want), (s, count)
             assert sorted(zip(*map(np.ndarray.tolist, g))) == sorted(zip(*map(np.ndarray.tolist, w)))
+        if a.counters.region[s] >= 0:  # the tokens' count margins, the same shortcut
+            got_crit, want_crit = (
+                np.full(v.vocab_size, np.iinfo(np.int64).max, dtype=np.int64) for _ in "ab"
+            )
+            c.index.walk_crit(a.table, a.counters, a.cls, s, got_crit, loops=loops)
+            c.index.walk_crit(a.table, a.counters, a.cls, s, want_crit)
+            assert np.array_equal(got_crit, want_crit), s
