@@ -108,10 +108,6 @@ DRAFT_URIS = {
     "https://json-schema.org/draft/2020-12/schema": "Draft202012Validator",
 }
 _URI_OF = {name: uri for uri, name in DRAFT_URIS.items()}
-# each draft's folder among jsonschema-specifications' schemas
-_FOLDER_OF = {"Draft3Validator": "draft3", "Draft4Validator": "draft4", "Draft6Validator": "draft6",
-              "Draft7Validator": "draft7", "Draft201909Validator": "draft201909",
-              "Draft202012Validator": "draft202012"}  # fmt: skip
 LATEST = "Draft202012Validator"
 
 
@@ -145,7 +141,8 @@ def _documents(draft: str) -> dict[str, Any]:
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     docs = {}
     for folder in folders:
-        base = os.path.join(folder, "schemas", _FOLDER_OF.get(draft, ""))
+        # (the draft's folder among its schemas: "Draft7Validator" -> "draft7")
+        base = os.path.join(folder, "schemas", draft.removesuffix("Validator").lower())
         paths = [os.path.join(base, "metaschema.json")]
         vocab = os.path.join(base, "vocabularies")
         if os.path.isdir(vocab):

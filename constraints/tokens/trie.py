@@ -1232,15 +1232,9 @@ class VocabIndex:
         token's node."""
         cols = self.__dict__.get("_sub_cols")
         if cols is None:
-            counts = self.tok_hi - self.tok_lo
-            depths = np.repeat(self.node_depth, counts)  # (the nodes' ranges in order, end to end)
-            if len(depths) != len(self.tok_ids) or not np.array_equal(
-                self.tok_lo, np.cumsum(counts) - counts
-            ):
-                first = np.repeat(self.tok_lo, counts)
-                within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-                depths = np.zeros(len(self.tok_ids), dtype=np.int32)
-                depths[first + within] = np.repeat(self.node_depth, counts)
+            # tokens lie in tok_ids in DFS order (as F_TOK_END reads them): the nodes' ranges
+            # end to end
+            depths = np.repeat(self.node_depth, self.tok_hi - self.tok_lo)
             cols = self._sub_cols = (
                 np.ascontiguousarray(self.fast_nodes[:, F_SUB]),
                 np.ascontiguousarray(self.fast_nodes[:, F_TOK_END]),

@@ -397,15 +397,14 @@ class LlamaModel:
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], tables, batch.seq_ids,
                                            batch.positions, window=layer.window, softcap=layer.softcap,
                                            splits=splits)  # fmt: skip
-            elif fresh and not layer.softcap and (not layer.window or layer.window >= max_q):
-                o = self._dense_prefill(q, cache.k[i], cache.v[i], tables, spans)
-                if o is None:  # cuDNN refused: the paged kernel from now on
-                    fresh = False
+            elif attention == "prefill":
+                o = None
+                if fresh and not layer.softcap and (not layer.window or layer.window >= max_q):
+                    o = self._dense_prefill(q, cache.k[i], cache.v[i], tables, spans)
+                    fresh = o is not None  # (cuDNN refused: the paged kernel from now on)
+                if o is None:
                     o = paged_prefill_triton(q, cache.k[i], cache.v[i], tables, query_start, seq_lens,
                                              max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
-            elif attention == "prefill":
-                o = paged_prefill_triton(q, cache.k[i], cache.v[i], tables, query_start, seq_lens,
-                                         max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
             elif attention == "invariant":
                 o = paged_invariant_triton(q, cache.k[i], cache.v[i], tables, query_start, batch.positions,
                                            max_q, window=layer.window, softcap=layer.softcap)  # fmt: skip
