@@ -439,6 +439,10 @@ def worker_main(conn, engine: str, cfg: dict) -> None:
         eng = ENGINE_CLASSES[engine](cfg)
         t_init = (ns() - t) / 1e9
         eng.warmup()  # JIT / lazy imports out of the first schema's figures
+        # what lives as long as the worker (the vocabulary, an engine's tokenizer tables) is left
+        # out of the collector's full passes, as deepinfer's LLM does once built: such a pass
+        # walks every token's entry and would land, some milliseconds long, on one mask
+        gc.freeze()
         if engine == "xgrammar" and not cfg.get("verbose"):  # its C++ warnings go to fd 2, per schema
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 2)

@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     compiler = Compiler(vocab)
     w = compiler.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
     Matcher(w).mask_row()
+    gc.freeze()  # (as bench_constraints' workers: the vocabulary out of full collections)
     acc: dict = collections.Counter()
     _instrument(compiled_mod.CompiledConstraint, pd_mod, compiled_mod, acc)
 

@@ -235,7 +235,9 @@ class CompiledConstraint:
         near a bound, a pattern like ``(\\S+\\s+){0,99}`` needs a few (its tokens start an item
         or two), and a string's length bound one per distinct length of the long tokens."""
         a = self.automaton
-        marks = self._caps[s] = self.index.count_reach(a.table, a.counters, a.cls, s, self._hi_caps[s])
+        marks = self._caps[s] = self.index.count_reach(
+            a.table, a.counters, a.cls, s, self._hi_caps[s], loops=self._loops()
+        )
         return marks
 
     def _cold_row(self, key, config) -> np.ndarray:
@@ -674,13 +676,7 @@ class CompiledConstraint:
                 big = self.__dict__.get("_canon_big")
                 if big is None or not big[s] or self._canon_region[s] >= 0:
                     canon = self._canonical_unquoted(s, False)  # no call or return over other bytes
-            if canon is not None:
-                words |= self._unquoted_row(s)
-            else:  # (the subtree shortcut, as the context-independent walks take it)
-                memo = self._walk_memo(n_bytes >= self.fast_min_bytes)
-                nodes, states = no_quote.walk_fast(memo, False, s, words)
-                if len(nodes):
-                    self._continue((), nodes, states, words, no_quote)
+            words |= self._unquoted_row(s) if canon is not None else self._bottom_unquoted(s, n_bytes)
             nodes, states = with_quote.walk_counted(
                 a.table, a.counters, a.cls, s, c, words, self._bnd_bottom, loops=self._loops()
             )
@@ -692,6 +688,24 @@ class CompiledConstraint:
         )
         if len(nodes):
             self._continue((), nodes, states, words, self.index)
+
+    def _bottom_unquoted(self, state: int, n_bytes: int) -> np.ndarray:
+        """The tokens without '"' allowed from bottom frame ``state`` where they meet no
+        count bound (see :meth:`_bottom_counted`), walked with the subtree shortcut of the
+        context-independent walks and continued through calls: the same at every count, so
+        kept per state (the counts of a long counted string would each walk it again)."""
+        rows = self.__dict__.setdefault("_bottom_rows", {})
+        hit = rows.get(state)
+        if hit is None:
+            no_quote = self._split[0][0]
+            hit = np.zeros(self.n_words, dtype=np.uint32)
+            memo = self._walk_memo(n_bytes >= self.fast_min_bytes)
+            nodes, states = no_quote.walk_fast(memo, False, state, hit)
+            if len(nodes):
+                self._continue((), nodes, states, hit, no_quote)
+            hit.flags.writeable = False
+            rows[state] = hit
+        return hit
 
     def _loops(self) -> tuple[np.ndarray, np.ndarray]:
         """The automaton's ``counted_loops``, for the counted walks' subtree shortcut (on

@@ -440,7 +440,7 @@ _walk_crit = kernel(_walk_crit_py, __name__, "_walk_crit")
 
 def _count_reach_py(
     table, act, cls, region, need, start, node_byte, node_depth, node_skip, tok_lo, tok_hi, states, ticks,
-    crits, hi_seen, lo_seen
+    crits, hi_seen, lo_seen, sub, tok_end, tok_depth, loop_set, loop_tick
 ):  # fmt: skip
     """What of the count the tokens from region state ``start`` can see. A token's path is
     checked against the count only while it is in the region it started in (an EXIT or ENTER
@@ -450,7 +450,10 @@ def _count_reach_py(
     ``hi_seen[margin]`` for every token's margin (a margin past the array's end is not
     marked) and ``lo_seen[items]`` for every exit. Every transition is taken as if the count
     allowed it (a token cut by a bound still marks), so from two counts that no mark tells
-    apart every token passes the same bounds."""
+    apart every token passes the same bounds. The subtree shortcut of ``_walk_crit_py``
+    (``loop_set`` not empty): below a node reached in state t whose subtree's bytes t keeps,
+    no token exits and each marks the margin ``_walk_crit_py`` gives it, without walking."""
+    short = loop_set.shape[0] > 0
     states[0] = start
     ticks[0] = 0
     crits[0] = 0
@@ -481,6 +484,18 @@ def _count_reach_py(
             cr = max(cr, tk + need[t])
         if tok_hi[i] > tok_lo[i] and cr < n_hi:
             hi_seen[cr] = True
+        if short and (sub[i] & 255) <= loop_set[t]:
+            if loop_tick[t]:  # a token at depth D: D - d more items
+                base = tk - d + need[t]
+                for k2 in range(tok_hi[i], tok_end[i]):
+                    v = base + tok_depth[k2]
+                    v = v if v > cr else cr
+                    if v < n_hi:
+                        hi_seen[v] = True
+            elif tok_end[i] > tok_hi[i] and cr < n_hi:  # every token below: the node's margin
+                hi_seen[cr] = True
+            i = node_skip[i]
+            continue
         states[d] = t
         ticks[d] = tk
         crits[d] = cr
@@ -506,6 +521,29 @@ _SET_BYTES = np.concatenate([np.array(sorted(bs), dtype=np.int32) for bs in SHOR
 
 
 _NO_LOOPS = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.bool_))
+_SET_BYTE_LISTS = [np.array(sorted(bs), dtype=np.int64) for bs in SHORTCUT_SETS]
+
+
+def chain_set(
+    table: np.ndarray, cls: np.ndarray, boundary: np.ndarray, recall: tuple, side: np.ndarray | None
+) -> int:
+    """For a chain walk (``recall = (recall_from, recall_to, max_level)``, ``side``: the side
+    walks' start states): the largest shortcut set each of whose bytes takes ``recall_to``
+    straight to ``recall_from`` (an item of one byte: a string's ASCII character) and is read
+    by no side walk's state, -1 if none. Below a node where the chain goes on, a subtree over
+    that set goes on at every byte until ``max_level``."""
+    recall_from, recall_to = int(recall[0]), int(recall[1])
+    if recall_from < 0 or not boundary[recall_from]:
+        return -1
+    best = -1
+    for j, byte_list in enumerate(_SET_BYTE_LISTS):  # (nested: a set's subsets pass too)
+        k = cls[byte_list]
+        if not (table[recall_to, k] == recall_from).all():
+            break
+        if side is not None and len(side) and (table[np.asarray(side)[:, None], k[None, :]] >= 0).any():
+            break
+        best = j
+    return best
 
 
 def counted_loops(
@@ -665,6 +703,7 @@ def _walk_range(
     recall_from,
     recall_to,
     max_level,
+    chain_set,
     lev,
     bnd_levels,
     side_states,
@@ -691,7 +730,11 @@ def _walk_range(
     the walk goes on is not a boundary pair. With ``side_states`` (start state per level, not
     empty), :func:`_note_side` lists each root whose child byte ``side_states[0]`` reads, and
     each node where level ``l`` went on whose child byte ``side_states[l]`` reads (where a
-    side walk from that state below that node can find anything)."""
+    side walk from that state below that node can find anything). ``chain_set`` (a shortcut
+    set, -1: none; :func:`chain_set`): each of its bytes is an item of its own, which no side
+    walk reads; below a node where the walk goes on at level l, a subtree over it with l +
+    its height <= ``max_level`` goes on at every node, and its tokens are set without
+    walking."""
     nb = 0
     side_on = side_states.shape[0] > 0
     for r in range(n_ranges):
@@ -740,6 +783,16 @@ def _walk_range(
                         if side_on:
                             pend_level[d] = lv
                             pend_node[d] = i
+                        sub = nodes[i, F_SUB]
+                        top = lv + 1 + (sub >> 8)
+                        if (sub & 255) <= chain_set and top <= max_level:  # every byte below goes on
+                            for k in range(k1, nodes[i, F_TOK_END]):
+                                tid = tok_ids[k]
+                                out[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                            if top > lev[lev.shape[0] - 1]:
+                                lev[lev.shape[0] - 1] = top
+                            i = nodes[i, F_SKIP]
+                            continue
                     else:
                         bnd_nodes[nb] = i
                         bnd_states[nb] = t
@@ -797,6 +850,7 @@ def _walk_fast_py(
     recall_from,
     recall_to,
     max_level,
+    chain_set,
     lev,
     bnd_levels,
     side_states,
@@ -868,6 +922,7 @@ def _walk_fast_py(
         recall_from,
         recall_to,
         max_level,
+        chain_set,
         lev,
         bnd_levels,
         side_states,
@@ -1263,13 +1318,17 @@ class VocabIndex:
         _walk_crit(*walk, self.tok_ids, crit, *self._depth_scratch(), *self.subtree_columns(),
                    *(loops if loops is not None else _NO_LOOPS))  # fmt: skip
 
-    def count_reach(self, table, counters, cls, start: int, most: int) -> tuple[list[int], list[int]]:
+    def count_reach(
+        self, table, counters, cls, start: int, most: int, loops: tuple | None = None
+    ) -> tuple[list[int], list[int]]:
         """``_count_reach_py`` from region state ``start`` over the whole vocabulary: the
-        tokens' margins up to ``most`` and the items started before their exits, each sorted."""
+        tokens' margins up to ``most`` and the items started before their exits, each sorted;
+        ``loops`` as in :meth:`walk_counted`."""
         hi_seen = np.zeros(most + 1, dtype=np.bool_)
         lo_seen = np.zeros(self.max_depth + 2, dtype=np.bool_)
         walk = self._region_walk(table, counters, cls, start)
-        _count_reach(*walk, *self._depth_scratch(), hi_seen, lo_seen)
+        _count_reach(*walk, *self._depth_scratch(), hi_seen, lo_seen, *self.subtree_columns(),
+                     *(loops if loops is not None else _NO_LOOPS))  # fmt: skip
         return np.flatnonzero(hi_seen).tolist(), np.flatnonzero(lo_seen).tolist()
 
     def _walk_buffers(self, roots: np.ndarray | None) -> tuple:
@@ -1359,6 +1418,7 @@ class VocabIndex:
         roots, bnd_nodes, bnd_states, bnd_levels, states, lev = self._walk_buffers(roots)
         recall_from, recall_to, max_level = recall if recall is not None else (-1, -1, 0)
         side_args = self._side(side)
+        items = -1 if recall is None else chain_set(memo.table, memo.cls, memo.boundary[inner], recall, side)
         nb = _walk_fast(
             memo.table,
             memo.cls,
@@ -1380,6 +1440,7 @@ class VocabIndex:
             int(recall_from),
             int(recall_to),
             int(max_level),
+            items,
             lev,
             bnd_levels,
             *side_args,

@@ -357,7 +357,8 @@ def test_subtree_shortcut_gives_the_walks_tokens(name, vocab_name, monkeypatch):
     """The counted walk's subtree shortcut (``counted_loops``) against the same walk node by
     node: the same tokens and the same boundary pairs, from every region state with a loop
     and from others, at counts far from hi, at its edge and past it; and the same count
-    margins (``walk_crit``). Llama 3's trie has deep subtrees over the shortcut sets."""
+    margins (``walk_crit``) and the margins and exits rows are keyed by (``count_reach``).
+    Llama 3's trie has deep subtrees over the shortcut sets."""
     from deepinfer.constraints.tokens.trie import counted_loops
 
     if vocab_name == "llama3":
@@ -392,3 +393,6 @@ def test_subtree_shortcut_gives_the_walks_tokens(name, vocab_name, monkeypatch):
             c.index.walk_crit(a.table, a.counters, a.cls, s, got_crit, loops=loops)
             c.index.walk_crit(a.table, a.counters, a.cls, s, want_crit)
             assert np.array_equal(got_crit, want_crit), s
+            for most in (int(c._hi_caps[s]), 3):  # what rows tell counts apart by
+                got_marks = c.index.count_reach(a.table, a.counters, a.cls, s, most, loops=loops)
+                assert got_marks == c.index.count_reach(a.table, a.counters, a.cls, s, most), (s, most)
