@@ -514,7 +514,8 @@ _ALPHA = _LOWER | set(range(0x41, 0x5B))
 _ALNUM = _ALPHA | set(range(0x30, 0x3A))
 _WORD = _ALNUM | {0x2D, 0x2E, 0x5F}  # - . _
 _PRINT = set(range(0x20, 0x7F)) - {0x22, 0x5C}  # printable ASCII but " and \
-SHORTCUT_SETS = (_LOWER, _ALPHA, _ALNUM, _WORD, _PRINT)
+_GRAPH = _PRINT - {0x20}  # and not the space: what loops in a pattern's \S+
+SHORTCUT_SETS = (_LOWER, _ALPHA, _ALNUM, _WORD, _GRAPH, _PRINT)
 N_SETS = len(SHORTCUT_SETS)
 _SET_ROWS = np.concatenate([np.full(len(bs), j, dtype=np.int32) for j, bs in enumerate(SHORTCUT_SETS)])
 _SET_BYTES = np.concatenate([np.array(sorted(bs), dtype=np.int32) for bs in SHORTCUT_SETS])

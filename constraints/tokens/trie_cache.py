@@ -24,7 +24,7 @@ import numpy as np
 from ..native import cache_dir
 from .trie import VocabIndex
 
-VERSION = 3  # of the trie file: a change to how a trie is built, or stored, must bump it
+VERSION = 4  # of the trie file: a change to how a trie is built, or stored, must bump it
 ENV = "DEEPINFER_TRIE_CACHE"
 
 
