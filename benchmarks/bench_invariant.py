@@ -88,7 +88,7 @@ def _row(name: str, w: torch.Tensor, a: torch.Tensor, tiles: list[tuple[bool, tu
             bits.append("")
             continue
         try:
-            kw = dict(tiles=t, splits_in=partials != "p")
+            kw = dict(tiles=t, splits_in=partials != "p", tma=False if partials == "x" else None)
             times.append(f"{_time_us(lambda kw=kw: kt.matmul(a, w, **kw), reps):.1f}")
             bits.append(_bits(kt.matmul(a, w, **kw), a, w, check))
         except Exception as e:  # a tile that does not compile (shared memory) is a row's note
@@ -102,13 +102,14 @@ def main() -> None:
     ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
     ap.add_argument("--rows", default="1,16,2048,8192")
     ap.add_argument("--tiles", default="", help="block_m:block_n:warps:stages,... for prompt-sized rows "
-                    "(a leading p: K splits added through partials)")  # fmt: skip
+                    "(a leading p: K splits added through partials; x: in the program, tiles read by pointer "
+                    "loads, not TMA)")  # fmt: skip
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     dev = torch.device("cuda")
     names = [t for t in args.tiles.split(",") if t]
     tiles = [
-        (t[0] if t[0].isalpha() else "", tuple(int(x) for x in t.lstrip("psf").split(":"))) for t in names
+        (t[0] if t[0].isalpha() else "", tuple(int(x) for x in t.lstrip("psfx").split(":"))) for t in names
     ]
     header = ["proj", "K", "N", "rows", "cuBLAS µs", "invariant µs", "inv / cuBLAS", "TFLOP/s", "way", "bits",
               "partials µs"] + [f"{t} µs" for t in names] + [f"{t} bits" for t in names]  # fmt: skip

@@ -122,6 +122,41 @@ def _mm_kernel(
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
+@triton.jit(do_not_specialize=["M"])
+def _mm_tma_kernel(
+    a_desc,
+    w_desc,
+    c_ptr,
+    M,
+    N,
+    stride_cm,
+    K_PER_SPLIT: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLITS_IN: tl.constexpr,
+):
+    # _mm_kernel's SPLITS_IN way for 16-bit operands on the GPU, its tiles read by the tensor
+    # memory accelerator (TMA): the same keys in the same order into the same dots (a block past
+    # M or K reads zeros, as the masked loads), so the same bits, with loads the compiler
+    # pipelines better
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    acc = tl.full([BM, BN], -0.0, dtype=tl.float32)  # -0.0 + x is x, for every x
+    part = tl.zeros([BM, BN], dtype=tl.float32)
+    for start in range(0, SPLITS_IN * K_PER_SPLIT, BK):
+        a = a_desc.load([pid_m * BM, start])
+        w = w_desc.load([start, pid_n * BN])
+        part = tl.dot(a, w, part)
+        if (start + BK) % K_PER_SPLIT == 0:
+            acc += part
+            part = tl.zeros([BM, BN], dtype=tl.float32)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    c = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
 @triton.jit(do_not_specialize=["total"])
 def _sum_splits_kernel(p_ptr, out_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     # out[i] = ((p[0, i] + p[1, i]) + p[2, i]) + ...: split order, whatever the row count
@@ -141,13 +176,29 @@ def prompt_sized(m: int, n: int, k: int) -> bool:
     return triton.cdiv(m, BLOCK_M) * triton.cdiv(n, block_n) >= PROMPT_PROGRAMS
 
 
+def tma_fits(a: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `_mm_tma_kernel` can run a [M, K] @ [K, N] product: 16-bit operands on a GPU with
+    TMA (compute capability 9 or more), rows of 16-byte multiples, 16-byte aligned bases."""
+    if INTERPRET or a.device.type != "cuda" or a.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if torch.cuda.get_device_capability(a.device)[0] < 9 or a.stride(1) != 1 or w.stride(1) != 1:
+        return False
+    return all(t.stride(0) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, w))
+
+
 def matmul(
-    a: torch.Tensor, w: torch.Tensor, splits_in: bool | None = None, tiles: tuple[int, ...] | None = None
+    a: torch.Tensor,
+    w: torch.Tensor,
+    splits_in: bool | None = None,
+    tiles: tuple[int, ...] | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """a [M, K] @ w [K, N]. `splits_in` (default: `prompt_sized`) picks where the K splits are
     added; `tiles` (block_m, block_n, warps, stages; default: PROMPT_TILES for a prompt-sized
-    product, else BLOCK_M, config's block_n, NUM_WARPS, 4) the programs' tiles.
-    Neither changes a row's bits (tests/kernels/test_invariant.py), only the speed."""
+    product, else BLOCK_M, config's block_n, NUM_WARPS, 4) the programs' tiles; `tma` whether a
+    splits-in product of 16-bit operands on a Hopper GPU reads its tiles by TMA
+    (`_mm_tma_kernel`; default: prompt-sized products where `tma_fits`). None changes a row's
+    bits (tests/kernels/test_invariant.py), only the speed."""
     M, K = a.shape
     N = w.shape[1]
     block_n, splits, per = config(N, K)
@@ -166,6 +217,17 @@ def matmul(
               num_stages=stages)  # fmt: skip
     if splits == 1 or splits_in:
         grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), 1)
+        if tma is None:  # (prompt-sized products: decode's few rows keep the pointer loads)
+            tma = prompt and tma_fits(a, w)
+        if tma:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            a_desc = TensorDescriptor.from_tensor(a, [bm, BLOCK_K])
+            w_desc = TensorDescriptor.from_tensor(w, [BLOCK_K, bn])
+            _mm_tma_kernel[grid](a_desc, w_desc, out, M, N, out.stride(0), K_PER_SPLIT=per, BM=bm,
+                                 BN=bn, BK=BLOCK_K, SPLITS_IN=splits, num_warps=warps,
+                                 num_stages=stages)  # fmt: skip
+            return out
         _mm_kernel[grid](
             a, w, out, M, N, K, a.stride(0), w.stride(0), 0, out.stride(0), SPLITS_IN=splits, **kw
         )

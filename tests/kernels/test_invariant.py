@@ -105,6 +105,26 @@ def test_matmul_tiles_do_not_change_a_rows_bits(device, tiles):
     assert torch.equal(kt.matmul(a[:1], w, splits_in=False)[0], base[0])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="interpreter: no TMA")
+@pytest.mark.parametrize(("K", "N"), [(1112, 200), (4096, 384)])
+@pytest.mark.parametrize("tiles", [None, (128, 128, 8, 3)])
+def test_tma_reads_give_the_pointer_loads_bits(K, N, tiles):
+    """The splits-in way reading its tiles by TMA (`_mm_tma_kernel`) against the same way by
+    masked pointer loads: the same keys into the same dots, zeros past M, N and K (1112 keys:
+    a partial last block; 130 rows: a partial row block), so the same bits."""
+    from deepinfer.kernels import invariant_triton as kt
+
+    a = _rand(130, K, dtype=torch.bfloat16, device="cuda", seed=13)
+    w = _rand(K, N, dtype=torch.bfloat16, device="cuda", seed=14) / K**0.5
+    if not kt.tma_fits(a, w):
+        pytest.skip("needs a GPU with TMA (compute capability 9 or more)")
+    tiles = tiles or kt.PROMPT_TILES
+    base = kt.matmul(a, w, splits_in=True, tiles=tiles, tma=False)
+    assert torch.equal(kt.matmul(a, w, splits_in=True, tiles=tiles, tma=True), base)
+    assert torch.equal(base[:1], kt.matmul(a[:1], w, splits_in=False))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_prompt_sized_products_keep_a_rows_bits(device, monkeypatch):
     """With the prompt threshold lowered to 3 programs, 100 rows of [1536] @ [1536, 96] take the
