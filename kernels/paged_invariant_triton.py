@@ -25,8 +25,9 @@ same as masked.
 A block in which a row sees no key (past its position, or before its window) leaves that row's
 m, l and acc exactly as they were: s = -inf everywhere, so alpha = 1 and p = 0. The blocks a row
 does see are the same absolute blocks, in the same order, in any tile; its scores, row max, row
-sum and the row of each tl.dot depend on its own query and the block's keys only (the tile shape
-ROWS x BLOCK_N x HD_PAD, and so the compiled code, is fixed by (g, head_dim, dtype): never by the
+sum and the row of each tl.dot depend on its own query and the block's keys only (BLOCK_N is
+fixed; the tile's rows depend on (g, head_dim, dtype) and on whether the call holds long
+sequences, whose taller tile (`config`) computes each row as the short one does: never on the
 number of rows, their positions or the batch). Keys of the block that the row does not see add
 products p = 0 (exact zeros). A zero result keeps no sign (+ 0.0 at the end).
 
@@ -50,21 +51,25 @@ from .paged_common import scaled as _scaled
 # tile (invariant_triton.py): under INTERPRET each product is summed in order instead (ROW_SUMS)
 from .triton_common import INTERPRET
 
+LONG_ROWS = 64  # query rows of a sequence from which a call takes the tall tile (`config`)
 
-def config(g: int, hd: int, fp32: bool) -> tuple[int, int, int, int, int]:
+
+def config(g: int, hd: int, fp32: bool, long: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_M query rows a program, ROWS of its tile, BLOCK_N keys a step, num_warps,
-    num_stages) for g query heads a KV head of head_dim hd: a function of (g, hd, dtype) alone, so
-    prefill and decode run one compiled kernel. 16-bit inputs: a tile of 128 rows by 128 keys, 8
-    warps, 3 stages (the fastest of 11 tilings at Llama-3-8B's shape on an H200: 294 TFLOP/s at
-    32k tokens against 265 for 64 by 64; a decode row fills g of its rows); float32 inputs (IEEE
-    dots on CUDA cores): 16 rows by 64 keys, 4 warps (8 for head_dim 256). Under the interpreter
-    16-bit tiles are 64 by 64 (its products summed in order hold ROWS x BLOCK_N x HD_PAD items)."""
+    num_stages) for g query heads a KV head of head_dim hd. BLOCK_N, and so where a row's online
+    softmax steps, is 64 for every call. 16-bit inputs: a tile of 64 rows (one warpgroup's
+    tensor-core tile on Hopper; a decode row fills g of them), 4 warps (8 for head_dim 256); a
+    call with ``long`` sequences (LONG_ROWS query rows or more) takes a tile of 256 rows and 8
+    warps, the fastest at long prompts of the tilings tried on an H200 (446 TFLOP/s at 32k tokens
+    at Llama-3-8B's shape, against 369 for 64 rows). A row sits in one warp either way, summed by
+    the same instructions in the same order: the GPU tests check its bits across the two.
+    float32 inputs (IEEE dots on CUDA cores): 16 rows."""
     hd_pad = max(16, triton.next_power_of_2(hd))
-    target = 16 if fp32 else 64 if INTERPRET else 128
+    target = 16 if fp32 else 64
     rows = target if g <= target else triton.next_power_of_2(g)
-    if fp32 or INTERPRET:
-        return rows // g, rows, 64, 8 if hd_pad >= 256 else 4, 3
-    return rows // g, rows, 128, 8, 3
+    if long and not fp32 and not INTERPRET and hd_pad <= 128 and rows == 64:
+        return 256 // g, 256, 64, 8, 3
+    return rows // g, rows, 64, 8 if hd_pad >= 256 else 4, 3
 
 
 @triton.jit
@@ -271,7 +276,9 @@ def launch(
     block_tables: [B', W] (B' >= B); query_start: contiguous [B + 1]; positions: contiguous [N]."""
     N, nkv, g, hd = q.shape
     B = query_start.shape[0] - 1
-    block_m, rows, block_n, warps, stages = config(g, hd, q.dtype == torch.float32)
+    block_m, rows, block_n, warps, stages = config(
+        g, hd, q.dtype == torch.float32, max_query_len >= LONG_ROWS
+    )
     grid = (triton.cdiv(max_query_len, block_m), nkv, B)
     _paged_invariant_kernel[grid](
         q,

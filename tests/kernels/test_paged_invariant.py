@@ -153,6 +153,24 @@ def test_row_bits_do_not_depend_on_chunks_batch_or_decode(device, dtype, window,
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_long_prompt_tiles_give_decode_rows_bits(device):
+    """A 300-row prompt at head_dim 128 (a call of long sequences: the tall tile of `config` on
+    CUDA) == its rows at tile and key-block edges as decode rows == its last rows as a short chunk
+    (the decode tile); torch.equal."""
+    from deepinfer.kernels.paged_invariant_triton import LONG_ROWS
+
+    x = _batch([(300, 300)], 2, 4, 128, 16, torch.bfloat16, device)
+    assert 300 >= LONG_ROWS
+    want = _call(x)
+    decode = [0, 1, 15, 16, 63, 64, 65, 127, 128, 255, 256, 298, 299]
+    for pieces in ([(t, t + 1) for t in decode], [(297, 300)]):
+        y, pos, at = _split(x, 0, pieces, [])
+        got = _call(y, pos, max_query_len=max(b - a for a, b in pieces))
+        rows = [t for a, b in pieces for t in range(a, b)]
+        assert torch.equal(got[at], want[rows]), pieces[:3]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rows_past_a_row_do_not_change_it(device):
     """As in a verify forward's tile: rows 0..39 of a sequence alone == followed in their tiles by
     rows 40..59 == the same with 1e4 in keys and values 40..59 (keys rows 0..39 do not see)."""
