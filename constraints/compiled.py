@@ -99,7 +99,7 @@ class CompiledConstraint:
                 most[:-1] = nxt
             caps = np.full(a.n_states, self._count_cap, dtype=np.int64)
             caps[inside] += most[:-1]
-            self._hi_caps = caps.tolist()
+            self._hi_caps = tuple(caps.tolist())  # (tuples: see Automaton.calls)
             # per region state met near a bound: what of the count its tokens see (_count_marks)
             self._caps: dict[int, tuple[list[int], list[int]]] = {}
             _warm_up_counted(self.index)
@@ -754,7 +754,7 @@ class CompiledConstraint:
             seen = self._bare.copy()
             if not a.is_regular and seen.any():
                 seen[:] = True  # (a call may read any number of bytes: every state is near)
-            near = self._near = _within(tbl, seen, self._count_cap).tolist()
+            near = self._near = tuple(_within(tbl, seen, self._count_cap).tolist())
         return near[state]
 
     def _counted_frame(self, st: tuple[int, ...]) -> bool:
@@ -769,7 +769,7 @@ class CompiledConstraint:
         near = self.__dict__.get("_to_region")
         if near is None:
             a = self.automaton
-            near = self._to_region = _within(a.table, a.counters.region >= 0, self._count_cap).tolist()
+            near = self._to_region = tuple(_within(a.table, a.counters.region >= 0, self._count_cap).tolist())
         return near
 
     def _unquoted_row(self, state: int) -> np.ndarray:

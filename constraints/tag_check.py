@@ -48,7 +48,7 @@ class Tags:
         tagged = np.zeros(n_states, dtype=bool)
         for s, _ in kind:
             tagged[s] = True
-        self.tagged = tagged.tolist()
+        self.tagged = tuple(tagged.tolist())  # (tuples: see Automaton.calls)
         self.pointers = pointers
         self.trigger = trigger  # the bytes whose transitions may carry a tag
         # frames after a tag: apply(frames, kind, pos, buf, data), None to refuse
@@ -234,7 +234,7 @@ def _trigger_tokens(vocab, trigger: bytes) -> tuple:
         ids = [i for i, x in enumerate(tb) if x and pattern.search(x)]
         flag = np.zeros(vocab.vocab_size, dtype=bool)
         flag[ids] = True
-        hit = cache[trigger] = (flag.tolist(), np.array(ids, dtype=np.int64), *_concat(tb, ids))
+        hit = cache[trigger] = (tuple(flag.tolist()), np.array(ids, dtype=np.int64), *_concat(tb, ids))
     return hit
 
 

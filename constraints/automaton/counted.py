@@ -450,16 +450,16 @@ def step_counted(automaton, config: int, data: bytes) -> int | None:
         automaton._hi_list,
     )
     for b in data:
-        r = rows[s]
+        r = rows.get(s)
         if r is None:
             r = automaton.row(s)
         k = cls[b]
         t = r[k]
         if t < 0:
             return None
-        ar = acts[s]
+        ar = acts.get(s)
         if ar is None:
-            ar = acts[s] = automaton.counters.act[s].tolist()
+            ar = acts[s] = tuple(automaton.counters.act[s].tolist())
         a = ar[k]
         if a:
             if a & EXIT and c < lo[region[s]]:
@@ -479,9 +479,9 @@ def live_classes(automaton, config: int) -> list[bool]:
     """Per byte class: does a byte of it keep the configuration alive?"""
     n = automaton.n_states
     s, c = config % n, config // n
-    ar = automaton._act_rows[s]
+    ar = automaton._act_rows.get(s)
     if ar is None:
-        ar = automaton._act_rows[s] = automaton.counters.act[s].tolist()
+        ar = automaton._act_rows[s] = tuple(automaton.counters.act[s].tolist())
     region, need, lo, hi = (
         automaton._region_list,
         automaton._need_list,

@@ -71,26 +71,30 @@ class Automaton:
         self.table = table  # int32 [N, n_classes], -1 dead
         self.cls = cls  # int32 [256] byte -> class
         self.accepting = accepting  # bool [N]
-        self.calls = calls  # per state: ((callee start state, return state), ...)
+        # per state: ((callee start state, return state), ...). The per-state sequences kept
+        # on the automaton are tuples of ints, which the garbage collector stops walking after
+        # its first pass (lists it walks in every full collection: a cached automaton's
+        # hundreds of thousands of items made each such pass take tenths of a second)
+        self.calls = tuple(calls)
         self.has_calls = np.array([bool(c) for c in calls], dtype=bool)
         self.has_bytes = (table >= 0).any(axis=1) if len(table) else np.zeros(0, bool)
         self.start = start
         self.rule_names = rule_names
         self.is_regular = not self.has_calls.any()
         self.n_states = len(accepting)
-        self.cls_list = cls.tolist()
-        self._rows: list[list[int] | None] = [None] * self.n_states
-        self._acc_list = accepting.tolist()
-        self._has_bytes_list = self.has_bytes.tolist()
+        self.cls_list = tuple(cls.tolist())
+        self._rows: dict[int, tuple[int, ...]] = {}  # state -> its row, made on first use
+        self._acc_list = tuple(accepting.tolist())
+        self._has_bytes_list = tuple(self.has_bytes.tolist())
         # counted repetitions (see .counted): a configuration, or in a pushdown automaton the
         # top frame of a stack (a region has no calls), is state + n_states * count
         self.counters = counters
         if counters is not None:
-            self._act_rows: list[list[int] | None] = [None] * self.n_states
-            self._region_list = counters.region.tolist()
-            self._need_list = counters.need.tolist()
-            self._lo_list = counters.lo.tolist()
-            self._hi_list = counters.hi.tolist()
+            self._act_rows: dict[int, tuple[int, ...]] = {}  # state -> its counter actions
+            self._region_list = tuple(counters.region.tolist())
+            self._need_list = tuple(counters.need.tolist())
+            self._lo_list = tuple(counters.lo.tolist())
+            self._hi_list = tuple(counters.hi.tolist())
         self.initial = self.start if self.is_regular else self.closure([(self.start,)])
 
     # ----------------------------------------------------------------- single steps
@@ -102,11 +106,10 @@ class Automaton:
         r = self._region_list[s]
         return s, self._acc_list[s] and (r < 0 or v // n >= self._lo_list[r])
 
-    def row(self, s: int) -> list[int]:
-        r = self._rows[s]
+    def row(self, s: int) -> tuple[int, ...]:
+        r = self._rows.get(s)
         if r is None:
-            r = self.table[s].tolist()
-            self._rows[s] = r
+            r = self._rows[s] = tuple(self.table[s].tolist())
         return r
 
     def closure(self, stacks) -> Config | None:
@@ -190,7 +193,7 @@ class Automaton:
             s = config
             cls, rows = self.cls_list, self._rows
             for b in data:
-                r = rows[s]
+                r = rows.get(s)
                 if r is None:
                     r = self.row(s)
                 s = r[cls[b]]
@@ -214,7 +217,7 @@ class Automaton:
                 s = st[-1]
                 j = i
                 while j < n:
-                    r = rows[s]
+                    r = rows.get(s)
                     if r is None:
                         r = self.row(s)
                     t = r[cls[data[j]]]
