@@ -669,14 +669,8 @@ class CompiledConstraint:
             split = self._split
             if split is None:
                 split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
-            (no_quote, with_quote), shared = split
-            canon = None
-            n_bytes = count_bytes(a.table, self._cls_sizes, s)
-            if n_bytes >= PERMISSIVE_BYTES:
-                big = self.__dict__.get("_canon_big")
-                if big is None or not big[s] or self._canon_region[s] >= 0:
-                    canon = self._canonical_unquoted(s, False)  # no call or return over other bytes
-            words |= self._unquoted_row(s) if canon is not None else self._bottom_unquoted(s, n_bytes)
+            with_quote = split[0][1]
+            words |= self._unquoted_row(s)  # (the same at every count: kept per state)
             nodes, states = with_quote.walk_counted(
                 a.table, a.counters, a.cls, s, c, words, self._bnd_bottom, loops=self._loops()
             )
@@ -688,24 +682,6 @@ class CompiledConstraint:
         )
         if len(nodes):
             self._continue((), nodes, states, words, self.index)
-
-    def _bottom_unquoted(self, state: int, n_bytes: int) -> np.ndarray:
-        """The tokens without '"' allowed from bottom frame ``state`` where they meet no
-        count bound (see :meth:`_bottom_counted`), walked with the subtree shortcut of the
-        context-independent walks and continued through calls: the same at every count, so
-        kept per state (the counts of a long counted string would each walk it again)."""
-        rows = self.__dict__.setdefault("_bottom_rows", {})
-        hit = rows.get(state)
-        if hit is None:
-            no_quote = self._split[0][0]
-            hit = np.zeros(self.n_words, dtype=np.uint32)
-            memo = self._walk_memo(n_bytes >= self.fast_min_bytes)
-            nodes, states = no_quote.walk_fast(memo, False, state, hit)
-            if len(nodes):
-                self._continue((), nodes, states, hit, no_quote)
-            hit.flags.writeable = False
-            rows[state] = hit
-        return hit
 
     def _loops(self) -> tuple[np.ndarray, np.ndarray]:
         """The automaton's ``counted_loops``, for the counted walks' subtree shortcut (on
@@ -774,7 +750,9 @@ class CompiledConstraint:
 
     def _unquoted_row(self, state: int) -> np.ndarray:
         """The tokens without '"' allowed from ``state`` by the automaton's table (kept per
-        state; a permissive state's is the row shared by its canonical form)."""
+        state; a permissive state's is the row shared by its canonical form). In a pushdown
+        automaton ``state`` is a bottom frame's, and tokens that call a rule from it are
+        continued through the call (a canonical form reaches no call)."""
         memo = self.__dict__.setdefault("_unquoted_rows", {})
         hit = memo.get(state)
         if hit is not None:
@@ -790,7 +768,10 @@ class CompiledConstraint:
         hit = shared.get(canon) if canon is not None else None
         if hit is None:
             hit = np.zeros(self.n_words, dtype=np.uint32)
-            no_quote.walk_fast(self._walk_memo(n_bytes >= self.fast_min_bytes), False, state, hit)
+            walk_memo = self._walk_memo(n_bytes >= self.fast_min_bytes)
+            nodes, states = no_quote.walk_fast(walk_memo, False, state, hit)
+            if len(nodes) and not a.is_regular:
+                self._continue((), nodes, states, hit, no_quote)
             hit.flags.writeable = False
             if canon is not None:
                 shared[canon] = hit

@@ -564,8 +564,8 @@ def counted_loops(
     ok = np.ones(len(inside), dtype=np.bool_)
     tick = np.zeros(len(inside), dtype=np.bool_)
     sub_t, sub_a = table[inside], act[inside]
-    for j, byte_set in enumerate(SHORTCUT_SETS):  # (nested: a set's loop is its subsets' too)
-        k = np.array(sorted({int(cls[b]) for b in byte_set}))  # (a class's bytes share their edges)
+    for j, byte_list in enumerate(_SET_BYTE_LISTS):  # (nested: a set's loop is its subsets' too)
+        k = cls[byte_list]  # (each byte's class, as chain_set reads them)
         t, a = sub_t[:, k], sub_a[:, k]
         ok &= (t == inside[:, None]).all(axis=1) & ((a == 0).all(axis=1) | (a == 2).all(axis=1))
         if j == 0:
