@@ -51,13 +51,13 @@ from .paged_common import scaled as _scaled
 # tile (invariant_triton.py): under INTERPRET each product is summed in order instead (ROW_SUMS)
 from .triton_common import INTERPRET
 
+BLOCK_N = 64  # keys a step in every call: where a row's online softmax steps
 LONG_ROWS = 64  # query rows of a sequence from which a call takes the tall tile (`config`)
 
 
-def config(g: int, hd: int, fp32: bool, long: bool = False) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M query rows a program, ROWS of its tile, BLOCK_N keys a step, num_warps,
-    num_stages) for g query heads a KV head of head_dim hd. BLOCK_N, and so where a row's online
-    softmax steps, is 64 for every call. 16-bit inputs: a tile of 64 rows (one warpgroup's
+def config(g: int, hd: int, fp32: bool, long: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_M query rows a program, ROWS of its tile, num_warps, num_stages) for g query heads
+    a KV head of head_dim hd. 16-bit inputs: a tile of 64 rows (one warpgroup's
     tensor-core tile on Hopper; a decode row fills g of them), 4 warps (8 for head_dim 256); a
     call with ``long`` sequences (LONG_ROWS query rows or more) takes a tile of 256 rows and 8
     warps, the fastest at long prompts of the tilings tried on an H200 (446 TFLOP/s at 32k tokens
@@ -68,8 +68,8 @@ def config(g: int, hd: int, fp32: bool, long: bool = False) -> tuple[int, int, i
     target = 16 if fp32 else 64
     rows = target if g <= target else triton.next_power_of_2(g)
     if long and not fp32 and not INTERPRET and hd_pad <= 128 and rows == 64:
-        return 256 // g, 256, 64, 8, 3
-    return rows // g, rows, 64, 8 if hd_pad >= 256 else 4, 3
+        return 256 // g, 256, 8, 3
+    return rows // g, rows, 8 if hd_pad >= 256 else 4, 3
 
 
 @triton.jit
@@ -132,15 +132,14 @@ def _block(
         if WINDOWED:
             seen = seen & (cols[None, :] >= lo_r[:, None])
         s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    if MASKED:
         # a row that sees no key of this block: m_new = m, so alpha = 1 and p = 0 (an exact no-op);
         # one that has seen none yet: m_new = -inf, any finite reference gives p = 0
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.where(m_new > m, tl.exp2(m - m_ref), 1.0)
     else:
-        m_new = tl.maximum(m, tl.max(s, axis=1))
         m_ref = m_new  # (finite: every row sees keys here; a padding row's scores are 0)
-        alpha = tl.where(m_new > m, tl.exp2(m - m_ref), 1.0)
+    alpha = tl.where(m_new > m, tl.exp2(m - m_ref), 1.0)
     p = tl.exp2(s - m_ref[:, None])
     denom = denom * alpha + tl.sum(p, axis=1)
     v = tl.load(
@@ -234,7 +233,7 @@ def _paged_invariant_kernel(
         for start in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
             acc, m, denom = _block(acc, m, denom, q, start + j, d, table, stride_bw, W, lo, hi, n_r, lo_r,
                                    k_base, v_base, stride_kb, stride_kt, stride_vb, stride_vt, qk_scale,
-                                   cap_in, cap_out, HD, BLOCK_SIZE, IEEE, ROW_SUMS, True, True,
+                                   cap_in, cap_out, HD, BLOCK_SIZE, IEEE, ROW_SUMS, True, WINDOWED,
                                    SOFTCAP)  # fmt: skip
     else:
         # the blocks every row of the tile sees whole (keys [0, full)) take no mask: the same
@@ -276,9 +275,7 @@ def launch(
     block_tables: [B', W] (B' >= B); query_start: contiguous [B + 1]; positions: contiguous [N]."""
     N, nkv, g, hd = q.shape
     B = query_start.shape[0] - 1
-    block_m, rows, block_n, warps, stages = config(
-        g, hd, q.dtype == torch.float32, max_query_len >= LONG_ROWS
-    )
+    block_m, rows, warps, stages = config(g, hd, q.dtype == torch.float32, max_query_len >= LONG_ROWS)
     grid = (triton.cdiv(max_query_len, block_m), nkv, B)
     _paged_invariant_kernel[grid](
         q,
@@ -295,7 +292,7 @@ def launch(
         **shape_constants(q, k_cache),
         BLOCK_M=block_m,
         ROWS=rows,
-        BLOCK_N=block_n,
+        BLOCK_N=BLOCK_N,
         ROW_SUMS=INTERPRET,
         WINDOWED=window > 0,
         SOFTCAP=bool(softcap),
