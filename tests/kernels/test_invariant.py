@@ -108,11 +108,13 @@ def test_matmul_tiles_do_not_change_a_rows_bits(device, tiles):
 @pytest.mark.gpu
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="interpreter: no TMA")
 @pytest.mark.parametrize(("K", "N"), [(1112, 200), (4096, 384)])
-@pytest.mark.parametrize("tiles", [None, (128, 128, 8, 3)])
+@pytest.mark.parametrize("tiles", [None, (128, 128, 8, 3), (64, 128, 4, 3, 2)])
 def test_tma_reads_give_the_pointer_loads_bits(K, N, tiles):
     """The splits-in way reading its tiles by TMA (`_mm_tma_kernel`) against the same way by
     masked pointer loads: the same keys into the same dots, zeros past M, N and K (1112 keys:
-    a partial last block; 130 rows: a partial row block), so the same bits."""
+    a partial last block; 130 rows: a partial row block), so the same bits. A fifth tile entry
+    orders the programs in groups of that many row blocks (here 3 row blocks: a partial last
+    group), which changes no element's sum."""
     from deepinfer.kernels import invariant_triton as kt
 
     a = _rand(130, K, dtype=torch.bfloat16, device="cuda", seed=13)
