@@ -27,7 +27,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .sample_filters import first_kept
 from .triton_common import NDRAW, chunk_mass, draw_t, fast_exp, helper, load_scores, quanta, scale
 
 
@@ -146,25 +145,20 @@ def _seg_add(f1, v1, f2, v2):
 
 
 @helper
-def _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j, k0, k1, SP: tl.constexpr):
-    # inverse-CDF draw j over {s > low} from the candidates (tc [NG] their tokens in token
-    # order, V where none; cc their chunk, SP where none; run: the running quanta sum in the
-    # chunk; cum: the running chunk weights, each chunk's added at its last candidate): the
-    # chunk, the first whose running weight passes the draw (pick_chunk), then its first token
-    # whose running sum passes the draw -> (token, its score); the token row_draw would give
-    # (a token not among the candidates weighs 0)
-    c = tl.min(tl.where(cum > scale(tl.max(cum, 0), draw_t(2 * j, k0, k1)), cc, SP), 0)
-    h = scale(tl.max(tl.where(cc == c, run, 0), 0), draw_t(2 * j + 1, k0, k1))
-    x = tl.min(tl.where((cc == c) & (run > h), tc, V), 0)
-    return x, tl.load(lrow + x.to(tl.int64) * stride_lv).to(tl.float32) * inv_t
-
-
-@helper
-def _above(s, e, q):
-    # mass sum exp(s - m) (e) and count of the candidates above q (all the row's tokens above
-    # q >= v_k)
-    above = s > q
-    return tl.sum(tl.where(above, e, 0.0), 0), tl.sum(above.to(tl.int32), 0)
+def _cand_draws(tc, cc, sc, run, cum, V, jv, k0, k1, SP: tl.constexpr):
+    # the inverse-CDF draws jv [D] (uint32 ids) over {s > low} from the candidates (tc [NG]
+    # their tokens in token order, V where none; cc their chunk, SP where none; sc their scores;
+    # run: the running quanta sum in the chunk; cum: the running chunk weights, each chunk's
+    # added at its last candidate), all D at once as [D, NG] tiles: each draw's chunk, the first
+    # whose running weight passes the draw (pick_chunk), then its first token whose running sum
+    # passes the draw -> (tokens [D], their scores [D]); the tokens row_draw would give (a token
+    # not among the candidates weighs 0)
+    total = tl.max(cum, 0)
+    c = tl.min(tl.where(cum[None, :] > scale(total, draw_t(2 * jv, k0, k1))[:, None], cc[None, :], SP), 1)
+    inc = cc[None, :] == c[:, None]
+    h = scale(tl.max(tl.where(inc, run[None, :], 0), 1), draw_t(2 * jv + 1, k0, k1))
+    x = tl.min(tl.where(inc & (run[None, :] > h[:, None]), tc[None, :], V), 1)
+    return x, tl.max(tl.where(tc[None, :] == x[:, None], sc[None, :], float("-inf")), 1)
 
 
 @helper
@@ -252,6 +246,7 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
             cut_p = top_p < 1.0
             zz = tl.sum(chunk_mass(ms, zs, m), 0) * (1.0 / 4294967296.0)
             j = tl.full((), 0, tl.uint32)
+            dj = tl.arange(0, NDRAW).to(tl.uint32)
             searching = m > float("-inf")
             while searching:
                 # the quanta over {s > low}, their running sum in each chunk, and the running
@@ -259,22 +254,23 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
                 q = quanta(sc, mg, low)
                 _f, run = tl.associative_scan((first, q), 0, _seg_add)
                 cum = tl.cumsum(tl.where(last, chunk_mass(mg, run, m), 0.0).to(tl.int64), 0)
-                x0, q0 = _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j, k0, k1, SP)
                 if cut_p | (min_p > 0.0):
-                    x1, q1 = _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j + 1, k0, k1, SP)
-                    x2, q2 = _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j + 2, k0, k1, SP)
-                    x3, q3 = _cand_draw(lrow, stride_lv, inv_t, tc, cc, run, cum, V, j + 3, k0, k1, SP)
-                    e = fast_exp(sc - m)
-                    mass0, cnt0 = _above(sc, e, q0)
-                    mass1, cnt1 = _above(sc, e, q1)
-                    mass2, cnt2 = _above(sc, e, q2)
-                    mass3, cnt3 = _above(sc, e, q3)
-                    tok, searching = first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2,
-                                                mass3, cnt0, cnt1, cnt2, cnt3, kmax, cut_p, top_p, min_p,
-                                                0, 0, 0, 0)  # fmt: skip
-                    low = tl.maximum(tl.maximum(q0, q1), tl.maximum(q2, q3))
+                    # NDRAW draws at once, and the count and mass of the candidates above each
+                    # (all the row's tokens above it: it is above low >= v_k); the first kept
+                    # is the token (first_kept), else the next round draws below the lowest
+                    x, qd = _cand_draws(tc, cc, sc, run, cum, V, j + dj, k0, k1, SP)
+                    above = sc[None, :] > qd[:, None]
+                    mass = tl.sum(tl.where(above, fast_exp(sc - m)[None, :], 0.0), 1)
+                    cnt = tl.sum(above.to(tl.int32), 1)
+                    keep = (cnt < kmax) & ((cut_p == 0) | (mass < top_p * zz)) & (tl.exp(qd - m) >= min_p)
+                    kept = tl.min(tl.where(keep, dj, NDRAW), 0)  # the first draw kept (NDRAW: none)
+                    tok = tl.sum(tl.where(dj == kept, x, 0), 0)
+                    searching = kept == NDRAW
+                    low = tl.max(qd, 0)
                     j += NDRAW
-                else:  # top-k alone keeps every draw: the token is x0
-                    tok = x0
+                else:  # top-k alone keeps every draw: the token is draw 0
+                    x0, _q0 = _cand_draws(tc, cc, sc, run, cum, V, j + tl.arange(0, 1).to(tl.uint32), k0, k1,
+                                          SP)  # fmt: skip
+                    tok = tl.sum(x0, 0)
                     searching = False
     return tok, done
