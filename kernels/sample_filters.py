@@ -78,24 +78,22 @@ def filter_on(top_k, top_p, min_p, V):
 
 
 @helper
+def filters_keep(q, m, pz, mass, cnt, kmax, cut_p, min_p):
+    # whether every filter keeps a draw of score q (scalars or tensors alike), from the count
+    # and mass strictly above it (ties at a threshold are kept); pz = top_p * Z
+    return (cnt < kmax) & ((cut_p == 0) | (mass < pz)) & (tl.exp(q - m) >= min_p)
+
+
+@helper
 def first_kept(x0, x1, x2, x3, q0, q1, q2, q3, m, zz, mass0, mass1, mass2, mass3, cnt0, cnt1, cnt2, cnt3,
                 kmax, cut_p, top_p, min_p, v0, v1, v2, v3):  # fmt: skip
-    # the first of the draws x0..x3 (scores q0..q3) that every filter keeps (ties at a threshold
-    # are kept), from the count and mass strictly above each score, or from its verdict v
-    # (verdict: 1 kept, -1 cut, 0 measured) -> (token, none kept)
+    # the first of the draws x0..x3 (scores q0..q3) that every filter keeps (filters_keep), or
+    # from its verdict v (verdict: 1 kept, -1 cut, 0 measured) -> (token, none kept)
     pz = top_p * zz
-    keep0 = (v0 == 1) | (
-        (v0 == 0) & (cnt0 < kmax) & ((cut_p == 0) | (mass0 < pz)) & (tl.exp(q0 - m) >= min_p)
-    )
-    keep1 = (v1 == 1) | (
-        (v1 == 0) & (cnt1 < kmax) & ((cut_p == 0) | (mass1 < pz)) & (tl.exp(q1 - m) >= min_p)
-    )
-    keep2 = (v2 == 1) | (
-        (v2 == 0) & (cnt2 < kmax) & ((cut_p == 0) | (mass2 < pz)) & (tl.exp(q2 - m) >= min_p)
-    )
-    keep3 = (v3 == 1) | (
-        (v3 == 0) & (cnt3 < kmax) & ((cut_p == 0) | (mass3 < pz)) & (tl.exp(q3 - m) >= min_p)
-    )
+    keep0 = (v0 == 1) | ((v0 == 0) & filters_keep(q0, m, pz, mass0, cnt0, kmax, cut_p, min_p))
+    keep1 = (v1 == 1) | ((v1 == 0) & filters_keep(q1, m, pz, mass1, cnt1, kmax, cut_p, min_p))
+    keep2 = (v2 == 1) | ((v2 == 0) & filters_keep(q2, m, pz, mass2, cnt2, kmax, cut_p, min_p))
+    keep3 = (v3 == 1) | ((v3 == 0) & filters_keep(q3, m, pz, mass3, cnt3, kmax, cut_p, min_p))
     tok = tl.where(keep2, x2, x3)
     tok = tl.where(keep1, x1, tok)
     tok = tl.where(keep0, x0, tok)
@@ -125,7 +123,7 @@ def verdict(q, ct, m, ms, w, z, cs, kmax, k_on, cut_p, top_p, min_p):
     tops = tl.sum(tl.where(above, tl.exp(ms - m), 0.0), 0) * 4294967296.0
     n_lo = tl.sum(above.to(tl.int32), 0)
     n_up = n_lo.to(tl.float32) + (mass - tops + slack) / eq
-    keep_min = e >= min_p  # (as first_kept)
+    keep_min = e >= min_p  # (as filters_keep)
     keep = (
         keep_min & ((k_on == 0) | (n_up < kmax.to(tl.float32))) & ((cut_p == 0) | (mass + slack < top_p * z))
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .sample_filters import filters_keep
 from .triton_common import NDRAW, chunk_mass, draw_t, fast_exp, helper, load_scores, quanta, scale
 
 
@@ -257,12 +258,12 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
                 if cut_p | (min_p > 0.0):
                     # NDRAW draws at once, and the count and mass of the candidates above each
                     # (all the row's tokens above it: it is above low >= v_k); the first kept
-                    # is the token (first_kept), else the next round draws below the lowest
+                    # is the token, as first_kept, else the next round draws below the lowest
                     x, qd = _cand_draws(tc, cc, sc, run, cum, V, j + dj, k0, k1, SP)
                     above = sc[None, :] > qd[:, None]
                     mass = tl.sum(tl.where(above, fast_exp(sc - m)[None, :], 0.0), 1)
                     cnt = tl.sum(above.to(tl.int32), 1)
-                    keep = (cnt < kmax) & ((cut_p == 0) | (mass < top_p * zz)) & (tl.exp(qd - m) >= min_p)
+                    keep = filters_keep(qd, m, top_p * zz, mass, cnt, kmax, cut_p, min_p)
                     kept = tl.min(tl.where(keep, dj, NDRAW), 0)  # the first draw kept (NDRAW: none)
                     tok = tl.sum(tl.where(dj == kept, x, 0), 0)
                     searching = kept == NDRAW
