@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .memo import NodeMemo
+
 ALL_BYTES_MASK = (1 << 256) - 1
 
 
@@ -508,7 +510,7 @@ def size(expr: Expr) -> int:
 
 
 MASKS_MEMO_MIN = 64  # nodes: a Ref-free sub-expression this large keeps its byte sets (below)
-_MASKS: dict = {}  # Ref-free sub-expression -> frozenset of its byte sets (bounded)
+_MASKS = NodeMemo(20_000)  # Ref-free sub-expression -> frozenset of its byte sets
 
 
 def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) -> set[int]:
@@ -576,11 +578,7 @@ def _masks_of(e: Expr) -> frozenset[int]:
             out.update(m for _, m, _ in x.edges)
         else:  # Seq, Alt, And, Diff
             stack.extend(x.items)
-    hit = frozenset(out)
-    if len(_MASKS) >= 4096:
-        _MASKS.clear()
-    _MASKS[e] = hit
-    return hit
+    return _MASKS.put(e, frozenset(out), e._size)
 
 
 def count_nodes(roots: Iterable[Expr], cap: int) -> int:

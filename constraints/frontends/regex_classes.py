@@ -25,6 +25,7 @@ import _sre
 
 from ..errors import ConstraintError
 from ..ir import ANY_CHAR, MAX_CODE_POINT, Alt, ByteSet, Expr, Seq, alt, seq, utf8_class
+from ..memo import NodeMemo
 
 # plain ints: RegexFlag's enum operators cost microseconds on this path
 FLAG_I = int(re.IGNORECASE)
@@ -189,9 +190,8 @@ def _subtract(a: Ranges, b: Ranges) -> Ranges:
 
 # ------------------------------------------------------------------ character classes
 
-_CLASS_CACHE: dict[Any, Expr] = {}
-_UTF8_CACHE: dict[Ranges, Expr] = {}
-_CACHE_LIMIT = 4096
+_CLASS_CACHE = NodeMemo(40_000)  # a class node's key -> its expression (mostly held below too)
+_UTF8_CACHE = NodeMemo(40_000)  # code point ranges -> one character of them as UTF-8
 _NOT_NEWLINE: Ranges = ((0, 9), (11, MAX_CODE_POINT))
 
 
@@ -224,9 +224,7 @@ def _class_expr(ranges: Ranges) -> Expr:
             for it in e.items
         ):
             e = _left_factor([it.items if isinstance(it, Seq) else (it,) for it in e.items])
-        if len(_UTF8_CACHE) >= _CACHE_LIMIT:
-            _UTF8_CACHE.clear()
-        _UTF8_CACHE[ranges] = e
+        _UTF8_CACHE.put(ranges, e, e._size)
     return e
 
 
@@ -302,7 +300,6 @@ def char_node(op: Any, av: Any, flags: int) -> Expr:
             ranges = _icase_ranges(op, av, flags)
         else:
             ranges = plain_ranges(op, av, flags)
-        if len(_CLASS_CACHE) >= _CACHE_LIMIT:
-            _CLASS_CACHE.clear()
-        e = _CLASS_CACHE[key] = _class_expr(ranges)
+        e = _class_expr(ranges)
+        _CLASS_CACHE.put(key, e, e._size)
     return e

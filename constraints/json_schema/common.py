@@ -8,6 +8,7 @@ from urllib.parse import unquote
 
 from ..errors import ConstraintError
 from ..ir import LONG_REPEAT, Alt, Expr, Repeat, Seq
+from ..memo import NodeMemo
 
 FLEX_INDENT = 20
 # whitespace modes of the JSON Schema front end (see lowering.py)
@@ -206,14 +207,11 @@ def cost_over(e: Expr, bound: int) -> bool:
     key = (e, bound)
     hit = _OVER.get(key)
     if hit is None:
-        hit = _OVER[key] = _capped_cost(e, {}, bound + 1) > bound
-        if len(_OVER) >= 8192:
-            _OVER.clear()
-            _OVER[key] = hit
+        hit = _OVER.put(key, _capped_cost(e, {}, bound + 1) > bound, e._size)
     return hit
 
 
-_OVER: dict = {}
+_OVER = NodeMemo(20_000)
 
 
 def _capped_cost(e: Expr, memo: dict, cap: int) -> int:

@@ -41,6 +41,7 @@ from ..ir import (
     star,
     utf8_class,
 )
+from ..memo import NodeMemo
 
 HEX = alt(byte_range(0x30, 0x39), byte_range(0x41, 0x46), byte_range(0x61, 0x66))
 _HEX_NOT_D = alt(
@@ -69,7 +70,7 @@ def string_of(char: Expr, lo: int = 0, hi: int | None = None) -> Expr:
     return seq(QUOTE, rep(char, lo, hi), QUOTE)
 
 
-_KEPT: dict = {}  # (function, expression) -> result of a top-level byte_bounds / encode_raw
+_KEPT = NodeMemo(10_000)  # (function, expression) -> result of a top-level byte_bounds / encode_raw
 
 
 def _kept(fn, e: Expr, compute):
@@ -78,9 +79,7 @@ def _kept(fn, e: Expr, compute):
     hit = _KEPT.get(key)
     if hit is None:
         hit = compute()
-        if len(_KEPT) >= 4096:
-            _KEPT.clear()
-        _KEPT[key] = hit
+        _KEPT.put(key, hit, e._size + (hit._size if isinstance(hit, Expr) else 0))
     return hit
 
 
