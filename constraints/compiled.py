@@ -33,6 +33,7 @@ from .tokens.rows import canonical_key, count_bytes, match_form, unquoted_region
 from .tokens.trie import WalkMemo, counted_loops
 
 ROW_CACHE_SIZE = 8192
+STEP_MEMO_SIZE = 1 << 18  # (configuration, token) -> next configuration, per constraint
 QUOTE = 0x22
 PERMISSIVE_BYTES = 128  # states allowing at least this many bytes take the shared-row path
 MAX_CANON_STATES = 256
@@ -122,7 +123,7 @@ class CompiledConstraint:
                 self._bare_near(a.start)
                 if not a.is_regular:
                     self._near_region()
-        self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray, bool]] = {}
         self._closures: dict = {}  # stack -> its closure and the reads, for continuations
         # the parts of pushdown rows (see _stack_part): by the top frames their walks read
         # (with how much longer than itself a stack their walks met), by the whole stack; the
@@ -139,7 +140,12 @@ class CompiledConstraint:
         self._interned: dict[bytes, np.ndarray] = {}
         self._eos = np.array(vocab.eos_ids, dtype=np.int64)
         # accepted steps seen before: the common accept is one dict hit (bounded; see matcher)
+        # configuration -> {token: the next configuration}: one dict per configuration, not a
+        # (configuration, token) tuple per step, which the collector would walk in every full
+        # collection (a configuration of a pushdown automaton keeps the tuple tracked)
         self.step_memo: dict = {}
+        self._step_entries = 0
+        self._step_configs: dict = {}  # the configurations in it, equal ones as one object
         # a run-time check the automaton cannot express, set by whoever compiled the
         # constraint (uniqueItems: see .unique_items.attach); Matcher(compiled) returns its
         # matchers. None for every other constraint
@@ -312,7 +318,8 @@ class CompiledConstraint:
         key = (state, inner)
         hit = self._ci.get(key)
         if hit is not None:
-            return hit
+            words, nodes, states, split = hit
+            return words, nodes, states, self._split[0][1] if split else self.index
         a = self.automaton
         canon = None
         n_bytes = count_bytes(a.table, self._cls_sizes, state)
@@ -354,9 +361,10 @@ class CompiledConstraint:
                 nodes, states = trie.walk(
                     a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, words
                 )
-        hit = (words, nodes, states, trie)
-        self._ci[key] = hit
-        return hit
+        # (kept without the trie object: a tuple of arrays and ints is one the collector
+        # stops walking after its first pass)
+        self._ci[key] = (words, nodes, states, canon is not None)
+        return words, nodes, states, trie
 
     def _walk_memo(self, full: bool) -> WalkMemo:
         """What the fast walks keep per automaton: the full memo once made (``full``
@@ -926,6 +934,28 @@ class CompiledConstraint:
         at, bits, n2, t2 = hit
         words[at] |= bits
         return n2, t2
+
+    def remember_step(self, config, token_id: int, nxt):
+        """Keep ``nxt`` (None: dead) as the step of ``config`` by ``token_id`` in
+        :attr:`step_memo` (at most :data:`STEP_MEMO_SIZE` steps in all, then it starts
+        afresh); returns the object kept for ``nxt``. Equal configurations of a pushdown
+        automaton are kept as one object, so the memo, the matchers' histories and the row
+        cache's keys share them (each is two objects a full collection walks)."""
+        memo = self.step_memo
+        if self._step_entries >= STEP_MEMO_SIZE:
+            memo.clear()
+            self._step_configs.clear()
+            self._step_entries = 0
+        if type(nxt) is Config:
+            nxt = self._step_configs.setdefault(nxt, nxt)
+        row = memo.get(config)
+        if row is None:
+            if type(config) is Config:
+                config = self._step_configs.setdefault(config, config)
+            row = memo[config] = {}
+        row[token_id] = nxt
+        self._step_entries += 1
+        return nxt
 
     def allowed_tokens(self, config) -> np.ndarray:
         """Token ids allowed in ``config`` (for tests and debugging)."""

@@ -20,7 +20,6 @@ from .compiled import CompiledConstraint
 from .ir import SPECIAL_LEAD, special_id
 
 MAX_FORCED_BYTES = 256
-STEP_MEMO_SIZE = 1 << 18  # (configuration, token) -> next configuration, per constraint
 _MISS = object()
 
 
@@ -87,9 +86,8 @@ class Matcher:
             return False
         c = self.compiled
         cfg = self._hist[-1]
-        memo = c.step_memo
-        key = (cfg, token_id)
-        nxt = memo.get(key, _MISS)
+        row = c.step_memo.get(cfg)
+        nxt = _MISS if row is None else row.get(token_id, _MISS)
         if nxt is _MISS:
             named = c.specials and token_id in c.specials  # a special token the grammar names
             if token_id in c.vocab.eos_ids and not (
@@ -102,9 +100,7 @@ class Matcher:
                 return True
             data = c.token_data(token_id)
             nxt = c.automaton.step_bytes(cfg, data) if data else None
-            if len(memo) >= STEP_MEMO_SIZE:
-                memo.clear()
-            memo[key] = nxt
+            nxt = c.remember_step(cfg, token_id, nxt)
         if nxt is None:
             return False
         self._hist.append(nxt)

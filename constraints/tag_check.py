@@ -24,7 +24,7 @@ import re
 import numpy as np
 
 from .automaton.pushdown import Automaton
-from .matcher import MAX_FORCED_BYTES, STEP_MEMO_SIZE, Matcher, encode_forced
+from .matcher import MAX_FORCED_BYTES, Matcher, encode_forced
 from .native import kernel
 
 _MISS = object()
@@ -475,13 +475,11 @@ class TagCheckMatcher:
             memo = c.step_memo
             out = []
             for cfg, fr in groups:
-                key = (cfg, token_id)
-                nxt = memo.get(key, _MISS)
+                row = memo.get(cfg)
+                nxt = _MISS if row is None else row.get(token_id, _MISS)
                 if nxt is _MISS:
                     nxt = a.step_bytes(cfg, data)
-                    if len(memo) >= STEP_MEMO_SIZE:
-                        memo.clear()
-                    memo[key] = nxt
+                    nxt = c.remember_step(cfg, token_id, nxt)
                 if nxt is not None:
                     out.append((nxt, fr))
             return tuple(out) if out else None
