@@ -523,6 +523,7 @@ def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) ->
     seen: set[int] = set()
     stack: list[Expr] = [rules[r] for r in roots]
     byte_set, repeat, ref = ByteSet, Repeat, Ref
+    local: dict[int, frozenset[int]] = {}
     while stack:
         e = stack.pop()
         t = type(e)
@@ -533,7 +534,7 @@ def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) ->
             continue
         seen.add(id(e))
         if e._size >= MASKS_MEMO_MIN and not e._refs:
-            masks.update(_masks_of(e))
+            masks.update(_masks_of(e, local))
             continue
         if t is repeat:
             stack.append(e.item)
@@ -553,10 +554,16 @@ def collect_masks(rules: dict[str, Expr], roots: list[str], called: set[str]) ->
     return masks
 
 
-def _masks_of(e: Expr) -> frozenset[int]:
-    """The byte sets under the Ref-free expression ``e`` (kept for the large ones)."""
+def _masks_of(e: Expr, local: dict[int, frozenset[int]]) -> frozenset[int]:
+    """The byte sets under the Ref-free expression ``e`` (kept for the large ones: in
+    ``local`` by identity for this walk, whatever their size, so a sub-expression shared
+    many times is walked once; in :data:`_MASKS` across compilations, within its bound)."""
+    hit = local.get(id(e))
+    if hit is not None:
+        return hit
     hit = _MASKS.get(e)
     if hit is not None:
+        local[id(e)] = hit
         return hit
     out: set[int] = set()
     seen: set[int] = set()
@@ -571,14 +578,15 @@ def _masks_of(e: Expr) -> frozenset[int]:
             continue
         seen.add(id(x))
         if x is not e and x._size >= MASKS_MEMO_MIN:
-            out.update(_masks_of(x))
+            out.update(_masks_of(x, local))
         elif t is Repeat:
             stack.append(x.item)
         elif t is Dfa:
             out.update(m for _, m, _ in x.edges)
         else:  # Seq, Alt, And, Diff
             stack.extend(x.items)
-    return _MASKS.put(e, frozenset(out), e._size)
+    hit = local[id(e)] = _MASKS.put(e, frozenset(out), e._size)
+    return hit
 
 
 def count_nodes(roots: Iterable[Expr], cap: int) -> int:

@@ -148,3 +148,26 @@ def test_evicting_memos_compile_the_same(small_memos):
     for m in MEMOS.values():
         m.clear()
     assert tables() == first
+
+
+def test_shared_sub_expressions_are_walked_once(monkeypatch):
+    """A sub-expression shared many times (a DAG whose tree size is 2^60, far over any
+    memo's bound, so the memo across compilations keeps none of it) has its byte sets
+    collected once per node, not once per path."""
+    calls = []
+
+    class Counting(NodeMemo):
+        def get(self, key):
+            calls.append(key)
+            return super().get(key)
+
+    monkeypatch.setattr(ir, "_MASKS", Counting(1000))
+    x = ir.Seq(tuple(ir.ByteSet(1 << b) for b in range(ir.MASKS_MEMO_MIN)))
+    expected = {1 << b for b in range(ir.MASKS_MEMO_MIN)}
+    for level in range(60):
+        bit = 1 << (100 + level)
+        x = ir.Seq((ir.Repeat(x, 0, 2), ir.ByteSet(bit), ir.Repeat(x, 1, 3)))
+        expected.add(bit)
+    assert x._size > 2**60
+    assert ir.collect_masks({"start": x}, ["start"], set()) == expected
+    assert len(calls) <= 3 * 61  # (each large node asked once)
