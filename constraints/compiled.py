@@ -33,7 +33,7 @@ from .tokens.rows import canonical_key, count_bytes, match_form, unquoted_region
 from .tokens.trie import WalkMemo, counted_loops
 
 ROW_CACHE_SIZE = 8192
-STEP_MEMO_SIZE = 1 << 18  # (configuration, token) -> next configuration, per constraint
+STEP_MEMO_SIZE = 1 << 18  # steps a constraint's step memo keeps before it starts afresh
 QUOTE = 0x22
 PERMISSIVE_BYTES = 128  # states allowing at least this many bytes take the shared-row path
 MAX_CANON_STATES = 256
@@ -139,8 +139,8 @@ class CompiledConstraint:
         self._rows: OrderedDict = OrderedDict()
         self._interned: dict[bytes, np.ndarray] = {}
         self._eos = np.array(vocab.eos_ids, dtype=np.int64)
-        # accepted steps seen before: the common accept is one dict hit (bounded; see matcher)
-        # configuration -> {token: the next configuration}: one dict per configuration, not a
+        # accepted steps seen before (remember_step): the common accept is two dict hits,
+        # configuration -> {token: the next configuration}; one dict per configuration, not a
         # (configuration, token) tuple per step, which the collector would walk in every full
         # collection (a configuration of a pushdown automaton keeps the tuple tracked)
         self.step_memo: dict = {}
