@@ -36,7 +36,12 @@ ROW_CACHE_SIZE = 8192
 STEP_MEMO_SIZE = 1 << 18  # steps a constraint's step memo keeps before it starts afresh
 QUOTE = 0x22
 PERMISSIVE_BYTES = 128  # states allowing at least this many bytes take the shared-row path
-MAX_CANON_STATES = 256
+MAX_CANON_STATES = 256  # states of a region minimised for its canonical form
+# a region may match a form already met by the vocabulary however large it is, in an automaton
+# of at most this many states (a match is one search, no minimisation): the key position of an
+# object of many optional properties (every name still to come, and any other key) then takes
+# the row of any JSON string's text, where each of its states would walk the whole trie
+MAX_CANON_AUTOMATON = 4096
 MAX_FORMS = 16  # canonical forms a vocabulary remembers for matching (most recent first)
 MAX_FORM_TRIES = 4
 CLOSURE_MEMO_SIZE = 4096
@@ -124,6 +129,8 @@ class CompiledConstraint:
                 if not a.is_regular:
                     self._near_region()
         self._ci: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray, bool]] = {}
+        # how many states a match with a known canonical form may meet (MAX_CANON_AUTOMATON)
+        self._canon_cap = a.n_states if a.n_states <= MAX_CANON_AUTOMATON else MAX_CANON_STATES
         self._closures: dict = {}  # stack -> its closure and the reads, for continuations
         # the parts of pushdown rows (see _stack_part): by the top frames their walks read
         # (with how much longer than itself a stack their walks met), by the whole stack; the
@@ -395,7 +402,7 @@ class CompiledConstraint:
             self._canon_block = np.zeros(a.n_states, dtype=np.int64)
             self._canon_quotients = []
             self._canon_scratch = np.full(a.n_states, -1, dtype=np.int32)
-            # states met by a search that outgrew MAX_CANON_STATES: their own parts are
+            # states met by a search that outgrew its cap (_canon_cap): their own parts are
             # mostly as large, so rows skip the search for them (walking is cheaper)
             self._canon_big = np.zeros(a.n_states, dtype=bool)
             # calls, and in a pushdown returns (``~a.is_regular`` would be an int: -1 or -2)
@@ -412,15 +419,16 @@ class CompiledConstraint:
 
     def _canon_find_region(self, state: int) -> int:
         """Register the region of ``state``: first try the forms already met by this
-        vocabulary (most recent first; a match costs one search, no minimisation), else
-        minimise it. Returns the region's number, -1 when it has no form."""
+        vocabulary (most recent first; a match costs one search, no minimisation, over at
+        most ``_canon_cap`` states), else minimise it (at most MAX_CANON_STATES states).
+        Returns the region's number, -1 when it has no form."""
         a = self.automaton
         bnd, scratch = self._canon_boundary, self._canon_scratch
         forms = self.vocab.shared_forms()
         for i, entry in enumerate(forms[:MAX_FORM_TRIES]):
             form = entry[1]
             code, states, block = match_form(
-                a.table, a.cls, QUOTE, bnd, state, MAX_CANON_STATES, scratch, form
+                a.table, a.cls, QUOTE, bnd, state, self._canon_cap, scratch, form
             )
             if code < 0:
                 if code == -2:
@@ -456,9 +464,11 @@ class CompiledConstraint:
         """A canonical form of what decides tokens without ``"`` from ``state``: the part
         of the automaton reachable over the other bytes (found by a search from ``state``,
         so its cost is that part's size), minimised for definedness, its states numbered
-        in BFS order by first byte. None when it is large or reaches a boundary state (a
-        call or, in a pushdown, a return), whose tokens must be walked for real. Equal
-        forms give equal rows for those tokens, across states and compilations."""
+        in BFS order by first byte. None when it has more than ``_canon_cap`` states or
+        reaches a boundary state (a call or, in a pushdown, a return), whose tokens must
+        be walked for real. Equal forms give equal rows for those tokens, across states and
+        compilations. (:meth:`_canonical_unquoted` may give None for a part of more than
+        MAX_CANON_STATES states: it does not minimise those.)"""
         memo = self.__dict__.setdefault("_canon_memo_ref", {})
         if state in memo:
             return memo[state]
@@ -482,7 +492,7 @@ class CompiledConstraint:
             rows.append(r)
             for t in _distinct(r):
                 if t >= 0 and t not in local:
-                    if len(order) >= MAX_CANON_STATES:
+                    if len(order) >= self._canon_cap:
                         memo[state] = None
                         return None
                     local[t] = len(order)
