@@ -21,7 +21,9 @@ loaded. A sidecar manifest holds the build's SHA-256 and the argument types of e
 exported signature; a file that does not match its hash (corrupt, half written) is not
 loaded, and :func:`build` writes both atomically. At each call an AOT kernel checks its
 arguments' types against the exported signatures (numba's ``typeof``: dtype, dimensions,
-layout, read-only), since a compiled signature does not check dtypes of the same size;
+layout, read-only), since a compiled signature does not check dtypes (a wrong one reads
+memory as another type, or past the array); a kernel bound to its tables (:func:`bind`)
+checks those once;
 arguments no signature takes switch the process to the JIT (:func:`use_jit`), which is
 always correct. ``DEEPINFER_KERNELS=jit`` forces the JIT, ``=aot`` makes a missing build or
 signature an error (for the tests of the build).
@@ -29,6 +31,7 @@ signature an error (for the tests of the build).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -269,6 +272,36 @@ class Kernel:
             raise TypeError(f"{self.qualname}: the AOT build has no signature for {STATE.misses[-1][1]}")
         use_jit()
         return self.jit(*args)
+
+
+class Bound:
+    """A kernel with its leading arguments given once (``kernel.bind(*args)``): their types
+    are checked here, once, and a call checks only the arguments it adds. For a kernel
+    called many times with the same tables and buffers, where checking every argument at
+    every call would cost several times the call itself. The bound arrays must keep their
+    dtype, shape and flags (the package's own tables and scratch buffers)."""
+
+    __slots__ = ("kernel", "args", "ids")
+
+    def __init__(self, k: Kernel, args: tuple) -> None:
+        self.kernel, self.args = k, args
+        self.ids = tuple(map(_arg_id, args))
+
+    def __call__(self, *rest):
+        k = self.kernel
+        if k.jit is None:
+            f = k._sigs.get(self.ids + tuple(map(_arg_id, rest)))
+            if f is not None:
+                return f(*self.args, *rest)
+        return k(*self.args, *rest)  # (the JIT, or a signature the build lacks: as any call)
+
+
+def bind(k, *args):
+    """Kernel ``k`` (as a module global names it: a :class:`Kernel`, or numba's dispatcher
+    once the process runs the JIT) with ``args`` as its leading arguments."""
+    if isinstance(k, Kernel):
+        return Bound(k, args)
+    return functools.partial(k, *args)
 
 
 def kernel(py_func, module: str, name: str, setup=None):

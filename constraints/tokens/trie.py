@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from ..native import kernel
+from ..native import bind, kernel
 
 
 def _walk_py(
@@ -837,38 +837,42 @@ def _walk_fast_py(
     depth_memo,
     set_cls,
     mscr,
-    start,
     nodes,
     tok_bit,
     tok_ids,
-    roots,
     root_of_byte,
-    out,
     bnd_nodes,
     bnd_states,
     states,
+    lev,
+    bnd_levels,
+    pend_level,
+    pend_node,
+    side_mark,
+    side_nodes,
+    side_levels,
+    side_count,
     starts,
     recall_from,
     recall_to,
     max_level,
     chain_set,
-    lev,
-    bnd_levels,
     side_states,
-    pend_level,
-    pend_node,
-    side_mark,
     side_stamp,
-    side_nodes,
-    side_levels,
-    side_count,
+    start,
+    roots,
+    out,
 ):
     """:func:`_walk_range` over the whole trie when ``roots`` is empty, else over the
     subtrees below each node of ``roots`` (children only; from ``starts[i]`` below
     ``roots[i]`` if ``starts`` is not empty). The whole trie is entered
     only at the first bytes alive in ``start`` (``root_of_byte``: the depth-1 node of
     each byte, -1: none), so dead first bytes cost no memory traffic. ``mscr``: the
-    memo's scratch (:class:`WalkMemo`). Returns the number of boundary pairs."""
+    memo's scratch (:class:`WalkMemo`). Returns the number of boundary pairs.
+
+    The arguments come in the order they change: the memo's tables, the trie's, the
+    thread's scratch (:meth:`VocabIndex._fast_walks` binds those once), a chain's (the
+    same in every plain walk), then the walk's own start, roots and row."""
     n = table.shape[0]
     stamp = mscr[0:1]
     level = mscr[1 : 1 + n]
@@ -996,6 +1000,7 @@ class WalkMemo:
         self.set_cls = np.empty((N_SETS, 257), dtype=np.int32)
         _set_classes(cls, _SET_ROWS, _SET_BYTES, self.set_cls)
         self.scratch = np.zeros(3 * n + 2 * ALIVE_CAP + 3, dtype=np.int64)  # stamp, levels, marks, chain
+        self.bound: dict = {}  # (trie, inner, thread) -> _walk_fast bound to these (VocabIndex._fast_walks)
 
     @classmethod
     def light(cls_, table: np.ndarray, cls: np.ndarray, bottom: np.ndarray, inner: np.ndarray) -> WalkMemo:
@@ -1010,6 +1015,7 @@ class WalkMemo:
         m.depth = (_NO_DEPTHS, _NO_DEPTHS)
         m.set_cls = _NO_SET_CLS
         m.scratch = _NO_SCRATCH
+        m.bound = {}
         return m
 
 
@@ -1365,6 +1371,44 @@ class VocabIndex:
             )
         return sc
 
+    def _fast_walks(self, memo: WalkMemo, inner: bool) -> tuple:
+        """``_walk_fast`` bound to ``memo``'s tables for ``inner``, this trie's and this
+        thread's scratch (kept on the memo): ``(chain, plain)``, the second also bound to a
+        plain walk's chain arguments (no chain, no side walks)."""
+        key = (id(self), inner, threading.get_ident())
+        hit = memo.bound.get(key)
+        if hit is None:
+            bnd_nodes, bnd_states, states = self._scratch()
+            lev, bnd_levels, pend_level, pend_node, marks, side_nodes, side_levels, count = (
+                self._level_scratch()
+            )
+            fixed = (
+                memo.table,
+                memo.cls,
+                memo.boundary[inner],
+                memo.depth[inner],
+                memo.set_cls,
+                memo.scratch,
+                self.fast_nodes,
+                self.tok_bit,
+                self.tok_ids,
+                self.root_of_byte,
+                bnd_nodes,
+                bnd_states,
+                states,
+                lev,
+                bnd_levels,
+                pend_level,
+                pend_node,
+                marks[0],
+                side_nodes,
+                side_levels,
+                count,
+            )
+            plain = (_NO_ROOTS, -1, -1, 0, -1, _NO_ROOTS, 0)
+            hit = memo.bound[key] = (bind(_walk_fast, *fixed), bind(_walk_fast, *fixed, *plain))
+        return hit
+
     def _side(self, side: np.ndarray | None) -> tuple:
         """The side-walk arguments of a walk (``side``: the start state per level, or None)."""
         _, _, pend_level, pend_node, marks, nodes, levels, count = self._level_scratch()
@@ -1420,31 +1464,25 @@ class VocabIndex:
         recall_from, recall_to, max_level = recall if recall is not None else (-1, -1, 0)
         side_args = self._side(side)
         items = -1 if recall is None else chain_set(memo.table, memo.cls, memo.boundary[inner], recall, side)
-        nb = _walk_fast(
-            memo.table,
-            memo.cls,
-            memo.boundary[inner],
-            memo.depth[inner],
-            memo.set_cls,
-            memo.scratch,
-            start,
-            self.fast_nodes,
-            self.tok_bit,
-            self.tok_ids,
-            np.asarray(roots, dtype=np.int32),
-            self.root_of_byte,
-            out,
-            bnd_nodes,
-            bnd_states,
-            states,
+        chain, plain = self._fast_walks(memo, inner)
+        if bnd_nodes is not chain.args[10]:  # (nested roots: larger boundary buffers this once)
+            args = list(chain.args)
+            args[10], args[11], args[14] = bnd_nodes, bnd_states, bnd_levels
+            chain = bind(_walk_fast, *args)
+        elif recall is None and starts is None and side is None:
+            nb = plain(start, np.asarray(roots, dtype=np.int32), out)
+            return _walk_result(nb, bnd_nodes, bnd_states, bnd_levels, lev, side_args, recall)
+        nb = chain(
             _NO_ROOTS if starts is None else starts.astype(np.int32),
             int(recall_from),
             int(recall_to),
             int(max_level),
             items,
-            lev,
-            bnd_levels,
-            *side_args,
+            side_args[0],
+            side_args[4],
+            start,
+            np.asarray(roots, dtype=np.int32),
+            out,
         )
         return _walk_result(nb, bnd_nodes, bnd_states, bnd_levels, lev, side_args, recall)
 

@@ -1,7 +1,7 @@
 """The kernels' ahead-of-time build (constraints/native.py): a build of three kernels, loaded in
-a new process, gives the pure-Python references' results on random inputs; arguments of a
-type it was not built for, a corrupt build and a stale one all fall back to numba's JIT,
-with the same results."""
+a new process, gives the pure-Python references' results on random inputs, called directly
+or bound to their tables; arguments of a type it was not built for (bound or not), a corrupt
+build and a stale one all fall back to numba's JIT, with the same results."""
 
 from __future__ import annotations
 
@@ -53,8 +53,10 @@ for trial in range(TRIALS):
     n, c = int(rng.integers(1, 12)), int(rng.integers(1, 6))
     table = rng.integers(-1, n, size=(n, c)).astype(np.int32)
     sizes = rng.integers(1, 60, size=c).astype(np.int64)
+    bound = native.bind(rows.count_bytes, table, sizes)  # (its tables' types checked once)
     for s in range(n):
         assert rows.count_bytes(table, sizes, s) == rows._count_bytes_py(table, sizes, s)
+        assert bound(s) == rows._count_bytes_py(table, sizes, s)
         out["checked"] += 1
     toks = [bytes(rng.integers(97, 100, size=int(rng.integers(1, 5))).tolist()) for _ in range(60)]
     vocab = Vocabulary(toks)
@@ -74,6 +76,12 @@ for trial in range(TRIALS):
         out["checked"] += 1
 out["misses"] = len(native.STATE.misses)
 out["before"] = native.STATE.mode
+# a bound kernel given an argument type the build has no signature for (an int32 state):
+# the JIT takes over, with the same result, and the kernels bound before it run the JIT too
+t32 = np.zeros((2, 2), dtype=np.int32)
+b32 = native.bind(rows.count_bytes, t32, np.ones(2, np.int64))
+out["bound_miss"] = bool(int(b32(np.int32(0))) == 2) and native.STATE.mode == "jit"
+out["bound_after"] = all(bound(s) == rows._count_bytes_py(table, sizes, s) for s in range(n))
 # a dtype the build has no signature for: the JIT takes over, with the same result
 t64 = np.zeros((2, 2), dtype=np.int64)
 out["int64"] = bool(int(rows.count_bytes(t64, np.ones(2, np.int64), 0)) == rows._count_bytes_py(
@@ -122,6 +130,7 @@ def test_aot_kernels_match_their_references(built):
     assert r["mode"] == "aot", r["why"]
     assert r["checked"] > 100 and r["misses"] == 0 and r["before"] == "aot"
     # an argument type outside the build: numba's JIT from then on, same result
+    assert r["bound_miss"] and r["bound_after"]
     assert r["int64"] and r["after"] == "jit"
 
 
