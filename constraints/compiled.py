@@ -43,6 +43,9 @@ MAX_CANON_STATES = 256  # states of a region minimised for its canonical form
 # the row of any JSON string's text, where each of its states would walk the whole trie
 MAX_CANON_AUTOMATON = 4096
 MAX_FORMS = 16  # canonical forms a vocabulary remembers for matching (most recent first)
+# shared rows a vocabulary keeps (then it starts afresh): maskbench-dev's 307 schemas meet 9
+# forms, but each request may bring new ones, and a row is 16 KB on a 128k vocabulary
+MAX_SHARED_ROWS = 1024
 MAX_FORM_TRIES = 4
 CLOSURE_MEMO_SIZE = 4096
 PART_CACHE_SIZE = 8192  # pushdown row parts kept per constraint (by view, by whole stack)
@@ -359,7 +362,7 @@ class CompiledConstraint:
                 else:
                     no_quote.walk(a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, base)
                 base.flags.writeable = False
-                shared[canon] = base
+                _share(shared, canon, base)
             words = base.copy()
             trie = with_quote  # boundary node ids below index this trie
             if fast:
@@ -792,7 +795,7 @@ class CompiledConstraint:
                 self._continue((), nodes, states, hit, no_quote)
             hit.flags.writeable = False
             if canon is not None:
-                shared[canon] = hit
+                _share(shared, canon, hit)
         memo[state] = hit
         return hit
 
@@ -970,6 +973,13 @@ class CompiledConstraint:
     def allowed_tokens(self, config) -> np.ndarray:
         """Token ids allowed in ``config`` (for tests and debugging)."""
         return np.nonzero(unpack_bitmask(self.mask_row(config)[None], self.vocab_size)[0])[0]
+
+
+def _share(shared: dict, key: bytes, row: np.ndarray) -> None:
+    """Keep ``row`` as the shared row of canonical form ``key`` (at most MAX_SHARED_ROWS)."""
+    if len(shared) >= MAX_SHARED_ROWS:
+        shared.clear()
+    shared[key] = row
 
 
 def _distinct(a: np.ndarray) -> list[int]:

@@ -152,6 +152,23 @@ def test_a_region_too_large_to_minimise_takes_a_form_met_before():
         np.testing.assert_array_equal(m.allowed_tokens(), reference_allowed(c2, m.state))
 
 
+def test_shared_rows_stay_bounded_and_right(monkeypatch):
+    from deepinfer.constraints import compiled as compiled_mod
+
+    monkeypatch.setattr(compiled_mod, "MAX_SHARED_ROWS", 3)
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    comp = Compiler(vocab)
+    for k in range(8):  # strings of every character but one: each its form and shared row
+        schema = {
+            "type": "object",
+            "properties": {"s": {"type": "string", "pattern": f"^[^{chr(97 + k)}]*$"}},
+        }
+        c = comp.json_schema(schema)
+        inside = c.automaton.step_bytes(c.automaton.initial, b'{"s":"')
+        np.testing.assert_array_equal(c.allowed_tokens(inside), reference_allowed(c, inside))
+        assert len(vocab.shared_rows()) <= 3
+
+
 def _random_configs(c: CompiledConstraint, rng: random.Random, walks: int, steps: int):
     eos = set(c.vocab.eos_ids)
     for _ in range(walks):
