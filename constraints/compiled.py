@@ -25,6 +25,7 @@ import numpy as np
 
 from .automaton import counted as ct
 from .automaton import pushdown
+from .automaton.dfa_kernels import near_kernel
 from .automaton.nfa import equivalent_blocks
 from .automaton.pushdown import Automaton, Config
 from .bitmask import unpack_bitmask
@@ -993,29 +994,11 @@ def _distinct(a: np.ndarray) -> list[int]:
 
 def _within(table: np.ndarray, seeds: np.ndarray, depth: int) -> np.ndarray:
     """bool [n]: the states of ``table`` (int [n, C], -1 dead) with a path of at most ``depth``
-    transitions into a state of ``seeds`` (a backward search, level by level)."""
-    n = table.shape[0]
-    src, k = np.nonzero(table >= 0)
-    dst = table[src, k]
-    order = np.argsort(dst, kind="stable")
-    src, dst = src[order], dst[order]
-    ptr = np.searchsorted(dst, np.arange(n + 1))
-    seen = seeds.copy()
-    frontier = np.flatnonzero(seen)
-    mark = np.zeros(n, dtype=bool)
-    for _ in range(depth):
-        lo, hi = ptr[frontier], ptr[frontier + 1]
-        lens = hi - lo
-        total = int(lens.sum())
-        if not total:
-            break
-        idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(total)
-        mark[src[idx]] = True  # (the new predecessors, without duplicates: no sort)
-        mark &= ~seen
-        frontier = np.flatnonzero(mark)
-        seen |= mark
-        mark[frontier] = False
-    return seen
+    transitions into a state of ``seeds`` (``dfa_kernels.near_kernel``: a backward search,
+    level by level)."""
+    return near_kernel(
+        np.ascontiguousarray(table, dtype=np.int32), np.ascontiguousarray(seeds, dtype=np.bool_), int(depth)
+    )
 
 
 _COUNTED_WARM: list[bool] = []

@@ -156,6 +156,51 @@ def _hopcroft_py(table, init):
     return blk
 
 
+def _near_py(table, seeds, depth):
+    """bool [n]: the states of ``table`` (int [n, C], -1 dead) with a path of at most ``depth``
+    transitions into a state of ``seeds`` (bool [n]): a backward breadth-first search over
+    the reversed edges, level by level."""
+    n, k = table.shape
+    cnt = np.zeros(n + 1, dtype=np.int64)  # reverse edges, CSR by target
+    for s in range(n):
+        for c in range(k):
+            if table[s, c] >= 0:
+                cnt[table[s, c] + 1] += 1
+    for i in range(n):
+        cnt[i + 1] += cnt[i]
+    fill = cnt[:-1].copy()
+    pred = np.empty(cnt[n], dtype=np.int64)
+    for s in range(n):
+        for c in range(k):
+            t = table[s, c]
+            if t >= 0:
+                pred[fill[t]] = s
+                fill[t] += 1
+    seen = seeds.copy()
+    frontier = np.empty(n, dtype=np.int64)
+    nxt = np.empty(n, dtype=np.int64)
+    nf = 0
+    for s in range(n):
+        if seen[s]:
+            frontier[nf] = s
+            nf += 1
+    level = 0
+    while level < depth and nf > 0:
+        nn = 0
+        for j in range(nf):
+            t = frontier[j]
+            for e in range(cnt[t], cnt[t + 1]):
+                s = pred[e]
+                if not seen[s]:
+                    seen[s] = True
+                    nxt[nn] = s
+                    nn += 1
+        frontier, nxt = nxt, frontier
+        nf = nn
+        level += 1
+    return seen
+
+
 def _live_py(table, accepting, call_src, call_dst):
     """States from which an accepting state is reachable (byte edges of ``table``, -1
     dead, and the call edges ``call_src[i] -> call_dst[i]``)."""
@@ -260,5 +305,6 @@ def _product_py(t1, a1, t2, a2, mode_diff, max_states):
 grow = kernel(grow, __name__, "grow")
 grow_rows = kernel(grow_rows, __name__, "grow_rows")
 hopcroft = kernel(_hopcroft_py, __name__, "hopcroft")
+near_kernel = kernel(_near_py, __name__, "near_kernel")
 live_kernel = kernel(_live_py, __name__, "live_kernel")
 product_kernel = kernel(_product_py, __name__, "product_kernel")
