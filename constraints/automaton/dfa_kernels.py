@@ -156,16 +156,18 @@ def _hopcroft_py(table, init):
     return blk
 
 
-def _near_py(table, seeds, depth):
-    """bool [n]: the states of ``table`` (int [n, C], -1 dead) with a path of at most ``depth``
-    transitions into a state of ``seeds`` (bool [n]): a backward breadth-first search over
-    the reversed edges, level by level."""
+def _reverse_edges_py(table, call_src, call_dst):
+    """The reversed edges of ``table`` (int [n, C], -1 dead) and of the call edges
+    ``call_src[i] -> call_dst[i]``, as CSR by target: the predecessors of state t are
+    ``pred[cnt[t]:cnt[t + 1]]``."""
     n, k = table.shape
-    cnt = np.zeros(n + 1, dtype=np.int64)  # reverse edges, CSR by target
+    cnt = np.zeros(n + 1, dtype=np.int64)
     for s in range(n):
         for c in range(k):
             if table[s, c] >= 0:
                 cnt[table[s, c] + 1] += 1
+    for i in range(call_src.shape[0]):
+        cnt[call_dst[i] + 1] += 1
     for i in range(n):
         cnt[i + 1] += cnt[i]
     fill = cnt[:-1].copy()
@@ -176,6 +178,19 @@ def _near_py(table, seeds, depth):
             if t >= 0:
                 pred[fill[t]] = s
                 fill[t] += 1
+    for i in range(call_src.shape[0]):
+        pred[fill[call_dst[i]]] = call_src[i]
+        fill[call_dst[i]] += 1
+    return cnt, pred
+
+
+def _near_py(table, seeds, depth):
+    """bool [n]: the states of ``table`` (int [n, C], -1 dead) with a path of at most ``depth``
+    transitions into a state of ``seeds`` (bool [n]): a backward breadth-first search over
+    the reversed edges, level by level."""
+    n = table.shape[0]
+    no_calls = np.empty(0, dtype=np.int64)
+    cnt, pred = _reverse_edges(table, no_calls, no_calls)
     seen = seeds.copy()
     frontier = np.empty(n, dtype=np.int64)
     nxt = np.empty(n, dtype=np.int64)
@@ -204,27 +219,8 @@ def _near_py(table, seeds, depth):
 def _live_py(table, accepting, call_src, call_dst):
     """States from which an accepting state is reachable (byte edges of ``table``, -1
     dead, and the call edges ``call_src[i] -> call_dst[i]``)."""
-    n, k = table.shape
-    cnt = np.zeros(n + 1, dtype=np.int64)  # reverse edges, CSR by target
-    for s in range(n):
-        for c in range(k):
-            if table[s, c] >= 0:
-                cnt[table[s, c] + 1] += 1
-    for i in range(call_src.shape[0]):
-        cnt[call_dst[i] + 1] += 1
-    for i in range(n):
-        cnt[i + 1] += cnt[i]
-    fill = cnt[:-1].copy()
-    pred = np.empty(cnt[n], dtype=np.int64)
-    for s in range(n):
-        for c in range(k):
-            t = table[s, c]
-            if t >= 0:
-                pred[fill[t]] = s
-                fill[t] += 1
-    for i in range(call_src.shape[0]):
-        pred[fill[call_dst[i]]] = call_src[i]
-        fill[call_dst[i]] += 1
+    n = table.shape[0]
+    cnt, pred = _reverse_edges(table, call_src, call_dst)
     live = accepting.copy()
     stack = np.empty(n, dtype=np.int64)
     top = 0
@@ -305,6 +301,7 @@ def _product_py(t1, a1, t2, a2, mode_diff, max_states):
 grow = kernel(grow, __name__, "grow")
 grow_rows = kernel(grow_rows, __name__, "grow_rows")
 hopcroft = kernel(_hopcroft_py, __name__, "hopcroft")
+_reverse_edges = kernel(_reverse_edges_py, __name__, "_reverse_edges")
 near_kernel = kernel(_near_py, __name__, "near_kernel")
 live_kernel = kernel(_live_py, __name__, "live_kernel")
 product_kernel = kernel(_product_py, __name__, "product_kernel")

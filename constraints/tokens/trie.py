@@ -871,7 +871,7 @@ def _walk_fast_py(
     memo's scratch (:class:`WalkMemo`). Returns the number of boundary pairs.
 
     The arguments come in the order they change: the memo's tables, the trie's, the
-    thread's scratch (:meth:`VocabIndex._fast_walks` binds those once), a chain's (the
+    thread's scratch (:meth:`VocabIndex._fast_walk` binds those once), a chain's (the
     same in every plain walk), then the walk's own start, roots and row."""
     n = table.shape[0]
     stamp = mscr[0:1]
@@ -963,6 +963,8 @@ _walk_fast = kernel(_walk_fast_py, __name__, "_walk_fast")
 
 
 _NO_ROOTS = np.zeros(0, dtype=np.int32)
+_FIXED = 21  # _walk_fast's arguments that stay the same (VocabIndex._fast_walk)
+_PLAIN = (_NO_ROOTS, -1, -1, 0, -1, _NO_ROOTS, 0)  # its chain arguments in a plain walk
 _NO_COUNTS = np.zeros(0, dtype=np.int64)
 
 
@@ -1000,7 +1002,7 @@ class WalkMemo:
         self.set_cls = np.empty((N_SETS, 257), dtype=np.int32)
         _set_classes(cls, _SET_ROWS, _SET_BYTES, self.set_cls)
         self.scratch = np.zeros(3 * n + 2 * ALIVE_CAP + 3, dtype=np.int64)  # stamp, levels, marks, chain
-        self.bound: dict = {}  # (trie, inner, thread) -> _walk_fast bound to these (VocabIndex._fast_walks)
+        self.bound: dict = {}  # (trie, inner, thread, plain) -> _walk_fast bound (VocabIndex._fast_walk)
 
     @classmethod
     def light(cls_, table: np.ndarray, cls: np.ndarray, bottom: np.ndarray, inner: np.ndarray) -> WalkMemo:
@@ -1371,11 +1373,11 @@ class VocabIndex:
             )
         return sc
 
-    def _fast_walks(self, memo: WalkMemo, inner: bool) -> tuple:
+    def _fast_walk(self, memo: WalkMemo, inner: bool, plain: bool):
         """``_walk_fast`` bound to ``memo``'s tables for ``inner``, this trie's and this
-        thread's scratch (kept on the memo): ``(chain, plain)``, the second also bound to a
-        plain walk's chain arguments (no chain, no side walks)."""
-        key = (id(self), inner, threading.get_ident())
+        thread's scratch (kept on the memo), and with ``plain`` to a plain walk's chain
+        arguments too (no chain, no side walks)."""
+        key = (id(self), inner, threading.get_ident(), plain)
         hit = memo.bound.get(key)
         if hit is None:
             bnd_nodes, bnd_states, states = self._scratch()
@@ -1405,8 +1407,7 @@ class VocabIndex:
                 side_levels,
                 count,
             )
-            plain = (_NO_ROOTS, -1, -1, 0, -1, _NO_ROOTS, 0)
-            hit = memo.bound[key] = (bind(_walk_fast, *fixed), bind(_walk_fast, *fixed, *plain))
+            hit = memo.bound[key] = bind(_walk_fast, *fixed, *(_PLAIN if plain else ()))
         return hit
 
     def _side(self, side: np.ndarray | None) -> tuple:
@@ -1464,26 +1465,27 @@ class VocabIndex:
         recall_from, recall_to, max_level = recall if recall is not None else (-1, -1, 0)
         side_args = self._side(side)
         items = -1 if recall is None else chain_set(memo.table, memo.cls, memo.boundary[inner], recall, side)
-        chain, plain = self._fast_walks(memo, inner)
-        if bnd_nodes is not chain.args[10]:  # (nested roots: larger boundary buffers this once)
-            args = list(chain.args)
+        plain = recall is None and starts is None and side is None
+        walk = self._fast_walk(memo, inner, plain)
+        if bnd_nodes is not walk.args[10]:  # (nested roots: larger boundary buffers, this once)
+            args = list(walk.args[:_FIXED])
             args[10], args[11], args[14] = bnd_nodes, bnd_states, bnd_levels
-            chain = bind(_walk_fast, *args)
-        elif recall is None and starts is None and side is None:
-            nb = plain(start, np.asarray(roots, dtype=np.int32), out)
-            return _walk_result(nb, bnd_nodes, bnd_states, bnd_levels, lev, side_args, recall)
-        nb = chain(
-            _NO_ROOTS if starts is None else starts.astype(np.int32),
-            int(recall_from),
-            int(recall_to),
-            int(max_level),
-            items,
-            side_args[0],
-            side_args[4],
-            start,
-            np.asarray(roots, dtype=np.int32),
-            out,
-        )
+            walk, plain = bind(_walk_fast, *args), False
+        if plain:
+            nb = walk(start, np.asarray(roots, dtype=np.int32), out)
+        else:
+            nb = walk(
+                _NO_ROOTS if starts is None else starts.astype(np.int32),
+                int(recall_from),
+                int(recall_to),
+                int(max_level),
+                items,
+                side_args[0],
+                side_args[4],
+                start,
+                np.asarray(roots, dtype=np.int32),
+                out,
+            )
         return _walk_result(nb, bnd_nodes, bnd_states, bnd_levels, lev, side_args, recall)
 
     def greedy_tokenize(self, data: bytes, vocab) -> list[int]:
