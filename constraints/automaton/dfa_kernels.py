@@ -156,10 +156,11 @@ def _hopcroft_py(table, init):
     return blk
 
 
-def _reverse_edges_py(table, call_src, call_dst):
-    """The reversed edges of ``table`` (int [n, C], -1 dead) and of the call edges
-    ``call_src[i] -> call_dst[i]``, as CSR by target: the predecessors of state t are
-    ``pred[cnt[t]:cnt[t + 1]]``."""
+def _backward_py(table, call_src, call_dst, seeds, depth):
+    """bool [n]: the states of ``table`` (int [n, C], -1 dead; and the call edges
+    ``call_src[i] -> call_dst[i]``) with a path of at most ``depth`` edges into a state of
+    ``seeds`` (bool [n]): a breadth-first search over the reversed edges (CSR by target),
+    level by level."""
     n, k = table.shape
     cnt = np.zeros(n + 1, dtype=np.int64)
     for s in range(n):
@@ -181,16 +182,6 @@ def _reverse_edges_py(table, call_src, call_dst):
     for i in range(call_src.shape[0]):
         pred[fill[call_dst[i]]] = call_src[i]
         fill[call_dst[i]] += 1
-    return cnt, pred
-
-
-def _near_py(table, seeds, depth):
-    """bool [n]: the states of ``table`` (int [n, C], -1 dead) with a path of at most ``depth``
-    transitions into a state of ``seeds`` (bool [n]): a backward breadth-first search over
-    the reversed edges, level by level."""
-    n = table.shape[0]
-    no_calls = np.empty(0, dtype=np.int64)
-    cnt, pred = _reverse_edges(table, no_calls, no_calls)
     seen = seeds.copy()
     frontier = np.empty(n, dtype=np.int64)
     nxt = np.empty(n, dtype=np.int64)
@@ -216,28 +207,17 @@ def _near_py(table, seeds, depth):
     return seen
 
 
+def _near_py(table, seeds, depth):
+    """bool [n]: the states of ``table`` (int [n, C], -1 dead) with a path of at most ``depth``
+    transitions into a state of ``seeds`` (bool [n])."""
+    no_calls = np.empty(0, dtype=np.int64)
+    return _backward(table, no_calls, no_calls, seeds, depth)
+
+
 def _live_py(table, accepting, call_src, call_dst):
     """States from which an accepting state is reachable (byte edges of ``table``, -1
     dead, and the call edges ``call_src[i] -> call_dst[i]``)."""
-    n = table.shape[0]
-    cnt, pred = _reverse_edges(table, call_src, call_dst)
-    live = accepting.copy()
-    stack = np.empty(n, dtype=np.int64)
-    top = 0
-    for s in range(n):
-        if live[s]:
-            stack[top] = s
-            top += 1
-    while top > 0:
-        top -= 1
-        t = stack[top]
-        for q in range(cnt[t], cnt[t + 1]):
-            s = pred[q]
-            if not live[s]:
-                live[s] = True
-                stack[top] = s
-                top += 1
-    return live
+    return _backward(table, call_src, call_dst, accepting, table.shape[0])
 
 
 def _product_py(t1, a1, t2, a2, mode_diff, max_states):
@@ -301,7 +281,7 @@ def _product_py(t1, a1, t2, a2, mode_diff, max_states):
 grow = kernel(grow, __name__, "grow")
 grow_rows = kernel(grow_rows, __name__, "grow_rows")
 hopcroft = kernel(_hopcroft_py, __name__, "hopcroft")
-_reverse_edges = kernel(_reverse_edges_py, __name__, "_reverse_edges")
+_backward = kernel(_backward_py, __name__, "_backward")
 near_kernel = kernel(_near_py, __name__, "near_kernel")
 live_kernel = kernel(_live_py, __name__, "live_kernel")
 product_kernel = kernel(_product_py, __name__, "product_kernel")
