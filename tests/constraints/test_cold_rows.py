@@ -274,6 +274,16 @@ def test_fast_walks_equal_plain_walks(real):
                         b2 = trie.walk_fast(memo, inner, t, w2, roots)
                         np.testing.assert_array_equal(w1, w2)
                         assert _walk_sets(trie, b1) == _walk_sets(trie, b2)
+        if not real:  # below every node at once: nested roots, larger boundary buffers
+            roots = np.arange(trie.n_nodes, dtype=np.int32)
+            assert int((trie.node_skip[roots] - roots).sum()) > trie.n_nodes
+            for inner in (False, True):
+                w1 = np.zeros(trie.n_words, dtype=np.uint32)
+                w2 = np.zeros(trie.n_words, dtype=np.uint32)
+                b1 = trie.walk_below(a.table, a.cls, a.start, memos[0].boundary[inner], w1, roots)
+                b2 = trie.walk_fast(memos[0], inner, a.start, w2, roots)
+                np.testing.assert_array_equal(w1, w2)
+                assert _walk_sets(trie, b1) == _walk_sets(trie, b2)
     assert n_pushdown and n_bnd
 
 
