@@ -23,10 +23,9 @@ loaded, and :func:`build` writes both atomically. At each call an AOT kernel che
 arguments' types against the exported signatures (numba's ``typeof``: dtype, dimensions,
 layout, read-only), since a compiled signature does not check dtypes (a wrong one reads
 memory as another type, or past the array); a kernel bound to its tables (:func:`bind`)
-checks those once;
-arguments no signature takes switch the process to the JIT (:func:`use_jit`), which is
-always correct. ``DEEPINFER_KERNELS=jit`` forces the JIT, ``=aot`` makes a missing build or
-signature an error (for the tests of the build).
+checks those once. Arguments no signature takes switch the process to the JIT
+(:func:`use_jit`), which is always correct. ``DEEPINFER_KERNELS=jit`` forces the JIT,
+``=aot`` makes a missing build or signature an error (for the tests of the build).
 """
 
 from __future__ import annotations
@@ -275,7 +274,7 @@ class Kernel:
 
 
 class Bound:
-    """A kernel with its leading arguments given once (``kernel.bind(*args)``): their types
+    """A kernel with its leading arguments given once (:func:`bind`): their types
     are checked here, once, and a call checks only the arguments it adds. For a kernel
     called many times with the same tables and buffers, where checking every argument at
     every call would cost several times the call itself. The bound arrays must keep their
