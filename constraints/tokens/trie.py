@@ -1377,7 +1377,7 @@ class VocabIndex:
         """``_walk_fast`` bound to ``memo``'s tables for ``inner``, this trie's and this
         thread's scratch (kept on the memo), and with ``plain`` to a plain walk's chain
         arguments too (no chain, no side walks)."""
-        key = (id(self), inner, threading.get_ident(), plain)
+        key = (self, inner, threading.get_ident(), plain)  # (the trie itself: an id may be reused)
         hit = memo.bound.get(key)
         if hit is None:
             bnd_nodes, bnd_states, states = self._scratch()
