@@ -27,7 +27,7 @@ from .automaton import counted as ct
 from .automaton import pushdown
 from .automaton.dfa_kernels import near_kernel
 from .automaton.nfa import equivalent_blocks
-from .automaton.pushdown import Automaton, Config
+from .automaton.pushdown import Automaton, Config, make_config
 from .bitmask import unpack_bitmask
 from .ir import SPECIAL_LEAD, special_bytes
 from .tokens.rows import canonical_key, count_bytes, match_form, unquoted_region
@@ -212,12 +212,12 @@ class CompiledConstraint:
         if not a.is_regular:
             stacks = []
             changed = False
-            for st in config.stacks:
+            for st in config[0]:
                 k = self._stack_key(st)
                 if k != st:
                     changed = True
                 stacks.append(k)
-            return Config(frozenset(stacks), config.can_end) if changed else config
+            return make_config(stacks, config[1]) if changed else config
         return self._row_key_int(config)
 
     def _stack_key(self, st: tuple[int, ...]) -> tuple[int, ...]:
@@ -546,7 +546,7 @@ class CompiledConstraint:
     def _stacks_row(self, config) -> np.ndarray:
         """A pushdown configuration's row: the union of its stacks' parts (the tokens each
         stack allows: :meth:`_stack_part`)."""
-        stacks = config.stacks
+        stacks = config[0]
         if len(stacks) == 1:
             (st,) = stacks
             return self._stack_part(st).copy()
@@ -817,11 +817,11 @@ class CompiledConstraint:
             cfg = self._closure(stack)
             if cfg is None:
                 continue
-            chain = self._chain(stack, cfg, trie.max_depth) if len(cfg.stacks) == 2 else None
+            chain = self._chain(stack, cfg, trie.max_depth) if len(cfg[0]) == 2 else None
             if chain is not None:
                 self._continue_chain(stack, chain, roots, words, trie)
                 continue
-            for st in cfg.stacks:
+            for st in cfg[0]:
                 if st == stack:
                     continue
                 n2, t2 = self._walk_stack(st, roots, words, trie)
@@ -880,9 +880,9 @@ class CompiledConstraint:
         if self.fast_min_bytes > 256 or len(stack) < 2 or r >= a.n_states or a._has_bytes_list[r]:
             return None
         side = stack[:-1]
-        if side not in cfg.stacks:
+        if side not in cfg[0]:
             return None
-        st = next(iter(cfg.stacks - {side}))
+        st = _other(cfg[0], side)
         if len(st) != len(stack) or st[:-2] != stack[:-2]:
             return None
         y = st[-1]
@@ -893,9 +893,9 @@ class CompiledConstraint:
             nxt = chain[-1][:-1] + (r,)
             cfg2 = self._closure(nxt)
             side2 = nxt[:-1]
-            if cfg2 is None or len(cfg2.stacks) != 2 or side2 not in cfg2.stacks:
+            if cfg2 is None or len(cfg2[0]) != 2 or side2 not in cfg2[0]:
                 break
-            other = next(iter(cfg2.stacks - {side2}))
+            other = _other(cfg2[0], side2)
             if len(other) != len(nxt) or other[-1] != y or other[:-2] != nxt[:-2]:
                 break
             if (counted and self._counted_frame(side2)) != kind:
@@ -954,7 +954,7 @@ class CompiledConstraint:
         :attr:`step_memo` (at most :data:`STEP_MEMO_SIZE` steps in all, then it starts
         afresh); returns the object kept for ``nxt``. Equal configurations of a pushdown
         automaton are kept as one object, so the memo, the matchers' histories and the row
-        cache's keys share them (each is two objects a full collection walks)."""
+        cache's keys share them (each is a few tuples)."""
         memo = self.step_memo
         if self._step_entries >= STEP_MEMO_SIZE:
             memo.clear()
@@ -981,6 +981,11 @@ def _share(shared: dict, key: bytes, row: np.ndarray) -> None:
     if len(shared) >= MAX_SHARED_ROWS:
         shared.clear()
     shared[key] = row
+
+
+def _other(stacks: tuple, st: tuple) -> tuple:
+    """The stack of two ``stacks`` that is not ``st`` (one of them)."""
+    return stacks[1] if stacks[0] == st else stacks[0]
 
 
 def _distinct(a: np.ndarray) -> list[int]:

@@ -73,7 +73,7 @@ class Matcher:
             return not a.next_bytes(cfg)
         if a.is_regular:
             return not a.has_bytes[cfg]
-        return not cfg.stacks
+        return not cfg[0]
 
     def num_accepted(self) -> int:
         return len(self._hist) - 1

@@ -96,7 +96,7 @@ def _walk(tags: Tags, groups, data: bytes, fold) -> list:
         c = cls[b]
         moved: dict = {}
         for cfg, acc in cur:
-            for st in cfg.stacks:
+            for st in cfg[0]:
                 top = st[-1]
                 t = a.row(top)[c]
                 if t < 0:
@@ -321,7 +321,7 @@ class TagCheck:
         hit = self._on.get(cfg)
         if hit is not None:
             return hit
-        tops = np.array([cfg] if self.a.is_regular else sorted({st[-1] for st in cfg.stacks}), dtype=np.int64)
+        tops = np.array([cfg] if self.a.is_regular else sorted({st[-1] for st in cfg[0]}), dtype=np.int64)
         out = self._walk_tokens(tops, row.view(np.uint32))
         hit = self._sorted(self.comp[out].tolist() if out is not None else [])
         if len(self._on) >= self.MEMO:

@@ -2,7 +2,7 @@
 
 - :mod:`.nfa`: IR expressions → Thompson NFA → minimal DFA (byte classes, shared DFAs);
 - :mod:`.pushdown`: rules → the pushdown automaton (:func:`compile_grammar`,
-  :class:`Automaton`, :class:`Config`);
+  :class:`Automaton`, its configurations ``Config``);
 - :mod:`.counted`: long repetitions kept as a counter; :mod:`.hoist`: big repeated items
   as rules of their own;
 - numba kernels: :mod:`.nfa_kernels` (NFA layout, byte classes), :mod:`.subset` (subset

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,12 +46,18 @@ MAX_STACK_DEPTH = 4_000
 MAX_STACKS = 512
 
 
-@dataclass(frozen=True, slots=True)
-class Config:
-    """A configuration of a recursive grammar: live stacks + whether it may end here."""
+# A configuration of a recursive grammar: (stacks, can_end), its live stacks (each a tuple of
+# states, the top last) in sorted order and whether the grammar may end here. Plain tuples of
+# ints and a bool, which Python's collector stops walking after its first pass, and so do its
+# full passes the dicts that hold only such values (the step memos). A server keeps tens of
+# thousands of configurations in its cached constraints' step memos and row caches.
+Config = tuple
 
-    stacks: frozenset[tuple[int, ...]]
-    can_end: bool
+
+def make_config(stacks, can_end: bool) -> Config:
+    """The configuration of ``stacks`` (an iterable of stacks: equal sets of stacks make equal
+    configurations)."""
+    return (tuple(sorted(stacks)), can_end)
 
 
 class Automaton:
@@ -161,7 +166,7 @@ class Automaton:
             return None, lowest, highest
         if len(out) > MAX_STACKS:
             raise ConstraintTooComplex(f"grammar is too ambiguous: more than {MAX_STACKS} parse stacks")
-        return Config(frozenset(out), can_end), lowest, highest
+        return make_config(out, can_end), lowest, highest
 
     def step_byte(self, config, b: int):
         """Advance a configuration (int state or Config) by one byte; None if dead."""
@@ -173,7 +178,7 @@ class Automaton:
             t = self.row(config)[c]
             return t if t >= 0 else None
         moved = []
-        for st in config.stacks:
+        for st in config[0]:
             if counted:
                 t = ct.step_counted(self, st[-1], bytes((b,)))
                 if t is not None:
@@ -212,8 +217,8 @@ class Automaton:
         acc, hb = self._acc_list, self._has_bytes_list
         i, n = 0, len(data)
         while i < n:
-            if len(config.stacks) == 1:
-                (st,) = config.stacks
+            if len(config[0]) == 1:
+                ((st,), _) = config
                 s = st[-1]
                 j = i
                 while j < n:
@@ -228,7 +233,7 @@ class Automaton:
                     s = t
                     j += 1
                 if j > i:
-                    config = Config(frozenset((st[:-1] + (s,),)), False)
+                    config = ((st[:-1] + (s,),), False)
                     i = j
                     if i == n:
                         break
@@ -246,7 +251,7 @@ class Automaton:
             return self._acc_list[s] and (r < 0 or config // n >= self._lo_list[r])
         if self.is_regular:
             return self._acc_list[config]
-        return config.can_end
+        return config[1]
 
     def next_bytes(self, config) -> list[int]:
         """Bytes that can come next (in increasing order)."""
@@ -254,9 +259,9 @@ class Automaton:
             if self.is_regular:
                 lives = [ct.live_classes(self, config)]
             else:
-                lives = [ct.live_classes(self, st[-1]) for st in config.stacks]
+                lives = [ct.live_classes(self, st[-1]) for st in config[0]]
             return [b for b in range(256) if any(live[self.cls_list[b]] for live in lives)]
-        rows = [self.row(config)] if self.is_regular else [self.row(st[-1]) for st in config.stacks]
+        rows = [self.row(config)] if self.is_regular else [self.row(st[-1]) for st in config[0]]
         return [b for b in range(256) if any(r[self.cls_list[b]] >= 0 for r in rows)]
 
     # ------------------------------------------------------------------ whole inputs

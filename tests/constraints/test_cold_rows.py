@@ -134,7 +134,7 @@ def test_a_region_too_large_to_minimise_takes_a_form_met_before():
     c = comp.json_schema(_many_keys_schema(24))
     a = c.automaton
     key = a.step_bytes(a.initial, b'{"')  # the first key's text: any name, or any other key
-    (st,) = key.stacks
+    ((st,), _) = key
     form = c._canonical_unquoted(st[-1])
     assert _region_over_minimised_cap(c, st[-1])
     assert form in known
@@ -146,7 +146,7 @@ def test_a_region_too_large_to_minimise_takes_a_form_met_before():
     fresh = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
     c2 = Compiler(fresh).json_schema(_many_keys_schema(24))
     fresh.shared_forms().clear()
-    (st2,) = c2.automaton.step_bytes(c2.automaton.initial, b'{"').stacks
+    ((st2,), _) = c2.automaton.step_bytes(c2.automaton.initial, b'{"')
     assert c2._canonical_unquoted(st2[-1]) is None
     for m in _random_configs(c2, random.Random(2), walks=4, steps=10):
         np.testing.assert_array_equal(m.allowed_tokens(), reference_allowed(c2, m.state))
@@ -462,8 +462,8 @@ def test_row_parts_kept_by_the_frames_they_read_equal_whole_stack_rows(bound, mo
         stacks = set()
         CountedWalks.walked = 0
         for cfg in configs:
-            stacks.update(cfg.stacks)
-            deepest = max([deepest, *(len(st) for st in cfg.stacks)])
+            stacks.update(cfg[0])
+            deepest = max([deepest, *(len(st) for st in cfg[0])])
             np.testing.assert_array_equal(fast.mask_row(cfg), ref.mask_row(cfg))
         n_stacks += len(stacks)
         assert CountedWalks.walked <= len(stacks)
