@@ -140,8 +140,8 @@ def main(argv=None) -> int:
                     ttfm.append((t + dt - t0) / 1e6)
                 stacks = depth = 0
                 if cfg is not None and not a.is_regular:
-                    stacks = len(cfg.stacks)
-                    depth = max((len(s) for s in cfg.stacks), default=0)
+                    stacks = len(cfg[0])
+                    depth = max((len(s) for s in cfg[0]), default=0)
                 rows.append((dt, job["name"], kind, cold, stacks, depth, dict(acc), k, i))
                 if i < len(toks) and not m.accept(toks[i]):
                     break

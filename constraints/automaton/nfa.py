@@ -329,32 +329,34 @@ class FragmentBuilder:
         end = nfa.new()
         eps = nfa.eps
         before: dict[tuple[Expr, int], int] = {}  # (element, state after it) -> state before it
-
-        def tail(items: tuple[Expr, ...], cur: int) -> int:
-            """The state before ``items`` (ending in ``cur``), sharing every element already
-            built before the same state."""
-            for x in reversed(items):
-                key = (x, cur)
-                s = before.get(key)
-                if s is None:
-                    if type(x) is Repeat and x.min == 1 and x.max == 1 and type(x.item) is Seq:
-                        # a chained tail (one copy of a sequence, see
-                        # json_schema.objects.declared_members): its elements are shared too
-                        s = tail(x.item.items, cur)
-                    else:
-                        s = nfa.new()
-                        if type(x) is ByteSet:
-                            if x.mask:
-                                nfa.byt += (s, self._sym(x.mask), cur)
-                        else:
-                            nfa.eps += (self.build(x, s), cur)
-                    before[key] = s
-                cur = s
-            return cur
-
         for it in e.items:
-            eps += (start, tail(it.items if type(it) is Seq else (it,), end))
+            eps += (start, self._tail(before, it.items if type(it) is Seq else (it,), end))
         return end
+
+    def _tail(self, before: dict, items: tuple[Expr, ...], cur: int) -> int:
+        """The state before ``items`` (ending in ``cur``), sharing every element already built
+        before the same state (``before``: (element, state after it) -> state before it). A
+        method, not a closure that calls itself: such a closure is a reference cycle, which
+        would keep the NFA and its edge lists alive until a pass of Python's collector."""
+        nfa = self.nfa
+        for x in reversed(items):
+            key = (x, cur)
+            s = before.get(key)
+            if s is None:
+                if type(x) is Repeat and x.min == 1 and x.max == 1 and type(x.item) is Seq:
+                    # a chained tail (one copy of a sequence, see
+                    # json_schema.objects.declared_members): its elements are shared too
+                    s = self._tail(before, x.item.items, cur)
+                else:
+                    s = nfa.new()
+                    if type(x) is ByteSet:
+                        if x.mask:
+                            nfa.byt += (s, self._sym(x.mask), cur)
+                    else:
+                        nfa.eps += (self.build(x, s), cur)
+                before[key] = s
+            cur = s
+        return cur
 
     def _sub_dfa(self, e: Expr) -> RawDFA:
         d = self.dfa_memo.get(e)
