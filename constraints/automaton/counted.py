@@ -333,8 +333,11 @@ def extract_counted(
         memo[id(e)] = (e, out)
         return out
 
-    for name in list(rules):
-        rules[name] = walk(rules[name])
+    try:
+        for name in list(rules):
+            rules[name] = walk(rules[name])
+    finally:
+        walk = None  # (a nested function that calls itself is a reference cycle: freed here)
     for name, r in regions.items():
         rules[name] = r.expr
     return regions

@@ -101,8 +101,11 @@ def hoist_repeated(
         memo[id(e)] = out
         return out
 
-    for name in list(rules):
-        rules[name] = walk(rules[name], {})
+    try:
+        for name in list(rules):
+            rules[name] = walk(rules[name], {})
+    finally:
+        cost = walk = None  # (nested functions that call themselves are reference cycles: freed here)
     for item, name in hoisted.items():
         rules[name] = item
     return list(hoisted.values())

@@ -233,17 +233,23 @@ class ArrayMixin:
                     )
                 return out
 
-            return go(0, lo - m, None if hi is None else hi - m)
+            try:
+                return go(0, lo - m, None if hi is None else hi - m)
+            finally:
+                go = None  # (a nested function that calls itself is a reference cycle: freed here)
 
         parts = []
-        for p in partitions(tuple(range(len(cs)))):
-            if hi is not None and hi < len(p):
-                continue
-            for g in gaps(len(p)):
-                segs = [(i, *g[0])]
-                for blk, gap in zip(p, g[1:]):
-                    segs += [(block(blk), 1, 1), (i, *gap)]
-                parts.append(self.joined(segs, comma))
+        try:
+            for p in partitions(tuple(range(len(cs)))):
+                if hi is not None and hi < len(p):
+                    continue
+                for g in gaps(len(p)):
+                    segs = [(i, *g[0])]
+                    for blk, gap in zip(p, g[1:]):
+                        segs += [(block(blk), 1, 1), (i, *gap)]
+                    parts.append(self.joined(segs, comma))
+        finally:
+            partitions = None  # (as go)
         return alt(*parts)
 
     def unique_groups(self, s: dict) -> list[list] | None:
@@ -337,4 +343,7 @@ class ArrayMixin:
             memo[j, first] = out
             return out
 
-        return f(0, True)
+        try:
+            return f(0, True)
+        finally:
+            f = None  # (a nested function that calls itself is a reference cycle: freed here)

@@ -567,7 +567,11 @@ class _Check:
         outer = getattr(_SEARCH, "fn", None)
         _SEARCH.fn = self.search
         try:
-            return self.validator.is_valid(value)
+            error = next(self.validator.iter_errors(value), None)
+            if error is None:
+                return True
+            _unlink(error)
+            return False
         except ConstraintError:
             raise
         except BaseException as e:  # (a Rust panic of jsonschema's referencing included)
@@ -582,6 +586,19 @@ class _Check:
             ) from None
         finally:
             _SEARCH.fn = outer
+
+
+def _unlink(error) -> None:
+    """Break the reference cycles of a jsonschema error: the errors of its ``context`` (an
+    ``anyOf`` branch's, say) point back at it as their ``parent``. Left alone, the error tree
+    is garbage for Python's cyclic collector, freed in whichever later mask or step allocates
+    when a pass falls due."""
+    work = [error]
+    while work:
+        e = work.pop()
+        for sub in e.context:
+            sub.parent = None
+            work.append(sub)
 
 
 _MISS = object()

@@ -505,4 +505,5 @@ class ObjectMixin:
                 parts.append(seq(extra, more) if e_lo > 0 else opt(seq(extra, more)))
             elif e_lo == 0:
                 parts.append(EMPTY)
+        d = None  # (a nested function that calls itself is a reference cycle: freed here)
         return alt(*parts)
