@@ -464,14 +464,19 @@ class _SchemaCompiler(MergeMixin, ObjectMixin, ArrayMixin, LogicMixin, ScalarMix
     def any_value(self) -> Expr:
         name = "json:value"
         if name not in self.rules:
-            self.rules[name] = NOTHING
-            v = Ref(name)
-            member = seq(jf.string_of(jf.CHAR), self.colon, v)
-            obj = seq(lit("{"), self.ws, opt(seq(member, star(seq(self.comma, member)))), self.ws, lit("}"))
-            arr = seq(lit("["), self.ws, opt(seq(v, star(seq(self.comma, v)))), self.ws, lit("]"))
-            self.rules[name] = alt(
-                lit("null"), lit("true"), lit("false"), jn.NUMBER, jf.string_of(jf.CHAR), obj, arr
-            )
+            punct = (self.ws, self.colon, self.comma)
+            body = _ANY_VALUE.get(punct)
+            if body is None:
+                v = Ref(name)
+                member = seq(jf.string_of(jf.CHAR), self.colon, v)
+                members = opt(seq(member, star(seq(self.comma, member))))
+                obj = seq(lit("{"), self.ws, members, self.ws, lit("}"))
+                arr = seq(lit("["), self.ws, opt(seq(v, star(seq(self.comma, v)))), self.ws, lit("]"))
+                body = alt(lit("null"), lit("true"), lit("false"), jn.NUMBER, jf.string_of(jf.CHAR), obj, arr)
+                if len(_ANY_VALUE) >= 16:
+                    _ANY_VALUE.clear()
+                _ANY_VALUE[punct] = body
+            self.rules[name] = body
         return Ref(name)
 
     def value_lit(self, v: object) -> Expr:
@@ -600,6 +605,11 @@ def _unlink(error) -> None:
             sub.parent = None
             work.append(sub)
 
+
+# the "json:value" rule's body by the compilation's (whitespace, colon, comma): one object
+# for every compilation that writes them alike, so what is kept by it across compilations
+# (its DFA, its byte sets) is found by identity, not by comparing the trees
+_ANY_VALUE: dict[tuple[Expr, Expr, Expr], Expr] = {}
 
 _MISS = object()
 MAX_SEARCHERS = 256  # patterns matched by an automaton per schema (others by re)

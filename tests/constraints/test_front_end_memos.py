@@ -171,3 +171,17 @@ def test_shared_sub_expressions_are_walked_once(monkeypatch):
     assert x._size > 2**60
     assert ir.collect_masks({"start": x}, ["start"], set()) == expected
     assert len(calls) <= 3 * 61  # (each large node asked once)
+
+
+def test_any_value_rule_is_one_object_across_compilations():
+    """Schemas that allow any JSON value, written with the same whitespace, share the value
+    rule's body itself, so what is kept by it (its DFA, its byte sets) is found by identity."""
+    from deepinfer.constraints.json_schema import lowering
+
+    a = schema_to_grammar({"type": "object"}, whitespace="compact")
+    b = schema_to_grammar({"type": "array", "items": {}}, whitespace="compact")
+    c = schema_to_grammar({"type": "object"}, whitespace="flexible")
+    assert a.rules["json:value"] is b.rules["json:value"]
+    assert c.rules["json:value"] is not a.rules["json:value"]
+    assert c.rules["json:value"] != a.rules["json:value"]  # (whitespace differs)
+    assert len(lowering._ANY_VALUE) <= 16
