@@ -48,9 +48,10 @@ MAX_STACKS = 512
 
 # A configuration of a recursive grammar: (stacks, can_end), its live stacks (each a tuple of
 # states, the top last) in sorted order and whether the grammar may end here. Plain tuples of
-# ints and a bool, which Python's collector stops walking after its first pass, and so do its
-# full passes the dicts that hold only such values (the step memos). A server keeps tens of
-# thousands of configurations in its cached constraints' step memos and row caches.
+# ints and a bool: Python's collector stops tracking them after its first passes, and in a
+# full pass it stops tracking the dicts that hold only such values (the step memos). A server
+# keeps tens of thousands of configurations in its cached constraints' step memos and row
+# caches.
 Config = tuple
 
 
