@@ -164,6 +164,26 @@ def test_apply_bitmask(impl, V):
     assert torch.equal(view.cpu(), want)
 
 
+@pytest.mark.parametrize("V", [1, 31, 32, 33, 1000, 4097, 49152])
+def test_unpack_bitmask_matches_the_shifts(V):
+    """The CPU unpack (numpy's unpackbits over the words' bytes) against the definition, on
+    random words (every bit pattern, the sign bit included), rows of none, a width wider
+    than V needs, and a strided view."""
+    from deepinfer.kernels.bitmask_reference import unpack_bitmask_shifts
+
+    gen = torch.Generator().manual_seed(V)
+    W = (V + 31) // 32
+    for B in (0, 1, 7):
+        words = torch.randint(-(2**31), 2**31, (B, W + 1), dtype=torch.int32, generator=gen)
+        for bitmask in (words[:, :W], words, words[:, :W].t().contiguous().t()):
+            got = unpack_bitmask(bitmask, V)
+            want = unpack_bitmask_shifts(bitmask, V)
+            assert got.dtype == torch.bool and got.shape == want.shape
+            assert torch.equal(got, want)
+    allowed = torch.rand(3, V, generator=gen) < 0.4
+    assert torch.equal(unpack_bitmask(pack_bitmask(allowed), V), allowed)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="needs TRITON_INTERPRET=0")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
