@@ -453,9 +453,12 @@ def test_time_bound_covers_the_front_end(custom):
     # whatever the automaton's share of the whole
     custom.json_schema(schema, whitespace="compact")
     schema_to_grammar(schema, whitespace="natural")
-    t0 = time.monotonic()
-    schema_to_grammar(schema, whitespace="natural")
-    front = time.monotonic() - t0
+    front = float("inf")
+    for _ in range(3):  # (the fastest of three: a pause of the host or of Python's collector in
+        # one would set a bound the front end may then beat, leaving the refusal to the automaton)
+        t0 = time.monotonic()
+        schema_to_grammar(schema, whitespace="natural")
+        front = min(front, time.monotonic() - t0)
     with_limits(custom, max_seconds=min(0.05, front / 4))
     try:
         e = refused(
