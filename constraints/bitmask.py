@@ -16,10 +16,12 @@ def allocate_bitmask(batch: int, vocab_size: int) -> np.ndarray:
 
 
 def unpack_bitmask(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
-    """bool ``[batch, vocab_size]``: True where the token is allowed."""
+    """bool ``[batch, vocab_size]``: True where the token is allowed (``bitmask``: int32
+    ``[batch, width]``; at most ``32 * width`` columns). One pass of ``np.unpackbits`` over
+    the words' bytes, which on a little-endian host hold bits 0..31 in that order."""
     b = np.ascontiguousarray(bitmask, dtype=np.int32)
-    bits = np.unpackbits(b.view(np.uint8).reshape(b.shape[0], -1), axis=1, bitorder="little")
-    return bits[:, :vocab_size].astype(bool)
+    count = min(vocab_size, 32 * b.shape[1])
+    return np.unpackbits(b.view(np.uint8), axis=1, count=count, bitorder="little").view(np.bool_)
 
 
 def apply_bitmask_(logits, bitmask, indices=None):
