@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 
 
@@ -20,15 +21,16 @@ def unpack_bitmask_shifts(bitmask: torch.Tensor, vocab_size: int) -> torch.Tenso
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """`unpack_bitmask_shifts`'s result. On the CPU (a little-endian host) the constraint
-    package's numpy unpack (`deepinfer.constraints.bitmask.unpack_bitmask`, one pass of
-    ``np.unpackbits``): about 25 times faster than the shifts (64 rows of 49,152 tokens: 0.16
-    against 3.9 ms on one core), each shift being a pass over 32 int32s a word."""
+    """`unpack_bitmask_shifts`'s result. On the CPU (a little-endian host) one pass of numpy's
+    ``unpackbits`` over the words' bytes, which hold bits 0..31 in that order: about 25 times
+    faster than the shifts (64 rows of 49,152 tokens: 0.16 against 3.9 ms on one core), each
+    shift being a pass over 32 int32s a word."""
     if bitmask.device.type != "cpu" or sys.byteorder != "little":
         return unpack_bitmask_shifts(bitmask, vocab_size)
-    from ..constraints.bitmask import unpack_bitmask as unpack_words  # (the shared format's own)
-
-    return torch.from_numpy(unpack_words(bitmask.to(torch.int32).numpy(), vocab_size))
+    words = bitmask.to(torch.int32).contiguous().numpy()
+    count = min(vocab_size, 32 * words.shape[1])  # (as the shifts' slice)
+    bits = np.unpackbits(words.view(np.uint8), axis=1, count=count, bitorder="little")
+    return torch.from_numpy(bits.view(np.bool_))
 
 
 def rows_mask(
