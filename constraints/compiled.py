@@ -55,6 +55,7 @@ CONTINUATION_MEMO_SIZE = 2048  # continuation walks kept per constraint (their s
 # are near a bound or a region (a few ms per 1,000 states), instead of at their first row
 NEAR_AT_COMPILE = 2000
 _MISS = object()
+_NO_WALK = (None, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))  # (a part, no boundary)
 
 
 class CompiledConstraint:
@@ -127,6 +128,9 @@ class CompiledConstraint:
             else:
                 self._quote_cls = -1
             self._bare = bare.any(axis=1)
+            self._bare_any = bool(self._bare.any())
+            inside = cnt.region >= 0  # regions whose states neither call nor end a rule
+            self._closed_regions = not (a.accepting[inside] | a.has_calls[inside]).any()
             self._near: list[bool] | None = None
             if a.n_states >= NEAR_AT_COMPILE:  # (searches of tens of ms: not mid-output)
                 self._bare_near(a.start)
@@ -145,6 +149,11 @@ class CompiledConstraint:
         self._view_max = 0
         self._lowest = self._highest = 0
         self._walks_below: dict = {}  # continuation walks: see _walk_below
+        # set while walking tokens without '"' from frames outside every region, in an
+        # automaton whose regions only '"' enters or leaves: no count can change, so the
+        # walks of frames that would carry one are plain walks (see _split_part)
+        self._plain = False
+        self._ci_plain: dict = {}  # state -> its plain walk over the tokens without '"'
         self._split = None  # (tries without / with ", shared rows) of the vocabulary
         self._lock = threading.Lock()
         self._rows: OrderedDict = OrderedDict()
@@ -616,6 +625,8 @@ class CompiledConstraint:
             n = a.n_states
             if len(st) == 1:  # the bottom frame holds the count
                 self._bottom_counted(st[0], words)
+            elif self._split_safe(st):  # tokens without '"' meet no region: walked plain
+                self._split_part(st, words)
             elif self._counted_frame(st):  # near a region in a called rule: the counted walk
                 nodes, states = self.index.walk_counted(
                     a.table,
@@ -640,6 +651,79 @@ class CompiledConstraint:
         if len(nodes):
             self._continue(st[:-1], nodes, states, words, trie)
         return words
+
+    def _split_safe(self, st: tuple[int, ...]) -> bool:
+        """Can stack ``st`` (of two frames or more) take its tokens without '"' apart from
+        the others (:meth:`_split_part`)? So when every region is entered and left only over
+        '"' (no other byte enters or leaves one: see :attr:`_bare`), and either no frame of
+        ``st`` is in a region (such a token then never starts or ends an item: counts stay
+        0) or only the top is, in a region no token leaves but over '"' (none of its states
+        calls a rule or may end its rule: :attr:`_closed_regions`)."""
+        if self._quote_cls < 0 or self._bare_any:
+            return False
+        a = self.automaton
+        region, n = a._region_list, a.n_states
+        for f in st[:-1]:
+            if f >= n or region[f] >= 0:
+                return False
+        return region[st[-1] % n] < 0 or self._closed_regions
+
+    def _split_part(self, st: tuple[int, ...], words: np.ndarray) -> None:
+        """Stack ``st``'s part (:meth:`_split_safe`) in two passes over the vocabulary's two
+        tries: the tokens without '"' by plain walks (the top frame's kept per state, its
+        continuations as plain walks below their nodes, as in an automaton without counters),
+        then the few with '"' as any stack of a counted automaton (counted walks where a
+        frame may reach a region)."""
+        a = self.automaton
+        split = self._split
+        if split is None:
+            split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
+        no_quote, with_quote = split[0]
+        top = st[-1]
+        n = a.n_states
+        s, c = top % n, top // n
+        r = a._region_list[s]
+        if r >= 0:  # inside a region these tokens stay there: as a bottom frame's
+            left = a._hi_list[r] - c
+            words |= self._unquoted_row(s) if left >= self._hi_cap(s) else self._near_hi_row(s, left)
+            hit = _NO_WALK
+        else:
+            hit = self._ci_plain.get(top)
+        if hit is None:
+            part = np.zeros(self.n_words, dtype=np.uint32)
+            if self.fast_min_bytes <= 256:
+                memo = self._walk_memo(count_bytes(a.table, self._cls_sizes, top) >= self.fast_min_bytes)
+                nodes, states = no_quote.walk_fast(memo, True, top, part)
+            else:
+                nodes, states = no_quote.walk(a.table, a.cls, top, self._bnd_inner, part)
+            part.flags.writeable = False
+            hit = self._ci_plain[top] = (part, nodes, states)
+        part, nodes, states = hit
+        if part is not None:
+            words |= part
+        if len(nodes):
+            self._continue_plain(st[:-1], nodes, states, words, no_quote)
+        if self._counted_frame(st):
+            nodes, states = with_quote.walk_counted(
+                a.table, a.counters, a.cls, s, c, words, self._bnd_inner, loops=self._loops()
+            )
+        elif self.fast_min_bytes <= 256:
+            nodes, states = with_quote.walk_fast(self._walk_memo(False), True, top, words)
+        else:
+            nodes, states = with_quote.walk(a.table, a.cls, top, self._bnd_inner, words)
+        if len(nodes):
+            self._continue(st[:-1], nodes, states, words, with_quote)
+
+    def _continue_plain(self, base: tuple[int, ...], nodes, states, words: np.ndarray, no_quote) -> None:
+        """:meth:`_continue` for tokens without '"' from frames outside every region: plain
+        walks where no region is entered or left over another byte (:meth:`_split_safe`),
+        else the counted walks as usual."""
+        before = self._plain
+        self._plain = self._quote_cls >= 0 and not self._bare_any
+        try:
+            self._continue(base, nodes, states, words, no_quote)
+        finally:
+            self._plain = before
 
     def _compute_counted(self, config: int) -> np.ndarray:
         """A row of an automaton with counted repetitions (a walk that carries the count,
@@ -793,7 +877,7 @@ class CompiledConstraint:
             walk_memo = self._walk_memo(n_bytes >= self.fast_min_bytes)
             nodes, states = no_quote.walk_fast(walk_memo, False, state, hit)
             if len(nodes) and not a.is_regular:
-                self._continue((), nodes, states, hit, no_quote)
+                self._continue_plain((), nodes, states, hit, no_quote)
             hit.flags.writeable = False
             if canon is not None:
                 _share(shared, canon, hit)
@@ -835,7 +919,7 @@ class CompiledConstraint:
         :meth:`_continue_chain`)."""
         a = self.automaton
         bnd = self._bnd_bottom if len(st) == 1 else self._bnd_inner
-        if a.counters is not None and self._counted_frame(st):
+        if a.counters is not None and not self._plain and self._counted_frame(st):
             n = a.n_states  # a bottom frame, or a region's: with its count
             top, count = st[-1] % n, st[-1] // n
             return trie.walk_counted(a.table, a.counters, a.cls, top, count, words, bnd, roots, **chain,

