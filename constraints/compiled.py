@@ -30,7 +30,8 @@ from .automaton.nfa import equivalent_blocks
 from .automaton.pushdown import Automaton, Config, make_config
 from .bitmask import unpack_bitmask
 from .ir import SPECIAL_LEAD, special_bytes
-from .tokens.rows import canonical_key, count_bytes, match_form, unquoted_region
+from .native import bind
+from .tokens.rows import canonical_key, count_bytes, match_form, near_form, same_near_form, unquoted_region
 from .tokens.trie import WalkMemo, counted_loops
 
 ROW_CACHE_SIZE = 8192
@@ -54,6 +55,14 @@ CONTINUATION_MEMO_SIZE = 2048  # continuation walks kept per constraint (their s
 # automata with counters of at least this many states search, when compiled, which states
 # are near a bound or a region (a few ms per 1,000 states), instead of at their first row
 NEAR_AT_COMPILE = 2000
+# a permissive state without a canonical form (its quote-free part reaches a call, or is too
+# large to minimise) takes its short tokens (_short_token_bytes) from the part kept for the
+# states alike that deep, when a search of at most MAX_NEAR_STATES states tells
+# (_short_part); NEAR_PARTS such parts are kept per constraint, then it starts afresh
+SHORT_TOKEN_BYTES = (16, 20, 24, 32)  # the first that leaves at most LONG_TOKENS longer ones
+LONG_TOKENS = 400
+MAX_NEAR_STATES = 1024
+NEAR_PARTS = 512
 _MISS = object()
 _NO_WALK = (None, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))  # (a part, no boundary)
 
@@ -128,6 +137,8 @@ class CompiledConstraint:
             else:
                 self._quote_cls = -1
             self._bare = bare.any(axis=1)
+            if self._quote_cls >= 0:  # (the tries of _by_length: built or loaded now, not in a mask)
+                vocab.length_split(QUOTE, _short_token_bytes(vocab))
             self._bare_any = bool(self._bare.any())
             inside = cnt.region >= 0  # regions whose states neither call nor end a rule
             self._closed_regions = not (a.accepting[inside] | a.has_calls[inside]).any()
@@ -154,6 +165,7 @@ class CompiledConstraint:
         # walks of frames that would carry one are plain walks (see _split_part)
         self._plain = False
         self._ci_plain: dict = {}  # state -> its plain walk over the tokens without '"'
+        self._near_parts = 0  # parts kept by _short_part
         self._split = None  # (tries without / with ", shared rows) of the vocabulary
         self._lock = threading.Lock()
         self._rows: OrderedDict = OrderedDict()
@@ -398,6 +410,14 @@ class CompiledConstraint:
                 m = self.__dict__.get("_lmemo")
                 if m is None:
                     m = self._lmemo = WalkMemo.light(a.table, a.cls, self._bnd_bottom, self._bnd_inner)
+        return m
+
+    def _light_memo(self) -> WalkMemo:
+        """The memo without shortcuts (:meth:`WalkMemo.light`), made on first use."""
+        m = self.__dict__.get("_lmemo")
+        if m is None:
+            a = self.automaton
+            m = self._lmemo = WalkMemo.light(a.table, a.cls, self._bnd_bottom, self._bnd_inner)
         return m
 
     def _canonical_unquoted(self, state: int, inner: bool = False) -> bytes | None:
@@ -872,6 +892,8 @@ class CompiledConstraint:
             if big is None or not big[state] or self._canon_region[state] >= 0:
                 canon = self._canonical_unquoted(state, False)
         hit = shared.get(canon) if canon is not None else None
+        if hit is None and canon is None and n_bytes >= PERMISSIVE_BYTES and self._quote_cls >= 0:
+            hit = self._by_length(state)
         if hit is None:
             hit = np.zeros(self.n_words, dtype=np.uint32)
             walk_memo = self._walk_memo(n_bytes >= self.fast_min_bytes)
@@ -883,6 +905,65 @@ class CompiledConstraint:
                 _share(shared, canon, hit)
         memo[state] = hit
         return hit
+
+    def _by_length(self, state: int) -> np.ndarray | None:
+        """:meth:`_unquoted_row`'s walk from ``state`` in two: the tokens of at most
+        :func:`_short_token_bytes` bytes from :meth:`_short_part`, the few longer ones
+        walked. None where :meth:`_short_part` has no part."""
+        short, longer = self.vocab.length_split(QUOTE, _short_token_bytes(self.vocab))
+        part = self._short_part(state, short)
+        if part is None:
+            return None
+        words = part.copy()
+        nodes, states = longer.walk_fast(self._light_memo(), False, state, words)  # (no shortcut pays)
+        if len(nodes) and not self.automaton.is_regular:
+            self._continue_plain((), nodes, states, words, longer)
+        words.flags.writeable = False
+        return words
+
+    def _short_part(self, state: int, short) -> np.ndarray | None:
+        """The tokens without '"' of at most :func:`_short_token_bytes` bytes that ``state``
+        (a bottom frame's) allows, continued through calls: kept for every state whose
+        search as deep (``rows.near_form``: the states met, their successors by byte class
+        but '"', which call a rule, and which may end the grammar) numbers alike, since
+        these tokens read no further. Such a search of an unrolled repetition (a string of
+        words under ``(\\S+\\s+){0,99}``, each word its own states) finds the same numbering at
+        every word far enough from the end. Candidates are found by the search's hash and
+        checked by one search of both (``rows.same_near_form``). None when the search meets
+        more than :data:`MAX_NEAR_STATES` states."""
+        a = self.automaton
+        near = self.__dict__.get("_near_scratch")
+        if near is None:
+            ids = np.arange(a.n_states, dtype=np.int64)  # (a call state: itself; else whether it ends)
+            flags = np.where(a.has_calls, ids, -1 - a.accepting.astype(np.int64))
+            local1, local2 = (np.full(a.n_states, -1, dtype=np.int64) for _ in range(2))
+            order1, order2, dep = (np.empty(MAX_NEAR_STATES, dtype=np.int64) for _ in range(3))
+            head = (a.table, self._quote_cls, flags, _short_token_bytes(self.vocab), MAX_NEAR_STATES)
+            near = self._near_scratch = (
+                bind(near_form, *head, local1, order1, dep),
+                bind(same_near_form, *head, local1, local2, order1, order2, dep),
+                {},
+            )
+        form, same, kept = near
+        n, h = form(state)
+        if n < 0:
+            return None
+        bucket = kept.get(h)
+        if bucket is not None:
+            for rep, part in bucket:
+                if same(rep, state):
+                    return part
+        part = np.zeros(self.n_words, dtype=np.uint32)
+        nodes, states = short.walk_fast(self._walk_memo(True), False, state, part)
+        if len(nodes) and not a.is_regular:
+            self._continue_plain((), nodes, states, part, short)
+        part.flags.writeable = False
+        if self._near_parts >= NEAR_PARTS:
+            kept.clear()
+            self._near_parts = 0
+        kept.setdefault(h, []).append((state, part))
+        self._near_parts += 1
+        return part
 
     def _continue(
         self, base: tuple[int, ...], nodes: np.ndarray, states: np.ndarray, words: np.ndarray, trie
@@ -1091,6 +1172,22 @@ def _within(table: np.ndarray, seeds: np.ndarray, depth: int) -> np.ndarray:
 
 
 _COUNTED_WARM: list[bool] = []
+
+
+def _short_token_bytes(vocab) -> int:
+    """The shortest length of :data:`SHORT_TOKEN_BYTES` that at most :data:`LONG_TOKENS`
+    tokens without '"' exceed (the longest listed when none does): 16 bytes for SmolLM2's
+    vocabulary, 24 for Llama 3's (kept on the vocabulary)."""
+    most = vocab.__dict__.get("_short_token_bytes")
+    if most is None:
+        lengths = np.array([len(b) for b in vocab.token_bytes if b and QUOTE not in b], dtype=np.int64)
+        most = SHORT_TOKEN_BYTES[-1]
+        for n in SHORT_TOKEN_BYTES:
+            if int((lengths > n).sum()) <= LONG_TOKENS:
+                most = n
+                break
+        vocab.__dict__["_short_token_bytes"] = most
+    return most
 
 
 def _warm_up_counted(index) -> None:

