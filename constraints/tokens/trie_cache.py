@@ -1,7 +1,8 @@
 """The vocabulary tries on disk: a new process loads them instead of building them.
 
 Building a trie sorts every token's bytes in Python (about a second for Llama 3's 128k
-tokens, three tries per vocabulary: all tokens, and those without and with ``"``); loading
+tokens, up to five tries per vocabulary: all tokens, those without and with ``"``, and
+the short and the long ones without ``"``); loading
 its arrays takes milliseconds. A file is named by the SHA-256 of the vocabulary (each
 token's bytes and the logits width) and the part, in ``<cache dir>/tries/``
 (:func:`..native.cache_dir`). It holds a header (magic, :data:`VERSION`, a checksum of
@@ -90,7 +91,7 @@ def _write(path: str, index: VocabIndex) -> None:
 
 def trie(vocab, part: str, keep=None) -> VocabIndex:
     """The trie of ``vocab``'s tokens that ``keep`` (None: all) takes; ``part`` names that
-    subset in the file name (``"all"``, ``"without-22"``, ``"with-22"``)."""
+    subset in the file name (``"all"``, ``"without-22"``, ``"with-22"``, ``"without-22-upto-16"``, ...)."""
     if os.environ.get(ENV, "1") == "0":
         return VocabIndex(vocab, keep=keep)
     path = os.path.join(cache_dir(), "tries", f"{vocab_digest(vocab)}-{part}.bin")
