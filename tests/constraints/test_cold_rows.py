@@ -497,6 +497,20 @@ ch: /[a-z0-9 ]/ | "\\" /["\\\/bfnrt]/ | "\\u" /[0-9a-f]{4}/
 """
 
 
+def _forced_rows_equal(c: CompiledConstraint, ref: CompiledConstraint, path, vocab) -> None:
+    """Every row of ``c`` equals ``ref``'s on the valid instances of the MaskBench schema at
+    ``path``, teacher-forced (up to a key out of schema order)."""
+    for test in json.loads(path.read_text())["tests"]:
+        if not test.get("valid"):
+            continue
+        data = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":")).encode()
+        m = Matcher(c)
+        for t in c.index.greedy_tokenize(data, vocab):
+            np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
+            if not m.accept(t):
+                break  # (keys out of schema order)
+
+
 def _count_chains(monkeypatch) -> list:
     seen: list = []
     walk = CompiledConstraint._continue_chain
@@ -541,16 +555,7 @@ def test_counted_chains_of_calls_equal_the_walk_level_by_level(monkeypatch, name
     c = Compiler(vocab).json_schema(json.loads(path.read_text())["schema"], whitespace="compact")
     assert c.automaton.counters is not None
     chains = _count_chains(monkeypatch)
-    ref = LevelByLevel(c.automaton, vocab, c.kind, c.spec)
-    for test in json.loads(path.read_text())["tests"]:
-        if not test.get("valid"):
-            continue
-        data = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":")).encode()
-        m = Matcher(c)
-        for t in c.index.greedy_tokenize(data, vocab):
-            np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
-            if not m.accept(t):
-                break  # (keys out of schema order)
+    _forced_rows_equal(c, LevelByLevel(c.automaton, vocab, c.kind, c.spec), path, vocab)
     assert chains
 
 
@@ -642,15 +647,7 @@ def test_split_walks_equal_counted_walks_on_a_word_pattern_schema(monkeypatch):
     c = Compiler(vocab).json_schema(json.loads(path.read_text())["schema"], whitespace="compact")
     splits = _count_splits(monkeypatch)
     ref = CountedEverywhere(c.automaton, vocab, c.kind, c.spec)
-    for test in json.loads(path.read_text())["tests"]:
-        if not test.get("valid"):
-            continue
-        data = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":")).encode()
-        m = Matcher(c)
-        for t in c.index.greedy_tokenize(data, vocab):
-            np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
-            if not m.accept(t):
-                break
+    _forced_rows_equal(c, ref, path, vocab)
     assert len(splits) >= 30, len(splits)
 
 
@@ -782,13 +779,5 @@ def test_near_form_parts_equal_whole_walks_on_a_word_pattern_schema(monkeypatch)
     c = Compiler(vocab).json_schema(json.loads(path.read_text())["schema"], whitespace="compact")
     hits = _count_near_hits(monkeypatch)
     ref = WalkedWhole(c.automaton, vocab, c.kind, c.spec)
-    for test in json.loads(path.read_text())["tests"]:
-        if not test.get("valid"):
-            continue
-        data = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":")).encode()
-        m = Matcher(c)
-        for t in c.index.greedy_tokenize(data, vocab):
-            np.testing.assert_array_equal(c.mask_row(m.state), ref.mask_row(m.state))
-            if not m.accept(t):
-                break
+    _forced_rows_equal(c, ref, path, vocab)
     assert sum(hits) >= 30, (sum(hits), len(hits))
