@@ -62,7 +62,12 @@ NEAR_AT_COMPILE = 2000
 SHORT_TOKEN_BYTES = (16, 20, 24, 32)  # the first that leaves at most LONG_TOKENS longer ones
 LONG_TOKENS = 400
 MAX_NEAR_STATES = 1024
-NEAR_PARTS = 512
+NEAR_PARTS = 64
+# rows and row parts kept per state (a walk's, a state's tokens without '"', their margins
+# near a bound: _remember), at most this many per memo, then it starts afresh; each holds
+# a row (16 KB on a 128k vocabulary), a margin table a token's int64 (1 MB there)
+STATE_MEMO_SIZE = 1024
+MARGIN_MEMO_SIZE = 32
 _MISS = object()
 _NO_WALK = (None, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))  # (a part, no boundary)
 
@@ -395,7 +400,7 @@ class CompiledConstraint:
                 )
         # (kept without the trie object: a tuple of arrays and ints is one the collector
         # stops walking after its first pass)
-        self._ci[key] = (words, nodes, states, canon is not None)
+        _remember(self._ci, key, (words, nodes, states, canon is not None), STATE_MEMO_SIZE)
         return words, nodes, states, trie
 
     def _walk_memo(self, full: bool) -> WalkMemo:
@@ -447,8 +452,7 @@ class CompiledConstraint:
                 memo[state] = None
                 return None
         out = canonical_key(self._canon_quotients[r], self._canon_block[state]).tobytes()
-        memo[state] = out
-        return out
+        return _remember(memo, state, out, STATE_MEMO_SIZE)
 
     def _canon_find_region(self, state: int) -> int:
         """Register the region of ``state``: first try the forms already met by this
@@ -717,7 +721,7 @@ class CompiledConstraint:
             else:
                 nodes, states = no_quote.walk(a.table, a.cls, top, self._bnd_inner, part)
             part.flags.writeable = False
-            hit = self._ci_plain[top] = (part, nodes, states)
+            hit = _remember(self._ci_plain, top, (part, nodes, states), STATE_MEMO_SIZE)
         part, nodes, states = hit
         if part is not None:
             words |= part
@@ -836,7 +840,7 @@ class CompiledConstraint:
             a = self.automaton
             crit = np.full(self.vocab_size, np.iinfo(np.int64).max, dtype=np.int64)
             self._split[0][0].walk_crit(a.table, a.counters, a.cls, state, crit, loops=self._loops())
-            memo[state] = crit
+            _remember(memo, state, crit, MARGIN_MEMO_SIZE)
         bits = np.packbits(crit <= left, bitorder="little")
         words = np.zeros(self.n_words * 4, dtype=np.uint8)
         words[: len(bits)] = bits
@@ -903,8 +907,7 @@ class CompiledConstraint:
             hit.flags.writeable = False
             if canon is not None:
                 _share(shared, canon, hit)
-        memo[state] = hit
-        return hit
+        return _remember(memo, state, hit, STATE_MEMO_SIZE)
 
     def _by_length(self, state: int) -> np.ndarray | None:
         """:meth:`_unquoted_row`'s walk from ``state`` in two: the tokens of at most
@@ -1172,6 +1175,15 @@ def _within(table: np.ndarray, seeds: np.ndarray, depth: int) -> np.ndarray:
 
 
 _COUNTED_WARM: list[bool] = []
+
+
+def _remember(memo: dict, key, value, most: int):
+    """``memo[key] = value`` in a memo of at most ``most`` entries (full: it starts afresh);
+    returns ``value``."""
+    if len(memo) >= most:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def _short_token_bytes(vocab) -> int:

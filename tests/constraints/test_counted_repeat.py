@@ -396,3 +396,34 @@ def test_subtree_shortcut_gives_the_walks_tokens(name, vocab_name, monkeypatch):
             for most in (int(c._hi_caps[s]), 3):  # what rows tell counts apart by
                 got_marks = c.index.count_reach(a.table, a.counters, a.cls, s, most, loops=loops)
                 assert got_marks == c.index.count_reach(a.table, a.counters, a.cls, s, most), (s, most)
+
+
+@pytest.mark.parametrize("name", ["strings", "words", "pushdown"])
+def test_memos_per_state_stay_bounded_and_right(name, monkeypatch):
+    """With the per-state memos of a counted constraint capped at a few entries (walks,
+    rows of tokens without '"', their margins near a bound, canonical forms), they start
+    afresh when full and the rows stay those of the unrolled automaton."""
+    from deepinfer.constraints import compiled
+
+    monkeypatch.setattr(compiled, "STATE_MEMO_SIZE", 3)
+    monkeypatch.setattr(compiled, "MARGIN_MEMO_SIZE", 2)
+    counted_c, unrolled_c = _pair(name, monkeypatch)
+    rng = random.Random(f"bounded {name}")
+    eos = set(counted_c.vocab.eos_ids)
+    lengths = [len(b or b"") for b in counted_c.vocab.token_bytes]
+    met = 0
+    for _ in range(4):
+        mc, mu = Matcher(counted_c), Matcher(unrolled_c)
+        for _ in range(150):
+            got = mc.allowed_tokens()
+            assert np.array_equal(got, mu.allowed_tokens())
+            memos = [counted_c.__dict__.get(k, {}) for k in ("_ci", "_unquoted_rows", "_canon_memo")]
+            assert all(len(m) <= 3 for m in memos) and len(counted_c.__dict__.get("_crits", {})) <= 2
+            met = max([met, *map(len, memos)])
+            choices = [int(t) for t in got if t not in eos]
+            if not choices:
+                break
+            best = max(lengths[t] for t in choices)  # long tokens: to the bounds sooner
+            t = rng.choice([t for t in choices if lengths[t] >= best - 1] if rng.random() < 0.7 else choices)
+            assert mc.accept(t) and mu.accept(t)
+    assert met == 3  # (a memo was full: it started afresh on the next entry)
