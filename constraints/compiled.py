@@ -1192,7 +1192,8 @@ def _short_token_bytes(vocab) -> int:
     vocabulary, 24 for Llama 3's (kept on the vocabulary)."""
     most = vocab.__dict__.get("_short_token_bytes")
     if most is None:
-        lengths = np.array([len(b) for b in vocab.token_bytes if b and QUOTE not in b], dtype=np.int64)
+        t = vocab.split_index(QUOTE)[0]  # (the tokens' lengths: the depths of their nodes)
+        lengths = np.repeat(t.node_depth, t.tok_hi - t.tok_lo)
         most = SHORT_TOKEN_BYTES[-1]
         for n in SHORT_TOKEN_BYTES:
             if int((lengths > n).sum()) <= LONG_TOKENS:
