@@ -408,13 +408,10 @@ class CompiledConstraint:
         makes it), else a light one (no shortcut)."""
         m = self.__dict__.get("_wmemo")
         if m is None:
+            if not full:
+                return self._light_memo()
             a = self.automaton
-            if full:
-                m = self._wmemo = WalkMemo(a.table, a.cls, self._bnd_bottom, self._bnd_inner)
-            else:
-                m = self.__dict__.get("_lmemo")
-                if m is None:
-                    m = self._lmemo = WalkMemo.light(a.table, a.cls, self._bnd_bottom, self._bnd_inner)
+            m = self._wmemo = WalkMemo(a.table, a.cls, self._bnd_bottom, self._bnd_inner)
         return m
 
     def _light_memo(self) -> WalkMemo:
