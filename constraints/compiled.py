@@ -31,7 +31,7 @@ from .automaton.pushdown import Automaton, Config, make_config
 from .bitmask import unpack_bitmask
 from .ir import SPECIAL_LEAD, special_bytes
 from .native import bind
-from .tokens.rows import canonical_key, count_bytes, match_form, near_form, same_near_form, unquoted_region
+from .tokens.rows import canonical_key, count_bytes, match_form, near_form, unquoted_region
 from .tokens.trie import WalkMemo, counted_loops
 
 ROW_CACHE_SIZE = 8192
@@ -63,6 +63,7 @@ SHORT_TOKEN_BYTES = (16, 20, 24, 32)  # the first that leaves at most LONG_TOKEN
 LONG_TOKENS = 400
 MAX_NEAR_STATES = 1024
 NEAR_PARTS = 64
+NEAR_FORM_BYTES = 4 << 20  # the numberings kept beside the parts, in all
 # rows and row parts kept per state (a walk's, a state's tokens without '"', their margins
 # near a bound: _remember), at most this many per memo, then it starts afresh; each holds
 # a row (16 KB on a 128k vocabulary), a margin table a token's int64 (1 MB there)
@@ -170,7 +171,7 @@ class CompiledConstraint:
         # walks of frames that would carry one are plain walks (see _split_part)
         self._plain = False
         self._ci_plain: dict = {}  # state -> its plain walk over the tokens without '"'
-        self._near_parts = 0  # parts kept by _short_part
+        self._near_parts = self._near_bytes = 0  # parts kept by _short_part, their numberings' bytes
         self._split = None  # (tries without / with ", shared rows) of the vocabulary
         self._lock = threading.Lock()
         self._rows: OrderedDict = OrderedDict()
@@ -928,41 +929,43 @@ class CompiledConstraint:
         but '"', which call a rule, and which may end the grammar) numbers alike, since
         these tokens read no further. Such a search of an unrolled repetition (a string of
         words under ``(\\S+\\s+){0,99}``, each word its own states) finds the same numbering at
-        every word far enough from the end. Candidates are found by the search's hash and
-        checked by one search of both (``rows.same_near_form``). None when the search meets
-        more than :data:`MAX_NEAR_STATES` states."""
+        every word far enough from the end. A part is kept with its numbering, under the
+        numbering's hash. None when the search meets more than :data:`MAX_NEAR_STATES`
+        states."""
         a = self.automaton
         near = self.__dict__.get("_near_scratch")
         if near is None:
             ids = np.arange(a.n_states, dtype=np.int64)  # (a call state: itself; else whether it ends)
             flags = np.where(a.has_calls, ids, -1 - a.accepting.astype(np.int64))
-            local1, local2 = (np.full(a.n_states, -1, dtype=np.int64) for _ in range(2))
-            order1, order2, dep = (np.empty(MAX_NEAR_STATES, dtype=np.int64) for _ in range(3))
-            head = (a.table, self._quote_cls, flags, _short_token_bytes(self.vocab), MAX_NEAR_STATES)
-            near = self._near_scratch = (
-                bind(near_form, *head, local1, order1, dep),
-                bind(same_near_form, *head, local1, local2, order1, order2, dep),
-                {},
+            local = np.full(a.n_states, -1, dtype=np.int64)
+            order, dep = (np.empty(MAX_NEAR_STATES, dtype=np.int64) for _ in range(2))
+            out = np.empty(MAX_NEAR_STATES * (a.table.shape[1] + 1), dtype=np.int32)
+            depth = _short_token_bytes(self.vocab)
+            form = bind(
+                near_form, a.table, self._quote_cls, flags, depth, MAX_NEAR_STATES, local, order, dep, out
             )
-        form, same, kept = near
-        n, h = form(state)
+            near = self._near_scratch = (form, out, {})
+        form, out, kept = near
+        n, h, w = form(state)
         if n < 0:
             return None
+        numbering = out[:w]
         bucket = kept.get(h)
         if bucket is not None:
-            for rep, part in bucket:
-                if same(rep, state):
+            for seen, part in bucket:
+                if len(seen) == w and np.array_equal(seen, numbering):
                     return part
         part = np.zeros(self.n_words, dtype=np.uint32)
         nodes, states = short.walk_fast(self._walk_memo(True), False, state, part)
         if len(nodes) and not a.is_regular:
             self._continue_plain((), nodes, states, part, short)
         part.flags.writeable = False
-        if self._near_parts >= NEAR_PARTS:
+        if self._near_parts >= NEAR_PARTS or self._near_bytes + numbering.nbytes > NEAR_FORM_BYTES:
             kept.clear()
-            self._near_parts = 0
-        kept.setdefault(h, []).append((state, part))
+            self._near_parts = self._near_bytes = 0
+        kept.setdefault(h, []).append((numbering.copy(), part))
         self._near_parts += 1
+        self._near_bytes += numbering.nbytes
         return part
 
     def _continue(

@@ -6,8 +6,8 @@ shared rows); same bytes as :meth:`CompiledConstraint._canonical_unquoted_ref`, 
 pure-Python reference. A region is minimised once: every state in it gets its key from
 the region's quotient automaton.
 
-``near_form`` + ``same_near_form``: what decides the short tokens without ``"`` from one
-state, as deep as they reach, so that states alike that far share their part of a row
+``near_form``: what decides the short tokens without ``"`` from one state, as deep as they
+reach, so that states alike that far share their part of a row
 (:meth:`CompiledConstraint._short_part`).
 """
 
@@ -244,28 +244,32 @@ def _count_bytes_py(table, cls_sizes, state):
     return n
 
 
-def _near_form_py(table, quote_cls, flags, depth, max_states, local, order, dep, start):
-    """A hash of what decides the tokens of at most ``depth`` bytes without the byte of class
+def _near_form_py(table, quote_cls, flags, depth, max_states, local, order, dep, out, start):
+    """What decides the tokens of at most ``depth`` bytes without the byte of class
     ``quote_cls`` (a class of that byte alone) from ``start``: the states a search from it
     reaches in fewer than ``depth`` such bytes, numbered in the order met (by class), each
-    with its ``flags`` entry and its successors' numbers by class (-1: dead; -2: alive, past
-    the depth). Two states with equal numberings (:func:`_same_near_form_py`) allow the same
-    tokens of that length. Returns ``(states, hash)``; states -1 when there are more than
-    ``max_states``. ``local``: int64 scratch of one entry per state, all -1 (left all -1);
-    ``order``, ``dep``: int64 scratch of ``max_states`` entries. (The arguments that change
-    from call to call come last: see :func:`..native.bind`.)"""
+    written to ``out`` as its ``flags`` entry then its successors' numbers by class but
+    ``quote_cls`` (-1: dead; -2: alive, past the depth). Two states that write the same
+    numbering allow the same tokens of that length. Returns ``(states, hash, written)``:
+    states -1 when there are more than ``max_states``; a hash of what was written. ``local``:
+    int64 scratch of one entry per state, all -1 (left all -1); ``order``, ``dep``: int64
+    scratch of ``max_states`` entries; ``out``: int32, ``max_states * (n_classes + 1)`` entries.
+    (The arguments that change from call to call come last: see :func:`..native.bind`.)"""
     n_cls = table.shape[1]
     order[0] = start
     local[start] = 0
     dep[0] = 0
     n = 1
     i = 0
+    w = 0
     h = 1
     ok = True
     while i < n and ok:
         q = order[i]
         d = dep[i]
         i += 1
+        out[w] = flags[q]
+        w += 1
         h = (h * 31 + flags[q] + 8) & 0xFFFFFFFF
         for c in range(n_cls):
             if c == quote_cls:
@@ -286,69 +290,16 @@ def _near_form_py(table, quote_cls, flags, depth, max_states, local, order, dep,
                     dep[n] = d + 1
                     v = n
                     n += 1
+            out[w] = v
+            w += 1
             h = (h * 31 + v + 8) & 0xFFFFFFFF
     for x in range(n):
         local[order[x]] = -1
-    return (n if ok else -1), h
-
-
-def _same_near_form_py(
-    table, quote_cls, flags, depth, max_states, local1, local2, order1, order2, dep, s1, s2
-):
-    """Do ``s1`` and ``s2`` have the same numbering of :func:`_near_form_py` (the same
-    depth, class and flags)? One search of both at once. ``local1``, ``local2``: int64
-    scratch of one entry per state, all -1 (left all -1); ``order1``, ``order2``, ``dep``:
-    int64 scratch of ``max_states`` entries."""
-    n_cls = table.shape[1]
-    order1[0] = s1
-    order2[0] = s2
-    local1[s1] = 0
-    local2[s2] = 0
-    dep[0] = 0
-    n = 1
-    i = 0
-    same = True
-    while i < n and same:
-        x = order1[i]
-        y = order2[i]
-        d = dep[i]
-        i += 1
-        if flags[x] != flags[y]:
-            same = False
-            break
-        for c in range(n_cls):
-            if c == quote_cls:
-                continue
-            t1 = table[x, c]
-            t2 = table[y, c]
-            if (t1 < 0) != (t2 < 0):
-                same = False
-                break
-            if t1 < 0 or d >= depth:
-                continue
-            v1 = local1[t1]
-            if v1 != local2[t2]:
-                same = False
-                break
-            if v1 < 0:
-                if n >= max_states:
-                    same = False
-                    break
-                local1[t1] = n
-                local2[t2] = n
-                order1[n] = t1
-                order2[n] = t2
-                dep[n] = d + 1
-                n += 1
-    for x in range(n):
-        local1[order1[x]] = -1
-        local2[order2[x]] = -1
-    return same
+    return (n if ok else -1), h, w
 
 
 count_bytes = kernel(_count_bytes_py, __name__, "count_bytes")
 near_form = kernel(_near_form_py, __name__, "near_form")
-same_near_form = kernel(_same_near_form_py, __name__, "same_near_form")
 match_form = kernel(_match_form_py, __name__, "match_form")
 unquoted_region = kernel(_unquoted_region_py, __name__, "unquoted_region")
 canonical_key = kernel(_canonical_key_py, __name__, "canonical_key")
@@ -381,8 +332,7 @@ def warm_up(index=None) -> None:
     count_bytes(table, np.ones(1, dtype=np.int64), 0)
     one = np.full(1, -1, dtype=np.int64)
     flags = np.zeros(1, dtype=np.int64)
-    near_form(table, 0, flags, 4, 1, one, one.copy(), one.copy(), 0)
-    same_near_form(table, 0, flags, 4, 1, one, one.copy(), one.copy(), one.copy(), one.copy(), 0, 0)
+    near_form(table, 0, flags, 4, 1, one, one.copy(), one.copy(), np.zeros(1, dtype=np.int32), 0)
     match_form(
         table,
         np.zeros(256, dtype=np.int32),

@@ -695,13 +695,13 @@ def _near_numbering(table, q, flags, start, depth):
 
 
 def test_near_forms_equal_their_definition_on_random_tables():
-    """``same_near_form`` says two states alike exactly when their numberings (as deep as
-    asked) are equal, and ``near_form`` gives alike states one hash; on random tables with
-    chains of look-alike states."""
-    from deepinfer.constraints.tokens.rows import near_form, same_near_form
+    """``near_form`` writes the numbering of the pure-Python reference (as deep as asked,
+    flags and successors by class but the quote's), its hash equal for equal numberings, and
+    refuses a search past ``max_states``; on random tables with chains of look-alike states."""
+    from deepinfer.constraints.tokens.rows import near_form
 
     rng = np.random.default_rng(5)
-    alike = differ = 0
+    alike = differ = refused = 0
     for _ in range(40):
         n, k = int(rng.integers(4, 40)), int(rng.integers(2, 5))
         table = rng.integers(-1, n, size=(n, k)).astype(np.int32)
@@ -710,22 +710,28 @@ def test_near_forms_equal_their_definition_on_random_tables():
                 table[i] = np.where(table[0] >= 0, np.minimum(table[0] + i, n - 1), -1)
         flags = rng.integers(-2, 0, size=n).astype(np.int64)
         q, depth = int(rng.integers(-1, k)), int(rng.integers(0, 6))
-        local1, local2 = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
-        o1, o2, dep = (np.empty(64, dtype=np.int64) for _ in range(3))
-        for _ in range(20):
-            s1, s2 = (int(x) for x in rng.integers(0, n, size=2))
-            want = _near_numbering(table, q, flags, s1, depth) == _near_numbering(table, q, flags, s2, depth)
-            got = same_near_form(table, q, flags, depth, 64, local1, local2, o1, o2, dep, s1, s2)
-            assert got == want, (s1, s2, depth)
-            assert (local1 == -1).all() and (local2 == -1).all()
-            f1 = near_form(table, q, flags, depth, 64, local1, o1, dep, s1)
-            f2 = near_form(table, q, flags, depth, 64, local1, o1, dep, s2)
-            assert f1[0] == len(_near_numbering(table, q, flags, s1, depth))
-            if want:
-                assert f1 == f2
-            alike += want and s1 != s2
-            differ += not want
-    assert alike > 20 and differ > 20, (alike, differ)
+        most = int(rng.integers(4, 64))
+        local = np.full(n, -1, dtype=np.int64)
+        order, dep = np.empty(most, dtype=np.int64), np.empty(most, dtype=np.int64)
+        out = np.empty(most * (k + 1), dtype=np.int32)
+        seen = {}
+        for s in range(n):
+            want = _near_numbering(table, q, flags, s, depth)
+            got_n, h, w = near_form(table, q, flags, depth, most, local, order, dep, out, s)
+            assert (local == -1).all()
+            if len(want) > most:
+                assert got_n == -1
+                refused += 1
+                continue
+            assert got_n == len(want) and list(out[:w]) == [v for row in want for v in row]
+            key = tuple(out[:w])
+            if key in seen:
+                assert seen[key] == h
+                alike += 1
+            else:
+                differ += 1
+            seen[key] = h
+    assert alike > 20 and differ > 20 and refused > 0, (alike, differ, refused)
 
 
 def _count_near_hits(monkeypatch) -> list:
