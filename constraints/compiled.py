@@ -70,7 +70,6 @@ NEAR_FORM_BYTES = 4 << 20  # the numberings kept beside the parts, in all
 STATE_MEMO_SIZE = 1024
 MARGIN_MEMO_SIZE = 32
 _MISS = object()
-_NO_WALK = (None, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))  # (a part, no boundary)
 
 
 class CompiledConstraint:
@@ -378,10 +377,7 @@ class CompiledConstraint:
                     a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, words
                 )
         else:
-            split = self._split
-            if split is None:
-                split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
-            (no_quote, with_quote), shared = split
+            (no_quote, with_quote), shared = self._quote_split()
             base = shared.get(canon)
             if base is None:
                 base = np.zeros(self.n_words, dtype=np.uint32)
@@ -414,6 +410,14 @@ class CompiledConstraint:
             a = self.automaton
             m = self._wmemo = WalkMemo(a.table, a.cls, self._bnd_bottom, self._bnd_inner)
         return m
+
+    def _quote_split(self) -> tuple:
+        """((tries of the tokens without / with '"'), the vocabulary's shared rows), on first
+        use."""
+        split = self._split
+        if split is None:
+            split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
+        return split
 
     def _light_memo(self) -> WalkMemo:
         """The memo without shortcuts (:meth:`WalkMemo.light`), made on first use."""
@@ -697,34 +701,27 @@ class CompiledConstraint:
         then the few with '"' as any stack of a counted automaton (counted walks where a
         frame may reach a region)."""
         a = self.automaton
-        split = self._split
-        if split is None:
-            split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
-        no_quote, with_quote = split[0]
+        no_quote, with_quote = self._quote_split()[0]
         top = st[-1]
         n = a.n_states
         s, c = top % n, top // n
-        r = a._region_list[s]
-        if r >= 0:  # inside a region these tokens stay there: as a bottom frame's
-            left = a._hi_list[r] - c
-            words |= self._unquoted_row(s) if left >= self._hi_cap(s) else self._near_hi_row(s, left)
-            hit = _NO_WALK
+        if a._region_list[s] >= 0:  # inside a region these tokens stay there: as a bottom frame's
+            words |= self._unquoted_at(s, c)
         else:
             hit = self._ci_plain.get(top)
-        if hit is None:
-            part = np.zeros(self.n_words, dtype=np.uint32)
-            if self.fast_min_bytes <= 256:
-                memo = self._walk_memo(count_bytes(a.table, self._cls_sizes, top) >= self.fast_min_bytes)
-                nodes, states = no_quote.walk_fast(memo, True, top, part)
-            else:
-                nodes, states = no_quote.walk(a.table, a.cls, top, self._bnd_inner, part)
-            part.flags.writeable = False
-            hit = _remember(self._ci_plain, top, (part, nodes, states), STATE_MEMO_SIZE)
-        part, nodes, states = hit
-        if part is not None:
+            if hit is None:
+                part = np.zeros(self.n_words, dtype=np.uint32)
+                if self.fast_min_bytes <= 256:
+                    memo = self._walk_memo(count_bytes(a.table, self._cls_sizes, top) >= self.fast_min_bytes)
+                    nodes, states = no_quote.walk_fast(memo, True, top, part)
+                else:
+                    nodes, states = no_quote.walk(a.table, a.cls, top, self._bnd_inner, part)
+                part.flags.writeable = False
+                hit = _remember(self._ci_plain, top, (part, nodes, states), STATE_MEMO_SIZE)
+            part, nodes, states = hit
             words |= part
-        if len(nodes):
-            self._continue_plain(st[:-1], nodes, states, words, no_quote)
+            if len(nodes):
+                self._continue_plain(st[:-1], nodes, states, words, no_quote)
         if self._counted_frame(st):
             nodes, states = with_quote.walk_counted(
                 a.table, a.counters, a.cls, s, c, words, self._bnd_inner, loops=self._loops()
@@ -758,16 +755,11 @@ class CompiledConstraint:
         a = self.automaton
         n = a.n_states
         s, c = config % n, config // n
-        r = a._region_list[s]
         if not self._bare_near(s):
-            split = self._split
-            if split is None:
-                split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
-            if r < 0 or a._hi_list[r] - c >= self._hi_cap(s):
-                words = self._unquoted_row(s).copy()
-            else:  # near hi: tokens without '"' by the margin they need
-                words = self._near_hi_row(s, a._hi_list[r] - c)
-            split[0][1].walk_counted(a.table, a.counters, a.cls, s, c, words, loops=self._loops())
+            words = self._unquoted_at(s, c).copy()
+            self._quote_split()[0][1].walk_counted(
+                a.table, a.counters, a.cls, s, c, words, loops=self._loops()
+            )
             return words
         words = np.zeros(self.n_words, dtype=np.uint32)
         self.index.walk_counted(a.table, a.counters, a.cls, s, c, words, loops=self._loops())
@@ -781,24 +773,9 @@ class CompiledConstraint:
         a = self.automaton
         n = a.n_states
         s, c = config % n, config // n
-        r = a._region_list[s]
-        if r >= 0 and a._hi_list[r] - c < self._hi_cap(s) and not self._bare_near(s):
-            if self._split is None:
-                self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
-            words |= self._near_hi_row(s, a._hi_list[r] - c)  # (no call inside a region)
-            with_quote = self._split[0][1]
-            nodes, states = with_quote.walk_counted(
-                a.table, a.counters, a.cls, s, c, words, self._bnd_bottom, loops=self._loops()
-            )
-            if len(nodes):
-                self._continue((), nodes, states, words, with_quote)
-            return
-        if (r < 0 or a._hi_list[r] - c >= self._hi_cap(s)) and not self._bare_near(s):
-            split = self._split
-            if split is None:
-                split = self._split = (self.vocab.split_index(QUOTE), self.vocab.shared_rows())
-            with_quote = split[0][1]
-            words |= self._unquoted_row(s)  # (the same at every count: kept per state)
+        if not self._bare_near(s):
+            words |= self._unquoted_at(s, c)
+            with_quote = self._quote_split()[0][1]
             nodes, states = with_quote.walk_counted(
                 a.table, a.counters, a.cls, s, c, words, self._bnd_bottom, loops=self._loops()
             )
@@ -828,6 +805,17 @@ class CompiledConstraint:
             return self._hi_caps[s]
         return marks[0][-1] if marks[0] else 0  # (the largest margin)
 
+    def _unquoted_at(self, s: int, c: int) -> np.ndarray:
+        """The tokens without '"' allowed from state ``s`` at count ``c``, where no byte but
+        '"' enters or leaves a region from it (not :meth:`_bare_near`): the row kept per
+        state (the same at every count far from hi, and outside regions), or near hi those
+        within their margin (:meth:`_near_hi_row`). Do not modify."""
+        a = self.automaton
+        r = a._region_list[s]
+        if r >= 0 and a._hi_list[r] - c < self._hi_cap(s):
+            return self._near_hi_row(s, a._hi_list[r] - c)
+        return self._unquoted_row(s)
+
     def _near_hi_row(self, state: int, left: int) -> np.ndarray:
         """The tokens without '"' allowed from region state ``state`` when ``left`` more
         items fit below hi (those whose margin, see ``VocabIndex.walk_crit``, is at most
@@ -837,7 +825,7 @@ class CompiledConstraint:
         if crit is None:
             a = self.automaton
             crit = np.full(self.vocab_size, np.iinfo(np.int64).max, dtype=np.int64)
-            self._split[0][0].walk_crit(a.table, a.counters, a.cls, state, crit, loops=self._loops())
+            self._quote_split()[0][0].walk_crit(a.table, a.counters, a.cls, state, crit, loops=self._loops())
             _remember(memo, state, crit, MARGIN_MEMO_SIZE)
         bits = np.packbits(crit <= left, bitorder="little")
         words = np.zeros(self.n_words * 4, dtype=np.uint8)
@@ -886,7 +874,7 @@ class CompiledConstraint:
         if hit is not None:
             return hit
         a = self.automaton
-        (no_quote, _), shared = self._split
+        (no_quote, _), shared = self._quote_split()
         n_bytes = count_bytes(a.table, self._cls_sizes, state)
         canon = None
         if n_bytes >= PERMISSIVE_BYTES:
@@ -898,10 +886,7 @@ class CompiledConstraint:
             hit = self._by_length(state)
         if hit is None:
             hit = np.zeros(self.n_words, dtype=np.uint32)
-            walk_memo = self._walk_memo(n_bytes >= self.fast_min_bytes)
-            nodes, states = no_quote.walk_fast(walk_memo, False, state, hit)
-            if len(nodes) and not a.is_regular:
-                self._continue_plain((), nodes, states, hit, no_quote)
+            self._bottom_walk(no_quote, self._walk_memo(n_bytes >= self.fast_min_bytes), state, hit)
             hit.flags.writeable = False
             if canon is not None:
                 _share(shared, canon, hit)
@@ -916,11 +901,16 @@ class CompiledConstraint:
         if part is None:
             return None
         words = part.copy()
-        nodes, states = longer.walk_fast(self._light_memo(), False, state, words)  # (no shortcut pays)
-        if len(nodes) and not self.automaton.is_regular:
-            self._continue_plain((), nodes, states, words, longer)
+        self._bottom_walk(longer, self._light_memo(), state, words)  # (no shortcut pays)
         words.flags.writeable = False
         return words
+
+    def _bottom_walk(self, trie, memo: WalkMemo, state: int, words: np.ndarray) -> None:
+        """The tokens of ``trie`` (without '"') from ``state`` as a bottom frame, into
+        ``words``, continued plainly through the calls they meet."""
+        nodes, states = trie.walk_fast(memo, False, state, words)
+        if len(nodes) and not self.automaton.is_regular:
+            self._continue_plain((), nodes, states, words, trie)
 
     def _short_part(self, state: int, short) -> np.ndarray | None:
         """The tokens without '"' of at most :func:`_short_token_bytes` bytes that ``state``
@@ -956,9 +946,7 @@ class CompiledConstraint:
                 if len(seen) == w and np.array_equal(seen, numbering):
                     return part
         part = np.zeros(self.n_words, dtype=np.uint32)
-        nodes, states = short.walk_fast(self._walk_memo(True), False, state, part)
-        if len(nodes) and not a.is_regular:
-            self._continue_plain((), nodes, states, part, short)
+        self._bottom_walk(short, self._walk_memo(True), state, part)
         part.flags.writeable = False
         if self._near_parts >= NEAR_PARTS or self._near_bytes + numbering.nbytes > NEAR_FORM_BYTES:
             kept.clear()
