@@ -27,7 +27,7 @@ from .automaton import counted as ct
 from .automaton import pushdown
 from .automaton.dfa_kernels import near_kernel
 from .automaton.nfa import equivalent_blocks
-from .automaton.pushdown import Automaton, Config, make_config
+from .automaton.pushdown import Automaton, Config, flags, ints, make_config
 from .bitmask import unpack_bitmask
 from .ir import SPECIAL_LEAD, special_bytes
 from .native import bind
@@ -124,7 +124,7 @@ class CompiledConstraint:
                 most[:-1] = nxt
             caps = np.full(a.n_states, self._count_cap, dtype=np.int64)
             caps[inside] += most[:-1]
-            self._hi_caps = tuple(caps.tolist())  # (tuples: see Automaton.calls)
+            self._hi_caps = ints(caps)
             # per region state met near a bound: what of the count its tokens see (_count_marks)
             self._caps: dict[int, tuple[list[int], list[int]]] = {}
             _warm_up_counted(self.index)
@@ -147,7 +147,7 @@ class CompiledConstraint:
             self._bare_any = bool(self._bare.any())
             inside = cnt.region >= 0  # regions whose states neither call nor end a rule
             self._closed_regions = not (a.accepting[inside] | a.has_calls[inside]).any()
-            self._near: list[bool] | None = None
+            self._near: bytes | None = None  # (flags per state)
             if a.n_states >= NEAR_AT_COMPILE:  # (searches of tens of ms: not mid-output)
                 self._bare_near(a.start)
                 if not a.is_regular:
@@ -846,7 +846,7 @@ class CompiledConstraint:
             seen = self._bare.copy()
             if not a.is_regular and seen.any():
                 seen[:] = True  # (a call may read any number of bytes: every state is near)
-            near = self._near = tuple(_within(tbl, seen, self._count_cap).tolist())
+            near = self._near = flags(_within(tbl, seen, self._count_cap))
         return near[state]
 
     def _counted_frame(self, st: tuple[int, ...]) -> bool:
@@ -856,12 +856,12 @@ class CompiledConstraint:
             return True
         return self._near_region()[st[-1] % self.automaton.n_states]
 
-    def _near_region(self) -> list[bool]:
+    def _near_region(self) -> bytes:
         """Per state: may a token reach a counted region from it (on first use)?"""
         near = self.__dict__.get("_to_region")
         if near is None:
             a = self.automaton
-            near = self._to_region = tuple(_within(a.table, a.counters.region >= 0, self._count_cap).tolist())
+            near = self._to_region = flags(_within(a.table, a.counters.region >= 0, self._count_cap))
         return near
 
     def _unquoted_row(self, state: int) -> np.ndarray:

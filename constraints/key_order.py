@@ -112,7 +112,7 @@ def eliminate_keys(a: Automaton, tags: Tags | None) -> tuple[Automaton, Tags]:
     def only(t: int, fc: int) -> int:
         """The state after ``fc`` from ``t``, where ``t`` reads nothing else."""
         u = int(table[t, fc])
-        if u < 0 or a.calls[t] or a.accepting[t] or any(table[t, x] >= 0 for x in range(ncls) if x != fc):
+        if u < 0 or t in a.calls or a.accepting[t] or any(table[t, x] >= 0 for x in range(ncls) if x != fc):
             raise _refuse(f"a marker is not followed by its {chr(head)!r}")
         return u
 
@@ -135,7 +135,7 @@ def eliminate_keys(a: Automaton, tags: Tags | None) -> tuple[Automaton, Tags]:
                     nxt = [(int(table[x, c]), k) for c, k in digit.items() if table[x, c] >= 0]
                     if (
                         not nxt
-                        or a.calls[x]
+                        or x in a.calls
                         or a.accepting[x]
                         or any(table[x, c] >= 0 for c in range(ncls) if c not in digit)
                     ):

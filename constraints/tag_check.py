@@ -23,7 +23,7 @@ import re
 
 import numpy as np
 
-from .automaton.pushdown import Automaton
+from .automaton.pushdown import Automaton, flags
 from .matcher import MAX_FORCED_BYTES, Matcher, encode_forced
 from .native import kernel
 
@@ -48,7 +48,7 @@ class Tags:
         tagged = np.zeros(n_states, dtype=bool)
         for s, _ in kind:
             tagged[s] = True
-        self.tagged = tuple(tagged.tolist())  # (tuples: see Automaton.calls)
+        self.tagged = flags(tagged)
         self.pointers = pointers
         self.trigger = trigger  # the bytes whose transitions may carry a tag
         # frames after a tag: apply(frames, kind, pos, buf, data), None to refuse

@@ -98,7 +98,7 @@ def eliminate(a: Automaton, pointers: tuple[str, ...]) -> tuple[Automaton, Tags 
             fc = int(cls[FOLLOW[m]])
             u = int(table[t, fc])
             others = [x for x in range(table.shape[1]) if x != fc and table[t, x] >= 0]
-            if u < 0 or others or a.calls[t] or a.accepting[t]:
+            if u < 0 or others or t in a.calls or a.accepting[t]:
                 raise ConstraintError(
                     f"JSON Schema keyword 'uniqueItems' cannot be enforced here (at {where}): a "
                     "marker is not followed by its bracket or comma"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+from array import array
 
 import numpy as np
 
@@ -55,6 +56,19 @@ MAX_STACKS = 512
 Config = tuple
 
 
+def flags(a: np.ndarray) -> bytes:
+    """A per-state table of flags as ``bytes`` (an item is 1 or 0): unlike a tuple of bools,
+    which the collector walks in the first young collection after it is made (tens of
+    thousands of items for a large automaton: a pause of up to a millisecond inside
+    whatever runs then, often a mask), ``bytes`` holds no references to walk."""
+    return np.asarray(a, dtype=bool).astype(np.uint8).tobytes()
+
+
+def ints(a: np.ndarray) -> array:
+    """A per-state table of ints as an ``array`` of int64, for the same reason as :func:`flags`."""
+    return array("q", np.asarray(a, dtype=np.int64).tobytes())
+
+
 def make_config(stacks, can_end: bool) -> Config:
     """The configuration of ``stacks`` (an iterable of stacks: equal sets of stacks make equal
     configurations)."""
@@ -69,7 +83,7 @@ class Automaton:
         table: np.ndarray,
         cls: np.ndarray,
         accepting: np.ndarray,
-        calls: list[tuple[tuple[int, int], ...]],
+        calls: list[tuple[tuple[int, int], ...]] | dict[int, tuple[tuple[int, int], ...]],
         start: int,
         rule_names: list[str],
         counters: ct.Counters | None = None,
@@ -77,12 +91,16 @@ class Automaton:
         self.table = table  # int32 [N, n_classes], -1 dead
         self.cls = cls  # int32 [256] byte -> class
         self.accepting = accepting  # bool [N]
-        # per state: ((callee start state, return state), ...). The per-state sequences kept
-        # on the automaton are tuples of ints, which the garbage collector stops walking after
-        # its first pass (lists it walks in every full collection: a cached automaton's
-        # hundreds of thousands of items made each such pass take tenths of a second)
-        self.calls = tuple(calls)
-        self.has_calls = np.array([bool(c) for c in calls], dtype=bool)
+        # per state that calls a rule: ((callee start state, return state), ...); a state
+        # without calls is absent. Per-state tables are bytes and int arrays (flags, ints), and
+        # this dict holds only the few states with calls: the collector walks neither a
+        # per-state tuple's items in the first young collection after a compile (often inside a
+        # mask) nor, had they been lists, in every full collection
+        per = calls.items() if isinstance(calls, dict) else enumerate(calls)
+        self.calls: dict[int, tuple[tuple[int, int], ...]] = {s: tuple(c) for s, c in per if c}
+        self.has_calls = np.zeros(len(accepting), dtype=bool)
+        self.has_calls[list(self.calls)] = True
+        self._call_flags = flags(self.has_calls)
         self.has_bytes = (table >= 0).any(axis=1) if len(table) else np.zeros(0, bool)
         self.start = start
         self.rule_names = rule_names
@@ -90,15 +108,15 @@ class Automaton:
         self.n_states = len(accepting)
         self.cls_list = tuple(cls.tolist())
         self._rows: dict[int, tuple[int, ...]] = {}  # state -> its row, made on first use
-        self._acc_list = tuple(accepting.tolist())
-        self._has_bytes_list = tuple(self.has_bytes.tolist())
+        self._acc_list = flags(accepting)  # (flags: bytes, not tuples of bools)
+        self._has_bytes_list = flags(self.has_bytes)
         # counted repetitions (see .counted): a configuration, or in a pushdown automaton the
         # top frame of a stack (a region has no calls), is state + n_states * count
         self.counters = counters
         if counters is not None:
             self._act_rows: dict[int, tuple[int, ...]] = {}  # state -> its counter actions
-            self._region_list = tuple(counters.region.tolist())
-            self._need_list = tuple(counters.need.tolist())
+            self._region_list = ints(counters.region)  # (per state: ints, not tuples)
+            self._need_list = ints(counters.need)
             self._lo_list = tuple(counters.lo.tolist())
             self._hi_list = tuple(counters.hi.tolist())
         self.initial = self.start if self.is_regular else self.closure([(self.start,)])
@@ -110,7 +128,7 @@ class Automaton:
         n = self.n_states
         s = v % n
         r = self._region_list[s]
-        return s, self._acc_list[s] and (r < 0 or v // n >= self._lo_list[r])
+        return s, bool(self._acc_list[s]) and (r < 0 or v // n >= self._lo_list[r])
 
     def row(self, s: int) -> tuple[int, ...]:
         r = self._rows.get(s)
@@ -131,7 +149,7 @@ class Automaton:
         seen: set[tuple[int, ...]] = set()
         work = list(stacks)
         can_end = False
-        acc, hb, calls = self._acc_list, self._has_bytes_list, self.calls
+        acc, hb, hc, calls = self._acc_list, self._has_bytes_list, self._call_flags, self.calls
         counted = self.counters is not None
         lowest = MAX_STACK_DEPTH + 1
         highest = 0
@@ -150,7 +168,7 @@ class Automaton:
                 top, ends = self._bottom(top)
             if hb[top]:
                 out.add(st)
-            if calls[top]:  # (never in a region: a bottom frame with a call holds its state)
+            if hc[top]:  # (never in a region: a bottom frame with a call holds its state)
                 if len(st) >= MAX_STACK_DEPTH:
                     continue  # nesting bound: deeper structure is not generated
                 base = st[:-1]
@@ -214,7 +232,7 @@ class Automaton:
             return config
         # a pushdown automaton: runs of bytes that move one stack's top state and need no
         # closure (no call, no return, no end) step its DFA directly, linear in the bytes
-        cls, rows, calls = self.cls_list, self._rows, self.calls
+        cls, rows, hc = self.cls_list, self._rows, self._call_flags
         acc, hb = self._acc_list, self._has_bytes_list
         i, n = 0, len(data)
         while i < n:
@@ -229,7 +247,7 @@ class Automaton:
                     t = r[cls[data[j]]]
                     if t < 0:
                         return None
-                    if calls[t] or acc[t] or not hb[t]:
+                    if hc[t] or acc[t] or not hb[t]:
                         break  # (a call, a return or the end: the closure decides)
                     s = t
                     j += 1
@@ -249,9 +267,9 @@ class Automaton:
             n = self.n_states
             s = config % n
             r = self._region_list[s]
-            return self._acc_list[s] and (r < 0 or config // n >= self._lo_list[r])
+            return bool(self._acc_list[s]) and (r < 0 or config // n >= self._lo_list[r])
         if self.is_regular:
-            return self._acc_list[config]
+            return bool(self._acc_list[config])
         return config[1]
 
     def next_bytes(self, config) -> list[int]:

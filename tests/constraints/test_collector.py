@@ -85,3 +85,49 @@ def test_hoisting_leaves_nothing_in_reference_cycles():
     left = _cyclic_garbage(lambda: hoisted.extend(hoist_repeated(rules, "start", Limits().max_inline_size)))
     assert hoisted
     assert not left, sorted(set(left))
+
+
+def test_per_state_tables_give_the_collector_nothing_to_walk():
+    """An automaton's tables of a value per state (flags, counters' regions, calls) and a
+    compiled constraint's are bytes, int arrays or a dict of the few states with calls: a
+    tuple of one item per state would be walked item by item in the first young collection
+    after the compile, which lands inside a mask (up to a millisecond at 30k states)."""
+    from deepinfer.constraints import Matcher
+
+    vocab = small_vocab()
+    comp = Compiler(vocab)
+    node = {
+        "anyOf": [
+            {"type": "integer"},
+            {"type": "array", "items": {"$ref": "#/$defs/n"}},
+            {"type": "object", "properties": {"k": {"$ref": "#/$defs/n"}, "s": {"type": "string"}}},
+        ]
+    }
+    schema = {  # a pushdown automaton with a counted string in its bottom frame
+        "type": "object",
+        "properties": {"s": {"type": "string", "maxLength": 5000}, "kids": {"$ref": "#/$defs/n"}},
+        "$defs": {"n": node},
+    }
+    gc.collect()
+    gc.disable()  # (a collection meanwhile would untrack tuples of ints, hiding them)
+    try:
+        c = comp.json_schema(schema, whitespace="compact")
+        m = Matcher(c)
+        for b in b'{"s":"ab","kids":[{"s":"x':  # masks of frames in and near a region (ids 2..257: bytes)
+            t = 2 + b
+            assert vocab.token_bytes[t] == bytes([b])
+            m.mask_row()
+            assert m.accept(t)
+        a = c.automaton
+        assert a.counters is not None and not a.is_regular
+        n = a.n_states
+        assert 0 < len(a.calls) == int(a.has_calls.sum()) < n
+        walked = {
+            f"{type(owner).__name__}.{name}": len(v)
+            for owner in (a, c)
+            for name, v in vars(owner).items()
+            if gc.is_tracked(v) and isinstance(v, (tuple, list, dict)) and len(v) == n  # (one item a state)
+        }
+        assert not walked, walked
+    finally:
+        gc.enable()
