@@ -273,15 +273,29 @@ class Automaton:
         return config[1]
 
     def next_bytes(self, config) -> list[int]:
-        """Bytes that can come next (in increasing order)."""
+        """Bytes that can come next (in increasing order): the classes alive from any top
+        state, each spelled out by its bytes (``jump-forward`` asks this for every forced
+        byte, so it does not test 256 bytes against every stack)."""
         if self.counters is not None:
             if self.is_regular:
                 lives = [ct.live_classes(self, config)]
             else:
                 lives = [ct.live_classes(self, st[-1]) for st in config[0]]
-            return [b for b in range(256) if any(live[self.cls_list[b]] for live in lives)]
-        rows = [self.row(config)] if self.is_regular else [self.row(st[-1]) for st in config[0]]
-        return [b for b in range(256) if any(r[self.cls_list[b]] >= 0 for r in rows)]
+            live = {c for ok in lives for c, x in enumerate(ok) if x}
+        else:
+            rows = [self.row(config)] if self.is_regular else [self.row(st[-1]) for st in config[0]]
+            live = {c for r in rows for c, t in enumerate(r) if t >= 0}
+        if not live:
+            return []
+        by_class = self.__dict__.get("_class_bytes")
+        if by_class is None:
+            groups: list[list[int]] = [[] for _ in range(int(self.cls.max()) + 1)]
+            for b, c in enumerate(self.cls_list):
+                groups[c].append(b)
+            by_class = self._class_bytes = tuple(map(tuple, groups))
+        if len(live) == 1:
+            return list(by_class[next(iter(live))])
+        return sorted(b for c in live for b in by_class[c])
 
     # ------------------------------------------------------------------ whole inputs
 

@@ -258,6 +258,58 @@ def test_forced_bytes_and_tokens():
     assert m.forced_bytes() == b""
 
 
+def _next_bytes_ref(a, config) -> list[int]:
+    """Automaton.next_bytes by its definition: every byte whose class is alive from a top state."""
+    from deepinfer.constraints.automaton import counted as ct
+
+    if a.counters is not None:
+        tops = [config] if a.is_regular else [st[-1] for st in config[0]]
+        lives = [ct.live_classes(a, t) for t in tops]
+        return [b for b in range(256) if any(live[a.cls_list[b]] for live in lives)]
+    rows = [a.row(config)] if a.is_regular else [a.row(st[-1]) for st in config[0]]
+    return [b for b in range(256) if any(r[a.cls_list[b]] >= 0 for r in rows)]
+
+
+_ARRAYS = {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#/$defs/n"}}]}
+
+
+@pytest.mark.parametrize(
+    ("schema", "counted", "regular"),
+    [
+        ({"type": "string", "maxLength": 5000}, True, True),
+        (
+            {
+                "type": "object",
+                "properties": {"s": {"type": "string", "maxLength": 5000}, "k": {"$ref": "#/$defs/n"}},
+                "$defs": {"n": _ARRAYS},
+            },
+            True,
+            False,
+        ),
+        ({"type": "array", "items": {"enum": ["ab", "ac", 12, None]}}, False, True),
+        ({"$defs": {"n": _ARRAYS}, "$ref": "#/$defs/n"}, False, False),
+    ],
+)
+def test_next_bytes_equal_their_definition_along_random_walks(schema, counted, regular):
+    """Jump-forward asks next_bytes for every forced byte; it spells out the live classes
+    instead of testing all 256 bytes against every stack, and gives the same bytes."""
+    a = Compiler(small_vocab()).json_schema(schema, whitespace="flexible").automaton
+    assert (a.counters is not None, a.is_regular) == (counted, regular)
+    rng = random.Random(5)
+    checked = 0
+    for _ in range(40):
+        cfg = a.initial
+        for _ in range(60):
+            nb = a.next_bytes(cfg)
+            assert nb == _next_bytes_ref(a, cfg)
+            checked += 1
+            if not nb:
+                break
+            cfg = a.step_byte(cfg, rng.choice(nb))
+            assert cfg is not None
+    assert checked > 400
+
+
 def test_fill_bitmask_rows_and_copy():
     compiled = Compiler(small_vocab()).from_ir(REGULAR[0][1])
     m = Matcher(compiled)
