@@ -61,7 +61,7 @@ def flags(a: np.ndarray) -> bytes:
     which the collector walks in the first young collection after it is made (tens of
     thousands of items for a large automaton: a pause of up to a millisecond inside
     whatever runs then, often a mask), ``bytes`` holds no references to walk."""
-    return np.asarray(a, dtype=bool).astype(np.uint8).tobytes()
+    return np.asarray(a, dtype=bool).tobytes()  # (a numpy bool is the byte 0 or 1)
 
 
 def ints(a: np.ndarray) -> array:
@@ -289,7 +289,7 @@ class Automaton:
             return []
         by_class = self.__dict__.get("_class_bytes")
         if by_class is None:
-            groups: list[list[int]] = [[] for _ in range(int(self.cls.max()) + 1)]
+            groups: list[list[int]] = [[] for _ in range(self.table.shape[1])]
             for b, c in enumerate(self.cls_list):
                 groups[c].append(b)
             by_class = self._class_bytes = tuple(map(tuple, groups))
