@@ -364,41 +364,35 @@ class CompiledConstraint:
             big = self.__dict__.get("_canon_big")
             if big is None or not big[state] or self._canon_region[state] >= 0:
                 canon = self._canonical_unquoted(state, inner)
-        fast = self.fast_min_bytes <= 256
         if canon is None:
             trie = self.index
             words = np.zeros(self.n_words, dtype=np.uint32)
-            if fast:
-                nodes, states = trie.walk_fast(
-                    self._walk_memo(n_bytes >= self.fast_min_bytes), inner, state, words
-                )
-            else:
-                nodes, states = trie.walk(
-                    a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, words
-                )
+            nodes, states = self._walk_state(trie, state, inner, words, n_bytes >= self.fast_min_bytes)
         else:
             (no_quote, with_quote), shared = self._quote_split()
             base = shared.get(canon)
             if base is None:
                 base = np.zeros(self.n_words, dtype=np.uint32)
-                if fast:
-                    no_quote.walk_fast(self._walk_memo(True), inner, state, base)
-                else:
-                    no_quote.walk(a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, base)
+                self._walk_state(no_quote, state, inner, base, True)
                 base.flags.writeable = False
                 _share(shared, canon, base)
             words = base.copy()
             trie = with_quote  # boundary node ids below index this trie
-            if fast:
-                nodes, states = trie.walk_fast(self._walk_memo(False), inner, state, words)
-            else:
-                nodes, states = trie.walk(
-                    a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, words
-                )
+            nodes, states = self._walk_state(trie, state, inner, words, False)
         # (kept without the trie object: a tuple of arrays and ints is one the collector
         # stops walking after its first pass)
         _remember(self._ci, key, (words, nodes, states, canon is not None), STATE_MEMO_SIZE)
         return words, nodes, states, trie
+
+    def _walk_state(self, trie, state: int, inner: bool, words: np.ndarray, full: bool):
+        """``trie``'s walk from ``state`` (a frame above the bottom where ``inner``) into
+        ``words``: the fast walk, with the full memo where ``full`` else the light one, or the
+        plain walk where the fast one is off (``fast_min_bytes`` over 256). Returns its
+        boundary pairs (nodes, states)."""
+        if self.fast_min_bytes <= 256:
+            return trie.walk_fast(self._walk_memo(full), inner, state, words)
+        a = self.automaton
+        return trie.walk(a.table, a.cls, state, self._bnd_inner if inner else self._bnd_bottom, words)
 
     def _walk_memo(self, full: bool) -> WalkMemo:
         """What the fast walks keep per automaton: the full memo once made (``full``
@@ -711,11 +705,8 @@ class CompiledConstraint:
             hit = self._ci_plain.get(top)
             if hit is None:
                 part = np.zeros(self.n_words, dtype=np.uint32)
-                if self.fast_min_bytes <= 256:
-                    memo = self._walk_memo(count_bytes(a.table, self._cls_sizes, top) >= self.fast_min_bytes)
-                    nodes, states = no_quote.walk_fast(memo, True, top, part)
-                else:
-                    nodes, states = no_quote.walk(a.table, a.cls, top, self._bnd_inner, part)
+                full = count_bytes(a.table, self._cls_sizes, top) >= self.fast_min_bytes
+                nodes, states = self._walk_state(no_quote, top, True, part, full)
                 part.flags.writeable = False
                 hit = _remember(self._ci_plain, top, (part, nodes, states), STATE_MEMO_SIZE)
             part, nodes, states = hit
@@ -726,10 +717,8 @@ class CompiledConstraint:
             nodes, states = with_quote.walk_counted(
                 a.table, a.counters, a.cls, s, c, words, self._bnd_inner, loops=self._loops()
             )
-        elif self.fast_min_bytes <= 256:
-            nodes, states = with_quote.walk_fast(self._walk_memo(False), True, top, words)
         else:
-            nodes, states = with_quote.walk(a.table, a.cls, top, self._bnd_inner, words)
+            nodes, states = self._walk_state(with_quote, top, True, words, False)
         if len(nodes):
             self._continue(st[:-1], nodes, states, words, with_quote)
 
