@@ -175,6 +175,7 @@ PROBE_GAP = 64  # plain steps between probes of a verify shape the model thinks 
 PROBE_AGE = 512  # steps after which a verify shape's measurement is probed again
 PROBE_SHARE = 0.01  # a batch's drafting probes cost at most this share of its plain steps' time
 PROBE_GAP_MAX = 4096
+DRAFT_PROBE_MIN = 4  # fewest steps between drafting probes where drafting was measured not to pay
 PROBE_MIN_RATIO = 0.5  # a stale shape is probed only if predicted at least this x plain tokens/s
 
 
@@ -207,15 +208,21 @@ class Yield:
 
 class Drafting:
     """Drafting steps of one batch bucket, as they turned out: tokens a row and wall seconds
-    (EMAs), whether the step verified or, its drafts not worth it, decoded plainly."""
+    (EMAs), whether the step verified or, its drafts not worth it, decoded plainly. The first
+    step of a bucket is dropped, as ``StepTime`` drops a shape's first: it carries one-time
+    work (the verifier's buffers, the prompts' n-gram indexes) that no later step repeats."""
 
-    __slots__ = ("per_row", "seconds", "steps")
+    __slots__ = ("per_row", "seconds", "steps", "dropped")
 
     def __init__(self) -> None:
         self.per_row = self.seconds = 0.0
         self.steps = 0
+        self.dropped = False
 
     def observe(self, B: int, tokens: int, seconds: float) -> None:
+        if not self.dropped:
+            self.dropped = True
+            return
         pr = tokens / max(B, 1)
         if self.steps == 0:
             self.per_row, self.seconds = pr, seconds
@@ -285,10 +292,14 @@ class CostModel:
         return None if b is None else self._bucket_pays(b)
 
     def drafting_gap(self, B: int) -> int:
-        """Steps between drafting probes where drafting does not pay: PROBE_GAP, or more where a
-        drafting step costs more than PROBE_SHARE x that many plain steps (large batches), as
-        measured at the bucket that speaks for B (``_drafting_bucket``): a smaller bucket's extra
-        cost is scaled by the ratio of the buckets (drafts, masks and matchers are work a row)."""
+        """Steps between drafting probes where drafting does not pay: as many as make the probes
+        cost PROBE_SHARE of the plain steps' time, from the extra cost of a drafting step over a
+        plain one measured at the bucket that speaks for B (``_drafting_bucket``; a smaller
+        bucket's extra cost is scaled by the ratio of the buckets: drafts, masks and matchers are
+        work a row), but at least DRAFT_PROBE_MIN. So where a probe costs little (a small batch)
+        drafting comes back within a few steps of drafts that pay again (a request leaving a
+        free string for structure), and where it costs many plain steps (a large batch) it is
+        rare. PROBE_GAP before any bucket has measured drafting."""
         b = self._drafting_bucket(B)
         if b is None:
             return PROBE_GAP
@@ -297,7 +308,7 @@ class CostModel:
         plain = p.seconds if p is not None and p.steps >= YIELD_MIN else self.step_seconds("decode", b, 1)
         extra = max(d.seconds - plain, 0.0) / max(plain, 1e-12)  # in plain steps
         extra *= batch_bucket(B) / b
-        return int(min(max(PROBE_GAP, extra / PROBE_SHARE), PROBE_GAP_MAX))
+        return int(min(max(DRAFT_PROBE_MIN, extra / PROBE_SHARE), PROBE_GAP_MAX))
 
     def seed(self, path: str, B: int, T: int, seconds: float) -> None:
         """The device seconds of a step shape's forward, timed before the first step."""

@@ -9,6 +9,7 @@ import pytest
 from deepinfer import LLM, SamplingParams
 from deepinfer.dspark import DSpark
 from deepinfer.dspark.policy import (
+    DRAFT_PROBE_MIN,
     PROBE_AGE,
     PROBE_GAP,
     PROBE_SHARE,
@@ -239,10 +240,10 @@ def test_drafting_switched_off_for_the_batch_once_measured_not_to_pay():
     compared with plain steps per batch bucket: drafting stops where it does not pay."""
     cost = _measured({64: 0.010}, {})
     assert cost.drafting_pays(64) is None
-    for _ in range(YIELD_MIN):
+    for _ in range(YIELD_MIN + 1):  # the first is dropped
         cost.observe_drafting(64, 64, 0.013)  # a token a row, slower than a plain step
     assert cost.drafting_pays(64) is False and cost.drafting_pays(8) is None
-    assert cost.drafting_gap(64) == PROBE_GAP  # 0.3 plain steps of extra cost: probed every PROBE_GAP
+    assert cost.drafting_gap(64) == pytest.approx(0.3 / PROBE_SHARE, abs=1)  # 0.3 plain steps extra
     for _ in range(20):
         cost.observe_drafting(64, 64, 0.060)  # a drafting step costs 5 extra plain steps
     assert cost.drafting_gap(64) == pytest.approx(5 / PROBE_SHARE, rel=0.05)  # probes cost <= 1%
@@ -251,19 +252,46 @@ def test_drafting_switched_off_for_the_batch_once_measured_not_to_pay():
     assert cost.drafting_pays(64) is True
 
 
+def test_drafting_probes_are_frequent_where_they_cost_little():
+    """At batch 1 a drafting step costs a plain step and a little host work, so where drafting
+    stopped paying (a request writing a free string: nothing forced, nothing to copy) it is
+    probed again within a few steps, and one probe that verifies well (the request back in
+    structure) opens the gate: a request's next forced run is not decoded plainly for 64 steps."""
+    cost = _measured({1: 0.00466}, {})
+    for _ in range(YIELD_MIN + 1):
+        cost.observe_drafting(1, 3, 0.0053)  # in structure: three tokens a step
+    for _ in range(20):
+        cost.observe_drafting(1, 1, 0.0051)  # a free string: a token a step and the drafting cost
+    assert cost.drafting_pays(1) is False
+    gap = cost.drafting_gap(1)
+    assert DRAFT_PROBE_MIN <= gap <= 10 < PROBE_GAP  # 0.09 plain steps a probe: probed every ~9 steps
+    cost.observe_drafting(1, 3, 0.0053)  # a probe back in structure
+    assert cost.drafting_pays(1) is True
+
+
+def test_a_bucket_s_first_drafting_step_is_dropped():
+    """The first drafting step of a batch bucket carries one-time work: like a shape's first step
+    time, it is not what later drafting steps cost, so it does not count."""
+    cost = _measured({8: 0.005}, {})
+    cost.observe_drafting(8, 8, 0.200)  # first: 40 plain steps of set-up, a token a row
+    for _ in range(YIELD_MIN):
+        cost.observe_drafting(8, 24, 0.008)  # three tokens a row for 1.6x a plain step
+    assert cost.drafting_pays(8) is True
+
+
 def test_a_larger_batch_inherits_that_drafting_did_not_pay_at_a_smaller_one():
     """A batch filling up passes through buckets it never drafted at: where drafting was measured
     not to pay at a smaller batch, a larger one is not drafted at to learn it again (its verify
     forward costs more a row, and a row gains the same tokens), and its probes are spaced by the
     smaller batch's measured cost. A smaller batch learns nothing from a larger one."""
     cost = _measured({32: 0.010, 64: 0.012, 128: 0.014}, {})
-    for _ in range(YIELD_MIN):
+    for _ in range(YIELD_MIN + 1):
         cost.observe_drafting(32, 32, 0.060)  # a token a row for 5 extra plain steps
     assert cost.drafting_pays(32) is False
     assert cost.drafting_pays(64) is False and cost.drafting_pays(128) is False
     assert cost.drafting_gap(32) == pytest.approx(5 / PROBE_SHARE, rel=0.05)
     assert cost.drafting_gap(64) == pytest.approx(2 * 5 / PROBE_SHARE, rel=0.05)  # twice the rows
     assert cost.drafting_pays(8) is None and cost.drafting_gap(8) == PROBE_GAP
-    for _ in range(YIELD_MIN):
+    for _ in range(YIELD_MIN + 1):
         cost.observe_drafting(128, 3 * 128, 0.016)  # measured at 128 itself: three tokens a row pay
     assert cost.drafting_pays(128) is True and cost.drafting_pays(64) is False
