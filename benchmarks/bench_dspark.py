@@ -580,7 +580,7 @@ def bench_device(args) -> None:
     n_graphs = llm.capture_graphs(max(map(len, base_prompts)) + args.max_tokens + 16, verify=True)
     print(f"captured {n_graphs} CUDA graphs up front in {time.perf_counter() - t0:.1f} s", flush=True)
     if args.profile and llm.runner.cuda_graphs:
-        graph_times(llm, max(map(len, base_prompts)) + args.max_tokens // 2)
+        graph_times(llm, max(map(len, base_prompts)) + args.max_tokens // 2, args.batches)
     recorded = trace.get("outputs") or {}
     print(
         f"device {args.device}, {args.shape} random weights bf16, {len(tasks)} tasks "
@@ -775,30 +775,25 @@ class StepProfile:
 
 def graph_times(llm, kv_need: int, batches=(1, 8, 64), widths=(1, 2, 3, 5, 9), reps: int = 20) -> None:
     """Device time of one replay of each captured graph (decode: width 1; verify: widths 2..),
-    by CUDA events over ``reps`` back-to-back replays: the forward alone, no host work."""
-    import torch
-
-    from deepinfer.cuda_graphs import Tile, batch_buckets, bucket_for, kv_bucket, t_bucket
+    ``StepGraphs.time`` over ``reps`` back-to-back replays: the forward alone, no host work."""
+    from deepinfer.cuda_graphs import Tile, bucket_for, kv_bucket, t_bucket
 
     runner = llm.runner
-    kv = kv_bucket(kv_need, runner.cache.max_len)
+    kv = kv_bucket(kv_need, runner.model.max_len)
     rows = []
     for b in batches:
-        Bp = bucket_for(b, batch_buckets(runner.cache.num_slots))
+        Bp = bucket_for(b, runner.buckets())
         out = [Bp]
         for T in widths:
-            g = runner.graphs.graphs.get(Tile(0, Bp, kv, t_bucket(T) if T > 1 else 1))
-            if g is None:
+            tile = Tile(
+                Bp,
+                kv if T == 1 or runner.verify_kv is None else runner.verify_kv,
+                t_bucket(T) if T > 1 else 1,
+            )
+            if tile not in runner.graphs.graphs:
                 out.append("-")
                 continue
-            g.graph.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps):
-                g.graph.replay()
-            end.record()
-            end.synchronize()
-            out.append(f"{start.elapsed_time(end) / reps:.2f}")
+            out.append(f"{runner.graphs.time(tile, reps) * 1e3:.2f}")
         rows.append(out)
     print(f"\ngraph replay, ms on the device ({kv} keys; width 1 = the decode graph)")
     _table(["rows"] + [f"width {T}" for T in widths], rows)
