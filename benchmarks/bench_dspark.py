@@ -773,30 +773,25 @@ class StepProfile:
         )
 
 
-def graph_times(llm, kv_need: int, batches=(1, 8, 64), widths=(1, 2, 3, 5, 9), reps: int = 20) -> None:
-    """Device time of one replay of each captured graph (decode: width 1; verify: widths 2..),
-    ``StepGraphs.time`` over ``reps`` back-to-back replays: the forward alone, no host work."""
-    from deepinfer.cuda_graphs import Tile, bucket_for, kv_bucket, t_bucket
+def graph_times(llm, kv_need: int, batches=(1, 8, 64), widths=(2, 3, 5, 9), reps: int = 20) -> None:
+    """Device time of one replay of the decode graph and of each verify width's, by
+    ``warmup.time_steps`` over ``reps`` back-to-back replays: the forward alone, no host work."""
+    from deepinfer.cuda_graphs import bucket_for, kv_bucket
+    from deepinfer.warmup import time_steps
 
     runner = llm.runner
     kv = kv_bucket(kv_need, runner.model.max_len)
-    rows = []
-    for b in batches:
-        Bp = bucket_for(b, runner.buckets())
-        out = [Bp]
-        for T in widths:
-            tile = Tile(
-                Bp,
-                kv if T == 1 or runner.verify_kv is None else runner.verify_kv,
-                t_bucket(T) if T > 1 else 1,
-            )
-            if tile not in runner.graphs.graphs:
-                out.append("-")
-                continue
-            out.append(f"{runner.graphs.time(tile, reps) * 1e3:.2f}")
-        rows.append(out)
+    buckets = [bucket_for(b, runner.buckets()) for b in batches]
+    times = time_steps(runner, widths, reps, kv=kv, buckets=buckets)
+    rows = [
+        [
+            Bp,
+            *(f"{times[key] * 1e3:.2f}" for key in [("decode", Bp, 1), *(("verify", Bp, T) for T in widths)]),
+        ]
+        for Bp in buckets
+    ]
     print(f"\ngraph replay, ms on the device ({kv} keys; width 1 = the decode graph)")
-    _table(["rows"] + [f"width {T}" for T in widths], rows)
+    _table(["rows", "width 1"] + [f"width {T}" for T in widths], rows)
 
 
 def _dspark_setting(args):

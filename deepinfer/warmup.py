@@ -27,14 +27,17 @@ def verify_widths(max_drafts: int) -> tuple[int, ...]:
     return tuple(sorted({t_bucket(T) for T in range(2, max_drafts + 2)}))
 
 
-def time_steps(runner: ModelRunner, widths: tuple[int, ...], reps: int = 3) -> dict[tuple, float]:
-    """{(path, rows, positions): device seconds} of the decode graph (at the smallest key
-    bucket: a decode step's time is its weights') and of each verify width, per batch bucket."""
+def time_steps(
+    runner: ModelRunner, widths: tuple[int, ...], reps: int = 3, *, kv: int | None = None, buckets=None
+) -> dict[tuple, float]:
+    """{(path, rows, positions): device seconds} of the decode graph (at ``kv`` keys, by default
+    the smallest key bucket: a decode step's time is its weights') and of each verify width, per
+    batch bucket (``buckets``, by default every one a verify step may use)."""
     out: dict[tuple[str, int, int], float] = {}
     if not runner.cuda_graphs or runner.tile:
         return out
-    kv = kv_bucket(1, runner.model.max_len)
-    for rows in batch_buckets(runner.max_rows):
+    kv = kv or kv_bucket(1, runner.model.max_len)
+    for rows in buckets or batch_buckets(runner.max_rows):
         out[("decode", rows, 1)] = runner.graphs.time(Tile(rows, kv), reps)
         for T in widths:
             out[("verify", rows, T)] = runner.graphs.time(Tile(rows, runner.verify_kv or kv, T), reps)
