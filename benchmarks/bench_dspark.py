@@ -29,12 +29,15 @@ Goals (issue 6): >= 1.5x tokens/s at batch 1, >= 1.0x at batch 64, lossless.
 from __future__ import annotations
 
 import argparse
+import bisect
 import glob
 import json
 import os
 import random
 import sys
 import time
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -297,6 +300,9 @@ class Script:
         for t in self.ids:
             self.at.setdefault(off, t)
             off += len(self.bytes[t] or b"")
+        self._offsets: list[int] = []
+        self._tokens = np.zeros(0, dtype=np.int64)
+        self._sorted()
         self.request, self.pos, self.seen = None, 0, 0  # request, bytes written, output tokens consumed
         self.jumps: dict[int, int] = {}  # output index -> offset its token was written from (a resync)
 
@@ -314,7 +320,8 @@ class Script:
     def later(self, pos: int):
         """(offset, token) of the text's tokens after ``pos``, then EOS: where the model picks
         the text up again when an insertion left the constraint refusing its next token."""
-        for off in sorted(o for o in self.at if o > pos):
+        self._sorted()
+        for off in self._offsets[bisect.bisect_right(self._offsets, pos) :]:
             yield off, self.at[off]
         yield len(self.data), self.eos
         for off in range(pos, len(self.data)):  # then the text's characters one by one (a '"' that closes)
@@ -323,6 +330,20 @@ class Script:
             )
             if len(ids) == 1:
                 yield off, ids[0]
+
+    def _sorted(self) -> None:
+        if len(self._offsets) != len(self.at):  # next_token added a mid-token offset
+            self._offsets = sorted(self.at)
+            self._tokens = np.array([self.at[o] for o in self._offsets], dtype=np.int64)
+
+    def _first_in_mask(self, pos: int, row) -> tuple[int, int] | None:
+        """``later``'s first (offset, token) among the text's tokens that the int32 bitmask
+        ``row`` allows, found at once (None: none of them)."""
+        self._sorted()
+        i = bisect.bisect_right(self._offsets, pos)
+        toks = self._tokens[i:]
+        hit = np.flatnonzero((row[toks >> 5] >> (toks & 31)) & 1)
+        return (self._offsets[i + hit[0]], int(toks[hit[0]])) if hit.size else None
 
     def advance(self, pos: int, token: int) -> int:
         b = self.bytes[token] if 0 <= token < len(self.bytes) else None
@@ -338,16 +359,27 @@ class Script:
         self.seen = len(output_ids)
         return self.pos
 
-    def resync(self, pos: int, index: int, allowed, matcher=None) -> int | None:
+    def resync(self, pos: int, index: int, allowed, forced=()) -> int | None:
         """The first of the text's later tokens that ``allowed(token)`` takes, to be output token
-        ``index``, written from its offset (the text picked up again); failing that (an inserted
-        key the text does not have), what the constraint forces there (``matcher``), then a
-        closing character; None if nothing is allowed."""
+        ``index``, written from its offset (the text picked up again; ``allowed`` may be an int32
+        bitmask row instead of a function); failing that (an inserted
+        key the text does not have), what the constraint forces there (``forced``: the tokens,
+        or a function giving them), then a closing character; None if nothing is allowed."""
+        row = None
+        if isinstance(allowed, np.ndarray):  # a bitmask row: the text's tokens checked at once
+            row = allowed
+            first = self._first_in_mask(pos, row)
+            if first is not None:
+                self.jumps[index] = first[0]
+                return first[1]
+            allowed = lambda t: _allowed(row, t)  # noqa: E731
         for off, t in self.later(pos):
+            if row is not None and pos < off < len(self.data) and self.at.get(off) == t:
+                continue  # one of the text's tokens: checked above
             if allowed(t):
                 self.jumps[index] = off
                 return t
-        forced = list(forced_tokens(matcher)[:1]) if matcher is not None else []
+        forced = list((forced() if callable(forced) else forced)[:1])
         for t in forced + self.closers():
             if allowed(t):
                 return t
@@ -404,12 +436,24 @@ class Replay:
         self.scripts, self.rates, self.accept = scripts, list(rates or DEFAULT_RATES), accept
         self.rng = random.Random(seed)
         self.script_tokens = self.fallback_tokens = 0  # plain-step tokens from the script / the sampler
+        # the harness's own host work, which a real model's steps do not have: seconds, steps
+        self.host = {"plain": [0.0, 0], "verify": [0.0, 0]}
+
+    def _count(self, kind: str, t0: float) -> None:
+        h = self.host[kind]
+        h[0] += time.perf_counter() - t0
+        h[1] += 1
+
+    def host_report(self) -> str:
+        """The harness's host milliseconds per plain and per verify step."""
+        return ", ".join(f"{k} {1e3 * t / max(n, 1):.2f} ms/step ({n})" for k, (t, n) in self.host.items())
 
     def install(self, llm) -> None:
         sample = llm.__class__._sample.__get__(llm)
 
         def scripted_sample(seqs, logits, host, constrained):
             tokens, lps = sample(seqs, logits, host, constrained)
+            t0 = time.perf_counter()
             rows = set(constrained)
             for i, s in enumerate(seqs):
                 sc = self.scripts.get(s.seed)
@@ -421,13 +465,17 @@ class Replay:
                     row = host[i].numpy()
                     if not _allowed(row, t):
                         t = sc.resync(
-                            pos, len(s.output_token_ids), lambda x, row=row: _allowed(row, x), s.constraint
+                            pos,
+                            len(s.output_token_ids),
+                            row,
+                            lambda m=s.constraint: forced_tokens(m) if m is not None else (),
                         )
                 if t is None:
                     self.fallback_tokens += 1
                 else:
                     tokens[i] = t
                     self.script_tokens += 1
+            self._count("plain", t0)
             return tokens, lps
 
         llm._sample = scripted_sample
@@ -450,6 +498,7 @@ class Replay:
                 # it (the masks are read from the verifier's host buffer), and the kernel's tokens
                 # are read back only when a row needs one (its script's token refused)
                 out = kernels.verify(logits, drafts, bitmask=bitmask, indices=indices, **kw)  # the real work
+                t0 = time.perf_counter()
                 plan = self._plan
                 B, T = logits.shape[0], logits.shape[1]
                 acc, want, pos_at = [], [], []
@@ -484,9 +533,15 @@ class Replay:
                     d = plan.drafts[b].tokens
                     tokens[b][:a] = d[:a]  # the accepted drafts, then the bonus at a
                     t = want[b]
-                    if t >= 0 and b in rows and not (int(host[b, a, t >> 5]) >> (t & 31)) & 1:
-                        # refused (an accepted draft the text lacks): pick the text up again
-                        t = _resync_after(s, replay.scripts[s.seed], d[:a], pos_at[b])
+                    if t >= 0 and b in rows and not _allowed(host[b, a], t):
+                        # refused (an accepted draft the text lacks): pick the text up again, judged
+                        # by the mask after the accepted drafts (the verifier filled it)
+                        t = replay.scripts[s.seed].resync(
+                            pos_at[b],
+                            len(s.output_token_ids) + a,
+                            host[b, a],
+                            lambda s=s, d=d[:a]: _forced_after(s.constraint, d),
+                        )
                     if t is None or t < 0:
                         replay.fallback_tokens += 1  # the kernel's own token there
                         need_kernel.append(b)
@@ -500,6 +555,7 @@ class Replay:
                 dev = logits.device
                 t = torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True)
                 a = torch.tensor(acc, dtype=torch.int64).to(dev, non_blocking=True)
+                replay._count("verify", t0)
                 return kernels.VerifyOutput(a, t.gather(1, a[:, None])[:, 0], t)
 
         d = ReplayDSpark(config)
@@ -507,24 +563,16 @@ class Replay:
         return d
 
 
-def _resync_after(s, sc: Script, accepted: list[int], pos: int) -> int | None:
-    """``Script.resync`` for the bonus after ``accepted`` drafts, asking the request's matcher
-    (advanced along the drafts, then rolled back: it ends as it started)."""
-    m = s.constraint
+def _forced_after(m, accepted: list[int]) -> tuple[int, ...]:
+    """What the matcher ``m`` forces after ``accepted`` drafts (walked, then rolled back: it ends
+    as it started)."""
     n = 0
     try:
         for t in accepted:
             if not m.accept(t):
-                return None
+                return ()
             n += 1
-
-        def allowed(t: int) -> bool:
-            if m.accept(t):
-                m.rollback(1)
-                return True
-            return False
-
-        return sc.resync(pos, len(s.output_token_ids) + len(accepted), allowed, m)
+        return forced_tokens(m)
     finally:
         m.rollback(n)
 
@@ -635,7 +683,7 @@ def bench_device(args) -> None:
             print("  measured", rows[-1], flush=True)
         print(
             f"  script tokens {replay.script_tokens}, sampler's where the mask refused the script "
-            f"{replay.fallback_tokens}",
+            f"{replay.fallback_tokens}; replay harness host time {replay.host_report()}",
             flush=True,
         )
     print(

@@ -199,16 +199,26 @@ class _Graph:
     logits: torch.Tensor | None  # decode [rows, V]; verify [rows, positions, V], a view of the shared buffer
 
 
+def verify_attention(attention: str, invariant: bool) -> str:
+    """``decode_static``'s attention for a verify forward (T positions a row) where decode runs
+    ``attention``: the paged kernels' query-tiled one ("prefill": a row's keys read once for its T
+    positions, where the per-position kernel reads them T times, the cost that grows with the
+    width at a large batch), the per-position kernel in deterministic mode (``invariant``: its
+    bits are a decode step's), SDPA where decode runs a one-token attention ("torch", "rows")."""
+    if attention not in ("triton", "split"):
+        return "sdpa"
+    return "triton" if invariant else "prefill"
+
+
 class StepGraphs:
     """One CUDA graph of `model.decode_static` per `Tile` (rows, kv_len, positions), for one KV
     cache: decode steps (positions 1) and DSpark's verify forward (positions > 1).
 
     Decode runs the runner's attention (and batch-invariant kernels in deterministic mode) and
-    returns the graph's own [rows, V] logits; verify runs the paged Triton attention, one
-    program per position and KV head where decode splits the keys ("split": T rows a sequence
-    already make programs, and its partials would grow with T), or SDPA where decode runs a
-    one-token attention ("torch", "rows"); in deterministic mode decode's batch-invariant
-    kernels, so a position's logits are the bits a decode step there gives) and writes
+    returns the graph's own [rows, V] logits; verify runs the attention ``verify_attention``
+    names (where decode runs a paged Triton kernel, the query-tiled one that reads a row's keys
+    once for all its positions; in deterministic mode decode's batch-invariant kernels, so a
+    position's logits are the bits a decode step there gives) and writes
     [rows, positions, V] into the front of one shared buffer (graphs never replay at once, so
     memory does not grow with the number of shapes; a graph needing a wider one gets a new
     buffer, and the old ones stay alive for the graphs that write into them). Decode graphs
@@ -294,10 +304,10 @@ class StepGraphs:
             )  # fmt: skip
         # verify: [rows, P] inputs, logits into the shared buffer; deterministic mode runs the
         # decode's batch-invariant kernels, so each position computes what a decode step there would
-        paged = self.attention in ("triton", "split")
         return self.model.decode_static(
             tok.view(R, P), pos.view(R, P), slots.view(R, P), tables, self.cache, kv_len=tile.kv_len,
-            attention="triton" if paged else "sdpa", out=self._out(R, P), more=more, invariant=self.invariant,
+            attention=verify_attention(self.attention, self.invariant), out=self._out(R, P), more=more,
+            invariant=self.invariant,
         )  # fmt: skip
 
     def _make(self, tile: Tile) -> _Graph:

@@ -344,7 +344,9 @@ class ModelRunner:
             groups.append(tables)
         starts = [len(s) - 1 for s in seqs]
         batch = ForwardBatch.of_chunks(self._to, groups[0], starts, chunks, bs, logits="all", more=groups[1:])
-        out = self.model.forward(batch, self.cache, invariant=self.invariant, attention=self.eager_attention)
+        # on CUDA the query-tiled paged kernel (a row's keys read once for its T positions)
+        attention = "prefill" if self.eager_attention == "triton" and T > 1 else self.eager_attention
+        out = self.model.forward(batch, self.cache, invariant=self.invariant, attention=attention)
         return out.view(len(seqs), T, -1)
 
     def _more(self, seqs: list[Sequence]) -> list[list[list[int]]]:

@@ -26,8 +26,8 @@ Five implementations:
   `paged_attention_torch` in one launch, flash-attention style: a program takes a tile of
   consecutive query tokens of one sequence with their g heads of one KV head, loads each block of
   keys once for the whole tile and stops at the tile's last query position. For prompt chunks
-  (the per-token kernel reads a sequence's keys once per token). Not promised batch-invariant,
-  and it rounds unlike the per-token kernel (other dot shapes).
+  and DSpark's verify forward (the per-token kernel reads a sequence's keys once per token).
+  Not promised batch-invariant, and it rounds unlike the per-token kernel (other dot shapes).
 - `paged_invariant_triton` (CUDA; CPU under TRITON_INTERPRET=1): deterministic mode's one kernel
   for prefill chunks, decode and verify. Query tiles as in `paged_prefill_triton` (one shape,
   fixed by (g, head_dim, dtype)), but every row runs the same update sequence in any tile: the

@@ -556,13 +556,15 @@ class LlamaModel:
 
         tokens, positions, slots: [R] or [R, T] int64 on the model's device; block_tables:
         [R, W] int32 (W * block_size >= kv_len).
-        attention: "triton" (paged, one program per token and KV head; each row's length read on the
-        device; batch-invariant), "sdpa" (the rows' first kv_len keys gathered, torch SDPA with a
-        length mask), for T = 1 "split" (the paged kernel with each row's keys split into
-        ``decode_splits(R, ...)`` runs, a program each, merged in order: enough programs at a
-        small batch; a row's bits depend on R), "torch" (gathered keys in fixed 256-key blocks;
-        kv_len a multiple of 256; batch-invariant) or "rows" (CPU: one SDPA call per row over its
-        own keys, the lengths read on the host; batch-invariant).
+        attention: "triton" (paged, one program per token and KV head; each row's length read on
+        the device; batch-invariant), "prefill" (``paged_prefill_triton``: a row's T positions,
+        which are consecutive, one query tile, so each key block is read once a row, not once a
+        position: DSpark's verify forward outside deterministic mode), "sdpa" (the rows' first
+        kv_len keys gathered, torch SDPA with a length mask), for T = 1 "split" (the paged kernel
+        with each row's keys split into ``decode_splits(R, ...)`` runs, a program each, merged in
+        order: enough programs at a small batch; a row's bits depend on R), "torch" (gathered keys
+        in fixed 256-key blocks; kv_len a multiple of 256; batch-invariant) or "rows" (CPU: one
+        SDPA call per row over its own keys, the lengths read on the host; batch-invariant).
         invariant: matmuls and norms through deepinfer.kernels.invariant with attention="triton",
         which then runs ``paged_invariant_triton`` (each row's T positions one sequence of the
         query-tiled kernel): a row's logits are then the same bits at any R and any row, and the
@@ -577,8 +579,8 @@ class LlamaModel:
         R, T = tokens.shape
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         g, eps, bs = nh // nkv, c.rms_norm_eps, cache.block_size
-        if attention not in DECODE_ATTENTION:
-            raise ValueError(f"attention must be one of {DECODE_ATTENTION}, got {attention!r}")
+        if attention not in DECODE_ATTENTION + ("prefill",):
+            raise ValueError(f"attention must be one of {DECODE_ATTENTION + ('prefill',)}, got {attention!r}")
         if attention in ("torch", "split", "rows") and T > 1:
             raise ValueError(f"attention={attention!r} decodes one token a row, got {T}")
         if attention in ("sdpa", "torch") and kv_len > bs * block_tables.shape[1]:
@@ -607,6 +609,9 @@ class LlamaModel:
         splits = decode_splits(R, c.num_kv_heads, tokens.device) if attention == "split" else 1
         if attention == "triton" and invariant:  # row r: rows [r T, (r + 1) T) of the flat batch
             query_start = torch.arange(0, N + 1, T, device=tokens.device)
+        elif attention == "prefill":  # row r: one query tile of its T consecutive positions
+            query_start = torch.arange(0, N + 1, T, device=tokens.device)
+            seq_lens = positions[:, -1] + 1
         elif attention in ("triton", "split"):
             seq_ids = torch.arange(R, device=tokens.device)
             if T > 1:
@@ -642,6 +647,10 @@ class LlamaModel:
                 q = qh.reshape(N, nkv, g, hd)
                 o = paged_attention_triton(q, kc, vc, block_tables, seq_ids, flat_pos, window=layer.window,
                                            softcap=layer.softcap, splits=splits)  # fmt: skip
+            elif attention == "prefill":
+                q = qh.reshape(N, nkv, g, hd)
+                o = paged_prefill_triton(q, kc, vc, block_tables, query_start, seq_lens, T,
+                                         window=layer.window, softcap=layer.softcap)  # fmt: skip
             elif attention == "rows":
                 q = qh.reshape(N, nkv, g, hd)
                 o = paged_attention_torch(q, kc, vc, block_tables, starts, lengths, per_row=True,
@@ -657,7 +666,7 @@ class LlamaModel:
                     o = decode_attention_torch(q, keys, values, visible[layer.window])
                 else:
                     o = attend(q, keys, values, bias[layer.window], layer.softcap)
-            if attention not in ("triton", "split", "rows"):  # [R, nkv, g * T, hd] -> (row, position) rows
+            if attention in ("sdpa", "torch"):  # [R, nkv, g * T, hd] -> (row, position) rows
                 o = o.reshape(R, nkv, g, T, hd).permute(0, 3, 1, 2, 4)
             x, y = self._out_and_mlp(layer, x, o.reshape(N, nh * hd), op)
         x = op.add_norm(x, y, self.norm)[1]

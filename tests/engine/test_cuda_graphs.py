@@ -320,3 +320,45 @@ def test_graph_decode_does_not_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert logits.shape == (3, model.config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_verify_forward_reads_a_rows_keys_once_for_all_its_positions():
+    """Where decode runs the paged Triton attention, the fixed-shape verify forward (what the CUDA
+    graphs replay) runs the query-tiled kernel: one tile a row for its T positions, so each key
+    block is read once a row (the per-position kernel reads a row's keys T times, the cost that
+    grew with the width at a large batch). Under TRITON_INTERPRET=1: only that kernel runs, and
+    the logits are the eager forward's (torch attention) on every real row and position."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the Triton kernel on the CPU: needs TRITON_INTERPRET=1")
+    from deepinfer.models import llama
+
+    model = _model("llama-gqa-untied", "cpu")
+    runner = ModelRunner(model, attention="triton")
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    seqs = [Sequence(i, None, p, sp, seed=0, eos_token_ids=(), max_len=4096)
+            for i, p in enumerate(_prompts(3))]  # fmt: skip
+    give_blocks(runner, seqs, 272, block_size=16, max_rows=4)
+    runner.step(seqs, [len(s) for s in seqs])
+    for s in seqs:
+        s.output_token_ids.append(11)  # sampled, not cached yet
+    drafts = [[5, 6], [], [7, 8]]  # the 248-token row's keys cross several 64-key blocks
+    eager = runner.verify_eager(seqs, drafts, 3)  # CPU: torch's attention
+    calls = {"prefill": 0, "per-position": 0}
+    tiled, per_position = llama.paged_prefill_triton, llama.paged_attention_triton
+
+    def count(name, fn):
+        def wrapped(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+
+        return wrapped
+
+    llama.paged_prefill_triton = count("prefill", tiled)
+    llama.paged_attention_triton = count("per-position", per_position)
+    try:
+        fixed = runner.verify_static(seqs, drafts, 3)
+    finally:
+        llama.paged_prefill_triton, llama.paged_attention_triton = tiled, per_position
+    assert calls == {"prefill": model.config.num_layers, "per-position": 0}
+    for b, d in enumerate(drafts):  # the real positions (a row's padding positions are garbage)
+        torch.testing.assert_close(fixed[b, : len(d) + 1], eager[b, : len(d) + 1], atol=1e-4, rtol=0)
