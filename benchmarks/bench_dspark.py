@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import glob
 import json
 import os
@@ -625,7 +626,8 @@ def bench_device(args) -> None:
     tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s, **ws)))
     base_prompts = [llm.tokenizer.encode(prompt_text(t)) for t in tasks]
     t0 = time.perf_counter()  # every decode and verify graph the runs may use, as a server does at start
-    n_graphs = llm.capture_graphs(max(map(len, base_prompts)) + args.max_tokens + 16, verify=True)
+    capture_len = max(map(len, base_prompts)) + args.max_tokens + 16
+    n_graphs = llm.capture_graphs(capture_len, verify=True)
     print(f"captured {n_graphs} CUDA graphs up front in {time.perf_counter() - t0:.1f} s", flush=True)
     if args.profile and llm.runner.cuda_graphs:
         graph_times(llm, max(map(len, base_prompts)) + args.max_tokens // 2, args.batches)
@@ -659,11 +661,20 @@ def bench_device(args) -> None:
         res = measure(llm, prompts, params, batch, modes)
         if prof is not None:
             prof.report(f"batch {batch}, measured runs (both modes)")
+        if args.ab_attention and llm.runner.cuda_graphs:
+            # the same runs with the verify graphs recaptured on the per-position paged kernel
+            # (a row's keys read once per position, not once a row), off measured again beside it
+            with _verify_attention(llm, "triton", capture_len):
+                ab = {"off": False, "DSpark, per-position attention": replay.dspark(_dspark_setting(args))}
+                for setting in ab.values():
+                    _generate(llm, prompts[:batch], params[:batch], setting)
+                res.update({f"{m} (A/B)": r for m, r in measure(llm, prompts, params, batch, ab).items()})
         base_tps = None
         for m, r in res.items():
             n_tok = sum(len(o.token_ids) for o in r["outs"])
             tps = (n_tok - len(prompts)) / r["decode"]
-            base_tps = base_tps or tps
+            if m.startswith("off"):  # each DSpark row against the off run measured beside it
+                base_tps = tps
             valid = sum(o.parsed is not None for o in r["outs"])
             rows.append(
                 [
@@ -842,6 +853,29 @@ def graph_times(llm, kv_need: int, batches=(1, 8, 64), widths=(2, 3, 5, 9), reps
     _table(["rows", "width 1"] + [f"width {T}" for T in widths], rows)
 
 
+@contextlib.contextmanager
+def _verify_attention(llm, attention: str, capture_len: int):
+    """Within: the verify graphs recaptured with ``decode_static(attention=...)``; after: recaptured
+    with the engine's own choice again (``cuda_graphs.verify_attention``)."""
+    from deepinfer import cuda_graphs
+
+    own = cuda_graphs.verify_attention
+
+    def recapture():
+        graphs = llm.runner.graphs.graphs
+        for tile in [t for t in graphs if t.positions > 1]:
+            del graphs[tile]
+        llm.capture_graphs(capture_len, verify=True)
+
+    cuda_graphs.verify_attention = lambda *_: attention
+    recapture()
+    try:
+        yield
+    finally:
+        cuda_graphs.verify_attention = own
+        recapture()
+
+
 def _dspark_setting(args):
     return {"schedule": "fixed"} if args.fixed else True
 
@@ -876,6 +910,11 @@ def main() -> None:
         default="rates",
         choices=["rates", "script"],
         help="device: drafts accepted at the measured rates, or where they are the script's tokens",
+    )
+    ap.add_argument(
+        "--ab-attention",
+        action="store_true",
+        help="device: also run each batch with the verify graphs on the per-position paged attention",
     )
     ap.add_argument(
         "--profile",
