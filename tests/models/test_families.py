@@ -82,7 +82,7 @@ def test_triton_paths_match_transformers(family_folder, model_type, attention):
     query-tiled prefill), the Triton grouped-matmul experts and the fused layer kernels (add +
     norm, RoPE + cache store, GLU: Gemma's sandwich norms and GeGLU, Qwen3's q/k norms, Gemma 3's
     local RoPE), under TRITON_INTERPRET=1: a prefill, then a `decode_static` step (attention
-    "split", the default CUDA decode)."""
+    "split", the default CUDA decode), then a two-position verify step (attention "prefill")."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("runs the Triton kernels on the CPU: needs TRITON_INTERPRET=1")
     from deepinfer.kernels.moe_experts import moe_experts_triton
@@ -104,6 +104,15 @@ def test_triton_paths_match_transformers(family_folder, model_type, attention):
     out = ours.decode_static(_to(nxt), _to(pos), _to(slots), torch.tensor(tables, dtype=torch.int32), cache,
                              kv_len=24, attention="split")  # fmt: skip
     want = torch.stack([_ref(hf, p + [t])[-1] for p, t in zip(prompts, nxt)])
+    torch.testing.assert_close(out, want, atol=ATOL, rtol=0)
+    # DSpark's verify forward outside deterministic mode: two positions a row, one query tile
+    # (the query-tiled kernel: windows, soft-caps), the logits at both positions
+    toks = [[t, 5] for t in nxt]
+    pos2 = [[p, p + 1] for p in pos]
+    slots2 = [[t[q // BS] * BS + q % BS for q in ps] for t, ps in zip(tables, pos2)]
+    tab = torch.tensor(tables, dtype=torch.int32)
+    out = ours.decode_static(_to(toks), _to(pos2), _to(slots2), tab, cache, kv_len=24, attention="prefill")
+    want = torch.stack([_ref(hf, p + t)[-2:] for p, t in zip(prompts, toks)])
     torch.testing.assert_close(out, want, atol=ATOL, rtol=0)
 
 
