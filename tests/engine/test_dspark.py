@@ -14,7 +14,16 @@ import pytest
 from deepinfer import LLM, SamplingParams
 from deepinfer.cuda_graphs import t_bucket
 from deepinfer.dspark import DSpark, DSparkConfig
-from deepinfer.dspark.drafts import FORCED, K_COPY2, K_COPY_NEXT, K_FORCED, NGRAM, NgramIndex, propose
+from deepinfer.dspark.drafts import (
+    FEW_ENDS,
+    FORCED,
+    K_COPY2,
+    K_COPY_NEXT,
+    K_FORCED,
+    NGRAM,
+    NgramIndex,
+    propose,
+)
 from deepinfer.dspark.policy import CostModel, RequestStats, SourceStats, choose_positions
 from deepinfer.dspark.verify import fill_position_masks
 
@@ -382,16 +391,17 @@ def test_ngram_index_longest_suffix_most_recent():
 
 
 def test_ngram_index_matches_its_definition_on_random_text():
-    # NgramIndex._extend builds its dicts with zip; the definition is the plain loop below,
-    # index[n][tokens[e-n:e]] = e for every end e >= max(n, 1), later ends overwriting
+    # NgramIndex._extend builds its dicts key by key for a few new ends and with zip for many
+    # (FEW_ENDS); the definition is the plain loop below, index[n][tokens[e-n:e]] = e for every
+    # end e >= max(n, 1), later ends overwriting
     rng = random.Random(7)
-    for trial in range(200):
+    for trial in range(300):
         n_min, n_max = rng.choice([(1, 4), (2, 4), (1, 1), (3, 5)])
-        toks = [rng.randrange(6) for _ in range(rng.randrange(0, 60))]
+        toks = [rng.randrange(6) for _ in range(rng.randrange(0, 120))]
         idx = NgramIndex(n_min, n_max)
         upto = 0
-        while upto < len(toks):  # extended in random pieces, as a growing output is
-            upto = min(len(toks), upto + rng.randrange(1, 9))
+        while upto < len(toks):  # extended in random pieces, as a prompt then a growing output are
+            upto = min(len(toks), upto + rng.choice([rng.randrange(1, 9), rng.randrange(FEW_ENDS, 40)]))
             idx._extend(toks, upto)
         want = [{} for _ in range(n_max + 1)]
         for e in range(1, len(toks)):
