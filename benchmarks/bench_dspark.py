@@ -360,22 +360,21 @@ class Script:
         self.seen = len(output_ids)
         return self.pos
 
-    def resync(self, pos: int, index: int, allowed, forced=()) -> int | None:
-        """The first of the text's later tokens that ``allowed(token)`` takes, to be output token
-        ``index``, written from its offset (the text picked up again; ``allowed`` may be an int32
-        bitmask row instead of a function); failing that (an inserted
-        key the text does not have), what the constraint forces there (``forced``: the tokens,
-        or a function giving them), then a closing character; None if nothing is allowed."""
-        row = None
-        if isinstance(allowed, np.ndarray):  # a bitmask row: the text's tokens checked at once
-            row = allowed
-            first = self._first_in_mask(pos, row)
-            if first is not None:
-                self.jumps[index] = first[0]
-                return first[1]
-            allowed = lambda t: _allowed(row, t)  # noqa: E731
+    def resync(self, pos: int, index: int, row, forced=()) -> int | None:
+        """The first of the text's later tokens that the int32 bitmask ``row`` allows, to be output
+        token ``index``, written from its offset (the text picked up again); failing that (an
+        inserted key the text does not have), what the constraint forces there (``forced``: the
+        tokens, or a function giving them), then a closing character; None if nothing is allowed."""
+        first = self._first_in_mask(pos, row)  # the text's tokens, checked at once
+        if first is not None:
+            self.jumps[index] = first[0]
+            return first[1]
+
+        def allowed(t: int) -> bool:
+            return _allowed(row, t)
+
         for off, t in self.later(pos):
-            if row is not None and pos < off < len(self.data) and self.at.get(off) == t:
+            if pos < off < len(self.data) and self.at.get(off) == t:
                 continue  # one of the text's tokens: checked above
             if allowed(t):
                 self.jumps[index] = off

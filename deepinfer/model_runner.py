@@ -344,10 +344,15 @@ class ModelRunner:
             groups.append(tables)
         starts = [len(s) - 1 for s in seqs]
         batch = ForwardBatch.of_chunks(self._to, groups[0], starts, chunks, bs, logits="all", more=groups[1:])
-        # on CUDA the query-tiled paged kernel (a row's keys read once for its T positions)
-        attention = "prefill" if self.eager_attention == "triton" and T > 1 else self.eager_attention
+        attention = self._chunk_attention() if T > 1 else self.eager_attention
         out = self.model.forward(batch, self.cache, invariant=self.invariant, attention=attention)
         return out.view(len(seqs), T, -1)
+
+    def _chunk_attention(self) -> str:
+        """The eager forward's attention for rows of several tokens (prompt chunks, a verify
+        forward's T positions): on CUDA the query-tiled paged kernel (the per-token kernel would
+        re-read a sequence's keys once per query), on the CPU torch's SDPA a sequence."""
+        return "prefill" if self.eager_attention == "triton" else "torch"
 
     def _more(self, seqs: list[Sequence]) -> list[list[list[int]]]:
         """The sequences' block tables of KV-cache groups 1.. (none for a model of one group)."""
@@ -421,11 +426,9 @@ class ModelRunner:
         sampled = [i for i, (s, n) in enumerate(zip(rows, counts)) if s.completes(n)]
         if len(sampled) < len(rows):  # only the rows that sample need logits
             batch.logits_index = batch.logits_index[self._to(sampled)]
-        # prompt chunks: on CUDA the query-tiled paged prefill (the per-token kernel would re-read
-        # a sequence's keys once per query), on the CPU torch's SDPA a sequence
         attention = self.eager_attention
         if max(counts) > 1:
-            attention = "prefill" if attention == "triton" else "torch"
+            attention = self._chunk_attention()
         elif attention == "triton" and not self.deterministic:  # one token a row: split the keys
             attention = "split"
         return self.model.forward(batch, self.cache, invariant=self.invariant, attention=attention)

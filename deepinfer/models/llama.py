@@ -607,11 +607,11 @@ class LlamaModel:
         seq_ids = None
         bias, visible = {}, {}  # window -> mask
         splits = decode_splits(R, c.num_kv_heads, tokens.device) if attention == "split" else 1
-        if attention == "triton" and invariant:  # row r: rows [r T, (r + 1) T) of the flat batch
+        if attention == "prefill" or (attention == "triton" and invariant):
+            # row r: rows [r T, (r + 1) T) of the flat batch, its T consecutive positions
             query_start = torch.arange(0, N + 1, T, device=tokens.device)
-        elif attention == "prefill":  # row r: one query tile of its T consecutive positions
-            query_start = torch.arange(0, N + 1, T, device=tokens.device)
-            seq_lens = positions[:, -1] + 1
+            if attention == "prefill":  # (the invariant kernel takes each row's positions)
+                seq_lens = positions[:, -1] + 1
         elif attention in ("triton", "split"):
             seq_ids = torch.arange(R, device=tokens.device)
             if T > 1:
