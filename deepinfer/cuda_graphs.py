@@ -164,8 +164,12 @@ def _place(rows_tables: list[list[int]], first: list[int], pos: np.ndarray, bloc
            tab: np.ndarray) -> None:  # fmt: skip
     """Fill a tile's slots [R, P] and block tables [R, W] (zeros on entry) of one KV-cache group:
     row r < n through ``rows_tables[r]``, its positions ``pos[r]`` (from ``first[r]``); a
-    position past its row's blocks (and every padding row's) writes into the null block 0."""
+    position past its row's blocks (and every padding row's) writes into the null block 0, at
+    its slot (r * P + p) % block_size (`null_slots`): spread, not all onto one address."""
     n, W = len(rows_tables), tab.shape[1]
+    R, P = slot.shape
+    if n < R:
+        slot[n:] = null_slots(R, P, block_size)[n:]
     lens = [len(t) for t in rows_tables]
     wide = max(1, min(max(lens), W))
     flat: list[int] = []
@@ -177,14 +181,22 @@ def _place(rows_tables: list[list[int]], first: list[int], pos: np.ndarray, bloc
     bs = block_size
     if slot.shape[1] == 1 and n <= 64:  # one position a row, few rows: plain Python beats numpy's calls
         slot[:n, 0] = [
-            t[p // bs] * bs + p % bs if p // bs < min(k, W) else 0
-            for t, p, k in zip(rows_tables, first, lens)
+            t[p // bs] * bs + p % bs if p // bs < min(k, W) else r % bs
+            for r, (t, p, k) in enumerate(zip(rows_tables, first, lens))
         ]
         return
     blk = pos[:n] // bs
     ids = tab[np.arange(n)[:, None], np.minimum(blk, W - 1)]
     inside = blk < np.minimum(np.asarray(lens, np.int64), W)[:, None]
-    slot[:n] = np.where(inside, ids * bs + pos[:n] % bs, 0)
+    slot[:n] = np.where(inside, ids * bs + pos[:n] % bs, null_slots(R, P, bs)[:n])
+
+
+def null_slots(rows: int, positions: int, block_size: int) -> np.ndarray:
+    """[rows, positions] slots of the null block 0 for a tile's writes that have no block: the
+    flat index modulo the block size, so many such writes in one step (padding rows, a wide
+    verify step's positions past a row's blocks, the warm-up timing) do not all land on one
+    address."""
+    return (np.arange(rows * positions, dtype=np.int64) % block_size).reshape(rows, positions)
 
 
 def tile_size(tile: Tile, block_size: int, groups: int = 1) -> int:
@@ -260,9 +272,7 @@ class StepGraphs:
         inputs reset to the capture's: padding rows writing into the null block. Syncs."""
         self.ensure(tile)
         g = self.graphs[tile]
-        R, P = tile.rows, tile.positions
-        g.inputs.zero_()
-        g.inputs[R * P : 2 * R * P] = torch.arange(P, device=g.inputs.device).repeat(R)
+        g.inputs.copy_(self._idle_inputs(tile))
         replay = g.graph.replay if g.graph is not None else lambda: self._forward(tile, g.inputs)
         replay()
         if g.inputs.is_cuda:
@@ -310,12 +320,22 @@ class StepGraphs:
             invariant=self.invariant,
         )  # fmt: skip
 
+    def _idle_inputs(self, tile: Tile) -> torch.Tensor:
+        """A tile's inputs with every row padding: positions 0.., all writes into the null block's
+        slots (`null_slots`), empty block tables."""
+        R, P = tile.rows, tile.positions
+        x = np.zeros(tile_size(tile, self.cache.block_size, self.groups), np.int64)
+        x[R * P : 2 * R * P] = np.tile(np.arange(P, dtype=np.int64), R)
+        at, W = 2 * R * P, -(-tile.kv_len // self.cache.block_size)
+        for _ in range(self.groups):
+            x[at : at + R * P] = null_slots(R, P, self.cache.block_size).ravel()
+            at += R * (P + W)
+        return torch.from_numpy(x)
+
     def _make(self, tile: Tile) -> _Graph:
         dev = self.model.device
-        R, P = tile.rows, tile.positions
-        size = tile_size(tile, self.cache.block_size, self.groups)
-        inputs = torch.zeros(size, dtype=torch.int64, device=dev)
-        inputs[R * P : 2 * R * P] = torch.arange(P, device=dev).repeat(R)  # the warm-up writes the null block
+        P = tile.positions
+        inputs = self._idle_inputs(tile).to(dev)  # the warm-up writes the null block
         g = _Graph(None, inputs, None)
         if not self.capture:
             return g

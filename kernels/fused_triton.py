@@ -54,39 +54,44 @@ def add_rms_norm(x: torch.Tensor, d: torch.Tensor | None, weight: torch.Tensor, 
 @triton.jit
 def _rope_store_kernel(qk_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr,
                        stride_qk, stride_v, stride_cos, stride_q, stride_c, NH, NKV,
-                       HD: tl.constexpr, HB: tl.constexpr, HD_PAD: tl.constexpr):  # fmt: skip
-    # program (token n, block of HB heads of the nh q, nkv k and nkv v heads, in that order)
+                       HD: tl.constexpr, HB: tl.constexpr, HALF_PAD: tl.constexpr,
+                       HD_PAD: tl.constexpr):  # fmt: skip
+    # program (token n, block of HB heads of the nh q, nkv k and nkv v heads, in that order). Each
+    # head is read and written as its two halves, at offsets linear in the lane (masks, not
+    # clamped offsets), so the loads and stores are whole vectors.
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
-    d = tl.arange(0, HD_PAD)
-    dm = d < HD
     half: tl.constexpr = HD // 2
+    j = tl.arange(0, HALF_PAD)
+    jm = j < half
     pos = tl.load(pos_ptr + n).to(tl.int64)
     slot = tl.load(slot_ptr + n).to(tl.int64)
     is_q = h < NH
     is_k = (h >= NH) & (h < NH + NKV)
-    is_v = (h >= NH + NKV) & (h < NH + 2 * NKV)
-    rot = (is_q | is_k)[:, None] & dm[None, :]
-    x = tl.load(qk_ptr + n * stride_qk + tl.where(rot, h[:, None] * HD + d[None, :], 0), mask=rot, other=0.0)
-    partner = tl.where(d < half, d + half, d - half)  # rotate_half: (-x2, x1)
-    xp = tl.load(qk_ptr + n * stride_qk + tl.where(rot, h[:, None] * HD + partner[None, :], 0), mask=rot,
-                 other=0.0).to(tl.float32)  # fmt: skip
-    xp = tl.where((d < half)[None, :], -xp, xp)
-    c = tl.load(cos_ptr + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + pos * stride_cos + d, mask=dm, other=0.0).to(tl.float32)
+    rot = (h < NH + NKV)[:, None] & jm[None, :]
+    at = h[:, None] * HD + j[None, :]
+    x1 = tl.load(qk_ptr + n * stride_qk + at, mask=rot, other=0.0).to(tl.float32)
+    x2 = tl.load(qk_ptr + n * stride_qk + at + half, mask=rot, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + pos * stride_cos + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + pos * stride_cos + half + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + pos * stride_cos + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + pos * stride_cos + half + j, mask=jm, other=0.0).to(tl.float32)[None, :]
     dt = q_ptr.dtype.element_ty
-    a = (x.to(tl.float32) * c[None, :]).to(dt)  # each product rounded, then the sum: torch's bits
-    b = (xp * s[None, :]).to(dt)
-    out = (a.to(tl.float32) + b.to(tl.float32)).to(dt)
-    qm = is_q[:, None] & dm[None, :]
-    tl.store(q_ptr + n * stride_q + tl.where(qm, h[:, None] * HD + d[None, :], 0), out, mask=qm)
-    km = is_k[:, None] & dm[None, :]
-    k_off = tl.where(km, (h[:, None] - NH) * HD + d[None, :], 0)
-    tl.store(kc_ptr + slot * stride_c + k_off, out, mask=km)
-    vm = is_v[:, None] & dm[None, :]
-    v_off = tl.where(vm, (h[:, None] - NH - NKV) * HD + d[None, :], 0)
-    vv = tl.load(v_ptr + n * stride_v + v_off, mask=vm, other=0.0)
-    tl.store(vc_ptr + slot * stride_c + v_off, vv, mask=vm)
+    # rotate_half(x) = (-x2, x1); each product rounded, then the sum: torch's bits
+    o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
+    o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+    qm = is_q[:, None] & jm[None, :]
+    tl.store(q_ptr + n * stride_q + at, o1, mask=qm)
+    tl.store(q_ptr + n * stride_q + at + half, o2, mask=qm)
+    km = is_k[:, None] & jm[None, :]
+    k_at = kc_ptr + slot * stride_c + at - NH * HD
+    tl.store(k_at, o1, mask=km)
+    tl.store(k_at + half, o2, mask=km)
+    d = tl.arange(0, HD_PAD)
+    vm = ((h >= NH + NKV) & (h < NH + 2 * NKV))[:, None] & (d < HD)[None, :]
+    v_at = (h[:, None] - NH - NKV) * HD + d[None, :]
+    vv = tl.load(v_ptr + n * stride_v + v_at, mask=vm, other=0.0)
+    tl.store(vc_ptr + slot * stride_c + v_at, vv, mask=vm)
 
 
 def rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, q, nh: int) -> None:
@@ -97,7 +102,8 @@ def rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, q, nh: int) ->
     grid = (N, triton.cdiv(nh + 2 * nkv, hb))
     _rope_store_kernel[grid](
         qk, v, cos, sin, positions, slots, q, k_flat, v_flat, qk.stride(0), v.stride(0), cos.stride(0),
-        q.stride(0), k_flat.stride(0), nh, nkv, HD=hd, HB=hb, HD_PAD=hd_pad, num_warps=4,
+        q.stride(0), k_flat.stride(0), nh, nkv, HD=hd, HB=hb, HALF_PAD=triton.next_power_of_2(hd // 2),
+        HD_PAD=hd_pad, num_warps=4,
     )  # fmt: skip
 
 

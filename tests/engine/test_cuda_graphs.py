@@ -76,7 +76,8 @@ def test_plan_pads_to_bucket_through_block_tables():
     x = plan.inputs
     tok, pos, slot, tab = x[:4], x[4:8], x[8:12], x[12:].reshape(4, 64)
     assert tok.tolist() == [50, 10, 20, 0] and pos.tolist() == [6, 0, 9, 0]
-    assert slot.tolist() == [9 * 4 + 2, 3 * 4 + 0, 7 * 4 + 1, 0]  # the padding row writes the null block
+    # the padding row writes the null block, at its slot 3 (spread: null_slots)
+    assert slot.tolist() == [9 * 4 + 2, 3 * 4 + 0, 7 * 4 + 1, 3]
     assert tab[0, :3].tolist() == [5, 9, 0] and tab[2, :3].tolist() == [8, 2, 7] and not tab[3].any()
 
 
@@ -85,7 +86,7 @@ def test_plan_verify_positions_past_the_blocks_go_to_the_null_block():
     assert plan.tiles == [Tile(1, 64, 5)]
     x = plan.inputs
     assert x[:5].tolist() == [1, 2, 3, 0, 0] and x[5:10].tolist() == [6, 7, 8, 9, 10]
-    assert x[10:15].tolist() == [38, 39, 0, 0, 0]  # positions 8.. have no block: null
+    assert x[10:15].tolist() == [38, 39, 2, 3, 0]  # positions 8.. have no block: null block slots 2, 3, 0
 
 
 def test_plan_fixed_tiles():
@@ -121,8 +122,8 @@ def _plan_reference(tables, tokens, starts, *, block_size, max_len, positions=1,
                 i = t0 + r
                 row = (group[i] if i in real else [])[:W]
                 tabs += row + [0] * (W - len(row))
-                for p in pos[r * P : (r + 1) * P]:
-                    slots.append(row[p // bs] * bs + p % bs if p // bs < len(row) else 0)
+                for t, p in enumerate(pos[r * P : (r + 1) * P]):  # no block: the null block 0, spread
+                    slots.append(row[p // bs] * bs + p % bs if p // bs < len(row) else (r * P + t) % bs)
             lay += slots + tabs
         tiles.append(Tile(R, kv, P))
         out += tok + pos + lay
