@@ -8,7 +8,9 @@ the file's blocks, beside llama.cpp):
 
 CUDA: random weights at real model shapes, bf16, batch 1/16/64, decode eager, as CUDA graphs,
 and as CUDA graphs in deterministic mode, beside the memory-bandwidth floor ((weight + KV-cache
-bytes read per step) / measured device-to-device copy bandwidth):
+bytes read per step) / measured device-to-device copy bandwidth). "best: device ms/step" is the
+fastest mode's own device time a step (CUDA events around each step's launch), without the
+device's idle time between steps while the host reads the tokens back and plans the next:
     python benchmarks/bench_decode.py --device cuda --shapes smollm2-135m,llama3-8b
 
 The model families (FAMILY_SHAPES: Qwen3, Mistral with its sliding window, Phi-3, Gemma 2 and 3,
@@ -529,19 +531,31 @@ def prefilled(runner, batch: int, prompt_len: int, steps: int):
     return seqs, runner.step(seqs, [len(s) for s in seqs])
 
 
-def _decode_seconds(runner, batch, args, device) -> float:
+def _decode_seconds(runner, batch, args, device, busy: list | None = None) -> float:
     """Mean seconds per decode step: prefill a batch of equal prompts, then greedy steps with a
-    host read of the tokens each step (as the engine's loop does)."""
+    host read of the tokens each step (as the engine's loop does). ``busy`` (CUDA): gets the
+    mean device seconds of a step's own work (CUDA events around ``runner.step``, so the device's
+    idle time between steps, while the host reads the tokens back and plans, is left out)."""
     seqs, logits = prefilled(runner, batch, args.prompt_len, args.steps)
     _sync(device)
+    timed = busy is not None and device.type == "cuda"
+    marks = []
     t = time.perf_counter()
     for _ in range(args.steps):
         nxt = logits.argmax(-1).tolist()
         for s, tok in zip(seqs, nxt):
             s.output_token_ids.append(tok)
+        if timed:
+            marks.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            marks[-1][0].record()
         logits = runner.step(seqs, [1] * batch)
+        if timed:
+            marks[-1][1].record()
     _sync(device)
-    return (time.perf_counter() - t) / args.steps
+    seconds = (time.perf_counter() - t) / args.steps
+    if timed:
+        busy.append(sum(a.elapsed_time(b) for a, b in marks) / 1e3 / args.steps)
+    return seconds
 
 
 def bench_cuda(args) -> None:
@@ -575,7 +589,7 @@ def bench_cuda(args) -> None:
                 flops = _attention_flops(cfg, n, [0])
                 attention_rows.append([name, n, f"{t * 1e3:.2f}", f"{t_det * 1e3:.2f}", f"{t_det / t:.2f}x",
                                        f"{flops / t / 1e12:.0f}", f"{flops / t_det / 1e12:.0f}"])  # fmt: skip
-        step = {}
+        step, busy = {}, {}  # wall and device seconds a step, by (mode, batch)
         for mode in modes:
             # (a copy: the CPU check leaves graphs out, and fused_matmul is a model setting)
             kw = {k: v for k, v in MODES[mode].items() if device.type == "cuda" or k != "cuda_graphs"}
@@ -584,12 +598,17 @@ def bench_cuda(args) -> None:
             for batch in args.batches:
                 try:
                     _decode_seconds(runner, batch, args, device)  # warm-up: captures this batch's graphs
-                    step[mode, batch] = _decode_seconds(runner, batch, args, device)
+                    got: list[float] = []
+                    step[mode, batch] = _decode_seconds(runner, batch, args, device, got)
+                    busy[mode, batch] = got[0] if got else float("nan")
                 except Exception as e:  # a broken mode leaves its cells empty; the others still run
                     print(f"  {name} {mode} batch {batch}: FAILED {type(e).__name__}: {e}", flush=True)
-                    step[mode, batch] = float("nan")
+                    step[mode, batch] = busy[mode, batch] = float("nan")
                     continue
-                print(f"  {name} {mode} batch {batch}: {step[mode, batch] * 1e3:.2f} ms/step", flush=True)
+                own = busy[mode, batch]
+                print(f"  {name} {mode} batch {batch}: {step[mode, batch] * 1e3:.2f} ms/step"
+                      + (f", of which the device's own work {own * 1e3:.2f}" if own == own else ""),
+                      flush=True)  # fmt: skip
             del runner
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -599,11 +618,13 @@ def bench_cuda(args) -> None:
             ctx = args.prompt_len + args.steps / 2
             kv_bytes = sum(batch * min(ctx, cfg.window(i) or ctx) * 2 * nkv * hd * 2 for i in range(L))
             floor = (_read_bytes(model)[0] + kv_bytes) / bw
-            best = min(
-                (step[m, batch] for m in modes if step[m, batch] == step[m, batch]), default=float("nan")
-            )
+            ok = [m for m in modes if step[m, batch] == step[m, batch]]
+            fastest = min(ok, key=lambda m: step[m, batch], default=None)
+            best = step[fastest, batch] if fastest else float("nan")
+            dev = busy[fastest, batch] if fastest else float("nan")
             row = [name, batch] + [f"{step[m, batch] * 1e3:.2f}" for m in modes]
             row += [f"{batch / best:.0f}", f"{floor * 1e3:.3f}", f"{floor / best:.0%}"]
+            row += [f"{dev * 1e3:.2f}", f"{floor / dev:.0%}"] if dev == dev else ["-", "-"]
             if "graphs" in modes and "deterministic" in modes:
                 row.append(f"{step['graphs', batch] / step['deterministic', batch] - 1:+.0%}")
             rows.append(row)
@@ -613,7 +634,7 @@ def bench_cuda(args) -> None:
     header = (
         ["shape", "batch"]
         + [f"{m} ms/step" for m in modes]
-        + ["best tok/s", "floor ms/step", "best of floor"]
+        + ["best tok/s", "floor ms/step", "best of floor", "best: device ms/step", "device of floor"]
     )
     if "graphs" in modes and "deterministic" in modes:
         header.append("deterministic tok/s vs graphs")
