@@ -363,3 +363,22 @@ def test_verify_forward_reads_a_rows_keys_once_for_all_its_positions():
     assert calls == {"prefill": model.config.num_layers, "per-position": 0}
     for b, d in enumerate(drafts):  # the real positions (a row's padding positions are garbage)
         torch.testing.assert_close(fixed[b, : len(d) + 1], eager[b, : len(d) + 1], atol=1e-4, rtol=0)
+
+
+def test_warm_up_timing_writes_only_the_null_block_spread_over_its_slots():
+    """StepGraphs.time (the warm-up timing that seeds DSpark's cost model) runs every row as
+    padding: all K/V writes go to the null block, to its slots in turn (not all onto slot 0),
+    and no other block is touched."""
+    from deepinfer.cuda_graphs import StepGraphs
+
+    model = _model("llama-gqa-untied", "cpu")
+    cache = model.new_cache(4, 16)
+    mark = 1234.5  # (finite: the padding rows attend over the null block)
+    for t in (cache.k, cache.v):
+        t.fill_(mark)
+    graphs = StepGraphs(model, cache, max_rows=4, capture=False)
+    graphs.time(Tile(4, 64, 3), reps=1)  # 4 rows x 3 positions: 12 writes a layer
+    for t in (cache.k, cache.v):
+        written = (t != mark).flatten(3).any(-1)  # [layers, blocks, slots]
+        assert written[:, 0, :12].all()  # null block slots 0..11, one write each
+        assert not written[:, 0, 12:].any() and not written[:, 1:].any()
