@@ -315,31 +315,37 @@ class Script:
         self._sorted()
         self.request, self.pos, self.seen = None, 0, 0  # request, bytes written, output tokens consumed
         self.jumps: dict[int, int] = {}  # output index -> offset its token was written from (a resync)
+        self._chars: dict[int, int | None] = {}  # byte -> the one token of that character alone
 
     def next_token(self, pos: int) -> int:
         """The token the model writes after ``pos`` bytes (EOS at the end)."""
         if pos >= len(self.data):
             return self.eos
         t = self.at.get(pos)
-        if t is None:  # mid-token (a draft tokenized the text differently): tokenize the rest
-            rest = self.data[pos:].decode(errors="ignore")
+        if t is None:  # mid-token (a draft tokenized the text differently): tokenize what follows
+            # (a window of it: the first token of the rest is the first token of its start)
+            rest = self.data[pos : pos + NEXT_WINDOW].decode(errors="ignore")
             ids = self.tok.encode(rest, add_special_tokens=False) if rest else []
             t = self.at[pos] = ids[0] if ids else self.eos
         return t
 
-    def later(self, pos: int):
-        """(offset, token) of the text's tokens after ``pos``, then EOS: where the model picks
-        the text up again when an insertion left the constraint refusing its next token."""
-        self._sorted()
-        for off in self._offsets[bisect.bisect_right(self._offsets, pos) :]:
-            yield off, self.at[off]
+    def _char_token(self, byte: int) -> int | None:
+        """The one token of the ASCII character ``byte`` alone, else None (memoised per script)."""
+        memo = self._chars
+        if byte not in memo:
+            ids = self.tok.encode(chr(byte), add_special_tokens=False) if byte < 128 else []
+            memo[byte] = ids[0] if len(ids) == 1 else None
+        return memo[byte]
+
+    def after_text(self, pos: int):
+        """(offset, token) where the model picks the text up again when an insertion left the
+        constraint refusing every one of the text's later tokens: EOS, then the text's
+        characters after ``pos`` one by one (a '"' that closes)."""
         yield len(self.data), self.eos
-        for off in range(pos, len(self.data)):  # then the text's characters one by one (a '"' that closes)
-            ids = (
-                self.tok.encode(chr(self.data[off]), add_special_tokens=False) if self.data[off] < 128 else []
-            )
-            if len(ids) == 1:
-                yield off, ids[0]
+        for off in range(pos, len(self.data)):
+            t = self._char_token(self.data[off])
+            if t is not None:
+                yield off, t
 
     def _sorted(self) -> None:
         if len(self._offsets) != len(self.at):  # next_token added a mid-token offset
@@ -382,9 +388,7 @@ class Script:
         def allowed(t: int) -> bool:
             return _allowed(row, t)
 
-        for off, t in self.later(pos):
-            if pos < off < len(self.data) and self.at.get(off) == t:
-                continue  # one of the text's tokens: checked above
+        for off, t in self.after_text(pos):  # (the text's own tokens: checked above)
             if allowed(t):
                 self.jumps[index] = off
                 return t
@@ -402,6 +406,7 @@ class Script:
 
 
 _TOKEN_BYTES: dict[int, list] = {}
+NEXT_WINDOW = 256  # Script.next_token: bytes tokenized from a mid-token offset
 
 
 def forced_tokens(matcher) -> tuple[int, ...]:
