@@ -478,7 +478,7 @@ class Replay:
         from deepinfer.dspark import dspark as dspark_module
 
         # DSpark times its steps (the cost model, its gate) on this clock: the harness's work is
-        # not a cost a real model's step has
+        # not a cost a real model's step has (``uninstall`` puts the real one back)
         dspark_module.time = types.SimpleNamespace(perf_counter=self.clock)
         sample = llm.__class__._sample.__get__(llm)
 
@@ -510,6 +510,14 @@ class Replay:
             return tokens, lps
 
         llm._sample = scripted_sample
+
+    @staticmethod
+    def uninstall(llm) -> None:
+        """Undo ``install``: the class's sampler, and DSpark's own clock."""
+        from deepinfer.dspark import dspark as dspark_module
+
+        dspark_module.time = time
+        llm.__dict__.pop("_sample", None)
 
     def dspark(self, config=True):
         import torch

@@ -497,10 +497,28 @@ def test_replay_writes_the_scripts_and_accepts_drafts(tiny):
         outs = tiny.generate(prompts, params, use_tqdm=False)
         st = tiny.dspark.stats
     finally:
-        del tiny._sample  # the class's sampler again
+        bench.Replay.uninstall(tiny)  # the class's sampler and DSpark's clock again
     assert [o.token_ids for o in outs] == base and all(o.parsed is not None for o in outs)
     assert st.accepted[FORCED] > 20 and st.accepted[NGRAM] > 10, st
     assert st.tokens_per_row_step > 1.5, st.tokens_per_row_step
+
+
+def test_replay_clock_leaves_the_harness_out(tiny):
+    """Under the replay, DSpark times its steps on perf_counter less the harness's own host
+    seconds (work a real model's step does not have); uninstall gives it the real clock back."""
+    import time
+
+    from deepinfer.dspark import dspark as dspark_module
+
+    bench, scripts, _, _, _ = _replay_setup(tiny, 1)
+    replay = bench.Replay(scripts)
+    replay.install(tiny)
+    try:
+        replay.host["verify"][0] += 5.0  # as if the harness had worked 5 s
+        assert abs(time.perf_counter() - dspark_module.time.perf_counter() - 5.0) < 0.5
+    finally:
+        bench.Replay.uninstall(tiny)
+    assert dspark_module.time is time and "_sample" not in tiny.__dict__
 
 
 def test_replay_accepts_drafts_at_the_configured_rates(tiny):
@@ -525,7 +543,7 @@ def test_replay_accepts_drafts_at_the_configured_rates(tiny):
         tiny.dspark = dspark
         outs = tiny.generate(prompts, params, use_tqdm=False)
     finally:
-        del tiny._sample  # the class's sampler again
+        bench.Replay.uninstall(tiny)  # the class's sampler and DSpark's clock again
         type(dspark).step = step
     st = dspark.stats
     assert seen and all(seen)
