@@ -353,7 +353,7 @@ class Script:
             self._tokens = np.array([self.at[o] for o in self._offsets], dtype=np.int64)
 
     def _first_in_mask(self, pos: int, row) -> tuple[int, int] | None:
-        """``later``'s first (offset, token) among the text's tokens that the int32 bitmask
+        """The first (offset, token) of the text's tokens after ``pos`` that the int32 bitmask
         ``row`` allows, found at once (None: none of them)."""
         self._sorted()
         i = bisect.bisect_right(self._offsets, pos)

@@ -168,8 +168,6 @@ def _place(rows_tables: list[list[int]], first: list[int], pos: np.ndarray, bloc
     its slot (r * P + p) % block_size (`null_slots`): spread, not all onto one address."""
     n, W = len(rows_tables), tab.shape[1]
     R, P = slot.shape
-    if n < R:
-        slot[n:] = null_slots(R, P, block_size)[n:]
     lens = [len(t) for t in rows_tables]
     wide = max(1, min(max(lens), W))
     flat: list[int] = []
@@ -179,16 +177,20 @@ def _place(rows_tables: list[list[int]], first: list[int], pos: np.ndarray, bloc
             flat += [0] * (wide - len(t))
     tab[:n, :wide] = np.asarray(flat, np.int64).reshape(n, wide)
     bs = block_size
-    if slot.shape[1] == 1 and n <= 64:  # one position a row, few rows: plain Python beats numpy's calls
+    if P == 1 and n <= 64:  # one position a row, few rows: plain Python beats numpy's calls
         slot[:n, 0] = [
             t[p // bs] * bs + p % bs if p // bs < min(k, W) else r % bs
             for r, (t, p, k) in enumerate(zip(rows_tables, first, lens))
         ]
+        if n < R:  # padding rows: null_slots of one position a row
+            slot[n:, 0] = [r % bs for r in range(n, R)]
         return
+    spread = null_slots(R, P, bs)
+    slot[n:] = spread[n:]
     blk = pos[:n] // bs
     ids = tab[np.arange(n)[:, None], np.minimum(blk, W - 1)]
     inside = blk < np.minimum(np.asarray(lens, np.int64), W)[:, None]
-    slot[:n] = np.where(inside, ids * bs + pos[:n] % bs, null_slots(R, P, bs)[:n])
+    slot[:n] = np.where(inside, ids * bs + pos[:n] % bs, spread[:n])
 
 
 def null_slots(rows: int, positions: int, block_size: int) -> np.ndarray:

@@ -45,6 +45,7 @@ from .layers import Layer, ops, rope_inv_freq, rope_tables, softcap
 from .moe import MoE
 
 DECODE_ATTENTION = ("sdpa", "torch", "triton", "split", "rows")
+STATIC_ATTENTION = DECODE_ATTENTION + ("prefill",)  # decode_static's: "prefill" for verify rows only
 
 
 @dataclass
@@ -579,8 +580,8 @@ class LlamaModel:
         R, T = tokens.shape
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         g, eps, bs = nh // nkv, c.rms_norm_eps, cache.block_size
-        if attention not in DECODE_ATTENTION + ("prefill",):
-            raise ValueError(f"attention must be one of {DECODE_ATTENTION + ('prefill',)}, got {attention!r}")
+        if attention not in STATIC_ATTENTION:
+            raise ValueError(f"attention must be one of {STATIC_ATTENTION}, got {attention!r}")
         if attention in ("torch", "split", "rows") and T > 1:
             raise ValueError(f"attention={attention!r} decodes one token a row, got {T}")
         if attention in ("sdpa", "torch") and kv_len > bs * block_tables.shape[1]:
