@@ -497,12 +497,22 @@ def _prefill_row(name: str, model, n: int, args, device) -> list:
             f"{floor / t_det:.0%}"]  # fmt: skip
 
 
-MODES = {  # name: ModelRunner keywords
+def _set_pdl(on: bool) -> None:
+    """Programmatic dependent launches of the Triton layer kernels on or off (module settings)."""
+    from deepinfer.kernels import fused, norm_matmul, paged_attention
+
+    fused.PDL = norm_matmul.PDL = paged_attention.PDL = on
+
+
+MODES = {  # name: ModelRunner keywords (and the model's fused_matmul, the kernels' pdl)
     "eager": dict(cuda_graphs=False),
     "graphs": dict(cuda_graphs=True),  # decode attention: the paged Triton kernel split over the keys
     "graphs-unsplit": dict(cuda_graphs=True, attention="triton"),  # the same, one program per row and KV head
     # the same, every matmul cuBLAS's and the norms, RoPE and GLU apart (no kernels/norm_matmul.py)
     "graphs-cublas": dict(cuda_graphs=True, fused_matmul=False),
+    # the same, each Triton kernel launched after the one before it ends (no programmatic
+    # dependent launches: the fused kernels, the attention and norm_matmul's)
+    "graphs-serial": dict(cuda_graphs=True, pdl=False),
     "graphs-sdpa": dict(cuda_graphs=True, attention="sdpa"),  # keys gathered, torch SDPA, a length mask
     # batch-invariant Triton matmul, RMSNorm and attention in the same bucketed graphs
     "deterministic": dict(cuda_graphs=True, deterministic=True),
@@ -594,6 +604,7 @@ def bench_cuda(args) -> None:
             # (a copy: the CPU check leaves graphs out, and fused_matmul is a model setting)
             kw = {k: v for k, v in MODES[mode].items() if device.type == "cuda" or k != "cuda_graphs"}
             model.fused_matmul = kw.pop("fused_matmul", True)
+            _set_pdl(kw.pop("pdl", True))
             runner = ModelRunner(model, **kw)
             for batch in args.batches:
                 try:

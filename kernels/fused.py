@@ -35,6 +35,13 @@ import torch
 import torch.nn.functional as F
 
 ACTIVATIONS = ("silu", "gelu_tanh")
+PDL = True  # the kernels as programmatic dependent launches where the device has them
+
+
+def _pdl(t: torch.Tensor) -> bool:
+    from .triton_common import pdl_device
+
+    return PDL and pdl_device(t.device)
 
 
 def add_rms_norm_reference(
@@ -129,7 +136,7 @@ def add_rms_norm(
     d2 = None if d is None else d.reshape(-1, H)
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     d2 = d2 if d2 is None or d2.stride(-1) == 1 else d2.contiguous()
-    s, y = kt.add_rms_norm(x2, d2, weight.contiguous(), eps)
+    s, y = kt.add_rms_norm(x2, d2, weight.contiguous(), eps, _pdl(x2))
     return (x if d is None else s.view(*lead, H)), y.view(*lead, H)
 
 
@@ -174,7 +181,7 @@ def rope_store(
     q = torch.empty(N, nh, hd, dtype=qk.dtype, device=qk.device)
     if N:
         kt.rope_store(qk, v, cos.contiguous(), sin.contiguous(), positions.contiguous(), k_flat, v_flat,
-                      slots.contiguous(), q, nh)  # fmt: skip
+                      slots.contiguous(), q, nh, _pdl(q))  # fmt: skip
     return q
 
 
@@ -190,4 +197,4 @@ def glu(gu: torch.Tensor, act: str) -> torch.Tensor:
     g2 = gu.reshape(-1, two_i)
     if g2.stride(-1) != 1:
         g2 = g2.contiguous()
-    return kt.glu(g2, act == "gelu_tanh").view(*lead, two_i // 2)
+    return kt.glu(g2, act == "gelu_tanh", _pdl(g2)).view(*lead, two_i // 2)

@@ -2,7 +2,9 @@
 
 Imported only when a fused op runs: importing triton is not free, and the CPU path never needs
 it. Under TRITON_INTERPRET=1 (set before this import) they run on CPU tensors. Launch shapes
-depend on the problem's widths alone, never on the number of rows.
+depend on the problem's widths alone, never on the number of rows. With ``pdl`` a kernel is a
+programmatic dependent launch: it starts while the kernel before it ends, and waits for it
+before reading anything; it lets the kernel after it start early in turn.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .triton_common import dependent, gdc_launch_dependents, gdc_wait
 
 GLU_BLOCK = 1024  # elements of a glu program
 ROPE_ELEMS = 2048  # about this many elements (heads x head_dim) a rope_store program
@@ -21,8 +25,11 @@ def _norm_warps(block: int) -> int:
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, stride_x, stride_d, stride_s, stride_y, H, eps,
-                         HAS_D: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                         HAS_D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # one program a row; the whole row in one block, so its sum has one order
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < H
@@ -38,7 +45,7 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, stride_x, stride_d, 
     tl.store(y_ptr + row * stride_y + cols, (y.to(tl.float32) * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
-def add_rms_norm(x: torch.Tensor, d: torch.Tensor | None, weight: torch.Tensor, eps: float):
+def add_rms_norm(x: torch.Tensor, d: torch.Tensor | None, weight: torch.Tensor, eps: float, pdl: bool):
     M, H = x.shape
     y = torch.empty_like(x)
     s = x if d is None else torch.empty_like(x)
@@ -46,7 +53,8 @@ def add_rms_norm(x: torch.Tensor, d: torch.Tensor | None, weight: torch.Tensor, 
         block = triton.next_power_of_2(H)
         _add_rms_norm_kernel[(M,)](
             x, x if d is None else d, weight, s, y, x.stride(0), 0 if d is None else d.stride(0), s.stride(0),
-            y.stride(0), H, eps, HAS_D=d is not None, BLOCK=block, num_warps=_norm_warps(block),
+            y.stride(0), H, eps, HAS_D=d is not None, BLOCK=block, PDL=pdl, num_warps=_norm_warps(block),
+            **dependent(pdl),
         )  # fmt: skip
     return s, y
 
@@ -55,10 +63,13 @@ def add_rms_norm(x: torch.Tensor, d: torch.Tensor | None, weight: torch.Tensor, 
 def _rope_store_kernel(qk_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr,
                        stride_qk, stride_v, stride_cos, stride_q, stride_c, NH, NKV,
                        HD: tl.constexpr, HB: tl.constexpr, HALF_PAD: tl.constexpr,
-                       HD_PAD: tl.constexpr):  # fmt: skip
+                       HD_PAD: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # program (token n, block of HB heads of the nh q, nkv k and nkv v heads, in that order). Each
     # head is read and written as its two halves, at offsets linear in the lane (masks, not
     # clamped offsets), so the loads and stores are whole vectors.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     half: tl.constexpr = HD // 2
@@ -94,7 +105,7 @@ def _rope_store_kernel(qk_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr
     tl.store(vc_ptr + slot * stride_c + v_at, vv, mask=vm)
 
 
-def rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, q, nh: int) -> None:
+def rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, q, nh: int, pdl: bool) -> None:
     N, nqk, hd = qk.shape
     nkv = nqk - nh
     hd_pad = triton.next_power_of_2(hd)
@@ -103,12 +114,17 @@ def rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, q, nh: int) ->
     _rope_store_kernel[grid](
         qk, v, cos, sin, positions, slots, q, k_flat, v_flat, qk.stride(0), v.stride(0), cos.stride(0),
         q.stride(0), k_flat.stride(0), nh, nkv, HD=hd, HB=hb, HALF_PAD=triton.next_power_of_2(hd // 2),
-        HD_PAD=hd_pad, num_warps=4,
+        HD_PAD=hd_pad, PDL=pdl, num_warps=4, **dependent(pdl),
     )  # fmt: skip
 
 
 @triton.jit
-def _glu_kernel(gu_ptr, out_ptr, stride_gu, stride_o, I, GELU: tl.constexpr, BLOCK: tl.constexpr):
+def _glu_kernel(
+    gu_ptr, out_ptr, stride_gu, stride_o, I, GELU: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < I
@@ -123,12 +139,13 @@ def _glu_kernel(gu_ptr, out_ptr, stride_gu, stride_o, I, GELU: tl.constexpr, BLO
     tl.store(out_ptr + row * stride_o + cols, (a.to(tl.float32) * u.to(tl.float32)).to(dt), mask=m)
 
 
-def glu(gu: torch.Tensor, gelu: bool) -> torch.Tensor:
+def glu(gu: torch.Tensor, gelu: bool, pdl: bool) -> torch.Tensor:
     M, two_i = gu.shape
     i = two_i // 2
     out = torch.empty(M, i, dtype=gu.dtype, device=gu.device)
     if M and i:
         block = min(GLU_BLOCK, triton.next_power_of_2(i))
         grid = (M, triton.cdiv(i, block))
-        _glu_kernel[grid](gu, out, gu.stride(0), out.stride(0), i, GELU=gelu, BLOCK=block, num_warps=4)
+        _glu_kernel[grid](gu, out, gu.stride(0), out.stride(0), i, GELU=gelu, BLOCK=block, PDL=pdl,
+                          num_warps=4, **dependent(pdl))  # fmt: skip
     return out

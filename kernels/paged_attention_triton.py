@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .paged_common import cache_strides, shape_constants
+from .triton_common import dependent, gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -61,10 +62,14 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr,
     MAX_SPLITS: tl.constexpr,
     RUNS_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # one program: query row r, KV head h (with SPLIT, run s of the row's keys); its G query heads
     # as a [G_PAD, HD_PAD] block (rows past G are zeros: tl.dot needs 16), scores and values
     # through tl.dot
+    if PDL:  # launched early (programmatic dependent launch): wait for the kernel before
+        gdc_wait()
+        gdc_launch_dependents()
     r = tl.program_id(0).to(tl.int64)  # (int64: q offsets of a long prefill pass 2**31)
     h = tl.program_id(1)
     n = tl.load(pos_ptr + r).to(tl.int32) + 1  # keys [0, n) of the row's sequence
@@ -193,12 +198,13 @@ def launch(
     window: int = 0,
     softcap: float = 0.0,
     splits: int = 1,
+    pdl: bool = False,
 ) -> None:
     """q, out: contiguous [N, nkv, g, hd]; k_cache, v_cache: [num_blocks, block_size, nkv, hd]
     (last dim contiguous, block_size a power of two); block_tables: [S, W]; seq_ids, positions:
     contiguous [N]; window: a row's last keys it sees (0: all). splits > 1: cut each row's keys
     into at most that many runs (module docstring); the grid then has a program per run the
-    table's width allows."""
+    table's width allows. pdl: launched as a programmatic dependent launch."""
     N, nkv, g, hd = q.shape
     W = block_tables.shape[1]
     cap = min(splits, triton.cdiv(W * k_cache.shape[1], block_n))
@@ -232,5 +238,7 @@ def launch(
         SPLIT=splits > 1,
         MAX_SPLITS=splits,
         RUNS_PAD=triton.next_power_of_2(splits),
+        PDL=pdl,
         num_warps=4,
+        **dependent(pdl),
     )

@@ -169,3 +169,68 @@ def test_glu_matches_reference(device, dtype, act, I):
     assert torch.equal(one[0], got[1])
     with pytest.raises(ValueError, match="act must be one of"):
         fk.glu(gu, "relu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET, reason="needs TRITON_INTERPRET=0")
+def test_dependent_launches_give_the_serial_bits():
+    """A layer's chain on CUDA in a CUDA graph, captured with programmatic dependent launches and
+    without: cuBLAS matmul -> add_rms_norm -> matmul -> rope_store (the keys written to the cache)
+    -> split paged attention over them -> matmul -> glu. Every replay, on new inputs, gives the same
+    bits both ways: a kernel that read its input before the kernel writing it had ended would
+    not."""
+    from deepinfer.kernels import paged_attention as pa
+    from deepinfer.kernels.triton_common import pdl_device
+
+    if not pdl_device(torch.device("cuda")):
+        pytest.skip("programmatic dependent launch needs compute capability 9 and a Triton that has it")
+    dt, N, nh, nkv, hd, I, bs = torch.bfloat16, 4, 8, 2, 64, 1024, 16
+    H = nh * hd
+    qkv0, cos, sin, _, _ = _rope_case(N, nh, nkv, hd, dt, "cuda", 0, [0] * N)
+    w_in = _rand(H, H, dtype=dt, device="cuda", seed=1, scale=H**-0.5)
+    ln = _rand(H, dtype=dt, device="cuda", seed=2).abs() + 0.5
+    w_qkv = _rand(H, (nh + 2 * nkv) * hd, dtype=dt, device="cuda", seed=3, scale=H**-0.5)
+    w_gu = _rand(H, 2 * I, dtype=dt, device="cuda", seed=4, scale=H**-0.5)
+    blocks = 64
+    x, d = torch.zeros(N, H, dtype=dt, device="cuda"), torch.zeros(N, H, dtype=dt, device="cuda")
+    pos = torch.zeros(N, dtype=torch.int64, device="cuda")
+    seq_ids = torch.arange(N, device="cuda")
+    tables = torch.arange(N * (blocks // N), device="cuda").view(N, blocks // N)
+    slots = torch.zeros(N, dtype=torch.int64, device="cuda")
+
+    def layer(cache):
+        k_flat, v_flat = (c.view(-1, nkv, hd) for c in cache)
+        s, h = fk.add_rms_norm(x @ w_in, d, ln, 1e-5)
+        qkv = (h @ w_qkv).view(N, nh + 2 * nkv, hd)
+        q = fk.rope_store(qkv[:, : nh + nkv], qkv[:, nh + nkv :], cos, sin, pos, k_flat, v_flat, slots, nh)
+        a = pa.paged_attention_triton(q.view(N, nkv, nh // nkv, hd), cache[0], cache[1], tables, seq_ids, pos,
+                                      splits=4)  # fmt: skip
+        return s, fk.glu(a.view(N, H) @ w_gu, "silu")
+
+    def capture(on: bool):
+        fk.PDL = pa.PDL = on
+        try:
+            cache = [torch.randn(blocks, bs, nkv, hd, device="cuda").to(dt) for _ in range(2)]
+            layer(cache)  # (sizes the split's counters before the capture)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = layer(cache)
+            return graph, out, cache
+        finally:
+            fk.PDL = pa.PDL = True
+
+    (ga, oa, ca), (gb, ob, cb) = capture(True), capture(False)
+    cb[0].copy_(ca[0]), cb[1].copy_(ca[1])
+    gen = torch.Generator().manual_seed(5)
+    for step in range(20):
+        x.copy_(torch.randn(N, H, generator=gen) * 2)
+        d.copy_(torch.randn(N, H, generator=gen))
+        pos.copy_(torch.randint(0, blocks // N * bs, (N,), generator=gen))
+        slots.copy_(seq_ids * (blocks // N) * bs + pos)  # each row's own table: blocks in order
+        ga.replay()
+        gb.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(oa, ob):
+            assert torch.equal(a, b), step
+        assert torch.equal(ca[0], cb[0]) and torch.equal(ca[1], cb[1]), step
