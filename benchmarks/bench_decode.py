@@ -498,10 +498,11 @@ def _prefill_row(name: str, model, n: int, args, device) -> list:
 
 
 def _set_pdl(on: bool) -> None:
-    """Programmatic dependent launches of the Triton layer kernels on or off (module settings)."""
-    from deepinfer.kernels import fused, norm_matmul, paged_attention
+    """Programmatic dependent launches of the Triton layer kernels as by default, or none (module
+    settings)."""
+    from deepinfer.kernels import fused, norm_matmul
 
-    fused.PDL = norm_matmul.PDL = paged_attention.PDL = on
+    fused.PDL_ROWS, norm_matmul.PDL = (2, True) if on else (0, False)
 
 
 MODES = {  # name: ModelRunner keywords (and the model's fused_matmul, the kernels' pdl)

@@ -35,13 +35,18 @@ import torch
 import torch.nn.functional as F
 
 ACTIVATIONS = ("silu", "gelu_tanh")
-PDL = True  # the kernels as programmatic dependent launches where the device has them
+# Calls of at most this many rows (a decode step's at batch 1 or 2) launch as programmatic
+# dependent launches where the device has them: these kernels, and the paged decode attention
+# (paged_attention.py). 0: none. (At 16 and 64 rows they measured no faster, and SmolLM2's
+# steps 2-3% slower: benchmarks/RESULTS.md, "Decode on the H100".)
+PDL_ROWS = 2
 
 
-def _pdl(t: torch.Tensor) -> bool:
+def dependent_launch(t: torch.Tensor, rows: int) -> bool:
+    """Whether a layer kernel of ``rows`` rows on t's device is a programmatic dependent launch."""
     from .triton_common import pdl_device
 
-    return PDL and pdl_device(t.device)
+    return rows <= PDL_ROWS and pdl_device(t.device)
 
 
 def add_rms_norm_reference(
@@ -136,7 +141,7 @@ def add_rms_norm(
     d2 = None if d is None else d.reshape(-1, H)
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     d2 = d2 if d2 is None or d2.stride(-1) == 1 else d2.contiguous()
-    s, y = kt.add_rms_norm(x2, d2, weight.contiguous(), eps, _pdl(x2))
+    s, y = kt.add_rms_norm(x2, d2, weight.contiguous(), eps, dependent_launch(x2, x2.shape[0]))
     return (x if d is None else s.view(*lead, H)), y.view(*lead, H)
 
 
@@ -181,7 +186,7 @@ def rope_store(
     q = torch.empty(N, nh, hd, dtype=qk.dtype, device=qk.device)
     if N:
         kt.rope_store(qk, v, cos.contiguous(), sin.contiguous(), positions.contiguous(), k_flat, v_flat,
-                      slots.contiguous(), q, nh, _pdl(q))  # fmt: skip
+                      slots.contiguous(), q, nh, dependent_launch(q, N))  # fmt: skip
     return q
 
 
@@ -197,4 +202,4 @@ def glu(gu: torch.Tensor, act: str) -> torch.Tensor:
     g2 = gu.reshape(-1, two_i)
     if g2.stride(-1) != 1:
         g2 = g2.contiguous()
-    return kt.glu(g2, act == "gelu_tanh", _pdl(g2)).view(*lead, two_i // 2)
+    return kt.glu(g2, act == "gelu_tanh", dependent_launch(g2, g2.shape[0])).view(*lead, two_i // 2)

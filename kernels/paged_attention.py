@@ -57,7 +57,6 @@ import torch.nn.functional as F
 BLOCK_N = 64  # keys per step of the Triton program
 SPLITS = 16  # the most runs of a row's keys in the split decode (`decode_splits`)
 PROGRAMS_PER_SM = 2  # the split decode aims at this many programs a multiprocessor
-PDL = True  # paged_attention_triton as a programmatic dependent launch where the device has it
 
 
 def decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
@@ -222,13 +221,13 @@ def paged_attention_triton(
     out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out
+    from .fused import dependent_launch
     from .paged_attention_triton import launch
-    from .triton_common import pdl_device
 
     # the kernel reads row n's index at offset n
     seq_ids, positions = seq_ids.contiguous(), positions.contiguous()
     launch(q, k_cache, v_cache, out, block_tables, seq_ids, positions, 1.0 / math.sqrt(q.shape[-1]), BLOCK_N,
-           window, softcap, splits, PDL and pdl_device(q.device))  # fmt: skip
+           window, softcap, splits, dependent_launch(q, q.shape[0]))  # fmt: skip
     return out
 
 

@@ -174,19 +174,20 @@ def test_glu_matches_reference(device, dtype, act, I):
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRET, reason="needs TRITON_INTERPRET=0")
 def test_dependent_launches_give_the_serial_bits():
-    """A layer's chain on CUDA in a CUDA graph, captured with programmatic dependent launches and
-    without: cuBLAS matmul -> add_rms_norm -> matmul -> rope_store (the keys written to the cache)
-    -> split paged attention over them -> matmul -> glu. Every replay, on new inputs, gives the same
-    bits both ways: a kernel that read its input before the kernel writing it had ended would
-    not."""
+    """A layer's chain on CUDA in a CUDA graph, captured with programmatic dependent launches
+    (``PDL_ROWS`` raised to the chain's rows) and without: cuBLAS matmul -> add_rms_norm ->
+    matmul -> rope_store (the keys written to the cache) -> split paged attention over them ->
+    matmul -> glu. Every replay, on new inputs, gives the same bits both ways: a kernel that read
+    its input before the kernel writing it had ended would not."""
     from deepinfer.kernels import paged_attention as pa
     from deepinfer.kernels.triton_common import pdl_device
 
+    rows = fk.PDL_ROWS
     if not pdl_device(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability 9 and a Triton that has it")
     dt, N, nh, nkv, hd, I, bs = torch.bfloat16, 4, 8, 2, 64, 1024, 16
     H = nh * hd
-    qkv0, cos, sin, _, _ = _rope_case(N, nh, nkv, hd, dt, "cuda", 0, [0] * N)
+    _, cos, sin, _, _ = _rope_case(N, nh, nkv, hd, dt, "cuda", 0, [0] * N)
     w_in = _rand(H, H, dtype=dt, device="cuda", seed=1, scale=H**-0.5)
     ln = _rand(H, dtype=dt, device="cuda", seed=2).abs() + 0.5
     w_qkv = _rand(H, (nh + 2 * nkv) * hd, dtype=dt, device="cuda", seed=3, scale=H**-0.5)
@@ -208,7 +209,7 @@ def test_dependent_launches_give_the_serial_bits():
         return s, fk.glu(a.view(N, H) @ w_gu, "silu")
 
     def capture(on: bool):
-        fk.PDL = pa.PDL = on
+        fk.PDL_ROWS = N if on else 0
         try:
             cache = [torch.randn(blocks, bs, nkv, hd, device="cuda").to(dt) for _ in range(2)]
             layer(cache)  # (sizes the split's counters before the capture)
@@ -218,7 +219,7 @@ def test_dependent_launches_give_the_serial_bits():
                 out = layer(cache)
             return graph, out, cache
         finally:
-            fk.PDL = pa.PDL = True
+            fk.PDL_ROWS = rows
 
     (ga, oa, ca), (gb, ob, cb) = capture(True), capture(False)
     cb[0].copy_(ca[0]), cb[1].copy_(ca[1])
