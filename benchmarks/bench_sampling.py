@@ -27,6 +27,7 @@ Usage (from the repository root, on a CUDA machine)::
     python benchmarks/bench_sampling.py --split-sweep --compare --batches 128 --vocabs 128256
     python benchmarks/bench_sampling.py --quick --tuning pdl=0      # A/B of a SampleTuning field
     python benchmarks/bench_sampling.py --topk-sweep --batches 1 128 --vocabs 128256  # top-k layouts
+    python benchmarks/bench_sampling.py --cpu [--logits model] [--threads 2]  # the CPU path vs torch
 """
 
 from __future__ import annotations
@@ -268,6 +269,85 @@ def topk_sweep(shapes: list[tuple[int, int]], floor_tbs: float, base: SampleTuni
             torch.cuda.empty_cache()
 
 
+CPU_MASKS = {"none": None, "half": 0.5, "1%": 0.01}  # bitmask kinds of the CPU table: share allowed
+
+
+def _cpu_ms(fns: dict, calls: int) -> dict:
+    """Median ms a call of each function, the functions taking turns call by call."""
+    import time
+
+    times: dict = {k: [] for k in fns}
+    for f in fns.values():
+        f()
+    for _ in range(calls):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
+
+
+def _cpu_bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [B, V] -> int32 [B, ceil(V/32)], bit i of word j allowing token 32 j + i."""
+    B, V = allowed.shape
+    bits = torch.zeros(B, (V + 31) // 32 * 32, dtype=torch.int64)
+    bits[:, :V] = allowed.long()
+    words = (bits.view(B, -1, 32) << torch.arange(32)).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _cpu_calls(logits: torch.Tensor, allowed: torch.Tensor | None) -> dict:
+    """The CPU table's calls on these logits: ours (top-p; top-k + top-p), the same without the exp
+    floor, and plain torch."""
+    from deepinfer.kernels import sample_reference
+
+    B = logits.shape[0]
+    full = lambda v, dt=torch.float32: torch.full((B,), v, dtype=dt)  # noqa: E731
+    common = dict(bitmask=None if allowed is None else _cpu_bitmask(allowed), temperature=full(0.8),
+                  top_p=full(0.9), min_p=full(0.0), seed=torch.arange(B), step=full(3, torch.int64),
+                  validate=False)  # fmt: skip
+
+    def ours(k: int, floor: float = sample_reference.EXP_FLOOR):
+        def call():
+            keep, sample_reference.EXP_FLOOR = sample_reference.EXP_FLOOR, floor
+            try:
+                return kernels.sample(logits, top_k=full(k, torch.int64), **common)
+            finally:
+                sample_reference.EXP_FLOOR = keep
+
+        return call
+
+    inf = float("-inf")
+    return {"p": ours(0), "kp": ours(50), "p0": ours(0, inf), "kp0": ours(50, inf),
+            "torch": lambda: torch_sample(logits / 0.8, allowed, 0.9)}  # fmt: skip
+
+
+def cpu_table(batches: list[int], kind: str, threads: int, calls: int) -> None:
+    """The CPU path (``kernels.sample`` on CPU tensors: the torch reference) against plain torch
+    (`torch_sample`), V = 49,152, temperature 0.8, top-p 0.9 and top-k 50 + top-p 0.9, no bitmask,
+    half the tokens allowed, or 1% (a constraint's row). "no exp floor" is the same reference with
+    ``sample_reference.EXP_FLOOR`` at -inf (exp of every score: its slow path on masked tokens)."""
+    torch.set_num_threads(threads)
+    V = 49152
+    print(f"# CPU, {threads} thread(s), torch {torch.__version__}; logits {kind}; ms a call, "
+          f"median of {calls}")  # fmt: skip
+    print("| B | bitmask | top-p | top-k+p | top-p, no exp floor | top-k+p, no exp floor | torch top-p "
+          "| torch / top-p |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for B in batches:
+        gen = torch.Generator().manual_seed(B)
+        if kind == "model":
+            rec = torch.load(MODEL_LOGITS).float()
+            logits = rec.repeat(-(-B // rec.shape[0]), 1)[:B].contiguous()
+        else:
+            logits = torch.randn(B, V, generator=gen) * 2
+        for name, share in CPU_MASKS.items():
+            allowed = None if share is None else torch.rand(B, V, generator=gen) < share
+            ms = _cpu_ms(_cpu_calls(logits, allowed), calls)
+            print(f"| {B} | {name} | {ms['p']:.2f} | {ms['kp']:.2f} | {ms['p0']:.2f} | {ms['kp0']:.2f} "
+                  f"| {ms['torch']:.2f} | {ms['torch'] / ms['p']:.1f}x |", flush=True)  # fmt: skip
+
+
 def parse_tuning(items: list[str]) -> SampleTuning:
     """``["pdl=0", "split=never", "num_warps=8"]`` -> SampleTuning (0/1/true/false for the bools)."""
     kw: dict[str, object] = {}
@@ -324,11 +404,18 @@ def main() -> None:
         metavar="FIELD=VALUE",
         help="SampleTuning fields every run starts from, e.g. pdl=0 greedy1=0 split=never",
     )
+    ap.add_argument("--cpu", action="store_true", help="the CPU path against plain torch (--batches)")
+    ap.add_argument("--threads", type=int, default=1, help="--cpu: torch threads")
+    ap.add_argument("--calls", type=int, default=15, help="--cpu: timed calls of each setting")
     args = ap.parse_args()
     tuning = parse_tuning(args.tuning)
     if args.record_logits:
         os.makedirs(os.path.dirname(MODEL_LOGITS), exist_ok=True)
         record_logits(MODEL_LOGITS)
+        return
+    if args.cpu:
+        batches = args.batches if args.batches != list(BATCHES) else [1, 8, 32]
+        cpu_table(batches, args.logits, args.threads, args.calls)
         return
     if not torch.cuda.is_available():
         raise SystemExit("bench_sampling.py needs a CUDA device")

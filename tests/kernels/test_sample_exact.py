@@ -221,3 +221,37 @@ def test_matches_reference_small_tiles(impl, case):
     torch.testing.assert_close(got.tokens, want.tokens, rtol=0, atol=0)
     torch.testing.assert_close(got.empty, want.empty)
     torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
+
+
+def test_exp_floor_leaves_the_quanta_and_sums_as_they_were():
+    """The reference clamps exp's argument at EXP_FLOOR (torch's CPU exp is slow below it): the
+    tokens' 2**32 quanta and chunk sums, the top-p normaliser, the tokens and the logprobs are
+    those of the unclamped exp, on rows with masked tokens (-inf) and scores 80 to 10,000 below
+    the max."""
+    from deepinfer.kernels import sample_reference as ref
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(3, 5000, generator=g) * 3
+    s[0, ::2] = float("-inf")
+    s[1, 100:] -= torch.rand(4900, generator=g) * 1e4
+    s[2, :2500] = -90.0 + torch.randn(2500, generator=g)
+    low = torch.full((3,), float("-inf"))
+    i64 = torch.zeros(3, dtype=torch.int64)
+    args = dict(temperature=torch.ones(3), top_k=i64, top_p=torch.full((3,), 0.9), min_p=torch.zeros(3),
+                seed=torch.arange(3), step=i64)  # fmt: skip
+    m = s.max(dim=1, keepdim=True).values
+
+    def run():
+        return (*ref.chunk_weights(s, low, 1024), ref._exp(s - m).sum(dim=1),
+                *ref.sample(s, None, None, **args, return_logprobs=True))  # fmt: skip
+
+    got = run()
+    floor = ref.EXP_FLOOR
+    ref.EXP_FLOOR = float("-inf")
+    try:
+        want = run()
+    finally:
+        ref.EXP_FLOOR = floor
+    assert bool((s - m < floor).any(dim=1).all())  # every row has scores below the floor
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
