@@ -32,6 +32,8 @@ EXP_FLOOR = -87.33
 def _exp(d: torch.Tensor) -> torch.Tensor:
     """exp(max(d, EXP_FLOOR)) of a fresh tensor d (clamped in place)."""
     return torch.exp(d.clamp_min_(EXP_FLOOR))
+
+
 # lowbias32 multipliers (Chris Wellons' hash-prospector; good avalanche for two multiplies)
 _C1 = 0x21F0AAAD
 _C2 = 0x735A2D97
