@@ -255,3 +255,38 @@ def test_exp_floor_leaves_the_quanta_and_sums_as_they_were():
     assert bool((s - m < floor).any(dim=1).all())  # every row has scores below the floor
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_draw_bits_in_python_ints_are_the_tensor_hash():
+    """CPU calls of few rows hash in Python ints (sample_reference.HOST_DRAW_ROWS): the bits of the
+    tensor hash, for seeds and steps over all of int64 (negative ones included)."""
+    from deepinfer.kernels import sample_reference as ref
+
+    g = torch.Generator().manual_seed(1)
+    for B in (1, 3, ref.HOST_DRAW_ROWS):
+        seed = torch.randint(-(2**63), 2**63 - 1, (B,), generator=g)
+        step = torch.randint(-(2**63), 2**63 - 1, (B,), generator=g)
+        step[0] = 0
+        got = ref.draw_bits(seed, step, 12)
+        k0, k1 = ref.row_keys(seed, step)  # the tensor hash
+        want = ref.mix32(ref.mix32((torch.arange(12)[None, :] + k0[:, None]) & 0xFFFFFFFF) ^ k1[:, None])
+        assert torch.equal(got, (want >> 9) * 2 + 1)
+    none = torch.zeros(0, dtype=torch.int64)
+    assert ref.draw_bits(none, none, 8).shape == (0, 8)
+
+
+def test_inverse_cdf_of_several_draws_is_each_draw_alone():
+    """inverse_cdf with [R, n] draw bits gives, for each draw, the token it gives alone."""
+    from deepinfer.kernels import sample_reference as ref
+
+    g = torch.Generator().manual_seed(2)
+    s = torch.randn(5, 3000, generator=g) * 4
+    s[1, ::3] = float("-inf")
+    s[2, 1000:] = float("-inf")  # whole chunks masked
+    mc, q, z = ref.chunk_weights(s, torch.full((5,), float("-inf")), 512)
+    t = ref.draw_bits(torch.arange(5), torch.full((5,), 7), 12)
+    got = ref.inverse_cdf(mc, q, z, t[:, 0::2], t[:, 1::2])
+    assert got.shape == (5, 6)
+    for j in range(6):
+        assert torch.equal(got[:, j], ref.inverse_cdf(mc, q, z, t[:, 2 * j], t[:, 2 * j + 1]))
+    assert bool((s.gather(1, got) > float("-inf")).all())
