@@ -326,10 +326,16 @@ def _draw_kept(
     if not kept.any_on:  # no filter: every drawn token is kept, the first one is the token
         return inverse_cdf(mc, q, z, t[:, 0], t[:, 1])
     x = inverse_cdf(mc, q, z, t[:, 0:8:2], t[:, 1:8:2])  # [R, 4]: draws 0..3
-    k = torch.stack([kept(None, x[:, j]) for j in range(4)], dim=1)
-    first = torch.where(k.any(dim=1), k.to(torch.int8).argmax(dim=1), 0)
-    tokens = x.gather(1, first[:, None])[:, 0]
-    for r in (~k.any(dim=1)).nonzero().flatten().tolist():  # all four cut: rare
+    tokens = x[:, 0].clone()
+    cut = ~kept(None, x[:, 0])  # rows whose draws so far were all cut: draw j tested on those only
+    for j in range(1, 4):
+        rows = cut.nonzero().flatten()
+        if not rows.numel():
+            break
+        ok = kept(rows, x[rows, j])
+        tokens[rows[ok]] = x[rows[ok], j]
+        cut[rows[ok]] = False
+    for r in cut.nonzero().flatten().tolist():  # all four cut: rare
         low = s[r, x[r]].max()
         j = 4
         r4 = torch.full((4,), r, device=s.device)
