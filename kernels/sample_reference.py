@@ -30,8 +30,8 @@ EXP_FLOOR = -87.33
 
 
 def _exp(d: torch.Tensor) -> torch.Tensor:
-    """exp(max(d, EXP_FLOOR)) of a fresh tensor d (clamped in place)."""
-    return torch.exp(d.clamp_min_(EXP_FLOOR))
+    """exp(max(d, EXP_FLOOR)) of a fresh tensor d, in its place (a row-sized temporary fewer)."""
+    return d.clamp_min_(EXP_FLOOR).exp_()
 
 
 # lowbias32 multipliers (Chris Wellons' hash-prospector; good avalanche for two multiplies)
@@ -147,7 +147,7 @@ def chunk_weights(
         s3 = s3.view(R, S, C)
     mc = s3.amax(dim=2)
     safe = torch.where(mc == float("-inf"), torch.zeros_like(mc), mc)
-    q = (_exp(s3 - safe[:, :, None]) * 4294967296.0).to(torch.int64)
+    q = _exp(s3 - safe[:, :, None]).mul_(4294967296.0).to(torch.int64)
     if bool((low > float("-inf")).any()):  # (at low = -inf only s = -inf is cut, whose q is 0)
         q = torch.where(s3 > low[:, None, None], q, torch.zeros_like(q))
     return mc, q, q.sum(dim=2)
