@@ -43,14 +43,16 @@ _SALT_TOKEN = 0x85EBCA6B
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for int64 x in [0, 2**32) and a 32-bit constant c, without int64 overflow."""
+    """(x * c) mod 2**32 for int64 x in [0, 2**32) and a 32-bit constant c, without int64 overflow
+    (a Python int x gives the same)."""
     lo = x * (c & 0xFFFF)  # < 2**48
     hi = ((x * (c >> 16)) & 0xFFFF) << 16  # only the low 16 bits survive the shift mod 2**32
     return (lo + hi) & _M32
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 integer hash on int64 tensors holding uint32 values (same bits as the Triton one)."""
+    """lowbias32 integer hash on int64 tensors holding uint32 values, or on a Python int (same bits
+    as the Triton one)."""
     x = x ^ (x >> 16)
     x = _mul32(x, _C1)
     x = x ^ (x >> 15)
@@ -61,8 +63,11 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 def row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Two uint32 keys per row (as int64) from ``seed`` [B] int64 and ``step`` [B] int64."""
-    seed = seed.to(torch.int64)
-    step = step.to(torch.int64)
+    return _keys(seed.to(torch.int64), step.to(torch.int64))
+
+
+def _keys(seed, step):
+    """`row_keys` of int64 tensors, or of one row's Python ints."""
     k = mix32((step >> 32) & _M32 ^ _SALT_STEP)
     k = mix32((step & _M32) ^ k)
     k = mix32(((seed >> 32) & _M32) ^ k)
@@ -71,31 +76,17 @@ def row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torc
     return k0, k1
 
 
-HOST_DRAW_ROWS = 32  # CPU calls of at most this many rows hash in Python ints (draw_bits)
-
-
-def _mix32_int(x: int) -> int:
-    """`mix32` of one uint32 as a Python int."""
-    x ^= x >> 16
-    x = (x * _C1) & _M32
-    x ^= x >> 15
-    x = (x * _C2) & _M32
-    return x ^ (x >> 15)
+HOST_DRAW_ROWS = 16  # CPU calls of at most this many rows hash in Python ints (draw_bits)
 
 
 def _draw_bits_host(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
-    """`draw_bits` in Python ints, row by row: the same bits. A hash is about 40 torch ops on
-    tensors of a few elements, 0.3-0.6 ms on the CPU whatever the rows; this takes about 15 µs a
-    row."""
-    mix = _mix32_int
+    """`draw_bits` in Python ints, row by row: the same arithmetic and bits. On tensors a hash is
+    about 40 torch ops on a few elements each, 0.3-0.6 ms on the CPU whatever the rows; on ints
+    it takes some tens of µs a row."""
     out = []
     for sd, st in zip(seed.tolist(), step.tolist()):
-        k = mix((st >> 32) & _M32 ^ _SALT_STEP)
-        k = mix((st & _M32) ^ k)
-        k = mix(((sd >> 32) & _M32) ^ k)
-        k0 = mix((sd & _M32) ^ k)
-        k1 = mix(k0 ^ _SALT_TOKEN)
-        out.append([(mix(mix((j + k0) & _M32) ^ k1) >> 9) * 2 + 1 for j in range(n)])
+        k0, k1 = _keys(sd, st)
+        out.append([(mix32(mix32((j + k0) & _M32) ^ k1) >> 9) * 2 + 1 for j in range(n)])
     return torch.tensor(out, dtype=torch.int64).view(len(out), n)
 
 
