@@ -21,7 +21,16 @@ import os
 import time
 
 import torch
-from bench_decode import _config, _copy_bandwidth, _random_weights, _read_bytes, _sync, _table, prefilled
+from bench_decode import (
+    _config,
+    _copy_bandwidth,
+    _random_weights,
+    _read_bytes,
+    _sync,
+    _table,
+    greedy_tokens,
+    prefilled,
+)
 
 
 def _decode(runner, batch: int, prompt_len: int, steps: int, profiled: int):
@@ -34,7 +43,7 @@ def _decode(runner, batch: int, prompt_len: int, steps: int, profiled: int):
     host = [0.0]
 
     def step(logits):
-        for s, tok in zip(seqs, logits.argmax(-1).tolist()):
+        for s, tok in zip(seqs, greedy_tokens(logits)):
             s.output_token_ids.append(tok)
         t0 = time.perf_counter()
         out = runner.step(seqs, [1] * batch)

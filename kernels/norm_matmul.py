@@ -29,7 +29,11 @@ the other rows.
 
 ``use_fused(x, w)`` says where the kernel serves: 16-bit weights on CUDA (or the interpreter),
 at most ``MAX_ROWS`` rows, and matrices of at most ``MAX_BYTES`` (the H200's figures in
-benchmarks/RESULTS.md, "Decode at batch 1"). Elsewhere the op is the reference.
+benchmarks/RESULTS.md, "Decode at batch 1"). A plain product of one row (``plain``: no norm, no
+GLU, as the attention's output projection) also takes larger matrices, up to ``WIDE_MAX_BYTES``
+and of at least ``WIDE_MIN_COLUMNS`` columns, with ``WIDE_TILES``: Llama-3-8B's output
+projection, where cuBLAS splits K and adds a reduction kernel after it (RESULTS.md, "Decode on
+the H100"). Elsewhere the op is the reference.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ MAX_ROWS = 2  # rows up to which the kernel serves (each row's programs read the
 MAX_BYTES = 8 << 20  # weight bytes up to which it serves (above, cuBLAS streams the weights faster)
 # (columns, K a step, warps, pipeline stages) of a program: one row, more rows (the H200's best)
 TILES = {1: (8, 1024, 4, 2), 2: (16, 512, 4, 2)}
+# a plain one-row product past MAX_BYTES: up to this many bytes, of at least this many columns
+# (16 of them a program: two programs an SM and more), with these tiles (the H100's best)
+WIDE_MAX_BYTES = 32 << 20
+WIDE_MIN_COLUMNS = 4096
+WIDE_TILES = (16, 512, 4, 3)
 PDL = True  # programmatic dependent launches where the device has them
 
 
@@ -59,17 +68,25 @@ def norm_matmul_reference(x, d, ln, w, eps: float, glu: str | None = None, norm=
     return s, (y if glu is None else glu_reference(y, glu))
 
 
-def use_fused(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether `norm_matmul` runs the Triton kernel for input rows x and matrix w."""
-    return (
+def use_fused(x: torch.Tensor, w: torch.Tensor, plain: bool = False) -> bool:
+    """Whether `norm_matmul` runs the Triton kernel for input rows x and matrix w (``plain``: a
+    product with no norm and no GLU, which may take a wide matrix at one row)."""
+    if not (
         type(w) is torch.Tensor
         and w.dtype in (torch.bfloat16, torch.float16)
         and x.dtype == w.dtype
-        and x.reshape(-1, x.shape[-1]).shape[0] <= MAX_ROWS
-        and w.numel() * w.element_size() <= MAX_BYTES
         and w.stride(1) == 1
         and (w.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")  # (read only off CUDA)
-    )
+    ):
+        return False
+    rows, size = x.reshape(-1, x.shape[-1]).shape[0], w.numel() * w.element_size()
+    return (rows <= MAX_ROWS and size <= MAX_BYTES) or (plain and rows == 1 and _wide(w))
+
+
+def _wide(w: torch.Tensor) -> bool:
+    """A matrix past MAX_BYTES that a plain one-row product takes WIDE_TILES for."""
+    size = w.numel() * w.element_size()
+    return MAX_BYTES < size <= WIDE_MAX_BYTES and w.shape[1] >= WIDE_MIN_COLUMNS
 
 
 def _rows(op: str, x: torch.Tensor, d: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -86,7 +103,9 @@ def _launch(x2: torch.Tensor, w: torch.Tensor, tiles, pdl: bool | None) -> tuple
     from .triton_common import pdl_device
 
     pdl = PDL and pdl_device(x2.device) if pdl is None else pdl
-    return w if w.stride(1) == 1 else w.contiguous(), tiles or TILES[min(x2.shape[0], 2)], pdl
+    if tiles is None:
+        tiles = WIDE_TILES if x2.shape[0] == 1 and _wide(w) else TILES[min(x2.shape[0], 2)]
+    return w if w.stride(1) == 1 else w.contiguous(), tiles, pdl
 
 
 def norm_matmul(x: torch.Tensor, d: torch.Tensor | None, ln: torch.Tensor | None, w: torch.Tensor, eps: float,

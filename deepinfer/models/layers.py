@@ -104,8 +104,8 @@ def ops(
     ``quantized`` the matmul also takes the int8 and int4 matrices of deepinfer.kernels.quantized.
     With ``fused`` and ``fused_matmul`` (and not ``invariant``: its matmul is the batch-invariant one)
     ``mm`` and ``norm_mm`` run deepinfer.kernels.norm_matmul's kernel where `use_fused` says it
-    serves (one row, small matrices), else the ops above (norm_mm: the add + norm, the matmul and
-    the GLU)."""
+    serves (a few rows, small matrices; one row's plain product also a wide one), else the ops
+    above (norm_mm: the add + norm, the matmul and the GLU)."""
     from ..kernels import fused as fk
     from ..kernels import norm_matmul as nmk
 
@@ -153,7 +153,7 @@ def ops(
 
     # one row's small matmuls: one kernel each
     def mm_one_row(x, m):
-        return nmk.norm_matmul(x, None, None, m, eps)[1] if nmk.use_fused(x, m) else mm(x, m)
+        return nmk.norm_matmul(x, None, None, m, eps)[1] if nmk.use_fused(x, m, plain=True) else mm(x, m)
 
     def norm_mm_one_row(x, d, w, m, act=None):
         return nmk.norm_matmul(x, d, w, m, eps, act) if nmk.use_fused(x, m) else norm_mm(x, d, w, m, act)
