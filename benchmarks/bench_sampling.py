@@ -12,6 +12,11 @@ bitmask (half the tokens allowed), µs per call of
 - torch           unpack the bitmask + masked_fill, softmax, sort-based top-p, multinomial
 - xgr+torch       xgrammar's ``apply_token_bitmask_inplace``, then the same torch sampling
                   (column left empty if xgrammar is not importable)
+- FlashInfer      with ``--flashinfer``: the bitmask applied (xgrammar's kernel, else torch's),
+                  FlashInfer's softmax, then its top-p / top-k / top-k + top-p sampling from
+                  the probabilities, as vLLM's FlashInfer sampler calls it (flashinfer_peer.py
+                  builds it from the wheel's headers); "FI bad" counts rows whose token the
+                  mask forbids or that is below the 50th largest allowed score (0 expected)
 
 (``--no-peers``: the last two left out), the top-k calls' tokens against the torch reference
 on the device (``≠ ref``: rows that differ), and the bandwidth of the fused greedy call
@@ -28,6 +33,7 @@ Usage (from the repository root, on a CUDA machine)::
     python benchmarks/bench_sampling.py --quick --tuning pdl=0      # A/B of a SampleTuning field
     python benchmarks/bench_sampling.py --topk-sweep --batches 1 128 --vocabs 128256  # top-k layouts
     python benchmarks/bench_sampling.py --cpu [--logits model] [--threads 2]  # the CPU path vs torch
+    python benchmarks/bench_sampling.py --flashinfer --dtypes float32   # FlashInfer's columns too
 """
 
 from __future__ import annotations
@@ -127,8 +133,40 @@ def make_logits(B: int, V: int, dtype: torch.dtype, gen, kind: str) -> torch.Ten
     return _recorded.repeat(reps, 1)[:B].to(dtype).contiguous()
 
 
+def _mask_inplace(x: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """The bitmask applied to float logits in place: xgrammar's kernel, else torch's."""
+    if _xgr_apply is not None:
+        _xgr_apply(x, bitmask)
+    else:
+        x.masked_fill_(~torch_unpack(bitmask, x.shape[1]), float("-inf"))
+
+
+def flashinfer_row(row: dict, fi, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """FlashInfer's columns (``flashinfer_peer.Sampler``): µs of top-p 0.9, top-k 50 and both, and
+    the rows of those calls whose token the mask forbids or that lies below the 50th largest
+    allowed score."""
+    work = logits.float()
+    if work.data_ptr() == logits.data_ptr():
+        work = work.clone()  # float32 logits: masked in place, once per call as the peers do
+    cast = logits.dtype != torch.float32  # (bfloat16: the cast to float32 is part of each call)
+
+    def call(k, p):
+        return lambda: fi(logits.float() if cast else work, bitmask, k, p)
+
+    masked = logits.float()
+    _mask_inplace(masked, bitmask)
+    kth = masked.topk(50, dim=-1).values[:, -1:]
+    bad = 0
+    for name, k, p in (("fi_top_p", 0, 0.9), ("fi_top_k", 50, 1.0), ("fi_top_kp", 50, 0.9)):
+        row[name], g = _bench(call(k, p))
+        row["graph"] &= g
+        got = masked.gather(1, call(k, p)().long()[:, None])
+        bad += int((got == float("-inf")).sum()) if k == 0 else int((got < kth).sum())
+    row["fi_bad"] = bad
+
+
 def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True, kind: str = "random",
-        tuning: SampleTuning = DEFAULT_TUNING) -> dict | None:  # fmt: skip
+        tuning: SampleTuning = DEFAULT_TUNING, fi=None) -> dict | None:  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(B * V)
     logits = make_logits(B, V, dtype, gen, kind)
     if logits is None:
@@ -164,6 +202,8 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
         row["plain"], _ = _bench(fused(1.0, 0, 1.0))  # sampling without a filter: no test pass
         return row
     row["graph"] = g1 and g2 and g3 and g3b
+    if fi is not None:
+        flashinfer_row(row, fi, logits, bitmask)
     if peers == "none":
         row["gbs"] = nbytes / (row["greedy"] * 1e-6) / 1e9
         return row
@@ -404,6 +444,14 @@ def main() -> None:
         metavar="FIELD=VALUE",
         help="SampleTuning fields every run starts from, e.g. pdl=0 greedy1=0 split=never",
     )
+    ap.add_argument(
+        "--flashinfer",
+        nargs="?",
+        const=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "flashinfer"),
+        metavar="DIR",
+        help="FlashInfer's columns too: its headers, extracted by flashinfer_peer.py --extract "
+        "(default benchmarks/.cache/flashinfer)",
+    )
     ap.add_argument("--cpu", action="store_true", help="the CPU path against plain torch (--batches)")
     ap.add_argument("--threads", type=int, default=1, help="--cpu: torch threads")
     ap.add_argument("--calls", type=int, default=15, help="--cpu: timed calls of each setting")
@@ -422,9 +470,16 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"xgrammar {'yes' if _xgr_apply else 'not importable'}; µs per call; floor {args.floor} TB/s; "
           f"logits {args.logits}; {tuning}")  # fmt: skip
+    fi = None
+    if args.flashinfer:
+        import flashinfer_peer
+
+        fi = flashinfer_peer.Sampler(flashinfer_peer.load(args.flashinfer), _mask_inplace)
     head = ("| dtype | B | V | fused greedy | fused top-p | fused top-k | fused top-k+p | top-k / top-p "
             "| top-k+p / top-p | ≠ ref | torch | xgr+torch | floor µs | greedy GB/s | % floor | top-p/greedy "
             "| torch/top-p |")  # fmt: skip
+    if fi is not None:
+        head += " FlashInfer top-p | FlashInfer top-k | FlashInfer top-k+p | FI bad | FI / fused top-p |"
     if args.sweep:
         sweep(tuning)
     if args.split_sweep:
@@ -441,7 +496,7 @@ def main() -> None:
     for dtype in (DTYPES[d] for d in args.dtypes):
         for B, V in shapes:
             r = run(dtype, B, V, args.floor, peers="none" if args.no_peers else True, kind=args.logits,
-                    tuning=tuning)  # fmt: skip
+                    tuning=tuning, fi=fi)  # fmt: skip
             if r is None:
                 continue
             xgr = f"{r['xgr']:.1f}" if "xgr" in r else "-"
@@ -453,7 +508,13 @@ def main() -> None:
                 f"| {r['top_k']:.1f} | {r['top_kp']:.1f} | {r['top_k'] / r['top_p']:.2f} "
                 f"| {r['top_kp'] / r['top_p']:.2f} | {r['differ']} | {th} | {xgr} | {r['floor']:.1f} "
                 f"| {r['gbs']:.0f} | {100 * r['floor'] / r['greedy']:.0f}% | {r['top_p'] / r['greedy']:.2f} "
-                f"| {tp} |",
+                f"| {tp} |"
+                + (
+                    f" {r['fi_top_p']:.1f} | {r['fi_top_k']:.1f} | {r['fi_top_kp']:.1f} | {r['fi_bad']} "
+                    f"| {r['fi_top_p'] / r['top_p']:.1f}x |"
+                    if "fi_top_p" in r
+                    else ""
+                ),
                 flush=True,
             )
             del r
