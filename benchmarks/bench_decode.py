@@ -626,8 +626,9 @@ def bench_cuda(args) -> None:
             for batch in args.batches:
                 try:
                     _decode_seconds(runner, batch, args, device)  # warm-up: captures this batch's graphs
-                    got: list[float] = []
-                    step[mode, batch] = _decode_seconds(runner, batch, args, device, got)
+                    step[mode, batch] = _decode_seconds(runner, batch, args, device)
+                    got: list[float] = []  # the device's own time, in a run of its own (its events
+                    _decode_seconds(runner, batch, args, device, got)  # cost the host time a step)
                     busy[mode, batch] = got[0] if got else float("nan")
                 except Exception as e:  # a broken mode leaves its cells empty; the others still run
                     print(f"  {name} {mode} batch {batch}: FAILED {type(e).__name__}: {e}", flush=True)
