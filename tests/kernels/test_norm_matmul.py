@@ -126,8 +126,7 @@ def test_where_the_kernel_serves(monkeypatch):
 def test_a_plain_product_of_one_row_takes_a_wide_matrix(monkeypatch):
     """Llama-3-8B's output projection (4096 x 4096, 32 MiB): past MAX_BYTES, the kernel serves it
     at one row as a plain product (no norm, no GLU), with WIDE_TILES; not at two rows, not with a
-    norm, not a matrix of fewer columns (too few programs) or past WIDE_MAX_BYTES. Its values are
-    the matmul's."""
+    norm, not a matrix of fewer columns (too few programs) or past WIDE_MAX_BYTES."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     o = torch.zeros(4096, 4096, dtype=torch.float16)
     one, two = torch.zeros(1, 4096, dtype=torch.float16), torch.zeros(2, 4096, dtype=torch.float16)
@@ -138,8 +137,13 @@ def test_a_plain_product_of_one_row_takes_a_wide_matrix(monkeypatch):
     assert not nm.use_fused(one, torch.zeros(4096, 6144, dtype=torch.float16), plain=True)  # 48 MiB
     assert nm._launch(one, o, None, False)[1] == nm.WIDE_TILES
     assert nm._launch(two, torch.zeros(576, 960, dtype=torch.float16), None, False)[1] == nm.TILES[2]
-    x = _rand(1, 4096, dtype=torch.float16, device="cpu", seed=3)
-    w = _rand(4096, 4096, dtype=torch.float16, device="cpu", seed=4, scale=4096**-0.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_wide_tiles_give_the_matmul(device):
+    """A row through Llama-3-8B's output projection with WIDE_TILES (what _launch picks for it)."""
+    x = _rand(1, 4096, dtype=torch.float16, device=device, seed=3)
+    w = _rand(4096, 4096, dtype=torch.float16, device=device, seed=4, scale=4096**-0.5)
     s, y = nm.norm_matmul(x, None, None, w, 1e-5)
     want = (x.float() @ w.float()).half()
     assert s is x
