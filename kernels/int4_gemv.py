@@ -12,7 +12,7 @@ for the weight ``(q_w - 8) s + z``. :func:`int4_gemv_reference` is this arithmet
 (float64 sums). torch's bfloat16 kernel is bound by its arithmetic at decode (9-16 GB/s of
 weights); this one by the weights' bytes.
 
-The library (this GEMV and the add + RMSNorm of kernels/add_rms_norm.py: `SOURCES`) is
+The library (this GEMV, the add + RMSNorm of kernels/add_rms_norm.py and the others of `SOURCES`) is
 compiled by ``python -m deepinfer.kernels.int4_gemv [--if-missing] [FOLDER]``
 (``./build.sh install`` runs it) with the C compiler (``CC``, else ``cc``) and
 ``-O3 -march=native``: the build runs where it is built, and its path (AVX-512 VNNI,
@@ -42,9 +42,11 @@ from .int4_weights import GROUP, TILE, Int4Weight
 
 ENV = "DEEPINFER_INT4_GEMV"  # "0": never use the C kernel
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# the library's C sources: this GEMV, the add + RMSNorm of kernels/add_rms_norm.py and the
-# column lookup of `int4_weights.int4_rows`
-SOURCES = tuple(os.path.join(_HERE, f) for f in ("int4_gemv.c", "add_rms_norm.c", "int4_rows.c"))
+# the library's C sources: this GEMV, the add + RMSNorm of kernels/add_rms_norm.py, the column
+# lookup of `int4_weights.int4_rows` and a decode row's attention (kernels/decode_attention_c.py)
+SOURCES = tuple(
+    os.path.join(_HERE, f) for f in ("int4_gemv.c", "add_rms_norm.c", "int4_rows.c", "decode_attention.c")
+)
 HEADERS = (os.path.join(_HERE, "bf16.h"),)  # included by the sources: part of the build's key
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
 PARALLEL = 1 << 20  # weights (K N) from which a matmul splits its columns over torch's threads
@@ -130,6 +132,7 @@ class _State:
     fn = None  # its int4_gemv
     norm = None  # its add_rms_norm
     columns = None  # its int4_columns
+    attention = None  # its decode_attention
     why = "not loaded yet"  # why the C kernel is not in use
     isa = ""  # the path the build took
 
@@ -139,7 +142,7 @@ STATE = _State()
 
 def load(folder: str | None = None) -> bool:
     """Load this source's build (once it matches its manifest); whether the kernel is usable."""
-    STATE.lib = STATE.fn = STATE.norm = STATE.columns = None
+    STATE.lib = STATE.fn = STATE.norm = STATE.columns = STATE.attention = None
     if os.environ.get(ENV) == "0":
         STATE.why = f"{ENV}=0"
         return False
@@ -165,8 +168,11 @@ def load(folder: str | None = None) -> bool:
     lib.add_rms_norm.restype = None
     lib.int4_columns.argtypes = [p, p, i64, i64, i64, p, i64, p]
     lib.int4_columns.restype = None
+    lib.decode_attention.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, p, p]
+    lib.decode_attention.restype = ctypes.c_int
     STATE.isa = lib.int4_gemv_isa().decode()
     STATE.lib, STATE.fn, STATE.norm, STATE.columns = lib, lib.int4_gemv, lib.add_rms_norm, lib.int4_columns
+    STATE.attention = lib.decode_attention
     STATE.why = ""
     return True
 

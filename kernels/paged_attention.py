@@ -54,6 +54,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from . import decode_attention_c
+
 BLOCK_N = 64  # keys per step of the Triton program
 SPLITS = 16  # the most runs of a row's keys in the split decode (`decode_splits`)
 PROGRAMS_PER_SM = 2  # the split decode aims at this many programs a multiprocessor
@@ -407,9 +409,13 @@ def paged_decode_torch(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tens
     for them): q [R, nkv, g, hd]; k_flat, v_flat: a layer's cache by slot [slots, nkv, hd] (its K/V
     of the rows' own tokens already written); keys: `decode_keys` of the rows. -> [R, nkv, g, hd].
     One gather of exactly the keys each row sees (no block of garbage to zero, unlike the batched
-    decode call of `paged_attention_torch`) and one SDPA call."""
+    decode call of `paged_attention_torch`) and one SDPA call; one row of bfloat16 (a decode step
+    at batch 1), where the C library is built, one C call instead (`decode_attention_c`)."""
     R, nkv, _, hd = q.shape
     L = keys.slots.shape[1]
+    if decode_attention_c.usable(q, k_flat, v_flat, keys.mask, softcap):
+        slots = None if keys.start is not None else keys.slots.view(-1)
+        return decode_attention_c.decode_attention(q, k_flat, v_flat, slots, keys.start or 0, L)
     if keys.start is not None:  # one row, its keys side by side: views [1, nkv, L, hd], no gather
         k, v = (_rows_view(c, keys.start, L) for c in (k_flat, v_flat))
     else:
