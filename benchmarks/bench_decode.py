@@ -497,12 +497,17 @@ def _prefill_row(name: str, model, n: int, args, device) -> list:
             f"{floor / t_det:.0%}"]  # fmt: skip
 
 
+_PDL_DEFAULTS: list = []  # (fused.PDL_ROWS, norm_matmul.PDL) as the modules set them
+
+
 def _set_pdl(on: bool) -> None:
     """Programmatic dependent launches of the Triton layer kernels as by default, or none (module
     settings)."""
     from deepinfer.kernels import fused, norm_matmul
 
-    fused.PDL_ROWS, norm_matmul.PDL = (2, True) if on else (0, False)
+    if not _PDL_DEFAULTS:
+        _PDL_DEFAULTS.extend((fused.PDL_ROWS, norm_matmul.PDL))
+    fused.PDL_ROWS, norm_matmul.PDL = _PDL_DEFAULTS if on else (0, False)
 
 
 MODES = {  # name: ModelRunner keywords (and the model's fused_matmul, the kernels' pdl)

@@ -145,16 +145,15 @@ def flashinfer_row(row: dict, fi, logits: torch.Tensor, bitmask: torch.Tensor) -
     """FlashInfer's columns (``flashinfer_peer.Sampler``): µs of top-p 0.9, top-k 50 and both, and
     the rows of those calls whose token the mask forbids or that lies below the 50th largest
     allowed score."""
-    work = logits.float()
-    if work.data_ptr() == logits.data_ptr():
-        work = work.clone()  # float32 logits: masked in place, once per call as the peers do
-    cast = logits.dtype != torch.float32  # (bfloat16: the cast to float32 is part of each call)
+    masked = logits.to(torch.float32, copy=True)
+    _mask_inplace(masked, bitmask)
+    # float32 logits: each call masks this copy in place again (a no-op), as the xgrammar column
+    # does; bfloat16: the cast to float32 is part of each call
+    cast = logits.dtype != torch.float32
 
     def call(k, p):
-        return lambda: fi(logits.float() if cast else work, bitmask, k, p)
+        return lambda: fi(logits.float() if cast else masked, bitmask, k, p)
 
-    masked = logits.float()
-    _mask_inplace(masked, bitmask)
     kth = masked.topk(50, dim=-1).values[:, -1:]
     bad = 0
     for name, k, p in (("fi_top_p", 0, 0.9), ("fi_top_k", 50, 1.0), ("fi_top_kp", 50, 0.9)):
