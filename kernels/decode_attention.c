@@ -24,18 +24,18 @@ int decode_attention(const uint16_t *q, const uint16_t *k_flat, const uint16_t *
                      int64_t start, int64_t L, int64_t nkv, int64_t g, int64_t hd, float *scratch, uint16_t *out) {
     if (hd > MAX_HD || hd % 16 || g > MAX_G || L < 1) return -1;
     const float scale = 1.0f / sqrtf((float)hd);
-    float qf[MAX_G][MAX_HD], kf[MAX_HD], acc[MAX_G][MAX_HD];
+    float qf[MAX_G][MAX_HD], row[MAX_HD], acc[MAX_G][MAX_HD]; /* row: a key, then a value */
     for (int64_t h = 0; h < nkv; h++) {
         for (int64_t i = 0; i < g; i++)
             for (int64_t d = 0; d < hd; d++) qf[i][d] = bf16_to_f32(q[(h * g + i) * hd + d]);
         /* scores, each key read once for the g queries of its head */
         for (int64_t j = 0; j < L; j++) {
             const uint16_t *k = row_at(k_flat, slots, start, j, nkv, hd, h);
-            for (int64_t d = 0; d < hd; d++) kf[d] = bf16_to_f32(k[d]);
+            for (int64_t d = 0; d < hd; d++) row[d] = bf16_to_f32(k[d]);
             for (int64_t i = 0; i < g; i++) {
                 float s = 0.0f; /* the compiler's vector lanes, summed at the end */
 #pragma omp simd reduction(+ : s)
-                for (int64_t d = 0; d < hd; d++) s += qf[i][d] * kf[d];
+                for (int64_t d = 0; d < hd; d++) s += qf[i][d] * row[d];
                 scratch[i * L + j] = s * scale;
             }
         }
@@ -54,10 +54,10 @@ int decode_attention(const uint16_t *q, const uint16_t *k_flat, const uint16_t *
         /* p @ v, each value row read once */
         for (int64_t j = 0; j < L; j++) {
             const uint16_t *v = row_at(v_flat, slots, start, j, nkv, hd, h);
-            for (int64_t d = 0; d < hd; d++) kf[d] = bf16_to_f32(v[d]);
+            for (int64_t d = 0; d < hd; d++) row[d] = bf16_to_f32(v[d]);
             for (int64_t i = 0; i < g; i++) {
                 float p = scratch[i * L + j];
-                for (int64_t d = 0; d < hd; d++) acc[i][d] += p * kf[d];
+                for (int64_t d = 0; d < hd; d++) acc[i][d] += p * row[d];
             }
         }
         for (int64_t i = 0; i < g; i++)
