@@ -92,7 +92,7 @@ def torch_unpack(bitmask: torch.Tensor, V: int) -> torch.Tensor:
 
 
 MODEL_LOGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "smollm2-logits.pt")
-_recorded: torch.Tensor | None = None
+_recorded: dict[str, torch.Tensor] = {}  # the recorded logits, by device
 
 
 def record_logits(path: str, rows: int = 64) -> None:
@@ -119,18 +119,20 @@ def record_logits(path: str, rows: int = 64) -> None:
     print(f"saved {tuple(out.shape)} float16 logits of the embedded model to {path}")
 
 
-def make_logits(B: int, V: int, dtype: torch.dtype, gen, kind: str) -> torch.Tensor | None:
-    """[B, V] logits: N(0, 4) noise ("random"), or the embedded model's recorded rows tiled to B
-    rows ("model", V = 49,152 only: None for other V)."""
-    global _recorded
+def make_logits(
+    B: int, V: int, dtype: torch.dtype, gen, kind: str, device: str = "cuda"
+) -> torch.Tensor | None:
+    """[B, V] logits on ``device`` (``gen``'s): N(0, 4) noise ("random"), or the embedded model's
+    recorded rows tiled to B rows ("model", V = 49,152 only: None for other V)."""
     if kind == "random":
-        return (torch.randn(B, V, device="cuda", generator=gen) * 2).to(dtype)
-    if _recorded is None:
-        _recorded = torch.load(MODEL_LOGITS).to("cuda")
-    if _recorded.shape[1] != V:
+        return (torch.randn(B, V, device=device, generator=gen) * 2).to(dtype)
+    rec = _recorded.get(device)
+    if rec is None:
+        rec = _recorded[device] = torch.load(MODEL_LOGITS).to(device)
+    if rec.shape[1] != V:
         return None
-    reps = -(-B // _recorded.shape[0])
-    return _recorded.repeat(reps, 1)[:B].to(dtype).contiguous()
+    reps = -(-B // rec.shape[0])
+    return rec.repeat(reps, 1)[:B].to(dtype).contiguous()
 
 
 def _mask_inplace(x: torch.Tensor, bitmask: torch.Tensor) -> None:
@@ -326,23 +328,15 @@ def _cpu_ms(fns: dict, calls: int) -> dict:
     return {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
 
 
-def _cpu_bitmask(allowed: torch.Tensor) -> torch.Tensor:
-    """bool [B, V] -> int32 [B, ceil(V/32)], bit i of word j allowing token 32 j + i."""
-    B, V = allowed.shape
-    bits = torch.zeros(B, (V + 31) // 32 * 32, dtype=torch.int64)
-    bits[:, :V] = allowed.long()
-    words = (bits.view(B, -1, 32) << torch.arange(32)).sum(-1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-
-
 def _cpu_calls(logits: torch.Tensor, allowed: torch.Tensor | None) -> dict:
     """The CPU table's calls on these logits: ours (top-p; top-k + top-p), the same without the exp
     floor, and plain torch."""
     from deepinfer.kernels import sample_reference
+    from deepinfer.kernels.bitmask_reference import pack_bitmask
 
     B = logits.shape[0]
     full = lambda v, dt=torch.float32: torch.full((B,), v, dtype=dt)  # noqa: E731
-    common = dict(bitmask=None if allowed is None else _cpu_bitmask(allowed), temperature=full(0.8),
+    common = dict(bitmask=None if allowed is None else pack_bitmask(allowed), temperature=full(0.8),
                   top_p=full(0.9), min_p=full(0.0), seed=torch.arange(B), step=full(3, torch.int64),
                   validate=False)  # fmt: skip
 
@@ -375,11 +369,7 @@ def cpu_table(batches: list[int], kind: str, threads: int, calls: int) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for B in batches:
         gen = torch.Generator().manual_seed(B)
-        if kind == "model":
-            rec = torch.load(MODEL_LOGITS).float()
-            logits = rec.repeat(-(-B // rec.shape[0]), 1)[:B].contiguous()
-        else:
-            logits = torch.randn(B, V, generator=gen) * 2
+        logits = make_logits(B, V, torch.float32, gen, kind, "cpu")
         for name, share in CPU_MASKS.items():
             allowed = None if share is None else torch.rand(B, V, generator=gen) < share
             ms = _cpu_ms(_cpu_calls(logits, allowed), calls)
@@ -443,10 +433,12 @@ def main() -> None:
         metavar="FIELD=VALUE",
         help="SampleTuning fields every run starts from, e.g. pdl=0 greedy1=0 split=never",
     )
+    import flashinfer_peer
+
     ap.add_argument(
         "--flashinfer",
         nargs="?",
-        const=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "flashinfer"),
+        const=flashinfer_peer.DEFAULT_DEST,
         metavar="DIR",
         help="FlashInfer's columns too: its headers, extracted by flashinfer_peer.py --extract "
         "(default benchmarks/.cache/flashinfer)",
@@ -471,8 +463,6 @@ def main() -> None:
           f"logits {args.logits}; {tuning}")  # fmt: skip
     fi = None
     if args.flashinfer:
-        import flashinfer_peer
-
         fi = flashinfer_peer.Sampler(flashinfer_peer.load(args.flashinfer), _mask_inplace)
     head = ("| dtype | B | V | fused greedy | fused top-p | fused top-k | fused top-k+p | top-k / top-p "
             "| top-k+p / top-p | ≠ ref | torch | xgr+torch | floor µs | greedy GB/s | % floor | top-p/greedy "

@@ -1,4 +1,4 @@
-"""Plain torch reference of the token bitmask: unpacking it, and applying it to logits in place
+"""Plain torch reference of the token bitmask: packing and unpacking it, and applying it to logits in place
 (the definition of what ``bitmask_triton`` computes, and its CPU path).
 
 Bit ``i`` of word ``j`` of a row's int32 bitmask allows token ``32*j + i``.
@@ -18,6 +18,17 @@ def unpack_bitmask_shifts(bitmask: torch.Tensor, vocab_size: int) -> torch.Tenso
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = (bitmask.to(torch.int32).unsqueeze(-1) >> shifts) & 1  # [B, W, 32]
     return bits.reshape(bitmask.shape[0], 32 * bitmask.shape[1])[:, :vocab_size].bool()
+
+
+def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [B, V] -> int32 [B, ceil(V/32)], bit i of word j allows token 32*j+i (the inverse of
+    `unpack_bitmask`)."""
+    B, V = allowed.shape
+    W = (V + 31) // 32
+    padded = torch.zeros(B, W * 32, dtype=torch.int64, device=allowed.device)
+    padded[:, :V] = allowed.long()
+    words = (padded.view(B, W, 32) << torch.arange(32, device=allowed.device)).sum(-1)  # < 2**32
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

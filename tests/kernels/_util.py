@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from deepinfer.kernels.bitmask_reference import pack_bitmask  # noqa: F401 (the tests' import)
+
 # a Triton kernel's devices: the CPU under TRITON_INTERPRET=1, CUDA (marked gpu) without it
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 TRITON_DEVICES = [
@@ -21,16 +23,6 @@ def random_bitmask(B: int, V: int, density: float, gen: torch.Generator) -> torc
     """int32 [B, ceil(V/32)] allowing each token with probability `density`."""
     allowed = torch.rand(B, V, generator=gen) < density
     return pack_bitmask(allowed)
-
-
-def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
-    """bool [B, V] -> int32 [B, ceil(V/32)], bit i of word j allows token 32*j+i."""
-    B, V = allowed.shape
-    W = (V + 31) // 32
-    padded = torch.zeros(B, W * 32, dtype=torch.int64)
-    padded[:, :V] = allowed.long()
-    words = (padded.view(B, W, 32) << torch.arange(32)).sum(-1)  # < 2**32
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def count_calls(monkeypatch, name: str) -> list:
