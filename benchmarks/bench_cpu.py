@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -312,7 +313,8 @@ def _run(engine: str, variant: str, args, prompts_file: str, cache: str) -> dict
            "--n-ctx", str(args.n_ctx)]  # fmt: skip
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
-        print(f"{engine} ({variant}) failed:\n{r.stderr[-2000:]}", file=sys.stderr)
+        how = f"signal {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit {r.returncode}"
+        print(f"{engine} ({variant}) failed ({how}):\n{r.stderr[-2000:]}", file=sys.stderr)
         return None
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -373,7 +375,9 @@ def main() -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         print("llama-cpp-python is not installed: the llama.cpp column is skipped. Install it with "
               "`.venv/bin/pip install -e \".[bench]\"` (it builds llama.cpp from source, about 8 minutes; "
-              "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" builds for this CPU).\n")  # fmt: skip
+              "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" builds for this CPU; where the CPU reports AMX but the OS "
+              "does not enable it, add -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF with "
+              "GGML_NATIVE=OFF, as benchmarks/RESULTS.md shows).\n")  # fmt: skip
     else:
         engines.insert(0, ("llama_cpp", "default"))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
