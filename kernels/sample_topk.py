@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .sample_filters import filters_keep
+from .sample_filters import VERDICT_SLACK, filters_keep
 from .triton_common import NDRAW, chunk_mass, draw_t, fast_exp, helper, load_scores, quanta, scale
 
 
@@ -246,6 +246,13 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
             kmax = top_k
             cut_p = top_p < 1.0
             zz = tl.sum(chunk_mass(ms, zs, m), 0) * (1.0 / 4294967296.0)
+            # top-p keeps every draw when the whole top-k set's mass (the most any draw has
+            # above it) clears top_p * Z by the verdicts' slack (over the sums' rounding): then
+            # draw 0 is the token, as the rounds below would find, and they are skipped
+            kept_all = top_p < 0.0  # (False)
+            if cut_p & (min_p == 0.0):
+                mass_k = tl.sum(tl.where(ok & (sc > low), fast_exp(sc - m), 0.0), 0)
+                kept_all = mass_k + VERDICT_SLACK * zz < top_p * zz
             j = tl.full((), 0, tl.uint32)
             dj = tl.arange(0, NDRAW).to(tl.uint32)
             searching = m > float("-inf")
@@ -255,7 +262,7 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
                 q = quanta(sc, mg, low)
                 _f, run = tl.associative_scan((first, q), 0, _seg_add)
                 cum = tl.cumsum(tl.where(last, chunk_mass(mg, run, m), 0.0).to(tl.int64), 0)
-                if cut_p | (min_p > 0.0):
+                if (cut_p | (min_p > 0.0)) & (kept_all == 0):
                     # NDRAW draws at once, and the count and mass of the candidates above each
                     # (all the row's tokens above it: it is above low >= v_k); the first kept
                     # is the token, as first_kept, else the next round draws below the lowest
@@ -269,7 +276,7 @@ def topk_row(gm_ptr, row, gid_ptr, lrow, stride_lv, mrow_ptr, has_row_mask, V, i
                     searching = kept == NDRAW
                     low = tl.max(qd, 0)
                     j += NDRAW
-                else:  # top-k alone keeps every draw: the token is draw 0
+                else:  # top-k alone (or with a top-p that keeps the whole set): the token is draw 0
                     x0, _q0 = _cand_draws(tc, cc, sc, run, cum, V, j + tl.arange(0, 1).to(tl.uint32), k0, k1,
                                           SP)  # fmt: skip
                     tok = tl.sum(x0, 0)

@@ -304,3 +304,22 @@ def test_real_shapes_match_reference(V, dtype):
         got = kernels.sample(logits, backend="triton", **args).tokens
         want = kernels.sample(logits, backend="torch", **args).tokens
         assert got.tolist() == want.tolist()
+
+
+def test_top_p_around_the_top_k_sets_mass(impl):
+    """Top-k + top-p where top-p's threshold sits near the top-k set's mass r (of Z): below r
+    minus the set's lowest token (top-p cuts inside the set: the rounds), just below and just
+    above r (it keeps every draw, measured), and past r by more than the verdicts' slack (the
+    set's mass alone settles it: draw 0 without the rounds). The reference's tokens in each."""
+    gen = torch.Generator().manual_seed(5)
+    B, V, k = 16, 2500, 6
+    row = torch.randn(V, generator=gen) * 0.5
+    row[torch.randperm(V, generator=gen)[:k]] = torch.tensor([4.0, 3.8, 3.5, 3.3, 3.2, 3.0])
+    p = torch.softmax(row.double(), 0)
+    top = p.topk(k).values
+    r, lowest = float(top.sum()), float(top[-1])
+    logits = row.expand(B, V).contiguous()
+    for top_p in (r - lowest - 0.02, r - lowest / 2, r - 1e-4, r + 1e-4, r + 0.01, min(r + 0.1, 0.999)):
+        for tuning in (GROUPS, TIGHT):
+            got = _both(impl, logits, tuning, temperature=1.0, top_k=k, top_p=top_p)
+            assert bool((row[got] >= 3.0).all())
