@@ -12,7 +12,7 @@ bitmask (half the tokens allowed), µs per call of
 - torch           unpack the bitmask + masked_fill, softmax, sort-based top-p, multinomial
 - xgr+torch       xgrammar's ``apply_token_bitmask_inplace``, then the same torch sampling
                   (column left empty if xgrammar is not importable)
-- FlashInfer      with ``--flashinfer``: the bitmask applied (xgrammar's kernel, else torch's),
+- FlashInfer      with ``--flashinfer``: the bitmask applied (xgrammar's kernel, else ours),
                   FlashInfer's softmax, then its top-p / top-k / top-k + top-p sampling from
                   the probabilities, as vLLM's FlashInfer sampler calls it (flashinfer_peer.py
                   builds it from the wheel's headers); "FI bad" counts rows whose token the
@@ -136,11 +136,13 @@ def make_logits(
 
 
 def _mask_inplace(x: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """The bitmask applied to float logits in place: xgrammar's kernel, else torch's."""
+    """The bitmask applied to float logits in place, in one launch: xgrammar's kernel, else
+    ``kernels.apply_bitmask_`` (the same work: one read of the mask, a store of each forbidden
+    token's -inf)."""
     if _xgr_apply is not None:
         _xgr_apply(x, bitmask)
     else:
-        x.masked_fill_(~torch_unpack(bitmask, x.shape[1]), float("-inf"))
+        kernels.apply_bitmask_(x, bitmask)
 
 
 def flashinfer_row(row: dict, fi, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
