@@ -165,6 +165,7 @@ class CompiledConstraint:
         self._view_max = 0
         self._lowest = self._highest = 0
         self._walks_below: dict = {}  # continuation walks: see _walk_below
+        self._continued: dict = {}  # continuations: see _continue
         # set while walking tokens without '"' from frames outside every region, in an
         # automaton whose regions only '"' enters or leaves: no count can change, so the
         # walks of frames that would carry one are plain walks (see _split_part)
@@ -948,10 +949,44 @@ class CompiledConstraint:
     def _continue(
         self, base: tuple[int, ...], nodes: np.ndarray, states: np.ndarray, words: np.ndarray, trie
     ) -> None:
+        """:meth:`_continue_walks` into ``words``, kept (bounded): the bits it sets and the
+        stack heights its closures read. The same continuation (a string's closing quote
+        returning into the same frames, below the same trie nodes) recurs in the rows of
+        every state that reaches it, as each word of an unrolled ``(\\S+\\s+){0,99}`` does; its
+        walks only set bits, so its part is the same in any row."""
+        key = (base, nodes.tobytes(), states.tobytes(), id(trie), self._plain)
+        memo = self._continued
+        hit = memo.get(key)
+        if hit is None:
+            lowest, highest = self._lowest, self._highest
+            self._lowest, self._highest = 1 << 30, -1
+            part = np.zeros(self.n_words, dtype=np.uint32)
+            try:
+                self._continue_walks(base, nodes, states, part, trie)
+                at = np.flatnonzero(part)
+                hit = (at, part[at], self._lowest, self._highest)
+            finally:
+                self._lowest, self._highest = min(lowest, self._lowest), max(highest, self._highest)
+            if len(memo) >= CONTINUATION_MEMO_SIZE:
+                memo.clear()
+            memo[key] = hit
+            words[hit[0]] |= hit[1]
+            return
+        at, bits, lowest, highest = hit
+        words[at] |= bits
+        if lowest < self._lowest:
+            self._lowest = lowest
+        if highest > self._highest:
+            self._highest = highest
+
+    def _continue_walks(
+        self, base: tuple[int, ...], nodes: np.ndarray, states: np.ndarray, words: np.ndarray, trie
+    ) -> None:
         """Tokens that pass trie ``nodes[i]`` with stack ``base + (states[i],)`` and go on
         through a call or a return: walk those subtrees from every *other* stack of the
         closure (the caller's walk already follows the stack itself). Boundaries that
-        share a state share one closure and one batched walk."""
+        share a state share one closure and one batched walk (the reference of
+        :meth:`_continue`'s memo)."""
         t0 = int(states.min())
         if t0 == int(states.max()):  # (mostly one state: a walk through a called rule's return)
             groups = ((t0, nodes),)

@@ -273,45 +273,47 @@ def _walk_counted_many_py(
     need,
     lo,
     hi,
-    start,
-    count,
     node_byte,
     node_depth,
     node_skip,
     tok_lo,
     tok_hi,
     tok_ids,
-    roots,
-    boundary,
-    out,
+    sub,
+    tok_end,
+    loop_set,
+    loop_tick,
     bnd_nodes,
     bnd_states,
     states,
     counts,
+    lev,
+    bnd_levels,
+    pend_level,
+    pend_node,
+    side_mark,
+    side_nodes,
+    side_levels,
+    side_count,
+    boundary,
+    out,
+    roots,
+    start,
+    count,
     starts,
     start_counts,
     recall_from,
     recall_to,
     recall_count,
     max_level,
-    lev,
-    bnd_levels,
     side_states,
-    pend_level,
-    pend_node,
-    side_mark,
     side_stamp,
-    side_nodes,
-    side_levels,
-    side_count,
-    sub,
-    tok_end,
-    loop_set,
-    loop_tick,
 ):
     """``_walk_counted_py`` of the whole trie (``roots`` empty), else of the subtrees below
     each node of ``roots`` (children only; from (``starts[i]``, ``start_counts[i]``) below
-    ``roots[i]`` if ``starts`` is not empty)."""
+    ``roots[i]`` if ``starts`` is not empty). The arguments come in the order they change:
+    the automaton's tables, the trie's, the thread's scratch (the first ``_COUNTED_FIXED``,
+    bound once: ``VocabIndex._counted_walk``), then each walk's own."""
     nb = 0
     n_roots = roots.shape[0]
     for r in range(max(n_roots, 1)):
@@ -966,6 +968,8 @@ _NO_ROOTS = np.zeros(0, dtype=np.int32)
 _FIXED = 21  # _walk_fast's arguments that stay the same (VocabIndex._fast_walk)
 _PLAIN = (_NO_ROOTS, -1, -1, 0, -1, _NO_ROOTS, 0)  # its chain arguments in a plain walk
 _NO_COUNTS = np.zeros(0, dtype=np.int64)
+_COUNTED_FIXED = 29  # _walk_counted_many's arguments that stay the same (VocabIndex._counted_walk)
+_COUNTED_KEPT = 64  # automata whose bound counted walk a trie keeps (per thread)
 
 
 def _walk_result(nb: int, bnd_nodes, bnd_states, bnd_levels, lev, side_args: tuple, recall) -> tuple:
@@ -1238,8 +1242,6 @@ class VocabIndex:
         ``loops``: :func:`counted_loops` of the automaton, for the subtree shortcut (None:
         every node walked; the same tokens)."""
         roots, bnd_nodes, bnd_states, bnd_levels, states, lev = self._walk_buffers(roots)
-        if boundary is None:
-            boundary = np.zeros(table.shape[0], dtype=np.bool_)
         n = table.shape[0]
         recall_from, to_state, to_count, max_level = -1, -1, 0, 0
         if recall is not None:
@@ -1250,41 +1252,27 @@ class VocabIndex:
             start_states, start_counts = _NO_ROOTS, _NO_COUNTS
         else:
             start_states, start_counts = (starts % n).astype(np.int32), (starts // n).astype(np.int64)
-        counts = np.empty(self.max_depth + 2, dtype=np.int64)
-        nb = _walk_counted_many(
-            table,
-            counters.act,
-            cls,
-            counters.region,
-            counters.need,
-            counters.lo,
-            counters.hi,
-            np.int32(start),
-            np.int64(count),
-            self.node_byte,
-            self.node_depth,
-            self.node_skip,
-            self.tok_lo,
-            self.tok_hi,
-            self.tok_ids,
-            np.asarray(roots, dtype=np.int32),
+        walk, none_boundary = self._counted_walk(table, counters, cls, loops)
+        if boundary is None:
+            boundary = none_boundary
+        if bnd_nodes is not walk.args[17]:  # (nested roots: larger boundary buffers, this once)
+            args = list(walk.args)
+            args[17], args[18], args[22] = bnd_nodes, bnd_states, bnd_levels
+            walk = bind(_walk_counted_many, *args)
+        nb = walk(
             boundary,
             out,
-            bnd_nodes,
-            bnd_states,
-            states,
-            counts,
+            np.asarray(roots, dtype=np.int32),
+            np.int32(start),
+            np.int64(count),
             start_states,
             start_counts,
             int(recall_from),
             int(to_state),
             int(to_count),
             int(max_level),
-            lev,
-            bnd_levels,
-            *side_args,
-            *self.subtree_columns()[:2],
-            *(loops if loops is not None else _NO_LOOPS),
+            side_args[0],
+            side_args[4],
         )
         return _walk_result(nb, bnd_nodes, bnd_states, bnd_levels, lev, side_args, recall)
 
@@ -1408,6 +1396,58 @@ class VocabIndex:
                 count,
             )
             hit = memo.bound[key] = bind(_walk_fast, *fixed, *(_PLAIN if plain else ()))
+        return hit
+
+    def _counted_walk(self, table, counters, cls, loops):
+        """``_walk_counted_many`` bound to the automaton's tables (``table``, ``counters``,
+        ``cls``, ``loops``), this trie's and this thread's scratch: its first
+        ``_COUNTED_FIXED`` arguments, checked once instead of at every walk. Kept per
+        automaton in a small table (its entries hold the arrays their key names, so no key
+        outlives them), with the automaton's empty boundary set."""
+        loop_id = id(loops[0]) if loops is not None else 0
+        key = (id(table), id(counters), id(cls), loop_id, threading.get_ident())
+        bound = self._scratches.get("counted")
+        if bound is None:
+            bound = self._scratches["counted"] = {}
+        hit = bound.get(key)
+        if hit is not None:
+            return hit
+        bnd_nodes, bnd_states, states = self._scratch()
+        lev, bnd_levels, pend_level, pend_node, marks, side_nodes, side_levels, count = self._level_scratch()
+        hit = bind(
+            _walk_counted_many,
+            table,
+            counters.act,
+            cls,
+            counters.region,
+            counters.need,
+            counters.lo,
+            counters.hi,
+            self.node_byte,
+            self.node_depth,
+            self.node_skip,
+            self.tok_lo,
+            self.tok_hi,
+            self.tok_ids,
+            *self.subtree_columns()[:2],
+            *(loops if loops is not None else _NO_LOOPS),
+            bnd_nodes,
+            bnd_states,
+            states,
+            np.empty(self.max_depth + 2, dtype=np.int64),
+            lev,
+            bnd_levels,
+            pend_level,
+            pend_node,
+            marks[0],
+            side_nodes,
+            side_levels,
+            count,
+        )
+        hit = (hit, np.zeros(table.shape[0], dtype=np.bool_))
+        if len(bound) >= _COUNTED_KEPT:
+            bound.clear()
+        bound[key] = hit
         return hit
 
     def _side(self, side: np.ndarray | None) -> tuple:

