@@ -1,4 +1,4 @@
-/* bfloat16 <-> float32 for the CPU kernels' C sources (int4_gemv.c, add_rms_norm.c, int4_rows.c). */
+/* bfloat16 <-> float32 for the CPU kernels' C sources (kernels/int4_gemv.py's SOURCES). */
 #ifndef DEEPINFER_BF16_H
 #define DEEPINFER_BF16_H
 #include <stdint.h>

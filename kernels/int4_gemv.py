@@ -43,9 +43,11 @@ from .int4_weights import GROUP, TILE, Int4Weight
 ENV = "DEEPINFER_INT4_GEMV"  # "0": never use the C kernel
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # the library's C sources: this GEMV, the add + RMSNorm of kernels/add_rms_norm.py, the column
-# lookup of `int4_weights.int4_rows` and a decode row's attention (kernels/decode_attention_c.py)
+# lookup of `int4_weights.int4_rows`, a decode row's attention (kernels/decode_attention_c.py) and
+# its RoPE + K/V store (kernels/rope_store_c.py)
 SOURCES = tuple(
-    os.path.join(_HERE, f) for f in ("int4_gemv.c", "add_rms_norm.c", "int4_rows.c", "decode_attention.c")
+    os.path.join(_HERE, f)
+    for f in ("int4_gemv.c", "add_rms_norm.c", "int4_rows.c", "decode_attention.c", "rope_store.c")
 )
 HEADERS = (os.path.join(_HERE, "bf16.h"),)  # included by the sources: part of the build's key
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
@@ -133,6 +135,7 @@ class _State:
     norm = None  # its add_rms_norm
     columns = None  # its int4_columns
     attention = None  # its decode_attention
+    rope = None  # its rope_store
     why = "not loaded yet"  # why the C kernel is not in use
     isa = ""  # the path the build took
 
@@ -142,7 +145,7 @@ STATE = _State()
 
 def load(folder: str | None = None) -> bool:
     """Load this source's build (once it matches its manifest); whether the kernel is usable."""
-    STATE.lib = STATE.fn = STATE.norm = STATE.columns = STATE.attention = None
+    STATE.lib = STATE.fn = STATE.norm = STATE.columns = STATE.attention = STATE.rope = None
     if os.environ.get(ENV) == "0":
         STATE.why = f"{ENV}=0"
         return False
@@ -170,9 +173,11 @@ def load(folder: str | None = None) -> bool:
     lib.int4_columns.restype = None
     lib.decode_attention.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, p, p]
     lib.decode_attention.restype = ctypes.c_int
+    lib.rope_store.argtypes = [p, i64, p, i64, p, p, p, i64, i64, i64, i64, i64, p, p, p]
+    lib.rope_store.restype = ctypes.c_int
     STATE.isa = lib.int4_gemv_isa().decode()
     STATE.lib, STATE.fn, STATE.norm, STATE.columns = lib, lib.int4_gemv, lib.add_rms_norm, lib.int4_columns
-    STATE.attention = lib.decode_attention
+    STATE.attention, STATE.rope = lib.decode_attention, lib.rope_store
     STATE.why = ""
     return True
 

@@ -122,7 +122,15 @@ def ops(
     if fused:
         add_norm, rope_store, glu = lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu
     else:
-        rope_store, glu = fk.rope_store_torch, fk.glu_reference
+        from ..kernels import rope_store_c as cr
+
+        glu = fk.glu_reference
+
+        def rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, nh):
+            if cr.usable(qk, v, cos, sin, positions, k_flat, v_flat, slots, nh):  # a decode step: one C call
+                return cr.rope_store(qk, v, cos, sin, k_flat, v_flat, slots, nh)  # (rope_store_torch's bits)
+            return fk.rope_store_torch(qk, v, cos, sin, positions, k_flat, v_flat, slots, nh)
+
         if invariant:
             add_norm = lambda x, d, w: fk.add_rms_norm_reference(x, d, w, eps, norm)  # noqa: E731
         else:  # add_rms_norm_reference's ops, called straight (61 times a decode step on the CPU)
