@@ -40,6 +40,18 @@ def test_contiguous_keys_match_the_reference(nkv, g, hd, L):
     _close(dc.decode_attention(q, k, v, None, start, L), want)
 
 
+@pytest.mark.parametrize(("hd", "scale"), [(64, 1.0), (64, 40.0), (128, 8.0), (48, 40.0)])
+def test_scores_from_flat_to_peaked_match_the_reference(hd, scale):
+    """Softmax rows from nearly flat to a few keys far above the rest (scores hundreds apart:
+    most exps below the polynomial's floor of -87), through both score paths (head_dim a
+    multiple of 32, and 48)."""
+    q, k, v = _case(2, 3, hd, 400, seed=int(scale) + hd)
+    q = (q.float() * scale).bfloat16()
+    L = 333
+    want = pa._attend_float32(q, pa._rows_view(k, 0, L), pa._rows_view(v, 0, L), None)
+    _close(dc.decode_attention(q, k, v, None, 0, L), want)
+
+
 @pytest.mark.parametrize(("nkv", "g", "hd", "L"), [(3, 3, 64, 250), (2, 2, 48, 9)])
 def test_gathered_keys_match_the_reference(nkv, g, hd, L):
     q, k, v = _case(nkv, g, hd, 512, seed=L)
