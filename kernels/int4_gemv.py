@@ -43,11 +43,11 @@ from .int4_weights import GROUP, TILE, Int4Weight
 ENV = "DEEPINFER_INT4_GEMV"  # "0": never use the C kernel
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # the library's C sources: this GEMV, the add + RMSNorm of kernels/add_rms_norm.py, the column
-# lookup of `int4_weights.int4_rows`, a decode row's attention (kernels/decode_attention_c.py) and
-# its RoPE + K/V store (kernels/rope_store_c.py)
+# lookup of `int4_weights.int4_rows`, a decode row's attention (kernels/decode_attention_c.py), its
+# RoPE + K/V store (kernels/rope_store_c.py) and its SwiGLU (kernels/glu_c.py)
 SOURCES = tuple(
     os.path.join(_HERE, f)
-    for f in ("int4_gemv.c", "add_rms_norm.c", "int4_rows.c", "decode_attention.c", "rope_store.c")
+    for f in ("int4_gemv.c", "add_rms_norm.c", "int4_rows.c", "decode_attention.c", "rope_store.c", "glu.c")
 )
 HEADERS = (os.path.join(_HERE, "bf16.h"),)  # included by the sources: part of the build's key
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
@@ -136,6 +136,7 @@ class _State:
     columns = None  # its int4_columns
     attention = None  # its decode_attention
     rope = None  # its rope_store
+    glu = None  # its glu_silu
     why = "not loaded yet"  # why the C kernel is not in use
     isa = ""  # the path the build took
 
@@ -145,7 +146,7 @@ STATE = _State()
 
 def load(folder: str | None = None) -> bool:
     """Load this source's build (once it matches its manifest); whether the kernel is usable."""
-    STATE.lib = STATE.fn = STATE.norm = STATE.columns = STATE.attention = STATE.rope = None
+    STATE.lib = STATE.fn = STATE.norm = STATE.columns = STATE.attention = STATE.rope = STATE.glu = None
     if os.environ.get(ENV) == "0":
         STATE.why = f"{ENV}=0"
         return False
@@ -175,9 +176,11 @@ def load(folder: str | None = None) -> bool:
     lib.decode_attention.restype = ctypes.c_int
     lib.rope_store.argtypes = [p, i64, p, i64, p, p, p, i64, i64, i64, i64, i64, p, p, p]
     lib.rope_store.restype = ctypes.c_int
+    lib.glu_silu.argtypes = [p, i64, i64, p]
+    lib.glu_silu.restype = None
     STATE.isa = lib.int4_gemv_isa().decode()
     STATE.lib, STATE.fn, STATE.norm, STATE.columns = lib, lib.int4_gemv, lib.add_rms_norm, lib.int4_columns
-    STATE.attention, STATE.rope = lib.decode_attention, lib.rope_store
+    STATE.attention, STATE.rope, STATE.glu = lib.decode_attention, lib.rope_store, lib.glu_silu
     STATE.why = ""
     return True
 

@@ -122,9 +122,13 @@ def ops(
     if fused:
         add_norm, rope_store, glu = lambda x, d, w: fk.add_rms_norm(x, d, w, eps), fk.rope_store, fk.glu
     else:
+        from ..kernels import glu_c as cg
         from ..kernels import rope_store_c as cr
 
-        glu = fk.glu_reference
+        def glu(gu, act):
+            if not invariant and cg.usable(gu, act):  # a decode step's SwiGLU: one C call (its exp
+                return cg.glu_silu(gu)  # is not torch's: a row's bits would depend on its batch)
+            return fk.glu_reference(gu, act)
 
         def rope_store(qk, v, cos, sin, positions, k_flat, v_flat, slots, nh):
             if cr.usable(qk, v, cos, sin, positions, k_flat, v_flat, slots, nh):  # a decode step: one C call
