@@ -67,6 +67,9 @@ class _State:
 
 STATE = _State()
 _KERNELS: list[Kernel] = []
+# the arguments' type codes in one C call (.arg_codes), loaded with the AOT build; None: every
+# call checks its arguments in Python (_arg_id)
+_CODES = None
 _LOCK = threading.Lock()
 
 
@@ -194,6 +197,21 @@ def _arg_id(x) -> int:
     return hit
 
 
+_CODE_IDS: dict = {}  # an argument code (_CODES) -> the _type_id of its type
+
+
+def _ids_of(codes: tuple, args: tuple) -> tuple:
+    """The _type_id ints of ``args`` from their ``codes`` (a code names one type: each code's
+    id is read once, from the first argument met with it)."""
+    try:
+        return tuple(map(_CODE_IDS.__getitem__, codes))
+    except KeyError:
+        for c, x in zip(codes, args):
+            if c not in _CODE_IDS:
+                _CODE_IDS[c] = _arg_id(x)
+        return tuple(map(_CODE_IDS.__getitem__, codes))
+
+
 _NUMPY_SCALARS = frozenset(
     (
         np.bool_,
@@ -252,6 +270,7 @@ class Kernel:
         self.qualname = f"{module}.{name}"
         self.jit = None  # the numba dispatcher, once in JIT mode
         self._sigs: dict = {}  # argument types (as _type_id ints) -> the AOT function
+        self._by_codes: dict = {}  # the arguments' codes (_CODES) -> the AOT function
         self.__doc__ = py_func.__doc__
         self.__wrapped__ = py_func
 
@@ -263,7 +282,15 @@ class Kernel:
     def __call__(self, *args):
         if self.jit is not None:
             return self.jit(*args)
-        f = self._sigs.get(tuple(map(_arg_id, args)))
+        codes = _CODES(args) if _CODES is not None else None
+        if codes is not None:
+            f = self._by_codes.get(codes)
+            if f is None:
+                f = self._sigs.get(_ids_of(codes, args))
+                if f is not None:
+                    self._by_codes[codes] = f
+        else:
+            f = self._sigs.get(tuple(map(_arg_id, args)))
         if f is not None:
             return f(*args)
         STATE.misses.append((self.qualname, tuple(map(_arg_type, args))))
@@ -280,18 +307,36 @@ class Bound:
     every call would cost several times the call itself. The bound arrays must keep their
     dtype, shape and flags (the package's own tables and scratch buffers)."""
 
-    __slots__ = ("kernel", "args", "ids")
+    __slots__ = ("kernel", "args", "codes", "ids", "by_codes")
 
     def __init__(self, k: Kernel, args: tuple) -> None:
         self.kernel, self.args = k, args
-        self.ids = tuple(map(_arg_id, args))
+        self.codes = _CODES(args) if _CODES is not None else None
+        self.ids = None if self.codes is not None else tuple(map(_arg_id, args))  # (without codes)
+        self.by_codes: dict = {}  # the added arguments' codes -> the AOT function
 
     def __call__(self, *rest):
         k = self.kernel
         if k.jit is None:
-            f = k._sigs.get(self.ids + tuple(map(_arg_id, rest)))
-            if f is not None:
-                return f(*self.args, *rest)
+            if self.codes is not None:
+                codes = _CODES(rest)
+                if codes is not None:
+                    f = self.by_codes.get(codes)
+                    if f is None:  # (another binding of the kernel may have met these types)
+                        full = self.codes + codes
+                        f = k._by_codes.get(full)
+                        if f is None:
+                            f = k._sigs.get(_ids_of(full, self.args + rest))
+                            if f is not None:
+                                k._by_codes[full] = f
+                        if f is not None:
+                            self.by_codes[codes] = f
+                    if f is not None:
+                        return f(*self.args, *rest)
+            else:
+                f = k._sigs.get(self.ids + tuple(map(_arg_id, rest)))
+                if f is not None:
+                    return f(*self.args, *rest)
         return k(*self.args, *rest)  # (the JIT, or a signature the build lacks: as any call)
 
 
@@ -351,10 +396,15 @@ def use_jit() -> None:
 
 
 def _init() -> None:
+    global _CODES
     mode = os.environ.get(ENV_MODE, "auto")
     if mode != "jit":
         _load_aot()
         if STATE.mode == "aot":
+            from . import arg_codes
+
+            if os.environ.get(arg_codes.ENV) != "0":
+                _CODES = arg_codes.load(cache_dir())
             return
         if mode == "aot":
             raise ImportError(f"{ENV_MODE}=aot: {STATE.why}")

@@ -13,7 +13,7 @@ import os
 import random
 import sys
 
-from . import native
+from . import arg_codes, native
 
 
 def workload_vocab():
@@ -121,6 +121,12 @@ def run() -> None:
 
 def main(argv: list[str]) -> None:
     folder = next((a for a in argv if not a.startswith("--")), None)
+    codes_folder = folder or native.cache_dir()
+    if "--if-missing" not in argv or not all(map(os.path.exists, arg_codes.build_paths(codes_folder))):
+        try:  # (a second: the arguments' codes, beside the kernels)
+            arg_codes.build(codes_folder)
+        except RuntimeError as e:
+            print(f"argument codes not built ({e}): calls check their arguments in Python", file=sys.stderr)
     if "--if-missing" in argv and all(map(os.path.exists, native.build_paths(folder))):
         print(native.build_paths(folder)[0])
         return

@@ -1,7 +1,8 @@
 """The kernels' ahead-of-time build (constraints/native.py): a build of three kernels, loaded in
 a new process, gives the pure-Python references' results on random inputs, called directly
 or bound to their tables; arguments of a type it was not built for (bound or not), a corrupt
-build and a stale one all fall back to numba's JIT, with the same results."""
+build and a stale one all fall back to numba's JIT, with the same results. The arguments'
+codes (constraints/arg_codes.c), by which calls find their signature, name one type each."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def run():  # meets the three kernels with the types the compiler passes
     workload_vocab().index()  # (the trie's construction, and its walk's warm-up)
     rows.count_bytes(np.full((2, 3), -1, dtype=np.int32), np.ones(3, dtype=np.int64), 0)
 
+from deepinfer.constraints import arg_codes
+
+arg_codes.build({folder!r})  # (the calls' argument codes, beside the kernels)
 print(native.build(run, {folder!r}, only={only!r}))
 """
 
@@ -48,7 +52,7 @@ from deepinfer.constraints.vocab import Vocabulary
 
 TRIALS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 rng = np.random.default_rng(0)
-out = {"mode": native.STATE.mode, "why": native.STATE.why, "checked": 0}
+out = {"mode": native.STATE.mode, "why": native.STATE.why, "checked": 0, "codes": native._CODES is not None}
 for trial in range(TRIALS):
     n, c = int(rng.integers(1, 12)), int(rng.integers(1, 6))
     table = rng.integers(-1, n, size=(n, c)).astype(np.int32)
@@ -128,6 +132,7 @@ def test_aot_kernels_match_their_references(built):
     folder, _ = built
     r = _result(_run(CHECK, {"DEEPINFER_CACHE_DIR": str(folder), "DEEPINFER_KERNELS": "auto"}))
     assert r["mode"] == "aot", r["why"]
+    assert r["codes"]  # (calls keyed by their arguments' codes: arg_codes.c)
     assert r["checked"] > 100 and r["misses"] == 0 and r["before"] == "aot"
     # an argument type outside the build: numba's JIT from then on, same result
     assert r["bound_miss"] and r["bound_after"]
@@ -141,7 +146,7 @@ def test_corrupt_or_stale_build_is_not_loaded(built, tmp_path):
     data = bytearray(so.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte: its hash no longer matches the manifest
     (bad / so.name).write_bytes(bytes(data))
-    manifest = next(folder.glob("*.json"))
+    manifest = next(folder.glob("_deepinfer_kernels_*.json"))
     (bad / manifest.name).write_text(manifest.read_text())
     r = _result(_run(CHECK, {"DEEPINFER_CACHE_DIR": str(bad), "DEEPINFER_KERNELS": "auto"}, 400, "2"))
     assert r["mode"] == "jit" and "does not match" in r["why"], r
@@ -201,6 +206,47 @@ def test_argument_types_kept_per_dtype_and_flags_equal_numbas_reading():
     for x in (3, 2.5, True, np.int64(4), np.float32(1.0), np.bool_(True), np.int32(2), "x"):
         assert _arg_type(x) == _arg_type_of(x)
         assert _arg_id(x) == _type_id(_arg_type_of(x))
+
+
+def test_argument_codes_name_one_type_each(tmp_path):
+    """``arg_codes.codes`` on arrays of every layout, byte order, write flag and dimension, and
+    on scalars: arguments with the same code have the same type (``_arg_type_of``), so a call
+    keyed by its codes finds the signature its types would; a byte-swapped array and an object
+    of another type have none (the call is checked in Python)."""
+    import random
+
+    from deepinfer.constraints import arg_codes
+    from deepinfer.constraints.native import _arg_type_of
+
+    try:
+        arg_codes.build(str(tmp_path))
+    except RuntimeError as e:
+        pytest.skip(f"no C compiler: {e}")
+    codes = arg_codes.load(str(tmp_path))
+    assert codes is not None, arg_codes.why
+    rng = random.Random(1)
+    seen: dict = {}
+    values: list = [3, -2, 2.5, True, False, np.int64(4), np.float32(1.0), np.bool_(True), np.int32(2)]
+    for _ in range(3000):
+        dt = rng.choice([np.int32, np.int64, np.uint32, np.uint8, np.int16, np.bool_, np.float64, np.float32])
+        a = np.zeros(rng.choice([(5,), (3, 4), (0,), (2, 3, 2), (1,), (4, 1)]), dtype=dt)
+        r = rng.random()
+        if r < 0.2 and a.ndim > 1:
+            a = a.T
+        elif r < 0.4 and a.ndim == 1 and len(a) > 2:
+            a = a[::2]
+        elif r < 0.5:
+            a = np.asfortranarray(a)
+        if rng.random() < 0.3:
+            a.flags.writeable = False
+        values.append(a)
+    got = codes(tuple(values))
+    assert got is not None and len(got) == len(values)
+    for c, v in zip(got, values):
+        assert seen.setdefault(c, _arg_type_of(v)) == _arg_type_of(v), (c, v)
+    assert len(seen) > 40
+    assert codes((np.zeros(3, dtype=">i4"),)) is None and codes((np.zeros(2), "x")) is None
+    assert codes(()) == ()
 
 
 # a kernel that calls two others (hopcroft, _columns), one of them called from Python too
