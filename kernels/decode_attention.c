@@ -8,12 +8,12 @@
  * multiple of 16, at most 256; at most 16 query heads a KV head (else -1: the caller's torch path).
  * Where the compiler targets AVX-512 BF16 (and head_dim is a multiple of 32) the scores take the
  * bfloat16 dot-product instruction, 16 keys at a time, with no float32 copy of the keys; the
- * softmax's exp is a polynomial within 1 ulp of expf on x <= 0 (every float of [-87, 0] checked),
- * so that its loop is vectorized. */
+ * softmax's exp is exp_poly.h's (within 1 ulp of expf), so that its loop is vectorized. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include "bf16.h"
+#include "exp_poly.h"
 
 #define MAX_HD 256
 #define MAX_G 16
@@ -76,27 +76,6 @@ static void scores_bf16(const uint16_t *qh, const uint16_t *k_flat, const int64_
 }
 #endif
 
-/* exp(x) for the softmax's x <= 0 (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
- * polynomial in r, 2^n from the exponent bits; within about 2 ulp of expf), branch-free so that
- * its loop is vectorized; x below -87 is taken as -87 (2^-126: far below any sum's rounding). */
-static inline float exp_le0(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &e, 4);
-    return p * two_n;
-}
-
 int decode_attention(const uint16_t *q, const uint16_t *k_flat, const uint16_t *v_flat, const int64_t *slots,
                      int64_t start, int64_t L, int64_t nkv, int64_t g, int64_t hd, float *scratch, uint16_t *out) {
     if (hd > MAX_HD || hd % 16 || g > MAX_G || L < 1) return -1;
@@ -127,7 +106,7 @@ int decode_attention(const uint16_t *q, const uint16_t *k_flat, const uint16_t *
 #pragma omp simd reduction(max : m)
             for (int64_t j = 1; j < L; j++) m = s[j] > m ? s[j] : m;
 #pragma omp simd
-            for (int64_t j = 0; j < L; j++) s[j] = exp_le0(s[j] - m);
+            for (int64_t j = 0; j < L; j++) s[j] = exp_poly(s[j] - m);
 #pragma omp simd reduction(+ : sum)
             for (int64_t j = 0; j < L; j++) sum += s[j];
             float inv = 1.0f / sum;

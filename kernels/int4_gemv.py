@@ -49,7 +49,7 @@ SOURCES = tuple(
     os.path.join(_HERE, f)
     for f in ("int4_gemv.c", "add_rms_norm.c", "int4_rows.c", "decode_attention.c", "rope_store.c", "glu.c")
 )
-HEADERS = (os.path.join(_HERE, "bf16.h"),)  # included by the sources: part of the build's key
+HEADERS = tuple(os.path.join(_HERE, f) for f in ("bf16.h", "exp_poly.h"))  # included: part of the key
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
 PARALLEL = 1 << 20  # weights (K N) from which a matmul splits its columns over torch's threads
 

@@ -162,6 +162,25 @@ def test_corrupt_or_stale_build_is_not_loaded(built, tmp_path):
     assert r["mode"] == "jit" and "no build" in r["why"], r
 
 
+def _random_arrays(rng, n: int, dtypes: list, shapes: list) -> list:
+    """``n`` arrays of the given dtypes and shapes: C, F (transposed or converted) or neither
+    (strided), 30% of them read-only."""
+    out = []
+    for _ in range(n):
+        a = np.zeros(rng.choice(shapes), dtype=rng.choice(dtypes))
+        r = rng.random()
+        if r < 0.2 and a.ndim > 1:
+            a = a.T
+        elif r < 0.4 and a.ndim == 1 and len(a) > 2:
+            a = a[::2]
+        elif r < 0.5:
+            a = np.asfortranarray(a)
+        if rng.random() < 0.3:
+            a.flags.writeable = False
+        out.append(a)
+    return out
+
+
 def test_arg_types_are_numbas_typeof():
     from numba import typeof
 
@@ -188,19 +207,8 @@ def test_argument_types_kept_per_dtype_and_flags_equal_numbas_reading():
 
     from deepinfer.constraints.native import _arg_id, _arg_type, _arg_type_of, _type_id
 
-    rng = random.Random(0)
-    for _ in range(2000):
-        dt = rng.choice([np.int32, np.int64, np.uint32, np.uint8, np.bool_, np.float64, ">i4", "<i4"])
-        a = np.zeros(rng.choice([(5,), (3, 4), (0,), (2, 3, 2)]), dtype=dt)
-        r = rng.random()
-        if r < 0.2 and a.ndim > 1:
-            a = a.T
-        elif r < 0.4 and a.ndim == 1 and len(a) > 2:
-            a = a[::2]
-        elif r < 0.5:
-            a = np.asfortranarray(a)
-        if rng.random() < 0.3:
-            a.flags.writeable = False
+    dtypes = [np.int32, np.int64, np.uint32, np.uint8, np.bool_, np.float64, ">i4", "<i4"]
+    for a in _random_arrays(random.Random(0), 2000, dtypes, [(5,), (3, 4), (0,), (2, 3, 2)]):
         assert _arg_type(a) == _arg_type_of(a)
         assert _arg_id(a) == _type_id(_arg_type_of(a))  # (the call-time check's key)
     for x in (3, 2.5, True, np.int64(4), np.float32(1.0), np.bool_(True), np.int32(2), "x"):
@@ -224,22 +232,10 @@ def test_argument_codes_name_one_type_each(tmp_path):
         pytest.skip(f"no C compiler: {e}")
     codes = arg_codes.load(str(tmp_path))
     assert codes is not None, arg_codes.why
-    rng = random.Random(1)
     seen: dict = {}
     values: list = [3, -2, 2.5, True, False, np.int64(4), np.float32(1.0), np.bool_(True), np.int32(2)]
-    for _ in range(3000):
-        dt = rng.choice([np.int32, np.int64, np.uint32, np.uint8, np.int16, np.bool_, np.float64, np.float32])
-        a = np.zeros(rng.choice([(5,), (3, 4), (0,), (2, 3, 2), (1,), (4, 1)]), dtype=dt)
-        r = rng.random()
-        if r < 0.2 and a.ndim > 1:
-            a = a.T
-        elif r < 0.4 and a.ndim == 1 and len(a) > 2:
-            a = a[::2]
-        elif r < 0.5:
-            a = np.asfortranarray(a)
-        if rng.random() < 0.3:
-            a.flags.writeable = False
-        values.append(a)
+    dtypes = [np.int32, np.int64, np.uint32, np.uint8, np.int16, np.bool_, np.float64, np.float32]
+    values += _random_arrays(random.Random(1), 3000, dtypes, [(5,), (3, 4), (0,), (2, 3, 2), (1,), (4, 1)])
     got = codes(tuple(values))
     assert got is not None and len(got) == len(values)
     for c, v in zip(got, values):

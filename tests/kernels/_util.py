@@ -54,3 +54,17 @@ def count_calls(monkeypatch, name: str) -> list:
     for m in mods:
         monkeypatch.setattr(m, name, counted)
     return calls
+
+
+def c_library(tmp_path_factory) -> None:
+    """The C library of kernels/int4_gemv.py loaded: its build in the cache when there is one,
+    else built into a temporary folder (the test skipped without a C compiler)."""
+    from deepinfer.kernels import int4_gemv
+
+    if not int4_gemv.available():
+        try:
+            folder = str(tmp_path_factory.mktemp("clib"))
+            int4_gemv.build(folder)
+        except RuntimeError as e:
+            pytest.skip(f"C kernels not built: {e}")
+        assert int4_gemv.load(folder), int4_gemv.STATE.why

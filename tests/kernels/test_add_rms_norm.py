@@ -8,20 +8,14 @@ import pytest
 import torch
 
 from deepinfer.kernels import add_rms_norm as cn
-from deepinfer.kernels import int4_gemv
 from deepinfer.kernels.fused import add_rms_norm_reference
 from deepinfer.models.layers import ops
+from tests.kernels._util import c_library
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel(tmp_path_factory):
-    if not int4_gemv.available():
-        try:
-            folder = str(tmp_path_factory.mktemp("cnorm"))
-            int4_gemv.build(folder)
-        except RuntimeError as e:
-            pytest.skip(f"C kernels not built: {e}")
-        assert int4_gemv.load(folder), int4_gemv.STATE.why
+    c_library(tmp_path_factory)
 
 
 @pytest.mark.parametrize("rows,H", [(1, 576), (3, 96), (4, 1536), (2, 33)])

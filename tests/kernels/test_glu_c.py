@@ -8,20 +8,14 @@ import pytest
 import torch
 
 from deepinfer.kernels import glu_c as cg
-from deepinfer.kernels import int4_gemv
 from deepinfer.kernels.fused import glu_reference
 from deepinfer.models.layers import ops
+from tests.kernels._util import c_library
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel(tmp_path_factory):
-    if not int4_gemv.available():
-        try:
-            folder = str(tmp_path_factory.mktemp("cglu"))
-            int4_gemv.build(folder)
-        except RuntimeError as e:
-            pytest.skip(f"C kernels not built: {e}")
-        assert int4_gemv.load(folder), int4_gemv.STATE.why
+    c_library(tmp_path_factory)
 
 
 @pytest.mark.parametrize("rows,width", [(1, 1536), (4, 3072), (2, 7)])

@@ -8,21 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.kernels import int4_gemv
 from deepinfer.kernels import rope_store_c as cr
 from deepinfer.kernels.fused import rope_store_reference, rope_store_torch, signed_sin
 from deepinfer.models.layers import ops, rope_tables
+from tests.kernels._util import c_library
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel(tmp_path_factory):
-    if not int4_gemv.available():
-        try:
-            folder = str(tmp_path_factory.mktemp("crope"))
-            int4_gemv.build(folder)
-        except RuntimeError as e:
-            pytest.skip(f"C kernels not built: {e}")
-        assert int4_gemv.load(folder), int4_gemv.STATE.why
+    c_library(tmp_path_factory)
 
 
 def _inputs(N: int, nh: int, nkv: int, hd: int, seed: int):
