@@ -40,12 +40,12 @@ def _name(key: str) -> str:
     return f"_deepinfer_arg_codes_{key}"
 
 
-def build_paths(folder: str) -> tuple[str, str]:
-    """The extension and manifest paths of this source's build in ``folder`` (the kernels'
-    :func:`.native.cache_dir`, which its callers pass)."""
+def build_paths(folder: str, key: str | None = None) -> tuple[str, str]:
+    """The extension and manifest paths of the build of ``key`` (default: this source's) in
+    ``folder`` (the kernels' :func:`.native.cache_dir`, which its callers pass)."""
     from importlib.machinery import EXTENSION_SUFFIXES
 
-    base = os.path.join(folder, _name(build_key()))
+    base = os.path.join(folder, _name(key or build_key()))
     return base + EXTENSION_SUFFIXES[0], base + ".json"
 
 
@@ -65,7 +65,7 @@ def build(folder: str) -> str:
     if not cc:
         raise RuntimeError("no C compiler (cc, gcc or $CC) found")
     key = build_key()
-    so, man = build_paths(folder)
+    so, man = build_paths(folder, key)
     os.makedirs(os.path.dirname(so), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(so), suffix=".so.tmp")
     os.close(fd)
@@ -94,16 +94,17 @@ def load(folder: str):
     None (with :data:`why` saying why)."""
     global why
     try:
-        so, man = build_paths(folder)
+        key = build_key()
+        so, man = build_paths(folder, key)
         if not (os.path.exists(so) and os.path.exists(man)):
             why = f"no build in {os.path.dirname(so)}"
             return None
         with open(man, encoding="utf-8") as f:
             meta = json.load(f)
-        if meta.get("key") != build_key() or meta.get("sha256") != _sha(so):
+        if meta.get("key") != key or meta.get("sha256") != _sha(so):
             why = f"build {so} does not match its manifest (stale or corrupt): not loaded"
             return None
-        spec = importlib.util.spec_from_file_location(_name(build_key()), so)
+        spec = importlib.util.spec_from_file_location(_name(key), so)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     except Exception as e:  # noqa: BLE001 - any failure: the Python check instead

@@ -970,11 +970,9 @@ class CompiledConstraint:
             if len(memo) >= CONTINUATION_MEMO_SIZE:
                 memo.clear()
             memo[key] = hit
-            words[hit[0]] |= hit[1]
-            return
         at, bits, lowest, highest = hit
         words[at] |= bits
-        if lowest < self._lowest:
+        if lowest < self._lowest:  # (after a walk: already so)
             self._lowest = lowest
         if highest > self._highest:
             self._highest = highest

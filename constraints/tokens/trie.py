@@ -312,8 +312,8 @@ def _walk_counted_many_py(
     """``_walk_counted_py`` of the whole trie (``roots`` empty), else of the subtrees below
     each node of ``roots`` (children only; from (``starts[i]``, ``start_counts[i]``) below
     ``roots[i]`` if ``starts`` is not empty). The arguments come in the order they change:
-    the automaton's tables, the trie's, the thread's scratch (the first ``_COUNTED_FIXED``,
-    bound once: ``VocabIndex._counted_walk``), then each walk's own."""
+    the automaton's tables, the trie's, the thread's scratch (the first 29, bound once:
+    ``VocabIndex._counted_walk``), then each walk's own."""
     nb = 0
     n_roots = roots.shape[0]
     for r in range(max(n_roots, 1)):
@@ -968,7 +968,6 @@ _NO_ROOTS = np.zeros(0, dtype=np.int32)
 _FIXED = 21  # _walk_fast's arguments that stay the same (VocabIndex._fast_walk)
 _PLAIN = (_NO_ROOTS, -1, -1, 0, -1, _NO_ROOTS, 0)  # its chain arguments in a plain walk
 _NO_COUNTS = np.zeros(0, dtype=np.int64)
-_COUNTED_FIXED = 29  # _walk_counted_many's arguments that stay the same (VocabIndex._counted_walk)
 _COUNTED_KEPT = 64  # automata whose bound counted walk a trie keeps (per thread)
 
 
@@ -1400,8 +1399,8 @@ class VocabIndex:
 
     def _counted_walk(self, table, counters, cls, loops):
         """``_walk_counted_many`` bound to the automaton's tables (``table``, ``counters``,
-        ``cls``, ``loops``), this trie's and this thread's scratch: its first
-        ``_COUNTED_FIXED`` arguments, checked once instead of at every walk. Kept per
+        ``cls``, ``loops``), this trie's and this thread's scratch: its first 29 arguments,
+        checked once instead of at every walk. Kept per
         automaton in a small table (its entries hold the arrays their key names, so no key
         outlives them), with the automaton's empty boundary set."""
         loop_id = id(loops[0]) if loops is not None else 0
