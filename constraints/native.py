@@ -82,6 +82,9 @@ def cache_dir() -> str:
     return os.path.join(base, "deepinfer")
 
 
+BUILD_FORMAT = 2  # what build() exports (2: no literal overloads); a build of another is stale
+
+
 def build_key() -> str:
     """The hash of what a build depends on: the kernel modules' source, the Python, numpy,
     the machine."""
@@ -90,6 +93,7 @@ def build_key() -> str:
         with open(os.path.join(_HERE, rel), "rb") as f:
             h.update(rel.encode() + b"\0" + f.read() + b"\0")
     h.update(f"{sys.version}|{sys.implementation.cache_tag}|{np.__version__}|{platform.machine()}".encode())
+    h.update(f"|format {BUILD_FORMAT}".encode())
     return h.hexdigest()[:20]
 
 
@@ -250,10 +254,15 @@ def _arg_type_of(x):
 
 
 def _numba_type(t):
-    """A numba type as :func:`_arg_type` writes it (None: not exportable)."""
+    """A numba type as :func:`_arg_type` writes it (None: not exportable). A literal (an
+    int a jitted caller passes as a constant: ``Literal[int](3)``) is not exportable: its
+    overload has the value compiled in, and a Python call with another int of the same
+    written type would run it."""
     from numba import types
     from numba.np.numpy_support import as_dtype
 
+    if isinstance(t, types.Literal):
+        return None
     if isinstance(t, types.Array):
         return (as_dtype(t.dtype).str, t.ndim, t.layout, not t.mutable)
     if isinstance(t, (types.Integer, types.Float, types.Boolean)):

@@ -537,7 +537,14 @@ def _compile(
             if name in regions:
                 raw.append(ct.region_dfa(regions[name], alphabet))
                 continue
-            d = memo.get(key, alphabet, limits) if memo is not None and key is not None else None
+            shared = memo is not None and key is not None
+            if shared and PREMINIMIZE:  # (a rule calling none is kept minimal: see below)
+                d = memo.get(("call-free", key), alphabet, limits)
+                if d is not None:
+                    pre[len(raw)] = d
+                    raw.append(d)
+                    continue
+            d = memo.get(key, alphabet, limits) if shared else None
             if d is None:
                 nfa = NFA(limits, deadline, alphabet)
                 builder = FragmentBuilder(nfa, rules, rule_index, dfa_memo, memo)
@@ -545,10 +552,13 @@ def _compile(
                 end = builder.build(rules[name], s0)
                 if not nfa.call and PREMINIMIZE:
                     # a rule calling none: its minimal DFA in one kernel call (the DFA that
-                    # determinize, live_states and minimize below make of it)
+                    # determinize, live_states and minimize below make of it), kept apart
+                    # from the determinized DFAs of rules that call: a hit must be known
+                    # to be minimal (the productive rules are read off it: an empty one
+                    # has no state)
                     d = pre[len(raw)] = minimal_dfa(nfa, s0, end)
-                    if memo is not None and key is not None:
-                        memo.put(key, cls, d, limits)
+                    if shared:
+                        memo.put(("call-free", key), cls, d, limits)
                     raw.append(d)
                     continue
                 d = determinize(nfa, s0, end, cls, reps, limits)

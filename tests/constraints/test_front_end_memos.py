@@ -185,3 +185,31 @@ def test_any_value_rule_is_one_object_across_compilations():
     assert c.rules["json:value"] is not a.rules["json:value"]
     assert c.rules["json:value"] != a.rules["json:value"]  # (whitespace differs)
     assert len(lowering._ANY_VALUE) <= 16
+
+
+def test_a_schema_with_an_empty_shared_rule_compiles_again():
+    """Array items whose own sub-schema no document meets (arrays that must contain a number
+    but whose items are all arrays) leave a shared rule that matches nothing. The same
+    schema compiled again, with the shared DFAs warm (as after it left a compiler's cache),
+    gives the same automaton, where it once failed with an internal error."""
+    from deepinfer.constraints.automaton import nfa
+
+    number = {"type": "number", "multipleOf": 11, "minimum": 100}
+    schema = {
+        "type": "array",
+        "oneOf": [
+            {"allOf": [{"items": {"$ref": "#/$defs/outer"}}, {"contains": {"$ref": "#/$defs/flat"}}]},
+            {"allOf": [{"items": {"$ref": "#/$defs/flat"}}, {"contains": {"$ref": "#/$defs/outer"}}]},
+        ],
+        "$defs": {
+            "outer": {"type": "array", "items": {"$ref": "#/$defs/holds"}},
+            "flat": {"type": "array", "items": {"$ref": "#/$defs/numbers"}},
+            "holds": {"type": "array", "contains": number},
+            "numbers": {"type": "array", "items": number},
+        },
+    }
+    nfa.SHARED_DFAS.clear()
+    first, again = (compile_grammar(schema_to_grammar(schema, whitespace="compact")) for _ in range(2))
+    assert first.table.tobytes() == again.table.tobytes() and first.calls == again.calls
+    assert again.accepts(b"[[[]],[[110]]]")  # the second branch only
+    assert not again.accepts(b"[[[110]]]") and not again.accepts(b"[]")  # both branches; neither

@@ -199,6 +199,24 @@ def test_arg_types_are_numbas_typeof():
         assert native._arg_type(v) == native._numba_type(typeof(v)), v
 
 
+def test_literal_overloads_are_not_exported():
+    """A jitted caller that passes a constant compiles its callee for that value
+    (``Literal[int](3)``), which reads as an int64 like any other: exported, a Python call
+    of the callee with another int would find it by its signature and run it with the
+    constant. Such overloads are left out of the build, and no kernel of the package's
+    build has two exports of one signature."""
+    from numba import types
+
+    assert native._numba_type(types.IntegerLiteral(3)) is None
+    assert native._numba_type(types.BooleanLiteral(True)) is None
+    assert native._numba_type(types.int64) == "<i8"
+    if native.STATE.mode != "aot":
+        pytest.skip(f"the kernels run as {native.STATE.mode}, not from a build ({native.STATE.why})")
+    for name, exports in native.STATE.manifest["kernels"].items():
+        sigs = [json.dumps(args) for args, _ in exports]
+        assert len(set(sigs)) == len(sigs), name
+
+
 def test_argument_types_kept_per_dtype_and_flags_equal_numbas_reading():
     """``native._arg_type`` (an array's kept by dtype, dimensions and flags) and ``_arg_id``
     against ``_arg_type_of`` (read afresh) on arrays of every layout, byte order and write

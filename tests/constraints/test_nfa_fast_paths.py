@@ -419,3 +419,21 @@ def test_collected_byte_sets_equal_a_plain_walk(seed):
         }
         out_rules: set = {"start"}
         assert ir.collect_masks(rules, ["start"], set()) == plain(rules["start"], set())
+
+
+def test_a_shared_rule_that_matches_nothing_compiles_again():
+    """A called rule that calls none and matches nothing is kept minimal (no state) in the
+    shared DFAs; a later compilation that finds it there leaves it out of the productive
+    rules, as the first did, and compiles to the same automaton."""
+    rules = {
+        "start": ir.alt(ir.lit("a"), ir.seq(ir.lit("b"), ir.Ref("e")), ir.seq(ir.lit("c"), ir.Ref("f"))),
+        "e": ir.seq(ir.lit("x"), ir.intersect(ir.lit("y"), ir.lit("z"))),  # no string
+        "f": ir.rep(ir.lit("f"), 1, 3),
+    }
+    memo = DFAMemo()
+    out = [_compile(ir.Grammar(rules), Limits(), 0, INF, memo) for _ in range(3)]
+    assert memo.hits >= 2  # (the later compilations took e and f from the memo)
+    for a in out[1:]:
+        assert (a.table == out[0].table).all() and a.calls == out[0].calls
+        assert (a.accepting == out[0].accepting).all() and a.start == out[0].start
+    assert out[0].accepts(b"a") and out[0].accepts(b"cff") and not out[0].accepts(b"bx")
