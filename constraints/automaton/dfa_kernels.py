@@ -224,61 +224,79 @@ def _product_py(t1, a1, t2, a2, mode_diff, max_states):
     """Reachable product of two call-free DFAs over the same classes (``t2`` may have no
     states: then every pair is (p, dead)). ``mode_diff``: accept where ``a1`` and not
     ``a2``; else where both accept. Returns (status, table, accepting); status 1: over
-    ``max_states``."""
-    n1, k = t1.shape
-    n2 = t2.shape[0]
-    w = n2 + 1  # pair key = p * w + (q + 1), q = -1 for dead
-    cap = 1024
-    slots = np.full(cap, -1, dtype=np.int64)
+    ``max_states``. Pairs are numbered as a breadth-first search meets them, classes in
+    order."""
+    k = t1.shape[1]
+    w = t2.shape[0] + 1  # pair key = p * w + (q + 1), q = -1 for dead
+    slots = np.full(1024, -1, dtype=np.int64)  # open addressing: pair key -> pair number
     pair_key = np.empty(64, dtype=np.int64)
     table = np.full((64, k), -1, dtype=np.int32)
     acc = np.zeros(64, dtype=np.bool_)
-    pair_key[0] = 0 * w + (1 if n2 > 0 else 0)
-    slots[(pair_key[0] * 0x9E3779B1) & (cap - 1)] = 0
+    pair_key[0] = 1 if t2.shape[0] > 0 else 0
+    slots[(pair_key[0] * 0x9E3779B1) & 1023] = 0
     n = 1
     i = 0
     while i < n:
-        p = pair_key[i] // w
-        q = pair_key[i] - p * w - 1
-        acc[i] = a1[p] and not (q >= 0 and a2[q]) if mode_diff else a1[p] and q >= 0 and a2[q]
-        for c in range(k):
-            p2 = t1[p, c]
-            if p2 < 0:
-                continue
-            q2 = t2[q, c] if q >= 0 else -1
-            if q2 < 0 and not mode_diff:
-                continue
-            key = p2 * w + q2 + 1
-            slot = (key * 0x9E3779B1) & (cap - 1)
-            j = -1
-            while slots[slot] >= 0:
-                if pair_key[slots[slot]] == key:
-                    j = slots[slot]
-                    break
-                slot = (slot + 1) & (cap - 1)
-            if j < 0:
-                if n >= max_states:
-                    return 1, table[:n], acc[:n]
-                j = n
-                pair_key = grow(pair_key, n + 1)
-                pair_key[j] = key
-                slots[slot] = j
-                n += 1
-                table, acc = grow_rows(table, acc, n)
-                if 2 * n > cap:
-                    cap *= 2
-                    slots = np.full(cap, -1, dtype=np.int64)
-                    for j2 in range(n):
-                        sl = (pair_key[j2] * 0x9E3779B1) & (cap - 1)
-                        while slots[sl] >= 0:
-                            sl = (sl + 1) & (cap - 1)
-                        slots[sl] = j2
-            table[i, c] = j
+        # room for the k pairs row i may add, made before its loop: the loop reassigns no
+        # array (numba keeps such a loop tight; growing inside it took ten times as long)
+        if n + k > pair_key.shape[0]:
+            pair_key = grow(pair_key, n + k)
+            table, acc = grow_rows(table, acc, n + k)
+        if 2 * (n + k) > slots.shape[0]:
+            cap = slots.shape[0]
+            while 2 * (n + k) > cap:
+                cap *= 2
+            slots = np.full(cap, -1, dtype=np.int64)
+            for j in range(n):
+                sl = (pair_key[j] * 0x9E3779B1) & (cap - 1)
+                while slots[sl] >= 0:
+                    sl = (sl + 1) & (cap - 1)
+                slots[sl] = j
+        m = _product_row(t1, a1, t2, a2, mode_diff, max_states, w, slots, pair_key, table, acc, i, n)
+        if m < 0:
+            return 1, table[:n], acc[:n]
+        n = m
         i += 1
     return 0, table[:n], acc[:n]
 
 
+def _product_row(t1, a1, t2, a2, mode_diff, max_states, w, slots, pair_key, table, acc, i, n):
+    """Row ``i`` of :func:`_product_py`'s product: its accepting flag and its targets, the
+    pairs it meets first numbered from ``n`` on. The arrays have room for them. Returns
+    the new count, or -1 where it would pass ``max_states``."""
+    k = t1.shape[1]
+    cap = slots.shape[0]
+    p = pair_key[i] // w
+    q = pair_key[i] - p * w - 1
+    acc[i] = a1[p] and not (q >= 0 and a2[q]) if mode_diff else a1[p] and q >= 0 and a2[q]
+    for c in range(k):
+        p2 = int(t1[p, c])
+        if p2 < 0:
+            continue
+        q2 = int(t2[q, c]) if q >= 0 else -1
+        if q2 < 0 and not mode_diff:
+            continue
+        key = p2 * w + q2 + 1
+        slot = (key * 0x9E3779B1) & (cap - 1)
+        j = -1
+        while slots[slot] >= 0:
+            if pair_key[slots[slot]] == key:
+                j = slots[slot]
+                break
+            slot = (slot + 1) & (cap - 1)
+        if j < 0:
+            if n >= max_states:
+                return -1
+            j = n
+            pair_key[j] = key
+            slots[slot] = j
+            n += 1
+        table[i, c] = j
+    return n
+
+
 grow = kernel(grow, __name__, "grow")
+_product_row = kernel(_product_row, __name__, "_product_row")
 grow_rows = kernel(grow_rows, __name__, "grow_rows")
 hopcroft = kernel(_hopcroft_py, __name__, "hopcroft")
 _backward = kernel(_backward_py, __name__, "_backward")

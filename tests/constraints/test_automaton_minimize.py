@@ -149,3 +149,53 @@ def test_product_accepts_the_intersection_or_difference(seed):
             a, b = run(d1, w), len(d2.accepting) > 0 and run(d2, w)
             want = (a and b) if mode == "and" else (a and not b)
             assert (len(p.accepting) > 0 and run(p, w)) == want, (mode, w)
+
+
+def _product_reference(t1, a1, t2, a2, diff: bool, max_states: int):
+    """The reachable product by a dict, pairs numbered as a breadth-first search meets them
+    (classes in order): (status, table, accepting), status 1 past ``max_states``."""
+    k = t1.shape[1]
+    start = (0, 0 if len(t2) else -1)
+    number, order, rows = {start: 0}, [start], []
+    i = 0
+    while i < len(order):
+        p, q = order[i]
+        row = [-1] * k
+        for c in range(k):
+            p2 = int(t1[p, c])
+            q2 = int(t2[q, c]) if q >= 0 else -1
+            if p2 < 0 or (q2 < 0 and not diff):
+                continue
+            if (p2, q2) not in number:
+                if len(order) >= max_states:
+                    return 1, None, None
+                number[(p2, q2)] = len(order)
+                order.append((p2, q2))
+            row[c] = number[(p2, q2)]
+        rows.append(row)
+        i += 1
+    acc = [bool(a1[p]) and (not (q >= 0 and a2[q]) if diff else q >= 0 and bool(a2[q])) for p, q in order]
+    return 0, np.array(rows, dtype=np.int32).reshape(-1, k), np.array(acc, dtype=bool)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_product_kernel_equals_a_plain_search(seed):
+    """``product_kernel`` (its rows' arrays grown before each row's loop, the hash table
+    rebuilt as it fills) against a dict-based search: the same table, numbering and
+    accepting flags, and the same refusal past the state bound; tables up to thousands of
+    pairs and 60 classes, so the arrays grow and the hash table is rebuilt several times."""
+    from deepinfer.constraints.automaton.dfa_kernels import product_kernel
+
+    rng = np.random.default_rng(seed)
+    n1, n2, k = int(rng.integers(1, 60)), int(rng.integers(0, 60)), int(rng.integers(1, 61))
+    dead = rng.random()  # share of dead transitions
+    t1 = np.where(rng.random((n1, k)) < dead, -1, rng.integers(0, n1, (n1, k))).astype(np.int32)
+    t2 = np.where(rng.random((n2, k)) < dead, -1, rng.integers(0, max(n2, 1), (n2, k))).astype(np.int32)
+    a1, a2 = rng.random(n1) < 0.5, rng.random(n2) < 0.5
+    for diff in (False, True):
+        for bound in (10**6, int(rng.integers(1, 200))):
+            got = product_kernel(t1, a1, t2, a2, diff, bound)
+            want = _product_reference(t1, a1, t2, a2, diff, bound)
+            assert got[0] == want[0], (diff, bound)
+            if want[0] == 0:
+                assert np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2])
