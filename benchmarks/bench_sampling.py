@@ -183,9 +183,10 @@ def run(dtype: torch.dtype, B: int, V: int, floor_tbs: float, peers: bool = True
                   tuning=tuning)  # fmt: skip
 
     def fused(t, k, p, backend="triton"):
-        # kinds: what the engine tells the kernel from its host-side parameters
+        # kinds and the largest top_k: what the engine tells the kernel from its host-side parameters
         kinds = kernels.sample_kinds(t, k, p, V, 0.0)
-        args = dict(common, temperature=f32(t), top_k=i64(k), top_p=f32(p), kinds=kinds, backend=backend)
+        args = dict(common, temperature=f32(t), top_k=i64(k), top_p=f32(p), kinds=kinds, backend=backend,
+                    top_k_bound=kernels.top_k_max(k))  # fmt: skip
         return lambda: kernels.sample(logits, **args)
 
     def differ(k, p) -> int:  # rows whose fused token is not the torch reference's

@@ -704,6 +704,7 @@ class LLM:
             validate=False,
             # read on the host, before the copies: the launches no row needs are left out
             kinds=kernels.sample_kinds(temperature, top_k, top_p, logits.shape[1], min_p),
+            top_k_bound=kernels.top_k_max(top_k),
         )
         # a row whose mask allows nothing comes back as -1 (out.empty): its sequence fails
         # in on_token, the others go on

@@ -63,9 +63,13 @@ def compile_sampling(vocab_size: int, device: torch.device) -> None:
     ints = torch.zeros(B, dtype=torch.int64, device=device)
     some = torch.zeros(1, dtype=torch.int64, device=device)
     for kind, (t, k, p, mp) in SAMPLE_KINDS.items():
-        for bitmask, indices in ((None, None), (mask, None), (mask, some)):
-            kernels.sample(logits, bitmask=bitmask, indices=indices, temperature=t, top_k=k, top_p=p,
-                           min_p=mp, seed=ints, step=ints, validate=False, kinds=kind)  # fmt: skip
+        # top-k rows gather topk_small_max groups where the rows' largest top_k is that or less,
+        # else topk_max: both variants
+        for bound in (k, 1 << 30) if k else (None,):
+            for bitmask, indices in ((None, None), (mask, None), (mask, some)):
+                kernels.sample(logits, bitmask=bitmask, indices=indices, temperature=t, top_k=k, top_p=p,
+                               min_p=mp, seed=ints, step=ints, validate=False, kinds=kind,
+                               top_k_bound=bound)  # fmt: skip
 
 
 def compile_verify(vocab_size: int, device: torch.device) -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "apply_bitmask_",
     "sample",
     "sample_kinds",
+    "top_k_max",
     "verify",
 ]
 
@@ -154,6 +155,7 @@ def sample(
     validate: bool = True,
     kinds: str | None = None,
     tuning: SampleTuning = DEFAULT_TUNING,
+    top_k_bound: int | None = None,
 ) -> SampleOutput:
     """Mask, temper, filter and sample one token per row in one launch.
 
@@ -189,6 +191,11 @@ def sample(
         How the Triton path launches its kernels (``tuning.py``); the tokens are the same under
         any, except that ``chunk_max`` (the chunks of the draws) is part of what a seed samples
         (both backends take it).
+    top_k_bound : int, optional
+        The largest top_k of the rows, known on the host. None: read from ``top_k`` when it
+        is a host value. With one of at most ``tuning.topk_small_max`` the Triton path's top-k
+        rows gather fewer groups (faster); a row over it searches the row itself, so a wrong
+        value costs time, not tokens.
 
     Returns
     -------
@@ -209,6 +216,8 @@ def sample(
         kinds = sample_kinds(temperature, top_k, top_p, logits.shape[1], min_p)
     else:
         check_kinds(kinds)
+    if top_k_bound is None:
+        top_k_bound = top_k_max(top_k)
     temperature, top_k, top_p, min_p, seed, step = sampling_rows(
         B, dev, validate, temperature, top_k, top_p, min_p, seed, step
     )
@@ -216,11 +225,23 @@ def sample(
     if impl is sample_reference:
         extra = {"chunk_max": tuning.chunk_max}
     else:
-        extra = {"kinds": kinds, "tuning": tuning}
+        extra = {"kinds": kinds, "tuning": tuning, "top_k_bound": top_k_bound}
     tokens, empty, logprobs = impl.sample(
         logits, bitmask, idx, temperature, top_k, top_p, min_p, seed, step, return_logprobs, **extra
     )
     return SampleOutput(tokens, empty, logprobs)
+
+
+def top_k_max(top_k: PerRow) -> int | None:
+    """The largest top_k of host values (a number, or a list or CPU tensor of them), for
+    ``sample(top_k_bound=...)``; None where ``top_k`` is on a device (reading it would sync)."""
+    if isinstance(top_k, torch.Tensor):
+        if top_k.device.type != "cpu":
+            return None
+        top_k = top_k.reshape(-1).tolist()
+    if isinstance(top_k, (list, tuple)):
+        return max((int(k) for k in top_k), default=0)
+    return int(top_k)
 
 
 def sample_kinds(

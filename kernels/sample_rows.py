@@ -309,11 +309,11 @@ def _sample_kernel(
 def launch(rows: RowArgs, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            min_p: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, out: tuple, split_results: tuple,
            V: int, S: int, chunk: int, return_logprobs: bool, split: bool, split2: bool, pdl: bool,
-           tuning: SampleTuning, topk: bool = False) -> None:  # fmt: skip
+           tuning: SampleTuning, topk: bool = False, kc: int | None = None) -> None:  # fmt: skip
     """``_sample_kernel`` over the B rows: ``out`` = (tokens, empty, logprobs) [B];
     ``split_results`` = (pm, pz, pi, dx, dq, dv, ps, gm, gid), what the split passes wrote
     (placeholders where they did not run; ``topk``: pass 1 stored the groups' maxima gm, and
-    gid is the top-k rows' scratch)."""
+    gid is the top-k rows' scratch); ``kc``: the groups a top-k row gathers (None: ``topk_max``)."""
     B = rows.logits[0].shape[0]
     warps = tuning.num_warps
     if topk:
@@ -328,7 +328,8 @@ def launch(rows: RowArgs, temperature: torch.Tensor, top_k: torch.Tensor, top_p:
         *split_results,
         V, S,
         RETURN_LOGPROBS=return_logprobs, BLOCK=block_size(V, tuning.block_max), CHUNK=chunk,
-        SPLIT=split, SPLIT2=split2, SP=triton.next_power_of_2(S), PDL=pdl, TOPK=topk, KC=tuning.topk_max,
+        SPLIT=split, SPLIT2=split2, SP=triton.next_power_of_2(S), PDL=pdl, TOPK=topk,
+        KC=tuning.topk_max if kc is None else kc,
         **rows.flags,
         **launch_opts(warps), **dependent(pdl),
     )  # fmt: skip

@@ -44,7 +44,7 @@ import triton
 from . import sample_greedy, sample_rows, sample_split
 from .sample_reference import chunk_size
 from .triton_common import pdl_device, row_args
-from .tuning import DEFAULT_TUNING, SampleTuning
+from .tuning import DEFAULT_TUNING, SampleTuning, topk_groups
 
 
 def use_split(V: int, tuning: SampleTuning = DEFAULT_TUNING) -> bool:
@@ -65,6 +65,7 @@ def sample(
     return_logprobs: bool = False,
     kinds: str = "filter",
     tuning: SampleTuning = DEFAULT_TUNING,
+    top_k_bound: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Triton version of :func:`sample_reference.sample`.
 
@@ -78,7 +79,8 @@ def sample(
     launches),
     "sample" (no row samples with top-k or top-p: no test pass), "top_p" (no row samples with
     top-k: the test pass without the counts), "filter" (all of them). ``tuning`` picks the
-    layout (the same tokens in any).
+    layout (the same tokens in any); ``top_k_bound`` (the rows' largest top_k, known on the
+    host, or None) how many groups a top-k row gathers (:func:`~.tuning.topk_groups`).
     """
     B, V = logits.shape
     dev = logits.device
@@ -98,11 +100,12 @@ def sample(
         sample_greedy.launch(rows, tokens, empty, V, chunk, tuning)
         return tokens, empty, None
     pdl = split and tuning.pdl and pdl_device(dev)
+    kc = topk_groups(tuning, top_k_bound)
     if split:
         call = sample_split.SplitCall(rows, V, S, chunk, pdl)
         topk = kinds in ("top_k", "filter")  # some row may have top-k: pass 1 stores its groups' maxima
         pm, pz, pi, got = sample_split.pass1(call, temperature, return_logprobs, tuning.split_warps,
-                                             top_k if topk else None, tuning.topk_max)  # fmt: skip
+                                             top_k if topk else None, kc)  # fmt: skip
         cand = got if topk else (pm, pi)  # (placeholders of the top-k buffers' types, never read)
         if kinds == "plain":  # no filter: the draw (or the argmax) ends the row
             sample_split.plain(call, temperature, seed, step, (pm, pz, pi), (tokens, empty, logprobs),
@@ -133,6 +136,7 @@ def sample(
         pdl,
         tuning,
         split and kinds in ("top_k", "filter"),
+        kc,
     )
     return tokens, empty, (logprobs if return_logprobs else None)
 

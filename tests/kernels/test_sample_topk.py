@@ -323,3 +323,38 @@ def test_top_p_around_the_top_k_sets_mass(impl):
         for tuning in (GROUPS, TIGHT):
             got = _both(impl, logits, tuning, temperature=1.0, top_k=k, top_p=top_p)
             assert bool((row[got] >= 3.0).all())
+
+
+def test_top_k_bound_gathers_fewer_groups_same_tokens(impl, monkeypatch):
+    """A call told its rows' largest top_k (``top_k_bound``, read from host values when not
+    given) gathers ``topk_small_max`` groups where that is enough, else ``topk_max``; rows over
+    the bound it was told search the row itself. The tokens are the reference's in every case."""
+    from deepinfer.kernels import sample_split
+    from deepinfer.kernels.tuning import topk_groups
+
+    tuning = SampleTuning(chunk_max=64, topk_max=16, topk_small_max=8)
+    assert topk_groups(tuning, 8) == 8 and topk_groups(tuning, 9) == 16
+    assert topk_groups(tuning, None) == 16 and topk_groups(tuning, 0) == 16
+    assert topk_groups(SampleTuning(), 50) == 64 and topk_groups(SampleTuning(), 100) == 128
+    assert kernels.top_k_max([0, 7, 3]) == 7 and kernels.top_k_max(5) == 5
+    assert kernels.top_k_max(torch.tensor([4, 9])) == 9
+    gathered = []
+    pass1 = sample_split.pass1
+
+    def spy(call, temperature, return_logprobs, warps, top_k=None, kc=1):
+        gathered.append(kc)
+        return pass1(call, temperature, return_logprobs, warps, top_k, kc)
+
+    monkeypatch.setattr(sample_split, "pass1", spy)
+    gen = torch.Generator().manual_seed(11)
+    B, V = 5, 400
+    logits = torch.randn(B, V, generator=gen) * 2
+    bitmask = random_bitmask(B, V, 0.7, gen)
+    small = dict(temperature=[1.0, 0.8, 1.0, 1.5, 1.0], top_k=[3, 8, 5, 1, 6],
+                 top_p=[1.0, 0.9, 1.0, 1.0, 0.7])  # fmt: skip
+    mixed = dict(small, top_k=[3, 8, 12, 1, 16])
+    for args, bound, want_kc in ((small, None, 8), (mixed, None, 16), (mixed, 8, 8), (small, 16, 16)):
+        gathered.clear()
+        _both(impl, logits, tuning, bitmask=bitmask, **args, top_k_bound=bound)  # (rows over 8: per row)
+        if impl[0] == "triton":
+            assert gathered and set(gathered) == {want_kc}, (args["top_k"], bound)
