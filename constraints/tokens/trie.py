@@ -1005,7 +1005,8 @@ class WalkMemo:
         self.set_cls = np.empty((N_SETS, 257), dtype=np.int32)
         _set_classes(cls, _SET_ROWS, _SET_BYTES, self.set_cls)
         self.scratch = np.zeros(3 * n + 2 * ALIVE_CAP + 3, dtype=np.int64)  # stamp, levels, marks, chain
-        self.bound: dict = {}  # (trie, inner, thread, plain) -> _walk_fast bound (VocabIndex._fast_walk)
+        self.bound: dict = {}  # (trie, inner, thread, plain) -> _walk_fast bound (VocabIndex._fast_walk);
+        # (trie, inner, thread) -> a plain walk's binding and buffers (VocabIndex._plain_walk)
 
     @classmethod
     def light(cls_, table: np.ndarray, cls: np.ndarray, bottom: np.ndarray, inner: np.ndarray) -> WalkMemo:
@@ -1397,6 +1398,17 @@ class VocabIndex:
             hit = memo.bound[key] = bind(_walk_fast, *fixed, *(_PLAIN if plain else ()))
         return hit
 
+    def _plain_walk(self, memo: WalkMemo, inner: bool) -> tuple:
+        """What a plain walk of :meth:`walk_fast` takes, kept on ``memo`` per trie, ``inner``
+        and thread: ``(the bound walk, boundary nodes, their states, the level per depth, the
+        side walks' count)``, the buffers those the walk is bound to, with room for every
+        pair of a walk below one node or of the whole trie."""
+        walk = self._fast_walk(memo, inner, True)
+        bnd_nodes, bnd_states, _ = self._scratch()
+        lev, _, _, _, _, _, _, count = self._level_scratch()
+        hit = memo.bound[(self, inner, threading.get_ident())] = (walk, bnd_nodes, bnd_states, lev, count)
+        return hit
+
     def _counted_walk(self, table, counters, cls, loops):
         """``_walk_counted_many`` bound to the automaton's tables (``table``, ``counters``,
         ``cls``, ``loops``), this trie's and this thread's scratch: its first 29 arguments,
@@ -1500,6 +1512,17 @@ class VocabIndex:
         below ``roots``, level k's below the nodes where level k went on). Returns
         ``(nodes, states, levels, the highest level reached, (side nodes, their levels))``:
         the roots and nodes whose side walk reads a child's byte (the others' find nothing)."""
+        if recall is None and starts is None and side is None and (roots is None or len(roots) <= 1):
+            # a plain walk of the whole trie or below one node (most walks): its binding and
+            # buffers taken in one lookup (:meth:`_plain_walk`)
+            hit = memo.bound.get((self, inner, threading.get_ident()))
+            if hit is None:
+                hit = self._plain_walk(memo, inner)
+            walk, bnd_nodes, bnd_states, lev, count = hit
+            lev[-1] = 1
+            count[0] = 0
+            nb = walk(start, _NO_ROOTS if roots is None else np.asarray(roots, dtype=np.int32), out)
+            return bnd_nodes[:nb].copy(), bnd_states[:nb].copy()
         roots, bnd_nodes, bnd_states, bnd_levels, states, lev = self._walk_buffers(roots)
         recall_from, recall_to, max_level = recall if recall is not None else (-1, -1, 0)
         side_args = self._side(side)

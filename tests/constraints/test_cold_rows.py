@@ -274,6 +274,14 @@ def test_fast_walks_equal_plain_walks(real):
                         b2 = trie.walk_fast(memo, inner, t, w2, roots)
                         np.testing.assert_array_equal(w1, w2)
                         assert _walk_sets(trie, b1) == _walk_sets(trie, b2)
+                    for node in roots[:2].tolist():  # below one node (the plain walks' own path)
+                        one = np.array([node], dtype=np.int32)
+                        w1[:] = 0
+                        w2[:] = 0
+                        b1 = trie.walk_below(a.table, a.cls, s, bnd, w1, one)
+                        b2 = trie.walk_fast(memo, inner, s, w2, one)
+                        np.testing.assert_array_equal(w1, w2)
+                        assert _walk_sets(trie, b1) == _walk_sets(trie, b2)
         if not real:  # below every node at once: nested roots, larger boundary buffers
             roots = np.arange(trie.n_nodes, dtype=np.int32)
             assert int((trie.node_skip[roots] - roots).sum()) > trie.n_nodes
