@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import ConstraintTooComplex
 from ..ir import LONG_REPEAT, And, Expr, Items, Ref, Repeat, collect_masks
 from .nfa import NFA, Alphabet, FragmentBuilder, Limits, RawDFA, minimal_dfa, with_calls
+from .tables import ints
 
 # transition actions (bits of Counters.act)
 TICK = 2  # starts an item: count += 1
@@ -462,7 +463,7 @@ def step_counted(automaton, config: int, data: bytes) -> int | None:
             return None
         ar = acts.get(s)
         if ar is None:
-            ar = acts[s] = tuple(automaton.counters.act[s].tolist())
+            ar = acts[s] = ints(automaton.counters.act[s])
         a = ar[k]
         if a:
             if a & EXIT and c < lo[region[s]]:
@@ -484,7 +485,7 @@ def live_classes(automaton, config: int) -> list[bool]:
     s, c = config % n, config // n
     ar = automaton._act_rows.get(s)
     if ar is None:
-        ar = automaton._act_rows[s] = tuple(automaton.counters.act[s].tolist())
+        ar = automaton._act_rows[s] = ints(automaton.counters.act[s])
     region, need, lo, hi = (
         automaton._region_list,
         automaton._need_list,

@@ -42,6 +42,7 @@ from .nfa import (
     minimal_dfa,
     minimize,
 )
+from .tables import flags, ints
 
 MAX_STACK_DEPTH = 4_000
 MAX_STACKS = 512
@@ -54,19 +55,6 @@ MAX_STACKS = 512
 # keeps tens of thousands of configurations in its cached constraints' step memos and row
 # caches.
 Config = tuple
-
-
-def flags(a: np.ndarray) -> bytes:
-    """A per-state table of flags as ``bytes`` (an item is 1 or 0): unlike a tuple of bools,
-    which the collector walks in the first young collection after it is made (tens of
-    thousands of items for a large automaton: a pause of up to a millisecond inside
-    whatever runs then, often a mask), ``bytes`` holds no references to walk."""
-    return np.asarray(a, dtype=bool).tobytes()  # (a numpy bool is the byte 0 or 1)
-
-
-def ints(a: np.ndarray) -> array:
-    """A per-state table of ints as an ``array`` of int64, for the same reason as :func:`flags`."""
-    return array("q", np.asarray(a, dtype=np.int64).tobytes())
 
 
 def make_config(stacks, can_end: bool) -> Config:
@@ -107,14 +95,14 @@ class Automaton:
         self.is_regular = not self.has_calls.any()
         self.n_states = len(accepting)
         self.cls_list = tuple(cls.tolist())
-        self._rows: dict[int, tuple[int, ...]] = {}  # state -> its row, made on first use
+        self._rows: dict[int, array] = {}  # state -> its row, made on first use
         self._acc_list = flags(accepting)  # (flags: bytes, not tuples of bools)
         self._has_bytes_list = flags(self.has_bytes)
         # counted repetitions (see .counted): a configuration, or in a pushdown automaton the
         # top frame of a stack (a region has no calls), is state + n_states * count
         self.counters = counters
         if counters is not None:
-            self._act_rows: dict[int, tuple[int, ...]] = {}  # state -> its counter actions
+            self._act_rows: dict[int, array] = {}  # state -> its counter actions (as .row)
             self._region_list = ints(counters.region)  # (per state: ints, not tuples)
             self._need_list = ints(counters.need)
             self._lo_list = tuple(counters.lo.tolist())
@@ -130,10 +118,13 @@ class Automaton:
         r = self._region_list[s]
         return s, bool(self._acc_list[s]) and (r < 0 or v // n >= self._lo_list[r])
 
-    def row(self, s: int) -> tuple[int, ...]:
+    def row(self, s: int) -> array:
+        """State ``s``'s row of the table (its target per byte class, -1 dead), made on first
+        use as :func:`ints` makes a per-state table: a tuple per state would be walked by the
+        next young collection, most often inside a mask."""
         r = self._rows.get(s)
         if r is None:
-            r = self._rows[s] = tuple(self.table[s].tolist())
+            r = self._rows[s] = ints(self.table[s])
         return r
 
     def closure(self, stacks) -> Config | None:

@@ -88,8 +88,9 @@ def test_hoisting_leaves_nothing_in_reference_cycles():
 
 
 def test_per_state_tables_give_the_collector_nothing_to_walk():
-    """An automaton's tables of a value per state (flags, counters' regions, calls) and a
-    compiled constraint's are bytes, int arrays or a dict of the few states with calls: a
+    """An automaton's tables of a value per state (flags, counters' regions, calls, the
+    rows met so far) and a compiled constraint's are bytes, int arrays or a dict of the few
+    states with calls: a
     tuple of one item per state would be walked item by item in the first young collection
     after the compile, which lands inside a mask (up to a millisecond at 30k states)."""
     from deepinfer.constraints import Matcher
@@ -129,5 +130,16 @@ def test_per_state_tables_give_the_collector_nothing_to_walk():
             if gc.is_tracked(v) and isinstance(v, (tuple, list, dict)) and len(v) == n  # (one item a state)
         }
         assert not walked, walked
+        # the rows the matcher stepped through, kept per state as they are met: each is a
+        # row of the table (an item per byte class), and a thousand are met over a few
+        # hundred masks of a large schema
+        assert a._rows and a._act_rows
+        for name in ("_rows", "_act_rows"):
+            walked_items = [  # (an array's only referent is its type)
+                s
+                for s, r in getattr(a, name).items()
+                if any(not isinstance(x, type) for x in gc.get_referents(r))
+            ]
+            assert not walked_items, (name, walked_items[:5])
     finally:
         gc.enable()
