@@ -267,19 +267,15 @@ def test_fast_walks_equal_plain_walks(real):
                 n_bnd += len(r1[0])
                 if len(r1[0]):
                     roots = r1[0]
-                    for t in np.unique(r1[1]).tolist()[:3]:
+                    # below the boundary nodes from their states, and below one node (a plain
+                    # walk's own path)
+                    below = [(t, roots) for t in np.unique(r1[1]).tolist()[:3]]
+                    below += [(s, roots[j : j + 1]) for j in range(min(2, len(roots)))]
+                    for t, under in below:
                         w1[:] = 0
                         w2[:] = 0
-                        b1 = trie.walk_below(a.table, a.cls, t, bnd, w1, roots)
-                        b2 = trie.walk_fast(memo, inner, t, w2, roots)
-                        np.testing.assert_array_equal(w1, w2)
-                        assert _walk_sets(trie, b1) == _walk_sets(trie, b2)
-                    for node in roots[:2].tolist():  # below one node (the plain walks' own path)
-                        one = np.array([node], dtype=np.int32)
-                        w1[:] = 0
-                        w2[:] = 0
-                        b1 = trie.walk_below(a.table, a.cls, s, bnd, w1, one)
-                        b2 = trie.walk_fast(memo, inner, s, w2, one)
+                        b1 = trie.walk_below(a.table, a.cls, t, bnd, w1, under)
+                        b2 = trie.walk_fast(memo, inner, t, w2, under)
                         np.testing.assert_array_equal(w1, w2)
                         assert _walk_sets(trie, b1) == _walk_sets(trie, b2)
         if not real:  # below every node at once: nested roots, larger boundary buffers
