@@ -285,18 +285,26 @@ class CompiledConstraint:
         return marks
 
     def _cold_row(self, key, config) -> np.ndarray:
-        words = self._compute(config)
-        if self.specials:
-            self._add_specials(config, words)
-        if self.automaton.can_end(config):
-            for e in self._eos:
-                words[e >> 5] |= np.uint32(1) << np.uint32(e & 31)
-        data = words.tobytes()
-        row = self._interned.get(data)
-        if row is None:
-            row = words.view(np.int32)
-            row.flags.writeable = False
-            self._interned[data] = row
+        a = self.automaton
+        if not a.is_regular and len(config[0]) == 1 and not self.specials and not a.can_end(config):
+            # one stack, nothing to add: the row is its part, already kept once by its bits
+            # (read-only), not copied and kept again
+            row = self._stack_part(config[0][0]).view(np.int32)
+        else:
+            words = self._compute(config)
+            if self.specials:
+                self._add_specials(config, words)
+            if a.can_end(config):
+                for e in self._eos:
+                    words[e >> 5] |= np.uint32(1) << np.uint32(e & 31)
+            data = words.tobytes()
+            row = self._interned.get(data)
+            if row is None:
+                row = words.view(np.int32)
+                row.flags.writeable = False
+                if len(self._interned) >= ROW_CACHE_SIZE:  # (bounded as the rows are)
+                    self._interned.clear()
+                self._interned[data] = row
         self._rows[key] = row
         if len(self._rows) > ROW_CACHE_SIZE:
             self._rows.popitem(last=False)

@@ -169,6 +169,33 @@ def test_shared_rows_stay_bounded_and_right(monkeypatch):
         assert len(vocab.shared_rows()) <= 3
 
 
+def test_one_stack_rows_are_their_parts_and_kept_rows_stay_bounded(monkeypatch):
+    """A pushdown configuration of one stack that may not end takes its stack's part as its
+    row: the same memory, read-only, not a copy kept again by its bits. The rows kept by
+    their bits (several stacks, or EOS added) are at most ``ROW_CACHE_SIZE``, as the rows
+    are. Every row equals the definition's."""
+    from deepinfer.constraints import compiled as compiled_mod
+
+    monkeypatch.setattr(compiled_mod, "ROW_CACHE_SIZE", 8)
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    rng = random.Random(21)
+    shared = by_bits = 0
+    for c in compiled_schemas(vocab, 10, seed=8):
+        a = c.automaton
+        for m in _random_configs(c, rng, walks=4, steps=16):
+            cfg = m.state
+            row = c.mask_row(cfg)
+            np.testing.assert_array_equal(m.allowed_tokens(), reference_allowed(c, cfg))
+            assert not row.flags.writeable
+            if not a.is_regular and len(cfg[0]) == 1 and not a.can_end(cfg):
+                assert np.shares_memory(row, c._stack_part(cfg[0][0]))
+                shared += 1
+            else:
+                by_bits += 1
+        assert len(c._interned) <= 8
+    assert shared and by_bits
+
+
 def _random_configs(c: CompiledConstraint, rng: random.Random, walks: int, steps: int):
     eos = set(c.vocab.eos_ids)
     for _ in range(walks):
