@@ -648,37 +648,33 @@ class CompiledConstraint:
         sets :attr:`_lowest` and :attr:`_highest` to the lengths of the shortest and the
         longest stacks whose top the walks read."""
         a = self.automaton
-        words = np.zeros(self.n_words, dtype=np.uint32)
         self._lowest = self._highest = len(st)
-        if a.counters is not None:
-            n = a.n_states
-            if len(st) == 1:  # the bottom frame holds the count
-                self._bottom_counted(st[0], words)
-            elif self._split_safe(st):  # tokens without '"' meet no region: walked plain
-                self._split_part(st, words)
-            elif self._counted_frame(st):  # near a region in a called rule: the counted walk
-                nodes, states = self.index.walk_counted(
-                    a.table,
-                    a.counters,
-                    a.cls,
-                    st[-1] % n,
-                    st[-1] // n,
-                    words,
-                    self._bnd_inner,
-                    loops=self._loops(),
-                )
-                if len(nodes):
-                    self._continue(st[:-1], nodes, states, words, self.index)
-            else:
-                ci_words, nodes, states, trie = self._context_independent(st[-1], True)
-                words |= ci_words
-                if len(nodes):
-                    self._continue(st[:-1], nodes, states, words, trie)
+        if a.counters is None:
+            ci_words, nodes, states, trie = self._context_independent(st[-1], len(st) > 1)
+            words = ci_words.copy()
+            if len(nodes):
+                self._continue(st[:-1], nodes, states, words, trie)
             return words
-        ci_words, nodes, states, trie = self._context_independent(st[-1], len(st) > 1)
-        words |= ci_words
-        if len(nodes):
-            self._continue(st[:-1], nodes, states, words, trie)
+        n = a.n_states
+        if len(st) == 1:  # the bottom frame holds the count
+            words = np.zeros(self.n_words, dtype=np.uint32)
+            self._bottom_counted(st[0], words)
+        elif self._split_safe(st):  # tokens without '"' meet no region: walked plain
+            words = np.zeros(self.n_words, dtype=np.uint32)
+            self._split_part(st, words)
+        elif self._counted_frame(st):  # near a region in a called rule: the counted walk
+            words = np.zeros(self.n_words, dtype=np.uint32)
+            top, count = st[-1] % n, st[-1] // n
+            nodes, states = self.index.walk_counted(
+                a.table, a.counters, a.cls, top, count, words, self._bnd_inner, loops=self._loops()
+            )
+            if len(nodes):
+                self._continue(st[:-1], nodes, states, words, self.index)
+        else:
+            ci_words, nodes, states, trie = self._context_independent(st[-1], True)
+            words = ci_words.copy()
+            if len(nodes):
+                self._continue(st[:-1], nodes, states, words, trie)
         return words
 
     def _split_safe(self, st: tuple[int, ...]) -> bool:
