@@ -233,15 +233,19 @@ def sample(
 
 
 def top_k_max(top_k: PerRow) -> int | None:
-    """The largest top_k of host values (a number, or a list or CPU tensor of them), for
-    ``sample(top_k_bound=...)``; None where ``top_k`` is on a device (reading it would sync)."""
+    """The largest top_k of host values (a number, or a sequence, array or CPU tensor of
+    them), for ``sample(top_k_bound=...)``; None where ``top_k`` is on a device (reading it
+    would sync) or is not numbers."""
     if isinstance(top_k, torch.Tensor):
         if top_k.device.type != "cpu":
             return None
         top_k = top_k.reshape(-1).tolist()
-    if isinstance(top_k, (list, tuple)):
+    try:
+        if isinstance(top_k, (int, float)) or getattr(top_k, "ndim", 1) == 0:
+            return int(top_k)
         return max((int(k) for k in top_k), default=0)
-    return int(top_k)
+    except (TypeError, ValueError):  # (not numbers: sampling_rows names what is wrong)
+        return None
 
 
 def sample_kinds(

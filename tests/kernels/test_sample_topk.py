@@ -7,6 +7,7 @@ sampled frequencies on flat and peaked rows."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -337,7 +338,8 @@ def test_top_k_bound_gathers_fewer_groups_same_tokens(impl, monkeypatch):
     assert topk_groups(tuning, None) == 16 and topk_groups(tuning, 0) == 16
     assert topk_groups(SampleTuning(), 50) == 64 and topk_groups(SampleTuning(), 100) == 128
     assert kernels.top_k_max([0, 7, 3]) == 7 and kernels.top_k_max(5) == 5
-    assert kernels.top_k_max(torch.tensor([4, 9])) == 9
+    assert kernels.top_k_max(torch.tensor([4, 9])) == 9 and kernels.top_k_max(np.array([3, 9])) == 9
+    assert kernels.top_k_max(np.int64(6)) == 6 and kernels.top_k_max(["x"]) is None
     gathered = []
     pass1 = sample_split.pass1
 
