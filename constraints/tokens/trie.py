@@ -1176,12 +1176,7 @@ class VocabIndex:
             table,
             cls,
             np.int32(start),
-            self.node_byte,
-            self.node_depth,
-            self.node_skip,
-            self.tok_lo,
-            self.tok_hi,
-            self.tok_ids,
+            *self._trie_arrays(),
             lo,
             hi,
             base_depth,
@@ -1203,12 +1198,7 @@ class VocabIndex:
             table,
             cls,
             np.int32(start),
-            self.node_byte,
-            self.node_depth,
-            self.node_skip,
-            self.tok_lo,
-            self.tok_hi,
-            self.tok_ids,
+            *self._trie_arrays(),
             roots.astype(np.int32),
             boundary,
             out,
@@ -1294,11 +1284,16 @@ class VocabIndex:
             )
         return cols
 
+    def _trie_arrays(self) -> tuple:
+        """The trie as the walk kernels take it, in their order: per node its byte, depth and
+        the end of its subtree; per node its tokens' range in ``tok_ids``; the token ids."""
+        return self.node_byte, self.node_depth, self.node_skip, self.tok_lo, self.tok_hi, self.tok_ids
+
     def _region_walk(self, table, counters, cls, start: int) -> tuple:
         """The leading arguments of a walk from region state ``start`` that tracks items
         (``_walk_crit``, ``_count_reach``): the automaton, its counters, the trie."""
-        return (table, counters.act, cls, counters.region, counters.need, np.int32(start), self.node_byte,
-                self.node_depth, self.node_skip, self.tok_lo, self.tok_hi)  # fmt: skip
+        return (table, counters.act, cls, counters.region, counters.need, np.int32(start),
+                *self._trie_arrays()[:5])  # fmt: skip
 
     def _depth_scratch(self) -> tuple:
         """Per depth: the state, the items started, the margin so far."""
@@ -1361,6 +1356,15 @@ class VocabIndex:
             )
         return sc
 
+    def _bound_scratch(self, *between) -> tuple:
+        """This thread's scratch in the order the bound walks take it after their tables:
+        the boundary buffers and the state stack (:meth:`_scratch`), then ``between`` (a
+        kernel's own buffers), then the levels and side walks' scratch
+        (:meth:`_level_scratch`, the side marks without their stamp)."""
+        lev, bnd_levels, pend_level, pend_node, marks, side_nodes, side_levels, count = self._level_scratch()
+        return (*self._scratch(), *between, lev, bnd_levels, pend_level, pend_node, marks[0], side_nodes,
+                side_levels, count)  # fmt: skip
+
     def _fast_walk(self, memo: WalkMemo, inner: bool, plain: bool):
         """``_walk_fast`` bound to ``memo``'s tables for ``inner``, this trie's and this
         thread's scratch (kept on the memo), and with ``plain`` to a plain walk's chain
@@ -1368,10 +1372,6 @@ class VocabIndex:
         key = (self, inner, threading.get_ident(), plain)  # (the trie itself: an id may be reused)
         hit = memo.bound.get(key)
         if hit is None:
-            bnd_nodes, bnd_states, states = self._scratch()
-            lev, bnd_levels, pend_level, pend_node, marks, side_nodes, side_levels, count = (
-                self._level_scratch()
-            )
             fixed = (
                 memo.table,
                 memo.cls,
@@ -1383,17 +1383,7 @@ class VocabIndex:
                 self.tok_bit,
                 self.tok_ids,
                 self.root_of_byte,
-                bnd_nodes,
-                bnd_states,
-                states,
-                lev,
-                bnd_levels,
-                pend_level,
-                pend_node,
-                marks[0],
-                side_nodes,
-                side_levels,
-                count,
+                *self._bound_scratch(),
             )
             hit = memo.bound[key] = bind(_walk_fast, *fixed, *(_PLAIN if plain else ()))
         return hit
@@ -1423,8 +1413,6 @@ class VocabIndex:
         hit = bound.get(key)
         if hit is not None:
             return hit
-        bnd_nodes, bnd_states, states = self._scratch()
-        lev, bnd_levels, pend_level, pend_node, marks, side_nodes, side_levels, count = self._level_scratch()
         hit = bind(
             _walk_counted_many,
             table,
@@ -1434,26 +1422,10 @@ class VocabIndex:
             counters.need,
             counters.lo,
             counters.hi,
-            self.node_byte,
-            self.node_depth,
-            self.node_skip,
-            self.tok_lo,
-            self.tok_hi,
-            self.tok_ids,
+            *self._trie_arrays(),
             *self.subtree_columns()[:2],
             *(loops if loops is not None else _NO_LOOPS),
-            bnd_nodes,
-            bnd_states,
-            states,
-            np.empty(self.max_depth + 2, dtype=np.int64),
-            lev,
-            bnd_levels,
-            pend_level,
-            pend_node,
-            marks[0],
-            side_nodes,
-            side_levels,
-            count,
+            *self._bound_scratch(np.empty(self.max_depth + 2, dtype=np.int64)),
         )
         hit = (hit, np.zeros(table.shape[0], dtype=np.bool_))
         if len(bound) >= _COUNTED_KEPT:
