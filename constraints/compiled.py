@@ -27,7 +27,8 @@ from .automaton import counted as ct
 from .automaton import pushdown
 from .automaton.dfa_kernels import near_kernel
 from .automaton.nfa import equivalent_blocks
-from .automaton.pushdown import Automaton, Config, flags, ints, make_config
+from .automaton.pushdown import Automaton, Config, make_config
+from .automaton.tables import flags, ints
 from .bitmask import unpack_bitmask
 from .ir import SPECIAL_LEAD, special_bytes
 from .native import bind
@@ -286,7 +287,8 @@ class CompiledConstraint:
 
     def _cold_row(self, key, config) -> np.ndarray:
         a = self.automaton
-        if not a.is_regular and len(config[0]) == 1 and not self.specials and not a.can_end(config):
+        end = a.can_end(config)
+        if not a.is_regular and len(config[0]) == 1 and not self.specials and not end:
             # one stack, nothing to add: the row is its part, already kept once by its bits
             # (read-only), not copied and kept again
             row = self._stack_part(config[0][0]).view(np.int32)
@@ -294,7 +296,7 @@ class CompiledConstraint:
             words = self._compute(config)
             if self.specials:
                 self._add_specials(config, words)
-            if a.can_end(config):
+            if end:
                 for e in self._eos:
                     words[e >> 5] |= np.uint32(1) << np.uint32(e & 31)
             data = words.tobytes()

@@ -23,7 +23,8 @@ import re
 
 import numpy as np
 
-from .automaton.pushdown import Automaton, flags
+from .automaton.pushdown import Automaton
+from .automaton.tables import flags
 from .matcher import MAX_FORCED_BYTES, Matcher, encode_forced
 from .native import kernel
 

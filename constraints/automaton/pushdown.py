@@ -553,7 +553,7 @@ def _compile(
                     raw.append(d)
                     continue
                 d = determinize(nfa, s0, end, cls, reps, limits)
-                if memo is not None and key is not None:
+                if shared:
                     memo.put(key, cls, d, limits)
             raw.append(d)
     except RecursionError:
