@@ -7,7 +7,9 @@
 - rows equal the definition (small vocabulary) or a plain trie walk without shared rows
   (Llama 3 vocabulary, when installed) on configurations met by random walks;
 - a continuation through a chain of calls of one rule, walked in one kernel call, equals
-  the definition and the walk level by level.
+  the definition and the walk level by level;
+- the helpers that keep a walk's bits sparse and group its boundaries equal numpy's
+  definitions on random arrays.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 
 from deepinfer.constraints import Compiler, ConstraintError, Limits, Matcher, Vocabulary
-from deepinfer.constraints.compiled import MAX_CANON_STATES, QUOTE, CompiledConstraint
+from deepinfer.constraints.compiled import MAX_CANON_STATES, QUOTE, CompiledConstraint, _distinct, _set_words
 from deepinfer.constraints.tokens.rows import unquoted_region
 
 from .shared_data import need_shared
@@ -877,3 +879,23 @@ def test_rows_of_a_word_pattern_schema_equal_their_reference(reference, count, m
     served = count(monkeypatch)  # (stacks split; whether each part was a kept one)
     _forced_rows_equal(c, reference(c.automaton, vocab, c.kind, c.spec), path, vocab)
     assert sum(map(bool, served)) >= 30, (sum(map(bool, served)), len(served))
+
+
+def test_sparse_words_and_distinct_states_equal_numpy():
+    """``_set_words`` (a walk's nonzero words, by a bool array's nonzero) and ``_distinct``
+    (boundary states once each, ascending, by a set) against ``np.flatnonzero`` and
+    ``np.unique`` on random arrays: empty, sparse, dense, every bit pattern of a word."""
+    rng = np.random.default_rng(7)
+    for n, density in [(0, 0.0), (1, 1.0), (33, 0.1), (4008, 0.0), (4008, 0.01), (4008, 0.5), (1536, 1.0)]:
+        part = np.zeros(n, dtype=np.uint32)
+        on = rng.random(n) < density
+        part[on] = rng.integers(1, 1 << 32, size=int(on.sum()), dtype=np.uint64).astype(np.uint32)
+        if n:
+            part[-1] = np.uint32(1 << 31)  # (the sign bit alone: nonzero)
+        at, bits = _set_words(part)
+        want = np.flatnonzero(part)
+        assert np.array_equal(at, want) and np.array_equal(bits, part[want]) and bits.dtype == np.uint32
+    for size in [1, 2, 5, 40, 300]:
+        states = rng.integers(0, 12, size=size).astype(np.int64)
+        got = _distinct(states)
+        assert got == np.unique(states).tolist() and all(type(t) is int for t in got)
