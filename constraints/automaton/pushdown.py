@@ -570,12 +570,16 @@ def _compile(
     # Productive rules: those that derive at least one finite string.
     productive: set[int] = {i for i, d in pre.items() if len(d.accepting)}
     lives: dict[int, tuple[frozenset, np.ndarray]] = {}  # rule -> (its productive callees, live states)
+    # callees before their callers: a rule's live states are then mostly found once, with
+    # its callees' productivity settled, and kept for its minimisation below
+    sequence = [i for i in _callees_first(raw) if i not in pre]
     changed = True
     while changed:
         changed = False
-        for i, dfa in enumerate(raw):
-            if i in productive or i in pre:
+        for i in sequence:
+            if i in productive:
                 continue
+            dfa = raw[i]
             live = live_states(dfa, productive)
             lives[i] = (_callees(dfa) & frozenset(productive), live)
             if live[0]:
@@ -654,6 +658,27 @@ def _compile(
 def _callees(d) -> frozenset:
     """The rules a DFA calls."""
     return frozenset(call_edge_arrays(d)[1].tolist())
+
+
+def _callees_first(raw: list) -> list[int]:
+    """Rule indices of ``raw`` (DFAs with call edges), each after the rules it calls where
+    the calls form no cycle: a depth-first post-order from rule 0, then the rules it does not
+    reach, in index order."""
+    out: list[int] = []
+    seen = {0}
+    stack = [(0, iter(sorted(_callees(raw[0]))))]
+    while stack:
+        i, rest = stack[-1]
+        for j in rest:
+            if j not in seen and j < len(raw):
+                seen.add(j)
+                stack.append((j, iter(sorted(_callees(raw[j])))))
+                break
+        else:
+            stack.pop()
+            out.append(i)
+    out += [i for i in range(len(raw)) if i not in seen]
+    return out
 
 
 def _uncounted(

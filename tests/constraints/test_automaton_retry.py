@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 
 from deepinfer.constraints.automaton.nfa import Limits
@@ -71,3 +72,59 @@ def test_a_schema_too_large_inlined_compiles_with_its_rules_kept():
             continue  # valid instances need the schema's key order (the maskbench test does that)
         text = json.dumps(test["data"], separators=(",", ":")).encode()
         assert not automaton.accepts(text)
+
+
+def test_live_states_are_found_once_per_rule_callees_first(monkeypatch):
+    """The productive rules' fixpoint visits callees before their callers, so a rule that
+    calls others but not itself has its live states found once, with its callees settled,
+    and its minimisation reuses them. Before, the start rule came first: found live with its
+    callee not yet known productive, then again for its minimisation. A rule that calls
+    itself is found live before it is known productive, then again with its own calls
+    productive."""
+    from deepinfer.constraints.automaton import pushdown
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["name"],
+    }
+    found: dict[int, int] = {}
+    real = pushdown.live_states
+
+    def counted(dfa, productive):
+        found[id(dfa)] = found.get(id(dfa), 0) + 1
+        return real(dfa, productive)
+
+    monkeypatch.setattr(pushdown, "live_states", counted)
+    g = schema_to_grammar(schema, whitespace="compact")
+    automaton = _compile(g, Limits(), None, float("inf"), memo=None)
+    # the start rule (it calls the schema's own rule "ref:#"), then "ref:#" and JSON values
+    # (each calls itself)
+    assert sorted(found.values()) == [1, 2, 2]
+    assert automaton.accepts(b'{"name":"a","tags":[{"name":"b"},{"name":"c","tags":[]}]}')
+    assert not automaton.accepts(b'{"tags":[]}')
+
+
+def test_callees_first_orders_rules_after_what_they_call():
+    """``_callees_first``: a post-order of the call graph from rule 0 (cycles broken where
+    met), then the rules rule 0 does not reach."""
+    from deepinfer.constraints.automaton.nfa import with_calls
+    from deepinfer.constraints.automaton.pushdown import _callees_first
+
+    def rule(*calls):
+        n = len(calls) + 1
+        src = np.arange(len(calls), dtype=np.int64)
+        return with_calls(
+            np.full((n, 1), -1, dtype=np.int32),
+            np.ones(n, dtype=bool),
+            src,
+            np.array(calls, dtype=np.int64),
+            src + 1,
+        )
+
+    # 0 -> 2, 3; 2 -> 3; 3 -> 2 (a cycle); 1 unreached; 4 -> 0
+    raw = [rule(2, 3), rule(), rule(3), rule(2), rule(0)]
+    order = _callees_first(raw)
+    assert sorted(order) == list(range(5)) and order.index(0) == 2 and order[3:] == [1, 4]
+    assert max(order.index(2), order.index(3)) < order.index(0)  # (the cycle 2 <-> 3: either first)
+    assert _callees_first([rule()]) == [0]
