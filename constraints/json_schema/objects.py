@@ -287,7 +287,8 @@ class ObjectMixin:
         pptrs = [child(ptr, "patternProperties", p) for p, _ in plist]
         raws = [self.pattern_raw(p, pp) for (p, _), pp in zip(plist, pptrs, strict=True)]
         encs = [jf.encode_raw(r) for r in raws]
-        declared_enc = [lit(jf.encode_key(k)) for k in declared]
+        # (the declared keys' encodings, for the pattern keys' differences: none to take without patterns)
+        declared_enc = [lit(jf.encode_key(k)) for k in declared] if plist else []
         parts = []
 
         def member(key: Expr, value: Expr) -> None:

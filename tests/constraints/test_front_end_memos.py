@@ -213,3 +213,23 @@ def test_a_schema_with_an_empty_shared_rule_compiles_again():
     assert first.table.tobytes() == again.table.tobytes() and first.calls == again.calls
     assert again.accepts(b"[[[]],[[110]]]")  # the second branch only
     assert not again.accepts(b"[[[110]]]") and not again.accepts(b"[]")  # both branches; neither
+
+
+def test_an_object_without_pattern_keys_encodes_its_declared_keys_once(monkeypatch):
+    """Where no patternProperties are declared, the extra members' key language (a JSON
+    string minus the declared keys) is the only use of the declared keys' encodings: each is
+    made once, not a second time for pattern keys there are none of. The extra members stay:
+    an undeclared key is accepted, a declared one only with its own value."""
+    made = []
+    real = formats.encode_key
+
+    def counted(key):
+        made.append(key)
+        return real(key)
+
+    monkeypatch.setattr(formats, "encode_key", counted)
+    schema = {"type": "object", "properties": {"alpha": {"type": "integer"}, "beta": {"type": "string"}}}
+    a = compile_grammar(schema_to_grammar(schema, whitespace="compact"))
+    assert sorted(made) == ["alpha", "beta"]
+    assert a.accepts(b'{"alpha":1,"beta":"x","gamma":[true]}')
+    assert not a.accepts(b'{"alpha":"one"}')
