@@ -437,3 +437,33 @@ def test_a_shared_rule_that_matches_nothing_compiles_again():
         assert (a.table == out[0].table).all() and a.calls == out[0].calls
         assert (a.accepting == out[0].accepting).all() and a.start == out[0].start
     assert out[0].accepts(b"a") and out[0].accepts(b"cff") and not out[0].accepts(b"bx")
+
+
+def test_cells_and_class_edges_equal_numpy_nonzero():
+    """``cells`` (a 2-D bool array's True cells by its flat view's nonzero) and the DFA
+    transitions ``_class_edges`` lists with it equal ``np.nonzero``'s, row by row, as int64:
+    empty tables, a column or a row alone, dense and sparse ones."""
+    from deepinfer.constraints.automaton.nfa import RawDFA, _class_edges, cells
+
+    rng = np.random.default_rng(3)
+    for n, k, p in [
+        (0, 5, 0.5),
+        (4, 0, 0.5),
+        (1, 1, 1.0),
+        (7, 1, 0.5),
+        (1, 60, 0.3),
+        (40, 53, 0.3),
+        (300, 64, 0.05),
+    ]:
+        table = np.where(rng.random((n, k)) < p, rng.integers(0, max(n, 1), (n, k)), -1).astype(np.int32)
+        rows, cols = np.nonzero(table >= 0)
+        got = cells(table >= 0)
+        assert all(np.array_equal(a, b) and a.dtype == np.int64 for a, b in zip(got, (rows, cols)))
+        acc = rng.random(n) < 0.3
+        s, c, d, a = _class_edges(RawDFA(table, acc, []))
+        assert np.array_equal(s, rows) and np.array_equal(c, cols)
+        assert (
+            np.array_equal(d, table[rows, cols]) and d.dtype == np.int64 and a == np.flatnonzero(acc).tolist()
+        )
+    t = np.asfortranarray(rng.integers(-1, 5, (6, 9)).astype(np.int32))  # (not C-contiguous)
+    assert all(np.array_equal(a, b) for a, b in zip(cells(t >= 0), np.nonzero(t >= 0)))
