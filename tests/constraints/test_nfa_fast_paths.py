@@ -440,9 +440,10 @@ def test_a_shared_rule_that_matches_nothing_compiles_again():
 
 
 def test_cells_and_class_edges_equal_numpy_nonzero():
-    """``cells`` (a 2-D bool array's True cells by its flat view's nonzero) and the DFA
-    transitions ``_class_edges`` lists with it equal ``np.nonzero``'s, row by row, as int64:
-    empty tables, a column or a row alone, dense and sparse ones."""
+    """``cells`` (a 2-D bool array's True cells by its flat view's nonzero: flat indices,
+    rows, columns) and the DFA transitions ``_class_edges`` lists with it equal
+    ``np.flatnonzero``'s and ``np.nonzero``'s, row by row, as int64: empty tables, a column or
+    a row alone, dense and sparse ones."""
     from deepinfer.constraints.automaton.nfa import RawDFA, _class_edges, cells
 
     rng = np.random.default_rng(3)
@@ -458,7 +459,8 @@ def test_cells_and_class_edges_equal_numpy_nonzero():
         table = np.where(rng.random((n, k)) < p, rng.integers(0, max(n, 1), (n, k)), -1).astype(np.int32)
         rows, cols = np.nonzero(table >= 0)
         got = cells(table >= 0)
-        assert all(np.array_equal(a, b) and a.dtype == np.int64 for a, b in zip(got, (rows, cols)))
+        want = (np.flatnonzero(table >= 0), rows, cols)
+        assert all(np.array_equal(a, b) and a.dtype == np.int64 for a, b in zip(got, want, strict=True))
         acc = rng.random(n) < 0.3
         s, c, d, a = _class_edges(RawDFA(table, acc, []))
         assert np.array_equal(s, rows) and np.array_equal(c, cols)
@@ -466,4 +468,6 @@ def test_cells_and_class_edges_equal_numpy_nonzero():
             np.array_equal(d, table[rows, cols]) and d.dtype == np.int64 and a == np.flatnonzero(acc).tolist()
         )
     t = np.asfortranarray(rng.integers(-1, 5, (6, 9)).astype(np.int32))  # (not C-contiguous)
-    assert all(np.array_equal(a, b) for a, b in zip(cells(t >= 0), np.nonzero(t >= 0)))
+    at, rows, cols = cells(t >= 0)
+    assert all(np.array_equal(a, b) for a, b in zip((rows, cols), np.nonzero(t >= 0), strict=True))
+    assert np.array_equal(t.ravel()[at], t[rows, cols])  # (flat indices of the C-ordered ravel)
