@@ -3,7 +3,7 @@ per (row, KV head) and split over the keys (``splits``), beside its memory floor
 asserts nothing.
 
     python benchmarks/bench_attention.py [--shapes llama3-8b,smollm2-135m] [--batches 1,16,64]
-        [--contexts 232,1024,8192] [--splits 1,16]
+        [--contexts 232,1024,8192] [--splits 1,16,decode]
 
 ``--prefill 2048,8192,32768``: the prefill kernel instead (``paged_prefill_triton``, one prompt
 of each length in one chunk), with its default tiles and each of ``--tunings`` (tile rows,
@@ -159,14 +159,19 @@ def _sdpa_peers(q, k, v, ids, n, flops, ref):
 
 
 def main() -> None:
-    from deepinfer.kernels.paged_attention import paged_attention_triton
+    from deepinfer.kernels.paged_attention import decode_splits, paged_attention_triton
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script (needs TRITON_INTERPRET=1)")
     ap.add_argument("--shapes", default="llama3-8b,smollm2-135m")
     ap.add_argument("--batches", type=lambda x: [int(b) for b in x.split(",")], default=[1, 16, 64])
     ap.add_argument("--contexts", type=lambda x: [int(c) for c in x.split(",")], default=[232, 1024, 8192])
-    ap.add_argument("--splits", type=lambda x: [int(c) for c in x.split(",")], default=[1, 16])
+    ap.add_argument(
+        "--splits",
+        type=lambda x: [c if c == "decode" else int(c) for c in x.split(",")],
+        default=[1, 16],
+        help="caps on a row's runs; 'decode': the decode's own (decode_splits)",
+    )
     ap.add_argument("--prefill", default=None, help="prompt lengths: time the prefill kernel instead")
     ap.add_argument("--tunings", default=DEFAULT_TUNINGS, help="rows:keys:warps:stages,... (with --prefill)")
     ap.add_argument("--peers", action="store_true", help="with --prefill: torch SDPA's backends beside it")
@@ -189,6 +194,8 @@ def main() -> None:
                 row = [shape, batch, ctx, f"{floor * 1e6:.1f}"]
                 best = float("inf")
                 for splits in args.splits:
+                    if splits == "decode":
+                        splits = decode_splits(batch, nkv, device)
                     t = _seconds(partial(paged_attention_triton, *x, splits=splits), device)
                     best = min(best, t)
                     row.append(f"{t * 1e6:.1f}")

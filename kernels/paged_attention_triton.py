@@ -24,6 +24,12 @@ import triton.language as tl
 from .paged_common import cache_strides, shape_constants
 from .triton_common import dependent, gdc_launch_dependents, gdc_wait
 
+# stages of the key loop's software pipeline: a K and a V tile of BLOCK_N keys loaded one step
+# ahead. Triton's default of 3 holds twice the tiles in shared memory, so fewer programs fit on
+# a multiprocessor: 1.15-1.25x slower where the grid has several programs a multiprocessor
+# (Llama-3-8B's heads at 64 rows, SmolLM2's at 256; benchmarks/RESULTS.md), alike elsewhere.
+LOOP_STAGES = 2
+
 
 @triton.jit
 def _paged_attention_kernel(
@@ -70,8 +76,11 @@ def _paged_attention_kernel(
     if PDL:  # launched early (programmatic dependent launch): wait for the kernel before
         gdc_wait()
         gdc_launch_dependents()
-    r = tl.program_id(0).to(tl.int64)  # (int64: q offsets of a long prefill pass 2**31)
-    h = tl.program_id(1)
+    # the grid's first axis is (row, KV head), heads fastest: a row's heads, which read the
+    # same cache blocks, run side by side
+    pid = tl.program_id(0)
+    r = (pid // NKV).to(tl.int64)  # (int64: q offsets of a long prefill pass 2**31)
+    h = pid % NKV
     n = tl.load(pos_ptr + r).to(tl.int32) + 1  # keys [0, n) of the row's sequence
     seq = tl.load(seq_ptr + r).to(tl.int64)
     table = bt_ptr + seq * stride_bs  # the sequence's block ids: [W]
@@ -92,7 +101,7 @@ def _paged_attention_kernel(
     s = 0
     runs = 1
     if SPLIT:  # run s of the row's blocks (the table's keys only: runs <= CAP, the grid's)
-        s = tl.program_id(2)
+        s = tl.program_id(1)
         blocks = tl.maximum(tl.cdiv(tl.minimum(n, W * BLOCK_SIZE) - first, BLOCK_N), 1)
         per = tl.cdiv(blocks, MAX_SPLITS)
         runs = tl.cdiv(blocks, per)
@@ -214,7 +223,7 @@ def launch(
         work = torch.empty(max(part * (hd + 2), 1), dtype=torch.float32, device=q.device)
         part_o, part_ml = work[: part * hd], work[part * hd :]  # [N, nkv, cap, g, hd] and [N, nkv, cap, 2, g]
         counters = _counters(q.device, N * nkv)
-    _paged_attention_kernel[(N, nkv, cap)](
+    _paged_attention_kernel[(N * nkv, cap)](
         q,
         k_cache,
         v_cache,
@@ -240,5 +249,6 @@ def launch(
         RUNS_PAD=triton.next_power_of_2(splits),
         PDL=pdl,
         num_warps=4,
+        num_stages=LOOP_STAGES,
         **dependent(pdl),
     )
