@@ -101,6 +101,7 @@ class Scheduler:
         self.pools, self.windows, self.margin = pools, windows, margin
         self._windowed = any(windows)
         self.pool = pool
+        self._bs = pool.block_size
         self.chunk_align = chunk_align
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -167,10 +168,13 @@ class Scheduler:
         out = SchedulerOutput(finished=self.reap())
         budget = self.max_num_batched_tokens
         preempted = False
+        running = Status.RUNNING
         for s in list(self.running):
-            if s.status is not Status.RUNNING or budget <= 0:
+            if s.status is not running or budget <= 0:
                 continue  # preempted below by an older row, or no budget left
-            n = self._chunk(s, min(len(s) - s.num_cached, budget))
+            n = min(len(s) - s.num_cached, budget)
+            if self.chunk_align:
+                n = self._chunk(s, n)
             while not self._grow(s, s.num_cached + n):
                 if len(self.running) == 1:  # alone and still too long: the pool cannot hold it
                     self._refuse(s, out, s.num_cached + n)
@@ -207,7 +211,9 @@ class Scheduler:
             s.prefill_end = len(s)
             self._take(s, n, out)
             budget -= n
-        out.decode = bool(out.rows) and all(n == 1 and s.completes(1) for s, n in zip(out.rows, out.counts))
+        # every row computes one token and completes (the rows that sample are all of them)
+        rows = len(out.rows)
+        out.decode = rows > 0 and len(out.batch) == rows and out.counts.count(1) == rows
         return out
 
     def reserve(self, seqs: list[Sequence], positions: int) -> bool:
@@ -219,12 +225,15 @@ class Scheduler:
     def commit(self, rows: list[Sequence]) -> None:
         """After a step: key the blocks of ``rows`` that became full (DSpark's accepted drafts)
         and release blocks past what each has cached (its rejected ones)."""
+        bs = self._bs
         for s in rows:
-            if not s.block_table:
+            tables = s.block_tables
+            if not tables[0]:
                 continue
-            self._register(s, min(s.num_cached, len(s)))
-            keep = self._blocks(s.num_cached)
-            for pool, table in zip(self.pools, s.block_tables):
+            cached = s.num_cached
+            self._register(s, min(cached, len(s)))
+            keep = -(-cached // bs)
+            for pool, table in zip(self.pools, tables):
                 if len(table) > keep:
                     pool.free(table[: keep - 1 : -1])
                     del table[keep:]
@@ -278,32 +287,38 @@ class Scheduler:
         row's attention of that layer reads)."""
         out.rows.append(s)
         out.counts.append(n)
-        if s.completes(n):
+        cached = s.num_cached
+        end = cached + n
+        if end == len(s):  # (s.completes(n))
             out.batch.append(s)
-        self.prefill_tokens += max(0, min(s.num_cached + n, s.prefill_end) - s.num_cached)
-        self._register(s, s.num_cached + n)
+        if cached < s.prefill_end:  # (a decode row computes no prompt token)
+            self.prefill_tokens += min(end, s.prefill_end) - cached
+        self._register(s, end)
 
     def _register(self, s: Sequence, positions: int) -> None:
         """Key the sequence's full blocks below ``positions`` (their tokens are known)."""
-        full = positions // self.pool.block_size
-        if full > s.num_registered and self.pool.caching:
+        full = positions // self._bs
+        if full <= s.num_registered:
+            return
+        if self.pool.caching:
             keys = self._keys(s, full)
             for pool, table in zip(self.pools, s.block_tables):
                 for i in range(s.num_registered, full):
                     if table[i] != NULL_BLOCK:
                         pool.register(table[i], keys[i])
-        s.num_registered = max(s.num_registered, full)
+        s.num_registered = full
 
     def _grow(self, s: Sequence, positions: int) -> bool:
         """Blocks for ``positions`` positions; False (taking nothing) when the pool lacks them."""
-        blocks = self._blocks(positions)
+        blocks = -(-positions // self._bs)
         if len(self.pools) == 1:
-            need = blocks - len(s.block_table)
+            table = s.block_tables[0]
+            need = blocks - len(table)
             if need <= 0:
                 return True
             if need > self.pool.num_free:
                 return False
-            s.block_table += self.pool.allocate(need)
+            table += self.pool.allocate(need)
             return True
         if any(blocks - len(t) > p.num_free for p, t in zip(self.pools, s.block_tables)):
             return False

@@ -224,3 +224,41 @@ def test_random_workload_never_loses_a_request_and_returns_the_pool_to_empty():
     assert all(len(s.output_token_ids) == s.max_tokens for s in done)
     assert sch.preemptions > 0 and sch.hit_tokens > 0
     assert sch.pool.num_used == 0 and all(r == 0 for r in sch.pool.ref)
+
+
+@pytest.mark.parametrize("align", [None, 2 * BS])
+def test_each_step_matches_the_reference_formulas_on_a_random_workload(align):
+    """``schedule`` and ``commit`` keep their per-row work inline; each step of a random workload
+    (prefix hits, chunked prompts, preemptions) is checked against the definitions: the rows that
+    sample are those the step completes, a decode step is one of one-token rows that all complete,
+    the prompt tokens computed are each row's below its prefill end, and after ``commit`` a
+    running row has keyed exactly its full cached blocks."""
+    rng = random.Random(1)
+    prefix = list(range(1, 40))
+    seqs = [
+        _seq(
+            i,
+            prefix[: rng.randrange(0, 39)] + [7000 + i] * rng.randrange(1, 30),
+            max_tokens=rng.randrange(1, 30),
+        )
+        for i in range(80)
+    ]
+    sch = _sched(num_blocks=48, budget=24, max_num_seqs=12, align=align, seqs=seqs)
+    steps = decodes = 0
+    while sch.has_unfinished():
+        before = sch.prefill_tokens
+        out = sch.schedule()
+        pairs = list(zip(out.rows, out.counts))
+        assert out.batch == [s for s, n in pairs if s.completes(n)]
+        assert out.decode == (bool(pairs) and all(n == 1 and s.completes(1) for s, n in pairs))
+        want = sum(max(0, min(s.num_cached + n, s.prefill_end) - s.num_cached) for s, n in pairs)
+        assert sch.prefill_tokens - before == want
+        _run(sch, out)
+        for s in sch.running:
+            if s.status is Status.RUNNING and s.block_table:
+                assert s.num_registered == s.num_cached // BS
+        steps += 1
+        decodes += out.decode
+        assert steps < 10_000
+    assert decodes > 0 and sch.preemptions > 0 and sch.hit_tokens > 0
+    assert sch.pool.num_used == 0
