@@ -225,14 +225,13 @@ class Scheduler:
     def commit(self, rows: list[Sequence]) -> None:
         """After a step: key the blocks of ``rows`` that became full (DSpark's accepted drafts)
         and release blocks past what each has cached (its rejected ones)."""
-        bs = self._bs
         for s in rows:
             tables = s.block_tables
             if not tables[0]:
                 continue
             cached = s.num_cached
             self._register(s, min(cached, len(s)))
-            keep = -(-cached // bs)
+            keep = self._blocks(cached)
             for pool, table in zip(self.pools, tables):
                 if len(table) > keep:
                     pool.free(table[: keep - 1 : -1])
@@ -248,7 +247,7 @@ class Scheduler:
 
     # -- helpers --------------------------------------------------------------------------------
     def _blocks(self, positions: int) -> int:
-        return -(-positions // self.pool.block_size)
+        return -(-positions // self._bs)
 
     def _fits(self, positions: int) -> bool:
         """A request of this many positions, running alone, fits every pool (a sliding-window
@@ -287,10 +286,10 @@ class Scheduler:
         row's attention of that layer reads)."""
         out.rows.append(s)
         out.counts.append(n)
+        if s.completes(n):
+            out.batch.append(s)
         cached = s.num_cached
         end = cached + n
-        if end == len(s):  # (s.completes(n))
-            out.batch.append(s)
         if cached < s.prefill_end:  # (a decode row computes no prompt token)
             self.prefill_tokens += min(end, s.prefill_end) - cached
         self._register(s, end)
@@ -310,7 +309,7 @@ class Scheduler:
 
     def _grow(self, s: Sequence, positions: int) -> bool:
         """Blocks for ``positions`` positions; False (taking nothing) when the pool lacks them."""
-        blocks = -(-positions // self._bs)
+        blocks = self._blocks(positions)
         if len(self.pools) == 1:
             table = s.block_tables[0]
             need = blocks - len(table)
