@@ -257,13 +257,16 @@ class StepGraphs:
         self.graphs[tile] = self._make(tile)
         return True
 
-    def run(self, tile: Tile, inputs: torch.Tensor) -> torch.Tensor:
+    def run(self, tile: Tile, inputs: torch.Tensor, fed: torch.Tensor | None = None) -> torch.Tensor:
         """inputs: the tile's flat int64 inputs (pinned host memory or device). Returns its logits:
         a graph's static output, valid until a graph writing there replays again. No host sync
-        (after capture)."""
+        (after capture). fed: the first rows' tokens of a decode tile as a device tensor (the
+        sampler's output of the step before: async scheduling), written over the staged ones."""
         self.ensure(tile)
         g = self.graphs[tile]
         g.inputs.copy_(inputs, non_blocking=True)
+        if fed is not None:  # (a decode tile's inputs start with its rows' tokens)
+            g.inputs[: len(fed)].copy_(fed, non_blocking=True)
         if g.graph is None:
             return self._forward(tile, g.inputs)
         g.graph.replay()

@@ -35,6 +35,7 @@ from .prompts import Rendered, prompt_ids, render_chat
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .step_ahead import StepAhead, TokenRead, may_step_ahead
 from .structured import MaskFiller, Structured, judge, split_reasoning
 from .tokenizer import Message, Tokenizer
 
@@ -137,6 +138,12 @@ class LLM:
         fields of ``deepinfer.dspark.DSparkConfig``. Lossless: drafts are verified by the model
         (docs/dspark.md says exactly what that means in each mode); where drafting does not
         pay, a cost model stops it (benchmarks/RESULTS.md, "DSpark").
+    async_scheduling : bool or None
+        Launch a plain decode step's successor before its tokens are read back, so the
+        device does not wait on the host between steps (docs/async-scheduling.md). Outputs are
+        the same either way. None: on where the fixed-shape decode runs on CUDA (not with
+        ``enforce_eager`` or tensor parallelism); True where that decode cannot take its tokens
+        from the device is a ValueError.
     tensor_parallel_size : int
         Ranks the model is split over, Megatron-style (one worker process per rank besides this
         one; rank r on ``cuda:r``): docs/parallel.md.
@@ -173,6 +180,7 @@ class LLM:
         deterministic: bool = False,
         enforce_eager: bool = False,
         dspark: bool | dict = True,
+        async_scheduling: bool | None = None,
         quantization: str | None = "auto",
         tensor_parallel_size: int = 1,
         expert_parallel_size: int = 1,
@@ -262,6 +270,18 @@ class LLM:
         counts = group_blocks(num_blocks, nbytes, windows, margin, block_size, max_num_seqs,
                               max_num_batched_tokens)  # fmt: skip
         self.runner.allocate(counts if len(counts) > 1 else num_blocks, block_size, max_num_seqs)
+        # async scheduling (step_ahead.py): a plain decode step launches the next one before
+        # its tokens reach the host; on by default where the device runs apart from the host
+        on = self.device.type == "cuda" if async_scheduling is None else bool(async_scheduling)
+        if async_scheduling and not self.runner.feeds_device_tokens:
+            raise ValueError(
+                "async_scheduling=True needs the fixed-shape decode (CUDA graphs, or deterministic "
+                "mode) of a model on one device"
+            )
+        self.async_scheduling = on and self.runner.feeds_device_tokens
+        self._ahead: StepAhead | None = None  # the next decode step, launched ahead
+        self._ahead_counts = [0, 0]  # steps launched ahead, of them taken
+        self._read = TokenRead()  # a step's tokens read back behind the step launched ahead
         pools = [BlockPool(n, block_size, caching=prefix_caching) for n in counts]
         align = DETERMINISTIC_CHUNK if self.runner.tile else None
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, pools, chunk_align=align,
@@ -364,6 +384,7 @@ class LLM:
         out = sch.schedule()  # which rows compute how many tokens, in which blocks
         for s, why in out.refused:
             s.fail(why, self.tokenizer)
+        ahead, self._ahead = self._ahead, None  # a decode step launched ahead: this one, or dropped
         if out.rows:
             if self._step_threads is not None:  # every core, unless masks or a neighbour need one
                 host = drafting or any(s.constraint is not None for s in out.batch)
@@ -377,15 +398,35 @@ class LLM:
                 self.dspark.step(out.verify, masks, forward=self.runner.verify, tokenizer=self.tokenizer,
                                  vocab_size=self.config.vocab_size, device=self.device)  # fmt: skip
             else:
-                logits = self.runner.step(out.rows, out.counts)
+                sampled = None if ahead is None else ahead.take(out.rows, out.decode)
+                if sampled is not None:  # this step's forward and draws were launched last step
+                    self._ahead_counts[1] += 1
+                    for s in out.rows:
+                        s.num_cached += 1
+                else:
+                    logits = self.runner.step(out.rows, out.counts)
                 self.masks.launched()
                 self._settle()  # the previous step's deferred matcher work, behind this forward
-                if out.batch:
-                    tokens, lps = self._sample(out.batch, logits, *masks.wait())  # masks applied + sampled
-                    self._accept(out.batch, tokens, lps)
+                if sampled is None and out.batch:
+                    sampled, lps = self._sample(out.batch, logits, *masks.wait())  # masks applied + sampled
                 else:
                     masks.wait()
-            sch.commit(out.rows)
+                    lps = None
+                if sampled is not None:
+                    if (
+                        self.async_scheduling
+                        and out.decode
+                        and may_step_ahead(
+                            out.rows, len(sch.running), len(sch.waiting), self.dspark.speculates
+                        )
+                    ):
+                        self._read.start(sampled)  # (the copy is queued before the next step)
+                        self._ahead = self._step_ahead(out.rows, sampled)
+                        tokens = self._read.wait()
+                    else:
+                        tokens = sampled.tolist()
+                    self._accept(out.batch, tokens, lps)
+            sch.commit(out.rows, ahead=self._ahead is not None)
             kind = self._steps["verify" if out.verify is not None else "decode" if out.decode else "prefill"]
             kind[0] += 1
             kind[1] += time.perf_counter() - t0
@@ -402,7 +443,9 @@ class LLM:
         bitmasks and ``mask_wait_seconds`` of it the step loop waited for (not hidden behind
         the forward); steps by kind and their host seconds: ``decode_steps`` (one token a row),
         ``prefill_steps`` (prompt tokens, with or without decode rows), ``verify_steps`` (DSpark
-        drafts), and ``decode_step_seconds`` etc."""
+        drafts), and ``decode_step_seconds`` etc.; async scheduling: decode steps launched
+        ahead (``decode_steps_ahead``) and of those the ones the next step took
+        (``decode_steps_ahead_taken``; the others were dropped)."""
         sch = self.scheduler
         pool = sch.pool
         return {
@@ -427,6 +470,8 @@ class LLM:
             "mask_wait_seconds": self.masks.wait_seconds,
             **{f"{k}_steps": n for k, (n, _) in self._steps.items()},
             **{f"{k}_step_seconds": t for k, (_, t) in self._steps.items()},
+            "decode_steps_ahead": self._ahead_counts[0],
+            "decode_steps_ahead_taken": self._ahead_counts[1],
         }
 
     def abort_request(self, request_id: Any) -> None:
@@ -618,6 +663,17 @@ class LLM:
             special_ids=self._special_ids, device_type=self.device.type, step_times=self.step_times,
         )  # fmt: skip
 
+    def _step_ahead(self, rows: list[Sequence], sampled: torch.Tensor) -> StepAhead | None:
+        """Launch the decode step after this one (``step_ahead.py``): ``rows`` one position on,
+        fed this step's ``sampled`` tokens on the device; None when the pool has no block for
+        that position (the next step then runs as usual)."""
+        if not self.scheduler.reserve(rows, 2):
+            return None
+        logits = self.runner.step_ahead(rows, sampled)
+        tokens, _ = self._sample(rows, logits, None, [], ahead=1)
+        self._ahead_counts[0] += 1
+        return StepAhead(rows, [s.num_cached for s in rows], tokens)
+
     def _settle(self) -> None:
         for s, t in self._pending:
             if not s.is_finished:  # (unless aborted meanwhile)
@@ -673,10 +729,13 @@ class LLM:
         )
 
     def _sample(
-        self, seqs: list[Sequence], logits: torch.Tensor, host: torch.Tensor | None, constrained: list[int]
-    ) -> list[int]:
+        self, seqs: list[Sequence], logits: torch.Tensor, host: torch.Tensor | None, constrained: list[int],
+        ahead: int = 0,
+    ) -> tuple[torch.Tensor, dict | None]:  # fmt: skip
         """One fused sampler call: the constrained rows' bitmask (filled on the host while
-        the forward ran) goes to the device in one copy; the kernel masks and samples."""
+        the forward ran) goes to the device in one copy; the kernel masks and samples. Returns
+        the tokens on the device (not synced) and the logprobs asked for. ``ahead``: tokens each
+        row samples before these (a step launched ahead: its draws are those of that step)."""
         dev = logits.device
         bitmask = indices = None
         if constrained:
@@ -688,9 +747,8 @@ class LLM:
         min_p = [x.min_p for x in p]
         # the per-row values in two host tensors and two copies (not six)
         f = torch.tensor([temperature, top_p, min_p], dtype=torch.float32).to(dev, non_blocking=True)
-        i = torch.tensor(
-            [top_k, [s.seed for s in seqs], [len(s.output_token_ids) for s in seqs]], dtype=torch.int64
-        ).to(dev, non_blocking=True)
+        steps = [len(s.output_token_ids) + ahead for s in seqs]
+        i = torch.tensor([top_k, [s.seed for s in seqs], steps], dtype=torch.int64).to(dev, non_blocking=True)
         out = self.sample_fn(
             logits,
             bitmask=bitmask,
@@ -710,7 +768,7 @@ class LLM:
         # in on_token, the others go on
         want = [j for j, s in enumerate(seqs) if s.params.logprobs is not None]
         lps = _logprobs(logits, out.tokens, want, [seqs[j].params.logprobs for j in want]) if want else None
-        return out.tokens.tolist(), lps
+        return out.tokens, lps
 
 
 def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], ks: list[int]) -> dict:

@@ -209,6 +209,23 @@ class ModelRunner:
         return logits
 
     @property
+    def feeds_device_tokens(self) -> bool:
+        """Can a decode step take its tokens from a device tensor (``step_ahead``)? Through the
+        fixed-shape decode of this process's own graphs (not a tensor-parallel model's, whose
+        worker ranks take every input from the host)."""
+        return self.static_decode and type(self.graphs) is StepGraphs
+
+    @torch.inference_mode()
+    def step_ahead(self, rows: list[Sequence], tokens: torch.Tensor) -> torch.Tensor:
+        """A decode step launched before the rows' newest tokens reach the host (async
+        scheduling): row i feeds ``tokens[i]`` (int64 on the device, sampled by the step before
+        and not yet appended) at position ``len(rows[i])``, whose block the caller has reserved.
+        Returns the logits [len(rows), V] (not synced). ``num_cached`` is left as it is: the
+        caller advances it when it takes the step."""
+        assert self.feeds_device_tokens, "step_ahead needs the fixed-shape decode"
+        return self._run_tiles(rows, [[0]] * len(rows), [len(s) for s in rows], fed=tokens)
+
+    @property
     def graph_rows(self) -> int:
         """Rows of the largest decode graph: ``max_rows``, and MIXED_TOKENS more where mixed steps
         replay the decode graphs (CUDA graphs, default mode)."""
@@ -386,9 +403,11 @@ class ModelRunner:
     def _decode_static(self, seqs: list[Sequence]) -> torch.Tensor:
         return self._run_tiles(seqs, [[_last_token(s)] for s in seqs], [len(s) - 1 for s in seqs])
 
-    def _run_tiles(self, seqs: list[Sequence], tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
+    def _run_tiles(self, seqs: list[Sequence], tokens: list[list[int]], starts: list[int],
+                   fed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """One decode row each (``tokens[i]`` at ``starts[i]`` through ``seqs[i]``'s blocks; a
-        sequence may have several rows), in fixed shapes: logits [rows, V], a fresh tensor."""
+        sequence may have several rows), in fixed shapes: logits [rows, V], a fresh tensor.
+        fed: the rows' tokens as a device tensor instead of ``tokens`` (``step_ahead``)."""
         assert self.cache is not None, "allocate() first"
         plan = plan_step(
             [s.block_table for s in seqs],
@@ -401,12 +420,17 @@ class ModelRunner:
             more=self._more(seqs),
         )
         host = self._host(plan.inputs)
-        outs, at = [], 0
+        outs, at, row = [], 0, 0
         for tile in plan.tiles:  # (tiles of one shape replay one graph: keep each one's output)
             n = tile_size(tile, self.cache.block_size, self.graphs.groups)
-            x = self.graphs.run(tile, host[at : at + n])
+            part = host[at : at + n]
+            if fed is None:
+                x = self.graphs.run(tile, part)
+            else:  # (the tile's real rows: the last tile's may be fewer)
+                x = self.graphs.run(tile, part, fed[row : row + tile.rows])
             outs.append(x.clone() if len(plan.tiles) > 1 else x)
             at += n
+            row += tile.rows
         self._staged()
         logits = outs[0] if len(outs) == 1 else torch.cat(outs)
         return logits[: len(seqs)].clone()  # a fresh tensor: the graphs' outputs get reused

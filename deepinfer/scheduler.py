@@ -222,16 +222,18 @@ class Scheduler:
         taken is released at ``commit``)."""
         return all(self._grow(s, len(s) - 1 + positions) for s in seqs)
 
-    def commit(self, rows: list[Sequence]) -> None:
+    def commit(self, rows: list[Sequence], ahead: bool = False) -> None:
         """After a step: key the blocks of ``rows`` that became full (DSpark's accepted drafts)
-        and release blocks past what each has cached (its rejected ones)."""
+        and release blocks past what each has cached (its rejected ones). ``ahead``: the next
+        decode step of these rows is already running (async scheduling): the block of each
+        row's next position stays."""
         for s in rows:
             tables = s.block_tables
             if not tables[0]:
                 continue
             cached = s.num_cached
             self._register(s, min(cached, len(s)))
-            keep = self._blocks(cached)
+            keep = self._blocks(cached + ahead)
             for pool, table in zip(self.pools, tables):
                 if len(table) > keep:
                     pool.free(table[: keep - 1 : -1])

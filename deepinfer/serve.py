@@ -41,10 +41,20 @@ def parser() -> argparse.ArgumentParser:
         default="on",
         help="DSpark speculative decoding of constrained requests",
     )
+    ap.add_argument(
+        "--async-scheduling",
+        choices=("on", "off"),
+        default=None,
+        help="launch each decode step before the previous one's tokens are read back (default: on CUDA)",
+    )
     ap.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks the model is split over")
     ap.add_argument("--expert-parallel-size", type=int, default=1, help="ranks a MoE's experts spread over")
     ap.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas behind one router")
     return ap
+
+
+def _on_off(flag: str | None) -> bool | None:
+    return None if flag is None else flag == "on"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
                       max_model_len=args.max_model_len, kv_cache_memory=kv, seed=args.seed,
                       deterministic=args.deterministic,
                       dspark=args.dspark == "on",
+                      async_scheduling=_on_off(args.async_scheduling),
                       tensor_parallel_size=args.tensor_parallel_size,
                       expert_parallel_size=args.expert_parallel_size,
                       data_parallel_size=args.data_parallel_size)  # fmt: skip

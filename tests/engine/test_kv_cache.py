@@ -370,8 +370,8 @@ def test_dspark_releases_rejected_draft_blocks(tiny_folder, monkeypatch_session,
     held = []  # after each commit: (blocks held, blocks of the cached positions) per row
     inner = llm.scheduler.commit
 
-    def commit(rows):
-        inner(rows)
+    def commit(rows, ahead=False):
+        inner(rows, ahead)
         held.extend((len(s.block_table), -(-s.num_cached // 4)) for s in rows if s.block_table)
 
     llm.scheduler.commit = commit

@@ -92,6 +92,9 @@ def _chat(client, **kw):
         ([], {"deterministic": False, "dspark": True}),
         (["--deterministic", "--dspark", "on"], {"deterministic": True, "dspark": True}),
         (["--dspark", "off"], {"deterministic": False, "dspark": False}),
+        ([], {"async_scheduling": None}),
+        (["--async-scheduling", "off"], {"async_scheduling": False}),
+        (["--async-scheduling", "on"], {"async_scheduling": True}),
         (
             ["--tensor-parallel-size", "2", "--data-parallel-size", "3", "--expert-parallel-size", "4"],
             {"tensor_parallel_size": 2, "data_parallel_size": 3, "expert_parallel_size": 4},
