@@ -6,9 +6,11 @@ plans the next step, and only then is the next forward launched. The device idle
 turn-around (0.1-0.6 ms a step on an H100's host at 16-64 rows: docs/async-scheduling.md).
 
 With async scheduling (``LLM(async_scheduling=...)``, on by default on CUDA) a decode step whose
-next step can be known without its tokens launches that next step at once: the same rows, each
-one position on, its token taken on the device from the sampler's output (the model runner's
-``step_ahead``), its own token sampled on the device too. Then the host reads this step's tokens
+next step can be known without its tokens launches that next step's forward at once: the same
+rows, each one position on, its token taken on the device from the sampler's output (the model
+runner's ``step_ahead``). Where no row has a constraint or asks for logprobs, that step's tokens
+are sampled on the device too; otherwise they are sampled by the next engine step, once the
+host has the masks (which depend on this step's tokens). Then the host reads this step's tokens
 (a copy recorded before that launch, so it does not wait for it), accepts them and commits, and
 the next engine step takes the step already running (``StepAhead.take``) instead of launching
 one: its forward started while the host worked.
@@ -20,10 +22,9 @@ of the next step, and the step ahead's result for it is dropped. When the next s
 decode (a request arrived, so a prompt chunk joins; DSpark drafts), the step ahead is dropped
 and the step runs as usual: its rows write the same K/V at the same positions again.
 
-A step launches ahead only when nothing its tokens decide is needed to launch the next one
-(``may_step_ahead``): no constrained row (its mask needs the token), no row asking for logprobs,
-no row that DSpark drafts for, no request waiting for admission, every running row in the step,
-and not every row at its last token.
+A step launches ahead only when nothing its tokens decide is needed to launch the next forward
+(``may_step_ahead``): DSpark will not draft next step, no request is waiting for admission,
+every running row is in the step, and not every row is at its last token.
 """
 
 from __future__ import annotations
@@ -38,20 +39,22 @@ from .sequence import Sequence
 @dataclass
 class StepAhead:
     """A decode step in flight: ``rows`` (in step order), each at position ``starts[i]`` (its
-    ``num_cached`` when launched), and their sampled tokens on the device."""
+    ``num_cached`` when launched), their logits and, when sampled ahead, their tokens (on the
+    device)."""
 
     rows: list[Sequence]
     starts: list[int]
-    tokens: torch.Tensor  # [len(rows)] int64, on the device
+    logits: torch.Tensor  # [len(rows), V]
+    tokens: torch.Tensor | None  # [len(rows)] int64; None: the step that takes it samples
     _at: dict[int, int] = field(default_factory=dict, repr=False)  # id(row) -> its index
 
     def __post_init__(self) -> None:
         self._at = {id(s): i for i, s in enumerate(self.rows)}
 
-    def take(self, rows: list[Sequence], decode: bool) -> torch.Tensor | None:
-        """The sampled tokens of ``rows`` (a decode step's rows, each one token) when this step
-        ran them all at their current positions, in that order: the step already computed them.
-        None otherwise (the caller runs its own step)."""
+    def take(self, rows: list[Sequence], decode: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The logits and tokens (None: not sampled) of ``rows`` (a decode step's rows, each one
+        token) when this step ran them all at their current positions, in that order: the step
+        already computed them. None otherwise (the caller runs its own step)."""
         if not decode or not rows:
             return None
         idx = []
@@ -61,23 +64,26 @@ class StepAhead:
                 return None
             idx.append(i)
         if len(idx) == len(self.rows):  # (idx is increasing: the running order is kept)
-            return self.tokens
-        return self.tokens[torch.tensor(idx, dtype=torch.int64).to(self.tokens.device, non_blocking=True)]
+            return self.logits, self.tokens
+        at = torch.tensor(idx, dtype=torch.int64).to(self.logits.device, non_blocking=True)
+        return self.logits[at], None if self.tokens is None else self.tokens[at]
 
 
-def may_step_ahead(rows: list[Sequence], running: int, waiting: int, speculates) -> bool:
+def may_step_ahead(rows: list[Sequence], running: int, waiting: int, may_draft) -> bool:
     """May the decode step of ``rows`` launch its next step before its tokens are read?
     ``running``: the scheduler's running requests; ``waiting``: requests not yet admitted;
-    ``speculates(s)``: does DSpark draft for row s."""
+    ``may_draft(rows)``: may DSpark draft for these rows next step."""
     if waiting or len(rows) != running:
         return False
-    last = True
-    for s in rows:
-        if s.constraint is not None or s.params.logprobs is not None or speculates(s):
-            return False
-        if len(s.output_token_ids) + 1 < s.max_tokens:
-            last = False
-    return not last
+    if all(len(s.output_token_ids) + 1 >= s.max_tokens for s in rows):
+        return False  # every row ends with this step's token
+    return not may_draft(rows)
+
+
+def samples_ahead(rows: list[Sequence]) -> bool:
+    """Are the tokens of a step launched ahead over ``rows`` sampled at once? Not where a row's
+    mask (its constraint) or its logprobs need the host first."""
+    return all(s.constraint is None and s.params.logprobs is None for s in rows)
 
 
 class TokenRead:

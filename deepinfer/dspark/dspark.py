@@ -193,6 +193,18 @@ class DSpark:
         self._gated = (self._step, True)
         return True
 
+    def stays_closed(self, rows: int) -> bool:
+        """Will the next step's ``gate``, for a batch of ``rows``, close without a look at the
+        rows: drafting measured not to pay at that batch, and no probe due (async scheduling
+        launches a plain step ahead for drafting requests only then)? Never under the fixed
+        schedule, nor before a step has gated."""
+        if self.config.schedule == "fixed" or self._cost is None:
+            return False
+        cost = self._cost
+        if cost.drafting_pays(rows) is not False:
+            return False
+        return self._step + 1 - self._last_draft_probe < cost.drafting_gap(rows)
+
     def plan(
         self,
         running: list,

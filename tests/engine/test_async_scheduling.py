@@ -8,9 +8,13 @@ import pytest
 import torch
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.dspark import DSpark
 from deepinfer.sampling_params import SamplingParams as SP
 from deepinfer.sequence import Sequence
-from deepinfer.step_ahead import StepAhead, may_step_ahead
+from deepinfer.step_ahead import StepAhead, may_step_ahead, samples_ahead
+from deepinfer.structured import MaskFiller
+
+WORDS = "[a-z]{3,9}( [a-z]{2,6}){0,3}"
 
 
 def _engine(folder, on: bool, **kw) -> LLM:
@@ -102,16 +106,50 @@ def test_preemption_in_a_small_pool(tiny_folder, monkeypatch_session):
     assert on.metrics()["kv_blocks_used"] == 0  # every block given back
 
 
-def test_constrained_or_logprob_rows_do_not_run_ahead(pair):
+@pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline-masks"])
+def test_constrained_and_logprob_rows_sample_in_the_next_step(pair, inline):
+    """Their forward runs ahead; their tokens are sampled by the step that takes it, once the
+    masks are filled (inline: as on CUDA, each token's matcher work deferred behind the next
+    forward)."""
     on, off = pair
-    before = _ahead(on)
-    sp = [SamplingParams(temperature=0, max_tokens=8, regex="[a-z]{8}"),
-          SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)]  # fmt: skip
-    prompts = [[1, 5, 9], [1, 6]]
-    for p in sp:
-        got, want = on.generate(prompts, p, use_tqdm=False), off.generate(prompts, p, use_tqdm=False)
+    for llm in pair:
+        llm.dspark = DSpark(False)
+        llm.masks = MaskFiller(llm.config.vocab_size, pin=False, inline=inline)
+    prompts = [[1, 5, 9], [1, 6], [1, 7, 8]]
+    sp = [SamplingParams(temperature=0.9, seed=4, max_tokens=12, regex=WORDS),
+          SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2),
+          SamplingParams(temperature=0.5, seed=1, max_tokens=16, json_schema={"type": "object"})]  # fmt: skip
+    try:
+        before = _ahead(on)
+        got, want = on.generate(prompts, sp, use_tqdm=False), off.generate(prompts, sp, use_tqdm=False)
         assert [_key(o) for o in got] == [_key(o) for o in want]
-    assert _ahead(on) == before
+        assert [o.logprobs for o in got] == [o.logprobs for o in want]
+        assert got[0].valid  # (the random model runs out of tokens inside the JSON object)
+        assert _ahead(on)[1] - before[1] > 5
+    finally:
+        for llm in pair:
+            llm.dspark = DSpark(True)
+            llm.masks = MaskFiller(llm.config.vocab_size, pin=False)
+
+
+def test_no_step_ahead_while_dspark_may_draft(pair):
+    """Constrained rows under DSpark's fixed schedule draft every step: nothing is launched
+    ahead (it would be dropped), and the outputs are the engine's without it."""
+    on, off = pair
+    for llm in pair:
+        llm.dspark = DSpark({"schedule": "fixed"})
+    sp = SamplingParams(temperature=0, max_tokens=12, regex="(alpha|beta) forced text, [0-9]{3}")
+    try:
+        before = _ahead(on)
+        got, want = (
+            on.generate([[1, 5, 9], [1, 6]], sp, use_tqdm=False),
+            off.generate([[1, 5, 9], [1, 6]], sp, use_tqdm=False),
+        )
+        assert [_key(o) for o in got] == [_key(o) for o in want]
+        assert on.dspark.stats.verify_steps > 0 and _ahead(on) == before
+    finally:
+        for llm in pair:
+            llm.dspark = DSpark(True)
 
 
 def test_default_mode_through_the_decode_graphs_path(tiny_folder, monkeypatch_session):
@@ -144,42 +182,51 @@ def _seq(i: int, outputs: int = 0, max_tokens: int = 10, **kw) -> Sequence:
 
 def test_take_the_rows_it_ran_in_order_at_their_positions():
     rows = [_seq(i) for i in range(4)]
-    ahead = StepAhead(rows, [s.num_cached for s in rows], torch.tensor([10, 11, 12, 13]))
-    assert ahead.take(rows, True).tolist() == [10, 11, 12, 13]
-    assert ahead.take([rows[0], rows[2], rows[3]], True).tolist() == [10, 12, 13]  # row 1 finished
+    logits = torch.arange(4.0)[:, None].repeat(1, 5)
+    ahead = StepAhead(rows, [s.num_cached for s in rows], logits, torch.tensor([10, 11, 12, 13]))
+    got, tokens = ahead.take(rows, True)
+    assert got is logits and tokens.tolist() == [10, 11, 12, 13]
+    got, tokens = ahead.take([rows[0], rows[2], rows[3]], True)  # row 1 finished
+    assert got[:, 0].tolist() == [0, 2, 3] and tokens.tolist() == [10, 12, 13]
+    got, tokens = StepAhead(rows, [s.num_cached for s in rows], logits, None).take(rows[1:], True)
+    assert got[:, 0].tolist() == [1, 2, 3] and tokens is None  # not sampled ahead
     assert ahead.take(rows, False) is None  # not a decode step (a prompt chunk joined)
     assert ahead.take([rows[0], _seq(9)], True) is None  # a row it did not run
     rows[3].num_cached += 1
     assert ahead.take(rows, True) is None  # a row at another position
 
 
-def test_may_step_ahead():
+def test_may_step_ahead_and_sample_ahead():
     rows = [_seq(0), _seq(1)]
-    never = lambda s: False  # noqa: E731
-    assert may_step_ahead(rows, 2, 0, never)
+    never = lambda rows: False  # noqa: E731
+    assert may_step_ahead(rows, 2, 0, never) and samples_ahead(rows)
     assert not may_step_ahead(rows, 3, 0, never)  # a running row outside the step
     assert not may_step_ahead(rows, 2, 1, never)  # a request waits for admission
-    assert not may_step_ahead(rows, 2, 0, lambda s: True)  # DSpark drafts for them
-    assert not may_step_ahead([_seq(0), _seq(1, logprobs=1)], 2, 0, never)
+    assert not may_step_ahead(rows, 2, 0, lambda rows: True)  # DSpark may draft for them
     assert not may_step_ahead([_seq(0, 9), _seq(1, 9)], 2, 0, never)  # every row at its last token
     assert may_step_ahead([_seq(0, 9), _seq(1, 8)], 2, 0, never)
+    assert not samples_ahead([_seq(0), _seq(1, logprobs=1)])  # logprobs: sampled by the next step
     c = _seq(0)
     c.constraint = object()
-    assert not may_step_ahead([c, _seq(1)], 2, 0, never)
+    assert not samples_ahead([c, _seq(1)])  # a mask: sampled by the next step
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "default"])
 def test_on_cuda_equals_the_engine_without_it(tiny_folder, monkeypatch_session, deterministic):
-    """On CUDA (on by default there): deterministic mode, a batch whose rows finish at different
-    steps; the default mode, whose bits may depend on the batch, one request."""
-    kw = dict(dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512)
+    """On CUDA (on by default there; masks filled inline, each constrained token's matcher work
+    deferred): deterministic mode, a batch whose rows finish at different steps; the default
+    mode, whose bits may depend on the batch, one request at a time. DSpark off, so the
+    constrained rows run ahead too."""
+    kw = dict(dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512, dspark=False)
     kw["deterministic"] = deterministic
     on, off = LLM(tiny_folder[0], **kw), LLM(tiny_folder[0], async_scheduling=False, **kw)
-    assert on.async_scheduling and not off.async_scheduling
+    assert on.async_scheduling and not off.async_scheduling and on.masks.inline
     prompts, params = _requests()
-    if not deterministic:
-        prompts, params = [prompts[4]], [params[4]]
-    got, want = on.generate(prompts, params, use_tqdm=False), off.generate(prompts, params, use_tqdm=False)
-    assert [_key(o) for o in got] == [_key(o) for o in want]
+    prompts.append([1, 6, 7])
+    params.append(SamplingParams(temperature=0.9, seed=4, max_tokens=12, regex=WORDS))
+    batches = [(prompts, params)] if deterministic else [([p], [sp]) for p, sp in zip(prompts, params)]
+    for P, S in batches:
+        got, want = on.generate(P, S, use_tqdm=False), off.generate(P, S, use_tqdm=False)
+        assert [_key(o) for o in got] == [_key(o) for o in want]
     assert _ahead(on)[1] > 0 and _ahead(off) == (0, 0)

@@ -295,3 +295,21 @@ def test_a_larger_batch_inherits_that_drafting_did_not_pay_at_a_smaller_one():
     for _ in range(YIELD_MIN + 1):
         cost.observe_drafting(128, 3 * 128, 0.016)  # measured at 128 itself: three tokens a row pay
     assert cost.drafting_pays(128) is True and cost.drafting_pays(64) is False
+
+
+def test_stays_closed_says_when_the_next_gate_closes_without_a_look():
+    """Async scheduling launches a plain step ahead for drafting requests only when the next
+    gate closes whatever the rows: drafting measured not to pay at that batch, no probe due."""
+    d = DSpark(True)
+    assert not d.stays_closed(64)  # nothing measured yet
+    d._cost = cost = _measured({64: 0.010}, {})
+    assert not d.stays_closed(64)  # drafting not measured at this batch: the gate looks
+    for _ in range(YIELD_MIN + 1):
+        cost.observe_drafting(64, 64, 0.060)  # a token a row for 5 extra plain steps
+    gap = cost.drafting_gap(64)
+    assert cost.drafting_pays(64) is False and gap > 2
+    d._step, d._last_draft_probe = 100, 100 - gap + 2
+    assert d.stays_closed(64)
+    d._step = 100 + gap  # a probe is due next step
+    assert not d.stays_closed(64)
+    assert not DSpark({"schedule": "fixed"}).stays_closed(64)
