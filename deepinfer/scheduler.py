@@ -20,7 +20,8 @@ at most ``max_num_batched_tokens`` in all:
 A request that cannot fit the whole pool even alone fails (``refused``) with a message that
 says so; its neighbours go on. After the forward the engine calls ``commit``: the blocks that
 became full are keyed for reuse, and blocks past what is cached (DSpark's rejected drafts) are
-released.
+released, but for the block of each row's next position when the next decode step is already
+running (async scheduling, ``commit(ahead=True)``).
 
 Sliding windows (docs/kv-cache.md, "Sliding windows"): a model's layers may form two KV-cache
 groups, full attention and sliding window, each with its own ``BlockPool`` and a block table per
