@@ -126,6 +126,28 @@ def test_window_release_in_deterministic_mode(family_folder):
     assert got == _run(_keep_every_block(_llm(folder, deterministic=True)), prompts, params)
 
 
+def test_window_release_under_async_scheduling(family_folder):
+    """Async scheduling (docs/async-scheduling.md) in deterministic mode: each decode step
+    launches the next before its tokens are read, the block of each row's next position kept
+    past ``commit``, while the windowed group gives back the blocks behind the window: the
+    tokens of the engine without it, and no request ever holds more than window_bound()."""
+    folder = family_folder("gemma3_text")[0]
+    prompts, params = _requests(3, (3, 43, 15, 30, 8), 80)
+    llm = _llm(folder, deterministic=True, max_num_seqs=4, dspark=False, async_scheduling=True)
+    sch, g = llm.scheduler, _windowed(llm)
+    bound = sch.window_bound()
+
+    def watch(llm):
+        for s in sch.running:
+            assert sum(b != 0 for b in s.block_tables[g]) <= bound
+
+    got = _run(llm, prompts, params, watch)
+    want = _run(_llm(folder, deterministic=True, max_num_seqs=4, dspark=False), prompts, params)
+    assert got == want
+    assert llm.metrics()["decode_steps_ahead_taken"] > 100
+    assert all(p.num_used == 0 for p in sch.pools)
+
+
 def test_preempted_requests_replay_from_their_window(family_folder):
     """6 requests through a pool of 40 blocks a group: they preempt one another, and resume at the
     last block boundary whose window is cached (swa_replays), with the tokens of a pool that holds
