@@ -142,8 +142,8 @@ class LLM:
         Launch a plain decode step's successor before its tokens are read back, so the
         device does not wait on the host between steps (docs/async-scheduling.md). Outputs are
         the same either way. None: on where the fixed-shape decode runs on CUDA (not with
-        ``enforce_eager`` or tensor parallelism); True where that decode cannot take its tokens
-        from the device is a ValueError.
+        ``enforce_eager`` outside deterministic mode, nor tensor parallelism); True where that
+        decode cannot take its tokens from the device is a ValueError.
     tensor_parallel_size : int
         Ranks the model is split over, Megatron-style (one worker process per rank besides this
         one; rank r on ``cuda:r``): docs/parallel.md.
