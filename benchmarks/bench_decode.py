@@ -15,8 +15,10 @@ device's idle time between steps while the host reads the tokens back and plans 
 
 The engine's own decode steps (`LLM.step`: schedule, forward, sampling, the tokens read back,
 commit) with async scheduling off and on, beside the same floor (needs the tokenizers that
-bench_e2e.py uses):
-    python benchmarks/bench_decode.py --device cuda --engine --shapes llama3-8b --batches 1,16,64 --repeat 3
+bench_e2e.py uses); with --constrained also rows under bench_e2e's JSON Schemas, each row's
+tokens/s beside the free rows' (DSpark off: the constraint's own cost):
+    python benchmarks/bench_decode.py --device cuda --engine --constrained --shapes llama3-8b \
+        --batches 1,16,64 --repeat 3
 
 The model families (FAMILY_SHAPES: Qwen3, Mistral with its sliding window, Phi-3, Gemma 2 and 3,
 the Qwen3-30B-A3B mixture of experts). A MoE decode step's floor counts k experts a layer (the
@@ -694,13 +696,18 @@ def bench_cuda(args) -> None:
                 "deterministic TFLOP/s"], attention_rows)  # fmt: skip
 
 
-def _engine_seconds(llm, batch: int, args) -> tuple[float, int]:
-    """Mean wall seconds of the engine's decode steps (``LLM.step``: schedule, forward, sample,
-    tokens read back, accept, commit) at ``batch`` rows of ``args.prompt_len``-token prompts
-    (each its own, so no prefix is shared), and how many of them ran ahead (async scheduling).
-    The prompts' prefill steps and the first decode step are left out of the timing."""
-    sp = SamplingParams(temperature=0, max_tokens=args.steps + 4, ignore_eos=True)
+def _engine_seconds(llm, batch: int, args, schemas: list | None = None) -> tuple[float, int]:
+    """Mean wall seconds of the engine's decode steps (``LLM.step``: schedule, forward, masks,
+    sampling, tokens read back, accept, commit) at ``batch`` rows of ``args.prompt_len``-token
+    prompts (each its own, so no prefix is shared), free or each under one of ``schemas``, and
+    how many of them ran ahead (async scheduling). The prompts' prefill steps and the first
+    decode step are left out of the timing."""
+    n = args.steps + 4
     for i in range(batch):
+        if schemas is None:
+            sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        else:
+            sp = SamplingParams(temperature=0, max_tokens=n, json_schema=schemas[i % len(schemas)])
         llm.add_request([1 + (i * 7919 + j * 31) % 20000 for j in range(args.prompt_len)], sp)
     sch = llm.scheduler
     while sch.waiting or any(not s.output_token_ids for s in sch.running):
@@ -719,17 +726,21 @@ def _engine_seconds(llm, batch: int, args) -> tuple[float, int]:
 
 def bench_engine(args) -> None:
     """The engine's decode steps with async scheduling off and on: one engine (random weights at
-    each shape), the two modes in turn ``--repeat`` times after an untimed round, the best of
-    each beside the floor of bench_cuda's table."""
-    from bench_e2e import _tokenizer_for
+    each shape), free rows and (``--constrained``) rows under JSON Schemas, the modes in turn
+    ``--repeat`` times after an untimed round, the best of each beside the floor of
+    bench_cuda's table."""
+    from bench_e2e import _schemas, _tokenizer_for, forced_length
 
     from deepinfer.loader.types import LoadedModel
 
     device = torch.device(args.device)
     bw = _copy_bandwidth(device)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    kinds: dict[str, list | None] = {"free": None}
+    if args.constrained:  # the maskbench schemas bench_e2e takes, each then a long string (no early end)
+        kinds["constrained"] = [forced_length(x) for x in _schemas(16)]
     print(f"\n{dev_name}: copy bandwidth {bw / 1e9:.0f} GB/s; the engine's decode (LLM.step), bf16, random "
-          f"weights, {args.steps} greedy steps after {args.prompt_len}-token prompts; best of "
+          f"weights, DSpark off, {args.steps} greedy steps after {args.prompt_len}-token prompts; best of "
           f"{args.repeat} runs a mode, the modes in turn")  # fmt: skip
     rows = []
     for name in args.shapes.split(","):
@@ -738,7 +749,7 @@ def bench_engine(args) -> None:
         w = _random_weights(cfg, device, torch.bfloat16)
         loaded = LoadedModel(config=cfg, weights=w, tokenizer=tok, source=f"random {name}", eos_token_ids=eos)
         del w
-        t0 = time.perf_counter()  # (DSpark off: no verify graphs to capture; these rows never draft)
+        t0 = time.perf_counter()  # (DSpark off: no verify graphs to capture, no drafting)
         llm = LLM(loaded, device=args.device, dtype="bfloat16", max_num_seqs=max(args.batches),
                   max_model_len=args.prompt_len + args.steps + 64, seed=0, dspark=False)  # fmt: skip
         del loaded
@@ -746,30 +757,34 @@ def bench_engine(args) -> None:
         async_default = llm.async_scheduling
         weight_bytes = _read_bytes(llm.model)[0]
         for batch in args.batches:
-            got: dict[bool, list] = {False: [], True: []}
+            got: dict[tuple[str, bool], list] = {(k, on): [] for k in kinds for on in (False, True)}
             for r in range(args.repeat + 1):  # (the first round warms up)
-                for on in (False, True):
-                    llm.async_scheduling = on and async_default
-                    seconds, taken = _engine_seconds(llm, batch, args)
-                    if r:
-                        got[on].append((seconds, taken))
+                for kind, schemas in kinds.items():
+                    for on in (False, True):
+                        llm.async_scheduling = on and async_default
+                        seconds, taken = _engine_seconds(llm, batch, args, schemas)
+                        if r:
+                            got[kind, on].append((seconds, taken))
             ctx = args.prompt_len + args.steps / 2
             kv = sum(batch * min(ctx, cfg.window(i) or ctx) * 2 * cfg.num_kv_heads * cfg.head_dim * 2
                      for i in range(cfg.num_layers))  # fmt: skip
             floor = (weight_bytes + kv) / bw
-            off, on = min(x[0] for x in got[False]), min(x[0] for x in got[True])
-            taken = min(x[1] for x in got[True])
-            print(f"  {name} batch {batch}: off {[f'{x[0] * 1e3:.2f}' for x in got[False]]} ms, on "
-                  f"{[f'{x[0] * 1e3:.2f}' for x in got[True]]} ms", flush=True)  # fmt: skip
-            rows.append([name, batch, f"{off * 1e3:.2f}", f"{on * 1e3:.2f}", f"{off / on:.2f}x",
-                         f"{taken}/{args.steps}", f"{floor * 1e3:.3f}", f"{floor / off:.0%}",
-                         f"{floor / on:.0%}", f"{batch / on:.0f}"])  # fmt: skip
+            free_on = min(x[0] for x in got["free", True])
+            for kind in kinds:
+                off, on = min(x[0] for x in got[kind, False]), min(x[0] for x in got[kind, True])
+                taken = min(x[1] for x in got[kind, True])
+                print(f"  {name} {kind} batch {batch}: off {[f'{x[0] * 1e3:.2f}' for x in got[kind, False]]} "
+                      f"ms, on {[f'{x[0] * 1e3:.2f}' for x in got[kind, True]]} ms", flush=True)  # fmt: skip
+                rows.append([name, kind, batch, f"{off * 1e3:.2f}", f"{on * 1e3:.2f}", f"{off / on:.2f}x",
+                             f"{taken}/{args.steps}", f"{floor * 1e3:.3f}", f"{floor / off:.0%}",
+                             f"{floor / on:.0%}", f"{batch / on:.0f}", f"{free_on / on:.2f}x"])  # fmt: skip
         llm.async_scheduling = async_default
         del llm
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    _table(["shape", "batch", "async off ms/step", "async on ms/step", "on speed-up", "steps taken ahead",
-            "floor ms/step", "off of floor", "on of floor", "on tok/s"], rows)  # fmt: skip
+    _table(["shape", "rows", "batch", "async off ms/step", "async on ms/step", "on speed-up",
+            "steps taken ahead", "floor ms/step", "off of floor", "on of floor", "on tok/s",
+            "on, tok/s vs free"], rows)  # fmt: skip
 
 
 def main() -> None:
@@ -791,6 +806,8 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help="decode modes to time (CUDA)")
     ap.add_argument("--engine", action="store_true",
                     help="the engine's decode steps (LLM.step), async scheduling off and on")  # fmt: skip
+    ap.add_argument("--constrained", action="store_true",
+                    help="--engine: rows under JSON Schemas too (from $DEEPINFER_SHARED_DATA)")  # fmt: skip
     args = ap.parse_args()
     if args.engine:
         bench_engine(args)
