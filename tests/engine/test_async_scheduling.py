@@ -230,3 +230,27 @@ def test_on_cuda_equals_the_engine_without_it(tiny_folder, monkeypatch_session, 
         got, want = on.generate(P, S, use_tqdm=False), off.generate(P, S, use_tqdm=False)
         assert [_key(o) for o in got] == [_key(o) for o in want]
     assert _ahead(on)[1] > 0 and _ahead(off) == (0, 0)
+
+
+def test_embedded_model_chat_and_extraction(monkeypatch_session):
+    """The embedded SmolLM2-135M-Instruct in deterministic mode: a free chat answer, a
+    JSON-Schema extraction and a seeded answer cut by a stop string, in one batch, with async
+    scheduling on and off."""
+    from deepinfer import LLM
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    msgs = [[{"role": "user", "content": "Name three colours."}],
+            [{"role": "user", "content": "Extract as JSON: Ada Lovelace was 36."}],
+            [{"role": "user", "content": "Write one sentence about rain."}]]  # fmt: skip
+    params = [SamplingParams(temperature=0, max_tokens=24),
+              SamplingParams(temperature=0, max_tokens=80, json_schema=schema),
+              SamplingParams(temperature=0.8, seed=5, max_tokens=30, stop=["."])]  # fmt: skip
+    got = {}
+    for on in (True, False):
+        llm = LLM(None, device="cpu", seed=0, deterministic=True, dspark=False, async_scheduling=on)
+        got[on] = [_key(o) for o in llm.chat(msgs, params, use_tqdm=False)]
+        if on:
+            assert _ahead(llm)[1] > 10
+    assert got[True] == got[False]
+    assert got[True][1][1] == "stop" and got[True][1][4] is None  # the JSON answer is complete
