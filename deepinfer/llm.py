@@ -381,7 +381,9 @@ class LLM:
         drafting = self._gate(sch.running)  # may this step draft (DSpark)?
         if self._pending and (sch.waiting or drafting):
             self._settle()  # a prefill or drafting step next: every matcher up to date first
-        out = sch.schedule()  # which rows compute how many tokens, in which blocks
+        # which rows compute how many tokens, in which blocks; with a decode step of the running
+        # rows already launched, arrivals are admitted next step (that step is not dropped)
+        out = sch.schedule(admit=self._ahead is None)
         for s, why in out.refused:
             s.fail(why, self.tokenizer)
         ahead, self._ahead = self._ahead, None  # a decode step launched ahead: this one, or dropped

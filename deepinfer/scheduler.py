@@ -164,8 +164,10 @@ class Scheduler:
         return bool(self.waiting or self.running or self._done)
 
     # -- one step -------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        """Free finished rows' blocks, then decide this step (see the module docstring)."""
+    def schedule(self, admit: bool = True) -> SchedulerOutput:
+        """Free finished rows' blocks, then decide this step (see the module docstring).
+        ``admit=False``: waiting requests wait one step more unless no running row has work
+        (async scheduling: the running rows' decode step is already on the device)."""
         out = SchedulerOutput(finished=self.reap())
         budget = self.max_num_batched_tokens
         preempted = False
@@ -188,7 +190,8 @@ class Scheduler:
             else:
                 self._take(s, n, out)
                 budget -= n
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        admit = not preempted and (admit or not out.rows)
+        while admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             s = self.waiting[0]
             if not self._fits(len(s)):  # cannot even compute its prompt
                 self.waiting.popleft()

@@ -18,9 +18,10 @@ one: its forward started while the host worked.
 What is sampled does not change: a row's token is a function of its logits, seed and step
 (docs/sampling-kernel.md), and the step ahead runs the rows the next step would run, at the same
 positions. A row that finishes (a stop token, a stop string, its length, an abort) is left out
-of the next step, and the step ahead's result for it is dropped. When the next step is not that
-decode (a request arrived, so a prompt chunk joins; DSpark drafts), the step ahead is dropped
-and the step runs as usual: its rows write the same K/V at the same positions again.
+of the next step, and the step ahead's result for it is dropped. A request that arrives meanwhile
+is admitted one step later (``Scheduler.schedule(admit=False)``): the step already running is
+taken first. When the next step is not that decode all the same (DSpark drafts), the step ahead
+is dropped and the step runs as usual: its rows write the same K/V at the same positions again.
 
 A step launches ahead only when nothing its tokens decide is needed to launch the next forward
 (``may_step_ahead``): DSpark will not draft next step, no request is waiting for admission,

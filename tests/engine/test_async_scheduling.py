@@ -89,7 +89,7 @@ def test_arrivals_and_aborts_between_steps(pair):
     assert got == _script(off, prompts, params, events)
     assert got[1][1] == "abort"
     launched, taken = (a - b for a, b in zip(_ahead(on), before))
-    assert taken > 0 and launched > taken  # the arrivals dropped the steps launched before them
+    assert taken > 10 and launched == taken  # an arrival waits for the step already launched
 
 
 def test_preemption_in_a_small_pool(tiny_folder, monkeypatch_session):

@@ -262,3 +262,20 @@ def test_each_step_matches_the_reference_formulas_on_a_random_workload(align):
         assert steps < 10_000
     assert decodes > 0 and sch.preemptions > 0 and sch.hit_tokens > 0
     assert sch.pool.num_used == 0
+
+
+def test_admit_false_holds_arrivals_while_the_running_rows_decode():
+    """``schedule(admit=False)`` (a decode step of the running rows already launched ahead): the
+    running rows are scheduled and a waiting request is admitted only by the next schedule, or
+    at once when no running row has work."""
+    a, b = _seq(1, 5), _seq(2, 3)
+    sch = _sched(seqs=[a])
+    _run(sch, sch.schedule())
+    sch.add(b)
+    out = sch.schedule(admit=False)
+    assert out.rows == [a] and out.decode and list(sch.waiting) == [b]
+    _run(sch, out)
+    out = sch.schedule()
+    assert out.rows == [a, b] and not sch.waiting
+    c = _seq(3, 3)
+    assert _sched(seqs=[c]).schedule(admit=False).rows == [c]  # nothing running: admitted anyway
