@@ -11,7 +11,9 @@ at most ``max_num_batched_tokens`` in all:
   beside the decodes of the others in the same step;
 - then waiting requests, oldest first, while the budget, ``max_num_seqs`` and the free blocks
   allow: each takes the longest cached prefix of its tokens (prefix caching: full blocks keyed
-  by a hash chained over their tokens) and computes the rest, or a chunk of it;
+  by a hash chained over their tokens) and computes the rest, or a chunk of it (with
+  ``admit=False``, only when no running request has work: async scheduling's decode step of
+  the running rows is already on the device);
 - when a running request needs a block and none is free, the youngest running request is
   preempted: its blocks are released (its full ones stay cached), it goes back to the front of
   the queue and later recomputes what it had (mostly prefix hits). Nothing is dropped and
