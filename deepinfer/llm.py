@@ -139,7 +139,7 @@ class LLM:
         (docs/dspark.md says exactly what that means in each mode); where drafting does not
         pay, a cost model stops it (benchmarks/RESULTS.md, "DSpark").
     async_scheduling : bool or None
-        Launch a plain decode step's successor before its tokens are read back, so the
+        Launch a decode step's successor before its tokens are read back, so the
         device does not wait on the host between steps (docs/async-scheduling.md). Outputs are
         the same either way. None: on where the fixed-shape decode runs on CUDA (not with
         ``enforce_eager`` outside deterministic mode, nor tensor parallelism); True where that
@@ -418,7 +418,7 @@ class LLM:
                 if sampled is not None:
                     if (
                         self.async_scheduling
-                        and out.decode
+                        and len(out.batch) == len(out.rows)  # (a decode step, or prompts that end here)
                         and may_step_ahead(out.rows, len(sch.running), len(sch.waiting), self._may_draft)
                     ):
                         self._read.start(sampled)  # (the copy is queued before the next step)

@@ -5,10 +5,11 @@ each sequence takes its token (stop tokens, stop strings, lengths), the schedule
 plans the next step, and only then is the next forward launched. The device idles for that
 turn-around (0.1-0.6 ms a step on an H100's host at 16-64 rows: docs/async-scheduling.md).
 
-With async scheduling (``LLM(async_scheduling=...)``, on by default on CUDA) a decode step whose
-next step can be known without its tokens launches that next step's forward at once: the same
-rows, each one position on, its token taken on the device from the sampler's output (the model
-runner's ``step_ahead``). Where no row has a constraint or asks for logprobs, that step's tokens
+With async scheduling (``LLM(async_scheduling=...)``, on by default on CUDA) a step whose rows
+all sample (a decode step, or one where the prompts end) and whose next step can be known
+without its tokens launches that next step's forward at once: the same rows, each one position
+on, its token taken on the device from the sampler's output (the model runner's
+``step_ahead``). Where no row has a constraint or asks for logprobs, that step's tokens
 are sampled on the device too; otherwise they are sampled by the next engine step, once the
 host has the masks (which depend on this step's tokens). Then the host reads this step's tokens
 (a copy recorded before that launch, so it does not wait for it), accepts them and commits, and

@@ -254,3 +254,13 @@ def test_embedded_model_chat_and_extraction(monkeypatch_session):
             assert _ahead(llm)[1] > 10
     assert got[True] == got[False]
     assert got[True][1][1] == "stop" and got[True][1][4] is None  # the JSON answer is complete
+
+
+def test_every_decode_step_is_taken_ahead(pair):
+    """The step that ends the prompts launches the first decode step too, and a row's last
+    step launches none: one request of 10 tokens runs 9 decode steps, all taken ahead."""
+    on, _ = pair
+    before = _ahead(on)
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    assert len(on.generate([[1, 5, 9, 4]], sp, use_tqdm=False)[0].token_ids) == 10
+    assert tuple(a - b for a, b in zip(_ahead(on), before)) == (9, 9)
