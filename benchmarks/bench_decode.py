@@ -363,6 +363,16 @@ def _read_bytes(model) -> tuple[int, int]:
     return read, active
 
 
+def _decode_floor(cfg, weight_bytes: int, batch: int, args, bw: float) -> float:
+    """Seconds a decode step needs at least: every weight read once, plus each row's K/V (the
+    mean context over the run, a sliding-window layer's window at most), at the copy's rate
+    (bytes read + written per second: what HBM moves in all)."""
+    ctx = args.prompt_len + args.steps / 2
+    kv = sum(batch * min(ctx, cfg.window(i) or ctx) * 2 * cfg.num_kv_heads * cfg.head_dim * 2
+             for i in range(cfg.num_layers))  # fmt: skip
+    return (weight_bytes + kv) / bw
+
+
 def _prefill_seconds(runner, n: int, device) -> float:
     """Seconds of one prefill step of an n-token prompt (the eager forward), the best of 3."""
     from deepinfer.sequence import Sequence
@@ -613,7 +623,6 @@ def bench_cuda(args) -> None:
     rows, prefill_rows, attention_rows = [], [], []
     for name in args.shapes.split(","):
         cfg = _config(name)
-        L, nkv, hd = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
         weights = _random_weights(cfg, device, dtype)
         max_len = max(args.prompt_len + args.steps + 8, max(args.prefill_len, default=0) + 8)
         model = LlamaModel(cfg, weights, dtype=dtype, device=device, max_len=max_len)
@@ -654,11 +663,7 @@ def bench_cuda(args) -> None:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         for batch in args.batches:
-            # each step reads every weight once, plus each row's K/V (mean context over the run),
-            # at the copy's rate (bytes read + written per second: what HBM moves in all)
-            ctx = args.prompt_len + args.steps / 2
-            kv_bytes = sum(batch * min(ctx, cfg.window(i) or ctx) * 2 * nkv * hd * 2 for i in range(L))
-            floor = (_read_bytes(model)[0] + kv_bytes) / bw
+            floor = _decode_floor(cfg, _read_bytes(model)[0], batch, args, bw)
             ok = [m for m in modes if step[m, batch] == step[m, batch]]
             fastest = min(ok, key=lambda m: step[m, batch], default=None)
             best = step[fastest, batch] if fastest else float("nan")
@@ -765,10 +770,7 @@ def bench_engine(args) -> None:
                         seconds, taken = _engine_seconds(llm, batch, args, schemas)
                         if r:
                             got[kind, on].append((seconds, taken))
-            ctx = args.prompt_len + args.steps / 2
-            kv = sum(batch * min(ctx, cfg.window(i) or ctx) * 2 * cfg.num_kv_heads * cfg.head_dim * 2
-                     for i in range(cfg.num_layers))  # fmt: skip
-            floor = (weight_bytes + kv) / bw
+            floor = _decode_floor(cfg, weight_bytes, batch, args, bw)
             free_on = min(x[0] for x in got["free", True])
             for kind in kinds:
                 off, on = min(x[0] for x in got[kind, False]), min(x[0] for x in got[kind, True])

@@ -48,7 +48,7 @@ class StepAhead:
     starts: list[int]
     logits: torch.Tensor  # [len(rows), V]
     tokens: torch.Tensor | None  # [len(rows)] int64; None: the step that takes it samples
-    _at: dict[int, int] = field(default_factory=dict, repr=False)  # id(row) -> its index
+    _at: dict[int, int] = field(init=False, repr=False)  # id(row) -> its index
 
     def __post_init__(self) -> None:
         self._at = {id(s): i for i, s in enumerate(self.rows)}
@@ -72,7 +72,8 @@ class StepAhead:
 
 
 def may_step_ahead(rows: list[Sequence], running: int, waiting: int, may_draft) -> bool:
-    """May the decode step of ``rows`` launch its next step before its tokens are read?
+    """May the step of ``rows`` (each of them sampling) launch the next decode step before its
+    tokens are read?
     ``running``: the scheduler's running requests; ``waiting``: requests not yet admitted;
     ``may_draft(rows)``: may DSpark draft for these rows next step."""
     if waiting or len(rows) != running:
