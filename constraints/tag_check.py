@@ -78,7 +78,7 @@ def _walk(tags: Tags, groups, data: bytes, fold) -> list:
         for s, acc in groups:
             for j, b in enumerate(data):
                 c = cls[b]
-                t = a.row(s)[c]
+                t = a.targets[s * a.width + c]
                 if t < 0:
                     acc = None
                     break
@@ -99,7 +99,7 @@ def _walk(tags: Tags, groups, data: bytes, fold) -> list:
         for cfg, acc in cur:
             for st in cfg[0]:
                 top = st[-1]
-                t = a.row(top)[c]
+                t = a.targets[top * a.width + c]
                 if t < 0:
                     continue
                 a2 = acc

@@ -39,7 +39,6 @@ import numpy as np
 from ..errors import ConstraintTooComplex
 from ..ir import LONG_REPEAT, And, Expr, Items, Ref, Repeat, collect_masks
 from .nfa import NFA, Alphabet, FragmentBuilder, Limits, RawDFA, minimal_dfa, with_calls
-from .tables import ints
 
 # transition actions (bits of Counters.act)
 TICK = 2  # starts an item: count += 1
@@ -446,7 +445,7 @@ def step_counted(automaton, config: int, data: bytes) -> int | None:
     """Advance a configuration (``state + n_states * count``) over ``data``; None if dead."""
     n = automaton.n_states
     s, c = config % n, config // n
-    cls, rows, acts = automaton.cls_list, automaton._rows, automaton._act_rows
+    cls, tg, acts, w = automaton.cls_list, automaton.targets, automaton.acts, automaton.width
     region, need, lo, hi = (
         automaton._region_list,
         automaton._need_list,
@@ -454,17 +453,11 @@ def step_counted(automaton, config: int, data: bytes) -> int | None:
         automaton._hi_list,
     )
     for b in data:
-        r = rows.get(s)
-        if r is None:
-            r = automaton.row(s)
-        k = cls[b]
-        t = r[k]
+        i = s * w + cls[b]
+        t = tg[i]
         if t < 0:
             return None
-        ar = acts.get(s)
-        if ar is None:
-            ar = acts[s] = ints(automaton.counters.act[s])
-        a = ar[k]
+        a = acts[i]
         if a:
             if a & EXIT and c < lo[region[s]]:
                 return None
@@ -483,9 +476,8 @@ def live_classes(automaton, config: int) -> list[bool]:
     """Per byte class: does a byte of it keep the configuration alive?"""
     n = automaton.n_states
     s, c = config % n, config // n
-    ar = automaton._act_rows.get(s)
-    if ar is None:
-        ar = automaton._act_rows[s] = ints(automaton.counters.act[s])
+    w = automaton.width
+    ar = automaton.acts[s * w : s * w + w]
     region, need, lo, hi = (
         automaton._region_list,
         automaton._need_list,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 import time
-from array import array
 
 import numpy as np
 
@@ -42,7 +41,7 @@ from .nfa import (
     minimal_dfa,
     minimize,
 )
-from .tables import flags, ints
+from .tables import flags, flat, ints
 
 MAX_STACK_DEPTH = 4_000
 MAX_STACKS = 512
@@ -95,14 +94,15 @@ class Automaton:
         self.is_regular = not self.has_calls.any()
         self.n_states = len(accepting)
         self.cls_list = tuple(cls.tolist())
-        self._rows: dict[int, array] = {}  # state -> its row, made on first use
+        self.width = table.shape[1]  # byte classes: a state's row in .targets
+        self.targets = flat(table)  # target of (s, class c) at s * width + c, -1 dead
         self._acc_list = flags(accepting)  # (flags: bytes, not tuples of bools)
         self._has_bytes_list = flags(self.has_bytes)
         # counted repetitions (see .counted): a configuration, or in a pushdown automaton the
         # top frame of a stack (a region has no calls), is state + n_states * count
         self.counters = counters
         if counters is not None:
-            self._act_rows: dict[int, array] = {}  # state -> its counter actions (as .row)
+            self.acts = flat(counters.act)  # its counter actions, as .targets
             self._region_list = ints(counters.region)  # (per state: ints, not tuples)
             self._need_list = ints(counters.need)
             self._lo_list = tuple(counters.lo.tolist())
@@ -118,14 +118,11 @@ class Automaton:
         r = self._region_list[s]
         return s, bool(self._acc_list[s]) and (r < 0 or v // n >= self._lo_list[r])
 
-    def row(self, s: int) -> array:
-        """State ``s``'s row of the table (its target per byte class, -1 dead), made on first
-        use as :func:`ints` makes a per-state table: a tuple per state would be walked by the
-        next young collection, most often inside a mask."""
-        r = self._rows.get(s)
-        if r is None:
-            r = self._rows[s] = ints(self.table[s])
-        return r
+    def row(self, s: int) -> memoryview:
+        """State ``s``'s row of the table (its target per byte class, -1 dead), a view of
+        :attr:`targets`; the loops of a step read ``targets[s * width + c]`` directly."""
+        w = self.width
+        return self.targets[s * w : s * w + w]
 
     def closure(self, stacks) -> Config | None:
         """Take every call and return; keep stacks whose top can read a byte."""
@@ -185,7 +182,7 @@ class Automaton:
         if self.is_regular:
             if counted:
                 return ct.step_counted(self, config, bytes((b,)))
-            t = self.row(config)[c]
+            t = self.targets[config * self.width + c]
             return t if t >= 0 else None
         moved = []
         for st in config[0]:
@@ -194,7 +191,7 @@ class Automaton:
                 if t is not None:
                     moved.append(st[:-1] + (t,))
                 continue
-            t = self.row(st[-1])[c]
+            t = self.targets[st[-1] * self.width + c]
             if t >= 0:
                 moved.append(st[:-1] + (t,))
         if not moved:
@@ -206,12 +203,9 @@ class Automaton:
             return ct.step_counted(self, config, data)
         if self.is_regular:
             s = config
-            cls, rows = self.cls_list, self._rows
+            cls, tg, w = self.cls_list, self.targets, self.width
             for b in data:
-                r = rows.get(s)
-                if r is None:
-                    r = self.row(s)
-                s = r[cls[b]]
+                s = tg[s * w + cls[b]]
                 if s < 0:
                     return None
             return s
@@ -223,7 +217,7 @@ class Automaton:
             return config
         # a pushdown automaton: runs of bytes that move one stack's top state and need no
         # closure (no call, no return, no end) step its DFA directly, linear in the bytes
-        cls, rows, hc = self.cls_list, self._rows, self._call_flags
+        cls, tg, w, hc = self.cls_list, self.targets, self.width, self._call_flags
         acc, hb = self._acc_list, self._has_bytes_list
         i, n = 0, len(data)
         while i < n:
@@ -232,10 +226,7 @@ class Automaton:
                 s = st[-1]
                 j = i
                 while j < n:
-                    r = rows.get(s)
-                    if r is None:
-                        r = self.row(s)
-                    t = r[cls[data[j]]]
+                    t = tg[s * w + cls[data[j]]]
                     if t < 0:
                         return None
                     if hc[t] or acc[t] or not hb[t]:
