@@ -35,7 +35,7 @@ from .prompts import Rendered, prompt_ids, render_chat
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .step_ahead import StepAhead, TokenRead, may_step_ahead, samples_ahead
+from .step_ahead import StepAhead, TokenRead, may_step_ahead
 from .structured import MaskFiller, Structured, judge, split_reasoning
 from .tokenizer import Message, Tokenizer
 
@@ -400,14 +400,13 @@ class LLM:
                 self.dspark.step(out.verify, masks, forward=self.runner.verify, tokenizer=self.tokenizer,
                                  vocab_size=self.config.vocab_size, device=self.device)  # fmt: skip
             else:
-                taken = None if ahead is None else ahead.take(out.rows, out.decode)
-                if taken is not None:  # this step's forward (and draws) were launched last step
+                sampled = None if ahead is None else ahead.take(out.rows, out.decode)
+                if sampled is not None:  # this step's forward and draws were launched last step
                     self._ahead_counts[1] += 1
                     for s in out.rows:
                         s.num_cached += 1
-                    logits, sampled = taken
                 else:
-                    logits, sampled = self.runner.step(out.rows, out.counts), None
+                    logits = self.runner.step(out.rows, out.counts)
                 self.masks.launched()
                 self._settle()  # the previous step's deferred matcher work, behind this forward
                 if sampled is None and out.batch:
@@ -666,15 +665,15 @@ class LLM:
 
     def _step_ahead(self, rows: list[Sequence], sampled: torch.Tensor) -> StepAhead | None:
         """Launch the decode step after this one (``step_ahead.py``): ``rows`` one position on,
-        fed this step's ``sampled`` tokens on the device, their tokens sampled at once unless a
-        row's mask or logprobs need the host first; None when the pool has no block for that
-        position (the next step then runs as usual)."""
+        fed this step's ``sampled`` tokens on the device, their own tokens sampled at once;
+        None when the pool has no block for that position (the next step then runs as
+        usual)."""
         if not self.scheduler.reserve(rows, 2):
             return None
         logits = self.runner.step_ahead(rows, sampled)
-        tokens = self._sample(rows, logits, None, [], ahead=1)[0] if samples_ahead(rows) else None
+        tokens, _ = self._sample(rows, logits, None, [], ahead=1)
         self._ahead_counts[0] += 1
-        return StepAhead(rows, [s.num_cached for s in rows], logits, tokens)
+        return StepAhead(rows, [s.num_cached for s in rows], tokens)
 
     def _may_draft(self, rows: list[Sequence]) -> bool:
         """May DSpark draft for these rows next step (a step launched ahead would be dropped)?"""

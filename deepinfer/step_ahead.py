@@ -7,11 +7,9 @@ turn-around (0.1-0.6 ms a step on an H100's host at 16-64 rows: docs/async-sched
 
 With async scheduling (``LLM(async_scheduling=...)``, on by default on CUDA) a step whose rows
 all sample (a decode step, or one where the prompts end) and whose next step can be known
-without its tokens launches that next step's forward at once: the same rows, each one position
-on, its token taken on the device from the sampler's output (the model runner's
-``step_ahead``). Where no row has a constraint or asks for logprobs, that step's tokens
-are sampled on the device too; otherwise they are sampled by the next engine step, once the
-host has the masks (which depend on this step's tokens). Then the host reads this step's tokens
+without its tokens launches that next step at once: the same rows, each one position on, its
+token taken on the device from the sampler's output (the model runner's ``step_ahead``), its
+own token sampled on the device too. Then the host reads this step's tokens
 (a copy recorded before that launch, so it does not wait for it), accepts them and commits, and
 the next engine step takes the step already running (``StepAhead.take``) instead of launching
 one: its forward started while the host worked.
@@ -24,9 +22,13 @@ is admitted one step later (``Scheduler.schedule(admit=False)``): the step alrea
 taken first. When the next step is not that decode all the same (DSpark drafts), the step ahead
 is dropped and the step runs as usual: its rows write the same K/V at the same positions again.
 
-A step launches ahead only when nothing its tokens decide is needed to launch the next forward
-(``may_step_ahead``): DSpark will not draft next step, no request is waiting for admission,
-every running row is in the step, and not every row is at its last token.
+A step launches ahead only when nothing its tokens decide is needed to launch the next step
+(``may_step_ahead``): no row has a constraint (its mask needs the token) or asks for logprobs
+(read on the host), DSpark will not draft next step, no request is waiting for admission,
+every running row is in the step, and not every row is at its last token. A constrained row's
+mask is filled on the host behind its own step's forward, as with async scheduling off: the
+masks of a step launched ahead could only be filled once this step's tokens are read, on the
+host's path between two steps instead of beside the device's.
 """
 
 from __future__ import annotations
@@ -41,22 +43,20 @@ from .sequence import Sequence
 @dataclass
 class StepAhead:
     """A decode step in flight: ``rows`` (in step order), each at position ``starts[i]`` (its
-    ``num_cached`` when launched), their logits and, when sampled ahead, their tokens (on the
-    device)."""
+    ``num_cached`` when launched), and their sampled tokens on the device."""
 
     rows: list[Sequence]
     starts: list[int]
-    logits: torch.Tensor  # [len(rows), V]
-    tokens: torch.Tensor | None  # [len(rows)] int64; None: the step that takes it samples
+    tokens: torch.Tensor  # [len(rows)] int64, on the device
     _at: dict[int, int] = field(init=False, repr=False)  # id(row) -> its index
 
     def __post_init__(self) -> None:
         self._at = {id(s): i for i, s in enumerate(self.rows)}
 
-    def take(self, rows: list[Sequence], decode: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The logits and tokens (None: not sampled) of ``rows`` (a decode step's rows, each one
-        token) when this step ran them all at their current positions, in that order: the step
-        already computed them. None otherwise (the caller runs its own step)."""
+    def take(self, rows: list[Sequence], decode: bool) -> torch.Tensor | None:
+        """The sampled tokens of ``rows`` (a decode step's rows, each one token) when this step
+        ran them all at their current positions, in that order: the step already computed
+        them. None otherwise (the caller runs its own step)."""
         if not decode or not rows:
             return None
         idx = []
@@ -66,9 +66,8 @@ class StepAhead:
                 return None
             idx.append(i)
         if len(idx) == len(self.rows):  # (idx is increasing: the running order is kept)
-            return self.logits, self.tokens
-        at = torch.tensor(idx, dtype=torch.int64).to(self.logits.device, non_blocking=True)
-        return self.logits[at], None if self.tokens is None else self.tokens[at]
+            return self.tokens
+        return self.tokens[torch.tensor(idx, dtype=torch.int64).to(self.tokens.device, non_blocking=True)]
 
 
 def may_step_ahead(rows: list[Sequence], running: int, waiting: int, may_draft) -> bool:
@@ -78,15 +77,11 @@ def may_step_ahead(rows: list[Sequence], running: int, waiting: int, may_draft) 
     ``may_draft(rows)``: may DSpark draft for these rows next step."""
     if waiting or len(rows) != running:
         return False
+    if any(s.constraint is not None or s.params.logprobs is not None for s in rows):
+        return False  # a row's mask or logprobs need the host before its draw
     if all(len(s.output_token_ids) + 1 >= s.max_tokens for s in rows):
         return False  # every row ends with this step's token
     return not may_draft(rows)
-
-
-def samples_ahead(rows: list[Sequence]) -> bool:
-    """Are the tokens of a step launched ahead over ``rows`` sampled at once? Not where a row's
-    mask (its constraint) or its logprobs need the host first."""
-    return all(s.constraint is None and s.params.logprobs is None for s in rows)
 
 
 class TokenRead:

@@ -11,7 +11,7 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.dspark import DSpark
 from deepinfer.sampling_params import SamplingParams as SP
 from deepinfer.sequence import Sequence
-from deepinfer.step_ahead import StepAhead, may_step_ahead, samples_ahead
+from deepinfer.step_ahead import StepAhead, may_step_ahead
 from deepinfer.structured import MaskFiller
 
 WORDS = "[a-z]{3,9}( [a-z]{2,6}){0,3}"
@@ -107,10 +107,11 @@ def test_preemption_in_a_small_pool(tiny_folder, monkeypatch_session):
 
 
 @pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline-masks"])
-def test_constrained_and_logprob_rows_sample_in_the_next_step(pair, inline):
-    """Their forward runs ahead; their tokens are sampled by the step that takes it, once the
-    masks are filled (inline: as on CUDA, each token's matcher work deferred behind the next
-    forward)."""
+def test_constrained_and_logprob_rows_do_not_step_ahead(pair, inline):
+    """A step with a constrained row or one asking for logprobs launches nothing ahead: the
+    mask is filled behind its own step's forward (inline: as on CUDA, each token's matcher
+    work deferred behind the next forward), and the outputs are those of the engine with
+    async scheduling off; once only free rows are left, the steps run ahead again."""
     on, off = pair
     for llm in pair:
         llm.dspark = DSpark(False)
@@ -125,7 +126,11 @@ def test_constrained_and_logprob_rows_sample_in_the_next_step(pair, inline):
         assert [_key(o) for o in got] == [_key(o) for o in want]
         assert [o.logprobs for o in got] == [o.logprobs for o in want]
         assert got[0].valid  # (the random model runs out of tokens inside the JSON object)
-        assert _ahead(on)[1] - before[1] > 5
+        assert _ahead(on) == before
+        free = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+        got, want = (llm.generate(prompts, sp[:2] + [free], use_tqdm=False) for llm in pair)
+        assert [_key(o) for o in got] == [_key(o) for o in want]
+        assert _ahead(on)[1] - before[1] >= 3  # (the free row alone after the 12th token)
     finally:
         for llm in pair:
             llm.dspark = DSpark(True)
@@ -182,33 +187,28 @@ def _seq(i: int, outputs: int = 0, max_tokens: int = 10, **kw) -> Sequence:
 
 def test_take_the_rows_it_ran_in_order_at_their_positions():
     rows = [_seq(i) for i in range(4)]
-    logits = torch.arange(4.0)[:, None].repeat(1, 5)
-    ahead = StepAhead(rows, [s.num_cached for s in rows], logits, torch.tensor([10, 11, 12, 13]))
-    got, tokens = ahead.take(rows, True)
-    assert got is logits and tokens.tolist() == [10, 11, 12, 13]
-    got, tokens = ahead.take([rows[0], rows[2], rows[3]], True)  # row 1 finished
-    assert got[:, 0].tolist() == [0, 2, 3] and tokens.tolist() == [10, 12, 13]
-    got, tokens = StepAhead(rows, [s.num_cached for s in rows], logits, None).take(rows[1:], True)
-    assert got[:, 0].tolist() == [1, 2, 3] and tokens is None  # not sampled ahead
+    ahead = StepAhead(rows, [s.num_cached for s in rows], torch.tensor([10, 11, 12, 13]))
+    assert ahead.take(rows, True).tolist() == [10, 11, 12, 13]
+    assert ahead.take([rows[0], rows[2], rows[3]], True).tolist() == [10, 12, 13]  # row 1 finished
     assert ahead.take(rows, False) is None  # not a decode step (a prompt chunk joined)
     assert ahead.take([rows[0], _seq(9)], True) is None  # a row it did not run
     rows[3].num_cached += 1
     assert ahead.take(rows, True) is None  # a row at another position
 
 
-def test_may_step_ahead_and_sample_ahead():
+def test_may_step_ahead():
     rows = [_seq(0), _seq(1)]
     never = lambda rows: False  # noqa: E731
-    assert may_step_ahead(rows, 2, 0, never) and samples_ahead(rows)
+    assert may_step_ahead(rows, 2, 0, never)
     assert not may_step_ahead(rows, 3, 0, never)  # a running row outside the step
     assert not may_step_ahead(rows, 2, 1, never)  # a request waits for admission
     assert not may_step_ahead(rows, 2, 0, lambda rows: True)  # DSpark may draft for them
     assert not may_step_ahead([_seq(0, 9), _seq(1, 9)], 2, 0, never)  # every row at its last token
     assert may_step_ahead([_seq(0, 9), _seq(1, 8)], 2, 0, never)
-    assert not samples_ahead([_seq(0), _seq(1, logprobs=1)])  # logprobs: sampled by the next step
+    assert not may_step_ahead([_seq(0), _seq(1, logprobs=1)], 2, 0, never)  # logprobs: read on the host
     c = _seq(0)
     c.constraint = object()
-    assert not samples_ahead([c, _seq(1)])  # a mask: sampled by the next step
+    assert not may_step_ahead([c, _seq(1)], 2, 0, never)  # a mask: needs this step's token
 
 
 @pytest.mark.gpu
@@ -216,8 +216,7 @@ def test_may_step_ahead_and_sample_ahead():
 def test_on_cuda_equals_the_engine_without_it(tiny_folder, monkeypatch_session, deterministic):
     """On CUDA (on by default there; masks filled inline, each constrained token's matcher work
     deferred): deterministic mode, a batch whose rows finish at different steps; the default
-    mode, whose bits may depend on the batch, one request at a time. DSpark off, so the
-    constrained rows run ahead too."""
+    mode, whose bits may depend on the batch, one request at a time."""
     kw = dict(dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512, dspark=False)
     kw["deterministic"] = deterministic
     on, off = LLM(tiny_folder[0], **kw), LLM(tiny_folder[0], async_scheduling=False, **kw)
@@ -251,7 +250,7 @@ def test_embedded_model_chat_and_extraction(monkeypatch_session):
         llm = LLM(None, device="cpu", seed=0, deterministic=True, dspark=False, async_scheduling=on)
         got[on] = [_key(o) for o in llm.chat(msgs, params, use_tqdm=False)]
         if on:
-            assert _ahead(llm)[1] > 10
+            assert _ahead(llm)[1] > 5  # (the free rows' steps once the JSON answer ended)
     assert got[True] == got[False]
     assert got[True][1][1] == "stop" and got[True][1][4] is None  # the JSON answer is complete
 
