@@ -33,7 +33,7 @@ from .bitmask import unpack_bitmask
 from .ir import SPECIAL_LEAD, special_bytes
 from .native import bind
 from .tokens.rows import canonical_key, count_bytes, match_form, near_form, unquoted_region
-from .tokens.trie import WalkMemo, counted_loops
+from .tokens.trie import F_SUB, F_TOK_END, F_TOK_LO, WalkMemo, counted_loops
 
 ROW_CACHE_SIZE = 8192
 STEP_MEMO_SIZE = 1 << 18  # steps a constraint's step memo keeps before it starts afresh
@@ -65,6 +65,9 @@ LONG_TOKENS = 400
 MAX_NEAR_STATES = 1024
 NEAR_PARTS = 64
 NEAR_FORM_BYTES = 4 << 20  # the numberings kept beside the parts, in all
+# a walk below trie nodes with at least 1/BELOW_FORM_SHARE of the vocabulary below them is kept
+# by its start's numbering too (_below_form: a search that costs what a small walk does)
+BELOW_FORM_SHARE = 16
 # rows and row parts kept per state (a walk's, a state's tokens without '"', their margins
 # near a bound: _remember), at most this many per memo, then it starts afresh; each holds
 # a row (16 KB on a 128k vocabulary), a margin table a token's int64 (1 MB there)
@@ -166,6 +169,8 @@ class CompiledConstraint:
         self._view_max = 0
         self._lowest = self._highest = 0
         self._walks_below: dict = {}  # continuation walks: see _walk_below
+        self._below_forms: dict = {}  # the same, by the numbering of their start (_below_form)
+        self._below_kept = self._below_bytes = 0  # (walks and bytes kept there)
         self._continued: dict = {}  # continuations: see _continue
         # set while walking tokens without '"' from frames outside every region, in an
         # automaton whose regions only '"' enters or leaves: no count can change, so the
@@ -1116,20 +1121,87 @@ class CompiledConstraint:
         """``trie.walk_fast`` below ``roots`` from ``state``, into ``words``: what it adds
         and the boundaries it returns are kept (bounded), since the same continuation (a
         return into the same state, below the same trie nodes) recurs in the rows of every
-        stack that holds it; a walk only sets bits, so its part is the same in any row."""
+        stack that holds it; a walk only sets bits, so its part is the same in any row. A
+        walk from another state whose search as deep as the tokens below ``roots`` numbers
+        alike (:meth:`_below_form`) takes that walk's part too, its boundary states by their
+        numbers: each word of an unrolled ``(\\S+\\s+){0,99}`` returns from a called character
+        rule into a state of its own, alike as far as a token reads."""
         key = (state, inner, id(trie), roots.tobytes())
         memo = self._walks_below
         hit = memo.get(key)
         if hit is None:
-            part = np.zeros(self.n_words, dtype=np.uint32)
-            n2, t2 = trie.walk_fast(self._walk_memo(False), inner, state, part, roots)
-            hit = (*_set_words(part), n2, t2)
+            form = None
+            nodes = trie.fast_nodes[roots]
+            if int((nodes[:, F_TOK_END] - nodes[:, F_TOK_LO]).sum()) * BELOW_FORM_SHARE >= self.vocab_size:
+                form = self._below_form(trie, inner, state, roots, nodes)
+            if form is not None:
+                fkey, numbering, order = form
+                for seen, at, bits, n2, local in self._below_forms.get(fkey, ()):
+                    if np.array_equal(seen, numbering):
+                        hit = (at, bits, n2, order[local])
+                        break
+            if hit is None:
+                part = np.zeros(self.n_words, dtype=np.uint32)
+                n2, t2 = trie.walk_fast(self._walk_memo(False), inner, state, part, roots)
+                hit = (*_set_words(part), n2, t2)
+                if form is not None:
+                    self._keep_below_form(form, hit)
             if len(memo) >= CONTINUATION_MEMO_SIZE:
                 memo.clear()
             memo[key] = hit
         at, bits, n2, t2 = hit
         words[at] |= bits
         return n2, t2
+
+    def _below_form(self, trie, inner: bool, state: int, roots: np.ndarray, nodes: np.ndarray):
+        """What decides a walk of ``trie`` below ``roots`` from ``state`` (a frame above the
+        bottom where ``inner``): ``rows.near_form``'s numbering of the states a search from
+        ``state`` meets as deep as the tallest subtree below ``roots``, each state's flag
+        whether the walk stops there (a boundary of its frame), and its successors by byte
+        class (but '"' in a trie without it). Two states that number alike give the same
+        walk: the same bits, and boundary states at the same numbers. Returns ``(key,
+        numbering, order)`` (``order``: the states by number), None past
+        :data:`MAX_NEAR_STATES` states. ``nodes``: the rows of ``roots`` in ``trie.fast_nodes``."""
+        a = self.automaton
+        scratch = self.__dict__.get("_below_scratch")
+        if scratch is None:
+            bnd = (self._bnd_bottom, self._bnd_inner)
+            flags_of = tuple(np.where(b, -3, -1).astype(np.int64) for b in bnd)
+            local = np.full(a.n_states, -1, dtype=np.int64)
+            order, dep = (np.empty(MAX_NEAR_STATES, dtype=np.int64) for _ in range(2))
+            out = np.empty(MAX_NEAR_STATES * (a.table.shape[1] + 1), dtype=np.int32)
+            scratch = self._below_scratch = (flags_of, local, order, dep, out)
+        flags_of, local, order, dep, out = scratch
+        depth = int(nodes[:, F_SUB].max()) >> 8
+        split = self._split
+        quote = self._quote_cls if split is not None and trie is split[0][0] else -1
+        n, h, w = near_form(
+            a.table, quote, flags_of[inner], depth, MAX_NEAR_STATES, local, order, dep, out, state
+        )
+        if n < 0:
+            return None
+        return (inner, id(trie), roots.tobytes(), quote, h, w), out[:w].copy(), order[:n].copy()
+
+    def _keep_below_form(self, form, hit) -> None:
+        """Keep walk ``hit`` under its form (:meth:`_below_form`), its boundary states by
+        number (at most as many walks as the continuations keep, and
+        :data:`NEAR_FORM_BYTES` of numberings and bits)."""
+        fkey, numbering, order = form
+        n2, t2 = hit[2], hit[3]
+        local = np.empty(len(t2), dtype=np.int64)
+        for i, t in enumerate(t2.tolist()):
+            at = np.flatnonzero(order == t)
+            if not len(at):  # (a boundary past the search: never, as deep as the tokens)
+                return
+            local[i] = at[0]
+        forms = self._below_forms
+        size = numbering.nbytes + hit[0].nbytes + hit[1].nbytes
+        if self._below_kept >= CONTINUATION_MEMO_SIZE or self._below_bytes + size > NEAR_FORM_BYTES:
+            forms.clear()
+            self._below_kept = self._below_bytes = 0
+        forms.setdefault(fkey, []).append((numbering, hit[0], hit[1], n2, local))
+        self._below_kept += 1
+        self._below_bytes += size
 
     def remember_step(self, config, token_id: int, nxt):
         """Keep ``nxt`` (None: dead) as the step of ``config`` by ``token_id`` in

