@@ -35,7 +35,7 @@ from .prompts import Rendered, prompt_ids, render_chat
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .step_ahead import StepAhead, TokenRead, may_step_ahead
+from .step_ahead import DeviceBound, StepAhead, TokenRead, may_step_ahead, samples_ahead
 from .structured import MaskFiller, Structured, judge, split_reasoning
 from .tokenizer import Message, Tokenizer
 
@@ -282,6 +282,8 @@ class LLM:
         self._ahead: StepAhead | None = None  # the next decode step, launched ahead
         self._ahead_counts = [0, 0]  # steps launched ahead, of them taken
         self._read = TokenRead()  # a step's tokens read back behind the step launched ahead
+        # do steps with constrained or logprob rows launch ahead (only where the device bounds them)
+        self.device_bound = DeviceBound()
         pools = [BlockPool(n, block_size, caching=prefix_caching) for n in counts]
         align = DETERMINISTIC_CHUNK if self.runner.tile else None
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, pools, chunk_align=align,
@@ -387,6 +389,7 @@ class LLM:
         for s, why in out.refused:
             s.fail(why, self.tokenizer)
         ahead, self._ahead = self._ahead, None  # a decode step launched ahead: this one, or dropped
+        host_rows = False
         if out.rows:
             if self._step_threads is not None:  # every core, unless masks or a neighbour need one
                 host = drafting or any(s.constraint is not None for s in out.batch)
@@ -400,13 +403,14 @@ class LLM:
                 self.dspark.step(out.verify, masks, forward=self.runner.verify, tokenizer=self.tokenizer,
                                  vocab_size=self.config.vocab_size, device=self.device)  # fmt: skip
             else:
-                sampled = None if ahead is None else ahead.take(out.rows, out.decode)
-                if sampled is not None:  # this step's forward and draws were launched last step
+                taken = None if ahead is None else ahead.take(out.rows, out.decode)
+                if taken is not None:  # this step's forward (and draws) were launched last step
                     self._ahead_counts[1] += 1
                     for s in out.rows:
                         s.num_cached += 1
+                    logits, sampled = taken
                 else:
-                    logits = self.runner.step(out.rows, out.counts)
+                    logits, sampled = self.runner.step(out.rows, out.counts), None
                 self.masks.launched()
                 self._settle()  # the previous step's deferred matcher work, behind this forward
                 if sampled is None and out.batch:
@@ -415,18 +419,27 @@ class LLM:
                     masks.wait()
                     lps = None
                 if sampled is not None:
-                    if (
+                    go = (
                         self.async_scheduling
                         and len(out.batch) == len(out.rows)  # (a decode step, or prompts that end here)
                         and may_step_ahead(out.rows, len(sch.running), len(sch.waiting), self._may_draft)
-                    ):
+                    )
+                    host_rows = go and not samples_ahead(out.rows)  # a draw that needs the host
+                    if host_rows:
+                        go = self.device_bound.ahead
+                    t1 = time.perf_counter()
+                    if go:
                         self._read.start(sampled)  # (the copy is queued before the next step)
                         self._ahead = self._step_ahead(out.rows, sampled)
+                        t1 = time.perf_counter()
                         tokens = self._read.wait()
                     else:
                         tokens = sampled.tolist()
+                    wait = time.perf_counter() - t1  # (the host waiting for the device)
                     self._accept(out.batch, tokens, lps)
             sch.commit(out.rows, ahead=self._ahead is not None)
+            if host_rows:
+                self.device_bound.note(go, wait, time.perf_counter() - t0 - wait)
             kind = self._steps["verify" if out.verify is not None else "decode" if out.decode else "prefill"]
             kind[0] += 1
             kind[1] += time.perf_counter() - t0
@@ -445,7 +458,9 @@ class LLM:
         ``prefill_steps`` (prompt tokens, with or without decode rows), ``verify_steps`` (DSpark
         drafts), and ``decode_step_seconds`` etc.; async scheduling: decode steps launched
         ahead (``decode_steps_ahead``) and of those the ones the next step took
-        (``decode_steps_ahead_taken``; the others were dropped)."""
+        (``decode_steps_ahead_taken``; the others were dropped), and whether steps with
+        constrained or logprob rows launch ahead now (``host_rows_ahead``: where the device bounds
+        them, step_ahead.DeviceBound)."""
         sch = self.scheduler
         pool = sch.pool
         return {
@@ -472,6 +487,7 @@ class LLM:
             **{f"{k}_step_seconds": t for k, (_, t) in self._steps.items()},
             "decode_steps_ahead": self._ahead_counts[0],
             "decode_steps_ahead_taken": self._ahead_counts[1],
+            "host_rows_ahead": self.device_bound.ahead,
         }
 
     def abort_request(self, request_id: Any) -> None:
@@ -665,15 +681,15 @@ class LLM:
 
     def _step_ahead(self, rows: list[Sequence], sampled: torch.Tensor) -> StepAhead | None:
         """Launch the decode step after this one (``step_ahead.py``): ``rows`` one position on,
-        fed this step's ``sampled`` tokens on the device, their own tokens sampled at once;
-        None when the pool has no block for that position (the next step then runs as
-        usual)."""
+        fed this step's ``sampled`` tokens on the device, their own tokens sampled at once unless
+        a row's mask or logprobs need the host first; None when the pool has no block for that
+        position (the next step then runs as usual)."""
         if not self.scheduler.reserve(rows, 2):
             return None
         logits = self.runner.step_ahead(rows, sampled)
-        tokens, _ = self._sample(rows, logits, None, [], ahead=1)
+        tokens = self._sample(rows, logits, None, [], ahead=1)[0] if samples_ahead(rows) else None
         self._ahead_counts[0] += 1
-        return StepAhead(rows, [s.num_cached for s in rows], tokens)
+        return StepAhead(rows, [s.num_cached for s in rows], logits, tokens)
 
     def _may_draft(self, rows: list[Sequence]) -> bool:
         """May DSpark draft for these rows next step (a step launched ahead would be dropped)?"""

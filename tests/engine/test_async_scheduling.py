@@ -11,7 +11,7 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.dspark import DSpark
 from deepinfer.sampling_params import SamplingParams as SP
 from deepinfer.sequence import Sequence
-from deepinfer.step_ahead import StepAhead, may_step_ahead
+from deepinfer.step_ahead import DeviceBound, StepAhead, may_step_ahead, samples_ahead
 from deepinfer.structured import MaskFiller
 
 WORDS = "[a-z]{3,9}( [a-z]{2,6}){0,3}"
@@ -106,27 +106,33 @@ def test_preemption_in_a_small_pool(tiny_folder, monkeypatch_session):
     assert on.metrics()["kv_blocks_used"] == 0  # every block given back
 
 
-@pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline-masks"])
-def test_constrained_and_logprob_rows_do_not_step_ahead(pair, inline):
-    """A step with a constrained row or one asking for logprobs launches nothing ahead: the
-    mask is filled behind its own step's forward (inline: as on CUDA, each token's matcher
-    work deferred behind the next forward), and the outputs are those of the engine with
-    async scheduling off; once only free rows are left, the steps run ahead again."""
-    on, off = pair
-    for llm in pair:
-        llm.dspark = DSpark(False)
-        llm.masks = MaskFiller(llm.config.vocab_size, pin=False, inline=inline)
+def _host_rows():
     prompts = [[1, 5, 9], [1, 6], [1, 7, 8]]
     sp = [SamplingParams(temperature=0.9, seed=4, max_tokens=12, regex=WORDS),
           SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2),
           SamplingParams(temperature=0.5, seed=1, max_tokens=16, json_schema={"type": "object"})]  # fmt: skip
+    return prompts, sp
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline-masks"])
+def test_constrained_and_logprob_rows_do_not_step_ahead_where_the_host_bounds_them(pair, inline):
+    """A step with a constrained row or one asking for logprobs launches nothing ahead where the
+    host does not wait for the device (on the CPU it never does: DeviceBound stays off): the mask
+    is filled behind its own step's forward (inline: as on CUDA, each token's matcher work
+    deferred behind the next forward), and the outputs are those of the engine with async
+    scheduling off; once only free rows are left, the steps run ahead again."""
+    on, off = pair
+    for llm in pair:
+        llm.dspark = DSpark(False)
+        llm.masks = MaskFiller(llm.config.vocab_size, pin=False, inline=inline)
+    prompts, sp = _host_rows()
     try:
         before = _ahead(on)
         got, want = on.generate(prompts, sp, use_tqdm=False), off.generate(prompts, sp, use_tqdm=False)
         assert [_key(o) for o in got] == [_key(o) for o in want]
         assert [o.logprobs for o in got] == [o.logprobs for o in want]
         assert got[0].valid  # (the random model runs out of tokens inside the JSON object)
-        assert _ahead(on) == before
+        assert _ahead(on) == before and not on.device_bound.ahead
         free = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         got, want = (llm.generate(prompts, sp[:2] + [free], use_tqdm=False) for llm in pair)
         assert [_key(o) for o in got] == [_key(o) for o in want]
@@ -135,6 +141,58 @@ def test_constrained_and_logprob_rows_do_not_step_ahead(pair, inline):
         for llm in pair:
             llm.dspark = DSpark(True)
             llm.masks = MaskFiller(llm.config.vocab_size, pin=False)
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline-masks"])
+def test_constrained_and_logprob_rows_launched_ahead_sample_in_the_next_step(pair, inline):
+    """Where they go ahead (DeviceBound on: as where the device bounds the steps), their forward
+    runs ahead and their tokens are sampled by the step that takes it, once the masks are
+    filled: the outputs and logprobs are those of the engine without async scheduling."""
+    on, off = pair
+    for llm in pair:
+        llm.dspark = DSpark(False)
+        llm.masks = MaskFiller(llm.config.vocab_size, pin=False, inline=inline)
+    on.device_bound = DeviceBound(always=True)
+    prompts, sp = _host_rows()
+    try:
+        before = _ahead(on)
+        got, want = on.generate(prompts, sp, use_tqdm=False), off.generate(prompts, sp, use_tqdm=False)
+        assert [_key(o) for o in got] == [_key(o) for o in want]
+        assert [o.logprobs for o in got] == [o.logprobs for o in want]
+        assert got[0].valid
+        assert _ahead(on)[1] - before[1] > 5
+    finally:
+        on.device_bound = DeviceBound()
+        for llm in pair:
+            llm.dspark = DSpark(True)
+            llm.masks = MaskFiller(llm.config.vocab_size, pin=False)
+
+
+def test_device_bound_follows_the_wait_for_the_device():
+    """Steps not launched ahead whose host waits for the device longer than it works switch
+    them ahead; steps ahead whose host hardly waits switch them back. A step of the other
+    choice (the first after a switch) does not count."""
+    g = DeviceBound()
+    ms = 1e-3
+    for _ in range(DeviceBound.SETTLE - 1):
+        g.note(False, 5 * ms, 1 * ms)  # Llama-3-8B-like: the forward outlasts the host's work
+    assert not g.ahead
+    g.note(False, 5 * ms, 1 * ms)
+    assert g.ahead
+    g.note(False, 0.0, 1 * ms)  # (a step of the old choice: ignored)
+    for _ in range(DeviceBound.SETTLE):
+        g.note(True, 3 * ms, 1.5 * ms)  # ahead, still waiting for the device: stays
+    assert g.ahead
+    for _ in range(16):  # (the averages forget the device-bound steps in about 14)
+        g.note(True, 0.01 * ms, 0.9 * ms)  # SmolLM2-like: the host bounds the steps
+    assert not g.ahead
+    for _ in range(20):
+        g.note(False, 0.3 * ms, 0.6 * ms)  # waits less than 1.5x its work: stays off
+    assert not g.ahead
+    forced = DeviceBound(always=True)
+    for _ in range(10):
+        forced.note(True, 0.0, 1 * ms)
+    assert forced.ahead
 
 
 def test_no_step_ahead_while_dspark_may_draft(pair):
@@ -187,47 +245,57 @@ def _seq(i: int, outputs: int = 0, max_tokens: int = 10, **kw) -> Sequence:
 
 def test_take_the_rows_it_ran_in_order_at_their_positions():
     rows = [_seq(i) for i in range(4)]
-    ahead = StepAhead(rows, [s.num_cached for s in rows], torch.tensor([10, 11, 12, 13]))
-    assert ahead.take(rows, True).tolist() == [10, 11, 12, 13]
-    assert ahead.take([rows[0], rows[2], rows[3]], True).tolist() == [10, 12, 13]  # row 1 finished
+    logits = torch.arange(4.0)[:, None].repeat(1, 5)
+    ahead = StepAhead(rows, [s.num_cached for s in rows], logits, torch.tensor([10, 11, 12, 13]))
+    got, tokens = ahead.take(rows, True)
+    assert got is logits and tokens.tolist() == [10, 11, 12, 13]
+    got, tokens = ahead.take([rows[0], rows[2], rows[3]], True)  # row 1 finished
+    assert got[:, 0].tolist() == [0, 2, 3] and tokens.tolist() == [10, 12, 13]
+    got, tokens = StepAhead(rows, [s.num_cached for s in rows], logits, None).take(rows[1:], True)
+    assert got[:, 0].tolist() == [1, 2, 3] and tokens is None  # not sampled ahead
     assert ahead.take(rows, False) is None  # not a decode step (a prompt chunk joined)
     assert ahead.take([rows[0], _seq(9)], True) is None  # a row it did not run
     rows[3].num_cached += 1
     assert ahead.take(rows, True) is None  # a row at another position
 
 
-def test_may_step_ahead():
+def test_may_step_ahead_and_sample_ahead():
     rows = [_seq(0), _seq(1)]
     never = lambda rows: False  # noqa: E731
-    assert may_step_ahead(rows, 2, 0, never)
+    assert may_step_ahead(rows, 2, 0, never) and samples_ahead(rows)
     assert not may_step_ahead(rows, 3, 0, never)  # a running row outside the step
     assert not may_step_ahead(rows, 2, 1, never)  # a request waits for admission
     assert not may_step_ahead(rows, 2, 0, lambda rows: True)  # DSpark may draft for them
     assert not may_step_ahead([_seq(0, 9), _seq(1, 9)], 2, 0, never)  # every row at its last token
     assert may_step_ahead([_seq(0, 9), _seq(1, 8)], 2, 0, never)
-    assert not may_step_ahead([_seq(0), _seq(1, logprobs=1)], 2, 0, never)  # logprobs: read on the host
+    assert not samples_ahead([_seq(0), _seq(1, logprobs=1)])  # logprobs: sampled by the next step
     c = _seq(0)
     c.constraint = object()
-    assert not may_step_ahead([c, _seq(1)], 2, 0, never)  # a mask: needs this step's token
+    assert not samples_ahead([c, _seq(1)])  # a mask: sampled by the next step
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("host_rows", [False, True], ids=["measured", "host-rows-ahead"])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "default"])
-def test_on_cuda_equals_the_engine_without_it(tiny_folder, monkeypatch_session, deterministic):
+def test_on_cuda_equals_the_engine_without_it(tiny_folder, monkeypatch_session, deterministic, host_rows):
     """On CUDA (on by default there; masks filled inline, each constrained token's matcher work
     deferred): deterministic mode, a batch whose rows finish at different steps; the default
-    mode, whose bits may depend on the batch, one request at a time."""
+    mode, whose bits may depend on the batch, one request at a time. ``host_rows``: steps with
+    the constrained and logprob rows launched ahead whatever DeviceBound measures."""
     kw = dict(dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512, dspark=False)
     kw["deterministic"] = deterministic
     on, off = LLM(tiny_folder[0], **kw), LLM(tiny_folder[0], async_scheduling=False, **kw)
     assert on.async_scheduling and not off.async_scheduling and on.masks.inline
+    on.device_bound = DeviceBound(always=host_rows)
     prompts, params = _requests()
-    prompts.append([1, 6, 7])
+    prompts += [[1, 6, 7], [1, 8]]
     params.append(SamplingParams(temperature=0.9, seed=4, max_tokens=12, regex=WORDS))
+    params.append(SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2))
     batches = [(prompts, params)] if deterministic else [([p], [sp]) for p, sp in zip(prompts, params)]
     for P, S in batches:
         got, want = on.generate(P, S, use_tqdm=False), off.generate(P, S, use_tqdm=False)
         assert [_key(o) for o in got] == [_key(o) for o in want]
+        assert [o.logprobs for o in got] == [o.logprobs for o in want]
     assert _ahead(on)[1] > 0 and _ahead(off) == (0, 0)
 
 
