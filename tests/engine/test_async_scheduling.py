@@ -114,17 +114,22 @@ def _host_rows():
     return prompts, sp
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["host-bound", "device-bound"])
 @pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline-masks"])
-def test_constrained_and_logprob_rows_do_not_step_ahead_where_the_host_bounds_them(pair, inline):
-    """A step with a constrained row or one asking for logprobs launches nothing ahead where the
-    host does not wait for the device (on the CPU it never does: DeviceBound stays off): the mask
-    is filled behind its own step's forward (inline: as on CUDA, each token's matcher work
-    deferred behind the next forward), and the outputs are those of the engine with async
-    scheduling off; once only free rows are left, the steps run ahead again."""
+def test_constrained_and_logprob_rows(pair, inline, ahead):
+    """Steps with a constrained row or one asking for logprobs give the outputs and logprobs
+    of the engine with async scheduling off (inline: masks as on CUDA, each token's matcher
+    work deferred behind the next forward). Where the host does not wait for the device (on
+    the CPU it never does: DeviceBound stays off) they launch nothing ahead, the masks filled
+    behind each step's own forward; once only free rows are left, the steps run ahead again.
+    Where they go ahead (``ahead``: DeviceBound always on, as where the device bounds the
+    steps) their forward runs ahead and their tokens are sampled by the step that takes it,
+    once the masks are filled."""
     on, off = pair
     for llm in pair:
         llm.dspark = DSpark(False)
         llm.masks = MaskFiller(llm.config.vocab_size, pin=False, inline=inline)
+    on.device_bound = DeviceBound(always=ahead)
     prompts, sp = _host_rows()
     try:
         before = _ahead(on)
@@ -132,35 +137,14 @@ def test_constrained_and_logprob_rows_do_not_step_ahead_where_the_host_bounds_th
         assert [_key(o) for o in got] == [_key(o) for o in want]
         assert [o.logprobs for o in got] == [o.logprobs for o in want]
         assert got[0].valid  # (the random model runs out of tokens inside the JSON object)
+        if ahead:
+            assert _ahead(on)[1] - before[1] > 5
+            return
         assert _ahead(on) == before and not on.device_bound.ahead
         free = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         got, want = (llm.generate(prompts, sp[:2] + [free], use_tqdm=False) for llm in pair)
         assert [_key(o) for o in got] == [_key(o) for o in want]
         assert _ahead(on)[1] - before[1] >= 3  # (the free row alone after the 12th token)
-    finally:
-        for llm in pair:
-            llm.dspark = DSpark(True)
-            llm.masks = MaskFiller(llm.config.vocab_size, pin=False)
-
-
-@pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline-masks"])
-def test_constrained_and_logprob_rows_launched_ahead_sample_in_the_next_step(pair, inline):
-    """Where they go ahead (DeviceBound on: as where the device bounds the steps), their forward
-    runs ahead and their tokens are sampled by the step that takes it, once the masks are
-    filled: the outputs and logprobs are those of the engine without async scheduling."""
-    on, off = pair
-    for llm in pair:
-        llm.dspark = DSpark(False)
-        llm.masks = MaskFiller(llm.config.vocab_size, pin=False, inline=inline)
-    on.device_bound = DeviceBound(always=True)
-    prompts, sp = _host_rows()
-    try:
-        before = _ahead(on)
-        got, want = on.generate(prompts, sp, use_tqdm=False), off.generate(prompts, sp, use_tqdm=False)
-        assert [_key(o) for o in got] == [_key(o) for o in want]
-        assert [o.logprobs for o in got] == [o.logprobs for o in want]
-        assert got[0].valid
-        assert _ahead(on)[1] - before[1] > 5
     finally:
         on.device_bound = DeviceBound()
         for llm in pair:
