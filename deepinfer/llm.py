@@ -284,6 +284,7 @@ class LLM:
         self._read = TokenRead()  # a step's tokens read back behind the step launched ahead
         # do steps with constrained or logprob rows launch ahead (only where the device bounds them)
         self.device_bound = DeviceBound()
+        self._waited: float | None = None  # when the last step's tokens reached the host
         pools = [BlockPool(n, block_size, caching=prefix_caching) for n in counts]
         align = DETERMINISTIC_CHUNK if self.runner.tile else None
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, pools, chunk_align=align,
@@ -389,6 +390,7 @@ class LLM:
         for s, why in out.refused:
             s.fail(why, self.tokenizer)
         ahead, self._ahead = self._ahead, None  # a decode step launched ahead: this one, or dropped
+        last, self._waited = self._waited, None  # when the last step (if it sampled) had its tokens
         host_rows = False
         if out.rows:
             if self._step_threads is not None:  # every core, unless masks or a neighbour need one
@@ -435,11 +437,12 @@ class LLM:
                         tokens = self._read.wait()
                     else:
                         tokens = sampled.tolist()
-                    wait = time.perf_counter() - t1  # (the host waiting for the device)
+                    waited = time.perf_counter()
+                    if host_rows:  # the host's wait for the device, and its work since the last
+                        self.device_bound.note(go, waited - t1, t1 - (t0 if last is None else last))
+                    self._waited = waited
                     self._accept(out.batch, tokens, lps)
             sch.commit(out.rows, ahead=self._ahead is not None)
-            if host_rows:
-                self.device_bound.note(go, wait, time.perf_counter() - t0 - wait)
             kind = self._steps["verify" if out.verify is not None else "decode" if out.decode else "prefill"]
             kind[0] += 1
             kind[1] += time.perf_counter() - t0

@@ -99,8 +99,9 @@ def samples_ahead(rows: list[Sequence]) -> bool:
 class DeviceBound:
     """Do steps whose rows need the host before their draw (:func:`samples_ahead` false) launch
     ahead? Only where the device bounds them, judged by the time the host waits for the device
-    in each such step (``wait``: reading its tokens back) against the rest of the step's host
-    time (``busy``), as running averages over the steps of the current choice:
+    in each such step (``wait``: reading its tokens back) against the time it worked since the
+    last step's tokens came back (``busy``: its turn-around, in ``step()`` and out of it), as
+    running averages over the steps of the current choice:
 
     - not launched ahead, the host waits about the forward less the mask fill beside it; going
       ahead takes the host's turn-around (reading, accepting, committing, scheduling) off the
