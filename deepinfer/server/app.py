@@ -323,7 +323,8 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
 
 METRICS = ("running", "waiting", "kv_blocks_total", "kv_blocks_used", "prefix_cache_hit_tokens",
            "prefill_tokens", "preemptions", "constraints_compiled", "constraint_compile_seconds",
-           "mask_seconds", "mask_wait_seconds", "decode_steps_ahead", "decode_steps_ahead_taken")  # fmt: skip
+           "mask_seconds", "mask_wait_seconds", "decode_steps_ahead", "decode_steps_ahead_taken",
+           "host_rows_ahead")  # fmt: skip
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -353,6 +354,7 @@ def prometheus(loop: EngineLoop) -> str:
         ("deepinfer_mask_wait_seconds_total", m["mask_wait_seconds"], "counter"),
         ("deepinfer_decode_steps_ahead_total", m["decode_steps_ahead"], "counter"),
         ("deepinfer_decode_steps_ahead_taken_total", m["decode_steps_ahead_taken"], "counter"),
+        ("deepinfer_host_rows_ahead", int(m["host_rows_ahead"]), "gauge"),
     ):
         lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
     for name, key in (("deepinfer_engine_steps_by_kind_total", "_steps"),

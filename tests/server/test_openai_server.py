@@ -124,6 +124,7 @@ def test_models_health_and_metrics(server, client):
         'deepinfer_engine_step_seconds_total{kind="prefill"}',
     ):
         assert name in text
+    assert "deepinfer_host_rows_ahead 0" in text.splitlines()  # (the CPU never waits for a device)
 
 
 def _read_response(s: socket.socket) -> bytes:
