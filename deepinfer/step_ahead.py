@@ -111,10 +111,11 @@ class DeviceBound:
       a wait near nothing means the host bounds the steps: stop once ``wait < OFF * busy``.
 
     Each choice is kept for :data:`SETTLE` steps before its averages are read (the first steps
-    after a switch still hold the other choice's step). On the H100 at Llama-3-8B's shape a
-    constrained step waits about 5 ms of a 6-7 ms step (launched ahead: constrained as fast as
-    free rows); at SmolLM2-135M's it waits less than the host works (launched ahead: 6-13%
-    slower). ``always``: launch ahead whatever the times (tests)."""
+    after a switch still hold the other choice's step). Measured on the H100 with both choices
+    fixed (benchmarks/RESULTS.md): at Llama-3-8B's shape, whose forward is most of a 6-7 ms
+    step, constrained steps launched ahead ran as fast as free rows; at SmolLM2-135M's, whose
+    forward is shorter than the host's turn-around, 6-13% slower than not. ``always``: launch
+    ahead whatever the times (tests)."""
 
     ON = 1.5
     OFF = 0.1
