@@ -169,15 +169,14 @@ class CompiledConstraint:
         self._view_max = 0
         self._lowest = self._highest = 0
         self._walks_below: dict = {}  # continuation walks: see _walk_below
-        self._below_forms: dict = {}  # the same, by the numbering of their start (_below_form)
-        self._below_kept = self._below_bytes = 0  # (walks and bytes kept there)
+        self._below_forms = _FormMemo(CONTINUATION_MEMO_SIZE)  # the same, by their start's numbering
         self._continued: dict = {}  # continuations: see _continue
         # set while walking tokens without '"' from frames outside every region, in an
         # automaton whose regions only '"' enters or leaves: no count can change, so the
         # walks of frames that would carry one are plain walks (see _split_part)
         self._plain = False
         self._ci_plain: dict = {}  # state -> its plain walk over the tokens without '"'
-        self._near_parts = self._near_bytes = 0  # parts kept by _short_part, their numberings' bytes
+        self._near_forms = _FormMemo(NEAR_PARTS)  # parts kept by _short_part
         self._split = None  # (tries without / with ", shared rows) of the vocabulary
         self._lock = threading.Lock()
         self._rows: OrderedDict = OrderedDict()
@@ -935,26 +934,19 @@ class CompiledConstraint:
             form = bind(
                 near_form, a.table, self._quote_cls, flags, depth, MAX_NEAR_STATES, local, order, dep, out
             )
-            near = self._near_scratch = (form, out, {})
-        form, out, kept = near
+            near = self._near_scratch = (form, out)
+        form, out = near
         n, h, w = form(state)
         if n < 0:
             return None
         numbering = out[:w]
-        bucket = kept.get(h)
-        if bucket is not None:
-            for seen, part in bucket:
-                if len(seen) == w and np.array_equal(seen, numbering):
-                    return part
+        part = self._near_forms.find(h, numbering)
+        if part is not None:
+            return part
         part = np.zeros(self.n_words, dtype=np.uint32)
         self._bottom_walk(short, self._walk_memo(True), state, part)
         part.flags.writeable = False
-        if self._near_parts >= NEAR_PARTS or self._near_bytes + numbering.nbytes > NEAR_FORM_BYTES:
-            kept.clear()
-            self._near_parts = self._near_bytes = 0
-        kept.setdefault(h, []).append((numbering.copy(), part))
-        self._near_parts += 1
-        self._near_bytes += numbering.nbytes
+        self._near_forms.keep(h, numbering, part, 0)  # (the parts themselves: bounded by count)
         return part
 
     def _continue(
@@ -1136,10 +1128,10 @@ class CompiledConstraint:
                 form = self._below_form(trie, inner, state, roots, nodes)
             if form is not None:
                 fkey, numbering, order = form
-                for seen, at, bits, n2, local in self._below_forms.get(fkey, ()):
-                    if np.array_equal(seen, numbering):
-                        hit = (at, bits, n2, order[local])
-                        break
+                found = self._below_forms.find(fkey, numbering)
+                if found is not None:
+                    at, bits, n2, local = found
+                    hit = (at, bits, n2, order[local])
             if hit is None:
                 part = np.zeros(self.n_words, dtype=np.uint32)
                 n2, t2 = trie.walk_fast(self._walk_memo(False), inner, state, part, roots)
@@ -1161,7 +1153,9 @@ class CompiledConstraint:
         class (but '"' in a trie without it). Two states that number alike give the same
         walk: the same bits, and boundary states at the same numbers. Returns ``(key,
         numbering, order)`` (``order``: the states by number), None past
-        :data:`MAX_NEAR_STATES` states. ``nodes``: the rows of ``roots`` in ``trie.fast_nodes``."""
+        :data:`MAX_NEAR_STATES` states (the numbering and the order are views of scratch
+        space, valid until the next call). ``nodes``: the rows of ``roots`` in
+        ``trie.fast_nodes``."""
         a = self.automaton
         scratch = self.__dict__.get("_below_scratch")
         if scratch is None:
@@ -1180,28 +1174,20 @@ class CompiledConstraint:
         )
         if n < 0:
             return None
-        return (inner, id(trie), roots.tobytes(), quote, h, w), out[:w].copy(), order[:n].copy()
+        return (inner, id(trie), roots.tobytes(), quote, h, w), out[:w], order[:n]
 
     def _keep_below_form(self, form, hit) -> None:
         """Keep walk ``hit`` under its form (:meth:`_below_form`), its boundary states by
-        number (at most as many walks as the continuations keep, and
-        :data:`NEAR_FORM_BYTES` of numberings and bits)."""
+        number."""
         fkey, numbering, order = form
-        n2, t2 = hit[2], hit[3]
+        at, bits, n2, t2 = hit
         local = np.empty(len(t2), dtype=np.int64)
         for i, t in enumerate(t2.tolist()):
-            at = np.flatnonzero(order == t)
-            if not len(at):  # (a boundary past the search: never, as deep as the tokens)
+            where = np.flatnonzero(order == t)
+            if not len(where):  # (a boundary past the search: never, as deep as the tokens)
                 return
-            local[i] = at[0]
-        forms = self._below_forms
-        size = numbering.nbytes + hit[0].nbytes + hit[1].nbytes
-        if self._below_kept >= CONTINUATION_MEMO_SIZE or self._below_bytes + size > NEAR_FORM_BYTES:
-            forms.clear()
-            self._below_kept = self._below_bytes = 0
-        forms.setdefault(fkey, []).append((numbering, hit[0], hit[1], n2, local))
-        self._below_kept += 1
-        self._below_bytes += size
+            local[i] = where[0]
+        self._below_forms.keep(fkey, numbering, (at, bits, n2, local), at.nbytes + bits.nbytes)
 
     def remember_step(self, config, token_id: int, nxt):
         """Keep ``nxt`` (None: dead) as the step of ``config`` by ``token_id`` in
@@ -1228,6 +1214,38 @@ class CompiledConstraint:
     def allowed_tokens(self, config) -> np.ndarray:
         """Token ids allowed in ``config`` (for tests and debugging)."""
         return np.nonzero(unpack_bitmask(self.mask_row(config)[None], self.vocab_size)[0])[0]
+
+
+class _FormMemo:
+    """Results kept by the numbering that ``rows.near_form`` writes of their start: under a
+    key that holds the numbering's hash, each beside a copy of its numbering, which a lookup
+    compares whole. At most ``most`` results and :data:`NEAR_FORM_BYTES` of numberings (and of
+    what ``keep`` counts besides), then it starts afresh."""
+
+    __slots__ = ("most", "kept", "count", "nbytes")
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.kept: dict = {}
+        self.count = self.nbytes = 0
+
+    def find(self, key, numbering: np.ndarray):
+        """The result kept under ``key`` whose numbering equals ``numbering``, else None."""
+        for seen, value in self.kept.get(key, ()):
+            if np.array_equal(seen, numbering):
+                return value
+        return None
+
+    def keep(self, key, numbering: np.ndarray, value, nbytes: int) -> None:
+        """Keep ``value`` under ``key`` with a copy of ``numbering``; ``nbytes``: what of
+        ``value`` counts towards the bound."""
+        nbytes += numbering.nbytes
+        if self.count >= self.most or self.nbytes + nbytes > NEAR_FORM_BYTES:
+            self.kept.clear()
+            self.count = self.nbytes = 0
+        self.kept.setdefault(key, []).append((numbering.copy(), value))
+        self.count += 1
+        self.nbytes += nbytes
 
 
 def _share(shared: dict, key: bytes, row: np.ndarray) -> None:

@@ -756,9 +756,9 @@ def _count_near_hits(monkeypatch) -> list:
     part = CompiledConstraint._short_part
 
     def counted(self, state, short):
-        kept = sum(len(b) for b in self.__dict__.get("_near_scratch", (0, 0, {}))[2].values())
+        kept = self._near_forms.count
         out = part(self, state, short)
-        after = sum(len(b) for b in self._near_scratch[2].values())
+        after = self._near_forms.count
         hits.append(out is not None and after == kept)
         return out
 
@@ -870,25 +870,24 @@ class BelowWalkedEachTime(CompiledConstraint):
 
 
 def _count_below_forms(monkeypatch) -> list:
-    """Per walk below trie nodes not kept for its own state: whether one kept by form served
-    it (True), or it was walked and kept by its form (False)."""
+    """Per walk below trie nodes that had a form (:meth:`CompiledConstraint._below_form`):
+    whether a walk kept by form served it (True), or it was walked and kept (False)."""
     served: list = []
-    below = CompiledConstraint._walk_below
+    form, keep = CompiledConstraint._below_form, CompiledConstraint._keep_below_form
 
-    def counted(self, trie, inner, state, roots, words):
-        if (
-            type(self) is CompiledConstraint
-            and (state, inner, id(trie), roots.tobytes()) not in self._walks_below
-        ):
-            before = sum(map(len, self._below_forms.values()))
-            out = below(self, trie, inner, state, roots, words)
-            after = sum(map(len, self._below_forms.values()))
-            if after != before or self._below_forms:
-                served.append(after == before)
-            return out
-        return below(self, trie, inner, state, roots, words)
+    def formed(self, *args):
+        out = form(self, *args)
+        if out is not None and type(self) is CompiledConstraint:
+            served.append(True)
+        return out
 
-    monkeypatch.setattr(CompiledConstraint, "_walk_below", counted)
+    def kept(self, *args):
+        if type(self) is CompiledConstraint:
+            served[-1] = False
+        return keep(self, *args)
+
+    monkeypatch.setattr(CompiledConstraint, "_below_form", formed)
+    monkeypatch.setattr(CompiledConstraint, "_keep_below_form", kept)
     return served
 
 
