@@ -106,14 +106,6 @@ def test_preemption_in_a_small_pool(tiny_folder, monkeypatch_session):
     assert on.metrics()["kv_blocks_used"] == 0  # every block given back
 
 
-def _host_rows():
-    prompts = [[1, 5, 9], [1, 6], [1, 7, 8]]
-    sp = [SamplingParams(temperature=0.9, seed=4, max_tokens=12, regex=WORDS),
-          SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2),
-          SamplingParams(temperature=0.5, seed=1, max_tokens=16, json_schema={"type": "object"})]  # fmt: skip
-    return prompts, sp
-
-
 @pytest.mark.parametrize("ahead", [False, True], ids=["host-bound", "device-bound"])
 @pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline-masks"])
 def test_constrained_and_logprob_rows(pair, inline, ahead):
@@ -130,7 +122,10 @@ def test_constrained_and_logprob_rows(pair, inline, ahead):
         llm.dspark = DSpark(False)
         llm.masks = MaskFiller(llm.config.vocab_size, pin=False, inline=inline)
     on.device_bound = DeviceBound(always=ahead)
-    prompts, sp = _host_rows()
+    prompts = [[1, 5, 9], [1, 6], [1, 7, 8]]
+    sp = [SamplingParams(temperature=0.9, seed=4, max_tokens=12, regex=WORDS),
+          SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2),
+          SamplingParams(temperature=0.5, seed=1, max_tokens=16, json_schema={"type": "object"})]  # fmt: skip
     try:
         before = _ahead(on)
         got, want = on.generate(prompts, sp, use_tqdm=False), off.generate(prompts, sp, use_tqdm=False)
