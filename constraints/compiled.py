@@ -108,6 +108,18 @@ class CompiledConstraint:
         self._bnd_bottom = a.has_calls.copy()
         self._bnd_inner = a.has_calls | a.accepting
         self._counters = a.counters
+        q = int(a.cls[QUOTE])  # the class of '"' where it holds that byte alone, else -1
+        self._quote_cls = q if self._cls_sizes[q] == 1 else -1
+        self._bare_any = False  # (see below: automata with counted repetitions)
+        # rows of permissive states without a canonical form take their tokens without '"'
+        # by length (_by_length): in automata with counters, and in those too large for every
+        # region to have a form (MAX_CANON_AUTOMATON); the tries are built or loaded now, not
+        # in a mask
+        self._by_length_on = self._quote_cls >= 0 and (
+            a.counters is not None or a.n_states > MAX_CANON_AUTOMATON
+        )
+        if self._by_length_on:
+            vocab.length_split(QUOTE, _short_token_bytes(vocab))
         if a.counters is not None:
             # counts beyond a token's reach look alike: a token starts at most max_depth items
             self._count_cap = self.index.max_depth + 1
@@ -138,16 +150,10 @@ class CompiledConstraint:
                 split[0].subtree_columns()
             # states with a bound on a byte other than '"' (entering or leaving a region
             # that is not a JSON string): see _compute_counted
-            q = int(a.cls[QUOTE])
             bare = (a.counters.act & (ct.EXIT | ct.ENTER)) != 0
-            if self._cls_sizes[q] == 1:
-                bare[:, q] = False
-                self._quote_cls = q
-            else:
-                self._quote_cls = -1
+            if self._quote_cls >= 0:
+                bare[:, self._quote_cls] = False
             self._bare = bare.any(axis=1)
-            if self._quote_cls >= 0:  # (the tries of _by_length: built or loaded now, not in a mask)
-                vocab.length_split(QUOTE, _short_token_bytes(vocab))
             self._bare_any = bool(self._bare.any())
             inside = cnt.region >= 0  # regions whose states neither call nor end a rule
             self._closed_regions = not (a.accepting[inside] | a.has_calls[inside]).any()
@@ -365,7 +371,9 @@ class CompiledConstraint:
         A permissive state (many bytes allowed, e.g. inside a string) takes the shared
         path: tokens without ``"`` come from a row shared by every state — of any
         compilation — whose unquoted sub-automaton is the same (see
-        :meth:`_canonical_unquoted`); only tokens with ``"`` are walked for this state.
+        :meth:`_canonical_unquoted`); only tokens with ``"`` are walked for this state. A
+        bottom frame's permissive state whose region is too large for a form (a long string
+        unrolled) takes its tokens without ``"`` by length (:meth:`_by_length`) instead.
         """
         key = (state, inner)
         hit = self._ci.get(key)
@@ -379,24 +387,30 @@ class CompiledConstraint:
             big = self.__dict__.get("_canon_big")
             if big is None or not big[state] or self._canon_region[state] >= 0:
                 canon = self._canonical_unquoted(state, inner)
-        if canon is None:
-            trie = self.index
-            words = np.zeros(self.n_words, dtype=np.uint32)
-            nodes, states = self._walk_state(trie, state, inner, words, n_bytes >= self.fast_min_bytes)
-        else:
-            (no_quote, with_quote), shared = self._quote_split()
+        base = None  # the tokens without '"', where they are walked apart from the others
+        if canon is not None:
+            (no_quote, _), shared = self._quote_split()
             base = shared.get(canon)
             if base is None:
                 base = np.zeros(self.n_words, dtype=np.uint32)
                 self._walk_state(no_quote, state, inner, base, True)
                 base.flags.writeable = False
                 _share(shared, canon, base)
+        elif n_bytes >= PERMISSIVE_BYTES and not inner and self._by_length_on:
+            # a region too large for a form (a long unrolled string): by length, the short
+            # tokens' part kept for the states alike as deep as they read
+            base = self._by_length(state)
+        if base is None:
+            trie = self.index
+            words = np.zeros(self.n_words, dtype=np.uint32)
+            nodes, states = self._walk_state(trie, state, inner, words, n_bytes >= self.fast_min_bytes)
+        else:
             words = base.copy()
-            trie = with_quote  # boundary node ids below index this trie
+            trie = self._quote_split()[0][1]  # boundary node ids below index this trie
             nodes, states = self._walk_state(trie, state, inner, words, False)
         # (kept without the trie object: a tuple of arrays and ints is one the collector
         # stops walking after its first pass)
-        _remember(self._ci, key, (words, nodes, states, canon is not None), STATE_MEMO_SIZE)
+        _remember(self._ci, key, (words, nodes, states, base is not None), STATE_MEMO_SIZE)
         return words, nodes, states, trie
 
     def _walk_state(self, trie, state: int, inner: bool, words: np.ndarray, full: bool):
@@ -893,9 +907,10 @@ class CompiledConstraint:
         return _remember(memo, state, hit, STATE_MEMO_SIZE)
 
     def _by_length(self, state: int) -> np.ndarray | None:
-        """:meth:`_unquoted_row`'s walk from ``state`` in two: the tokens of at most
-        :func:`_short_token_bytes` bytes from :meth:`_short_part`, the few longer ones
-        walked. None where :meth:`_short_part` has no part."""
+        """The tokens without '"' from ``state`` as a bottom frame, continued through the
+        calls they meet (the walk of :meth:`_unquoted_row` and :meth:`_context_independent`),
+        in two: those of at most :func:`_short_token_bytes` bytes from :meth:`_short_part`, the
+        few longer ones walked. None where :meth:`_short_part` has no part."""
         short, longer = self.vocab.length_split(QUOTE, _short_token_bytes(self.vocab))
         part = self._short_part(state, short)
         if part is None:

@@ -21,7 +21,14 @@ import numpy as np
 import pytest
 
 from deepinfer.constraints import Compiler, ConstraintError, Limits, Matcher, Vocabulary
-from deepinfer.constraints.compiled import MAX_CANON_STATES, QUOTE, CompiledConstraint, _distinct, _set_words
+from deepinfer.constraints.compiled import (
+    MAX_CANON_AUTOMATON,
+    MAX_CANON_STATES,
+    QUOTE,
+    CompiledConstraint,
+    _distinct,
+    _set_words,
+)
 from deepinfer.constraints.tokens.rows import unquoted_region
 
 from .shared_data import need_shared
@@ -781,6 +788,29 @@ def test_rows_of_states_alike_as_deep_as_a_token_equal_whole_walks(monkeypatch):
     doc = json.dumps({"s": "q", "w": words.replace("  ", " ").strip()}, separators=(",", ":"))
     _rows_equal_along(c, ref, rng, doc, walks=4, every=1)
     assert sum(hits) >= 10 and len(hits) > sum(hits), (sum(hits), len(hits))
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["regular", "pushdown"])
+def test_long_unrolled_strings_take_short_tokens_from_parts_kept_by_form(nested, monkeypatch):
+    """Strings of ``maxLength: 300`` without counters (unrolled: a state per position, in an
+    automaton of over ``MAX_CANON_AUTOMATON`` states, each region too large for a canonical
+    form): a position's row takes its short tokens from a part kept for the positions alike
+    as deep as they read, not from a walk of the whole trie. Its rows equal the rows walked
+    whole, and the definition, in a regular automaton and at a pushdown's bottom frame."""
+    vocab = Vocabulary(list(small_vocab().token_bytes), eos_ids=[1], special_ids=[0])
+    text = {"type": "string", "maxLength": 300}
+    pair = {"type": "object", "properties": {"a": text, "b": text}, "required": ["a", "b"]}
+    schema = pair if nested else text
+    c = Compiler(vocab).json_schema(schema)
+    a = c.automaton
+    assert a.counters is None and a.is_regular is not nested and a.n_states > MAX_CANON_AUTOMATON
+    hits = _count_near_hits(monkeypatch)
+    rng = random.Random(7)
+    words = ["".join(rng.choice("ab c\u00e9x") for _ in range(rng.randint(1, 6))) for _ in range(60)]
+    value = " ".join(words)[:280]
+    doc = json.dumps({"a": value, "b": value[::-1]} if nested else value, separators=(",", ":"))
+    _rows_equal_along(c, WalkedWhole(a, vocab, c.kind, c.spec), rng, doc, walks=4, every=7)
+    assert sum(hits) >= 100 and len(hits) > sum(hits), (sum(hits), len(hits))
 
 
 def _rows_equal_along(c: CompiledConstraint, ref: CompiledConstraint, rng, doc: str, walks: int, every: int):
