@@ -381,12 +381,8 @@ class CompiledConstraint:
             words, nodes, states, split = hit
             return words, nodes, states, self._split[0][1] if split else self.index
         a = self.automaton
-        canon = None
         n_bytes = count_bytes(a.table, self._cls_sizes, state)
-        if n_bytes >= PERMISSIVE_BYTES:
-            big = self.__dict__.get("_canon_big")
-            if big is None or not big[state] or self._canon_region[state] >= 0:
-                canon = self._canonical_unquoted(state, inner)
+        canon = self._permissive_form(state, n_bytes, inner)
         base = None  # the tokens without '"', where they are walked apart from the others
         if canon is not None:
             (no_quote, _), shared = self._quote_split()
@@ -412,6 +408,18 @@ class CompiledConstraint:
         # stops walking after its first pass)
         _remember(self._ci, key, (words, nodes, states, base is not None), STATE_MEMO_SIZE)
         return words, nodes, states, trie
+
+    def _permissive_form(self, state: int, n_bytes: int, inner: bool) -> bytes | None:
+        """The canonical form of ``state``'s tokens without '"' (:meth:`_canonical_unquoted`)
+        where it is permissive (``n_bytes``, the bytes it allows, at least
+        :data:`PERMISSIVE_BYTES`); None where it is not, or has no form (its region met
+        before as too large: walking is cheaper than searching again)."""
+        if n_bytes < PERMISSIVE_BYTES:
+            return None
+        big = self.__dict__.get("_canon_big")
+        if big is not None and big[state] and self._canon_region[state] < 0:
+            return None
+        return self._canonical_unquoted(state, inner)
 
     def _walk_state(self, trie, state: int, inner: bool, words: np.ndarray, full: bool):
         """``trie``'s walk from ``state`` (a frame above the bottom where ``inner``) into
@@ -890,13 +898,9 @@ class CompiledConstraint:
         a = self.automaton
         (no_quote, _), shared = self._quote_split()
         n_bytes = count_bytes(a.table, self._cls_sizes, state)
-        canon = None
-        if n_bytes >= PERMISSIVE_BYTES:
-            big = self.__dict__.get("_canon_big")
-            if big is None or not big[state] or self._canon_region[state] >= 0:
-                canon = self._canonical_unquoted(state, False)
+        canon = self._permissive_form(state, n_bytes, False)
         hit = shared.get(canon) if canon is not None else None
-        if hit is None and canon is None and n_bytes >= PERMISSIVE_BYTES and self._quote_cls >= 0:
+        if hit is None and canon is None and n_bytes >= PERMISSIVE_BYTES and self._by_length_on:
             hit = self._by_length(state)
         if hit is None:
             hit = np.zeros(self.n_words, dtype=np.uint32)
