@@ -90,12 +90,13 @@ def _refuse(why: str) -> ConstraintError:
     return ConstraintError(f"key_order='any' cannot be enforced here: {why}")
 
 
-def eliminate_keys(a: Automaton, tags: Tags | None) -> tuple[Automaton, Tags]:
+def eliminate_keys(a: Automaton, tags: Tags | None) -> tuple[Automaton, Tags | None]:
     """The automaton ``a`` without its key-order marker edges, and the tags (those of
     ``tags``, uniqueItems', kept). A state that could read a ``{``, ``:`` or ``}`` with a tag
     and without one (an object of ``key_order="any"`` and one written otherwise that read
     alike), or whose ``}`` reaches two states, is a ConstraintError (the lowering's fallback
-    then writes the keys in schema order)."""
+    then writes the keys in schema order). The tags are None where no marker edge is left (the
+    markers sat only in branches that cannot match)."""
     cls, table = a.cls, a.table
     ncls = table.shape[1]
     used = {}
@@ -154,6 +155,8 @@ def eliminate_keys(a: Automaton, tags: Tags | None) -> tuple[Automaton, Tags]:
     for c in used.values():
         new[:, c] = -1
     out = Automaton(new, cls, a.accepting, a.calls, a.start, a.rule_names, None)
+    if not kind:  # no object of the language holds a marker (a branch that cannot match)
+        return out, None
     trigger = {FOLLOW[k] for k in kind.values() if isinstance(k, int)}
     trigger |= {ord(k[0]) for k in kind.values() if not isinstance(k, int)}
     pointers = tags.pointers if tags is not None else ()

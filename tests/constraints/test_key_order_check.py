@@ -244,6 +244,31 @@ def test_duplicate_key_is_masked_and_explained(compiler):
     assert not m.accept(brace) and not unpack_bitmask(m.mask_row()[None], vocab.vocab_size)[0][brace]
 
 
+def test_markers_only_in_branches_that_cannot_match(compiler):
+    """Keys that all end in "a" or all start with "b", one starting "2345": the objects that
+    could carry key-order markers (the "b" branch) cannot match, so no marker edge is left and
+    the constraint needs no key check (maskbench-dev's Handwritten allOfPProp7, reduced)."""
+    schema = {
+        "allOf": [
+            {
+                "anyOf": [
+                    {"patternProperties": {"a$": {}}, "additionalProperties": False},
+                    {"patternProperties": {"^b": True}, "additionalProperties": False},
+                ]
+            },
+            {"anyOf": [{"not": {"patternProperties": {"^2345": False}}}]},
+        ],
+        "patternProperties": {"a": {"not": {"multipleOf": 20}}},
+    }
+    compiled = compiler.json_schema(schema, whitespace="compact")
+    assert compiled.check is None
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ['{"xa":2,"2345a":1}', '{"2345a":3}']:  # (the member a "not" asks for is written last)
+        assert validator.is_valid(json.loads(text)) and compiled.accepts(text.encode()), text
+    for text in ['{"b":1}', '{"2345a":40}', '{"2345a":1,"b":2}', "{}"]:
+        assert not validator.is_valid(json.loads(text)) and not compiled.accepts(text.encode()), text
+
+
 WALKED = [c for c in CASES if c[0] != "nested"]  # (nested: extra members of any JSON, walks seldom end)
 
 
