@@ -475,6 +475,8 @@ class Replay:
     def install(self, llm) -> None:
         import types
 
+        import torch
+
         from deepinfer.dspark import dspark as dspark_module
 
         # DSpark times its steps (the cost model, its gate) on this clock: the harness's work is
@@ -486,6 +488,7 @@ class Replay:
             tokens, lps = sample(seqs, logits, host, constrained)
             t0 = time.perf_counter()
             rows = set(constrained)
+            at, script = [], []  # rows whose token the script gives, and those tokens
             for i, s in enumerate(seqs):
                 sc = self.scripts.get(s.seed)
                 if sc is None or s.is_finished:
@@ -504,8 +507,16 @@ class Replay:
                 if t is None:
                     self.fallback_tokens += 1
                 else:
-                    tokens[i] = t
+                    at.append(i)
+                    script.append(t)
                     self.script_tokens += 1
+            if at:  # one copy each way, not waiting for the device (``tokens[i] = t`` waits for it)
+                dev = tokens.device
+                tokens.index_copy_(
+                    0,
+                    torch.tensor(at, dtype=torch.int64).to(dev, non_blocking=True),
+                    torch.tensor(script, dtype=tokens.dtype).to(dev, non_blocking=True),
+                )
             self._count("plain", t0)
             return tokens, lps
 
