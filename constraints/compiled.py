@@ -102,6 +102,8 @@ class CompiledConstraint:
         self.kind = kind
         self.spec = spec
         self.notes = list(notes or [])  # e.g. JSON Schema keywords relaxed in lenient mode
+        # a JSON schema compiled with a narrower whitespace than asked for (Compiler.json_schema)
+        self.whitespace_used: str | None = None
         self.index = vocab.index()
         a = automaton
         self._cls_sizes = np.bincount(a.cls, minlength=a.table.shape[1])  # bytes per class

@@ -7,6 +7,7 @@ uniqueItems markers gets its run-time check (:mod:`.unique_items`): :func:`compi
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import threading
@@ -23,6 +24,10 @@ from .json_schema.common import DEFAULT_WHITESPACE, WHITESPACE
 from .json_schema.loader import schema_key
 from .key_order import attach, compile_unique  # (uniqueItems' and key order's run-time checks)
 from .limits import check_deadline
+
+# the bounds on an automaton's size: past one of them a JSON schema is compiled again with the
+# next narrower whitespace (Compiler.json_schema)
+SIZE_BOUNDS = frozenset({"max_dfa_states", "max_nfa_states", "max_ir_nodes"})
 
 
 class Compiler:
@@ -85,11 +90,15 @@ class Compiler:
             if is_interrupt(e):
                 raise
             raise refusal(e, where) from (e if not isinstance(e, ConstraintError) else e.__cause__)
+        self._keep(key, compiled)
+        return compiled
+
+    def _keep(self, key: tuple, compiled: CompiledConstraint) -> None:
+        """Cache ``compiled`` under ``key`` (least recently used out past the cache's size)."""
         with self._lock:
             self._cache[key] = compiled
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        return compiled
 
     def regex(self, pattern: str, *, flags: int = 0) -> CompiledConstraint:
         """Outputs that ``re.fullmatch(pattern, text, flags)`` accepts."""
@@ -125,31 +134,64 @@ class Compiler:
         """JSON documents valid under ``schema`` (dict, bool, JSON text, pydantic model or type:
         see :func:`~.json_schema.loader.load_schema`). ``key_order``: ``"schema"`` or ``"any"``
         (object keys in any order, each once, required ones before the object closes:
-        :mod:`.key_order`); None: the compiler's."""
+        :mod:`.key_order`); None: the compiler's. ``whitespace`` is the widest layout allowed:
+        where it makes the automaton too large (a bound of :data:`SIZE_BOUNDS`), the schema is
+        compiled with the next narrower whitespace (``"flexible"``, ``"natural"``,
+        ``"compact"``), whose outputs it allows too; ``notes`` says so and
+        ``whitespace_used`` names the one used."""
         if not isinstance(whitespace, str) or whitespace not in WHITESPACE:
             raise ConstraintError(
                 f"whitespace must be one of {', '.join(WHITESPACE)}, got {whitespace!r}", path="#"
             )
         spec = _schema_key(schema, self.limits)
-
-        def build(deadline: float) -> ir.Grammar:
-            from .json_schema.lowering import schema_to_grammar
-
-            return schema_to_grammar(
-                schema,
-                whitespace=whitespace,
-                strict=bool(strict),
-                lenient=bool(lenient),
-                limits=self.limits,
-                deadline=deadline,
-                key_order=order,
-            )
-
         order = self.key_order if key_order is None else _check_key_order(key_order)
-        key = ("json_schema", spec, whitespace, bool(strict), bool(lenient)) + (
-            (order,) if order != "schema" else ()
-        )
-        return self._cached(key, build, lambda e: {"path": _rule_pointer(e)})
+
+        def compiled(ws: str) -> CompiledConstraint:
+            def build(deadline: float) -> ir.Grammar:
+                from .json_schema.lowering import schema_to_grammar
+
+                return schema_to_grammar(
+                    schema,
+                    whitespace=ws,
+                    strict=bool(strict),
+                    lenient=bool(lenient),
+                    limits=self.limits,
+                    deadline=deadline,
+                    key_order=order,
+                )
+
+            return self._cached(key(ws), build, lambda e: {"path": _rule_pointer(e)})
+
+        def key(ws: str) -> tuple:
+            extra = (order,) if order != "schema" else ()
+            return ("json_schema", spec, ws, bool(strict), bool(lenient)) + extra
+
+        try:
+            return compiled(whitespace)
+        except ConstraintTooComplex as e:
+            if e.bound not in SIZE_BOUNDS:
+                raise
+            first = e
+        # Too large with this whitespace: the next narrower one (its language a subset of the
+        # wider one's, so its outputs are this call's outputs too), with a note saying so
+        for ws in reversed(WHITESPACE[: WHITESPACE.index(whitespace)]):
+            try:
+                got = compiled(ws)
+            except ConstraintTooComplex as e:
+                if e.bound in SIZE_BOUNDS and ws != WHITESPACE[0]:
+                    continue
+                raise
+            used = got.whitespace_used or ws  # (itself compiled narrower)
+            out = copy.copy(got)  # the same automaton and rows, a note of its own
+            out.whitespace_used = used
+            out.notes = [
+                f"whitespace {whitespace!r} makes this schema's automaton too large "
+                f"({first.message}): compiled with {used!r} whitespace",
+                *(n for n in got.notes if not n.startswith("whitespace ")),
+            ]
+            self._keep(key(whitespace), out)
+            return out
+        raise first
 
     def grammar(self, text: str, *, start: str = "start") -> CompiledConstraint:
         """Outputs in the language of a Lark EBNF grammar."""

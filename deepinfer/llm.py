@@ -290,7 +290,7 @@ class LLM:
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, pools, chunk_align=align,
                                    windows=windows, margin=margin)  # fmt: skip
         self._requests: dict[Any, Sequence] = {}
-        self._relaxed: dict[Any, list[str]] = {}  # lenient mode's notes of a request's constraint
+        self._relaxed: dict[Any, list[str]] = {}  # the notes of a request's constraint
         self._stream: set = set()  # requests whose partial outputs step() returns
         # Deferred matcher work (CUDA, inline masks): a constrained row's sampled token joins
         # its output at once, and its matcher accepts it while the next forward runs (before

@@ -31,7 +31,8 @@ class RequestOutput:
     stop_reason: str | int | None = None  # the stop string or token id that ended it, if any
     parsed: Any = None  # JSON Schema: the validated object (a pydantic instance for a model)
     error: str | None = None  # why the output is not valid, or why the request failed
-    relaxed: list[str] = field(default_factory=list)  # lenient mode: keywords not enforced
+    # the constraint's notes: keywords lenient mode relaxed, a narrower whitespace than asked
+    relaxed: list[str] = field(default_factory=list)
     finished: bool = True  # False: a partial output of a streamed request (LLM.step)
     # SamplingParams.reasoning: the reasoning block's text (``text`` is then what follows it)
     reasoning: str | None = None

@@ -72,6 +72,8 @@ class SamplingParams:
         before ``} ]``, one space after ``:``); or none. "flexible" is the default because it
         measured best on extraction: the model lays JSON out as it would unasked, and its
         answers stay at or above free text (docs/structured-generation.md, "Whitespace").
+        The whitespace is the widest allowed: where it makes a schema's automaton too large,
+        the next narrower one is used and ``RequestOutput.relaxed`` says so.
     strict : bool
         JSON Schema only: forbid properties the schema does not declare.
     lenient : bool

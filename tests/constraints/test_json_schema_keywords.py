@@ -556,6 +556,36 @@ def test_natural_whitespace_is_what_models_write_and_bounded():
     assert not a.accepts(b'{\t"a": 1}')
 
 
+def test_whitespace_too_large_falls_back_to_a_narrower_one():
+    """Where a whitespace makes the automaton too large, the schema compiles with the next
+    narrower whitespace (whose outputs the wider one allows), says so in ``notes``, and keeps
+    that result under the wider key; with none left, the size error stands."""
+    from deepinfer.constraints import Compiler
+    from deepinfer.constraints.automaton.nfa import Limits
+
+    from .vocabs import small_vocab
+
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcdefgh"}}
+    vocab = small_vocab()
+    sizes = {
+        ws: Compiler(vocab).json_schema(schema, whitespace=ws).automaton.n_states
+        for ws in ("compact", "natural", "flexible")
+    }
+    assert sizes["compact"] < sizes["natural"] < sizes["flexible"]
+    indented = json.dumps({"a": 1, "b": 2}, indent=2).encode()
+    for bound, used in ((sizes["flexible"] - 1, "natural"), (sizes["natural"] - 1, "compact")):
+        c = Compiler(vocab, limits=Limits(max_dfa_states=bound))
+        got = c.json_schema(schema, whitespace="flexible")
+        assert got.whitespace_used == used and got.automaton.n_states == sizes[used]
+        assert len(got.notes) == 1 and "too large" in got.notes[0] and f"with {used!r}" in got.notes[0]
+        assert got.accepts(b'{"a":1,"b":2}') and got.accepts(indented) == (used == "natural")
+        assert not got.accepts(b'{\t"a":1}')  # flexible only
+        assert c.json_schema(schema, whitespace="flexible") is got  # kept under the wider key
+        assert c.json_schema(schema, whitespace=used).notes == []  # the narrower one's own
+    with pytest.raises(ConstraintTooComplex, match="states"):
+        Compiler(vocab, limits=Limits(max_dfa_states=sizes["compact"] - 1)).json_schema(schema)
+
+
 def test_strict_forbids_extra_keys():
     assert not _automaton(OBJ_AB, strict=True).accepts(b'{"a":1,"c":2}')
 
