@@ -313,7 +313,8 @@ def row_args(logits: torch.Tensor, bitmask: torch.Tensor | None, indices: torch.
     row_map = None
     if bitmask is not None and indices is not None:
         row_map = torch.zeros(B, dtype=torch.int32, device=dev)
-        row_map[indices.to(device=dev, dtype=torch.int64)] = 1
+        # (not row_map[i] = 1: on CUDA that copies the 1 from the host and waits for the device)
+        row_map.index_fill_(0, indices.to(device=dev, dtype=torch.int64), 1)
     mask = (
         bitmask if bitmask is not None else placeholder, bitmask.stride(0) if bitmask is not None else 0,
         row_map if row_map is not None else placeholder,

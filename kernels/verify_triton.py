@@ -181,7 +181,8 @@ def verify(
     row_map = None
     if bitmask is not None and indices is not None:
         row_map = torch.zeros(B, dtype=torch.int32, device=dev)
-        row_map[indices.to(device=dev, dtype=torch.int64)] = 1
+        # (not row_map[i] = 1: on CUDA that copies the 1 from the host and waits for the device)
+        row_map.index_fill_(0, indices.to(device=dev, dtype=torch.int64), 1)
     d = drafts if drafts.shape[1] else tokens  # K = 0: never read
     chunk = chunk_size(V, tuning.chunk_max)
     _verify_kernel[(B, T)](
