@@ -51,6 +51,7 @@ MAX_FORMS = 16  # canonical forms a vocabulary remembers for matching (most rece
 MAX_SHARED_ROWS = 1024
 MAX_FORM_TRIES = 4
 CLOSURE_MEMO_SIZE = 4096
+MANY_STACKS = 16  # a row's stacks not kept from which their parts are walked at once
 PART_CACHE_SIZE = 8192  # pushdown row parts kept per constraint (by view, by whole stack)
 CONTINUATION_MEMO_SIZE = 2048  # continuation walks kept per constraint (their set bits only)
 # automata with counters of at least this many states search, when compiled, which states
@@ -619,9 +620,49 @@ class CompiledConstraint:
             (st,) = stacks
             return self._stack_part(st).copy()
         words = np.zeros(self.n_words, dtype=np.uint32)
+        if len(stacks) < MANY_STACKS or self.automaton.counters is not None or self.fast_min_bytes > 256:
+            for st in stacks:
+                words |= self._stack_part(st)
+            return words
+        cold = []
         for st in stacks:
-            words |= self._stack_part(st)
+            part = self._kept_part(st)
+            if part is None:
+                cold.append(st)
+            else:
+                words |= part
+        if len(cold) < MANY_STACKS:
+            for st in cold:
+                words |= self._stack_part(st)
+        else:
+            self._cold_parts(cold, words)
         return words
+
+    def _cold_parts(self, stacks: list, words: np.ndarray) -> None:
+        """The parts of many stacks not kept (of an automaton without counters), into
+        ``words`` at once and not kept: each top's own walk, then every continuation in one
+        pass (:meth:`_continue_walks`), where the walks from stacks that differ only in their
+        top frame go as one. A row of a hundred stacks or more (the item branches of an
+        ``anyOf`` of objects, each alive until a key tells them apart) then takes a few
+        walks, not one or two per stack; such rows rarely recur stack by stack."""
+        by_trie: dict[int, tuple] = {}
+        memo = self._continued
+        for st in stacks:
+            ci_words, nodes, states, trie = self._context_independent(st[-1], len(st) > 1)
+            words |= ci_words
+            if not len(nodes):
+                continue
+            hit = memo.get((st[:-1], nodes.tobytes(), states.tobytes(), id(trie), self._plain))
+            if hit is not None:
+                words[hit[0]] |= hit[1]
+                continue
+            entry = by_trie.get(id(trie))
+            if entry is None:
+                by_trie[id(trie)] = (trie, [(st[:-1], nodes, states)])
+            else:
+                entry[1].append((st[:-1], nodes, states))
+        for trie, items in by_trie.values():
+            self._continue_walks(items, words, trie)
 
     def _stack_part(self, st: tuple[int, ...]) -> np.ndarray:
         """The tokens stack ``st`` allows (shared; do not modify), kept by what of the stack
@@ -635,21 +676,13 @@ class CompiledConstraint:
         (:attr:`_views`). A part that read the bottom frame, or whose walks met the bound,
         is kept under the whole stack (:attr:`_parts`). :meth:`_stack_part_ref` is the
         reference."""
-        parts = self._parts
-        key = st
-        if self._counters is not None:  # a count as far as a token can see it (see _row_key)
-            key = self._stack_key(st)
-        hit = parts.get(key)
+        hit = self._kept_part(st)
         if hit is not None:
             return hit
-        views = self._views
-        bound = pushdown.MAX_STACK_DEPTH
-        for k in range(1, min(self._view_max, len(st) - 1) + 1):
-            hit = views.get(key[-k:])
-            if hit is not None:
-                if len(st) + hit[1] < bound:
-                    return hit[0]
-                break  # (this stack's walks may meet the bound: walked whole)
+        parts, views, bound = self._parts, self._views, pushdown.MAX_STACK_DEPTH
+        key = st
+        if self._counters is not None:
+            key = self._stack_key(st)
         words = self._stack_part_ref(st)
         k = len(st) - self._lowest + 1
         grow = self._highest - len(st)
@@ -672,6 +705,23 @@ class CompiledConstraint:
         if len(self._interned_parts) >= PART_CACHE_SIZE:
             self._interned_parts.clear()
         return part
+
+    def _kept_part(self, st: tuple[int, ...]) -> np.ndarray | None:
+        """Stack ``st``'s part if kept (:meth:`_stack_part`), else None."""
+        key = st
+        if self._counters is not None:  # a count as far as a token can see it (see _row_key)
+            key = self._stack_key(st)
+        hit = self._parts.get(key)
+        if hit is not None:
+            return hit
+        views = self._views
+        for k in range(1, min(self._view_max, len(st) - 1) + 1):
+            hit = views.get(key[-k:])
+            if hit is not None:
+                if len(st) + hit[1] < pushdown.MAX_STACK_DEPTH:
+                    return hit[0]
+                return None  # (this stack's walks may meet the bound: walked whole)
+        return None
 
     def _stack_part_ref(self, st: tuple[int, ...]) -> np.ndarray:
         """The tokens stack ``st`` allows, walked (the reference of :meth:`_stack_part`);
@@ -986,7 +1036,7 @@ class CompiledConstraint:
             self._lowest, self._highest = 1 << 30, -1
             part = np.zeros(self.n_words, dtype=np.uint32)
             try:
-                self._continue_walks(base, nodes, states, part, trie)
+                self._continue_walks([(base, nodes, states)], part, trie)
                 hit = (*_set_words(part), self._lowest, self._highest)
             finally:
                 self._lowest, self._highest = min(lowest, self._lowest), max(highest, self._highest)
@@ -1000,34 +1050,78 @@ class CompiledConstraint:
         if highest > self._highest:
             self._highest = highest
 
-    def _continue_walks(
-        self, base: tuple[int, ...], nodes: np.ndarray, states: np.ndarray, words: np.ndarray, trie
-    ) -> None:
-        """Tokens that pass trie ``nodes[i]`` with stack ``base + (states[i],)`` and go on
-        through a call or a return: walk those subtrees from every *other* stack of the
-        closure (the caller's walk already follows the stack itself). Boundaries that
-        share a state share one closure and one batched walk (the reference of
+    def _continue_walks(self, items: list, words: np.ndarray, trie) -> None:
+        """For each ``(base, nodes, states)`` of ``items``: tokens that pass trie
+        ``nodes[i]`` with stack ``base + (states[i],)`` and go on through a call or a
+        return. Walk those subtrees from every *other* stack of the closure (the caller's
+        walk already follows the stack itself). Boundaries that share a state share one
+        closure; a stack met in several closures walks below all their nodes at once, and
+        stacks that differ only in their top frame walk as one (the reference of
         :meth:`_continue`'s memo)."""
-        distinct = _distinct(states)
-        if len(distinct) == 1:  # (mostly one state: a walk through a called rule's return)
-            groups = ((distinct[0], nodes),)
-        else:
-            groups = [(t, nodes[states == t]) for t in distinct]
-        for t, roots in groups:
+        groups = []
+        for base, nodes, states in items:
+            distinct = _distinct(states)
+            if len(distinct) == 1:  # (mostly one state: a walk through a called rule's return)
+                groups.append((base, distinct[0], nodes))
+            else:
+                groups.extend((base, t, nodes[states == t]) for t in distinct)
+        shared: dict[int, tuple] = {}  # closures met, by identity: their roots and stacks
+        for base, t, roots in groups:
             stack = base + (t,)
-            cfg = self._closure(stack)
+            cfg = self._closure_after(stack)
             if cfg is None:
                 continue
             chain = self._chain(stack, cfg, trie.max_depth) if len(cfg[0]) == 2 else None
             if chain is not None:
                 self._continue_chain(stack, chain, roots, words, trie)
                 continue
+            entry = shared.get(id(cfg))
+            if entry is None:
+                shared[id(cfg)] = (cfg, [roots], [stack])
+            else:
+                entry[1].append(roots)
+                entry[2].append(stack)
+        below: dict[tuple[int, ...], list[np.ndarray]] = {}
+        for cfg, parts, stacks in shared.values():
+            roots = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            mine = set(stacks).intersection(cfg[0])  # (a stack its own closure reaches again)
             for st in cfg[0]:
-                if st == stack:
-                    continue
-                n2, t2 = self._walk_stack(st, roots, words, trie)
-                if len(n2):
-                    self._continue(st[:-1], n2, t2, words, trie)
+                if st in mine:
+                    own = [r for r, s in zip(parts, stacks) if s != st]
+                    if own:
+                        below.setdefault(st, []).extend(own)
+                else:
+                    below.setdefault(st, []).append(roots)
+        alike: dict[tuple[int, ...], list] = {}  # plain walks by the frames below their top
+        for st, parts in below.items():
+            roots = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            if self._walks_plain(st):
+                alike.setdefault(st[:-1], []).append((st[-1], roots))
+                continue
+            n2, t2 = self._walk_stack(st, roots, words, trie)
+            if len(n2):
+                self._continue(st[:-1], n2, t2, words, trie)
+        for rest, walks in alike.items():
+            if len(walks) == 1:
+                (top, roots), *_ = walks
+                n2, t2 = self._walk_stack(rest + (top,), roots, words, trie)
+            else:  # one walk, each root from its own stack's top
+                tops = np.array([t for t, _ in walks], dtype=np.int32)
+                starts = np.repeat(tops, [len(r) for _, r in walks])
+                roots = np.concatenate([r for _, r in walks])
+                memo = self._walk_memo(False)
+                n2, t2 = trie.walk_fast(memo, bool(rest), int(tops[0]), words, roots, starts=starts)
+            if len(n2):
+                self._continue(rest, n2, t2, words, trie)
+
+    def _walks_plain(self, st: tuple[int, ...]) -> bool:
+        """Does :meth:`_walk_stack` walk stack ``st`` by the plain fast walk (no count
+        carried, not the reference walk)? Such walks from stacks that differ only in their
+        top frame go as one walk with each root's own start state."""
+        a = self.automaton
+        if self.fast_min_bytes > 256:
+            return False
+        return a.counters is None or self._plain or not self._counted_frame(st)
 
     def _walk_stack(self, st: tuple[int, ...], roots: np.ndarray, words: np.ndarray, trie, **chain):
         """The walk of stack ``st``'s top below ``roots`` into ``words``: its boundary pairs.
@@ -1050,6 +1144,15 @@ class CompiledConstraint:
     def _closure(self, stack: tuple[int, ...]):
         """The closure of ``stack`` (kept: the same boundaries recur in many rows), its reads
         noted in :attr:`_lowest` and :attr:`_highest`."""
+        cfg, lowest, highest = self._closure_kept(stack)
+        if lowest < self._lowest:
+            self._lowest = lowest
+        if highest > self._highest:
+            self._highest = highest
+        return cfg
+
+    def _closure_kept(self, stack: tuple[int, ...]):
+        """``closure_reads([stack])``, kept (bounded)."""
         closures = self._closures
         hit = closures.get(stack)
         if hit is None:
@@ -1057,6 +1160,53 @@ class CompiledConstraint:
             if len(closures) >= CLOSURE_MEMO_SIZE:
                 closures.clear()
             closures[stack] = hit
+        return hit
+
+    def _closure_after(self, stack: tuple[int, ...]):
+        """The closure of what ``stack``'s top leads to without reading a byte: the stacks its
+        calls push and, where it may end its rule, the frames below (:meth:`_closure`'s
+        reads noted). That is the closure of ``stack`` but for ``stack`` itself, which is in
+        it where the top reads bytes: a closure is what the stacks reach, so that of several
+        stacks is the union of theirs. It is kept under those stacks, one object for every
+        top that leads to the same ones, as every state of a run of whitespace before an
+        array's item does (calling the item rule with the same return state)."""
+        a = self.automaton
+        top = stack[-1]
+        if a.counters is not None or len(stack) >= pushdown.MAX_STACK_DEPTH:
+            return self._closure(stack)
+        base = stack[:-1]
+        after = tuple(base + (ret, callee) for callee, ret in a.calls[top]) if a._call_flags[top] else ()
+        if a._acc_list[top]:
+            after += (base,)  # (the bottom frame's end: the empty stack, no closure)
+        n = len(stack)
+        if n < self._lowest:
+            self._lowest = n
+        if n > self._highest:
+            self._highest = n
+        memo = self._closures
+        hit = memo.get(after)
+        if hit is None:
+            out: set = set()
+            can_end = False
+            lowest, highest = n, n
+            for st in after:
+                if not st:
+                    can_end = True
+                    continue
+                cfg, lo, hi = self._closure_kept(st)
+                lowest, highest = min(lowest, lo), max(highest, hi)
+                if cfg is not None:
+                    out.update(cfg[0])
+                    can_end = can_end or cfg[1]
+            if len(out) > pushdown.MAX_STACKS:
+                raise pushdown.ConstraintTooComplex(
+                    f"grammar is too ambiguous: more than {pushdown.MAX_STACKS} parse stacks"
+                )
+            cfg = make_config(out, can_end) if out or can_end else None
+            hit = (cfg, lowest, highest)
+            if len(memo) >= CLOSURE_MEMO_SIZE:
+                memo.clear()
+            memo[after] = hit
         cfg, lowest, highest = hit
         if lowest < self._lowest:
             self._lowest = lowest

@@ -426,6 +426,12 @@ class WholeStacks(CompiledConstraint):
     def _stack_part(self, st):
         return self._stack_part_ref(st)
 
+    def _stacks_row(self, config):
+        words = np.zeros(self.n_words, dtype=np.uint32)
+        for st in config[0]:
+            words |= self._stack_part_ref(st)
+        return words
+
 
 class CountedWalks(CompiledConstraint):
     """Counts the stacks walked (the others were served by a part kept before)."""
@@ -833,7 +839,7 @@ class ContinuedEachTime(WholeStacks):
     every continuation walked, and every stack walked whole."""
 
     def _continue(self, base, nodes, states, words, trie):
-        self._continue_walks(base, nodes, states, words, trie)
+        self._continue_walks([(base, nodes, states)], words, trie)
 
 
 def _count_continued(monkeypatch) -> list:
@@ -889,6 +895,82 @@ def test_continuations_kept_equal_continuations_walked(monkeypatch):
         for cfg in configs[::7]:
             np.testing.assert_array_equal(c.allowed_tokens(cfg), reference_allowed(c, cfg))
     assert sum(served) >= 20 and len(served) > sum(served), (sum(served), len(served))
+
+
+_FIRST_KEYS = "a ab abc b x y z e c nam age q r s t u v w k m".split()
+
+
+def _branches_schema() -> dict:
+    """An array whose items are any of 20 recursive objects, each with a first key of its
+    own and then "name": each branch a rule of its own, so 20 stacks are alive at an item's
+    start."""
+    defs = {
+        f"n{i}": {
+            "type": "object",
+            "properties": {
+                key: {"type": "integer"},
+                "name": {"type": "string"},
+                "sub": {"$ref": f"#/$defs/n{i}"},
+            },
+            "required": [key, "name"],
+        }
+        for i, key in enumerate(_FIRST_KEYS)
+    }
+    item = {"anyOf": [{"$ref": f"#/$defs/n{i}"} for i in range(len(_FIRST_KEYS))]}
+    return {"type": "object", "properties": {"files": {"type": "array", "items": item}}, "$defs": defs}
+
+
+@pytest.mark.parametrize("whitespace", ["compact", "flexible"])
+def test_rows_of_many_stacks_walked_at_once_equal_stack_by_stack(whitespace, monkeypatch):
+    """A row of many stacks none of whose parts is kept (an array's item, any of 20 objects
+    alive until a key tells them apart) is walked at once: every top's own walk, then every
+    continuation in one pass, where the walks of stacks that differ only in their top frame
+    go as one kernel walk and each stack walks below the nodes of every closure it is in.
+    Each such row equals the row with every stack walked whole and every continuation
+    walked, and the definition; and each closure made of what a boundary state leads to is
+    the closure of the stack but for the stack itself."""
+    # (tokens that run from whitespace into an item: walked below several states of the gap)
+    extra = [b" {", b' {"a', b'\n  {"ab', b'\n {"', b' {"nam', b'  {"m":', b'\t{"x', b'[ {"', b'[\n {"e']
+    vocab = Vocabulary(list(small_vocab().token_bytes) + extra, eos_ids=[1], special_ids=[0])
+    c = Compiler(vocab).json_schema(_branches_schema(), whitespace=whitespace)
+    ref = ContinuedEachTime(c.automaton, vocab, c.kind, c.spec)
+    batched: list[int] = []
+    cold_parts = CompiledConstraint._cold_parts
+
+    def counted(self, stacks, words):
+        batched.append(len(stacks))
+        return cold_parts(self, stacks, words)
+
+    monkeypatch.setattr(CompiledConstraint, "_cold_parts", counted)
+    rng = random.Random(5)
+    gap = "\n  " if whitespace == "flexible" else ""
+    docs = [
+        '{"files":[' + gap + '{"a":1,"name":"ab","sub":{"a":2,"name":"c"}},{"abc":0,"name":"x"}]}',
+        '{"files":[{"m":12,"name":"q w"},' + gap + '{"nam":3,"name":"","sub":{"nam":1,"name":"z"}}]}',
+    ]
+    configs = [m.state for m in _random_configs(c, rng, walks=6, steps=25)]
+    for doc in docs:
+        cfg = c.initial
+        for b in doc.encode():
+            configs.append(cfg)
+            cfg = c.automaton.step_byte(cfg, b)
+            assert cfg is not None, doc
+    a = c.automaton
+    for i, cfg in enumerate(configs):
+        c._parts.clear()  # (every row walked from scratch: none of its stacks' parts kept)
+        c._views.clear()
+        np.testing.assert_array_equal(c.mask_row(cfg), ref.mask_row(cfg))
+        if i % 5 == 0 or len(cfg[0]) >= 16:
+            np.testing.assert_array_equal(c.allowed_tokens(cfg), reference_allowed(c, cfg))
+        for st in cfg[0]:
+            for t in range(a.n_states):
+                if not (a._call_flags[t] or a._acc_list[t]) or rng.random() > 0.05:
+                    continue
+                stack = st[:-1] + (t,)
+                whole, got = a.closure([stack]), c._closure_after(stack)
+                whole, got = ((set(x[0]) - {stack}, x[1]) if x else (set(), False) for x in (whole, got))
+                assert got == whole, stack
+    assert batched and max(batched) >= 20
 
 
 class BelowWalkedEachTime(CompiledConstraint):
