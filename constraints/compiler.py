@@ -300,9 +300,13 @@ class Compiler:
         def finish(compiled: CompiledConstraint) -> CompiledConstraint:
             return prime_rows(compiled, [t.encode("utf-8", "surrogatepass") for t in starts])
 
-        return self._cached(
-            key, lambda deadline: self.lower(spec, "#", deadline), lambda e: {"path": "#"}, finish
-        )
+        def compiled(spec: dict) -> CompiledConstraint:
+            key = ("structural_tags", self._spec_key(spec, "#"))
+            return self._cached(
+                key, lambda deadline: self.lower(spec, "#", deadline), lambda e: {"path": "#"}, finish
+            )
+
+        return self._narrowing(spec, compiled, key)
 
     def reasoning(
         self,
@@ -326,24 +330,62 @@ class Compiler:
             raise ConstraintError(f"max_tokens must be None or an int >= 0, got {max_tokens!r}", path="#")
         if not isinstance(begin, str) or not isinstance(end, str):
             raise ConstraintError("reasoning markers must be strings", path="#/reasoning")
-        spec_key = self._spec_key(after, "#") if after is not None else None
-        key = ("reasoning", json.dumps([begin, end, spec_key, max_tokens]))
+
+        def key_of(after: dict | None) -> tuple:
+            spec_key = self._spec_key(after, "#") if after is not None else None
+            return ("reasoning", json.dumps([begin, end, spec_key, max_tokens]))
 
         # a marker that is a special token of the vocabulary is that token, not its text
         ids = self.special_tokens
         begin_m = ir.special_bytes(ids[begin]) if begin in ids else begin.encode("utf-8", "surrogatepass")
         end_m = ir.special_bytes(ids[end]) if end in ids else end.encode("utf-8", "surrogatepass")
 
-        def build(deadline: float) -> ir.Grammar:
-            sub = self.lower(after, "#", deadline) if after is not None else None
-            return reasoning_grammar(begin_m if begin in ids else begin, end_m if end in ids else end, sub)
-
         def finish(compiled: CompiledConstraint) -> CompiledConstraint:
             compiled.markers = (begin, end)  # (to split an output into reasoning and answer)
             prime_rows(compiled, [begin_m + end_m], skip=len(begin_m))
             return attach_budget(compiled, begin_m, end_m, max_tokens)
 
-        return self._cached(key, build, lambda e: {"path": "#"}, finish)
+        def compiled(after: dict | None) -> CompiledConstraint:
+            def build(deadline: float) -> ir.Grammar:
+                sub = self.lower(after, "#", deadline) if after is not None else None
+                markers = (begin_m if begin in ids else begin, end_m if end in ids else end)
+                return reasoning_grammar(*markers, sub)
+
+            return self._cached(key_of(after), build, lambda e: {"path": "#"}, finish)
+
+        if after is None:
+            return compiled(None)
+        return self._narrowing(after, compiled, key_of(after))
+
+    def _narrowing(self, spec: dict, compiled, key: tuple) -> CompiledConstraint:
+        """``compiled(spec)``, or where its automaton is too large (a bound of
+        :data:`SIZE_BOUNDS`), ``compiled`` of ``spec`` with each JSON schema's whitespace one
+        step narrower, then another (as :meth:`json_schema` does for one schema), kept under
+        ``key`` with a note saying so."""
+        try:
+            return compiled(spec)
+        except ConstraintTooComplex as e:
+            if e.bound not in SIZE_BOUNDS:
+                raise
+            first = e
+        narrower = _narrower_whitespace(spec)
+        while narrower is not None:
+            try:
+                got = compiled(narrower)
+            except ConstraintTooComplex as e:
+                if e.bound not in SIZE_BOUNDS:
+                    raise
+                narrower = _narrower_whitespace(narrower)
+                continue
+            out = copy.copy(got)  # the same automaton and rows, a note of its own
+            out.notes = [
+                f"the whitespace of its JSON schemas makes this constraint's automaton too large "
+                f"({first.message}): compiled with {_whitespaces(narrower)} whitespace",
+                *got.notes,
+            ]
+            self._keep(key, out)
+            return out
+        raise first
 
     # ------------------------------------------------------------- sub-constraints
 
@@ -684,3 +726,49 @@ def prime_shared_rows(vocab) -> None:
                 c.mask_row(cfg)
     except Exception:  # noqa: BLE001 # pragma: no cover - a cache, never needed for correctness
         pass
+
+
+def _narrower_whitespace(spec: Any) -> Any:
+    """``spec`` (a constraint dict as :meth:`Compiler.lower` reads it, tags and all) with the
+    whitespace of each JSON schema in it one step narrower (``"flexible"`` to ``"natural"``
+    to ``"compact"``: each language a subset of the wider one's); None where none is
+    narrower than compact."""
+    changed = False
+
+    def walk(v: Any) -> Any:
+        nonlocal changed
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if not isinstance(v, dict):
+            return v
+        out = {k: x if k == "json_schema" else walk(x) for k, x in v.items()}
+        if v.get("json_schema") is not None:
+            ws = v.get("whitespace", DEFAULT_WHITESPACE)
+            if ws in WHITESPACE[1:]:
+                out["whitespace"] = WHITESPACE[WHITESPACE.index(ws) - 1]
+                changed = True
+        return out
+
+    out = walk(spec)
+    return out if changed else None
+
+
+def _whitespaces(spec: Any) -> str:
+    """The whitespaces the JSON schemas of ``spec`` ask for, as a phrase ("'natural'")."""
+    found: list[str] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            if v.get("json_schema") is not None:
+                ws = v.get("whitespace", DEFAULT_WHITESPACE)
+                if ws not in found:
+                    found.append(ws)
+            for k, x in v.items():
+                if k != "json_schema":
+                    walk(x)
+
+    walk(spec)
+    return " and ".join(repr(w) for w in found)

@@ -586,6 +586,45 @@ def test_whitespace_too_large_falls_back_to_a_narrower_one():
         Compiler(vocab, limits=Limits(max_dfa_states=sizes["compact"] - 1)).json_schema(schema)
 
 
+def test_whitespace_too_large_in_tags_and_after_reasoning_falls_back():
+    """Schemas inside structural tags and after a reasoning block fall back as a schema
+    alone does: where their whitespace makes the automaton too large, each is compiled one
+    step narrower, with a note, and the result is kept under the wider spec's key."""
+    from deepinfer.constraints import Compiler
+    from deepinfer.constraints.automaton.nfa import Limits
+
+    from .vocabs import small_vocab
+
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcdefgh"}}
+    vocab = small_vocab()
+    tag = {"begin": "<t>", "end": "</t>", "json_schema": schema}
+
+    def tags(c: Compiler, ws: str | None = None):
+        return c.structural_tags([dict(tag, whitespace=ws) if ws else tag])
+
+    def reasoning(c: Compiler, ws: str | None = None):
+        after = {"json_schema": schema, **({"whitespace": ws} if ws else {})}
+        return c.reasoning(after, begin="<r>", end="</r>")
+
+    indented = json.dumps({"a": 1, "b": 2}, indent=2)
+    for make, text in ((tags, "hi <t>{}</t> bye"), (reasoning, "<r>so</r>{}")):
+        sizes = {
+            ws: make(Compiler(vocab), ws).automaton.n_states for ws in ("compact", "natural", "flexible")
+        }
+        assert sizes["compact"] < sizes["natural"] < sizes["flexible"]
+        for bound, used in ((sizes["flexible"] - 1, "natural"), (sizes["natural"] - 1, "compact")):
+            c = Compiler(vocab, limits=Limits(max_dfa_states=bound))
+            got = make(c)  # the default whitespace: flexible
+            assert got.automaton.n_states == sizes[used]
+            assert len(got.notes) == 1 and "too large" in got.notes[0] and f"with {used!r}" in got.notes[0]
+            assert got.accepts(text.format('{"a":1,"b":2}').encode())
+            assert got.accepts(text.format(indented).encode()) == (used == "natural")
+            assert make(c) is got  # kept under the wider spec's key
+            assert make(c, used).notes == []
+        with pytest.raises(ConstraintTooComplex, match="states"):
+            make(Compiler(vocab, limits=Limits(max_dfa_states=sizes["compact"] - 1)))
+
+
 def test_strict_forbids_extra_keys():
     assert not _automaton(OBJ_AB, strict=True).accepts(b'{"a":1,"c":2}')
 
