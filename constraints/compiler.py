@@ -166,32 +166,20 @@ class Compiler:
             extra = (order,) if order != "schema" else ()
             return ("json_schema", spec, ws, bool(strict), bool(lenient)) + extra
 
-        try:
-            return compiled(whitespace)
-        except ConstraintTooComplex as e:
-            if e.bound not in SIZE_BOUNDS:
-                raise
-            first = e
-        # Too large with this whitespace: the next narrower one (its language a subset of the
-        # wider one's, so its outputs are this call's outputs too), with a note saying so
-        for ws in reversed(WHITESPACE[: WHITESPACE.index(whitespace)]):
-            try:
-                got = compiled(ws)
-            except ConstraintTooComplex as e:
-                if e.bound in SIZE_BOUNDS and ws != WHITESPACE[0]:
-                    continue
-                raise
-            used = got.whitespace_used or ws  # (itself compiled narrower)
-            out = copy.copy(got)  # the same automaton and rows, a note of its own
+        def narrower(ws: str) -> str | None:
+            i = WHITESPACE.index(ws)
+            return WHITESPACE[i - 1] if i else None
+
+        def note(out: CompiledConstraint, ws: str, first: ConstraintTooComplex) -> None:
+            used = out.whitespace_used or ws  # (itself compiled narrower)
             out.whitespace_used = used
             out.notes = [
                 f"whitespace {whitespace!r} makes this schema's automaton too large "
                 f"({first.message}): compiled with {used!r} whitespace",
-                *(n for n in got.notes if not n.startswith("whitespace ")),
+                *(n for n in out.notes if not n.startswith("whitespace ")),
             ]
-            self._keep(key(whitespace), out)
-            return out
-        raise first
+
+        return self._narrowing(whitespace, compiled, key(whitespace), narrower, note)
 
     def grammar(self, text: str, *, start: str = "start") -> CompiledConstraint:
         """Outputs in the language of a Lark EBNF grammar."""
@@ -306,7 +294,7 @@ class Compiler:
                 key, lambda deadline: self.lower(spec, "#", deadline), lambda e: {"path": "#"}, finish
             )
 
-        return self._narrowing(spec, compiled, key)
+        return self._narrowing_spec(spec, compiled, key)
 
     def reasoning(
         self,
@@ -355,37 +343,48 @@ class Compiler:
 
         if after is None:
             return compiled(None)
-        return self._narrowing(after, compiled, key_of(after))
+        return self._narrowing_spec(after, compiled, key_of(after))
 
-    def _narrowing(self, spec: dict, compiled, key: tuple) -> CompiledConstraint:
-        """``compiled(spec)``, or where its automaton is too large (a bound of
-        :data:`SIZE_BOUNDS`), ``compiled`` of ``spec`` with each JSON schema's whitespace one
-        step narrower, then another (as :meth:`json_schema` does for one schema), kept under
-        ``key`` with a note saying so."""
+    def _narrowing(self, spec: Any, compiled, key: tuple, narrower, note) -> CompiledConstraint:
+        """``compiled(spec)``; where its automaton is too large (a bound of
+        :data:`SIZE_BOUNDS`), ``compiled(narrower(spec))`` (a narrower whitespace, whose
+        language is a subset of the wider one's, so its outputs are this call's outputs too),
+        and so on until ``narrower`` gives None. The result gets a note (``note(copy, spec
+        used, first error)``) and is kept under ``key``, so the failed attempts are not
+        repeated."""
         try:
             return compiled(spec)
         except ConstraintTooComplex as e:
             if e.bound not in SIZE_BOUNDS:
                 raise
-            first = e
-        narrower = _narrower_whitespace(spec)
-        while narrower is not None:
+            first = last = e
+        spec = narrower(spec)
+        while spec is not None:
             try:
-                got = compiled(narrower)
+                got = compiled(spec)
             except ConstraintTooComplex as e:
                 if e.bound not in SIZE_BOUNDS:
                     raise
-                narrower = _narrower_whitespace(narrower)
+                last, spec = e, narrower(spec)
                 continue
             out = copy.copy(got)  # the same automaton and rows, a note of its own
-            out.notes = [
-                f"the whitespace of its JSON schemas makes this constraint's automaton too large "
-                f"({first.message}): compiled with {_whitespaces(narrower)} whitespace",
-                *got.notes,
-            ]
+            note(out, spec, first)
             self._keep(key, out)
             return out
-        raise first
+        raise last
+
+    def _narrowing_spec(self, spec: dict, compiled, key: tuple) -> CompiledConstraint:
+        """:meth:`_narrowing` of a constraint dict (structural tags, the answer after a
+        reasoning block): every JSON schema in it one step narrower at a time."""
+
+        def note(out: CompiledConstraint, used: dict, first: ConstraintTooComplex) -> None:
+            out.notes = [
+                f"the whitespace of its JSON schemas makes this constraint's automaton too large "
+                f"({first.message}): compiled with {_whitespaces(used)} whitespace",
+                *(n for n in out.notes if not n.startswith("the whitespace of its JSON schemas ")),
+            ]
+
+        return self._narrowing(spec, compiled, key, _narrower_whitespace, note)
 
     # ------------------------------------------------------------- sub-constraints
 
