@@ -23,12 +23,13 @@ import re
 
 import numpy as np
 
-from .automaton.pushdown import Automaton
+from .automaton.pushdown import Automaton, make_config
 from .automaton.tables import flags
 from .matcher import MAX_FORCED_BYTES, Matcher, encode_forced
 from .native import kernel
 
 _MISS = object()
+STEP_MEMO = 1 << 16  # pushdown steps a check keeps (then it starts afresh)
 
 
 class Tags:
@@ -54,6 +55,7 @@ class Tags:
         self.trigger = trigger  # the bytes whose transitions may carry a tag
         # frames after a tag: apply(frames, kind, pos, buf, data), None to refuse
         self.apply = apply
+        self.steps: dict = {}  # (configuration, byte class) -> its moves (see _moves)
 
 
 def text_span(buf, data: bytes, start: int, end: int) -> bytes:
@@ -92,6 +94,63 @@ def _walk(tags: Tags, groups, data: bytes, fold) -> list:
             if acc is not None and (s, acc) not in out:
                 out.append((s, acc))
         return out
+    steps = tags.steps
+    cur = list(groups)
+    for j, b in enumerate(data):
+        c = cls[b]
+        moved: dict = {}
+        for cfg, acc in cur:
+            outs = steps.get((cfg, c))
+            if outs is None:
+                outs = _moves(tags, cfg, c)
+                if len(steps) >= STEP_MEMO:
+                    steps.clear()
+                steps[(cfg, c)] = outs
+            for k, cfg2 in outs:
+                a2 = acc if k is None else fold(acc, k, j)
+                if a2 is not None:
+                    moved.setdefault(a2, []).append(cfg2)
+        cur = [(cfgs[0] if len(cfgs) == 1 else _union(cfgs), a2) for a2, cfgs in moved.items()]
+        if not cur:
+            return []
+    return cur
+
+
+def _moves(tags: Tags, cfg, c: int) -> tuple:
+    """A pushdown configuration's step by byte class ``c``, the frames left out: ``((tag or
+    None, configuration), ...)``, the stacks that move by the same tag (or by none) closed
+    together. A parse's frames fold each tag, so stacks whose tags fold alike share a
+    configuration: the union of these (a closure is what its stacks reach, so that of
+    several sets of stacks is the union of theirs); :func:`_walk_ref` is the reference."""
+    a, kind, tagged = tags.automaton, tags.kind, tags.tagged
+    by_tag: dict = {}
+    for st in cfg[0]:
+        top = st[-1]
+        t = a.targets[top * a.width + c]
+        if t < 0:
+            continue
+        k = kind.get((top, c)) if tagged[top] else None
+        by_tag.setdefault(k, []).append(st[:-1] + (t,))
+    out = []
+    for k, sts in by_tag.items():
+        cfg2 = a.closure(sts)
+        if cfg2 is not None:
+            out.append((k, cfg2))
+    return tuple(out)
+
+
+def _union(cfgs: list):
+    """The configuration of every stack of ``cfgs`` (may end where one may)."""
+    stacks = set()
+    for cfg in cfgs:
+        stacks.update(cfg[0])
+    return make_config(stacks, any(cfg[1] for cfg in cfgs))
+
+
+def _walk_ref(tags: Tags, groups, data: bytes, fold) -> list:
+    """:func:`_walk` of a pushdown automaton, every step taken and closed afresh."""
+    a = tags.automaton
+    kind, tagged, cls = tags.kind, tags.tagged, a.cls_list
     cur = list(groups)
     for j, b in enumerate(data):
         c = cls[b]

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import random
@@ -26,7 +27,7 @@ from deepinfer.constraints import Compiler, ConstraintError, Matcher
 from deepinfer.constraints.bitmask import unpack_bitmask
 from deepinfer.constraints.json_schema import schema_to_grammar
 from deepinfer.constraints.key_order import KeyOrderCheck, compile_unique
-from deepinfer.constraints.tag_check import accepts
+from deepinfer.constraints.tag_check import _add_event, _walk, _walk_ref, accepts
 
 from .shared_data import need_shared
 from .vocabs import small_vocab
@@ -309,6 +310,66 @@ def test_random_walks_valid_and_fast_rows_equal_reference(compiler, name, schema
                 m.rollback(1)
                 assert m.accept(t)
     assert finished >= 3, (name, finished)
+
+
+def _frames_fold(tags, buf: bytes, data: bytes, fr, k, j: int):
+    return tags.apply(fr, k, len(buf) + j, buf, data)
+
+
+# recursive arrays of unique items and objects whose keys come in any order: a pushdown
+# automaton with both checks' tags
+UNIQUE_NESTED = {
+    "$defs": {
+        "n": {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {
+                "anyOf": [
+                    {"type": "integer"},
+                    {"$ref": "#/$defs/n"},
+                    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/$defs/n"}}},
+                ]
+            },
+        }
+    },
+    "$ref": "#/$defs/n",
+}
+STEPPED = [(c[0], c[1]) for c in WALKED] + [("unique-nested", UNIQUE_NESTED)]
+
+
+@pytest.mark.parametrize("name,schema", STEPPED, ids=[c[0] for c in STEPPED])
+def test_steps_kept_equal_steps_taken_afresh(compiler, name, schema):
+    """The check's walks of a token from a matcher's groups take each pushdown step (a
+    configuration's moves by one byte class, its stacks closed by the tag they meet) from
+    a memo: on random walks, for tokens the row allows and tokens it refuses, with the
+    symbolic fold and the frames' fold, the groups that survive equal those of the walk
+    that steps and closes every byte afresh (``_walk_ref``)."""
+    compiled = compiler.json_schema(schema, whitespace="compact")
+    check = compiled.check
+    tags, tb = check.tags, compiled.vocab.token_bytes
+    rng = random.Random(name + "steps")
+    compared = 0
+    for _ in range(8):
+        m = Matcher(compiled)
+        for _ in range(40):
+            groups, buf = m.state, bytes(m.text)
+            if tags.automaton.is_regular:
+                return  # (a DFA's walks keep no steps)
+            row = check.row(groups, buf)
+            allowed = [int(t) for t in np.nonzero(unpack_bitmask(row[None], compiled.vocab.vocab_size)[0])[0]]
+            allowed = [t for t in allowed if tb[t]]
+            if not allowed:
+                break
+            for t in rng.sample(allowed, min(6, len(allowed))) + rng.sample(range(2, len(tb)), 6):
+                data = tb[t]
+                if not data:
+                    continue
+                frames = functools.partial(_frames_fold, tags, buf, data)
+                for fold in (_add_event, frames):
+                    assert _walk(tags, groups, data, fold) == _walk_ref(tags, groups, data, fold), (buf, data)
+                    compared += 1
+            assert m.accept(rng.choice(allowed))
+    assert compared > 100
 
 
 MASKBENCH = [
