@@ -109,11 +109,14 @@ def eliminate_keys(a: Automaton, tags: Tags | None) -> tuple[Automaton, Tags | N
     digit = {used[d]: k for k, d in enumerate(KEY_DIGITS) if d in used}
     kind: dict = dict(tags.kind) if tags is not None else {}
     new = table.copy()
+    reads = (table >= 0).sum(axis=1)  # classes each state reads
+    not_digit = np.ones(ncls, dtype=bool)
+    not_digit[list(digit)] = False
 
     def only(t: int, fc: int) -> int:
         """The state after ``fc`` from ``t``, where ``t`` reads nothing else."""
         u = int(table[t, fc])
-        if u < 0 or t in a.calls or a.accepting[t] or any(table[t, x] >= 0 for x in range(ncls) if x != fc):
+        if u < 0 or t in a.calls or a.accepting[t] or reads[t] != 1:
             raise _refuse(f"a marker is not followed by its {chr(head)!r}")
         return u
 
@@ -134,12 +137,7 @@ def eliminate_keys(a: Automaton, tags: Tags | None) -> tuple[Automaton, Tags | N
                         ids.add(i)
                         continue
                     nxt = [(int(table[x, c]), k) for c, k in digit.items() if table[x, c] >= 0]
-                    if (
-                        not nxt
-                        or x in a.calls
-                        or a.accepting[x]
-                        or any(table[x, c] >= 0 for c in range(ncls) if c not in digit)
-                    ):
+                    if not nxt or x in a.calls or a.accepting[x] or (table[x, not_digit] >= 0).any():
                         raise _refuse("an object's closing marker is not followed by its id")
                     front += [(y, i * len(KEY_DIGITS) + k, depth + 1) for y, k in nxt]
                 if len(ends) != 1:
