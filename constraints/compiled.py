@@ -620,22 +620,20 @@ class CompiledConstraint:
             (st,) = stacks
             return self._stack_part(st).copy()
         words = np.zeros(self.n_words, dtype=np.uint32)
-        if len(stacks) < MANY_STACKS or self.automaton.counters is not None or self.fast_min_bytes > 256:
+        if len(stacks) >= MANY_STACKS and self.automaton.counters is None and self.fast_min_bytes <= 256:
+            cold = []
             for st in stacks:
-                words |= self._stack_part(st)
-            return words
-        cold = []
+                part = self._kept_part(st)
+                if part is None:
+                    cold.append(st)
+                else:
+                    words |= part
+            if len(cold) >= MANY_STACKS:
+                self._cold_parts(cold, words)
+                return words
+            stacks = cold
         for st in stacks:
-            part = self._kept_part(st)
-            if part is None:
-                cold.append(st)
-            else:
-                words |= part
-        if len(cold) < MANY_STACKS:
-            for st in cold:
-                words |= self._stack_part(st)
-        else:
-            self._cold_parts(cold, words)
+            words |= self._stack_part(st)
         return words
 
     def _cold_parts(self, stacks: list, words: np.ndarray) -> None:
@@ -652,7 +650,7 @@ class CompiledConstraint:
             words |= ci_words
             if not len(nodes):
                 continue
-            hit = memo.get((st[:-1], nodes.tobytes(), states.tobytes(), id(trie), self._plain))
+            hit = memo.get(self._continued_key(st[:-1], nodes, states, trie))
             if hit is not None:
                 words[hit[0]] |= hit[1]
                 continue
@@ -1028,7 +1026,7 @@ class CompiledConstraint:
         returning into the same frames, below the same trie nodes) recurs in the rows of
         every state that reaches it, as each word of an unrolled ``(\\S+\\s+){0,99}`` does; its
         walks only set bits, so its part is the same in any row."""
-        key = (base, nodes.tobytes(), states.tobytes(), id(trie), self._plain)
+        key = self._continued_key(base, nodes, states, trie)
         memo = self._continued
         hit = memo.get(key)
         if hit is None:
@@ -1045,10 +1043,11 @@ class CompiledConstraint:
             memo[key] = hit
         at, bits, lowest, highest = hit
         words[at] |= bits
-        if lowest < self._lowest:  # (after a walk: already so)
-            self._lowest = lowest
-        if highest > self._highest:
-            self._highest = highest
+        self._note_reads(lowest, highest)  # (after a walk: already so)
+
+    def _continued_key(self, base: tuple[int, ...], nodes: np.ndarray, states: np.ndarray, trie) -> tuple:
+        """What a continuation is kept under (:meth:`_continue`)."""
+        return (base, nodes.tobytes(), states.tobytes(), id(trie), self._plain)
 
     def _continue_walks(self, items: list, words: np.ndarray, trie) -> None:
         """For each ``(base, nodes, states)`` of ``items``: tokens that pass trie
@@ -1118,10 +1117,12 @@ class CompiledConstraint:
         """Does :meth:`_walk_stack` walk stack ``st`` by the plain fast walk (no count
         carried, not the reference walk)? Such walks from stacks that differ only in their
         top frame go as one walk with each root's own start state."""
-        a = self.automaton
-        if self.fast_min_bytes > 256:
-            return False
-        return a.counters is None or self._plain or not self._counted_frame(st)
+        return self.fast_min_bytes <= 256 and not self._walks_counted(st)
+
+    def _walks_counted(self, st: tuple[int, ...]) -> bool:
+        """Does :meth:`_walk_stack` carry a count walking stack ``st`` (a bottom frame, or a
+        region's, of an automaton with counters)?"""
+        return self.automaton.counters is not None and not self._plain and self._counted_frame(st)
 
     def _walk_stack(self, st: tuple[int, ...], roots: np.ndarray, words: np.ndarray, trie, **chain):
         """The walk of stack ``st``'s top below ``roots`` into ``words``: its boundary pairs.
@@ -1130,7 +1131,7 @@ class CompiledConstraint:
         :meth:`_continue_chain`)."""
         a = self.automaton
         bnd = self._bnd_bottom if len(st) == 1 else self._bnd_inner
-        if a.counters is not None and not self._plain and self._counted_frame(st):
+        if self._walks_counted(st):
             n = a.n_states  # a bottom frame, or a region's: with its count
             top, count = st[-1] % n, st[-1] // n
             return trie.walk_counted(a.table, a.counters, a.cls, top, count, words, bnd, roots, **chain,
@@ -1145,10 +1146,7 @@ class CompiledConstraint:
         """The closure of ``stack`` (kept: the same boundaries recur in many rows), its reads
         noted in :attr:`_lowest` and :attr:`_highest`."""
         cfg, lowest, highest = self._closure_kept(stack)
-        if lowest < self._lowest:
-            self._lowest = lowest
-        if highest > self._highest:
-            self._highest = highest
+        self._note_reads(lowest, highest)
         return cfg
 
     def _closure_kept(self, stack: tuple[int, ...]):
@@ -1177,42 +1175,32 @@ class CompiledConstraint:
         base = stack[:-1]
         after = tuple(base + (ret, callee) for callee, ret in a.calls[top]) if a._call_flags[top] else ()
         if a._acc_list[top]:
-            after += (base,)  # (the bottom frame's end: the empty stack, no closure)
-        n = len(stack)
-        if n < self._lowest:
-            self._lowest = n
-        if n > self._highest:
-            self._highest = n
+            after += (base,)  # (the bottom frame's end is the empty stack: the grammar's end)
         memo = self._closures
         hit = memo.get(after)
         if hit is None:
-            out: set = set()
-            can_end = False
-            lowest, highest = n, n
+            lowest = highest = len(stack)
+            cfgs = [((), True)] if () in after else []  # (the bottom frame's end: the grammar's)
             for st in after:
-                if not st:
-                    can_end = True
-                    continue
-                cfg, lo, hi = self._closure_kept(st)
-                lowest, highest = min(lowest, lo), max(highest, hi)
-                if cfg is not None:
-                    out.update(cfg[0])
-                    can_end = can_end or cfg[1]
-            if len(out) > pushdown.MAX_STACKS:
-                raise pushdown.ConstraintTooComplex(
-                    f"grammar is too ambiguous: more than {pushdown.MAX_STACKS} parse stacks"
-                )
-            cfg = make_config(out, can_end) if out or can_end else None
-            hit = (cfg, lowest, highest)
+                if st:
+                    cfg, lo, hi = self._closure_kept(st)
+                    lowest, highest = min(lowest, lo), max(highest, hi)
+                    if cfg is not None:
+                        cfgs.append(cfg)
+            hit = (pushdown.union_config(cfgs) if cfgs else None, lowest, highest)
             if len(memo) >= CLOSURE_MEMO_SIZE:
                 memo.clear()
             memo[after] = hit
-        cfg, lowest, highest = hit
+        self._note_reads(hit[1], hit[2])
+        return hit[0]
+
+    def _note_reads(self, lowest: int, highest: int) -> None:
+        """Note that walks read the tops of stacks as short as ``lowest`` and as long as
+        ``highest`` (:attr:`_lowest`, :attr:`_highest`)."""
         if lowest < self._lowest:
             self._lowest = lowest
         if highest > self._highest:
             self._highest = highest
-        return cfg
 
     def _chain(self, stack: tuple[int, ...], cfg, most: int) -> list | None:
         """The stacks a continuation from ``stack`` = ``(..., b_0, r)`` walks when it is a

@@ -23,7 +23,7 @@ import re
 
 import numpy as np
 
-from .automaton.pushdown import Automaton, make_config
+from .automaton.pushdown import Automaton, union_config
 from .automaton.tables import flags
 from .matcher import MAX_FORCED_BYTES, Matcher, encode_forced
 from .native import kernel
@@ -110,7 +110,7 @@ def _walk(tags: Tags, groups, data: bytes, fold) -> list:
                 a2 = acc if k is None else fold(acc, k, j)
                 if a2 is not None:
                     moved.setdefault(a2, []).append(cfg2)
-        cur = [(cfgs[0] if len(cfgs) == 1 else _union(cfgs), a2) for a2, cfgs in moved.items()]
+        cur = [(cfgs[0] if len(cfgs) == 1 else union_config(cfgs), a2) for a2, cfgs in moved.items()]
         if not cur:
             return []
     return cur
@@ -137,14 +137,6 @@ def _moves(tags: Tags, cfg, c: int) -> tuple:
         if cfg2 is not None:
             out.append((k, cfg2))
     return tuple(out)
-
-
-def _union(cfgs: list):
-    """The configuration of every stack of ``cfgs`` (may end where one may)."""
-    stacks = set()
-    for cfg in cfgs:
-        stacks.update(cfg[0])
-    return make_config(stacks, any(cfg[1] for cfg in cfgs))
 
 
 def _walk_ref(tags: Tags, groups, data: bytes, fold) -> list:

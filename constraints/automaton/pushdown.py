@@ -62,6 +62,26 @@ def make_config(stacks, can_end: bool) -> Config:
     return (tuple(sorted(stacks)), can_end)
 
 
+def closed_config(stacks: set, can_end: bool) -> Config:
+    """:func:`make_config` of a closure's ``stacks``, past :data:`MAX_STACKS` of them a
+    ConstraintTooComplex."""
+    if len(stacks) > MAX_STACKS:
+        raise ConstraintTooComplex(f"grammar is too ambiguous: more than {MAX_STACKS} parse stacks")
+    return make_config(stacks, can_end)
+
+
+def union_config(cfgs) -> Config:
+    """The configuration of every stack of the configurations ``cfgs`` (may end where one
+    may). A closure is what its stacks reach, so the closure of several sets of stacks is
+    the union of their closures."""
+    stacks: set = set()
+    can_end = False
+    for cfg in cfgs:
+        stacks.update(cfg[0])
+        can_end = can_end or cfg[1]
+    return closed_config(stacks, can_end)
+
+
 class Automaton:
     """The compiled byte-level automaton of a grammar (immutable, shareable)."""
 
@@ -171,9 +191,7 @@ class Automaton:
                 raise ConstraintTooComplex("grammar is too ambiguous: too many parse stacks")
         if not out and not can_end:
             return None, lowest, highest
-        if len(out) > MAX_STACKS:
-            raise ConstraintTooComplex(f"grammar is too ambiguous: more than {MAX_STACKS} parse stacks")
-        return make_config(out, can_end), lowest, highest
+        return closed_config(out, can_end), lowest, highest
 
     def step_byte(self, config, b: int):
         """Advance a configuration (int state or Config) by one byte; None if dead."""
