@@ -179,7 +179,7 @@ class Compiler:
                 *(n for n in out.notes if not n.startswith("whitespace ")),
             ]
 
-        return self._narrowing(whitespace, compiled, key(whitespace), narrower, note)
+        return self._narrowing(whitespace, compiled, key, narrower, note)
 
     def grammar(self, text: str, *, start: str = "start") -> CompiledConstraint:
         """Outputs in the language of a Lark EBNF grammar."""
@@ -278,7 +278,6 @@ class Compiler:
             "min_segments": min_segments,
             "max_segments": max_segments,
         }
-        key = ("structural_tags", self._spec_key(spec, "#"))
         starts = [
             t
             for t in (triggers or [t.get("begin") for t in tags if isinstance(t, dict)])
@@ -288,10 +287,12 @@ class Compiler:
         def finish(compiled: CompiledConstraint) -> CompiledConstraint:
             return prime_rows(compiled, [t.encode("utf-8", "surrogatepass") for t in starts])
 
+        def key(spec: dict) -> tuple:
+            return ("structural_tags", self._spec_key(spec, "#"))
+
         def compiled(spec: dict) -> CompiledConstraint:
-            key = ("structural_tags", self._spec_key(spec, "#"))
             return self._cached(
-                key, lambda deadline: self.lower(spec, "#", deadline), lambda e: {"path": "#"}, finish
+                key(spec), lambda deadline: self.lower(spec, "#", deadline), lambda e: {"path": "#"}, finish
             )
 
         return self._narrowing_spec(spec, compiled, key)
@@ -341,17 +342,16 @@ class Compiler:
 
             return self._cached(key_of(after), build, lambda e: {"path": "#"}, finish)
 
-        if after is None:
-            return compiled(None)
-        return self._narrowing_spec(after, compiled, key_of(after))
+        return self._narrowing_spec(after, compiled, key_of)
 
-    def _narrowing(self, spec: Any, compiled, key: tuple, narrower, note) -> CompiledConstraint:
+    def _narrowing(self, spec: Any, compiled, key, narrower, note) -> CompiledConstraint:
         """``compiled(spec)``; where its automaton is too large (a bound of
         :data:`SIZE_BOUNDS`), ``compiled(narrower(spec))`` (a narrower whitespace, whose
         language is a subset of the wider one's, so its outputs are this call's outputs too),
         and so on until ``narrower`` gives None. The result gets a note (``note(copy, spec
-        used, first error)``) and is kept under ``key``, so the failed attempts are not
+        used, first error)``) and is kept under ``key(spec)``, so the failed attempts are not
         repeated."""
+        asked = spec
         try:
             return compiled(spec)
         except ConstraintTooComplex as e:
@@ -369,11 +369,11 @@ class Compiler:
                 continue
             out = copy.copy(got)  # the same automaton and rows, a note of its own
             note(out, spec, first)
-            self._keep(key, out)
+            self._keep(key(asked), out)
             return out
         raise last
 
-    def _narrowing_spec(self, spec: dict, compiled, key: tuple) -> CompiledConstraint:
+    def _narrowing_spec(self, spec: dict | None, compiled, key) -> CompiledConstraint:
         """:meth:`_narrowing` of a constraint dict (structural tags, the answer after a
         reasoning block): every JSON schema in it one step narrower at a time."""
 
@@ -727,28 +727,32 @@ def prime_shared_rows(vocab) -> None:
         pass
 
 
+def _with_schemas(spec: Any, f) -> Any:
+    """``spec`` (a constraint dict as :meth:`Compiler.lower` reads it, tags and all) rebuilt
+    with each dict that holds a JSON schema replaced by ``f(dict)``."""
+    if isinstance(spec, list):
+        return [_with_schemas(x, f) for x in spec]
+    if not isinstance(spec, dict):
+        return spec
+    out = {k: x if k == "json_schema" else _with_schemas(x, f) for k, x in spec.items()}
+    return f(out) if spec.get("json_schema") is not None else out
+
+
 def _narrower_whitespace(spec: Any) -> Any:
-    """``spec`` (a constraint dict as :meth:`Compiler.lower` reads it, tags and all) with the
-    whitespace of each JSON schema in it one step narrower (``"flexible"`` to ``"natural"``
-    to ``"compact"``: each language a subset of the wider one's); None where none is
-    narrower than compact."""
+    """``spec`` with the whitespace of each JSON schema in it one step narrower
+    (``"flexible"`` to ``"natural"`` to ``"compact"``: each language a subset of the wider
+    one's); None where none is narrower than compact."""
     changed = False
 
-    def walk(v: Any) -> Any:
+    def narrow(d: dict) -> dict:
         nonlocal changed
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        if not isinstance(v, dict):
-            return v
-        out = {k: x if k == "json_schema" else walk(x) for k, x in v.items()}
-        if v.get("json_schema") is not None:
-            ws = v.get("whitespace", DEFAULT_WHITESPACE)
-            if ws in WHITESPACE[1:]:
-                out["whitespace"] = WHITESPACE[WHITESPACE.index(ws) - 1]
-                changed = True
-        return out
+        ws = d.get("whitespace", DEFAULT_WHITESPACE)
+        if ws not in WHITESPACE[1:]:
+            return d
+        changed = True
+        return {**d, "whitespace": WHITESPACE[WHITESPACE.index(ws) - 1]}
 
-    out = walk(spec)
+    out = _with_schemas(spec, narrow)
     return out if changed else None
 
 
@@ -756,18 +760,11 @@ def _whitespaces(spec: Any) -> str:
     """The whitespaces the JSON schemas of ``spec`` ask for, as a phrase ("'natural'")."""
     found: list[str] = []
 
-    def walk(v: Any) -> None:
-        if isinstance(v, list):
-            for x in v:
-                walk(x)
-        elif isinstance(v, dict):
-            if v.get("json_schema") is not None:
-                ws = v.get("whitespace", DEFAULT_WHITESPACE)
-                if ws not in found:
-                    found.append(ws)
-            for k, x in v.items():
-                if k != "json_schema":
-                    walk(x)
+    def note(d: dict) -> dict:
+        ws = d.get("whitespace", DEFAULT_WHITESPACE)
+        if ws not in found:
+            found.append(ws)
+        return d
 
-    walk(spec)
+    _with_schemas(spec, note)
     return " and ".join(repr(w) for w in found)
