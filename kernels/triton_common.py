@@ -304,20 +304,24 @@ class RowArgs(NamedTuple):
     flags: dict
 
 
+def row_map(B: int, bitmask: torch.Tensor | None, indices: torch.Tensor | None, dev) -> torch.Tensor | None:
+    """1 for each of ``B`` rows that ``indices`` names as masked, else 0 (int32 on ``dev``);
+    None without a bitmask or indices (then every row of the bitmask is a row's own)."""
+    if bitmask is None or indices is None:
+        return None
+    out = torch.zeros(B, dtype=torch.int32, device=dev)
+    # (not out[i] = 1: on CUDA that copies the 1 from the host and waits for the device)
+    return out.index_fill_(0, indices.to(device=dev, dtype=torch.int64), 1)
+
+
 def row_args(logits: torch.Tensor, bitmask: torch.Tensor | None, indices: torch.Tensor | None,
              placeholder: torch.Tensor) -> RowArgs:  # fmt: skip
     """:class:`RowArgs` of a [B, V] call (the row map only when ``indices`` names the masked rows;
     ``placeholder`` stands for what is absent, never read)."""
-    B = logits.shape[0]
-    dev = logits.device
-    row_map = None
-    if bitmask is not None and indices is not None:
-        row_map = torch.zeros(B, dtype=torch.int32, device=dev)
-        # (not row_map[i] = 1: on CUDA that copies the 1 from the host and waits for the device)
-        row_map.index_fill_(0, indices.to(device=dev, dtype=torch.int64), 1)
+    rows = row_map(logits.shape[0], bitmask, indices, logits.device)
     mask = (
         bitmask if bitmask is not None else placeholder, bitmask.stride(0) if bitmask is not None else 0,
-        row_map if row_map is not None else placeholder,
+        rows if rows is not None else placeholder,
     )  # fmt: skip
-    flags = dict(HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None)
+    flags = dict(HAS_MASK=bitmask is not None, HAS_ROW_MAP=rows is not None)
     return RowArgs((logits, logits.stride(0), logits.stride(1)), mask, flags)

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .sample_reference import chunk_size
 from .sample_rows import sample_row
-from .triton_common import block_size, helper, launch_opts, load_scores, row_chunks, row_keys
+from .triton_common import block_size, helper, launch_opts, load_scores, row_chunks, row_keys, row_map
 from .tuning import DEFAULT_TUNING, SampleTuning
 
 
@@ -178,11 +178,7 @@ def verify(
     accepted = num_drafts.to(torch.int32).clone()
     if B == 0:
         return accepted.to(torch.int64), tokens[:, 0], tokens
-    row_map = None
-    if bitmask is not None and indices is not None:
-        row_map = torch.zeros(B, dtype=torch.int32, device=dev)
-        # (not row_map[i] = 1: on CUDA that copies the 1 from the host and waits for the device)
-        row_map.index_fill_(0, indices.to(device=dev, dtype=torch.int64), 1)
+    rows = row_map(B, bitmask, indices, dev)
     d = drafts if drafts.shape[1] else tokens  # K = 0: never read
     chunk = chunk_size(V, tuning.chunk_max)
     _verify_kernel[(B, T)](
@@ -191,13 +187,13 @@ def verify(
         num_drafts,
         bitmask if bitmask is not None else tokens,
         bitmask.stride(0) if bitmask is not None else 0, bitmask.stride(1) if bitmask is not None else 0,
-        row_map if row_map is not None else tokens,
+        rows if rows is not None else tokens,
         temperature, top_k, top_p, min_p,
         seed, step,
         tokens, tokens.stride(0),
         accepted,
         V,
-        HAS_MASK=bitmask is not None, HAS_ROW_MAP=row_map is not None, BLOCK=block_size(V, tuning.block_max),
+        HAS_MASK=bitmask is not None, HAS_ROW_MAP=rows is not None, BLOCK=block_size(V, tuning.block_max),
         CHUNK=chunk, SP=triton.next_power_of_2(triton.cdiv(V, chunk)),
         **launch_opts(tuning.num_warps),
     )  # fmt: skip
