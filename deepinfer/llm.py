@@ -35,7 +35,7 @@ from .prompts import Rendered, prompt_ids, render_chat
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .step_ahead import DeviceBound, StepAhead, TokenRead, may_step_ahead, samples_ahead
+from .step_ahead import StepAhead, TokenRead, may_step_ahead, samples_ahead
 from .structured import MaskFiller, Structured, judge, split_reasoning
 from .tokenizer import Message, Tokenizer
 
@@ -282,9 +282,9 @@ class LLM:
         self._ahead: StepAhead | None = None  # the next decode step, launched ahead
         self._ahead_counts = [0, 0]  # steps launched ahead, of them taken
         self._read = TokenRead()  # a step's tokens read back behind the step launched ahead
-        # do steps with constrained or logprob rows launch ahead (only where the device bounds them)
-        self.device_bound = DeviceBound()
-        self._waited: float | None = None  # when the last step's tokens reached the host
+        # do steps with constrained or logprob rows launch ahead too (their draw then waits for
+        # the next step, once the host has filled the masks)
+        self.host_rows_ahead = True
         pools = [BlockPool(n, block_size, caching=prefix_caching) for n in counts]
         align = DETERMINISTIC_CHUNK if self.runner.tile else None
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, pools, chunk_align=align,
@@ -390,8 +390,6 @@ class LLM:
         for s, why in out.refused:
             s.fail(why, self.tokenizer)
         ahead, self._ahead = self._ahead, None  # a decode step launched ahead: this one, or dropped
-        last, self._waited = self._waited, None  # when the last step (if it sampled) had its tokens
-        host_rows = False
         if out.rows:
             if self._step_threads is not None:  # every core, unless masks or a neighbour need one
                 host = drafting or any(s.constraint is not None for s in out.batch)
@@ -426,21 +424,14 @@ class LLM:
                         and len(out.batch) == len(out.rows)  # (a decode step, or prompts that end here)
                         and may_step_ahead(out.rows, len(sch.running), len(sch.waiting), self._may_draft)
                     )
-                    host_rows = go and not samples_ahead(out.rows)  # a draw that needs the host
-                    if host_rows:
-                        go = self.device_bound.ahead
-                    t1 = time.perf_counter()
+                    if go and not self.host_rows_ahead:
+                        go = samples_ahead(out.rows)  # no row's draw needs the host
                     if go:
                         self._read.start(sampled)  # (the copy is queued before the next step)
                         self._ahead = self._step_ahead(out.rows, sampled)
-                        t1 = time.perf_counter()
                         tokens = self._read.wait()
                     else:
                         tokens = sampled.tolist()
-                    waited = time.perf_counter()
-                    if host_rows:  # the host's wait for the device, and its work since the last
-                        self.device_bound.note(go, waited - t1, t1 - (t0 if last is None else last))
-                    self._waited = waited
                     self._accept(out.batch, tokens, lps)
             sch.commit(out.rows, ahead=self._ahead is not None)
             kind = self._steps["verify" if out.verify is not None else "decode" if out.decode else "prefill"]
@@ -462,8 +453,8 @@ class LLM:
         drafts), and ``decode_step_seconds`` etc.; async scheduling: decode steps launched
         ahead (``decode_steps_ahead``) and of those the ones the next step took
         (``decode_steps_ahead_taken``; the others were dropped), and whether steps with
-        constrained or logprob rows launch ahead now (``host_rows_ahead``: where the device bounds
-        them, step_ahead.DeviceBound)."""
+        constrained or logprob rows launch ahead (``host_rows_ahead``: async scheduling on and
+        ``LLM.host_rows_ahead``)."""
         sch = self.scheduler
         pool = sch.pool
         return {
@@ -490,7 +481,7 @@ class LLM:
             **{f"{k}_step_seconds": t for k, (_, t) in self._steps.items()},
             "decode_steps_ahead": self._ahead_counts[0],
             "decode_steps_ahead_taken": self._ahead_counts[1],
-            "host_rows_ahead": self.device_bound.ahead,
+            "host_rows_ahead": self.async_scheduling and self.host_rows_ahead,
         }
 
     def abort_request(self, request_id: Any) -> None:

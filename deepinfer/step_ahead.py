@@ -29,11 +29,10 @@ every running row is in the step, and not every row is at its last token.
 A row with a constraint (its mask needs this step's token) or asking for logprobs (read on the
 host) cannot be sampled on the device at once: the forward of the step launched ahead runs, and
 the next engine step samples its logits once the host has read this step's tokens, advanced the
-matchers and filled the masks. That puts the mask fill on the host's path between two
-launches, where without the step ahead it runs beside the step's own forward. It pays where
-the device bounds the step (a large model: the fill and the host's turn-around hide behind a
-long forward) and costs where the host does (a small one). :class:`DeviceBound` decides from
-the time the host waits for the device in such steps.
+matchers and filled the masks. The host's turn-around and the fill then run while that forward
+does, so a step takes the longer of the two (forward and draw, or turn-around and fill) where
+without the step ahead it takes the forward (the fill beside it) plus the turn-around. Such
+steps launch ahead unless ``LLM.host_rows_ahead`` is off.
 """
 
 from __future__ import annotations
@@ -94,61 +93,6 @@ def samples_ahead(rows: list[Sequence]) -> bool:
     """Are the tokens of a step launched ahead over ``rows`` sampled at once? Not where a row's
     mask (its constraint) or its logprobs need the host first."""
     return all(s.constraint is None and s.params.logprobs is None for s in rows)
-
-
-class DeviceBound:
-    """Do steps whose rows need the host before their draw (:func:`samples_ahead` false) launch
-    ahead? Only where the device bounds them, judged by the time the host waits for the device
-    in each such step (``wait``: reading its tokens back) against the time it worked since the
-    last step's tokens came back (``busy``: its turn-around, in ``step()`` and out of it), as
-    running averages over the steps of the current choice:
-
-    - not launched ahead, the host waits about the forward less the mask fill beside it; going
-      ahead takes the host's turn-around (reading, accepting, committing, scheduling) off the
-      device's path and puts the fill on it, so it pays where the wait outlasts the host's own
-      time: launch ahead once ``wait >= ON * busy``;
-    - launched ahead, the host waits what the forward has left once it has filled the masks;
-      a wait near nothing means the host bounds the steps: stop once ``wait < OFF * busy``.
-
-    Each choice is kept for :data:`SETTLE` steps before its averages are read (the first steps
-    after a switch still hold the other choice's step). Measured on the H100 with both choices
-    fixed (benchmarks/RESULTS.md): at Llama-3-8B's shape, whose forward is most of a 6-7 ms
-    step, constrained steps launched ahead ran as fast as free rows; at SmolLM2-135M's, whose
-    forward is shorter than the host's turn-around, 6-13% slower than not. ``always``: launch
-    ahead whatever the times (tests)."""
-
-    ON = 1.5
-    OFF = 0.1
-    SETTLE = 4
-    WEIGHT = 0.25  # of the newest step in the averages
-
-    def __init__(self, always: bool = False) -> None:
-        self.always = always
-        self.ahead = always
-        self._wait = self._busy = 0.0
-        self._steps = 0  # steps of the current choice seen
-
-    def note(self, ahead: bool, wait: float, busy: float) -> None:
-        """One step with such rows: launched ahead or not, the seconds the host waited for the
-        device and those it worked."""
-        if self.always or ahead != self.ahead:
-            return
-        self._steps += 1
-        if self._steps <= self.SETTLE // 2:  # (a step that still holds the other choice's)
-            self._wait, self._busy = wait, busy
-            return
-        w = self.WEIGHT
-        self._wait += w * (wait - self._wait)
-        self._busy += w * (busy - self._busy)
-        if self._steps < self.SETTLE:
-            return
-        if self.ahead:
-            switch = self._wait < self.OFF * self._busy  # the host bounds the steps
-        else:
-            switch = self._wait >= self.ON * self._busy  # the device does
-        if switch:
-            self.ahead = not self.ahead
-            self._steps = 0
 
 
 class TokenRead:

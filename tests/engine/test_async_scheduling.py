@@ -11,7 +11,7 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.dspark import DSpark
 from deepinfer.sampling_params import SamplingParams as SP
 from deepinfer.sequence import Sequence
-from deepinfer.step_ahead import DeviceBound, StepAhead, may_step_ahead, samples_ahead
+from deepinfer.step_ahead import StepAhead, may_step_ahead, samples_ahead
 from deepinfer.structured import MaskFiller
 
 WORDS = "[a-z]{3,9}( [a-z]{2,6}){0,3}"
@@ -106,22 +106,22 @@ def test_preemption_in_a_small_pool(tiny_folder, monkeypatch_session):
     assert on.metrics()["kv_blocks_used"] == 0  # every block given back
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["host-bound", "device-bound"])
+@pytest.mark.parametrize("ahead", [True, False], ids=["ahead", "not-ahead"])
 @pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline-masks"])
 def test_constrained_and_logprob_rows(pair, inline, ahead):
     """Steps with a constrained row or one asking for logprobs give the outputs and logprobs
     of the engine with async scheduling off (inline: masks as on CUDA, each token's matcher
-    work deferred behind the next forward). Where the host does not wait for the device (on
-    the CPU it never does: DeviceBound stays off) they launch nothing ahead, the masks filled
-    behind each step's own forward; once only free rows are left, the steps run ahead again.
-    Where they go ahead (``ahead``: DeviceBound always on, as where the device bounds the
-    steps) their forward runs ahead and their tokens are sampled by the step that takes it,
-    once the masks are filled."""
+    work deferred behind the next forward). By default (``ahead``) their forward runs ahead
+    and their tokens are sampled by the step that takes it, once the masks are filled. With
+    ``host_rows_ahead`` off they launch nothing ahead, the masks filled behind each step's own
+    forward; once only free rows are left, the steps run ahead again."""
     on, off = pair
     for llm in pair:
         llm.dspark = DSpark(False)
         llm.masks = MaskFiller(llm.config.vocab_size, pin=False, inline=inline)
-    on.device_bound = DeviceBound(always=ahead)
+    assert on.host_rows_ahead and on.metrics()["host_rows_ahead"]  # (the default)
+    assert not off.metrics()["host_rows_ahead"]  # (async scheduling off)
+    on.host_rows_ahead = ahead
     prompts = [[1, 5, 9], [1, 6], [1, 7, 8]]
     sp = [SamplingParams(temperature=0.9, seed=4, max_tokens=12, regex=WORDS),
           SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2),
@@ -135,43 +135,16 @@ def test_constrained_and_logprob_rows(pair, inline, ahead):
         if ahead:
             assert _ahead(on)[1] - before[1] > 5
             return
-        assert _ahead(on) == before and not on.device_bound.ahead
+        assert _ahead(on) == before and not on.metrics()["host_rows_ahead"]
         free = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         got, want = (llm.generate(prompts, sp[:2] + [free], use_tqdm=False) for llm in pair)
         assert [_key(o) for o in got] == [_key(o) for o in want]
         assert _ahead(on)[1] - before[1] >= 3  # (the free row alone after the 12th token)
     finally:
-        on.device_bound = DeviceBound()
+        on.host_rows_ahead = True
         for llm in pair:
             llm.dspark = DSpark(True)
             llm.masks = MaskFiller(llm.config.vocab_size, pin=False)
-
-
-def test_device_bound_follows_the_wait_for_the_device():
-    """Steps not launched ahead whose host waits for the device longer than it works switch
-    them ahead; steps ahead whose host hardly waits switch them back. A step of the other
-    choice (the first after a switch) does not count."""
-    g = DeviceBound()
-    ms = 1e-3
-    for _ in range(DeviceBound.SETTLE - 1):
-        g.note(False, 5 * ms, 1 * ms)  # Llama-3-8B-like: the forward outlasts the host's work
-    assert not g.ahead
-    g.note(False, 5 * ms, 1 * ms)
-    assert g.ahead
-    g.note(False, 0.0, 1 * ms)  # (a step of the old choice: ignored)
-    for _ in range(DeviceBound.SETTLE):
-        g.note(True, 3 * ms, 1.5 * ms)  # ahead, still waiting for the device: stays
-    assert g.ahead
-    for _ in range(16):  # (the averages forget the device-bound steps in about 14)
-        g.note(True, 0.01 * ms, 0.9 * ms)  # SmolLM2-like: the host bounds the steps
-    assert not g.ahead
-    for _ in range(20):
-        g.note(False, 0.3 * ms, 0.6 * ms)  # waits less than 1.5x its work: stays off
-    assert not g.ahead
-    forced = DeviceBound(always=True)
-    for _ in range(10):
-        forced.note(True, 0.0, 1 * ms)
-    assert forced.ahead
 
 
 def test_no_step_ahead_while_dspark_may_draft(pair):
@@ -254,18 +227,18 @@ def test_may_step_ahead_and_sample_ahead():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("host_rows", [False, True], ids=["measured", "host-rows-ahead"])
+@pytest.mark.parametrize("host_rows", [True, False], ids=["host-rows-ahead", "host-rows-not-ahead"])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "default"])
 def test_on_cuda_equals_the_engine_without_it(tiny_folder, monkeypatch_session, deterministic, host_rows):
     """On CUDA (on by default there; masks filled inline, each constrained token's matcher work
     deferred): deterministic mode, a batch whose rows finish at different steps; the default
     mode, whose bits may depend on the batch, one request at a time. ``host_rows``: steps with
-    the constrained and logprob rows launched ahead whatever DeviceBound measures."""
+    the constrained and logprob rows launched ahead (the default) or not."""
     kw = dict(dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512, dspark=False)
     kw["deterministic"] = deterministic
     on, off = LLM(tiny_folder[0], **kw), LLM(tiny_folder[0], async_scheduling=False, **kw)
     assert on.async_scheduling and not off.async_scheduling and on.masks.inline
-    on.device_bound = DeviceBound(always=host_rows)
+    on.host_rows_ahead = host_rows
     prompts, params = _requests()
     prompts += [[1, 6, 7], [1, 8]]
     params.append(SamplingParams(temperature=0.9, seed=4, max_tokens=12, regex=WORDS))
@@ -297,7 +270,7 @@ def test_embedded_model_chat_and_extraction(monkeypatch_session):
         llm = LLM(None, device="cpu", seed=0, deterministic=True, dspark=False, async_scheduling=on)
         got[on] = [_key(o) for o in llm.chat(msgs, params, use_tqdm=False)]
         if on:
-            assert _ahead(llm)[1] > 5  # (the free rows' steps once the JSON answer ended)
+            assert _ahead(llm)[1] > 5  # (the JSON answer's steps too)
     assert got[True] == got[False]
     assert got[True][1][1] == "stop" and got[True][1][4] is None  # the JSON answer is complete
 
