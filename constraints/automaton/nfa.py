@@ -398,6 +398,38 @@ class FragmentBuilder:
         return end
 
     def _repeat(self, e: Repeat, start: int) -> int:
+        if type(e.item) is ByteSet and e.max is not None:
+            return self._byte_chain(e.item.mask, e.min, e.max, start)
+        return self._repeat_built(e, start)
+
+    def _byte_chain(self, mask: int, lo: int, hi: int, start: int) -> int:
+        """``[mask]{lo,hi}`` as :meth:`_repeat_built` builds it (the same states, numbered
+        alike, and the same edges in the same order), without building each copy through
+        :meth:`build`: the bounded runs of whitespace around every JSON token are such
+        repeats, twenty copies each."""
+        nfa = self.nfa
+        sym = self._sym(mask) if mask else None
+        byt, eps = nfa.byt, nfa.eps
+        cur = start
+        if lo:
+            first = nfa.new(lo)
+            for nxt in range(first, first + lo):
+                if sym is not None:
+                    byt += (cur, sym, nxt)
+                cur = nxt
+        end = nfa.new()
+        if hi > lo:
+            first = nfa.new(hi - lo)
+            for nxt in range(first, first + hi - lo):
+                eps += (cur, end)
+                if sym is not None:
+                    byt += (cur, sym, nxt)
+                cur = nxt
+        eps += (cur, end)
+        return end
+
+    def _repeat_built(self, e: Repeat, start: int) -> int:
+        """A repeat, each copy built (the reference of :meth:`_byte_chain`)."""
         nfa = self.nfa
         cur = start
         copies = max(e.min, e.max or 0)

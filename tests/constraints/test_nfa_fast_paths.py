@@ -471,3 +471,28 @@ def test_cells_and_class_edges_equal_numpy_nonzero():
     at, rows, cols = cells(t >= 0)
     assert all(np.array_equal(a, b) for a, b in zip((rows, cols), np.nonzero(t >= 0), strict=True))
     assert np.array_equal(t.ravel()[at], t[rows, cols])  # (flat indices of the C-ordered ravel)
+
+
+@pytest.mark.parametrize("alphabet", [False, True], ids=["masks", "classes"])
+@pytest.mark.parametrize("seed", range(20))
+def test_byte_chains_equal_repeats_built_copy_by_copy(seed, alphabet):
+    """``[set]{lo,hi}`` (the bounded whitespace around every JSON token) built as one chain
+    gives the NFA that building each copy gives: the same states, numbered alike, and the
+    same edges in the same order, inside a sequence and after other states."""
+    rng = random.Random(seed)
+    masks = _random_masks(rng) + [0, 1 << 32 | 1 << 9]  # (an empty set too; space and tab)
+    for _ in range(10):
+        lo = rng.randint(0, 3)
+        hi = lo + rng.choice([0, 1, rng.randint(2, 21)])
+        e = ir.seq(ir.ByteSet(rng.choice(masks)), ir.rep(ir.ByteSet(rng.choice(masks)), lo, hi))
+        before = rng.randint(1, 5)
+        nfas = []
+        for fast in (True, False):
+            nfa = NFA(Limits(), INF, Alphabet(masks) if alphabet else None)
+            fb = FragmentBuilder(nfa, {}, {}, {}, None)
+            if not fast:
+                fb._byte_chain = lambda mask, lo, hi, start, fb=fb, e=e: fb._repeat_built(e.items[1], start)
+            s0 = nfa.new(before)
+            end = fb.build(e, s0, splice=False)
+            nfas.append((end, nfa.n, nfa.eps, nfa.byt, nfa.call))
+        assert nfas[0] == nfas[1], (lo, hi)
