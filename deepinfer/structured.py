@@ -338,20 +338,30 @@ class MaskFiller:
         # thread hand-off); otherwise a worker thread fills from start() on (CPU forward)
         self.inline = inline
         self._buf = None
+        self._views: dict[int, tuple] = {}  # B -> (torch view, numpy view) of the buffer's first B rows
         self._pool: ThreadPoolExecutor | None = None
         self._future: Future | None = None
         self._pending: tuple | None = None
-        self._launched = None  # CUDA event recorded after the forward's launch (inline)
+        self._launched = None  # CUDA event recorded after the forward's launch (inline), or None
+        self._event = None  # that event (one, recorded again each step); False without CUDA
         self.mask_seconds = 0.0
         self.wait_seconds = 0.0
         self.steps = 0
 
     def _host(self, B: int):
-        import torch
+        """The first ``B`` rows of the host buffer: (torch view, numpy view), made once per ``B``
+        (a step's slicing and numpy conversion of a tensor cost the host more than the fill of
+        a warm row)."""
+        views = self._views.get(B)
+        if views is None:
+            import torch
 
-        if self._buf is None or self._buf.shape[0] < B:
-            self._buf = torch.empty((max(B, 64), self.width), dtype=torch.int32, pin_memory=self.pin)
-        return self._buf[:B]
+            if self._buf is None or self._buf.shape[0] < B:
+                self._buf = torch.empty((max(B, 64), self.width), dtype=torch.int32, pin_memory=self.pin)
+                self._views.clear()
+            rows = self._buf[:B]
+            views = self._views[B] = (rows, rows.numpy())
+        return views
 
     def start(self, seqs: list) -> MaskFiller:
         self._future = None
@@ -367,9 +377,9 @@ class MaskFiller:
             self._future = self._pool.submit(self._fill, seqs, host)
         return self
 
-    def _fill(self, seqs: list, host) -> tuple[Any, list[int]]:
+    def _fill(self, seqs: list, views: tuple) -> tuple[Any, list[int]]:
         t0 = time.perf_counter()
-        rows = host.numpy()
+        host, rows = views
         constrained = [i for i, s in enumerate(seqs) if s.fill_bitmask(rows[i])]
         self.mask_seconds += time.perf_counter() - t0
         return host, constrained
@@ -377,12 +387,13 @@ class MaskFiller:
     def launched(self) -> None:
         """Note that the device forward was just launched (inline mode measures overlap)."""
         if self.inline and self._pending is not None:
-            import torch
+            if self._event is None:
+                import torch
 
-            if not torch.cuda.is_available():
-                return
-            self._launched = torch.cuda.Event()
-            self._launched.record()
+                self._event = torch.cuda.Event() if torch.cuda.is_available() else False
+            if self._event is not False:
+                self._event.record()
+                self._launched = self._event
 
     def wait(self) -> tuple[Any, list[int]]:
         if self._pending is not None:
