@@ -484,10 +484,11 @@ class Replay:
         dspark_module.time = types.SimpleNamespace(perf_counter=self.clock)
         sample = llm.__class__._sample.__get__(llm)
 
-        def scripted_sample(seqs, logits, host, constrained):
-            tokens, lps = sample(seqs, logits, host, constrained)
+        def scripted_sample(seqs, logits, constrained, ahead=0):
+            tokens, lps = sample(seqs, logits, constrained, ahead)
             t0 = time.perf_counter()
             rows = set(constrained)
+            host = llm.masks.args(len(seqs)).rows_np if constrained else None  # the step's bitmask
             at, script = [], []  # rows whose token the script gives, and those tokens
             for i, s in enumerate(seqs):
                 sc = self.scripts.get(s.seed)
@@ -496,7 +497,7 @@ class Replay:
                 pos = sc.sync(s.request_id, s.output_token_ids)
                 t = sc.next_token(pos)
                 if i in rows:
-                    row = host[i].numpy()
+                    row = host[i]
                     if not _allowed(row, t):
                         t = sc.resync(
                             pos,

@@ -32,6 +32,7 @@ from .models.kv_cache import DEFAULT_BLOCK_SIZE, group_blocks, kv_blocks
 from .models.llama import LlamaModel
 from .outputs import RequestOutput, TokenLogprob
 from .prompts import Rendered, prompt_ids, render_chat
+from .sample_args import SampleArgs
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -414,7 +415,7 @@ class LLM:
                 self.masks.launched()
                 self._settle()  # the previous step's deferred matcher work, behind this forward
                 if sampled is None and out.batch:
-                    sampled, lps = self._sample(out.batch, logits, *masks.wait())  # masks applied + sampled
+                    sampled, lps = self._sample(out.batch, logits, masks.wait()[1])  # masks applied + sampled
                 else:
                     masks.wait()
                     lps = None
@@ -681,7 +682,7 @@ class LLM:
         if not self.scheduler.reserve(rows, 2):
             return None
         logits = self.runner.step_ahead(rows, sampled)
-        tokens = self._sample(rows, logits, None, [], ahead=1)[0] if samples_ahead(rows) else None
+        tokens = self._sample(rows, logits, [], ahead=1)[0] if samples_ahead(rows) else None
         self._ahead_counts[0] += 1
         return StepAhead(rows, [s.num_cached for s in rows], logits, tokens)
 
@@ -744,26 +745,22 @@ class LLM:
         )
 
     def _sample(
-        self, seqs: list[Sequence], logits: torch.Tensor, host: torch.Tensor | None, constrained: list[int],
-        ahead: int = 0,
-    ) -> tuple[torch.Tensor, dict | None]:  # fmt: skip
-        """One fused sampler call: the constrained rows' bitmask (filled on the host while
-        the forward ran) goes to the device in one copy; the kernel masks and samples. Returns
+        self, seqs: list[Sequence], logits: torch.Tensor, constrained: list[int], ahead: int = 0
+    ) -> tuple[torch.Tensor, dict | None]:
+        """One fused sampler call: the ``constrained`` rows' bitmask (filled on the host while
+        the forward ran, in ``self.masks``) and every row's sampling values go to the device in
+        one copy; the kernel masks and samples. Returns
         the tokens on the device (not synced) and the logprobs asked for. ``ahead``: tokens each
         row samples before these (a step launched ahead: its draws are those of that step)."""
         dev = logits.device
-        bitmask = indices = None
-        if constrained:
-            bitmask = host.to(dev, non_blocking=True)
-            if len(constrained) < len(seqs):  # every row constrained: no index list to copy
-                indices = torch.tensor(constrained, dtype=torch.int64).to(dev, non_blocking=True)
-        p = [s.params for s in seqs]
-        temperature, top_k, top_p = [x.temperature for x in p], [x.top_k for x in p], [x.top_p for x in p]
-        min_p = [x.min_p for x in p]
-        # the per-row values in two host tensors and two copies (not six)
-        f = torch.tensor([temperature, top_p, min_p], dtype=torch.float32).to(dev, non_blocking=True)
-        steps = [len(s.output_token_ids) + ahead for s in seqs]
-        i = torch.tensor([top_k, [s.seed for s in seqs], steps], dtype=torch.int64).to(dev, non_blocking=True)
+        # the per-row values (and the constrained rows' bitmask and indices) in one host buffer,
+        # one copy to the device (sample_args.py)
+        B = len(seqs)
+        args = self.masks.args(B) if constrained else SampleArgs.new(B)
+        temperature, top_k, top_p, min_p = args.write(seqs, ahead, constrained)
+        i, f, bitmask = args.to(dev, bool(constrained))
+        # every row constrained: no index list
+        indices = i[3, : len(constrained)] if 0 < len(constrained) < B else None
         out = self.sample_fn(
             logits,
             bitmask=bitmask,

@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
+from .sample_args import SampleArgs, buffer_words
 from .sampling_params import SamplingParams
 
 
@@ -338,7 +339,7 @@ class MaskFiller:
         # thread hand-off); otherwise a worker thread fills from start() on (CPU forward)
         self.inline = inline
         self._buf = None
-        self._views: dict[int, tuple] = {}  # B -> (torch view, numpy view) of the buffer's first B rows
+        self._views: dict[int, SampleArgs] = {}  # B -> the buffer's views for B rows
         self._pool: ThreadPoolExecutor | None = None
         self._future: Future | None = None
         self._pending: tuple | None = None
@@ -348,20 +349,25 @@ class MaskFiller:
         self.wait_seconds = 0.0
         self.steps = 0
 
-    def _host(self, B: int):
-        """The first ``B`` rows of the host buffer: (torch view, numpy view), made once per ``B``
-        (a step's slicing and numpy conversion of a tensor cost the host more than the fill of
-        a warm row)."""
+    def _host(self, B: int) -> SampleArgs:
+        """The buffer's views for ``B`` rows (the bitmask's rows after the sampler's per-row
+        arguments: ``sample_args.py``), made once per ``B`` (a step's slicing and numpy
+        conversion of a tensor cost the host more than the fill of a warm row)."""
         views = self._views.get(B)
         if views is None:
             import torch
 
-            if self._buf is None or self._buf.shape[0] < B:
-                self._buf = torch.empty((max(B, 64), self.width), dtype=torch.int32, pin_memory=self.pin)
+            if self._buf is None or self._buf.numel() < buffer_words(B, self.width):
+                n = buffer_words(max(B, 64), self.width)
+                self._buf = torch.empty(n, dtype=torch.int32, pin_memory=self.pin)
                 self._views.clear()
-            rows = self._buf[:B]
-            views = self._views[B] = (rows, rows.numpy())
+            views = self._views[B] = SampleArgs(self._buf, B, self.width)
         return views
+
+    def args(self, B: int) -> SampleArgs:
+        """This step's buffer for ``B`` rows: its bitmask's rows are the ones ``wait`` returns;
+        the sampler's per-row arguments go in beside them (one copy to the device)."""
+        return self._host(B)
 
     def start(self, seqs: list) -> MaskFiller:
         self._future = None
@@ -377,12 +383,12 @@ class MaskFiller:
             self._future = self._pool.submit(self._fill, seqs, host)
         return self
 
-    def _fill(self, seqs: list, views: tuple) -> tuple[Any, list[int]]:
+    def _fill(self, seqs: list, args: SampleArgs) -> tuple[Any, list[int]]:
         t0 = time.perf_counter()
-        host, rows = views
+        rows = args.rows_np
         constrained = [i for i, s in enumerate(seqs) if s.fill_bitmask(rows[i])]
         self.mask_seconds += time.perf_counter() - t0
-        return host, constrained
+        return args.rows, constrained
 
     def launched(self) -> None:
         """Note that the device forward was just launched (inline mode measures overlap)."""
