@@ -749,9 +749,9 @@ class LLM:
     ) -> tuple[torch.Tensor, dict | None]:
         """One fused sampler call: the ``constrained`` rows' bitmask (filled on the host while
         the forward ran, in ``self.masks``) and every row's sampling values go to the device in
-        one copy; the kernel masks and samples. Returns
-        the tokens on the device (not synced) and the logprobs asked for. ``ahead``: tokens each
-        row samples before these (a step launched ahead: its draws are those of that step)."""
+        one copy; the kernel masks and samples. Returns the tokens on the device (not synced)
+        and the logprobs asked for. ``ahead``: tokens each row samples before these (a step
+        launched ahead: its draws are those of that step)."""
         dev = logits.device
         # the per-row values (and the constrained rows' bitmask and indices) in one host buffer,
         # one copy to the device (sample_args.py)

@@ -38,7 +38,7 @@ class SampleArgs:
 
     def __init__(self, buf: torch.Tensor, B: int, width: int) -> None:
         self.B, self.width = B, width
-        h = header_words(B)
+        h = self.header = header_words(B)
         self.packed = buf[: h + B * width]
         words = self.packed.numpy()
         self.ints = words[: 2 * INTS * B].view(np.int64).reshape(INTS, B)
@@ -74,7 +74,7 @@ class SampleArgs:
         """One copy of the packed words to ``device`` (not synced). Returns the device's
         ``ints`` [INTS, B], ``floats`` [FLOATS, B] and bitmask [B, width] (None where no row is
         ``constrained``)."""
-        B, h = self.B, header_words(self.B)
+        B, h = self.B, self.header
         dev = self.packed.to(device, non_blocking=True)
         ints = dev[: 2 * INTS * B].view(torch.int64).view(INTS, B)
         floats = dev[2 * INTS * B : (2 * INTS + FLOATS) * B].view(torch.float32).view(FLOATS, B)

@@ -14,6 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
+import torch
+
 from .sample_args import SampleArgs, buffer_words
 from .sampling_params import SamplingParams
 
@@ -349,14 +351,13 @@ class MaskFiller:
         self.wait_seconds = 0.0
         self.steps = 0
 
-    def _host(self, B: int) -> SampleArgs:
-        """The buffer's views for ``B`` rows (the bitmask's rows after the sampler's per-row
-        arguments: ``sample_args.py``), made once per ``B`` (a step's slicing and numpy
-        conversion of a tensor cost the host more than the fill of a warm row)."""
+    def args(self, B: int) -> SampleArgs:
+        """The buffer's views for ``B`` rows: the bitmask's rows (the ones ``wait`` returns)
+        after the sampler's per-row arguments, which go in beside them (one copy to the device:
+        ``sample_args.py``). Made once per ``B`` (a step's slicing and numpy conversion of a
+        tensor cost the host more than the fill of a warm row)."""
         views = self._views.get(B)
         if views is None:
-            import torch
-
             if self._buf is None or self._buf.numel() < buffer_words(B, self.width):
                 n = buffer_words(max(B, 64), self.width)
                 self._buf = torch.empty(n, dtype=torch.int32, pin_memory=self.pin)
@@ -364,17 +365,12 @@ class MaskFiller:
             views = self._views[B] = SampleArgs(self._buf, B, self.width)
         return views
 
-    def args(self, B: int) -> SampleArgs:
-        """This step's buffer for ``B`` rows: its bitmask's rows are the ones ``wait`` returns;
-        the sampler's per-row arguments go in beside them (one copy to the device)."""
-        return self._host(B)
-
     def start(self, seqs: list) -> MaskFiller:
         self._future = None
         self._pending = None
         self._launched = None
         if any(s.constraint is not None for s in seqs):
-            host = self._host(len(seqs))
+            host = self.args(len(seqs))
             if self.inline:
                 self._pending = (seqs, host)
                 return self
@@ -394,8 +390,6 @@ class MaskFiller:
         """Note that the device forward was just launched (inline mode measures overlap)."""
         if self.inline and self._pending is not None:
             if self._event is None:
-                import torch
-
                 self._event = torch.cuda.Event() if torch.cuda.is_available() else False
             if self._event is not False:
                 self._event.record()
