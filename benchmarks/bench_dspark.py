@@ -176,10 +176,8 @@ def greedy_by_argmax(
     logits, *, bitmask=None, indices=None, temperature, top_k, top_p, min_p, seed, step, **_
 ):
     """A drop-in ``LLM.sample_fn`` with the same tokens as ``kernels.sample`` that takes greedy
-    rows by masked argmax. The CPU path of ``kernels.sample`` (the torch reference) hashes noise
-    for and sorts the whole vocabulary on every row, greedy ones too: 11 ms a row at V = 49,152
-    here, while verification takes greedy rows by argmax. Both modes use this, so the table
-    compares decoding, not samplers."""
+    rows by masked argmax through the verify kernel, the path a verify step's rows take. Both
+    modes use this, so the table compares decoding, not samplers."""
     import torch
 
     from deepinfer import kernels

@@ -353,23 +353,36 @@ def _cpu_calls(logits: torch.Tensor, allowed: torch.Tensor | None) -> dict:
 
         return call
 
+    def greedy(refused: bool):
+        # the mask with each row's argmax allowed (a model that follows its constraint) or not
+        mask = None
+        if allowed is not None:
+            a = allowed.clone()
+            a[torch.arange(B), logits.argmax(dim=1)] = not refused
+            mask = pack_bitmask(a)
+        g = dict(common, bitmask=mask, temperature=full(0.0))
+        return lambda: kernels.sample(logits, top_k=full(0, torch.int64), **g)
+
     inf = float("-inf")
     return {"p": ours(0), "kp": ours(50), "p0": ours(0, inf), "kp0": ours(50, inf),
-            "torch": lambda: torch_sample(logits / 0.8, allowed, 0.9)}  # fmt: skip
+            "torch": lambda: torch_sample(logits / 0.8, allowed, 0.9),
+            "g": greedy(False), "gr": greedy(True)}  # fmt: skip
 
 
 def cpu_table(batches: list[int], kind: str, threads: int, calls: int) -> None:
     """The CPU path (``kernels.sample`` on CPU tensors: the torch reference) against plain torch
     (`torch_sample`), V = 49,152, temperature 0.8, top-p 0.9 and top-k 50 + top-p 0.9, no bitmask,
     half the tokens allowed, or 1% (a constraint's row). "no exp floor" is the same reference with
-    ``sample_reference.EXP_FLOOR`` at -inf (exp of every score: its slow path on masked tokens)."""
+    ``sample_reference.EXP_FLOOR`` at -inf (exp of every score: its slow path on masked tokens).
+    Greedy: the same mask with each row's argmax allowed (only refused rows are masked) or
+    refused (every row masked and searched again)."""
     torch.set_num_threads(threads)
     V = 49152
     print(f"# CPU, {threads} thread(s), torch {torch.__version__}; logits {kind}; ms a call, "
           f"median of {calls}")  # fmt: skip
     print("| B | bitmask | top-p | top-k+p | top-p, no exp floor | top-k+p, no exp floor | torch top-p "
-          "| torch / top-p |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "| torch / top-p | greedy, argmax allowed | greedy, argmax refused |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for B in batches:
         gen = torch.Generator().manual_seed(B)
         logits = make_logits(B, V, torch.float32, gen, kind, "cpu")
@@ -377,7 +390,8 @@ def cpu_table(batches: list[int], kind: str, threads: int, calls: int) -> None:
             allowed = None if share is None else torch.rand(B, V, generator=gen) < share
             ms = _cpu_ms(_cpu_calls(logits, allowed), calls)
             print(f"| {B} | {name} | {ms['p']:.2f} | {ms['kp']:.2f} | {ms['p0']:.2f} | {ms['kp0']:.2f} "
-                  f"| {ms['torch']:.2f} | {ms['torch'] / ms['p']:.1f}x |", flush=True)  # fmt: skip
+                  f"| {ms['torch']:.2f} | {ms['torch'] / ms['p']:.1f}x | {ms['g']:.2f} | {ms['gr']:.2f} |",
+                  flush=True)  # fmt: skip
 
 
 def parse_tuning(items: list[str]) -> SampleTuning:

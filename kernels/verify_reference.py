@@ -78,6 +78,10 @@ def verify(
             constrained[indices] = True
             flat_idx = constrained[rows].nonzero(as_tuple=True)[0]
     x = logits[rows, pos].float()  # [R, V]: only positions 0..n_b (no work on padding)
+    greedy = temperature[rows] == 0
+    if mask is not None and bool(greedy.all()):  # rows whose mask allows their argmax: not masked
+        picked = sample_reference.greedy_masked(x, mask, flat_idx)[0]
+        return _verdict(picked, rows, pos, drafts, n, valid, k, B, T)
     if mask is not None:
         allowed = unpack_bitmask(mask, V)
         if flat_idx is not None:  # rows outside `indices` are unconstrained
@@ -86,7 +90,6 @@ def verify(
             allowed = keep
         x = x.masked_fill(~allowed, float("-inf"))
     picked = torch.full((len(rows),), -1, dtype=torch.int64, device=dev)
-    greedy = temperature[rows] == 0
     g = greedy.nonzero(as_tuple=True)[0]
     if len(g):  # the masked argmax, lowest id on ties, as sample() (which needs no noise for it)
         xg = x[g]
@@ -98,7 +101,13 @@ def verify(
             x[r], None, None, temperature[rr], top_k[rr], top_p[rr], min_p[rr], seed[rr], step[rr] + pr,
             chunk_max=chunk_max,
         )[0]  # fmt: skip
-    tokens = torch.full((B, T), -1, dtype=torch.int64, device=dev)
+    return _verdict(picked, rows, pos, drafts, n, valid, k, B, T)
+
+
+def _verdict(picked, rows, pos, drafts, n, valid, k, B: int, T: int):
+    """(accepted, bonus, tokens) of :func:`verify` from the target tokens ``picked`` of the
+    positions (rows, pos)."""
+    tokens = torch.full((B, T), -1, dtype=torch.int64, device=picked.device)
     tokens[rows, pos] = picked
     mismatch = (tokens[:, : T - 1] != drafts) & valid[:, 1:]  # [B, K]: position k < n_b
     # first mismatching position, or n when every draft matched
