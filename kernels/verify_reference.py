@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from . import sample_reference
-from .bitmask_reference import unpack_bitmask
+from .bitmask_reference import rows_mask
 from .sample_reference import CHUNK_MAX
 
 
@@ -81,33 +81,22 @@ def verify(
     greedy = temperature[rows] == 0
     if mask is not None and bool(greedy.all()):  # rows whose mask allows their argmax: not masked
         picked = sample_reference.greedy_masked(x, mask, flat_idx)[0]
-        return _verdict(picked, rows, pos, drafts, n, valid, k, B, T)
-    if mask is not None:
-        allowed = unpack_bitmask(mask, V)
-        if flat_idx is not None:  # rows outside `indices` are unconstrained
-            keep = torch.ones_like(allowed)
-            keep[flat_idx] = allowed[flat_idx]
-            allowed = keep
-        x = x.masked_fill(~allowed, float("-inf"))
-    picked = torch.full((len(rows),), -1, dtype=torch.int64, device=dev)
-    g = greedy.nonzero(as_tuple=True)[0]
-    if len(g):  # the masked argmax, lowest id on ties, as sample() (which needs no noise for it)
-        xg = x[g]
-        picked[g] = torch.where(xg.amax(dim=1) == float("-inf"), -1, xg.argmax(dim=1))
-    r = (~greedy).nonzero(as_tuple=True)[0]
-    if len(r):
-        rr, pr = rows[r], pos[r]
-        picked[r] = sample_reference.sample(
-            x[r], None, None, temperature[rr], top_k[rr], top_p[rr], min_p[rr], seed[rr], step[rr] + pr,
-            chunk_max=chunk_max,
-        )[0]  # fmt: skip
-    return _verdict(picked, rows, pos, drafts, n, valid, k, B, T)
-
-
-def _verdict(picked, rows, pos, drafts, n, valid, k, B: int, T: int):
-    """(accepted, bonus, tokens) of :func:`verify` from the target tokens ``picked`` of the
-    positions (rows, pos)."""
-    tokens = torch.full((B, T), -1, dtype=torch.int64, device=picked.device)
+    else:
+        if mask is not None:  # rows outside `indices` are unconstrained
+            x = x.masked_fill(~rows_mask(mask, V, len(rows), flat_idx), float("-inf"))
+        picked = torch.full((len(rows),), -1, dtype=torch.int64, device=dev)
+        g = greedy.nonzero(as_tuple=True)[0]
+        if len(g):  # the masked argmax, lowest id on ties, as sample() (which needs no noise for it)
+            xg = x[g]
+            picked[g] = torch.where(xg.amax(dim=1) == float("-inf"), -1, xg.argmax(dim=1))
+        r = (~greedy).nonzero(as_tuple=True)[0]
+        if len(r):
+            rr, pr = rows[r], pos[r]
+            picked[r] = sample_reference.sample(
+                x[r], None, None, temperature[rr], top_k[rr], top_p[rr], min_p[rr], seed[rr], step[rr] + pr,
+                chunk_max=chunk_max,
+            )[0]  # fmt: skip
+    tokens = torch.full((B, T), -1, dtype=torch.int64, device=dev)
     tokens[rows, pos] = picked
     mismatch = (tokens[:, : T - 1] != drafts) & valid[:, 1:]  # [B, K]: position k < n_b
     # first mismatching position, or n when every draft matched
