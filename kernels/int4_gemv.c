@@ -22,6 +22,13 @@
 
 #define GROUP 32
 #define TILE 64
+#ifndef ROWS_AT_ONCE
+#if defined(__AVX512VL__)
+#define ROWS_AT_ONCE 2 /* activation rows a tile's weights are unpacked for at once: two rows' 16 */
+#else                  /* sums fit 32 vector registers beside the unpacked weights; with AVX2's 16 */
+#define ROWS_AT_ONCE 1 /* (and with three or four rows) they spill, and the kernel is no faster */
+#endif
+#endif
 #ifndef PREFETCH
 #define PREFETCH 8 /* groups ahead */
 #endif
@@ -57,10 +64,15 @@ static void quantize_row(const uint16_t *x, int64_t K, int8_t *q, float *d, floa
 #define DOT(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
 #endif
 
-static void tile_group(const uint8_t *b, const int8_t *xq, __m256i out[8]) {
+/* sums[64] of one tile's group (32 columns of 32 bytes) times 32 int8 activations, for R rows
+ * at once (row j's activations at xq + j * stride): each column's nibbles are unpacked once and
+ * multiplied by every row's. A row's sums are the same integers whatever R is. */
+static inline __attribute__((always_inline)) void tile_group(const uint8_t *b, const int8_t *xq, int64_t stride,
+                                                             const int R, __m256i out[][8]) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i a[8];
-    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
+    __m256i a[ROWS_AT_ONCE][8];
+    for (int j = 0; j < R; j++)
+        for (int i = 0; i < 8; i++) a[j][i] = _mm256_setzero_si256();
     for (int k = 0; k < GROUP; k += 4) {
         _mm_prefetch((const char *)(b + PREFETCH * 1024 + k * 32), _MM_HINT_T0);
         _mm_prefetch((const char *)(b + PREFETCH * 1024 + k * 32 + 64), _MM_HINT_T0);
@@ -68,40 +80,52 @@ static void tile_group(const uint8_t *b, const int8_t *xq, __m256i out[8]) {
         __m256i c1 = _mm256_loadu_si256((const __m256i *)(b + (k + 1) * 32));
         __m256i c2 = _mm256_loadu_si256((const __m256i *)(b + (k + 2) * 32));
         __m256i c3 = _mm256_loadu_si256((const __m256i *)(b + (k + 3) * 32));
-        int32_t xw;
-        memcpy(&xw, xq + k, 4);
-        __m256i xs = _mm256_set1_epi32(xw);
         __m256i l01 = _mm256_unpacklo_epi8(c0, c1), h01 = _mm256_unpackhi_epi8(c0, c1);
         __m256i l23 = _mm256_unpacklo_epi8(c2, c3), h23 = _mm256_unpackhi_epi8(c2, c3);
         /* dwords of 4 columns; rows (lane 0 | lane 1): r0 j 0-3 | 16-19, r1 4-7 | 20-23,
          * r2 8-11 | 24-27, r3 12-15 | 28-31 (low nibbles), the same + 32 (high) */
         __m256i r[4] = {_mm256_unpacklo_epi16(l01, l23), _mm256_unpackhi_epi16(l01, l23),
                         _mm256_unpacklo_epi16(h01, h23), _mm256_unpackhi_epi16(h01, h23)};
+        __m256i lo[4], hi[4];
         for (int i = 0; i < 4; i++) {
-            a[i] = DOT(a[i], _mm256_and_si256(r[i], m4), xs);
-            a[4 + i] = DOT(a[4 + i], _mm256_and_si256(_mm256_srli_epi16(r[i], 4), m4), xs);
+            lo[i] = _mm256_and_si256(r[i], m4);
+            hi[i] = _mm256_and_si256(_mm256_srli_epi16(r[i], 4), m4);
+        }
+        for (int j = 0; j < R; j++) {
+            int32_t xw;
+            memcpy(&xw, xq + j * stride + k, 4);
+            __m256i xs = _mm256_set1_epi32(xw);
+            for (int i = 0; i < 4; i++) {
+                a[j][i] = DOT(a[j][i], lo[i], xs);
+                a[j][4 + i] = DOT(a[j][4 + i], hi[i], xs);
+            }
         }
     }
-    for (int h = 0; h < 2; h++) { /* back to rows in order: 8 a register */
-        __m256i *s = a + 4 * h;
-        out[4 * h + 0] = _mm256_permute2x128_si256(s[0], s[1], 0x20); /* 0-7 */
-        out[4 * h + 1] = _mm256_permute2x128_si256(s[2], s[3], 0x20); /* 8-15 */
-        out[4 * h + 2] = _mm256_permute2x128_si256(s[0], s[1], 0x31); /* 16-23 */
-        out[4 * h + 3] = _mm256_permute2x128_si256(s[2], s[3], 0x31); /* 24-31 */
-    }
+    for (int j = 0; j < R; j++)
+        for (int h = 0; h < 2; h++) { /* back to rows in order: 8 a register */
+            __m256i *s = a[j] + 4 * h;
+            out[j][4 * h + 0] = _mm256_permute2x128_si256(s[0], s[1], 0x20); /* 0-7 */
+            out[j][4 * h + 1] = _mm256_permute2x128_si256(s[2], s[3], 0x20); /* 8-15 */
+            out[j][4 * h + 2] = _mm256_permute2x128_si256(s[0], s[1], 0x31); /* 16-23 */
+            out[j][4 * h + 3] = _mm256_permute2x128_si256(s[2], s[3], 0x31); /* 24-31 */
+        }
 }
 
-static void tile(const uint8_t *packed, const uint16_t *sz, int64_t N, int64_t K, int64_t P,
-                 const int8_t *xq, const float *d, const float *t, float *y) {
-    __m256 acc[8];
-    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+/* One tile of 64 columns for R rows (row j's int8 activations at xq + j K, its groups' d and t
+ * at d + j G, t + j G) into y[j * TILE ...]. Each row's float arithmetic, group after group,
+ * is the same whatever R is: its bits do not depend on the rows beside it. */
+static inline __attribute__((always_inline)) void tile_rows(const uint8_t *packed, const uint16_t *sz, int64_t N,
+                                                            int64_t K, int64_t P, const int8_t *xq, const float *d,
+                                                            const float *t, float *y, const int R) {
+    __m256 acc[ROWS_AT_ONCE][8];
+    for (int j = 0; j < R; j++)
+        for (int i = 0; i < 8; i++) acc[j][i] = _mm256_setzero_ps();
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     int64_t G = K / GROUP;
     for (int64_t g = 0; g < P * G; g++) {
-        __m256i s[8];
+        __m256i s[ROWS_AT_ONCE][8];
         int64_t gx = g % G;
-        tile_group(packed + g * GROUP * 32, xq + gx * GROUP, s);
-        __m256 dg = _mm256_set1_ps(d[gx]), tg = _mm256_set1_ps(t[gx]), t8 = _mm256_set1_ps(8.0f * t[gx]);
+        tile_group(packed + g * GROUP * 32, xq + gx * GROUP, K, R, s);
         const uint16_t *row = sz + g * N * 2;
         if (g + PREFETCH < P * G) /* the (s, z) of a later group: a stride the hardware misses */
             for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(row + PREFETCH * N * 2 + 32 * i), _MM_HINT_T0);
@@ -109,15 +133,27 @@ static void tile(const uint8_t *packed, const uint16_t *sz, int64_t N, int64_t K
             __m256i w = _mm256_loadu_si256((const __m256i *)(row + i * 16)); /* (s, z) of 8 rows */
             __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
             __m256 ze = _mm256_castsi256_ps(_mm256_and_si256(w, hi));
-            __m256 v = _mm256_fmsub_ps(dg, _mm256_cvtepi32_ps(s[i]), t8);
-            acc[i] = _mm256_fmadd_ps(sc, v, _mm256_fmadd_ps(ze, tg, acc[i]));
+            for (int j = 0; j < R; j++) {
+                float dj = d[j * G + gx], tj = t[j * G + gx];
+                __m256 v = _mm256_fmsub_ps(_mm256_set1_ps(dj), _mm256_cvtepi32_ps(s[j][i]), _mm256_set1_ps(8.0f * tj));
+                acc[j][i] = _mm256_fmadd_ps(sc, v, _mm256_fmadd_ps(ze, _mm256_set1_ps(tj), acc[j][i]));
+            }
         }
     }
-    for (int i = 0; i < 8; i++) _mm256_storeu_ps(y + 8 * i, acc[i]);
+    for (int j = 0; j < R; j++)
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(y + j * TILE + 8 * i, acc[j][i]);
+}
+
+static void tile(const uint8_t *packed, const uint16_t *sz, int64_t N, int64_t K, int64_t P,
+                 const int8_t *xq, const float *d, const float *t, float *y, int R) {
+    if (R == ROWS_AT_ONCE)
+        tile_rows(packed, sz, N, K, P, xq, d, t, y, ROWS_AT_ONCE);
+    else
+        for (int j = 0; j < R; j++) tile_rows(packed, sz, N, K, P, xq + j * K, d + j * (K / GROUP), t + j * (K / GROUP), y + j * TILE, 1);
 }
 #else
-static void tile(const uint8_t *packed, const uint16_t *sz, int64_t N, int64_t K, int64_t P,
-                 const int8_t *xq, const float *d, const float *t, float *y) {
+static void tile1(const uint8_t *packed, const uint16_t *sz, int64_t N, int64_t K, int64_t P,
+                  const int8_t *xq, const float *d, const float *t, float *y) {
     float acc[TILE] = {0};
     int64_t G = K / GROUP;
     for (int64_t g = 0; g < P * G; g++) {
@@ -135,6 +171,11 @@ static void tile(const uint8_t *packed, const uint16_t *sz, int64_t N, int64_t K
         }
     }
     memcpy(y, acc, sizeof(acc));
+}
+
+static void tile(const uint8_t *packed, const uint16_t *sz, int64_t N, int64_t K, int64_t P,
+                 const int8_t *xq, const float *d, const float *t, float *y, int R) {
+    for (int j = 0; j < R; j++) tile1(packed, sz, N, K, P, xq + j * K, d + j * (K / GROUP), t + j * (K / GROUP), y + j * TILE);
 }
 #endif
 
@@ -155,10 +196,12 @@ int int4_gemv(const uint16_t *x, int64_t M, int64_t K, int64_t P, int64_t N, con
     (void)threads;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t n0 = 0; n0 < N; n0 += TILE) {
-        float out[TILE];
-        for (int64_t m = 0; m < M; m++) {
-            tile(packed + n0 * P * K / 2, sz + n0 * 2, N, K, P, xq + m * K, d + m * G, t + m * G, out);
-            for (int j = 0; j < TILE; j++) y[m * N + n0 + j] = f32_to_bf16(out[j]);
+        float out[ROWS_AT_ONCE * TILE];
+        for (int64_t m = 0; m < M; m += ROWS_AT_ONCE) {
+            int R = M - m < ROWS_AT_ONCE ? (int)(M - m) : ROWS_AT_ONCE;
+            tile(packed + n0 * P * K / 2, sz + n0 * 2, N, K, P, xq + m * K, d + m * G, t + m * G, out, R);
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < TILE; j++) y[(m + r) * N + n0 + j] = f32_to_bf16(out[r * TILE + j]);
         }
     }
     free(xq), free(d), free(t);
