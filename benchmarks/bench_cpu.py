@@ -26,9 +26,11 @@ bfloat16). ``--quality N``: instead, greedy outputs of N tokens and next-token l
 default and of the weights dequantized to bfloat16, each against float32 weights.
 ``--breakdown N``: instead, where N decode steps of the default go (one thread, in this process:
 the int4 matmuls by shape, the attention, the rest), beside the matmuls' floor (their bytes over
-the read bandwidth). The llama.cpp column needs llama-cpp-python (in the ``bench`` extra; it
-builds llama.cpp from source in about 8 minutes); without it that column is skipped, with a
-message.
+the read bandwidth). ``--batches 1,2,4,8,16``: instead, decode steps of B rows together, the
+attention of the B rows in one C call against torch's ops for it, beside the floor of a step's
+weight reads (in this process; ``--prompt-len`` sets the prompts). The llama.cpp column needs
+llama-cpp-python (in the ``bench`` extra; it builds llama.cpp from source in about 8 minutes);
+without it that column is skipped, with a message.
 """
 
 from __future__ import annotations
@@ -269,13 +271,7 @@ def breakdown(steps: int, prompt_len: int) -> None:
                 per_step.setdefault(k, []).append(v)
     finally:
         quantized.matmul, llama.paged_decode_torch = mm, attend
-    a = torch.ones(256 << 20, dtype=torch.uint8).view(torch.int64)  # read bandwidth: a sum, one thread
-    reads = []
-    for _ in range(5):
-        t = time.thread_time()
-        a.sum()
-        reads.append(time.thread_time() - t)
-    bandwidth = 8 * a.numel() / min(reads[1:])
+    bandwidth = _read_bandwidth()
     med = {k: statistics.median(v) for k, v in per_step.items()}
     step = statistics.median(step_times)
     mats = sorted(k for k in med if k != "attention (30 layers)")
@@ -301,6 +297,83 @@ def breakdown(steps: int, prompt_len: int) -> None:
         ]
     )
     _table(["piece", "calls a step", "ms a step", "GB/s read"], rows)
+
+
+def _read_bandwidth() -> float:
+    """This machine's read bandwidth in bytes a second: a sum over 256 MiB, one thread."""
+    import torch
+
+    a = torch.ones(256 << 20, dtype=torch.uint8).view(torch.int64)
+    reads = []
+    for _ in range(5):
+        t = time.thread_time()
+        a.sum()
+        reads.append(time.thread_time() - t)
+    return 8 * a.numel() / min(reads[1:])
+
+
+def batched(batches: list[int], prompt_len: int, rounds: int = 8, steps: int = 4) -> None:
+    """Decode steps of B rows together (B greedy requests of ``prompt_len``-token prompts), in
+    this process, with the engine's own thread policy: each step's wall time with the B rows'
+    attention in one C call (`decode_attention_c.decode_attention_rows`) and with torch's ops
+    for it (that call unloaded: the gather of every row's keys padded to the longest, two
+    batched matmuls and a softmax), ``steps`` steps of each in turn for ``rounds`` rounds over
+    the same requests, medians; beside the floor of a step, its weights' bytes read once at
+    this machine's read bandwidth."""
+    import torch
+
+    from deepinfer import LLM, SamplingParams
+    from deepinfer.kernels import quantized
+    from deepinfer.kernels.int4_gemv import STATE
+
+    llm = LLM(None, device="cpu", seed=0)
+    rows_call = STATE.attention_rows
+    if rows_call is None:
+        print(f"the C library is not loaded ({STATE.why}): nothing to compare")
+        return
+    bandwidth = _read_bandwidth()
+    seen: dict[int, int] = {}  # the bytes of every matrix a step multiplies by, once each
+    mm = quantized.matmul
+
+    def counted(x, w):
+        seen[id(w)] = getattr(w, "nbytes", 0)
+        return mm(x, w)
+
+    table = []
+    for b in batches:
+        for i, prompt in enumerate(_prompts(b, prompt_len)):
+            sp = SamplingParams(temperature=0, max_tokens=2 + rounds * 2 * (steps + 1), ignore_eos=True)
+            llm.add_request(prompt, sp, request_id=f"b{b}-{i}")
+        llm.step()  # the prompts
+        quantized.matmul = counted
+        try:
+            llm.step()
+        finally:
+            quantized.matmul = mm
+        times: dict[str, list[float]] = {"C": [], "torch": []}
+        try:
+            for _ in range(rounds):
+                for mode in times:
+                    STATE.attention_rows = rows_call if mode == "C" else None
+                    llm.step()  # (the first step of a mode is not timed)
+                    for _ in range(steps):
+                        t = time.perf_counter()
+                        llm.step()
+                        times[mode].append(time.perf_counter() - t)
+        finally:
+            STATE.attention_rows = rows_call
+        for i in range(b):
+            llm.abort_request(f"b{b}-{i}")
+        c, ref = (statistics.median(times[m]) for m in ("C", "torch"))
+        floor = sum(seen.values()) / bandwidth
+        table.append([str(b), f"{c * 1e3:.2f}", f"{ref * 1e3:.2f}", f"{c / ref:.2f}x", f"{b / c:.0f}",
+                      f"{b / ref:.0f}", f"{floor * 1e3:.2f}", f"{floor / c:.0%}"])  # fmt: skip
+    print(f"\nDecode steps of B rows together, prompts of {prompt_len} tokens, greedy, the engine's "
+          f"threads ({torch.get_num_threads()} at the end); {rounds} rounds of {steps} steps of each, "
+          f"medians; read bandwidth {bandwidth / 1e9:.1f} GB/s; load average {os.getloadavg()[0]:.1f}; "
+          f"commit {_commit()}")  # fmt: skip
+    _table(["B", "C attention ms/step", "torch attention ms/step", "C / torch", "tok/s (C)",
+            "tok/s (torch)", "floor ms/step", "of floor (C)"], table)  # fmt: skip
 
 
 # -- the parent: interleaved rounds ----------------------------------------------------------
@@ -352,6 +425,8 @@ def main() -> None:
                     help="only the quality table: TOKENS-token greedy outputs, against float32")  # fmt: skip
     ap.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
                     help="only where STEPS decode steps go (one thread, in this process)")  # fmt: skip
+    ap.add_argument("--batches", default="", metavar="B,B,...",
+                    help="only batched decode: B rows a step, C attention against torch")  # fmt: skip
     ap.add_argument("--worker", choices=["deepinfer", "llama_cpp"], help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="default", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
@@ -368,6 +443,8 @@ def main() -> None:
         return quality(args.quality)
     if args.breakdown:
         return breakdown(args.breakdown, args.prompt_len)
+    if args.batches:
+        return batched([int(b) for b in args.batches.split(",")], args.prompt_len)
     import importlib.util
     import tempfile
 

@@ -14,6 +14,9 @@
 #include <string.h>
 #include "bf16.h"
 #include "exp_poly.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define MAX_HD 256
 #define MAX_G 16
@@ -126,4 +129,28 @@ int decode_attention(const uint16_t *q, const uint16_t *k_flat, const uint16_t *
             for (int64_t d = 0; d < hd; d++) out[(h * g + i) * hd + d] = f32_to_bf16(acc[i][d]);
     }
     return 0;
+}
+
+/* R decode rows in one call: row r's query q + r nkv g hd against its lens[r] keys at
+ * slots[r * stride .. r * stride + lens[r] - 1], into out + r nkv g hd. Each row is computed as
+ * decode_attention computes it alone (the same bits whatever rows share the call); the rows are
+ * split over `threads` OpenMP threads when built with OpenMP. Scratch: threads * g * max(lens)
+ * floats. Returns 0, or -1 (a row decode_attention refuses). */
+int decode_attention_rows(const uint16_t *q, const uint16_t *k_flat, const uint16_t *v_flat, const int64_t *slots,
+                          int64_t stride, const int64_t *lens, int64_t R, int64_t nkv, int64_t g, int64_t hd,
+                          float *scratch, uint16_t *out, int threads) {
+    int64_t most = 0, per = nkv * g * hd;
+    for (int64_t r = 0; r < R; r++) most = lens[r] > most ? lens[r] : most;
+    int bad = 0;
+    (void)threads;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1) reduction(| : bad)
+    for (int64_t r = 0; r < R; r++) {
+        int me = 0;
+#ifdef _OPENMP
+        me = omp_get_thread_num();
+#endif
+        bad |= decode_attention(q + r * per, k_flat, v_flat, slots + r * stride, 0, lens[r], nkv, g, hd,
+                                scratch + (int64_t)me * g * most, out + r * per) != 0;
+    }
+    return bad ? -1 : 0;
 }

@@ -135,6 +135,7 @@ class _State:
     norm = None  # its add_rms_norm
     columns = None  # its int4_columns
     attention = None  # its decode_attention
+    attention_rows = None  # its decode_attention_rows
     rope = None  # its rope_store
     glu = None  # its glu_silu
     why = "not loaded yet"  # why the C kernel is not in use
@@ -147,6 +148,7 @@ STATE = _State()
 def load(folder: str | None = None) -> bool:
     """Load this source's build (once it matches its manifest); whether the kernel is usable."""
     STATE.lib = STATE.fn = STATE.norm = STATE.columns = STATE.attention = STATE.rope = STATE.glu = None
+    STATE.attention_rows = None
     if os.environ.get(ENV) == "0":
         STATE.why = f"{ENV}=0"
         return False
@@ -174,6 +176,8 @@ def load(folder: str | None = None) -> bool:
     lib.int4_columns.restype = None
     lib.decode_attention.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, p, p]
     lib.decode_attention.restype = ctypes.c_int
+    lib.decode_attention_rows.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, p, p, ctypes.c_int]
+    lib.decode_attention_rows.restype = ctypes.c_int
     lib.rope_store.argtypes = [p, i64, p, i64, p, p, p, i64, i64, i64, i64, i64, p, p, p]
     lib.rope_store.restype = ctypes.c_int
     lib.glu_silu.argtypes = [p, i64, i64, p]
@@ -181,6 +185,7 @@ def load(folder: str | None = None) -> bool:
     STATE.isa = lib.int4_gemv_isa().decode()
     STATE.lib, STATE.fn, STATE.norm, STATE.columns = lib, lib.int4_gemv, lib.add_rms_norm, lib.int4_columns
     STATE.attention, STATE.rope, STATE.glu = lib.decode_attention, lib.rope_store, lib.glu_silu
+    STATE.attention_rows = lib.decode_attention_rows
     STATE.why = ""
     return True
 

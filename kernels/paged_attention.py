@@ -371,6 +371,7 @@ class DecodeKeys(NamedTuple):
     slots: torch.Tensor  # [R, L] int64: row r's keys in order, then its last one repeated
     mask: torch.Tensor | None  # [R, 1, 1, L] bool (True: a key of the row); None: every slot is
     start: int | None = None  # one row whose keys are slots start .. start + L - 1: read as a view
+    lens: torch.Tensor | None = None  # [R] int64: how many keys each row has (None: one row, L)
 
 
 def decode_keys(
@@ -400,7 +401,7 @@ def decode_keys(
     start = None
     if len(seq_lens) == 1 and bool((slots[0, 1:] - slots[0, :-1] == 1).all()):  # its blocks in a row
         start = int(slots[0, 0])
-    return DecodeKeys(slots, mask, start)
+    return DecodeKeys(slots, mask, start, n - lo)
 
 
 def paged_decode_torch(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, keys: DecodeKeys,
@@ -409,11 +410,13 @@ def paged_decode_torch(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tens
     for them): q [R, nkv, g, hd]; k_flat, v_flat: a layer's cache by slot [slots, nkv, hd] (its K/V
     of the rows' own tokens already written); keys: `decode_keys` of the rows. -> [R, nkv, g, hd].
     One gather of exactly the keys each row sees (no block of garbage to zero, unlike the batched
-    decode call of `paged_attention_torch`) and one SDPA call; one row of bfloat16 (a decode step
-    at batch 1), where the C library is built, one C call instead (`decode_attention_c`)."""
+    decode call of `paged_attention_torch`) and one SDPA call; bfloat16 rows, where the C library
+    is built, one C call instead (`decode_attention_c`), which reads each row's own keys in place."""
     R, nkv, _, hd = q.shape
     L = keys.slots.shape[1]
-    if decode_attention_c.usable(q, k_flat, v_flat, keys.mask, softcap):
+    if decode_attention_c.usable(q, k_flat, v_flat, softcap):
+        if R > 1:
+            return decode_attention_c.decode_attention_rows(q, k_flat, v_flat, keys.slots, keys.lens)
         slots = None if keys.start is not None else keys.slots.view(-1)
         return decode_attention_c.decode_attention(q, k_flat, v_flat, slots, keys.start or 0, L)
     if keys.start is not None:  # one row, its keys side by side: views [1, nkv, L, hd], no gather

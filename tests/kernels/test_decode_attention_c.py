@@ -1,6 +1,7 @@
-"""The C attention of a CPU decode row (kernels/decode_attention.c, `decode_attention_c`) against
+"""The C attention of CPU decode rows (kernels/decode_attention.c, `decode_attention_c`) against
 its reference, `paged_attention._attend_float32`, on random shapes and caches: contiguous keys
-and keys gathered through slots; where it serves; and `paged_decode_torch` taking it."""
+and keys gathered through slots, one row or several of their own lengths; where it serves; and
+`paged_decode_torch` taking it."""
 
 from __future__ import annotations
 
@@ -63,15 +64,44 @@ def test_gathered_keys_match_the_reference(nkv, g, hd, L):
 
 def test_where_it_serves():
     q, k, v = _case(3, 3, 64, 64, seed=1)
-    assert dc.usable(q, k, v, None, 0.0)
-    assert not dc.usable(torch.cat([q, q]), k, v, None, 0.0)  # two rows: torch's batched call
-    assert not dc.usable(q, k, v, torch.ones(1, 1, 1, 64, dtype=torch.bool), 0.0)  # padding mask
-    assert not dc.usable(q, k, v, None, 50.0)  # soft-cap
-    assert not dc.usable(q.float(), k.float(), v.float(), None, 0.0)
+    assert dc.usable(q, k, v, 0.0)
+    assert dc.usable(torch.cat([q, q]), k, v, 0.0)  # two rows: the call of several rows
+    assert not dc.usable(q, k, v, 50.0)  # soft-cap
+    assert not dc.usable(q.float(), k.float(), v.float(), 0.0)
     q72, k72, v72 = _case(3, 3, 72, 64, seed=2)
-    assert not dc.usable(q72, k72, v72, None, 0.0)  # head_dim not a multiple of 16
+    assert not dc.usable(q72, k72, v72, 0.0)  # head_dim not a multiple of 16
     q17, k17, v17 = _case(1, 17, 64, 64, seed=3)
-    assert not dc.usable(q17, k17, v17, None, 0.0)  # more than 16 query heads a KV head
+    assert not dc.usable(q17, k17, v17, 0.0)  # more than 16 query heads a KV head
+
+
+ROWS = [(3, 3, 64, (57, 1, 200, 33), 1), (2, 2, 48, (9, 9), 2), (1, 4, 128, (5, 70, 3), 2)]
+
+
+@pytest.mark.parametrize(("nkv", "g", "hd", "lens", "threads"), ROWS)
+def test_rows_match_the_masked_reference_and_each_row_alone(nkv, g, hd, lens, threads):
+    """Several rows of their own lengths (keys gathered through a padded slot table, as
+    `decode_keys` makes it): within a bfloat16 step of the masked torch reference, and each
+    row's output bit for bit the single-row call's, over one thread or two."""
+    q, k, v = _case(nkv, g, hd, 512, seed=sum(lens))
+    R, L = len(lens), max(lens)
+    q = (torch.randn(R, nkv, g, hd, generator=torch.Generator().manual_seed(R)) * 2).bfloat16()
+    perm = torch.randperm(512, generator=torch.Generator().manual_seed(L))
+    slots = torch.stack([torch.cat([perm[r * 100 : r * 100 + n], perm[r * 100 + n - 1].repeat(L - n)])
+                         for r, n in enumerate(lens)])  # fmt: skip
+    n = torch.tensor(lens)
+    mask = (torch.arange(L) < n[:, None])[:, None, None, :]
+    gather = lambda c: c.index_select(0, slots.view(-1)).view(R, L, nkv, hd).transpose(1, 2)  # noqa: E731
+    want = pa._attend_float32(q, gather(k), gather(v), mask)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = dc.decode_attention_rows(q, k, v, slots, n)
+    finally:
+        torch.set_num_threads(before)
+    _close(got, want)
+    for r, m in enumerate(lens):
+        alone = dc.decode_attention(q[r : r + 1].contiguous(), k, v, slots[r, :m], 0, m)
+        assert torch.equal(got[r : r + 1], alone)
 
 
 def test_paged_decode_takes_the_c_call_at_one_row(monkeypatch):
@@ -89,3 +119,19 @@ def test_paged_decode_takes_the_c_call_at_one_row(monkeypatch):
         slots = keys.slots.view(-1)
         assert torch.equal(got, dc.decode_attention(q, k, v, None if keys.start is not None else slots,
                                                     keys.start or 0, slots.numel()))  # fmt: skip
+
+
+def test_paged_decode_takes_the_c_call_at_several_rows(monkeypatch):
+    """`paged_decode_torch` at three bfloat16 rows of their own lengths: the call of several rows,
+    within a bfloat16 step of the torch ops (gather, padding mask, SDPA) it replaces."""
+    _, k, v = _case(3, 3, 64, 256, seed=5)
+    q = (torch.randn(3, 3, 3, 64, generator=torch.Generator().manual_seed(5)) * 2).bfloat16()
+    tables = torch.tensor([[3, 0, 1, 7], [2, 4, 5, 6], [9, 10, 11, 12]], dtype=torch.int32)
+    keys = pa.decode_keys(tables, [57, 12, 33], 16)
+    assert keys.mask is not None and keys.lens.tolist() == [57, 12, 33]
+    got = pa.paged_decode_torch(q, k, v, keys)
+    with monkeypatch.context() as m:
+        m.setattr(STATE, "attention_rows", None)
+        want = pa.paged_decode_torch(q, k, v, keys)
+    _close(got, want)
+    assert torch.equal(got, dc.decode_attention_rows(q, k, v, keys.slots, keys.lens))
