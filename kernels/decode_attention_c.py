@@ -59,7 +59,7 @@ def decode_attention_rows(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.T
     row the bits :func:`decode_attention` gives it alone (`usable` must hold). No padded key is
     read, so no mask is applied; the rows are split over torch's threads."""
     R, nkv, g, hd = q.shape
-    q, slots, lens = q.contiguous(), slots.contiguous(), lens.contiguous()
+    q, slots, lens = q.contiguous(), slots.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
     threads = max(1, min(torch.get_num_threads(), R))
     out = torch.empty_like(q)
     scratch = torch.empty(threads * g * slots.shape[1], dtype=torch.float32)
