@@ -126,6 +126,11 @@ static inline __attribute__((always_inline)) void tile_rows(const uint8_t *packe
         __m256i s[ROWS_AT_ONCE][8];
         int64_t gx = g % G;
         tile_group(packed + g * GROUP * 32, xq + gx * GROUP, K, R, s);
+        __m256 dg[ROWS_AT_ONCE], tg[ROWS_AT_ONCE], t8[ROWS_AT_ONCE]; /* each row's d and t of the group */
+        for (int j = 0; j < R; j++) {
+            dg[j] = _mm256_set1_ps(d[j * G + gx]), tg[j] = _mm256_set1_ps(t[j * G + gx]);
+            t8[j] = _mm256_set1_ps(8.0f * t[j * G + gx]);
+        }
         const uint16_t *row = sz + g * N * 2;
         if (g + PREFETCH < P * G) /* the (s, z) of a later group: a stride the hardware misses */
             for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(row + PREFETCH * N * 2 + 32 * i), _MM_HINT_T0);
@@ -134,9 +139,8 @@ static inline __attribute__((always_inline)) void tile_rows(const uint8_t *packe
             __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
             __m256 ze = _mm256_castsi256_ps(_mm256_and_si256(w, hi));
             for (int j = 0; j < R; j++) {
-                float dj = d[j * G + gx], tj = t[j * G + gx];
-                __m256 v = _mm256_fmsub_ps(_mm256_set1_ps(dj), _mm256_cvtepi32_ps(s[j][i]), _mm256_set1_ps(8.0f * tj));
-                acc[j][i] = _mm256_fmadd_ps(sc, v, _mm256_fmadd_ps(ze, _mm256_set1_ps(tj), acc[j][i]));
+                __m256 v = _mm256_fmsub_ps(dg[j], _mm256_cvtepi32_ps(s[j][i]), t8[j]);
+                acc[j][i] = _mm256_fmadd_ps(sc, v, _mm256_fmadd_ps(ze, tg[j], acc[j][i]));
             }
         }
     }
