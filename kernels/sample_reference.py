@@ -246,7 +246,7 @@ def sample(
     if return_logprobs:
         inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature).float()
         s = x * inv_t[:, None]  # [B, V]
-        m = s.max(dim=1, keepdim=True).values
+        m = s.amax(dim=1, keepdim=True)
         z = _exp(s - m).sum(dim=1, keepdim=True)
         lp = s.gather(1, tokens.clamp(min=0)[:, None]) - m - torch.log(z)
         logprobs = torch.where(empty, float("-inf"), lp[:, 0])
