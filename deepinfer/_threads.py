@@ -60,11 +60,26 @@ def _busy_seconds() -> float | None:
 
 
 SMALL_ROWS = 4  # a decode step of at most this many rows keeps the base threads (`for_step`)
+# host work (constraint masks) below this share of a step's time leaves every core to the
+# forward (`host_needs_core`)
+HOST_SHARE = 0.1
+
+
+def host_needs_core(host_seconds: float, step_seconds: float) -> bool:
+    """Does a step's host work (constraint masks filled on a host thread while the forward
+    runs), ``host_seconds`` a step lately, need a core of its own beside a forward of
+    ``step_seconds``? With every core the forward takes about a sixth less time at 8 rows on
+    the 2-core machine (torch's int4 matmuls), and the host thread takes a core's time from it
+    while it runs: that pays while the host work is a small share of the step. Warm rows are a
+    few microseconds each (about 0.1 ms a step at 8 rows, against 40-50 ms); a request's
+    first rows or a new schema's can take milliseconds, which the recent average shows."""
+    return host_seconds >= HOST_SHARE * step_seconds
 
 
 class StepThreads:
     """Intra-op threads for each engine step on the CPU: every core when the step leaves no host
-    work to a core (no constraint masks to fill) and no other process keeps a core busy; else
+    work to a core (no drafts, and constraint masks that are a small share of the step:
+    `host_needs_core`) and no other process keeps a core busy; else
     the threads ``configure_torch_threads`` chose (cores - 1). Fixed where the user set
     DEEPINFER_NUM_THREADS / OMP_NUM_THREADS, on one core, and where the machine's load cannot be
     read.
@@ -105,8 +120,9 @@ class StepThreads:
         self._t, self._busy, self._own = now, busy, own
 
     def for_step(self, host_work: bool, small: bool = False) -> int:
-        """Set (if it changes) and return the threads for a step; ``host_work``: the step fills
-        constraint masks (or drafts) on a host thread while the forward runs; ``small``: a decode
+        """Set (if it changes) and return the threads for a step; ``host_work``: the step has
+        host work that needs a core of its own while the forward runs (drafts, or constraint
+        masks where `host_needs_core` says so); ``small``: a decode
         step of at most `SMALL_ROWS` rows, whose ops last microseconds: there a parallel region's
         wake-up of a sleeping thread (OMP_WAIT_POLICY=PASSIVE) costs more than the second core
         saves (benchmarks/bench_cpu.py's decode at batch 1 on the idle 2-core machine: 117 tok/s

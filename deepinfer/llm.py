@@ -300,6 +300,7 @@ class LLM:
         self._pending: list[tuple[Sequence, int]] = []
         self._compile_seconds, self._compiles = 0.0, 0  # constraints compiled at admission (cache hits too)
         self._steps = {kind: [0, 0.0] for kind in STEP_KINDS}  # steps and their seconds, by kind
+        self._recent_step = 0.0  # a step's time lately (halving the weight of each older step)
         self.step_times: dict[tuple[str, int, int], float] = {}  # warm-up: device seconds a step shape
         self.capture_graphs()  # before the first step, no request pays a capture (CUDA)
         # the model, tokenizer tries and kernels live as long as the engine: the collector no
@@ -393,7 +394,10 @@ class LLM:
         ahead, self._ahead = self._ahead, None  # a decode step launched ahead: this one, or dropped
         if out.rows:
             if self._step_threads is not None:  # every core, unless masks or a neighbour need one
-                host = drafting or any(s.constraint is not None for s in out.batch)
+                host = drafting or (
+                    any(s.constraint is not None for s in out.batch)
+                    and _threads.host_needs_core(self.masks.recent, self._recent_step)
+                )
                 self._step_threads.for_step(host, small=out.decode and len(out.rows) <= _threads.SMALL_ROWS)
             masks = self.masks.start(out.batch)  # bitmasks on a host thread while the device runs
             if out.decode:
@@ -437,7 +441,9 @@ class LLM:
             sch.commit(out.rows, ahead=self._ahead is not None)
             kind = self._steps["verify" if out.verify is not None else "decode" if out.decode else "prefill"]
             kind[0] += 1
-            kind[1] += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            kind[1] += took
+            self._recent_step += 0.5 * (took - self._recent_step)  # (for the CPU's thread policy)
         return self._outputs(out.finished + sch.reap(), out.batch)
 
     def metrics(self) -> dict[str, int | float]:

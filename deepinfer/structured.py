@@ -330,7 +330,9 @@ class MaskFiller:
     ``start(seqs)`` before the forward, ``wait()`` after it: returns the host bitmask
     (pinned on CUDA) and the indices of the rows that have a constraint. Statistics:
     ``mask_seconds`` (time spent filling) and ``wait_seconds`` (time the step loop waited
-    for it after the forward): the hidden share is ``1 - wait / mask``.
+    for it after the forward): the hidden share is ``1 - wait / mask``; ``recent``: a step's
+    fill lately (an average that halves the weight of each older step), which the CPU's
+    thread policy weighs against the step (``_threads.host_needs_core``).
     """
 
     def __init__(self, vocab_size: int, *, pin: bool, inline: bool = False) -> None:
@@ -350,6 +352,7 @@ class MaskFiller:
         self.mask_seconds = 0.0
         self.wait_seconds = 0.0
         self.steps = 0
+        self.recent = 0.0
 
     def args(self, B: int) -> SampleArgs:
         """The buffer's views for ``B`` rows: the bitmask's rows (the ones ``wait`` returns)
@@ -383,7 +386,9 @@ class MaskFiller:
         t0 = time.perf_counter()
         rows = args.rows_np
         constrained = [i for i, s in enumerate(seqs) if s.fill_bitmask(rows[i])]
-        self.mask_seconds += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.mask_seconds += dt
+        self.recent += 0.5 * (dt - self.recent)
         return args.rows, constrained
 
     def launched(self) -> None:

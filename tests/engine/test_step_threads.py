@@ -1,8 +1,11 @@
 """The CPU's threads step by step (deepinfer/_threads.py, StepThreads): every core while no
-other process keeps one busy and the step has no mask work; the base count otherwise; fixed
-where the user set it. The machine's load is fed in through its reading, the clock stepped."""
+other process keeps one busy and the step's mask work is a small share of it; the base count
+otherwise; fixed where the user set it. The machine's load is fed in through its reading, the
+clock stepped."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -74,3 +77,39 @@ def test_fixed_where_the_user_set_threads(machine, monkeypatch):
     assert not p.enabled
     machine.run(1.0, others=0.0)
     assert p.for_step(False) == p.current
+
+
+def test_host_work_needs_a_core_only_as_a_share_of_the_step():
+    assert _threads.host_needs_core(0.0, 0.0)  # nothing measured yet: a core for the masks
+    assert not _threads.host_needs_core(0.1e-3, 45e-3)  # warm rows beside an 8-row step
+    assert _threads.host_needs_core(5e-3, 45e-3)  # cold rows: a ninth of the step
+    assert _threads.host_needs_core(0.2e-3, 1e-3)  # a step of a millisecond
+
+
+def test_engine_leaves_every_core_to_a_step_whose_masks_are_light(tiny_llm):
+    """The engine asks for a core for its mask thread at a constrained step's start (nothing
+    measured), then weighs the masks' recent time against the step's: warm rows of a small
+    regex cost microseconds beside a step of milliseconds, so later steps get every core."""
+    from deepinfer import SamplingParams
+
+    llm = tiny_llm
+    policy = llm._step_threads
+    seen = []
+    real = policy.for_step
+
+    def spy(host_work, small=False):
+        seen.append((host_work, llm.masks.recent, llm._recent_step))
+        return real(host_work, small)
+
+    llm.masks.recent = llm._recent_step = 0.0
+    policy.for_step = spy
+    try:
+        params = SamplingParams(regex="[ab]{60}", max_tokens=60, temperature=0, speculative=False)
+        outs = llm.generate([[1, 5 + i, 9] for i in range(6)], [params] * 6, use_tqdm=False)
+    finally:
+        del policy.for_step
+    assert all(re.fullmatch("[ab]{60}", o.text) for o in outs)
+    assert seen[0][0]  # the first step: no fill measured yet
+    assert not all(host for host, _, _ in seen)  # light masks: some steps take every core
+    for host, recent, step in seen:
+        assert host == (recent >= _threads.HOST_SHARE * step)
