@@ -39,6 +39,7 @@ from .cuda_graphs import (
     t_bucket,
     tile_size,
 )
+from .kernels import quantized
 from .models.kv_cache import KVCache
 from .models.llama import DECODE_ATTENTION, ForwardBatch, LlamaModel
 from .sequence import Sequence
@@ -284,6 +285,26 @@ class ModelRunner:
         if not sampled:
             return torch.empty(0, self.model.logits_width, device=self.device)
         return torch.stack(sampled)
+
+    def verify_cap(self, rows: int) -> int | None:
+        """Most tokens a verify forward of ``rows`` rows should hold, None for no cap. On the
+        CPU a decode step of at most `quantized.GEMV_ROWS` rows multiplies an int4 model's
+        matrices in the C GEMV (int8 activations, each row's arithmetic its own). A verify
+        forward of at most that many tokens runs the same kernels, its attention as decode rows
+        (`llama.CHUNK_ROWS`), so each position's logits are bit for bit those of a decode step
+        there, at about the cost of a decode step of as many rows; with more tokens torch's
+        int4 kernel (bfloat16 activations) takes 2-3 times as long and rounds otherwise. So a
+        batch of at most GEMV_ROWS rows verifies at most GEMV_ROWS tokens there."""
+        if (
+            self.device.type == "cpu"
+            and not self.deterministic
+            and rows <= quantized.GEMV_ROWS
+            and getattr(self.model, "int4", False)
+            and self.model.dtype == torch.bfloat16
+            and quantized._GEMV.fn is not None
+        ):
+            return quantized.GEMV_ROWS
+        return None
 
     def verify(
         self, seqs: list[Sequence], drafts: list[list[int]], T: int, *, graphs: bool = True

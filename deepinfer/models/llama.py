@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..kernels import decode_attention_c, int4_gemv
 from ..kernels import dense_prefill as dense
-from ..kernels import int4_gemv
 from ..kernels.decode_attention import ATTN_CHUNK, decode_attention_torch
 from ..kernels.fused import signed_sin
 from ..kernels.int4_weights import Int4Weight, int4_rows
@@ -46,6 +46,11 @@ from .moe import MoE
 
 DECODE_ATTENTION = ("sdpa", "torch", "triton", "split", "rows")
 STATIC_ATTENTION = DECODE_ATTENTION + ("prefill",)  # decode_static's: "prefill" for verify rows only
+# a torch-attention forward of at most this many query rows, in chunks of several tokens, takes
+# each row's attention as a decode row's (`_chunk_rows`): a verify forward of T positions then
+# computes each position as a decode step there does, in one C call where SDPA took a call and
+# a causal mask per sequence (on the CPU at 2-4 positions about a third of the forward)
+CHUNK_ROWS = 16
 
 
 @dataclass
@@ -127,6 +132,17 @@ class ForwardBatch:
             per_row=per_row,
             more=tuple(placed(t) for t in more),
         )
+
+
+def _chunk_rows(query_start: list[int], seq_lens: list[int], device) -> tuple[torch.Tensor, list[int]]:
+    """The query rows of chunks at their sequences' ends as decode rows: each row's sequence
+    (an index into the batch's block tables) and its key count (its position + 1)."""
+    seq, lens = [], []
+    for b, (a, e) in enumerate(zip(query_start, query_start[1:])):
+        n = seq_lens[b]
+        seq += [b] * (e - a)
+        lens += range(n - (e - a) + 1, n + 1)
+    return torch.tensor(seq, dtype=torch.int64, device=device), lens
 
 
 def _qkv(h: torch.Tensor, layer: Layer, mm, invariant: bool) -> torch.Tensor:
@@ -348,11 +364,13 @@ class LlamaModel:
         token ([N, V]) when it is None.
 
         attention: "torch" (``paged_attention_torch``: one batched call for the one-token rows,
-        one per longer chunk), "triton" (``paged_attention_triton``: one program per token and
-        KV head), "split" (the same kernel with each token's keys split into runs, a program
-        each, as many as ``decode_splits`` gives for N rows: for decode rows) or "prefill"
-        (``paged_prefill_triton``: one program per tile of a sequence's query tokens, each key
-        block read once a tile; for prompt chunks on CUDA).
+        one per longer chunk; on the CPU, decode rows and a forward of at most ``CHUNK_ROWS``
+        rows take ``paged_decode_torch``, in the C call where it can), "triton"
+        (``paged_attention_triton``: one program per token and KV head), "split" (the same
+        kernel with each token's keys split into runs, a program each, as many as
+        ``decode_splits`` gives for N rows: for decode rows) or "prefill" (``paged_prefill_triton``:
+        one program per tile of a sequence's query tokens, each key block read once a tile; for
+        prompt chunks on CUDA).
         invariant: matmuls and norms through deepinfer.kernels.invariant and the attention
         through ``paged_invariant_triton`` (whatever ``attention`` says): each token's result is
         the same bits whatever else is in the batch and however its prompt is chunked, and the
@@ -382,6 +400,12 @@ class LlamaModel:
         # rows of one token each (a decode step) on the torch path: where each row's keys lie is
         # worked out once (per KV-cache group and window) for every layer
         decode = attention == "torch" and not batch.per_row and N == len(batch.seq_lens)
+        # a few rows in short chunks at their sequences' ends (DSpark's verify forward on the
+        # CPU): each query row as a decode row of its own, its position's keys, where the C
+        # call of decode rows takes them (`_chunk_rows`)
+        chunk = None
+        if attention == "torch" and not batch.per_row and not decode and N <= CHUNK_ROWS:
+            chunk = _chunk_rows(batch.query_start, batch.seq_lens, x.device)
         keys: dict[tuple[int, int], DecodeKeys] = {}
         y = None  # the last layer's MLP output, added to the residual by the next norm
         for i, layer in enumerate(self.layers):
@@ -393,6 +417,11 @@ class LlamaModel:
                 at = (self.layer_group[i], layer.window)
                 if at not in keys:
                     keys[at] = decode_keys(tables, batch.seq_lens, cache.block_size, layer.window)
+                o = paged_decode_torch(q, *flat, keys[at], layer.softcap)
+            elif chunk is not None and decode_attention_c.usable(q, *flat, layer.softcap):
+                at = (self.layer_group[i], layer.window)
+                if at not in keys:
+                    keys[at] = decode_keys(tables[chunk[0]], chunk[1], cache.block_size, layer.window)
                 o = paged_decode_torch(q, *flat, keys[at], layer.softcap)
             elif attention in ("triton", "split"):
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], tables, batch.seq_ids,

@@ -233,14 +233,15 @@ def test_tiny_kv_lengths_stops_and_mixed_batch(tiny):
     assert seen and all(seen)
 
 
-def _verify_equals_decode(llm):
-    """Deterministic mode: each position of a verify forward gives the bits a decode step there
-    gives (K/V included), whatever the rows and their drafts: decode the same tokens one
-    position at a time, in batches of other compositions, and compare with torch.equal."""
+def _verify_equals_decode(llm, prompts=None, drafts=None, T=6):
+    """Each position of a verify forward gives the bits a decode step there gives (K/V
+    included), whatever the rows and their drafts: decode the same tokens one position at a
+    time, in batches of other compositions, and compare with torch.equal."""
     import torch
 
-    prompts = [[1, *range(5 + i, 5 + i + 7 * i)] for i in range(10)]
-    drafts = [[5, 6, 7, 8, 9], [], [8, 9], [10]] * 2 + [[11, 12, 13, 14], [15]]
+    if prompts is None:
+        prompts = [[1, *range(5 + i, 5 + i + 7 * i)] for i in range(10)]
+        drafts = [[5, 6, 7, 8, 9], [], [8, 9], [10]] * 2 + [[11, 12, 13, 14], [15]]
     seqs = [llm._make_sequence(p, SamplingParams(max_tokens=20)) for p in prompts]
     runner, pool = llm.runner, llm.scheduler.pool
     for s in seqs:
@@ -248,9 +249,8 @@ def _verify_equals_decode(llm):
     runner.step(seqs, [len(s) for s in seqs])
     for s in seqs:
         s.output_token_ids.append(11)  # sampled, not cached yet
-    T = 6
     verified = runner.verify(seqs, drafts, T).cpu()
-    assert verified.shape == (10, T, llm.config.vocab_size)
+    assert verified.shape == (len(prompts), T, llm.config.vocab_size)
     for t in range(T):  # position t: the rows with a token there, decoded as a batch
         rows = [i for i, d in enumerate(drafts) if t <= len(d)]
         decoded = runner.step([seqs[i] for i in rows], [1] * len(rows)).cpu()
@@ -262,6 +262,45 @@ def _verify_equals_decode(llm):
                 seqs[i].num_cached += 1
     for s in seqs:
         pool.free(s.block_table)
+
+
+@pytest.fixture(scope="module")
+def int4_llm(embedded_gguf_path):
+    """The CPU's default: the GGUF's int4 blocks, bfloat16 activations, the C kernels."""
+    from deepinfer.kernels import decode_attention_c, quantized
+
+    llm = LLM(None, device="cpu", seed=0)
+    if quantized._GEMV.fn is None or decode_attention_c.STATE.attention_rows is None:
+        pytest.skip("the C kernels are not built (./build.sh install builds them with cc)")
+    return llm
+
+
+@pytest.mark.slow
+def test_cpu_verify_of_a_few_tokens_is_decode_bit_for_bit(int4_llm):
+    """The CPU default: a verify forward of at most GEMV_ROWS tokens runs decode's kernels
+    (the C GEMV, each query row's attention as a decode row's), so each position gives the
+    bits a decode step there gives, rows alone or together."""
+    text = int4_llm.tokenizer.encode("Alice Smith is 31 years old and lives in Paris. Record as JSON.")
+    _verify_equals_decode(int4_llm, [text], [[28, 1296, 4330]], T=4)
+    _verify_equals_decode(int4_llm, [text, text[3:]], [[28], []], T=2)
+    assert [int4_llm.runner.verify_cap(b) for b in (1, 4, 5)] == [4, 4, None]
+
+
+@pytest.mark.slow
+def test_cpu_default_keeps_outputs_identical_with_dspark(int4_llm):
+    """Greedy requests one at a time on the CPU default (bfloat16, int4 blocks): DSpark verifies
+    at most GEMV_ROWS tokens a step there (``ModelRunner.verify_cap``), so its outputs are the
+    ones without it, token for token, and it still verifies and accepts drafts."""
+    base, on, verified, accepted = [], [], 0, 0
+    for message, c in PROMPTS[:2] + PROMPTS[4:]:
+        for mode, out in ((False, base), (True, on)):
+            int4_llm.dspark = DSpark(mode)
+            params = SamplingParams(temperature=0, max_tokens=60, **c)
+            out.append(int4_llm.chat([[{"role": "user", "content": message}]], params, use_tqdm=False)[0])
+        st = int4_llm.dspark.stats
+        verified, accepted = verified + st.verify_steps, accepted + sum(st.accepted)
+    assert [o.token_ids for o in on] == [o.token_ids for o in base]
+    assert verified > 0 and accepted > 0
 
 
 def test_deterministic_verify_forward_is_decode_bit_for_bit(tiny_folder, monkeypatch_session):
