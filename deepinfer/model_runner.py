@@ -292,13 +292,14 @@ class ModelRunner:
         matrices in the C GEMV (int8 activations, each row's arithmetic its own). A verify
         forward of at most that many tokens runs the same kernels, its attention as decode rows
         (`llama.CHUNK_ROWS`), so each position's logits are bit for bit those of a decode step
-        there, at about the cost of a decode step of as many rows; with more tokens torch's
-        int4 kernel (bfloat16 activations) takes 2-3 times as long and rounds otherwise. So a
-        batch of at most GEMV_ROWS rows verifies at most GEMV_ROWS tokens there."""
+        there, at about the cost of a decode step of as many rows. With more tokens torch's
+        int4 kernel (bfloat16 activations) rounds otherwise, and a token costs more than a decode
+        step's: at 8 rows on the embedded model a verify forward of 2 positions took 2.3 times
+        a decode forward, of 3 positions 4.3 times, so no draft could pay. So a verify step holds
+        at most GEMV_ROWS tokens there: 1 row up to 3 drafts, 2 rows 1 each, more rows none."""
         if (
             self.device.type == "cpu"
             and not self.deterministic
-            and rows <= quantized.GEMV_ROWS
             and getattr(self.model, "int4", False)
             and self.model.dtype == torch.bfloat16
             and quantized._GEMV.fn is not None
