@@ -12,8 +12,9 @@ tokens/s unconstrained and constrained (DSpark off), their ratio, host time per 
 on masks, the share of it hidden behind the device step (1 - wait / mask), and tokens/s
 constrained with DSpark on. Each mode runs once untimed first (graph captures, constraint
 rows); then the modes take turns ``--trials`` times (3) and each mode's median run is
-reported. With random weights, each schema is followed by a 600-character string
-so that no constrained output can end before max_tokens (the unconstrained ones ignore EOS). With
+reported. With random weights (and on the CPU with ``--forced-length``), each schema is
+followed by a 600-character string so that no constrained output can end before max_tokens (the
+unconstrained ones ignore EOS). With
 ``--deterministic`` it also measures ``LLM(deterministic=True)`` against the default.
 With ``--repeat N`` the LLM is built afresh N times (warm-up included) and a last table gives
 each shape and batch size's worst run. Goals: DSpark on >= 0.95x off in every run, even with
@@ -326,6 +327,12 @@ def main() -> None:
     ap.add_argument("--export-tokenizer", action="store_true")
     ap.add_argument("--random", action="store_true", help="random weights at --shapes even on the CPU")
     ap.add_argument(
+        "--forced-length",
+        action="store_true",
+        help="CPU: each schema followed by a 600-character string (as with random weights), so that "
+        "constrained rows run to max_tokens as the free rows do",
+    )
+    ap.add_argument(
         "--trials", type=int, default=3, help="timed runs of each mode, taking turns; the median is reported"
     )
     ap.add_argument(
@@ -365,7 +372,7 @@ def main() -> None:
                 "SmolLM2-135M (embedded, CPU)",
                 batches,
                 max_tokens,
-                schemas,
+                [forced_length(x) for x in schemas] if args.forced_length else schemas,
                 0.7,
                 chat=True,
                 trials=args.trials,
