@@ -1,7 +1,8 @@
 """Every model family's logits against transformers' on a tiny random-weight checkpoint (CPU,
 float32): written by save_pretrained, read by our Hugging Face loader, a ragged batch prefilled
 together through shuffled block tables, then decode steps (the eager forward and the fixed-shape
-`decode_static`), each row at its own position past the sliding windows."""
+`decode_static`), each row at its own position past the sliding windows; and, in bfloat16, short
+chunks' attention as decode rows in the C call (`llama.CHUNK_ROWS`)."""
 
 from __future__ import annotations
 
@@ -179,3 +180,48 @@ def test_deterministic_mode_refuses_a_mixture_of_experts(family_folder):
 
     with pytest.raises(ValueError, match="deterministic mode does not cover mixture-of-experts"):
         LLM(family_folder("qwen3_moe")[0], dtype="float32", device="cpu", deterministic=True)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "mistral", "phi3", "gemma3_text"])
+def test_short_chunks_attend_as_decode_rows(family_folder, model_type, monkeypatch):
+    """Bfloat16 on the CPU, where the C attention is built: a forward of at most CHUNK_ROWS query
+    rows in chunks (DSpark's verify forward, a short prompt) takes each row's attention as a
+    decode row's, its position's keys (sliding windows included), in one C call a layer; the
+    logits are within bfloat16 rounding of the torch attention it replaces (one SDPA call and a
+    causal mask a sequence)."""
+    from deepinfer.kernels import decode_attention_c
+    from deepinfer.models import llama
+
+    if decode_attention_c.STATE.attention_rows is None:
+        pytest.skip("the C attention is not built (./build.sh install builds it with cc)")
+    folder, hf = family_folder(model_type)
+    lm = load_model(folder)
+    ours = LlamaModel(lm.config, lm.weights, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (9, 5)]
+    tables = [[3, 1, 4], [6, 2, 5]]
+    calls = []
+    real = decode_attention_c.decode_attention_rows
+
+    def spy(q, *a):
+        calls.append(q.shape[0])
+        return real(q, *a)
+
+    monkeypatch.setattr(decode_attention_c, "decode_attention_rows", spy)
+
+    def run():
+        cache = ours.new_cache(8, BS)
+        ours.forward(ForwardBatch.of_chunks(_to, tables, [0, 0], prompts, BS), cache)  # 14 rows
+        more = [[7, 8, 9], [10, 11, 12]]  # then a verify-like step: 3 positions a row
+        return ours.forward(ForwardBatch.of_chunks(_to, tables, [9, 5], more, BS, logits="all"), cache)
+
+    got = run()
+    assert set(calls) == {14, 6} and len(calls) == 2 * len(ours.layers)  # one call a layer
+    monkeypatch.setattr(llama, "CHUNK_ROWS", 0)
+    calls.clear()
+    want = run()
+    assert not calls
+    # against transformers in float32: as close as the torch attention's bfloat16 logits are
+    ref = torch.cat([_ref(hf, p + m)[-3:] for p, m in zip(prompts, [[7, 8, 9], [10, 11, 12]])])
+    err, base = ((x.float() - ref).abs().max().item() for x in (got, want))
+    assert err <= 1.5 * base + 0.01, (err, base)
