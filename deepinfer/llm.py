@@ -670,19 +670,19 @@ class LLM:
 
     def _gate(self, running: list[Sequence]) -> bool:
         return bool(running) and self.dspark.gate(
-            running, cache_len=self.max_model_len, token_budget=self._verify_budget(len(running)),
+            running, cache_len=self.max_model_len, token_budget=self._verify_budget(),
             device_type=self.device.type, step_times=self.step_times,
         )  # fmt: skip
 
     def _plan_drafts(self, seqs: list[Sequence]):
         return self.dspark.plan(
-            seqs, cache_len=self.max_model_len, token_budget=self._verify_budget(len(seqs)),
+            seqs, cache_len=self.max_model_len, token_budget=self._verify_budget(),
             special_ids=self._special_ids, device_type=self.device.type, step_times=self.step_times,
         )  # fmt: skip
 
-    def _verify_budget(self, rows: int) -> int:
-        """Most tokens a verify step of ``rows`` rows may hold (``ModelRunner.verify_cap``)."""
-        cap = self.runner.verify_cap(rows)
+    def _verify_budget(self) -> int:
+        """Most tokens a verify step may hold (``ModelRunner.verify_cap``)."""
+        cap = self.runner.verify_cap()
         return self.max_num_batched_tokens if cap is None else min(cap, self.max_num_batched_tokens)
 
     def _step_ahead(self, rows: list[Sequence], sampled: torch.Tensor) -> StepAhead | None:

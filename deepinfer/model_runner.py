@@ -286,8 +286,8 @@ class ModelRunner:
             return torch.empty(0, self.model.logits_width, device=self.device)
         return torch.stack(sampled)
 
-    def verify_cap(self, rows: int) -> int | None:
-        """Most tokens a verify forward of ``rows`` rows should hold, None for no cap. On the
+    def verify_cap(self) -> int | None:
+        """Most tokens a verify forward should hold, whatever its rows; None for no cap. On the
         CPU a decode step of at most `quantized.GEMV_ROWS` rows multiplies an int4 model's
         matrices in the C GEMV (int8 activations, each row's arithmetic its own). A verify
         forward of at most that many tokens runs the same kernels, its attention as decode rows

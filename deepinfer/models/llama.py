@@ -413,15 +413,11 @@ class LlamaModel:
             flat = cache.flat(i)
             x, q = self._attention_inputs(layer, x, y, rope, slots, flat, op, invariant)
             q = q.reshape(N, nkv, g, hd)
-            if decode:
+            if decode or (chunk is not None and decode_attention_c.usable(q, *flat, layer.softcap)):
                 at = (self.layer_group[i], layer.window)
                 if at not in keys:
-                    keys[at] = decode_keys(tables, batch.seq_lens, cache.block_size, layer.window)
-                o = paged_decode_torch(q, *flat, keys[at], layer.softcap)
-            elif chunk is not None and decode_attention_c.usable(q, *flat, layer.softcap):
-                at = (self.layer_group[i], layer.window)
-                if at not in keys:
-                    keys[at] = decode_keys(tables[chunk[0]], chunk[1], cache.block_size, layer.window)
+                    own, lens = (tables, batch.seq_lens) if chunk is None else (tables[chunk[0]], chunk[1])
+                    keys[at] = decode_keys(own, lens, cache.block_size, layer.window)
                 o = paged_decode_torch(q, *flat, keys[at], layer.softcap)
             elif attention in ("triton", "split"):
                 o = paged_attention_triton(q, cache.k[i], cache.v[i], tables, batch.seq_ids,

@@ -283,7 +283,7 @@ def test_cpu_verify_of_a_few_tokens_is_decode_bit_for_bit(int4_llm):
     text = int4_llm.tokenizer.encode("Alice Smith is 31 years old and lives in Paris. Record as JSON.")
     _verify_equals_decode(int4_llm, [text], [[28, 1296, 4330]], T=4)
     _verify_equals_decode(int4_llm, [text, text[3:]], [[28], []], T=2)
-    assert [int4_llm.runner.verify_cap(b) for b in (1, 4, 8)] == [4, 4, 4]
+    assert int4_llm.runner.verify_cap() == 4
 
 
 @pytest.mark.slow

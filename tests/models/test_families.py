@@ -209,10 +209,11 @@ def test_short_chunks_attend_as_decode_rows(family_folder, model_type, monkeypat
 
     monkeypatch.setattr(decode_attention_c, "decode_attention_rows", spy)
 
+    more = [[7, 8, 9], [10, 11, 12]]  # after the prompts, a verify-like step: 3 positions a row
+
     def run():
         cache = ours.new_cache(8, BS)
         ours.forward(ForwardBatch.of_chunks(_to, tables, [0, 0], prompts, BS), cache)  # 14 rows
-        more = [[7, 8, 9], [10, 11, 12]]  # then a verify-like step: 3 positions a row
         return ours.forward(ForwardBatch.of_chunks(_to, tables, [9, 5], more, BS, logits="all"), cache)
 
     got = run()
@@ -222,6 +223,6 @@ def test_short_chunks_attend_as_decode_rows(family_folder, model_type, monkeypat
     want = run()
     assert not calls
     # against transformers in float32: as close as the torch attention's bfloat16 logits are
-    ref = torch.cat([_ref(hf, p + m)[-3:] for p, m in zip(prompts, [[7, 8, 9], [10, 11, 12]])])
+    ref = torch.cat([_ref(hf, p + m)[-3:] for p, m in zip(prompts, more)])
     err, base = ((x.float() - ref).abs().max().item() for x in (got, want))
     assert err <= 1.5 * base + 0.01, (err, base)
