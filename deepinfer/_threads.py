@@ -72,8 +72,11 @@ def host_needs_core(host_seconds: float, step_seconds: float) -> bool:
     the 2-core machine (torch's int4 matmuls), and the host thread takes a core's time from it
     while it runs: that pays while the host work is a small share of the step. Warm rows are a
     few microseconds each (about 0.1 ms a step at 8 rows, against 40-50 ms); a request's
-    first rows or a new schema's can take milliseconds, which the recent average shows."""
-    return host_seconds >= HOST_SHARE * step_seconds
+    first rows or a new schema's can take milliseconds, which the recent average shows.
+    With no mask fill measured yet (a process's first constrained step), no: that step is
+    the request's prefill, whose forward computes every prompt token while its masks are a
+    row per request (one thread doubled a 250-token prompt's time to first token)."""
+    return host_seconds > 0.0 and host_seconds >= HOST_SHARE * step_seconds
 
 
 class StepThreads:
@@ -88,15 +91,21 @@ class StepThreads:
     process holds, and a step then took 0.5 s instead of 15 ms; with the other core idle, two
     threads decode about 1.4x faster than one. Other processes' use is the machine's busy time
     (/proc/stat) less this process's own (``time.process_time``), over windows of ``window``
-    seconds: a quarter of a core or more of it keeps the spare core to them, until a window with
-    less than a tenth."""
+    seconds (the first, from the policy's making, of ``first_window``): a quarter of a core or
+    more of it keeps the spare core to them, until a window with less than a tenth. Before the
+    first window the spare core is theirs."""
 
-    def __init__(self, window: float = 0.25):
+    def __init__(self, window: float = 0.25, first_window: float = 0.1):
         import time
 
         self._clock = time.perf_counter
         self._cpu = time.process_time
         self.window = window
+        # the first window may be shorter: until one is measured the policy assumes a busy
+        # neighbour, and the engine makes its policy before loading the model, so that the
+        # load (this process's own time, left out) is most of that window
+        self.first_window = first_window
+        self._measured = False
         self.base = configure_torch_threads()
         self.cores = cpu_count()
         fixed = os.environ.get("DEEPINFER_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
@@ -108,8 +117,9 @@ class StepThreads:
 
     def _measure(self) -> None:
         now = self._clock()
-        if now - self._t < self.window:
+        if now - self._t < (self.window if self._measured else self.first_window):
             return
+        self._measured = True
         busy, own = _busy_seconds(), self._cpu()
         if busy is None:
             self.enabled = False

@@ -197,6 +197,12 @@ class LLM:
             self.dtype = torch.bfloat16  # the packed int8 and int4 kernels' activations
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs!r}")
+        # CPU threads step by step (deepinfer/_threads.py), made before the load so that its first
+        # window of the machine's load spans it; fixed in deterministic mode, whose promise should
+        # not rest on every kernel splitting work alike at any thread count
+        self._step_threads = (
+            _threads.StepThreads() if self.device.type == "cpu" and not deterministic else None
+        )
         t0 = time.perf_counter()
         loaded = load_model(model, keep_blocks=quantization == "gguf")
         if quantization == "gguf" and not any(isinstance(w, GGUFMatrix) for w in loaded.weights.values()):
@@ -234,11 +240,6 @@ class LLM:
                 self.model.quantize_int8()
         del loaded
         self.deterministic = deterministic
-        # CPU threads step by step (deepinfer/_threads.py); fixed in deterministic mode, whose
-        # promise should not rest on every kernel splitting work alike at any thread count
-        self._step_threads = (
-            _threads.StepThreads() if self.device.type == "cpu" and not deterministic else None
-        )
         self.runner = ModelRunner(
             self.model,
             cuda_graphs=False if enforce_eager or getattr(self.model, "eager_only", False) else None,

@@ -64,11 +64,17 @@ def test_every_core_while_the_other_is_idle(machine):
 
 
 def test_a_window_shorter_than_its_length_is_not_measured(machine):
+    """The first window (from the policy's making, which spans the model's load) is
+    ``first_window`` long; the later ones ``window``."""
     p = _policy(machine)
-    machine.run(0.1, others=0.0)
+    machine.run(0.05, others=0.0)
+    assert p.for_step(False) == 1  # no window yet: the spare core is the neighbours'
+    machine.run(0.05, others=0.0)
+    assert p.for_step(False) == 2  # the first window, 0.1 s of an idle machine
+    machine.run(0.1, others=1.0)
+    assert p.for_step(False) == 2  # 0.1 s of a busy neighbour: not a window any more
+    machine.run(0.2, others=1.0)
     assert p.for_step(False) == 1
-    machine.run(0.2, others=0.0)
-    assert p.for_step(False) == 2
 
 
 def test_fixed_where_the_user_set_threads(machine, monkeypatch):
@@ -80,16 +86,17 @@ def test_fixed_where_the_user_set_threads(machine, monkeypatch):
 
 
 def test_host_work_needs_a_core_only_as_a_share_of_the_step():
-    assert _threads.host_needs_core(0.0, 0.0)  # nothing measured yet: a core for the masks
+    assert not _threads.host_needs_core(0.0, 0.0)  # nothing measured: a prefill, every core
     assert not _threads.host_needs_core(0.1e-3, 45e-3)  # warm rows beside an 8-row step
     assert _threads.host_needs_core(5e-3, 45e-3)  # cold rows: a ninth of the step
     assert _threads.host_needs_core(0.2e-3, 1e-3)  # a step of a millisecond
 
 
 def test_engine_leaves_every_core_to_a_step_whose_masks_are_light(tiny_llm):
-    """The engine asks for a core for its mask thread at a constrained step's start (nothing
-    measured), then weighs the masks' recent time against the step's: warm rows of a small
-    regex cost microseconds beside a step of milliseconds, so later steps get every core."""
+    """The engine leaves every core to a process's first constrained step (its prefill, with no
+    mask fill measured yet), then weighs the masks' recent time against the step's: warm rows
+    of a small regex cost microseconds beside a step of milliseconds, so later steps get every
+    core too, but for a step after a cold row where it is a large share."""
     from deepinfer import SamplingParams
 
     llm = tiny_llm
@@ -109,7 +116,7 @@ def test_engine_leaves_every_core_to_a_step_whose_masks_are_light(tiny_llm):
     finally:
         del policy.for_step
     assert all(re.fullmatch("[ab]{60}", o.text) for o in outs)
-    assert seen[0][0]  # the first step: no fill measured yet
+    assert seen[0] == (False, 0.0, 0.0)  # the first step: no fill measured, every core
     assert not all(host for host, _, _ in seen)  # light masks: some steps take every core
     for host, recent, step in seen:
-        assert host == (recent >= _threads.HOST_SHARE * step)
+        assert host == (recent > 0 and recent >= _threads.HOST_SHARE * step)
