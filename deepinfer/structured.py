@@ -382,6 +382,11 @@ class MaskFiller:
             self._future = self._pool.submit(self._fill, seqs, host)
         return self
 
+    @property
+    def active(self) -> bool:
+        """Has this step rows to fill (a row with a constraint)?"""
+        return self._pending is not None or self._future is not None
+
     def _fill(self, seqs: list, args: SampleArgs) -> tuple[Any, list[int]]:
         t0 = time.perf_counter()
         rows = args.rows_np
@@ -400,13 +405,16 @@ class MaskFiller:
                 self._event.record()
                 self._launched = self._event
 
-    def wait(self) -> tuple[Any, list[int]]:
+    def wait(self, *, hidden: bool = False) -> tuple[Any, list[int]]:
+        """(the host bitmask, the constrained rows' indices) of this step, filled now (inline)
+        or waited for (worker thread). ``hidden``: the caller is a thread of its own that the
+        step loop does not wait on (DSpark's mask thread), so no time counts as waited."""
         if self._pending is not None:
             seqs, host = self._pending
             self._pending = None
             t0 = time.perf_counter()
             out = self._fill(seqs, host)
-            if self._launched is not None and self._launched.query():
+            if not hidden and self._launched is not None and self._launched.query():
                 # the device had finished: count the fill as not hidden (a lower bound)
                 self.wait_seconds += time.perf_counter() - t0
             self.steps += 1
@@ -415,7 +423,8 @@ class MaskFiller:
             return None, []
         t0 = time.perf_counter()
         out = self._future.result()
-        self.wait_seconds += time.perf_counter() - t0
+        if not hidden:
+            self.wait_seconds += time.perf_counter() - t0
         self.steps += 1
         return out
 

@@ -303,11 +303,10 @@ class DSpark:
         v = self._verifier
         if v is None or v.device != device:
             v = self._verifier = Verifier(vocab_size, device)
-        host0, constrained = masks.wait()  # position 0's rows (filled while drafts were made)
-        pending = v.start_masks(seqs, drafts, T, host0, constrained)
+        pending = v.start_masks(seqs, drafts, T, masks)  # every position's rows, while the forward runs
         logits = forward(seqs, drafts, T, graphs=self.config.cuda_graphs)  # [B, T, V]
         t_wait = time.perf_counter()
-        bitmask = v.bitmask(pending)  # [B, T, W] on the device, or None
+        bitmask, constrained = v.bitmask(pending)  # [B, T, W] on the device, or None
         self.stats.mask_wait_seconds += time.perf_counter() - t_wait
         t_sync = time.perf_counter()
         out = self.verify_fn(

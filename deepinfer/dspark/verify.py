@@ -57,16 +57,21 @@ class Verifier:
             self._buf = torch.empty(max(n, 8 * 9 * self.width), dtype=torch.int32, pin_memory=self.pin)
         return self._buf[:n].view(B, T, self.width)
 
-    def start_masks(self, seqs, drafts: list[list[int]], T: int, host0, constrained: list[int]):
-        """Fill [B, T, W] bitmasks on a host thread: position 0 from the MaskFiller's rows, the
-        positions after each draft by walking the request's matcher (rolled back after)."""
-        if not constrained:
+    def start_masks(self, seqs, drafts: list[list[int]], T: int, masks):
+        """Fill [B, T, W] bitmasks on a host thread: position 0 from ``masks`` (the step's
+        MaskFiller: its rows are filled or waited for on this thread, so on CUDA, where the
+        filler works inline, that fill overlaps the verify forward rather than delaying its
+        launch), the positions after each draft by walking the request's matcher (rolled back
+        after). None when no row has a constraint; else a future of (bitmask [B, T, W] on the
+        host, the constrained rows)."""
+        if not masks.active:
             return None
         host = self._host(len(seqs), T)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-dspark-masks")
 
         def fill():
+            host0, constrained = masks.wait(hidden=True)
             t0 = time.perf_counter()
             rows = host.numpy()
             first = host0.numpy()
@@ -75,7 +80,7 @@ class Verifier:
                 if drafts[i]:
                     fill_position_masks(seqs[i].constraint, drafts[i], rows[i])
             self.mask_seconds += time.perf_counter() - t0
-            return host
+            return host, constrained
 
         return self._pool.submit(fill)
 
@@ -112,7 +117,12 @@ class Verifier:
             indices=idx,
         )
 
-    def bitmask(self, future) -> torch.Tensor | None:
+    def bitmask(self, future) -> tuple[torch.Tensor | None, list[int]]:
+        """(the bitmask [B, T, W] on the device, or None; the constrained rows) of
+        ``start_masks``' future."""
         if future is None:
-            return None
-        return future.result().to(self.device, non_blocking=True)
+            return None, []
+        host, constrained = future.result()
+        if not constrained:
+            return None, []
+        return host.to(self.device, non_blocking=True), constrained

@@ -233,6 +233,55 @@ def test_tiny_kv_lengths_stops_and_mixed_batch(tiny):
     assert seen and all(seen)
 
 
+def test_verify_forward_does_not_wait_for_the_first_masks(tiny):
+    """With masks filled inline (as on CUDA, on the step loop's thread), a verify step launches
+    its forward before position 0's rows are filled: DSpark's mask thread fills them with the
+    positions after the drafts while the forward runs. Here each such fill waits (up to 1 s)
+    for its step's forward; the outputs are plain decoding's."""
+    import threading
+
+    from deepinfer.structured import MaskFiller
+
+    prompts = [[1, 5, 9], [1, 7, 7, 7, 7], [1, 42]]
+    params = [SamplingParams(temperature=0, max_tokens=24, regex=TINY_REGEX)] * 3
+    base, _ = _tiny_run(tiny, False, params, prompts)
+    cond, launches, verifying, waited = threading.Condition(), [0], [None], []
+    fill, forward, step = MaskFiller._fill, tiny.runner.verify, DSpark.step
+
+    def launch(*a, **kw):
+        with cond:
+            launches[0] += 1
+            cond.notify_all()
+        return forward(*a, **kw)
+
+    def spy_step(self, plan, masks, **kw):
+        verifying[0] = launches[0] + 1  # this step's forward
+        try:
+            return step(self, plan, masks, **kw)
+        finally:
+            verifying[0] = None
+
+    def spy_fill(self, seqs, args):
+        want = verifying[0]
+        if want is not None:  # position 0 of a verify step: was its forward launched first?
+            with cond:
+                waited.append(cond.wait_for(lambda: launches[0] >= want, timeout=1.0))
+        return fill(self, seqs, args)
+
+    filler = tiny.masks
+    tiny.masks = MaskFiller(tiny.config.vocab_size, pin=False, inline=True)
+    tiny.runner.verify, DSpark.step, MaskFiller._fill = launch, spy_step, spy_fill
+    try:
+        got, st = _tiny_run(tiny, {"schedule": "fixed"}, params, prompts)
+    finally:
+        DSpark.step, MaskFiller._fill = step, fill
+        del tiny.runner.verify
+        tiny.masks = filler
+    assert got == base
+    assert st.verify_steps > 0 and len(waited) == st.verify_steps
+    assert all(waited), waited
+
+
 def _verify_equals_decode(llm, prompts=None, drafts=None, T=6):
     """Each position of a verify forward gives the bits a decode step there gives (K/V
     included), whatever the rows and their drafts: decode the same tokens one position at a
