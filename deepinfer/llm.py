@@ -454,7 +454,8 @@ class LLM:
         (``kv_blocks_total``, ``kv_blocks_used`` by running requests, ``kv_blocks_cached`` kept
         for reuse, ``kv_block_size``); ``preemptions``, ``evictions``; requests ``running`` and
         ``waiting`` now; constraint work: ``constraints_compiled`` and the seconds it took
-        (``constraint_compile_seconds``, cache hits included), ``mask_seconds`` spent filling
+        (``constraint_compile_seconds``, cache hits included), of it building the compiler for
+        the vocabulary (``constraint_setup_seconds``, once), ``mask_seconds`` spent filling
         bitmasks and ``mask_wait_seconds`` of it the step loop waited for (not hidden behind
         the forward); steps by kind and their host seconds: ``decode_steps`` (one token a row),
         ``prefill_steps`` (prompt tokens, with or without decode rows), ``verify_steps`` (DSpark
@@ -483,6 +484,7 @@ class LLM:
             "waiting": len(sch.waiting),
             "constraints_compiled": self._compiles,
             "constraint_compile_seconds": self._compile_seconds,
+            "constraint_setup_seconds": self.structured.setup_seconds,
             "mask_seconds": self.masks.mask_seconds,
             "mask_wait_seconds": self.masks.wait_seconds,
             **{f"{k}_steps": n for k, (n, _) in self._steps.items()},
@@ -633,6 +635,13 @@ class LLM:
         if error is not None:
             seq.fail(error, self.tokenizer)
         return seq
+
+    def prepare_constraints(self) -> None:
+        """Build the constraint compiler for this model's vocabulary now (the token bytes, the
+        vocabulary's tries, the rows shared by JSON strings), which the process's first
+        constrained request would otherwise build before its prefill. ``deepinfer serve`` calls
+        it before it says it is ready. Its time is ``metrics()["constraint_setup_seconds"]``."""
+        self.structured.compiler  # noqa: B018 - built on first access
 
     def _add(self, s: Sequence, stream: bool = False) -> None:
         """Compile the request's constraint (cached, shared; a bad one fails this request only)

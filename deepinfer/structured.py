@@ -47,15 +47,18 @@ class Structured:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._compiler = None
+        self.setup_seconds = 0.0  # building the compiler: the Vocabulary, its tries, shared rows
 
     @property
     def compiler(self):
         if self._compiler is None:
             from .constraints import Compiler
 
+            t0 = time.perf_counter()
             tok = self._tokenizer
             names = {t: i for i in tok.special_token_ids if (t := tok.id_to_token(i)) is not None}
             self._compiler = Compiler(tok.vocabulary(self._vocab_size), special_tokens=names)
+            self.setup_seconds = time.perf_counter() - t0
         return self._compiler
 
     def compile(self, p: SamplingParams):

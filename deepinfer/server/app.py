@@ -323,8 +323,8 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
 
 METRICS = ("running", "waiting", "kv_blocks_total", "kv_blocks_used", "prefix_cache_hit_tokens",
            "prefill_tokens", "preemptions", "constraints_compiled", "constraint_compile_seconds",
-           "mask_seconds", "mask_wait_seconds", "decode_steps_ahead", "decode_steps_ahead_taken",
-           "host_rows_ahead")  # fmt: skip
+           "constraint_setup_seconds", "mask_seconds", "mask_wait_seconds", "decode_steps_ahead",
+           "decode_steps_ahead_taken", "host_rows_ahead")  # fmt: skip
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -350,6 +350,7 @@ def prometheus(loop: EngineLoop) -> str:
         ("deepinfer_engine_steps_total", st.steps, "counter"),
         ("deepinfer_constraints_compiled_total", m["constraints_compiled"], "counter"),
         ("deepinfer_constraint_compile_seconds_total", m["constraint_compile_seconds"], "counter"),
+        ("deepinfer_constraint_setup_seconds", m["constraint_setup_seconds"], "gauge"),
         ("deepinfer_mask_seconds_total", m["mask_seconds"], "counter"),
         ("deepinfer_mask_wait_seconds_total", m["mask_wait_seconds"], "counter"),
         ("deepinfer_decode_steps_ahead_total", m["decode_steps_ahead"], "counter"),

@@ -243,6 +243,10 @@ def engine_main(factory: Callable[[], Any], inbox, outbox) -> None:
     """Build the LLM, say ready, then step while there is work; take requests between steps."""
     try:
         llm = factory()  # (on CUDA its graphs are captured as it is built: no request pays one)
+        try:
+            llm.prepare_constraints()  # nor does the first constrained request pay the compiler
+        except Exception:  # noqa: BLE001 - the first constrained request then fails with its error
+            pass
         tok = llm.tokenizer
         token_bytes = [
             b if b is not None else (tok.id_to_token(i) or "").encode()

@@ -176,3 +176,18 @@ def test_metrics_count_steps_by_kind(llm):
     assert after["verify_steps"] == before["verify_steps"]
     for kind in ("prefill", "decode"):
         assert after[f"{kind}_step_seconds"] > before[f"{kind}_step_seconds"]
+
+
+def test_prepare_constraints_builds_the_compiler_before_any_request(tiny_folder, monkeypatch_session):
+    """``prepare_constraints`` builds the vocabulary's constraint compiler at once (``deepinfer
+    serve`` calls it before it says it is ready), so the first constrained request does not:
+    the set-up is counted once, before it."""
+    llm = LLM(tiny_folder[0], dtype="float32", device="cpu", seed=0)
+    assert llm.metrics()["constraint_setup_seconds"] == 0.0
+    llm.prepare_constraints()
+    setup = llm.metrics()["constraint_setup_seconds"]
+    compiler = llm.structured.compiler
+    assert setup > 0.0
+    llm.generate(["a"], SamplingParams(max_tokens=3, regex="[ab]{3}"), use_tqdm=False)
+    assert llm.metrics()["constraint_setup_seconds"] == setup
+    assert llm.structured.compiler is compiler

@@ -125,6 +125,8 @@ def test_models_health_and_metrics(server, client):
     ):
         assert name in text
     assert "deepinfer_host_rows_ahead 0" in text.splitlines()  # (the CPU never waits for a device)
+    setup = [line for line in text.splitlines() if line.startswith("deepinfer_constraint_setup_seconds ")]
+    assert len(setup) == 1 and float(setup[0].split()[1]) > 0  # built before the server said ready
 
 
 def _read_response(s: socket.socket) -> bytes:
