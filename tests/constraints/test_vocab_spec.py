@@ -20,6 +20,7 @@ from deepinfer.constraints.vocab import (
     _token_bytes,
     _tokenizer_spec,
     _unicode_to_byte,
+    _with_parts,
     continuation_encoder,
 )
 from deepinfer.tokenizer import BYTE, CONTROL, NORMAL, sentencepiece_tokenizer
@@ -88,12 +89,36 @@ def test_components_give_what_the_whole_file_gives(make):
         assert fast(text) == slow(text), text
 
 
+def _prefixless_parts(tok: Tokenizer) -> dict:
+    whole = json.loads(tok.to_str())
+    parts = {k: whole.get(k) for k in ("normalizer", "pre_tokenizer")}
+    assert _drop_prefix(parts)
+    return parts
+
+
 def test_sentencepiece_encoder_drops_the_dummy_prefix():
-    """The SentencePiece tokenizer prepends a space; the continuation encoder does not."""
+    """The SentencePiece tokenizer prepends a space; the continuation encoder does not. It is
+    built on the tokenizer's own model with the edited components, not from a copy of the whole
+    file, and encodes as that copy does."""
     tok = _sentencepiece()
     enc = continuation_encoder(tok)
     assert tok.encode("hello", add_special_tokens=False).ids != enc("hello")
     assert tok.decode(enc("hello")) == "hello"
+    built = _with_parts(tok, _prefixless_parts(tok))
+    assert built is not None
+    slow = _reference_encoder(tok)
+    for text in TEXTS + ["<s>hello</s>", "▁hello"]:
+        assert built.encode(text, add_special_tokens=False).ids == slow(text), text
+
+
+def test_a_tokenizer_that_truncates_is_copied_whole():
+    """Truncation (or padding) is not carried over to a tokenizer built from the parts, so a
+    tokenizer with it set gets the whole copy, which keeps it."""
+    tok = _sentencepiece()
+    tok.enable_truncation(3)
+    assert _with_parts(tok, _prefixless_parts(tok)) is None
+    fast, slow = continuation_encoder(tok), _reference_encoder(tok)
+    assert fast("hello world hello") == slow("hello world hello") and len(slow("hello world hello")) == 3
 
 
 def test_byte_level_bytes_match_the_definition():
