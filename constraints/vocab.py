@@ -347,16 +347,19 @@ class Vocabulary:
         tok: Any,
         eos_ids: Iterable[int] | None = None,
         vocab_size: int | None = None,
+        *,
+        pieces: tuple[list[bytes | None], set[int]] | None = None,
     ) -> Vocabulary:
         """Build from a ``tokenizers.Tokenizer`` (or a ``transformers`` fast tokenizer).
 
         Without ``eos_ids``, the tokenizer's ``</s>``, ``<|endoftext|>``, ``<|im_end|>``,
-        ``<|eot_id|>`` or ``<eos>`` tokens are used where present.
+        ``<|eot_id|>`` or ``<eos>`` tokens are used where present. ``pieces``: what
+        :func:`token_bytes_from_tokenizer` gave for ``tok``, where it was already read.
         """
         if hasattr(tok, "backend_tokenizer"):  # transformers PreTrainedTokenizerFast
             tok = tok.backend_tokenizer
         spec = _tokenizer_spec(tok)
-        token_bytes, special = _token_bytes(tok, spec)
+        token_bytes, special = _token_bytes(tok, spec) if pieces is None else pieces
         if eos_ids is None:
             names = (
                 "</s>",

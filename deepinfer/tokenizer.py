@@ -135,9 +135,16 @@ class Tokenizer:
     # -- bytes (for the constraint compiler) ---------------------------------------------------
     def token_bytes(self) -> list[bytes | None]:
         """Each id's exact bytes (None for special tokens), from deepinfer.constraints.vocab."""
-        from deepinfer.constraints.vocab import token_bytes_from_tokenizer
+        return list(self._pieces()[0])
 
-        return token_bytes_from_tokenizer(self.backend)[0]
+    def _pieces(self) -> tuple[list[bytes | None], set[int]]:
+        """``token_bytes_from_tokenizer`` of the backend, read once (the server's token bytes
+        and the constraint vocabulary both start from it)."""
+        if self._pieces_read is None:
+            from deepinfer.constraints.vocab import token_bytes_from_tokenizer
+
+            self._pieces_read = token_bytes_from_tokenizer(self.backend)
+        return self._pieces_read
 
     def vocabulary(self, vocab_size: int | None = None):
         """The constraint compiler's `Vocabulary` (built once, cached): token bytes, our EOS ids,
@@ -146,11 +153,12 @@ class Tokenizer:
             from deepinfer.constraints.vocab import Vocabulary
 
             self._vocabulary = Vocabulary.from_tokenizer(
-                self.backend, eos_ids=self.eos_token_ids, vocab_size=vocab_size
+                self.backend, eos_ids=self.eos_token_ids, vocab_size=vocab_size, pieces=self._pieces()
             )
         return self._vocabulary
 
     _vocabulary = None
+    _pieces_read = None
 
 
 # -- tokenizers from formats other than tokenizer.json -------------------------------------------

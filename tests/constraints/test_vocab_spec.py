@@ -137,3 +137,25 @@ def test_byte_level_bytes_match_the_definition():
     assert any(_byte_level_bytes_reference(p) is None for p in pieces)
     for p in pieces:
         assert _byte_level_bytes(p) == _byte_level_bytes_reference(p), repr(p)
+
+
+def test_token_bytes_and_vocabulary_read_the_tokenizer_once(monkeypatch):
+    """The server's token bytes and the constraint vocabulary both start from the tokenizer's
+    pieces, read once; the vocabulary equals one read afresh, and the token bytes handed out
+    are a copy."""
+    import deepinfer.constraints.vocab as vocab_module
+    from deepinfer.tokenizer import Tokenizer as Wrapped
+
+    backend = _sentencepiece()
+    want = vocab_module.token_bytes_from_tokenizer(backend)[0]
+    fresh = Vocabulary.from_tokenizer(backend, eos_ids=[2], vocab_size=300)
+    reads = []
+    read = vocab_module._token_bytes
+    monkeypatch.setattr(vocab_module, "_token_bytes", lambda t, spec: reads.append(t) or read(t, spec))
+    tok = Wrapped(backend, eos_token_ids=[2])
+    got = tok.token_bytes()
+    got[3] = b"changed"
+    vocab = tok.vocabulary(300)
+    assert tok.token_bytes() == want
+    assert reads == [backend]
+    assert vocab.token_bytes == fresh.token_bytes and vocab.special_ids == fresh.special_ids
