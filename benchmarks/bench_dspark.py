@@ -511,11 +511,7 @@ class Replay:
                     self.script_tokens += 1
             if at:  # one copy each way, not waiting for the device (``tokens[i] = t`` waits for it)
                 dev = tokens.device
-                tokens.index_copy_(
-                    0,
-                    torch.tensor(at, dtype=torch.int64).to(dev, non_blocking=True),
-                    torch.tensor(script, dtype=tokens.dtype).to(dev, non_blocking=True),
-                )
+                tokens.index_copy_(0, _to_device(at, torch.int64, dev), _to_device(script, tokens.dtype, dev))
             self._count("plain", t0)
             return tokens, lps
 
@@ -534,12 +530,26 @@ class Replay:
 
         from deepinfer import kernels
         from deepinfer.dspark import DSpark
+        from deepinfer.dspark.verify import Verifier
 
         replay = self
+
+        class RecordingVerifier(Verifier):
+            """The verifier, keeping the step's constrained rows as the host knows them (the
+            kernel's ``indices`` are on the device: reading them would wait for the forward)."""
+
+            constrained: list[int] = []
+
+            def bitmask(self, future):
+                bitmask, self.constrained = super().bitmask(future)
+                return bitmask, self.constrained
 
         class ReplayDSpark(DSpark):
             def step(self, plan, masks, **kw):
                 self._plan = plan
+                v = self._verifier
+                if v is None or v.device != kw["device"]:
+                    self._verifier = RecordingVerifier(kw["vocab_size"], kw["device"])
                 return super().step(plan, masks, **kw)
 
             def replay_verify(self, logits, drafts, *, bitmask=None, indices=None, **kw):
@@ -569,12 +579,7 @@ class Replay:
                     acc.append(a)
                     want.append(sc.next_token(pos) if sc is not None else -1)
                     pos_at.append(pos)
-                if bitmask is None:
-                    rows = set()
-                elif indices is None:
-                    rows = set(range(B))
-                else:
-                    rows = set(indices.tolist() if hasattr(indices, "tolist") else indices)
+                rows = set(self._verifier.constrained) if bitmask is not None else set()
                 host = self._verifier._host(B, T).numpy() if rows else None  # the masks just copied
                 tokens = [[-1] * T for _ in range(B)]
                 need_kernel = []
@@ -602,14 +607,21 @@ class Replay:
                     for b in need_kernel:
                         tokens[b][acc[b]] = got[b][acc[b]]
                 dev = logits.device
-                t = torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True)
-                a = torch.tensor(acc, dtype=torch.int64).to(dev, non_blocking=True)
+                t, a = _to_device(tokens, torch.int64, dev), _to_device(acc, torch.int64, dev)
                 replay._count("verify", t0)
                 return kernels.VerifyOutput(a, t.gather(1, a[:, None])[:, 0], t)
 
         d = ReplayDSpark(config)
         d.verify_fn = d.replay_verify
         return d
+
+
+def _to_device(rows: list, dtype, device):
+    """``rows`` as a tensor on ``device``, copied from pinned memory so that the copy does not
+    wait for the device's queued work (a pageable copy may)."""
+    import torch
+
+    return torch.tensor(rows, dtype=dtype, pin_memory=device.type == "cuda").to(device, non_blocking=True)
 
 
 def _forced_after(m, accepted: list[int]) -> tuple[int, ...]:
