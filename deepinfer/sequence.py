@@ -1,8 +1,9 @@
 """Sequence: one request's running state, and the two per-step hooks of the step loop.
 
 Per step the loop calls, for each running sequence:
-  1. `fill_bitmask(row)` before sampling: write the allowed-token bits of this step into
-     `row` ([ceil(V/32)] int32) and return True, or return False when unconstrained;
+  1. `mask_source()` before sampling: the allowed-token bits of this step as an int32 row
+     (shared, read-only), `MASK_FAILED` when the constraint failed to give one, or None when
+     unconstrained (`fill_bitmask(row)` writes them into a row);
   2. `on_token(token_id)` after sampling: the token is accepted into the sequence (a
      constraint matcher advances here) and stop conditions are checked.
 The structured-generation work attaches a matcher as `self.constraint` and fills these in.
@@ -19,6 +20,11 @@ from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
+
+
+# mask_source() when the constraint failed to give a mask: the row allows no token, and the
+# request fails with the error in on_token (the rest of the batch goes on)
+MASK_FAILED = np.zeros(0, dtype=np.int32)
 
 
 class Status(enum.Enum):
@@ -99,18 +105,28 @@ class Sequence:
         return self.status is Status.FINISHED
 
     # -- per-step hooks ----------------------------------------------------------------------
+    def mask_source(self) -> np.ndarray | None:
+        """This step's allowed-token bits: the matcher's int32 row (shared: read it, do not
+        write it), `MASK_FAILED` when the constraint raised (the request then fails in
+        `on_token`, not the batch), or None when unconstrained."""
+        if self.constraint is None:
+            return None
+        try:
+            return self.constraint.mask_row()
+        except Exception as e:  # this request fails (empty row: -1 from the sampler), not the batch
+            self._mask_error = f"the constraint failed to give a mask: {type(e).__name__}: {e}"
+            return MASK_FAILED
+
     def fill_bitmask(self, row: np.ndarray) -> bool:
         """Write this step's allowed-token bits into `row` (int32 [ceil(V/32)], host memory);
         False = no constraint this step."""
-        if self.constraint is None:
+        src = self.mask_source()
+        if src is None:
             return False
-        try:
-            src = self.constraint.mask_row()
-        except Exception as e:  # this request fails (empty row: -1 from the sampler), not the batch
-            self._mask_error = f"the constraint failed to give a mask: {type(e).__name__}: {e}"
+        if src is MASK_FAILED:
             row[:] = 0
-            return True
-        row[: src.shape[0]] = src
+        else:
+            row[: src.shape[0]] = src
         return True
 
     _mask_error: str | None = None

@@ -18,6 +18,7 @@ import torch
 
 from .sample_args import SampleArgs, buffer_words
 from .sampling_params import SamplingParams
+from .sequence import MASK_FAILED
 
 
 def resolve_grammar(spec: str) -> str:
@@ -336,6 +337,12 @@ class MaskFiller:
     for it after the forward): the hidden share is ``1 - wait / mask``; ``recent``: a step's
     fill lately (an average that halves the weight of each older step), which the CPU's
     thread policy weighs against the step (``_threads.host_needs_core``).
+
+    A row of the buffer is written only when its content changes: the filler keeps, per row,
+    the matcher's row it copied there last (``_kept``), and a row whose sequence gives the same
+    one again (a string's interior, say, where one cached row serves every step) is left as it
+    is. That record holds for one batch size's views: another batch size's rows lie elsewhere
+    in the buffer, so a change of views starts it afresh.
     """
 
     def __init__(self, vocab_size: int, *, pin: bool, inline: bool = False) -> None:
@@ -347,6 +354,8 @@ class MaskFiller:
         self.inline = inline
         self._buf = None
         self._views: dict[int, SampleArgs] = {}  # B -> the buffer's views for B rows
+        self._kept: list = []  # per row of _kept_views: the mask row last copied there (or None)
+        self._kept_views: SampleArgs | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._future: Future | None = None
         self._pending: tuple | None = None
@@ -393,7 +402,22 @@ class MaskFiller:
     def _fill(self, seqs: list, args: SampleArgs) -> tuple[Any, list[int]]:
         t0 = time.perf_counter()
         rows = args.rows_np
-        constrained = [i for i, s in enumerate(seqs) if s.fill_bitmask(rows[i])]
+        if self._kept_views is not args:  # (a new buffer, or another batch size's views)
+            self._kept_views, self._kept = args, [None] * len(seqs)
+        kept = self._kept
+        constrained = []
+        for i, s in enumerate(seqs):
+            src = s.mask_source()
+            if src is None:
+                continue
+            constrained.append(i)
+            if kept[i] is src:
+                continue  # (the row holds it already)
+            if src is MASK_FAILED:
+                rows[i] = 0
+            else:
+                rows[i, : src.shape[0]] = src
+            kept[i] = src
         dt = time.perf_counter() - t0
         self.mask_seconds += dt
         self.recent += 0.5 * (dt - self.recent)
