@@ -591,6 +591,40 @@ def test_replay_writes_the_scripts_and_accepts_drafts(tiny):
     assert st.tokens_per_row_step > 1.5, st.tokens_per_row_step
 
 
+def test_replay_verify_reads_nothing_back_from_the_device(tiny, monkeypatch):
+    """The replayed verify decides its rows on the host: it never reads the kernel's constrained
+    row indices back (on CUDA that read waits for the verify forward, and its host seconds,
+    which the cost model's clock leaves out, would then hold the forward's time)."""
+    import torch
+
+    from deepinfer.dspark.verify import Verifier
+
+    class DeviceOnly(torch.Tensor):
+        def tolist(self):
+            raise AssertionError("the harness read the kernel's indices back")
+
+    inputs = Verifier.inputs
+    given = []
+
+    def device_only_indices(self, *a, **kw):
+        out = inputs(self, *a, **kw)
+        if out["indices"] is not None:
+            out["indices"] = out["indices"].as_subclass(DeviceOnly)
+            given.append(True)
+        return out
+
+    monkeypatch.setattr(Verifier, "inputs", device_only_indices)
+    bench, scripts, prompts, params, _ = _replay_setup(tiny, 4)
+    replay = bench.Replay(scripts, accept="script")
+    replay.install(tiny)
+    try:
+        tiny.dspark = replay.dspark({"schedule": "fixed"})
+        outs = tiny.generate(prompts, params, use_tqdm=False)
+    finally:
+        bench.Replay.uninstall(tiny)
+    assert given and all(o.error is None for o in outs) and tiny.dspark.stats.verify_steps > 0
+
+
 def test_replay_clock_leaves_the_harness_out(tiny):
     """Under the replay, DSpark times its steps on perf_counter less the harness's own host
     seconds (work a real model's step does not have); uninstall gives it the real clock back."""
