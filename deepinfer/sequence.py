@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 MASK_FAILED = np.zeros(0, dtype=np.int32)
 
 
+def write_mask(row: np.ndarray, src: np.ndarray) -> None:
+    """Write a `mask_source()` row (not None) into the bitmask row `row`: its bits, or no token
+    at all for `MASK_FAILED`."""
+    if src is MASK_FAILED:
+        row[:] = 0
+    else:
+        row[: src.shape[0]] = src
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -123,10 +132,7 @@ class Sequence:
         src = self.mask_source()
         if src is None:
             return False
-        if src is MASK_FAILED:
-            row[:] = 0
-        else:
-            row[: src.shape[0]] = src
+        write_mask(row, src)
         return True
 
     _mask_error: str | None = None

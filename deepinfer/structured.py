@@ -18,7 +18,7 @@ import torch
 
 from .sample_args import SampleArgs, buffer_words
 from .sampling_params import SamplingParams
-from .sequence import MASK_FAILED
+from .sequence import write_mask
 
 
 def resolve_grammar(spec: str) -> str:
@@ -411,13 +411,9 @@ class MaskFiller:
             if src is None:
                 continue
             constrained.append(i)
-            if kept[i] is src:
-                continue  # (the row holds it already)
-            if src is MASK_FAILED:
-                rows[i] = 0
-            else:
-                rows[i, : src.shape[0]] = src
-            kept[i] = src
+            if kept[i] is not src:  # (else the row holds it already)
+                write_mask(rows[i], src)
+                kept[i] = src
         dt = time.perf_counter() - t0
         self.mask_seconds += dt
         self.recent += 0.5 * (dt - self.recent)
