@@ -545,11 +545,10 @@ class Replay:
                 return bitmask, self.constrained
 
         class ReplayDSpark(DSpark):
+            verifier_class = RecordingVerifier
+
             def step(self, plan, masks, **kw):
                 self._plan = plan
-                v = self._verifier
-                if v is None or v.device != kw["device"]:
-                    self._verifier = RecordingVerifier(kw["vocab_size"], kw["device"])
                 return super().step(plan, masks, **kw)
 
             def replay_verify(self, logits, drafts, *, bitmask=None, indices=None, **kw):

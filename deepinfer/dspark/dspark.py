@@ -103,6 +103,8 @@ class _Request:
 class DSpark:
     """Speculative decoding for one LLM: settings, per-request draft statistics, cost model."""
 
+    verifier_class = Verifier  # what makes a step's bitmasks and kernel inputs (a subclass may watch it)
+
     def __init__(self, config: bool | dict | DSparkConfig = True) -> None:
         self.config = DSparkConfig.parse(config)
         self.stats = DSparkStats()
@@ -302,7 +304,7 @@ class DSpark:
         drafts = [d.tokens for d in plan.drafts]
         v = self._verifier
         if v is None or v.device != device:
-            v = self._verifier = Verifier(vocab_size, device)
+            v = self._verifier = self.verifier_class(vocab_size, device)
         pending = v.start_masks(seqs, drafts, T, masks)  # every position's rows, while the forward runs
         logits = forward(seqs, drafts, T, graphs=self.config.cuda_graphs)  # [B, T, V]
         t_wait = time.perf_counter()
