@@ -145,6 +145,7 @@ def measure(llm, prompts, params, batch: int, modes: dict, replay=None) -> dict:
 
     one = [dataclasses.replace(p, max_tokens=1) for p in params]
     res = {m: {"outs": [], "decode": 0.0, "harness": 0.0, "rows": 0, "verify_rows": 0, "emitted": 0,
+               "verify_steps": 0, "ragged_steps": 0,
                "drafted": [0, 0], "accepted": [0, 0], "rejected": [0, 0], "kind_accepted": [0] * 5,
                "kind_rejected": [0] * 5} for m in modes}  # fmt: skip
     groups = [list(range(i, min(i + batch, len(prompts)))) for i in range(0, len(prompts), batch)]
@@ -163,6 +164,8 @@ def measure(llm, prompts, params, batch: int, modes: dict, replay=None) -> dict:
             r["rows"] += st.rows + st.plain_rows
             r["verify_rows"] += st.rows
             r["emitted"] += st.emitted
+            r["verify_steps"] += st.verify_steps
+            r["ragged_steps"] += st.ragged_steps
             for k in ("drafted", "accepted", "rejected", "kind_accepted", "kind_rejected"):
                 r[k] = [a + b for a, b in zip(r[k], getattr(st, k))]
     return res
@@ -710,6 +713,8 @@ def bench_device(args) -> None:
         replay = Replay(scripts_for(tasks, n, llm.tokenizer, eos[0], recorded), rates, args.accept)
         replay.install(llm)  # both modes write the scripts
         modes = {"off": False, "DSpark (replayed)": replay.dspark(_dspark_setting(args))}
+        if args.ab_ragged:  # the same DSpark with every verify step padded, measured beside it
+            modes["DSpark, padded verify (A/B)"] = replay.dspark(_dspark_setting(args, ragged=False))
         if prof is not None:
             prof.wrap_verify(modes["DSpark (replayed)"])
         for _ in range(2):  # warm-up: graph captures for the shapes this batch uses (two passes: the
@@ -748,6 +753,7 @@ def bench_device(args) -> None:
                     f"{(n_tok - len(prompts)) / max(r['rows'], 1):.2f}",
                     f"{r['emitted'] / r['verify_rows']:.2f}" if r["verify_rows"] else "-",
                     f"{r['verify_rows']}/{r['rows']}",
+                    f"{r['ragged_steps']}/{r['verify_steps']}",
                     _acc(r, 0),
                     _acc(r, 1),
                     f"{valid}/{len(prompts)}",
@@ -775,6 +781,7 @@ def bench_device(args) -> None:
             "tok/row-step",
             "tok/verify step",
             "verify rows",
+            "ragged steps",
             "forced acc",
             "n-gram acc",
             "valid",
@@ -939,8 +946,9 @@ def _verify_attention(llm, attention: str, capture_len: int):
         recapture()
 
 
-def _dspark_setting(args):
-    return {"schedule": "fixed"} if args.fixed else True
+def _dspark_setting(args, **fields):
+    """DSpark's settings for the DSpark modes: --fixed's schedule, and ``fields``."""
+    return {**({"schedule": "fixed"} if args.fixed else {}), **fields} or True
 
 
 def main() -> None:
@@ -978,6 +986,11 @@ def main() -> None:
         "--ab-attention",
         action="store_true",
         help="device: also run each batch with the verify graphs on the per-position paged attention",
+    )
+    ap.add_argument(
+        "--ab-ragged",
+        action="store_true",
+        help="device: also run DSpark with every verify step padded (DSparkConfig ragged=False)",
     )
     ap.add_argument(
         "--profile",

@@ -681,14 +681,22 @@ class LLM:
     def _gate(self, running: list[Sequence]) -> bool:
         return bool(running) and self.dspark.gate(
             running, cache_len=self.max_model_len, token_budget=self._verify_budget(),
-            device_type=self.device.type, step_times=self.step_times,
+            device_type=self.device.type, step_times=self.step_times, ragged_tokens=self._ragged_tokens(),
         )  # fmt: skip
 
     def _plan_drafts(self, seqs: list[Sequence]):
         return self.dspark.plan(
             seqs, cache_len=self.max_model_len, token_budget=self._verify_budget(),
             special_ids=self._special_ids, device_type=self.device.type, step_times=self.step_times,
+            ragged_tokens=self._ragged_tokens(),
         )  # fmt: skip
+
+    def _ragged_tokens(self) -> int:
+        """Most tokens a ragged verify step may feed (``DSparkConfig.ragged``; 0: none)."""
+        ragged = self.dspark.config.ragged
+        if ragged is False:
+            return 0
+        return min(self.runner.ragged_tokens(default=ragged is None), self._verify_budget())
 
     def _verify_budget(self) -> int:
         """Most tokens a verify step may hold (``ModelRunner.verify_cap``)."""

@@ -19,6 +19,9 @@ a prefill row a chunk of its prompt. Three ways to run it:
 Verify (DSpark): T positions a row, [last token, *drafts, pad...]; replayed from the same
 `StepGraphs` as decode where the decode is, else one eager `forward`; in deterministic mode
 with the same per-position arithmetic as decode (batch-invariant kernels, or decode's tiles).
+A ragged verify (``verify(..., ragged=True)``) feeds each row only its own drafts, every fed
+position a decode row of its own, through the decode graphs (mixed steps' path), so it costs a
+decode step of as many rows as it feeds.
 No path synchronizes with the device: inputs go through pinned memory, logits come back as a
 device tensor the caller reads when it needs to (so host work overlaps the forward).
 """
@@ -307,8 +310,25 @@ class ModelRunner:
             return quantized.GEMV_ROWS
         return None
 
+    def ragged_tokens(self, default: bool = True) -> int:
+        """Most tokens a ragged verify forward (``verify(..., ragged=True)``) may feed: where the
+        decode CUDA graphs run it (default mode on CUDA), ``graph_rows``; with ``default`` False,
+        also the fixed tiles of deterministic mode (any number: how every verify forward runs
+        there) and elsewhere the static decode inputs of the largest batch (``max_rows``); else 0."""
+        if self.cuda_graphs and not self.deterministic:
+            return self.graph_rows
+        if default:
+            return 0
+        return 1 << 30 if self.tile else self.max_rows
+
     def verify(
-        self, seqs: list[Sequence], drafts: list[list[int]], T: int, *, graphs: bool = True
+        self,
+        seqs: list[Sequence],
+        drafts: list[list[int]],
+        T: int,
+        *,
+        graphs: bool = True,
+        ragged: bool = False,
     ) -> torch.Tensor:
         """DSpark's verify forward: row b feeds [last token, *drafts[b]] (right-padded to T) at
         positions L-1 .. L-1+T-1 (L = len(seqs[b])), its blocks covering the real ones; logits
@@ -317,8 +337,11 @@ class ModelRunner:
         length): then a view of the graphs' shared output, to be read before the next replay.
         Leaves ``num_cached`` to the caller (it depends on how many drafts are accepted). In
         deterministic mode every position computes the bits a decode step there gives (the
-        batch-invariant kernels on CUDA; the fixed decode tiles on the CPU, ``verify_tiles``)."""
-        if self.tile:
+        batch-invariant kernels on CUDA; the fixed decode tiles on the CPU, ``verify_tiles``).
+        ``ragged``: each fed position a row of the decode graphs (``verify_tiles``; at most
+        ``ragged_tokens`` in all), so the forward costs what a decode step of that many rows
+        does, not B x T positions."""
+        if self.tile or (ragged and self._ragged_fits(seqs, drafts)):
             return self.verify_tiles(seqs, drafts, T)
         fits = max(len(s) for s in seqs) - 1 + t_bucket(T) <= self.model.max_len
         if fits and (self.invariant or (graphs and self.cuda_graphs)):
@@ -346,25 +369,33 @@ class ModelRunner:
         self._staged()
         return logits[: len(seqs), :T]
 
+    def _ragged_fits(self, seqs: list[Sequence], drafts: list[list[int]]) -> bool:
+        """Can the decode graphs (or static decode inputs) run this ragged verify: at most
+        ``ragged_tokens`` fed positions, every one inside the graphs' RoPE tables?"""
+        fed = len(seqs) + sum(map(len, drafts))
+        if fed > self.ragged_tokens(default=False):
+            return False
+        return max(len(s) + len(d) for s, d in zip(seqs, drafts)) <= self.model.max_len
+
     @torch.inference_mode()
     def verify_tiles(self, seqs: list[Sequence], drafts: list[list[int]], T: int) -> torch.Tensor:
-        """Deterministic mode with torch kernels: each fed position is a decode row of its own
-        (its token, its position, its sequence's blocks) in the fixed tiles of decode, rows in
-        (sequence, position) order. A tile writes every row's K/V before any row attends, and
-        tiles run in turn, so a position sees the K/V of the positions before it; each gets the
-        logits a decode step there would, bit for bit. [B, T, V]; a row's padding positions are
-        zeros (never read: the verify kernel stops at the row's drafts)."""
+        """The verify forward as decode rows: each fed position a row of its own (its token, its
+        position, its sequence's blocks) in decode's tiles (the fixed tiles in deterministic
+        mode, a decode graph's rows elsewhere), rows in (sequence, position) order. A tile writes
+        every row's K/V before any row attends, and tiles run in turn, so a position sees the
+        K/V of the positions before it; each gets the logits a decode step there would (bit for
+        bit in deterministic mode). [B, T, V]; a row's padding positions repeat its last real
+        one (never read: the verify kernel stops at the row's drafts)."""
         rows, tokens, starts, index = [], [], [], []
-        for b, (s, d) in enumerate(zip(seqs, drafts)):
+        for s, d in zip(seqs, drafts):
+            first = len(rows)
             for t, tok in enumerate([_last_token(s), *d]):
                 rows.append(s)
                 tokens.append([tok])
                 starts.append(len(s) - 1 + t)
-                index.append(b * T + t)
-        logits = self._run_tiles(rows, tokens, starts)
-        out = torch.zeros(len(seqs) * T, logits.shape[1], dtype=logits.dtype, device=logits.device)
-        out[torch.tensor(index, device=logits.device)] = logits
-        return out.view(len(seqs), T, -1)
+            index += [first + min(t, len(d)) for t in range(T)]
+        logits = self._run_tiles(rows, tokens, starts, fresh=False)
+        return logits.index_select(0, self._to(index)).view(len(seqs), T, -1)
 
     @torch.inference_mode()
     def verify_eager(self, seqs: list[Sequence], drafts: list[list[int]], T: int) -> torch.Tensor:
@@ -426,9 +457,10 @@ class ModelRunner:
         return self._run_tiles(seqs, [[_last_token(s)] for s in seqs], [len(s) - 1 for s in seqs])
 
     def _run_tiles(self, seqs: list[Sequence], tokens: list[list[int]], starts: list[int],
-                   fed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                   fed: torch.Tensor | None = None, fresh: bool = True) -> torch.Tensor:  # fmt: skip
         """One decode row each (``tokens[i]`` at ``starts[i]`` through ``seqs[i]``'s blocks; a
-        sequence may have several rows), in fixed shapes: logits [rows, V], a fresh tensor.
+        sequence may have several rows), in fixed shapes: logits [rows, V], a fresh tensor
+        (``fresh`` False: maybe a view of the graphs' output, to be read before the next replay).
         fed: the rows' tokens as a device tensor instead of ``tokens`` (``step_ahead``)."""
         assert self.cache is not None, "allocate() first"
         plan = plan_step(
@@ -455,6 +487,8 @@ class ModelRunner:
             row += tile.rows
         self._staged()
         logits = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if not fresh:
+            return logits[: len(seqs)]
         return logits[: len(seqs)].clone()  # a fresh tensor: the graphs' outputs get reused
 
     def _forward(self, rows: list[Sequence], counts: list[int]) -> torch.Tensor:

@@ -32,7 +32,9 @@ def time_steps(
 ) -> dict[tuple, float]:
     """{(path, rows, positions): device seconds} of the decode graph (at ``kv`` keys, by default
     the smallest key bucket: a decode step's time is its weights') and of each verify width, per
-    batch bucket (``buckets``, by default every one a verify step may use)."""
+    batch bucket (``buckets``, by default every one a verify step may use); with ``widths``
+    and by default, also the decode graphs past the largest batch (mixed steps' and ragged
+    verify steps': ``ModelRunner.buckets``)."""
     out: dict[tuple[str, int, int], float] = {}
     if not runner.cuda_graphs or runner.tile:
         return out
@@ -41,6 +43,10 @@ def time_steps(
         out[("decode", rows, 1)] = runner.graphs.time(Tile(rows, kv), reps)
         for T in widths:
             out[("verify", rows, T)] = runner.graphs.time(Tile(rows, runner.verify_kv or kv, T), reps)
+    if widths and buckets is None:
+        for rows in runner.buckets():
+            if rows > runner.max_rows:
+                out[("decode", rows, 1)] = runner.graphs.time(Tile(rows, kv), reps)
     return out
 
 

@@ -35,6 +35,12 @@ class DSparkConfig:
         online fit starts from it); None = by device (CPU 0.2, CUDA 0.005).
     cuda_graphs : bool
         Replay the verify forward as CUDA graphs where the engine replays its decode so.
+    ragged : bool or None
+        Let a verify step feed each row only its own drafts, every fed position a row of the
+        decode CUDA graphs, so the step costs by its tokens rather than rows x the widest row
+        (the confidence schedule then picks the most confident drafts of all rows). None: where
+        the decode graphs run it (CUDA, default mode); True: on the CPU too, and under the
+        "fixed" schedule (every draft found, each row its own); False: never.
     """
 
     default: str = "constrained"
@@ -45,6 +51,7 @@ class DSparkConfig:
     min_acceptance: float = 0.1
     cost_slope: float | None = None
     cuda_graphs: bool = True
+    ragged: bool | None = None
 
     def __post_init__(self) -> None:
         if self.default not in POLICIES:
@@ -59,6 +66,8 @@ class DSparkConfig:
             raise ValueError(f"dspark ngram_min ({self.ngram_min}) exceeds ngram_max ({self.ngram_max})")
         if not 0 <= self.min_acceptance < 1:
             raise ValueError(f"dspark min_acceptance must be in [0, 1), got {self.min_acceptance!r}")
+        if self.ragged not in (None, True, False):
+            raise ValueError(f"dspark ragged must be None, True or False, got {self.ragged!r}")
         if self.cost_slope is not None and not self.cost_slope >= 0:
             raise ValueError(f"dspark cost_slope must be >= 0 or None, got {self.cost_slope!r}")
 

@@ -42,7 +42,8 @@ class DSparkStats:
     decode_steps: int = 0  # decode steps left plain (no draft worth verifying, or none speculating)
     rows: int = 0  # row-steps verified
     plain_rows: int = 0  # row-steps decoded plainly
-    positions: int = 0  # row-positions in verify forwards (B * T summed)
+    positions: int = 0  # row-positions in verify forwards (B * T summed; a ragged step's tokens)
+    ragged_steps: int = 0  # of the verify steps, those ragged (each row only its own drafts)
     drafted: list[int] = field(default_factory=lambda: [0, 0])  # by source: FORCED, NGRAM
     accepted: list[int] = field(default_factory=lambda: [0, 0])
     rejected: list[int] = field(default_factory=lambda: [0, 0])  # the first rejected draft's source
@@ -82,6 +83,7 @@ class Plan:
     drafts: list[Drafts]
     T: int  # positions per row (drafts + 1)
     expected: float | None = None  # tokens the policy expected (None: schedule "fixed")
+    ragged: bool = False  # each row feeds only its own drafts (``ModelRunner.verify``'s ``ragged``)
 
 
 class _Request:
@@ -145,6 +147,7 @@ class DSpark:
         token_budget: int,
         device_type: str = "cpu",
         step_times: dict | None = None,
+        ragged_tokens: int = 0,
     ) -> bool:
         """Called once per engine step, before scheduling: may this step draft? The previous
         decode step's time goes into the cost model first. False when no running request
@@ -156,7 +159,8 @@ class DSpark:
         deferred behind its forward, as the off mode does. ``cache_len``: positions a KV slot
         holds; ``token_budget``: most tokens in a step's forward; ``device_type`` sets the cost
         model's prior; ``step_times``: {(path, rows, positions): device seconds} of the step
-        shapes, timed at warm-up (``seed``s the cost model, so no shape is probed mid-run)."""
+        shapes, timed at warm-up (``seed``s the cost model, so no shape is probed mid-run);
+        ``ragged_tokens``: most tokens a ragged verify step may feed (``ragged_cap``)."""
         now = time.perf_counter()
         ids = self._ids = frozenset(s.request_id for s in running)
         cost = self._cost_model(device_type, step_times)
@@ -186,7 +190,12 @@ class DSpark:
             return False
         if adaptive and (
             pays is False
-            or (pays is None and not cost.may_pay(len(running), kmax, token_budget, self._best_rate(running)))
+            or (
+                pays is None
+                and not cost.may_pay(
+                    len(running), kmax, token_budget, self._best_rate(running), ragged=ragged_tokens
+                )
+            )  # fmt: skip
         ):
             if self._step - self._last_draft_probe < cost.drafting_gap(len(running)):
                 self.stats.skipped += 1
@@ -216,6 +225,7 @@ class DSpark:
         special_ids: frozenset[int] = frozenset(),
         device_type: str = "cpu",
         step_times: dict | None = None,
+        ragged_tokens: int = 0,
     ) -> Plan | None:
         """Drafts for this decode step of ``running`` (the batch, in slot order), or None for a
         plain decode step. ``special_ids``: token ids that end a request's drafts besides its
@@ -228,7 +238,7 @@ class DSpark:
         includes drafting. A verify step's time is measured from ``gate``."""
         if self._gated[0] != self._step or self._last is not None:  # gate not run for this step
             self.gate(running, cache_len=cache_len, token_budget=token_budget, device_type=device_type,
-                      step_times=step_times)  # fmt: skip
+                      step_times=step_times, ragged_tokens=ragged_tokens)  # fmt: skip
         ids = self._ids  # gate's, when these rows are the batch it saw (they are a subset of it)
         if len(ids) != len(running):
             ids = frozenset(s.request_id for s in running)
@@ -267,12 +277,16 @@ class DSpark:
         self.stats.draft_seconds += time.perf_counter() - t_draft
         if cfg.schedule == "fixed":
             T = min(max(len(d) for d in drafts) + 1, max(budget // len(running), 1))
-            expected = None
+            expected = counts = None
+            if cfg.ragged and len(running) + sum(map(len, drafts)) <= ragged_tokens:  # every draft
+                counts = [len(d) for d in drafts]
+                T = max(counts) + 1
         else:
             conf = [self._requests[s.request_id].stats.confidence(d.kinds) if d else [] for s, d in
                     zip(running, drafts)]  # fmt: skip
-            c = choose(conf, cost, budget, step=self._step, last_probe=self._last_probe)
-            T, expected = c.T, c.expected
+            c = choose(conf, cost, budget, step=self._step, last_probe=self._last_probe,
+                       ragged=ragged_tokens)  # fmt: skip
+            T, expected, counts = c.T, c.expected, c.counts
             if c.probe:
                 self._last_probe = self._step
                 self.stats.probes += 1
@@ -280,6 +294,11 @@ class DSpark:
                     self._drafted = None
         if T == 1:
             return self._plain(running, ids)
+        if counts is not None:  # ragged: each row its own most confident drafts
+            for d, k in zip(drafts, counts):
+                d.truncate(k)
+            self._last = (now, "ragged", len(running) + sum(counts), ids, len(running))
+            return Plan(list(running), drafts, T, expected, ragged=True)
         for d in drafts:
             d.truncate(T - 1)
         self._last = (now, "verify", len(running) * T, ids, len(running))
@@ -306,7 +325,7 @@ class DSpark:
         if v is None or v.device != device:
             v = self._verifier = self.verifier_class(vocab_size, device)
         pending = v.start_masks(seqs, drafts, T, masks)  # every position's rows, while the forward runs
-        logits = forward(seqs, drafts, T, graphs=self.config.cuda_graphs)  # [B, T, V]
+        logits = forward(seqs, drafts, T, graphs=self.config.cuda_graphs, ragged=plan.ragged)  # [B, T, V]
         t_wait = time.perf_counter()
         bitmask, constrained = v.bitmask(pending)  # [B, T, W] on the device, or None
         self.stats.mask_wait_seconds += time.perf_counter() - t_wait
@@ -322,7 +341,8 @@ class DSpark:
         emitted0 = st.emitted
         st.verify_steps += 1
         st.rows += len(seqs)
-        st.positions += len(seqs) * T
+        st.positions += len(seqs) + sum(map(len, drafts)) if plan.ragged else len(seqs) * T
+        st.ragged_steps += plan.ragged
         for s, d, a, row in zip(seqs, plan.drafts, accepted, tokens):
             s.num_cached = len(s) + a  # the last token and the accepted drafts are cached
             if d:

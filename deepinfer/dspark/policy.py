@@ -10,7 +10,11 @@ where T maximises
 
     expected tokens per second = (B + sum_b sum_{j < T} g_{b,j}) / cost(B, T)
 
-with T = 1 meaning a plain decode step (no drafts; on CUDA the decode graphs). ``cost`` is
+with T = 1 meaning a plain decode step (no drafts; on CUDA the decode graphs). Where the engine
+can run a ragged verify step (``choose``'s ``ragged``: each row feeds only its own drafts, every
+fed position a row of the decode graphs), the step may instead verify each row's most confident
+drafts only: the drafts of all rows, best first, up to M tokens in all, with M chosen the same
+way (its cost is a decode step of M rows, so drafts pay where a padded width would not). ``cost`` is
 measured online (``CostModel``): the wall time of whole steps, an exponential moving average per
 (path, batch bucket, width bucket), so the decision compares this device's verify step at this
 batch with its own decode step there; shapes not measured yet are predicted by a linear fit.
@@ -250,6 +254,8 @@ class CostModel:
         self.fits = {"decode": _Fit(slope), "verify": _Fit(slope)}
         self.times: dict[tuple[str, int, int], StepTime] = {}
         self.device: dict[tuple[str, int, int], float] = {}  # warm-up: device seconds of a shape
+        self.rows: dict[int, float] = {}  # warm-up: device seconds of the decode graph, by its rows
+        self._row_buckets: list[int] = []  # sorted keys of ``rows``
         # per batch bucket: realized vs expected tokens of verify steps (``observe_tokens``)
         self.yields: dict[int, Yield] = {}
         # per (batch bucket, plain?): drafting steps' outcome, and plain steps timed alike
@@ -313,6 +319,30 @@ class CostModel:
     def seed(self, path: str, B: int, T: int, seconds: float) -> None:
         """The device seconds of a step shape's forward, timed before the first step."""
         self.device[(path, batch_bucket(B), width_bucket(T))] = seconds
+        if path == "decode":
+            self.rows[B] = seconds
+            self._row_buckets = sorted(self.rows)
+
+    def ragged_bucket(self, M: int) -> int:
+        """Rows of the decode graph that a ragged verify step feeding M tokens replays: the
+        fewest of those timed at warm-up that hold M, else M rounded up to a power of two."""
+        for r in self._row_buckets:
+            if r >= M:
+                return r
+        return batch_bucket(M)
+
+    def ragged_seconds(self, B: int, M: int) -> float:
+        """Seconds of a ragged verify step of B rows feeding M tokens in all: measured where a
+        step of this batch bucket and graph size was, else the decode graph's warm-up device
+        time at those rows plus a verify step's host overhead, else the verify fit."""
+        r = self.ragged_bucket(M)
+        t = self.times.get(("ragged", batch_bucket(B), r))
+        if t is not None and t.measured:
+            return t.mean
+        dev = self.rows.get(r)
+        if dev is not None:
+            return dev + self.overhead(B, "verify")
+        return self.predict("verify", r)
 
     def observe_tokens(self, B: int, expected: float, realized: float) -> None:
         """A verify step of B rows expected ``expected`` tokens (B + the drafts' confidence)
@@ -330,33 +360,48 @@ class CostModel:
         y = self.yields.get(batch_bucket(B))
         return y.per_row if y is not None and y.steps >= YIELD_MIN else None
 
-    def may_pay(self, B: int, max_drafts: int, max_tokens: int, rate: float = 1.0) -> bool:
+    def may_pay(self, B: int, max_drafts: int, max_tokens: int, rate: float = 1.0, ragged: int = 0) -> bool:
         """Can any verify step of B rows with at most ``max_drafts`` drafts a row beat a plain
         decode step, even if every draft were accepted at ``rate`` (the best acceptance any
         running request has for any class of draft: 1 + rate + rate^2 + ... tokens a row), or --
         once this batch bucket has verified YIELD_MIN times -- at YIELD_HEADROOM x its realized
-        extra tokens a row? False: drafting this step cannot pay, so no drafts need be made."""
-        plain = B / max(self.step_seconds("decode", B, 1), 1e-12)
+        extra tokens a row? ``ragged``: most tokens a ragged verify step may feed (0: none), whose
+        drafts are spread evenly over the rows for the bound. False: drafting this step cannot
+        pay, so no drafts need be made."""
+        plain = B / max(self.step_seconds("decode", B, 1), 1e-12) * (1 + 1e-9)
         real = self.realized_per_row(B)
+        cap = 1.0 + YIELD_HEADROOM * (real - 1.0) if real is not None else float("inf")
         bound = 1.0
         for T in range(2, max_drafts + 2):
             if B * T > max_tokens:
                 break
             bound += rate ** (T - 1)
-            per_row = min(float(T), bound)
-            if real is not None:
-                per_row = min(per_row, 1.0 + YIELD_HEADROOM * (real - 1.0))
-            if B * per_row / max(self.step_seconds("verify", B, T), 1e-12) > plain * (1 + 1e-9):
+            per_row = min(float(T), bound, cap)
+            if B * per_row / max(self.step_seconds("verify", B, T), 1e-12) > plain:
                 return True
+        limit = min(ragged, max_tokens, B * (max_drafts + 1))
+        M = B + 1
+        while M <= limit:
+            M = min(self.ragged_bucket(M), limit)  # the most tokens this graph size holds
+            q, r = divmod(M - B, B)  # q drafts a row, r rows one more
+            tokens = B * (1.0 + sum(rate**j for j in range(1, q + 1))) + r * rate ** (q + 1)
+            if min(tokens, B * cap) / max(self.ragged_seconds(B, M), 1e-12) > plain:
+                return True
+            M += 1
         return False
 
     def observe(self, path: str, tokens: int, seconds: float, rows: int | None = None, step: int = 0) -> None:
-        """A measured step: ``tokens`` = rows x positions in its forward (``rows`` = its batch)."""
+        """A measured step: ``tokens`` = rows x positions in its forward (``rows`` = its batch);
+        path "ragged": a ragged verify step feeding ``tokens`` in all (keyed by its graph's rows,
+        ``ragged_bucket``; the verify fit)."""
         if rows is not None:
-            key = (path, batch_bucket(rows), width_bucket(max(tokens // max(rows, 1), 1)))
+            if path == "ragged":
+                key = (path, batch_bucket(rows), self.ragged_bucket(tokens))
+            else:
+                key = (path, batch_bucket(rows), width_bucket(max(tokens // max(rows, 1), 1)))
             if not self.times.setdefault(key, StepTime()).observe(seconds, step):
                 return  # a shape's first step: kept out of the fit too
-        self.fits[path].observe(float(tokens), seconds)
+        self.fits["verify" if path == "ragged" else path].observe(float(tokens), seconds)
 
     def predict(self, path: str, tokens: int) -> float:
         """The linear fit's seconds (or, before any measurement, the prior in units of the fixed cost)."""
@@ -378,18 +423,25 @@ class CostModel:
             return m.last
         return -1 if (path, batch_bucket(B), width_bucket(T)) in self.device else None
 
-    def overhead(self, B: int) -> float:
-        """Host seconds a step adds to its forward's device time: measured decode steps' wall
-        time over their warm-up device time, at this batch bucket if measured, else the nearest."""
+    def overhead(self, B: int, kind: str = "decode") -> float:
+        """Host seconds a step adds to its forward's device time: measured steps' wall time over
+        their warm-up device time, at this batch bucket if measured, else the nearest. ``kind``
+        "decode": decode steps'; "verify": verify steps' (padded or ragged: their masks and
+        kernel), decode steps' until one is measured."""
         b = batch_bucket(B)
+        paths = ("verify", "ragged") if kind == "verify" else ("decode",)
         best = None
         for (path, bb, wb), t in self.times.items():
-            dev = self.device.get((path, bb, wb))
-            if path == "decode" and t.measured and dev is not None:
+            if path not in paths or not t.measured:
+                continue
+            dev = self.rows.get(wb) if path == "ragged" else self.device.get((path, bb, wb))
+            if dev is not None:
                 d = abs(bb.bit_length() - b.bit_length())
                 if best is None or d < best[0]:
                     best = (d, max(t.mean - dev, 0.0))
-        return best[1] if best is not None else 0.0
+        if best is None:
+            return self.overhead(B) if kind == "verify" else 0.0
+        return best[1]
 
     def step_seconds(self, path: str, B: int, T: int) -> float:
         """Seconds of a step of B rows x T positions: measured where this shape was, else its
@@ -399,7 +451,7 @@ class CostModel:
             return t.mean
         dev = self.device.get((path, batch_bucket(B), width_bucket(T)))
         if dev is not None:
-            return dev + self.overhead(B)
+            return dev + self.overhead(B, path)
         return self.predict(path, B * width_bucket(T))  # the graphs run the bucketed width
 
 
@@ -409,6 +461,7 @@ class Choice:
     gain: float  # expected tokens/s of verifying T positions over plain decoding (1.0 for T = 1)
     probe: bool = False  # verified to measure a shape, not because it was predicted to pay
     expected: float = 0.0  # tokens the step expects (B + the drafts' confidence, uncalibrated)
+    counts: list[int] | None = None  # a ragged verify step: the drafts each row verifies
 
 
 def choose(
@@ -419,8 +472,11 @@ def choose(
     step: int = 0,
     last_probe: int = -(1 << 30),
     probes: bool = True,
+    ragged: int = 0,
 ) -> Choice:
-    """The T in 1..max(len)+1 with the most expected tokens per second (T = 1: plain decode).
+    """The T in 1..max(len)+1 with the most expected tokens per second (T = 1: plain decode),
+    or, where ``ragged`` (most tokens a ragged verify step may feed; 0: none) allows, a ragged
+    step verifying each row's most confident drafts (``choose_ragged``) if it promises more.
 
     Expected tokens of a step = B + sum_b sum_{j < T} g_{b,j} (g = confidence: drafts 1..j all
     accepted); seconds = ``cost.step_seconds`` (measured per batch and width bucket). Drafting
@@ -459,6 +515,10 @@ def choose(
         # it is predicted close enough to paying that the probe costs little
         if gain[T - 1] > 0 and (seen is None or (step - seen > PROBE_AGE and ratio >= PROBE_MIN_RATIO)):
             stale = T  # the widest such shape
+    if ragged > B:
+        r = choose_ragged(confidence, cost, min(ragged, max_tokens), cal, plain)
+        if r is not None and r.gain > best.gain * (1 + 1e-9):
+            best = r
     if not probes:
         return best
     if best.T == 1 and stale is not None and step - last_probe >= PROBE_GAP:
@@ -469,6 +529,35 @@ def choose(
         # from other batches or from verify steps can be far off), and again when it is stale
         return Choice(1, 1.0, probe=True)
     return best
+
+
+def choose_ragged(
+    confidence: list[list[float]], cost: CostModel, max_tokens: int, cal: float, plain: float
+) -> Choice | None:
+    """The best ragged verify step: the m most confident drafts of all rows (a row's drafts
+    are taken in order, their confidence never rising), for the m that maximises expected
+    tokens per second, M = B + m tokens costing ``cost.ragged_seconds``. Only the most drafts
+    each graph size holds is weighed (fewer cost the same). None when no row has a draft."""
+    B = len(confidence)
+    ranked = sorted(((x, b) for b, g in enumerate(confidence) for x in g), key=lambda e: -e[0])
+    limit = min(max_tokens, B + len(ranked))
+    best, M, taken, raw = None, B + 1, 0, 0.0
+    while M <= limit:
+        M = min(cost.ragged_bucket(M), limit)
+        while taken < M - B:
+            raw += ranked[taken][0]
+            taken += 1
+        ratio = (B + cal * raw) / max(cost.ragged_seconds(B, M), 1e-12) / plain
+        if best is None or ratio > best[0] * (1 + 1e-9):
+            best = (ratio, M - B, raw)
+        M += 1
+    if best is None:
+        return None
+    ratio, m, raw = best
+    counts = [0] * B
+    for _, b in ranked[:m]:
+        counts[b] += 1
+    return Choice(max(counts) + 1, ratio, expected=B + raw, counts=counts)
 
 
 def choose_positions(confidence: list[list[float]], cost: CostModel, max_tokens: int) -> int:

@@ -191,12 +191,14 @@ def test_tiny_many_seeds_identical(tiny):
                                                  max_tokens=12, ignore_eos=True, speculative=True)
               for i in range(32)]  # fmt: skip
     base, _ = _tiny_run(tiny, False, params, prompts)
-    for mode in (True, {"schedule": "fixed", "max_drafts": 5}):
+    ragged = {"schedule": "fixed", "max_drafts": 5, "ragged": True}  # each row feeds its own drafts
+    for mode in (True, {"schedule": "fixed", "max_drafts": 5}, ragged):
         got, st = _tiny_run(tiny, mode, params, prompts)
         assert got == base
         assert st.verify_steps > 0 and sum(st.accepted) > 0
         rejected = sum(n - a for (n, a), c in st.accept_hist.items() for _ in range(c) if a < n)
         assert rejected > 0  # rejections (and their bonus tokens) were exercised
+        assert (st.ragged_steps > 0) == (mode is ragged)
     assert all(len(b) == 12 for b in base[1::2])
 
 
@@ -418,6 +420,13 @@ def _fixed_shape_vs_eager(llm, capture: bool):
     torch.testing.assert_close(mixed, eager[[2, 0]].cpu(), rtol=1e-4, atol=1e-4)
     # every shape writes its logits into the front of one shared buffer
     assert len(graphs._outs) == 1 and graphs._outs[0].shape[:2] == (graphs.max_rows, 9)
+    # ragged: each row feeds only its own drafts, every position a row of the decode graphs
+    ragged = runner.verify(seqs, drafts, 3, ragged=True).cpu()
+    assert ragged.shape == eager.shape
+    for b, d in enumerate(drafts):
+        n = len(d) + 1
+        torch.testing.assert_close(ragged[b, :n], eager[b, :n].cpu(), rtol=1e-4, atol=1e-4)
+        assert torch.equal(ragged[b, n:], ragged[b, n - 1 : n].expand(3 - n, -1))  # padding: the last real
     for s in seqs:
         pool.free(s.block_table)
 
@@ -438,6 +447,8 @@ def test_verify_cuda_graphs_equal_eager(tiny_folder, monkeypatch_session):
     base, _ = _tiny_run(llm, False, params, prompts)
     got, st = _tiny_run(llm, {"schedule": "fixed"}, params, prompts)
     assert got == base and st.verify_steps > 0
+    got, st = _tiny_run(llm, {"schedule": "fixed", "ragged": True}, params, prompts)  # the decode graphs
+    assert got == base and st.ragged_steps == st.verify_steps > 0
 
 
 @pytest.mark.gpu

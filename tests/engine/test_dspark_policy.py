@@ -313,3 +313,89 @@ def test_stays_closed_says_when_the_next_gate_closes_without_a_look():
     d._step = 100 + gap  # a probe is due next step
     assert not d.stays_closed(64)
     assert not DSpark({"schedule": "fixed"}).stays_closed(64)
+
+
+def _h100_like() -> CostModel:
+    """Warm-up device times shaped like the H100's at Llama-3-8B shape and batch 64: decode
+    graphs of 64..128 rows cost 6.4..7.1 ms, a padded verify graph of width 3 8.2 ms."""
+    cost = CostModel(0.005)
+    for rows, ms in ((32, 6.2), (48, 6.3), (64, 6.4), (80, 6.6), (96, 6.8), (128, 7.1), (192, 8.0)):
+        cost.seed("decode", rows, 1, ms / 1e3)
+    for T, ms in ((2, 7.6), (3, 8.2), (5, 9.9)):
+        cost.seed("verify", 64, T, ms / 1e3)
+    return cost
+
+
+def test_ragged_step_verifies_the_most_confident_drafts():
+    """64 rows, 30 with two confident drafts and 34 with one doubtful one: a padded width-3
+    step feeds 192 positions (8.2 ms); a ragged one feeds the 60 confident drafts and nothing
+    for the rest (124 tokens: the 128-row decode graph, 7.1 ms) and promises more."""
+    cost = _h100_like()
+    conf = [[0.9, 0.8]] * 30 + [[0.05]] * 34
+    padded = choose(conf, cost, 8192)
+    assert padded.T == 3 and padded.counts is None
+    assert padded.gain == pytest.approx((64 + 30 * 1.7 + 34 * 0.05) / 0.0082 / (64 / 0.0064))
+    c = choose(conf, cost, 8192, ragged=320)
+    # the 128-row graph holds 4 tokens more than the confident drafts: the first doubtful ones
+    assert c.counts == [2] * 30 + [1] * 4 + [0] * 30 and c.T == 3
+    assert c.expected == pytest.approx(64 + 30 * 1.7 + 4 * 0.05)
+    assert c.gain == pytest.approx((64 + 30 * 1.7 + 0.2) / 0.0071 / (64 / 0.0064))
+    conf = [[0.9, 0.8]] * 30 + [[0.05]] * 30 + [[0.06]] * 4  # the best of the doubtful ones
+    assert choose(conf, cost, 8192, ragged=320).counts == [2] * 30 + [0] * 30 + [1] * 4
+    c = choose(conf, cost, 96, ragged=320)  # the token budget: the 96-row graph, 32 drafts
+    assert c.counts == [2, 2] + [1] * 28 + [0] * 34 and c.expected == pytest.approx(64 + 27 + 1.6)
+    assert choose([[]] * 64, cost, 8192, ragged=320).T == 1  # nothing drafted
+
+
+def test_ragged_counts_are_each_row_s_best_prefix():
+    """Whatever the confidences, the drafts a ragged step takes are each row's first ones (a
+    draft counts only after the ones before it), the most confident of all rows, within the
+    graph size chosen."""
+    import random
+
+    rng = random.Random(0)
+    cost = _h100_like()
+    for _ in range(200):
+        B = rng.choice([8, 33, 64])
+        conf = []
+        for _ in range(B):
+            g, row = 1.0, []
+            for _ in range(rng.randrange(0, 6)):
+                g *= rng.choice([0.3, 0.9, 0.99, 1.0])
+                row.append(g)
+            conf.append(row)
+        c = choose(conf, cost, 8192, ragged=320, probes=False)
+        if c.counts is None:
+            continue
+        assert all(0 <= k <= len(g) for k, g in zip(c.counts, conf))
+        taken = [x for g, k in zip(conf, c.counts) for x in g[:k]]
+        left = [x for g, k in zip(conf, c.counts) for x in g[k:]]
+        assert not left or min(taken) >= max(left)  # no draft left out is more confident
+        assert B + len(taken) <= 320 and c.T == max(c.counts) + 1
+
+
+def test_ragged_steps_are_measured_by_their_graph_size():
+    """A ragged step's time is kept by (batch bucket, decode graph rows): it stands in for the
+    warm-up's device time plus a verify step's host overhead."""
+    cost = _h100_like()
+    assert cost.ragged_bucket(65) == 80 and cost.ragged_bucket(124) == 128 and cost.ragged_bucket(300) == 512
+    assert cost.ragged_seconds(64, 124) == pytest.approx(0.0071)  # no host overhead measured yet
+    for step in range(3):
+        cost.observe("decode", 64, 0.0069, rows=64, step=step)  # 0.5 ms of host overhead a step
+    assert cost.ragged_seconds(64, 124) == pytest.approx(0.0076)
+    for step in range(3):
+        cost.observe("ragged", 120, 0.0085, rows=64, step=step)  # the first is dropped
+    assert cost.ragged_seconds(64, 100) == pytest.approx(0.0085)  # the same 128-row graph
+    assert cost.ragged_seconds(64, 96) == pytest.approx(0.0068 + 0.0014)  # a verify step's overhead
+    assert cost.fits["verify"].w > 0  # and the verify fit learns from it
+
+
+def test_may_pay_counts_ragged_steps():
+    """Where no padded width can pay, a ragged step spreading the drafts over the rows still
+    may: drafting is not skipped before its drafts are seen."""
+    cost = _h100_like()
+    cost.seed("verify", 64, 9, 0.020)
+    assert not cost.may_pay(64, 8, 1 << 20, rate=0.15)  # padded: at best 1.15 tokens for 7.6 / 6.4
+    assert cost.may_pay(64, 8, 1 << 20, rate=0.15, ragged=320)  # 16 drafts at 0.15 for 6.6 / 6.4
+    assert not cost.may_pay(64, 8, 1 << 20, rate=0.05, ragged=320)
+    assert not cost.may_pay(64, 8, 64, rate=0.15, ragged=320)  # no token budget for a draft

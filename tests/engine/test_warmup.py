@@ -31,3 +31,20 @@ def test_no_sampling_kernel_compiles_after_construction(tiny_folder, monkeypatch
     finally:
         knobs.runtime.jit_cache_hook = old
     assert [c for c in compiled if ".sample" in c] == []
+
+
+def test_step_times_cover_every_graph_a_verify_step_may_replay(tiny_folder, monkeypatch_session):
+    """Warm-up times the decode graph at every row count, those past the largest batch too (a
+    ragged verify step replays them), and each verify width at every batch bucket."""
+    from deepinfer.cuda_graphs import batch_buckets
+    from deepinfer.warmup import verify_widths
+
+    llm = LLM(tiny_folder[0], dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512)
+    runner = llm.runner
+    assert runner.graph_rows > runner.max_rows and llm._ragged_tokens() == runner.graph_rows
+    decode = {rows for path, rows, _ in llm.step_times if path == "decode"}
+    assert decode == set(runner.buckets()) and max(decode) == runner.graph_rows
+    widths = verify_widths(llm.dspark.config.max_drafts)
+    verify = {(rows, T) for path, rows, T in llm.step_times if path == "verify"}
+    assert verify == {(rows, T) for rows in batch_buckets(runner.max_rows) for T in widths}
+    assert all(t > 0 for t in llm.step_times.values())
