@@ -384,18 +384,18 @@ class ModelRunner:
         mode, a decode graph's rows elsewhere), rows in (sequence, position) order. A tile writes
         every row's K/V before any row attends, and tiles run in turn, so a position sees the
         K/V of the positions before it; each gets the logits a decode step there would (bit for
-        bit in deterministic mode). [B, T, V]; a row's padding positions repeat its last real
-        one (never read: the verify kernel stops at the row's drafts)."""
+        bit in deterministic mode). [B, T, V]; a row's padding positions are left unwritten
+        (never read: the verify kernel stops at the row's drafts)."""
         rows, tokens, starts, index = [], [], [], []
-        for s, d in zip(seqs, drafts):
-            first = len(rows)
+        for b, (s, d) in enumerate(zip(seqs, drafts)):
             for t, tok in enumerate([_last_token(s), *d]):
                 rows.append(s)
                 tokens.append([tok])
                 starts.append(len(s) - 1 + t)
-            index += [first + min(t, len(d)) for t in range(T)]
+                index.append(b * T + t)
         logits = self._run_tiles(rows, tokens, starts, fresh=False)
-        return logits.index_select(0, self._to(index)).view(len(seqs), T, -1)
+        out = torch.empty(len(seqs) * T, logits.shape[1], dtype=logits.dtype, device=logits.device)
+        return out.index_copy_(0, self._to(index), logits).view(len(seqs), T, -1)
 
     @torch.inference_mode()
     def verify_eager(self, seqs: list[Sequence], drafts: list[list[int]], T: int) -> torch.Tensor:

@@ -426,7 +426,6 @@ def _fixed_shape_vs_eager(llm, capture: bool):
     for b, d in enumerate(drafts):
         n = len(d) + 1
         torch.testing.assert_close(ragged[b, :n], eager[b, :n].cpu(), rtol=1e-4, atol=1e-4)
-        assert torch.equal(ragged[b, n:], ragged[b, n - 1 : n].expand(3 - n, -1))  # padding: the last real
     for s in seqs:
         pool.free(s.block_table)
 
