@@ -921,6 +921,11 @@ def graph_times(llm, kv_need: int, batches=(1, 8, 64), widths=(2, 3, 5, 9), reps
     ]
     print(f"\ngraph replay, ms on the device ({kv} keys; width 1 = the decode graph)")
     _table(["rows", "width 1"] + [f"width {T}" for T in widths], rows)
+    more = [r for r in runner.buckets() if r > max(buckets)]  # what a ragged verify step replays
+    if more:
+        times = time_steps(runner, (), reps, kv=kv, buckets=more)
+        print("decode graphs past the largest batch (ragged verify steps), ms on the device")
+        _table(["rows", "width 1"], [[r, f"{times[('decode', r, 1)] * 1e3:.2f}"] for r in more])
 
 
 @contextlib.contextmanager
