@@ -298,19 +298,24 @@ def _tokenizer_for(shape: str):
     return tok, [128009, 128001], None
 
 
-def export_tokenizer() -> None:
+def export_tokenizer(folder: str = TOKENIZER_CACHE) -> None:
+    """Write the embedded GGUF's tokenizer (``smollm2-tokenizer.json``) and its special facts
+    (``smollm2-special.json``) to ``folder``: the device runs, and the tests' tiny models where
+    the GGUF is absent, take them from there."""
     from deepinfer.loader import default_gguf_path
     from deepinfer.loader.gguf import build_tokenizer
     from deepinfer.loader.gguf_file import GGUFFile
 
     path = default_gguf_path()
     f = GGUFFile(path)
-    tok, _ = build_tokenizer(f.metadata, path)
+    tok, special = build_tokenizer(f.metadata, path)
     f.close()
-    os.makedirs(TOKENIZER_CACHE, exist_ok=True)
-    out = os.path.join(TOKENIZER_CACHE, "smollm2-tokenizer.json")
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.join(folder, "smollm2-tokenizer.json")
     tok.save(out)
-    print("wrote", out)
+    with open(os.path.join(folder, "smollm2-special.json"), "w") as fh:
+        json.dump(special, fh)  # its special facts (chat template, BOS/EOS): the tests' tiny models use them
+    print("wrote", out, "and smollm2-special.json")
 
 
 def main() -> None:

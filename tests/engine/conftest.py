@@ -68,14 +68,41 @@ def tiny_hf_model(variant: str, seed: int = 0):
     return model, d
 
 
+# where ``benchmarks/bench_e2e.py --export-tokenizer`` writes the SmolLM2 tokenizer and its facts
+EXPORTED_TOKENIZER = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", ".cache")
+
+
+def exported_tokenizer(folder: str):
+    """(tokenizers.Tokenizer, special facts) that ``bench_e2e.export_tokenizer`` wrote to
+    ``folder``, or None where it has not."""
+    from tokenizers import Tokenizer
+
+    tok_path = os.path.join(folder, "smollm2-tokenizer.json")
+    special_path = os.path.join(folder, "smollm2-special.json")
+    if not (os.path.exists(tok_path) and os.path.exists(special_path)):
+        return None
+    with open(special_path) as fh:
+        return Tokenizer.from_file(tok_path), json.load(fh)
+
+
 @pytest.fixture(scope="session")
-def smollm_tokenizer(embedded_gguf_path):
-    """The SmolLM2 tokenizers.Tokenizer plus its special facts, built from the GGUF."""
+def smollm_tokenizer():
+    """The SmolLM2 tokenizers.Tokenizer plus its special facts, built from the GGUF; where the
+    GGUF is absent (the device machine, which it cannot travel to), the copy that
+    ``bench_e2e.py --export-tokenizer`` wrote from it."""
+    from deepinfer.loader import default_gguf_path
     from deepinfer.loader.gguf import build_tokenizer
     from deepinfer.loader.gguf_file import GGUFFile
 
-    f = GGUFFile(embedded_gguf_path)
-    tok, special = build_tokenizer(f.metadata, embedded_gguf_path)
+    try:
+        path = default_gguf_path()
+    except FileNotFoundError as e:
+        pair = exported_tokenizer(EXPORTED_TOKENIZER)
+        if pair is None:
+            pytest.skip(f"{e}; nor has `python benchmarks/bench_e2e.py --export-tokenizer` written a copy")
+        return pair
+    f = GGUFFile(path)
+    tok, special = build_tokenizer(f.metadata, path)
     f.close()
     return tok, special
 

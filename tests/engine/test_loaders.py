@@ -136,3 +136,26 @@ def test_bad_llm_arguments(tiny_folder):
         LLM(tiny_folder[0], dtype="float8")
     with pytest.raises(ValueError, match="max_num_seqs"):
         LLM(tiny_folder[0], max_num_seqs=0)
+
+
+def test_exported_tokenizer_is_the_gguf_s(tmp_path, embedded_gguf_path, smollm_tokenizer):
+    """Where the GGUF is absent (the device machine), the tests' tiny models take the SmolLM2
+    tokenizer from ``bench_e2e.py --export-tokenizer``'s copy: it encodes, decodes and states
+    its special facts as the GGUF's does."""
+    import sys
+
+    from .conftest import exported_tokenizer
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    import bench_e2e
+
+    assert exported_tokenizer(str(tmp_path)) is None
+    bench_e2e.export_tokenizer(str(tmp_path))
+    tok, special = exported_tokenizer(str(tmp_path))
+    gguf_tok, gguf_special = smollm_tokenizer
+    assert special == gguf_special and special["chat_template"]
+    for text in ['<|im_start|>user\nHello, wörld! {"a": [1, 2]}<|im_end|>\n', "  tabs\tand\nnewlines 🙂"]:
+        ids = gguf_tok.encode(text).ids
+        assert tok.encode(text).ids == ids
+        assert tok.decode(ids, skip_special_tokens=False) == gguf_tok.decode(ids, skip_special_tokens=False)
+    assert tok.get_vocab_size() == gguf_tok.get_vocab_size()
