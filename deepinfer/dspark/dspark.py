@@ -160,7 +160,8 @@ class DSpark:
         holds; ``token_budget``: most tokens in a step's forward; ``device_type`` sets the cost
         model's prior; ``step_times``: {(path, rows, positions): device seconds} of the step
         shapes, timed at warm-up (``seed``s the cost model, so no shape is probed mid-run);
-        ``ragged_tokens``: most tokens a ragged verify step may feed (``ragged_cap``)."""
+        ``ragged_tokens``: most tokens a ragged verify step may feed (0: none; the LLM's
+        ``_ragged_tokens``, from ``DSparkConfig.ragged`` and ``ModelRunner.ragged_tokens``)."""
         now = time.perf_counter()
         ids = self._ids = frozenset(s.request_id for s in running)
         cost = self._cost_model(device_type, step_times)
@@ -195,7 +196,7 @@ class DSpark:
                 and not cost.may_pay(
                     len(running), kmax, token_budget, self._best_rate(running), ragged=ragged_tokens
                 )
-            )  # fmt: skip
+            )
         ):
             if self._step - self._last_draft_probe < cost.drafting_gap(len(running)):
                 self.stats.skipped += 1

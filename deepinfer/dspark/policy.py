@@ -331,6 +331,16 @@ class CostModel:
                 return r
         return batch_bucket(M)
 
+    def ragged_sizes(self, B: int, limit: int):
+        """The token counts worth weighing for a ragged verify step of B rows feeding at most
+        ``limit`` tokens: the most each decode graph size from B + 1 up holds (fewer cost the
+        same), the last cut to ``limit``."""
+        M = B + 1
+        while M <= limit:
+            M = min(self.ragged_bucket(M), limit)
+            yield M
+            M += 1
+
     def ragged_seconds(self, B: int, M: int) -> float:
         """Seconds of a ragged verify step of B rows feeding M tokens in all: measured where a
         step of this batch bucket and graph size was, else the decode graph's warm-up device
@@ -379,15 +389,11 @@ class CostModel:
             per_row = min(float(T), bound, cap)
             if B * per_row / max(self.step_seconds("verify", B, T), 1e-12) > plain:
                 return True
-        limit = min(ragged, max_tokens, B * (max_drafts + 1))
-        M = B + 1
-        while M <= limit:
-            M = min(self.ragged_bucket(M), limit)  # the most tokens this graph size holds
+        for M in self.ragged_sizes(B, min(ragged, max_tokens, B * (max_drafts + 1))):
             q, r = divmod(M - B, B)  # q drafts a row, r rows one more
             tokens = B * (1.0 + sum(rate**j for j in range(1, q + 1))) + r * rate ** (q + 1)
             if min(tokens, B * cap) / max(self.ragged_seconds(B, M), 1e-12) > plain:
                 return True
-            M += 1
         return False
 
     def observe(self, path: str, tokens: int, seconds: float, rows: int | None = None, step: int = 0) -> None:
@@ -536,21 +542,18 @@ def choose_ragged(
 ) -> Choice | None:
     """The best ragged verify step: the m most confident drafts of all rows (a row's drafts
     are taken in order, their confidence never rising), for the m that maximises expected
-    tokens per second, M = B + m tokens costing ``cost.ragged_seconds``. Only the most drafts
-    each graph size holds is weighed (fewer cost the same). None when no row has a draft."""
+    tokens per second, M = B + m tokens costing ``cost.ragged_seconds``, M over
+    ``cost.ragged_sizes``. None when no row has a draft."""
     B = len(confidence)
     ranked = sorted(((x, b) for b, g in enumerate(confidence) for x in g), key=lambda e: -e[0])
-    limit = min(max_tokens, B + len(ranked))
-    best, M, taken, raw = None, B + 1, 0, 0.0
-    while M <= limit:
-        M = min(cost.ragged_bucket(M), limit)
+    best, taken, raw = None, 0, 0.0
+    for M in cost.ragged_sizes(B, min(max_tokens, B + len(ranked))):
         while taken < M - B:
             raw += ranked[taken][0]
             taken += 1
         ratio = (B + cal * raw) / max(cost.ragged_seconds(B, M), 1e-12) / plain
         if best is None or ratio > best[0] * (1 + 1e-9):
             best = (ratio, M - B, raw)
-        M += 1
     if best is None:
         return None
     ratio, m, raw = best
