@@ -311,6 +311,7 @@ class Script:
         for t in self.ids:
             self.at.setdefault(off, t)
             off += len(self.bytes[t] or b"")
+        self.mid = _mid_tokens(self.data, tokenizer, eos, self.at)  # next_token at the other offsets
         self._offsets: list[int] = []
         self._tokens = np.zeros(0, dtype=np.int64)
         self._sorted()
@@ -323,11 +324,8 @@ class Script:
         if pos >= len(self.data):
             return self.eos
         t = self.at.get(pos)
-        if t is None:  # mid-token (a draft tokenized the text differently): tokenize what follows
-            # (a window of it: the first token of the rest is the first token of its start)
-            rest = self.data[pos : pos + NEXT_WINDOW].decode(errors="ignore")
-            ids = self.tok.encode(rest, add_special_tokens=False) if rest else []
-            t = self.at[pos] = ids[0] if ids else self.eos
+        if t is None:  # mid-token (a draft tokenized the text differently): tokenized up front
+            t = self.at[pos] = self.mid[pos]
         return t
 
     def _char_token(self, byte: int) -> int | None:
@@ -408,6 +406,31 @@ class Script:
 
 _TOKEN_BYTES: dict[int, list] = {}
 NEXT_WINDOW = 256  # Script.next_token: bytes tokenized from a mid-token offset
+_MID: dict[tuple, list[int]] = {}
+
+
+def _mid_tokens(data: bytes, tokenizer, eos: int, at: dict[int, int]) -> list[int]:
+    """The token the model writes after each byte offset of ``data``: the first token of what
+    follows, tokenized (a window of it: the first token of the rest is the first token of its
+    start), EOS where nothing follows. Tokenized up front, in one batch per text (memoised), so
+    that no step of the replay tokenizes: ``Script.next_token`` reads it at the offsets the
+    text's own tokenization does not start at (a draft tokenized the text differently)."""
+    key = (id(tokenizer), data)
+    if key not in _MID:
+        todo = [p for p in range(len(data)) if p not in at]
+        windows = [data[p : p + NEXT_WINDOW].decode(errors="ignore") for p in todo]
+        backend = getattr(tokenizer, "backend", None)
+        if backend is not None and hasattr(backend, "encode_batch"):
+            ids = [e.ids for e in backend.encode_batch(windows, add_special_tokens=False)]
+        else:
+            ids = [tokenizer.encode(w, add_special_tokens=False) for w in windows]
+        mid = [eos] * (len(data) + 1)
+        for p, w, i in zip(todo, windows, ids):
+            mid[p] = i[0] if w and i else eos
+        for p, t in at.items():
+            mid[p] = t
+        _MID[key] = mid
+    return _MID[key]
 
 
 def forced_tokens(matcher) -> tuple[int, ...]:
