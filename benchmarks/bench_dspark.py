@@ -317,7 +317,9 @@ class Script:
         self._sorted()
         self.request, self.pos, self.seen = None, 0, 0  # request, bytes written, output tokens consumed
         self.jumps: dict[int, int] = {}  # output index -> offset its token was written from (a resync)
-        self._chars: dict[int, int | None] = {}  # byte -> the one token of that character alone
+        chars = _char_tokens(tokenizer)  # (offset, token) of each of the text's bytes that is a token alone
+        self._char_at = np.array([o for o, b in enumerate(self.data) if chars[b] is not None], dtype=np.int64)
+        self._char_tok = np.array([chars[self.data[o]] for o in self._char_at], dtype=np.int64)
 
     def next_token(self, pos: int) -> int:
         """The token the model writes after ``pos`` bytes (EOS at the end)."""
@@ -328,23 +330,17 @@ class Script:
             t = self.at[pos] = self.mid[pos]
         return t
 
-    def _char_token(self, byte: int) -> int | None:
-        """The one token of the ASCII character ``byte`` alone, else None (memoised per script)."""
-        memo = self._chars
-        if byte not in memo:
-            ids = self.tok.encode(chr(byte), add_special_tokens=False) if byte < 128 else []
-            memo[byte] = ids[0] if len(ids) == 1 else None
-        return memo[byte]
-
-    def after_text(self, pos: int):
+    def after_text(self, pos: int, row) -> tuple[int, int] | None:
         """(offset, token) where the model picks the text up again when an insertion left the
-        constraint refusing every one of the text's later tokens: EOS, then the text's
-        characters after ``pos`` one by one (a '"' that closes)."""
-        yield len(self.data), self.eos
-        for off in range(pos, len(self.data)):
-            t = self._char_token(self.data[off])
-            if t is not None:
-                yield off, t
+        constraint refusing every one of the text's later tokens: EOS, else the first of the
+        text's characters after ``pos`` that is a token alone and the int32 bitmask ``row``
+        allows (a '"' that closes), found at once; None: none of them."""
+        if _allowed(row, self.eos):
+            return len(self.data), self.eos
+        i = int(np.searchsorted(self._char_at, pos))
+        toks = self._char_tok[i:]
+        hit = np.flatnonzero((row[toks >> 5] >> (toks & 31)) & 1)
+        return (int(self._char_at[i + hit[0]]), int(toks[hit[0]])) if hit.size else None
 
     def _sorted(self) -> None:
         if len(self._offsets) != len(self.at):  # next_token added a mid-token offset
@@ -384,16 +380,13 @@ class Script:
             self.jumps[index] = first[0]
             return first[1]
 
-        def allowed(t: int) -> bool:
-            return _allowed(row, t)
-
-        for off, t in self.after_text(pos):  # (the text's own tokens: checked above)
-            if allowed(t):
-                self.jumps[index] = off
-                return t
+        again = self.after_text(pos, row)  # (the text's own tokens: checked above)
+        if again is not None:
+            self.jumps[index] = again[0]
+            return again[1]
         forced = list((forced() if callable(forced) else forced)[:1])
         for t in forced + self.closers():
-            if allowed(t):
+            if _allowed(row, t):
                 return t
         return None
 
@@ -405,6 +398,18 @@ class Script:
 
 
 _TOKEN_BYTES: dict[int, list] = {}
+_CHARS: dict[int, list] = {}
+
+
+def _char_tokens(tokenizer) -> list:
+    """byte -> the one token of that ASCII character alone, else None (memoised per tokenizer)."""
+    key = id(tokenizer)
+    if key not in _CHARS:
+        ids = [tokenizer.encode(chr(b), add_special_tokens=False) if b < 128 else [] for b in range(256)]
+        _CHARS[key] = [i[0] if len(i) == 1 else None for i in ids]
+    return _CHARS[key]
+
+
 NEXT_WINDOW = 256  # Script.next_token: bytes tokenized from a mid-token offset
 _MID: dict[tuple, list[int]] = {}
 
