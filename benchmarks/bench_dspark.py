@@ -471,6 +471,12 @@ class Replay:
     there (which its mask allows). Accepted drafts were walked through the constraint when they
     were proposed and when the masks were filled, so the matcher, ``num_cached`` and the KV
     entries follow from ``DSpark.step`` as with a real model.
+
+    The harness's host seconds are counted (``host``) and left out of DSpark's clock. A verify
+    step's harness work starts once the device is done with the step, where ``DSpark.step``
+    waits anyway, so leaving it out gives the engine's own step exactly. A plain step's
+    harness work (in the sampler) runs while the forward does, as the engine's next launch
+    would, and is not made to wait.
     """
 
     def __init__(self, scripts: dict[int, Script], rates=None, accept: str = "rates", seed: int = 0) -> None:
@@ -583,10 +589,13 @@ class Replay:
                 return super().step(plan, masks, **kw)
 
             def replay_verify(self, logits, drafts, *, bitmask=None, indices=None, **kw):
-                # the real kernel runs; the replay's decisions are host work that does not wait for
-                # it (the masks are read from the verifier's host buffer), and the kernel's tokens
-                # are read back only when a row needs one (its script's token refused)
+                # the real kernel runs; then the replay waits for it, as DSpark.step does right
+                # after this call (it reads the accepted counts back), and only then does its own
+                # host work: that work never overlaps the forward, so taking its seconds out (the
+                # cost model's clock, "harness out") leaves exactly the engine's step
                 out = kernels.verify(logits, drafts, bitmask=bitmask, indices=indices, **kw)  # the real work
+                if logits.device.type == "cuda":
+                    torch.cuda.synchronize(logits.device)
                 t0 = time.perf_counter()
                 plan = self._plan
                 B, T = logits.shape[0], logits.shape[1]
