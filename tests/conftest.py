@@ -30,13 +30,23 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+GPU_TEST_SECONDS = 240  # where pytest-timeout is installed: a GPU test's bound (Triton compiles included)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` are skipped where there is no CUDA device."""
-    if any(item.get_closest_marker("gpu") for item in items) and not _cuda_available():
+    """Tests marked `gpu` are skipped where there is no CUDA device. Where there is one and
+    pytest-timeout is installed, each gets a bound of ``GPU_TEST_SECONDS`` (unless it sets its
+    own): a GPU test that hangs fails with its stack, and the rest still run."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
-        for item in items:
-            if item.get_closest_marker("gpu"):
-                item.add_marker(skip)
+        for item in gpu:
+            item.add_marker(skip)
+    elif gpu and config.pluginmanager.hasplugin("timeout"):
+        bound = pytest.mark.timeout(GPU_TEST_SECONDS, method="signal")
+        for item in gpu:
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(bound)
 
 
 @pytest.fixture(scope="session")
