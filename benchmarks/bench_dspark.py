@@ -312,9 +312,8 @@ class Script:
             self.at.setdefault(off, t)
             off += len(self.bytes[t] or b"")
         self.mid = _mid_tokens(self.data, tokenizer, eos, self.at)  # next_token at the other offsets
-        self._offsets: list[int] = []
-        self._tokens = np.zeros(0, dtype=np.int64)
-        self._sorted()
+        self._offsets = sorted(self.at)  # the offsets of ``at`` in order, and their tokens
+        self._tokens = np.array([self.at[o] for o in self._offsets], dtype=np.int64)
         self.request, self.pos, self.seen = None, 0, 0  # request, bytes written, output tokens consumed
         self.jumps: dict[int, int] = {}  # output index -> offset its token was written from (a resync)
         chars = _char_tokens(tokenizer)  # (offset, token) of each of the text's bytes that is a token alone
@@ -328,6 +327,9 @@ class Script:
         t = self.at.get(pos)
         if t is None:  # mid-token (a draft tokenized the text differently): tokenized up front
             t = self.at[pos] = self.mid[pos]
+            i = bisect.bisect_left(self._offsets, pos)  # (kept in order for _first_in_mask)
+            self._offsets.insert(i, pos)
+            self._tokens = np.insert(self._tokens, i, t)
         return t
 
     def after_text(self, pos: int, row) -> tuple[int, int] | None:
@@ -342,15 +344,9 @@ class Script:
         hit = np.flatnonzero((row[toks >> 5] >> (toks & 31)) & 1)
         return (int(self._char_at[i + hit[0]]), int(toks[hit[0]])) if hit.size else None
 
-    def _sorted(self) -> None:
-        if len(self._offsets) != len(self.at):  # next_token added a mid-token offset
-            self._offsets = sorted(self.at)
-            self._tokens = np.array([self.at[o] for o in self._offsets], dtype=np.int64)
-
     def _first_in_mask(self, pos: int, row) -> tuple[int, int] | None:
         """The first (offset, token) of the text's tokens after ``pos`` that the int32 bitmask
         ``row`` allows, found at once (None: none of them)."""
-        self._sorted()
         i = bisect.bisect_right(self._offsets, pos)
         toks = self._tokens[i:]
         hit = np.flatnonzero((row[toks >> 5] >> (toks & 31)) & 1)
@@ -645,8 +641,8 @@ class Replay:
                     got = out.tokens.tolist()
                     for b in need_kernel:
                         tokens[b][acc[b]] = got[b][acc[b]]
-                dev = logits.device
-                t, a = _to_device(tokens, torch.int64, dev), _to_device(acc, torch.int64, dev)
+                dev = logits.device  # (the device is idle: a plain copy waits for nothing)
+                t, a = torch.from_numpy(np.array(tokens)).to(dev), torch.from_numpy(np.array(acc)).to(dev)
                 replay._count("verify", t0)
                 return kernels.VerifyOutput(a, t.gather(1, a[:, None])[:, 0], t)
 
