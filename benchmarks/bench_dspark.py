@@ -642,7 +642,8 @@ class Replay:
                     for b in need_kernel:
                         tokens[b][acc[b]] = got[b][acc[b]]
                 dev = logits.device  # (the device is idle: a plain copy waits for nothing)
-                t, a = torch.from_numpy(np.array(tokens)).to(dev), torch.from_numpy(np.array(acc)).to(dev)
+                t = torch.from_numpy(np.array(tokens, dtype=np.int64)).to(dev)
+                a = torch.from_numpy(np.array(acc, dtype=np.int64)).to(dev)
                 replay._count("verify", t0)
                 return kernels.VerifyOutput(a, t.gather(1, a[:, None])[:, 0], t)
 
