@@ -36,7 +36,8 @@ GPU_TEST_SECONDS = 240  # where pytest-timeout is installed: a GPU test's bound 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` are skipped where there is no CUDA device. Where there is one and
     pytest-timeout is installed, each gets a bound of ``GPU_TEST_SECONDS`` (unless it sets its
-    own): a GPU test that hangs fails with its stack, and the rest still run."""
+    own): a GPU test still running at its bound fails with its stack, and the rest still run
+    (the signal lands between Python bytecodes: one C call that never returns is not cut)."""
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if gpu and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
