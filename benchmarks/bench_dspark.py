@@ -339,18 +339,12 @@ class Script:
         allows (a '"' that closes), found at once; None: none of them."""
         if _allowed(row, self.eos):
             return len(self.data), self.eos
-        i = int(np.searchsorted(self._char_at, pos))
-        toks = self._char_tok[i:]
-        hit = np.flatnonzero((row[toks >> 5] >> (toks & 31)) & 1)
-        return (int(self._char_at[i + hit[0]]), int(toks[hit[0]])) if hit.size else None
+        return _first_allowed(row, self._char_at, self._char_tok, int(np.searchsorted(self._char_at, pos)))
 
     def _first_in_mask(self, pos: int, row) -> tuple[int, int] | None:
         """The first (offset, token) of the text's tokens after ``pos`` that the int32 bitmask
         ``row`` allows, found at once (None: none of them)."""
-        i = bisect.bisect_right(self._offsets, pos)
-        toks = self._tokens[i:]
-        hit = np.flatnonzero((row[toks >> 5] >> (toks & 31)) & 1)
-        return (self._offsets[i + hit[0]], int(toks[hit[0]])) if hit.size else None
+        return _first_allowed(row, self._offsets, self._tokens, bisect.bisect_right(self._offsets, pos))
 
     def advance(self, pos: int, token: int) -> int:
         b = self.bytes[token] if 0 <= token < len(self.bytes) else None
@@ -387,14 +381,21 @@ class Script:
         return None
 
     def closers(self) -> list[int]:
-        if not hasattr(self, "_closers"):
-            ids = [self.tok.encode(c, add_special_tokens=False) for c in '"}],:0']
-            self._closers = [i[0] for i in ids if len(i) == 1]
-        return self._closers
+        """The single tokens of the characters that close what an insertion left open."""
+        chars = _char_tokens(self.tok)
+        return [chars[ord(c)] for c in '"}],:0' if chars[ord(c)] is not None]
 
 
 _TOKEN_BYTES: dict[int, list] = {}
 _CHARS: dict[int, list] = {}
+
+
+def _first_allowed(row, offsets, tokens: np.ndarray, i: int) -> tuple[int, int] | None:
+    """The first (offset, token) from index ``i`` on of the parallel ``offsets`` and ``tokens``
+    whose token the int32 bitmask ``row`` allows, found with one numpy test (None: none)."""
+    toks = tokens[i:]
+    hit = np.flatnonzero((row[toks >> 5] >> (toks & 31)) & 1)
+    return (int(offsets[i + hit[0]]), int(toks[hit[0]])) if hit.size else None
 
 
 def _char_tokens(tokenizer) -> list:
