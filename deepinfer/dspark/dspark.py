@@ -2,9 +2,10 @@
 
 Per decode step: ``plan`` proposes drafts for every request that speculates (grammar-forced
 tokens, n-gram copies from the prompt and output) and chooses how many positions to verify
-(``policy.choose``); None means a plain decode step. ``step`` then runs the multi-position
-forward it is given (``ModelRunner.verify``) while a host thread writes each position's
-bitmask, verifies all rows in one kernel launch, and feeds the emitted tokens to the sequences.
+(``policy.choose``); None means a plain decode step. ``step`` then launches the
+multi-position forward it is given (``ModelRunner.verify``), writes each position's bitmask
+while it runs (``Verifier``), verifies all rows in one kernel launch, and feeds the emitted
+tokens to the sequences.
 Both take plain inputs (sequences, sizes, the tokenizer, a forward callable), not the ``LLM``.
 
 Lossless: every emitted token is the target model's own choice at its position (greedy argmax,
@@ -55,7 +56,7 @@ class DSparkStats:
     skipped: int = 0  # plain steps decided before drafting (drafting could not pay)
     draft_seconds: float = 0.0  # host time making drafts (``plan``)
     verify_seconds: float = 0.0  # host time of verify steps (``step``: masks, forward, kernel, tokens)
-    mask_wait_seconds: float = 0.0  # of it, waiting for the drafts' per-position bitmasks
+    mask_wait_seconds: float = 0.0  # of it, after the launch, getting the bitmasks (inline: filling them)
     verify_sync_seconds: float = (
         0.0  # of it, from the kernel's launch to its results read back (the forward's end)
     )

@@ -39,13 +39,38 @@ def fill_position_masks(matcher, drafts: list[int], rows: np.ndarray) -> None:
         matcher.rollback(n)
 
 
+class _Inline:
+    """``start_masks``' fill, run on the caller's thread when its result is asked for."""
+
+    __slots__ = ("fill",)
+
+    def __init__(self, fill) -> None:
+        self.fill = fill
+
+    def result(self):
+        return self.fill()
+
+
 class Verifier:
-    """Buffers, a host thread for the per-position masks, and the verify kernel's inputs."""
+    """Buffers, the per-position masks (filled beside the forward), and the verify kernel's
+    inputs.
+
+    Where the masks are filled (``inline``; None: inline on CUDA). On CUDA the forward's launch
+    returns at once, so the masks are filled after it, on the caller's thread, while the device
+    runs: a thread filling them beside the launch would hold the GIL the launch's Python needs
+    (a thread that waits for the GIL waits up to the switch interval, 5 ms, each time), and
+    the launch would wait for most of the fill. On the CPU the forward is the host's own
+    compute, whose matmuls release the GIL, so a host thread fills them from ``start_masks``
+    on, beside it."""
+
+    inline: bool | None = None
 
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.width = (vocab_size + 31) // 32
         self.device = device
         self.pin = device.type == "cuda"
+        if self.inline is None:
+            self.inline = self.pin
         self._buf: torch.Tensor | None = None
         self._pool: ThreadPoolExecutor | None = None
         self.mask_seconds = 0.0  # host time spent on positions 1.. (position 0: MaskFiller)
@@ -58,17 +83,15 @@ class Verifier:
         return self._buf[:n].view(B, T, self.width)
 
     def start_masks(self, seqs, drafts: list[list[int]], T: int, masks):
-        """Fill [B, T, W] bitmasks on a host thread: position 0 from ``masks`` (the step's
-        MaskFiller: its rows are filled or waited for on this thread, so on CUDA, where the
-        filler works inline, that fill overlaps the verify forward rather than delaying its
-        launch), the positions after each draft by walking the request's matcher (rolled back
-        after). None when no row has a constraint; else a future of (bitmask [B, T, W] on the
-        host, the constrained rows)."""
+        """Start the [B, T, W] bitmasks: position 0 from ``masks`` (the step's MaskFiller: its
+        rows are filled or waited for where these are), the positions after each draft by
+        walking the request's matcher (rolled back after). Called before the forward: on a
+        host thread from now on, or, ``inline``, when ``bitmask`` asks for them after the
+        launch. None when no row has a constraint; else what ``bitmask`` takes: a future of
+        (bitmask [B, T, W] on the host, the constrained rows)."""
         if not masks.active:
             return None
         host = self._host(len(seqs), T)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-dspark-masks")
 
         def fill():
             host0, constrained = masks.wait(hidden=True)
@@ -82,6 +105,10 @@ class Verifier:
             self.mask_seconds += time.perf_counter() - t0
             return host, constrained
 
+        if self.inline:
+            return _Inline(fill)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-dspark-masks")
         return self._pool.submit(fill)
 
     def _to(self, rows: list) -> torch.Tensor:

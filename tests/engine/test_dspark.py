@@ -235,19 +235,25 @@ def test_tiny_kv_lengths_stops_and_mixed_batch(tiny):
     assert seen and all(seen)
 
 
-def test_verify_forward_does_not_wait_for_the_first_masks(tiny):
+@pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline"])
+def test_verify_forward_does_not_wait_for_the_first_masks(tiny, monkeypatch, inline):
     """With masks filled inline (as on CUDA, on the step loop's thread), a verify step launches
-    its forward before position 0's rows are filled: DSpark's mask thread fills them with the
-    positions after the drafts while the forward runs. Here each such fill waits (up to 1 s)
-    for its step's forward; the outputs are plain decoding's."""
+    its forward before position 0's rows are filled: they are filled with the positions after
+    the drafts while the forward runs, by DSpark's mask thread (the CPU's way) or, with the
+    verifier inline (CUDA's way), on the step's own thread once the launch returned, with no
+    thread of its own. Here each such fill waits (up to 1 s) for its step's forward; the
+    outputs are plain decoding's."""
     import threading
 
+    from deepinfer.dspark.verify import Verifier
     from deepinfer.structured import MaskFiller
+
+    monkeypatch.setattr(Verifier, "inline", inline)
 
     prompts = [[1, 5, 9], [1, 7, 7, 7, 7], [1, 42]]
     params = [SamplingParams(temperature=0, max_tokens=24, regex=TINY_REGEX)] * 3
     base, _ = _tiny_run(tiny, False, params, prompts)
-    cond, launches, verifying, waited = threading.Condition(), [0], [None], []
+    cond, launches, verifying, waited, on_step_thread = threading.Condition(), [0], [None], [], []
     fill, forward, step = MaskFiller._fill, tiny.runner.verify, DSpark.step
 
     def launch(*a, **kw):
@@ -266,6 +272,7 @@ def test_verify_forward_does_not_wait_for_the_first_masks(tiny):
     def spy_fill(self, seqs, args):
         want = verifying[0]
         if want is not None:  # position 0 of a verify step: was its forward launched first?
+            on_step_thread.append(threading.current_thread() is threading.main_thread())
             with cond:
                 waited.append(cond.wait_for(lambda: launches[0] >= want, timeout=1.0))
         return fill(self, seqs, args)
@@ -282,6 +289,8 @@ def test_verify_forward_does_not_wait_for_the_first_masks(tiny):
     assert got == base
     assert st.verify_steps > 0 and len(waited) == st.verify_steps
     assert all(waited), waited
+    assert on_step_thread == [inline] * st.verify_steps
+    assert tiny.dspark._verifier.inline is inline and (tiny.dspark._verifier._pool is None) is inline
 
 
 def _verify_equals_decode(llm, prompts=None, drafts=None, T=6):
