@@ -559,7 +559,9 @@ class Replay:
         dspark_module.time = time
         llm.__dict__.pop("_sample", None)
 
-    def dspark(self, config=True):
+    def dspark(self, config=True, *, inline: bool | None = None):
+        """A DSpark for the replay (``config``: its settings; ``inline``: ``Verifier.inline``,
+        None for the engine's choice)."""
         import torch
 
         from deepinfer import kernels
@@ -577,6 +579,8 @@ class Replay:
             def bitmask(self, future):
                 bitmask, self.constrained = super().bitmask(future)
                 return bitmask, self.constrained
+
+        RecordingVerifier.inline = inline
 
         class ReplayDSpark(DSpark):
             verifier_class = RecordingVerifier
@@ -750,6 +754,8 @@ def bench_device(args) -> None:
         modes = {"off": False, "DSpark (replayed)": replay.dspark(_dspark_setting(args))}
         if args.ab_ragged:  # the same DSpark with every verify step padded, measured beside it
             modes["DSpark, padded verify (A/B)"] = replay.dspark(_dspark_setting(args, ragged=False))
+        if args.ab_mask_thread:  # the verify step's masks filled by a thread from before the launch
+            modes["DSpark, masks on a thread (A/B)"] = replay.dspark(_dspark_setting(args), inline=False)
         if prof is not None:
             prof.wrap_verify(modes["DSpark (replayed)"])
         for _ in range(2):  # warm-up: graph captures for the shapes this batch uses (two passes: the
@@ -1031,6 +1037,11 @@ def main() -> None:
         "--ab-ragged",
         action="store_true",
         help="device: also run DSpark with every verify step padded (DSparkConfig ragged=False)",
+    )
+    ap.add_argument(
+        "--ab-mask-thread",
+        action="store_true",
+        help="device: also run DSpark with the verify masks filled on a thread (Verifier.inline=False)",
     )
     ap.add_argument(
         "--profile",
