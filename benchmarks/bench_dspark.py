@@ -33,6 +33,7 @@ import bisect
 import contextlib
 import glob
 import json
+import logging
 import os
 import random
 import sys
@@ -724,7 +725,10 @@ def bench_device(args) -> None:
         seed=0,
     )
     ws = _ws(args)
+    t0 = time.perf_counter()
     tasks = workload(args.prompts, lambda s: llm.compile_constraint(SamplingParams(json_schema=s, **ws)))
+    print(f"built the LLM in {llm.load_seconds:.1f} s; {len(tasks)} constraints in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
     base_prompts = [llm.tokenizer.encode(prompt_text(t)) for t in tasks]
     t0 = time.perf_counter()  # every decode and verify graph the runs may use, as a server does at start
     capture_len = max(map(len, base_prompts)) + args.max_tokens + 16
@@ -1049,6 +1053,8 @@ def main() -> None:
         help="device: print step times by shape, graph captures and DSpark's host time",
     )
     args = ap.parse_args()
+    if args.device != "cpu":  # the engine's warm-up, phase by phase (a cut-off run shows where)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.device == "cpu" and not args.replay:
         args.batches = [int(x) for x in (args.batches or "1,8").split(",")]
         args.max_tokens = args.max_tokens or 256

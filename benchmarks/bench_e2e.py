@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import logging
 import os
 import sys
 import time
@@ -344,6 +345,8 @@ def main() -> None:
         "--repeat", type=int, default=1, help="device: build the LLM and measure this many times (fresh each)"
     )
     args = ap.parse_args()
+    if args.device != "cpu":  # the engine's warm-up, phase by phase (a cut-off run shows where)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.export_tokenizer:
         export_tokenizer()
         return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import logging
 import random
 import time
 from collections.abc import Sequence as Seq
@@ -45,6 +46,7 @@ from .tokenizer import Message, Tokenizer
 STEP_KINDS = ("decode", "prefill", "verify")
 _unfreeze_at_exit: list[bool] = []  # gc.unfreeze registered with atexit (once a process)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+log = logging.getLogger(__name__)  # construction's warm-up, phase by phase (INFO)
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -272,6 +274,8 @@ class LLM:
         counts = group_blocks(num_blocks, nbytes, windows, margin, block_size, max_num_seqs,
                               max_num_batched_tokens)  # fmt: skip
         self.runner.allocate(counts if len(counts) > 1 else num_blocks, block_size, max_num_seqs)
+        log.info("model on %s in %.1f s; KV cache %s blocks of %d tokens", self.device,
+                 time.perf_counter() - t0, "+".join(map(str, counts)), block_size)  # fmt: skip
         # async scheduling (step_ahead.py): a plain decode step launches the next one before
         # its tokens reach the host; on by default where the device runs apart from the host
         on = self.device.type == "cuda" if async_scheduling is None else bool(async_scheduling)
@@ -522,12 +526,19 @@ class LLM:
         if verify is None:
             verify = cfg.default != "off" and cfg.cuda_graphs
         widths = verify_widths(cfg.max_drafts) if verify else ()
+        t0 = time.perf_counter()
         n = self.runner.capture_graphs(max_len, widths)
         if n:
+            log.info("captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t0)
+            t0 = time.perf_counter()
             compile_sampling(self.config.vocab_size, self.device)
             if widths:
                 compile_verify(self.config.vocab_size, self.device)
+            log.info("compiled the sampler's%s variants in %.1f s", " and verifier's" if widths else "",
+                     time.perf_counter() - t0)  # fmt: skip
+            t0 = time.perf_counter()
             self.step_times = time_steps(self.runner, widths)
+            log.info("timed %d step shapes in %.1f s", len(self.step_times), time.perf_counter() - t0)
         return n
 
     def compile_constraint(self, params: SamplingParams):

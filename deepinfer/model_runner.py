@@ -28,6 +28,9 @@ device tensor the caller reads when it needs to (so host work overlaps the forwa
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 import torch
 
@@ -61,6 +64,8 @@ MIXED_FIRST = 16
 # Prefill chunk of the CPU's deterministic mode: chunks start at multiples of it, so a prompt's
 # chunks are the same shapes whether a prefix of it was cached or not.
 DETERMINISTIC_CHUNK = 64
+
+log = logging.getLogger(__name__)  # warm-up progress (CUDA graph captures)
 
 
 class ModelRunner:
@@ -172,14 +177,19 @@ class ModelRunner:
             kv = kv_bucket(kv + 1, self.model.max_len)
             kvs.append(kv)
         verify_kvs = kvs if self.verify_kv is None else [self.verify_kv]
+        t0 = time.perf_counter()
         for rows in self.buckets():
+            before, t_rows = n, time.perf_counter()
             for kv in kvs:
                 n += self.graphs.ensure(Tile(rows, kv))
-            if rows > self.max_rows:  # (mixed steps only: a verify step has at most max_rows rows)
-                continue
-            for T in sorted({t_bucket(T) for T in positions}):
-                for kv in verify_kvs:
-                    n += self.graphs.ensure(Tile(rows, kv, T))
+            if rows <= self.max_rows:  # (above: mixed steps only; a verify step has at most max_rows rows)
+                for T in sorted({t_bucket(T) for T in positions}):
+                    for kv in verify_kvs:
+                        n += self.graphs.ensure(Tile(rows, kv, T))
+            if n > before:
+                now = time.perf_counter()
+                log.info("CUDA graphs at batch %d: %d captured in %.1f s (%d in %.1f s so far)",
+                         rows, n - before, now - t_rows, n, now - t0)  # fmt: skip
         return n
 
     @property

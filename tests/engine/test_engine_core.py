@@ -166,6 +166,17 @@ def test_construction_freezes_what_it_built(tiny_folder, monkeypatch_session):
     assert id(after) in {id(o) for o in gc.get_objects()}
 
 
+def test_construction_logs_its_phases(tiny_folder, monkeypatch_session, caplog):
+    """Construction says, on the ``deepinfer`` logger at INFO, where the model went and how big
+    the KV cache is (on CUDA also each warm-up phase: see test_warmup.py)."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        LLM(tiny_folder[0], dtype="float32", device="cpu", seed=0, max_num_seqs=2, block_size=16)
+    lines = [r.getMessage() for r in caplog.records if r.name == "deepinfer.llm"]
+    assert any(m.startswith("model on cpu in ") and m.endswith("blocks of 16 tokens") for m in lines), lines
+
+
 def test_metrics_count_steps_by_kind(llm):
     before = llm.metrics()
     llm.generate([[1, 5, 9], [1, 7]], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)

@@ -33,13 +33,21 @@ def test_no_sampling_kernel_compiles_after_construction(tiny_folder, monkeypatch
     assert [c for c in compiled if ".sample" in c] == []
 
 
-def test_step_times_cover_every_graph_a_verify_step_may_replay(tiny_folder, monkeypatch_session):
+def test_step_times_cover_every_graph_a_verify_step_may_replay(tiny_folder, monkeypatch_session, caplog):
     """Warm-up times the decode graph at every row count, those past the largest batch too (a
-    ragged verify step replays them), and each verify width at every batch bucket."""
+    ragged verify step replays them), and each verify width at every batch bucket; it logs
+    each phase (INFO, the ``deepinfer`` logger)."""
+    import logging
+
     from deepinfer.cuda_graphs import batch_buckets
     from deepinfer.warmup import verify_widths
 
-    llm = LLM(tiny_folder[0], dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512)
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        llm = LLM(tiny_folder[0], dtype="float32", device="cuda", seed=0, max_num_seqs=4, max_model_len=512)
+    said = " | ".join(r.getMessage() for r in caplog.records)
+    for phase in ("CUDA graphs at batch 1: ", "captured ", "compiled the sampler's and verifier's variants",
+                  f"timed {len(llm.step_times)} step shapes"):  # fmt: skip
+        assert phase in said, said
     runner = llm.runner
     assert runner.graph_rows > runner.max_rows and llm._ragged_tokens() == runner.graph_rows
     decode = {rows for path, rows, _ in llm.step_times if path == "decode"}
