@@ -199,7 +199,7 @@ def bench(
             f"{ds.decode_steps} plain ({ds.skipped} decided before drafting), {ds.drafting_steps} drafted, "
             f"{ds.probes} probes, accepted {ds.accepted} of "
             f"{ds.drafted} (forced, n-gram); host: drafting {ds.draft_seconds * 1e3:.1f} ms, verify steps "
-            f"{ds.verify_seconds * 1e3:.1f} ms (waiting for the drafts' masks "
+            f"{ds.verify_seconds * 1e3:.1f} ms (the drafts' masks after the launch "
             f"{ds.mask_wait_seconds * 1e3:.1f} ms, for the forward and kernel's read-back "
             f"{ds.verify_sync_seconds * 1e3:.1f} ms)",
             flush=True,
