@@ -423,6 +423,8 @@ class LLM:
                     logits, sampled = self.runner.step(out.rows, out.counts), None
                 self.masks.launched()
                 self._settle()  # the previous step's deferred matcher work, behind this forward
+                if not out.decode and self.dspark.indexes_ahead(self.device.type):
+                    self.dspark.index_prompts(sch.running)  # new prompts' n-grams, behind the prefill
                 if sampled is None and out.batch:
                     sampled, lps = self._sample(out.batch, logits, masks.wait()[1])  # masks applied + sampled
                 else:

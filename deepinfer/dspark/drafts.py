@@ -69,6 +69,10 @@ class NgramIndex:
                 self.index[n].update(zip(zip(*cols), range(s0, upto)))
         self.indexed = max(self.indexed, upto)
 
+    def extend(self, tokens: list[int]) -> None:
+        """Index every end of ``tokens`` but the last (what ``lookup(tokens, ...)`` indexes first)."""
+        self._extend(tokens, len(tokens))
+
     def lookup(self, tokens: list[int], k: int, context: list[int] | None = None) -> tuple[list[int], int]:
         """(up to k tokens that followed the longest earlier occurrence of the suffix of
         ``tokens + context``, the length of that suffix); ``tokens`` is indexed, ``context``

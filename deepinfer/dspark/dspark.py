@@ -90,9 +90,16 @@ class Plan:
 class _Request:
     __slots__ = ("stats", "index", "stop_ids", "history", "prompt_len")
 
-    def __init__(self, config: DSparkConfig, s, stop_ids: frozenset[int], prior: RequestStats) -> None:
+    def __init__(
+        self,
+        config: DSparkConfig,
+        s,
+        stop_ids: frozenset[int],
+        prior: RequestStats,
+        index: NgramIndex | None = None,
+    ) -> None:
         self.stats = RequestStats(prior)
-        self.index = NgramIndex(config.ngram_min, config.ngram_max)
+        self.index = index or NgramIndex(config.ngram_min, config.ngram_max)  # (prompt indexed ahead)
         self.stop_ids = stop_ids
         self.history = list(s.prompt_token_ids)  # prompt + output, extended as the output grows
         self.prompt_len = len(self.history)
@@ -107,12 +114,17 @@ class DSpark:
     """Speculative decoding for one LLM: settings, per-request draft statistics, cost model."""
 
     verifier_class = Verifier  # what makes a step's bitmasks and kernel inputs (a subclass may watch it)
+    # Does the engine index new prompts for n-gram lookup behind a prefill's forward
+    # (``index_prompts``)? None: on CUDA, where the host waits for that forward; on the CPU the
+    # forward is the host's own work, and a request's first drafting step indexes its prompt.
+    index_ahead: bool | None = None
 
     def __init__(self, config: bool | dict | DSparkConfig = True) -> None:
         self.config = DSparkConfig.parse(config)
         self.stats = DSparkStats()
         self.verify_fn = kernels.verify  # backend "auto": Triton on CUDA, torch reference on CPU
         self._requests: dict[int, _Request] = {}
+        self._indexed: dict[int, NgramIndex] = {}  # prompts indexed ahead, by request id (``index_prompts``)
         self._overall = RequestStats()  # every request's observations: the prior of new ones
         self._preferred: dict[int, int] = {}  # first forced token -> the model's token instead
         self._cost: CostModel | None = None
@@ -138,6 +150,32 @@ class DSpark:
             return bool(sp)
         d = self.config.default
         return d == "all" or (d == "constrained" and s.constraint is not None)
+
+    def indexes_ahead(self, device_type: str) -> bool:
+        """Should the engine call ``index_prompts`` behind a prefill's forward on this device?"""
+        return self.index_ahead if self.index_ahead is not None else device_type == "cuda"
+
+    def index_prompts(self, running: list) -> None:
+        """Index for n-gram lookup the prompt of every request of ``running`` that speculates,
+        whose prompt is computed, and that has no index yet: the work a request's first drafting
+        step would otherwise do (a dict entry per prompt position and n-gram length, about 3 µs a
+        token, so tens of milliseconds for a batch of long prompts). The engine calls it after a
+        prefill's launch, where the host waits for the device; the index is the one the first
+        lookup would build. Indexes of requests no longer running are dropped."""
+        ids = {s.request_id for s in running}
+        done = self._indexed
+        for rid in [r for r in done if r not in ids]:
+            del done[rid]
+        cfg = self.config
+        for s in running:
+            rid = s.request_id
+            if rid in done or rid in self._requests or not self.speculates(s):
+                continue
+            prompt = s.prompt_token_ids
+            if s.num_cached < len(prompt):  # (a chunked prompt: indexed once its last chunk runs)
+                continue
+            index = done[rid] = NgramIndex(cfg.ngram_min, cfg.ngram_max)
+            index.extend(prompt)
 
     # -- one step -----------------------------------------------------------------------------
     def gate(
@@ -410,11 +448,15 @@ class DSpark:
         r = self._requests.get(s.request_id)
         if r is None:
             stop = special_ids | frozenset(s.params.stop_token_ids)
-            r = self._requests[s.request_id] = _Request(self.config, s, stop, self._overall)
+            index = self._indexed.pop(s.request_id, None)
+            r = self._requests[s.request_id] = _Request(self.config, s, stop, self._overall, index)
         return r
 
     def _forget(self, running_ids: frozenset[int]) -> None:
-        """Drop the statistics of requests that are no longer running."""
+        """Drop the statistics (and prompts indexed ahead) of requests that are no longer running."""
         if len(self._requests) > len(running_ids):
             for rid in [r for r in self._requests if r not in running_ids]:
                 del self._requests[rid]
+        if self._indexed:
+            for rid in [r for r in self._indexed if r not in running_ids]:
+                del self._indexed[rid]

@@ -14,6 +14,7 @@ import pytest
 from deepinfer import LLM, SamplingParams
 from deepinfer.cuda_graphs import t_bucket
 from deepinfer.dspark import DSpark, DSparkConfig
+from deepinfer.dspark import dspark as dspark_mod
 from deepinfer.dspark.drafts import (
     FEW_ENDS,
     FORCED,
@@ -233,6 +234,63 @@ def test_tiny_kv_lengths_stops_and_mixed_batch(tiny):
     finally:
         DSpark.step = step
     assert seen and all(seen)
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["first-plan", "behind-prefill"])
+def test_prompts_indexed_behind_the_prefill(tiny, monkeypatch, ahead):
+    """With ``index_ahead`` (the default on CUDA), the prefill step indexes the prompts of the
+    requests that speculate, and their first drafting step takes that index (the prompt's every
+    end already in it) instead of indexing the prompt itself; outputs are unchanged."""
+    prompts = [[1, 5, 9, 5, 9, 5, 9] * 6, [1, 7, 7, 7, 7] * 5, [1, 42, 43]]
+    params = [
+        SamplingParams(temperature=0, max_tokens=20, regex=TINY_REGEX),
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, speculative=True),
+        SamplingParams(temperature=0, max_tokens=9, ignore_eos=True),  # (does not speculate)
+    ]
+    base, _ = _tiny_run(tiny, False, params, prompts)
+    monkeypatch.setattr(DSpark, "index_ahead", ahead)
+    given = {}  # request's prompt -> the index its first drafting step was handed
+    init = dspark_mod._Request.__init__
+
+    def spy(self, config, s, stop_ids, prior, index=None):
+        given[tuple(s.prompt_token_ids)] = index and (index.indexed, [dict(d) for d in index.index])
+        init(self, config, s, stop_ids, prior, index)
+
+    monkeypatch.setattr(dspark_mod._Request, "__init__", spy)
+    got, st = _tiny_run(tiny, {"schedule": "fixed"}, params, prompts)
+    assert got == base and st.verify_steps > 0
+    assert set(given) == {tuple(p) for p in prompts[:2]}  # the two that speculate
+    for p in prompts[:2]:
+        if not ahead:
+            assert given[tuple(p)] is None
+            continue
+        want = NgramIndex(1, 4)
+        want.lookup(p, 1)  # what the first lookup indexes of the prompt
+        assert given[tuple(p)] == (len(p), want.index)
+    assert not tiny.dspark._indexed  # every one taken
+
+
+def test_index_prompts_skips_and_forgets():
+    """``index_prompts`` indexes only computed prompts of requests that speculate and have no
+    index, and drops the indexes of requests no longer running."""
+    from types import SimpleNamespace as NS
+
+    def seq(rid, prompt, cached, **kw):
+        return NS(request_id=rid, prompt_token_ids=prompt, num_cached=cached, constraint=None,
+                  params=NS(logprobs=None, speculative=kw.get("speculative", True)))  # fmt: skip
+
+    d = DSpark(True)
+    a, b, e = seq(1, [1, 2, 1, 2], 4), seq(2, [3, 4, 3], 2), seq(4, [7], 1)
+    c = seq(3, [5, 6], 2, speculative=False)
+    d.index_prompts([a, b, c, e])
+    assert set(d._indexed) == {1, 4}  # 2: its prompt's last chunk not run yet; 3: does not speculate
+    assert d._indexed[1].lookup([1, 2, 1, 2], 2) == ([1, 2], 2)
+    first = d._indexed[1]
+    b.num_cached = 3
+    d.index_prompts([a, b])
+    assert set(d._indexed) == {1, 2} and d._indexed[1] is first  # 4 gone; 1 not indexed again
+    d._forget(frozenset({2}))
+    assert set(d._indexed) == {2}
 
 
 @pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline"])
