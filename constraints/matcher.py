@@ -186,12 +186,12 @@ class Matcher:
         cfg = self._hist[-1]
         out = bytearray()
         while len(out) < MAX_FORCED_BYTES and not a.can_end(cfg):
-            nb = a.next_bytes(cfg)
-            if len(nb) != 1:
+            b = a.forced_byte(cfg)
+            if b is None:
                 break
-            out.append(nb[0])
-            cfg = a.step_byte(cfg, nb[0])
-            if cfg is None:  # pragma: no cover - next_bytes only lists live bytes
+            out.append(b)
+            cfg = a.step_byte(cfg, b)
+            if cfg is None:  # pragma: no cover - forced_byte only gives a live byte
                 break
         return bytes(out)
 

@@ -287,15 +287,47 @@ class Automaton:
             live = {c for r in rows for c, t in enumerate(r) if t >= 0}
         if not live:
             return []
+        by_class = self._by_class()
+        if len(live) == 1:
+            return list(by_class[next(iter(live))])
+        return sorted(b for c in live for b in by_class[c])
+
+    def forced_byte(self, config) -> int | None:
+        """The one byte that can come next, or None where none or several can: ``next_bytes``
+        when it lists one byte, without spelling out the live classes. A state's one live class
+        is found once and remembered, so a configuration with several choices (every character
+        of a string) costs a dict lookup per top state. Jump-forward and DSpark's forced drafts
+        ask it at every configuration they meet."""
+        if self.counters is not None:  # (a count may close or open a state's classes)
+            nb = self.next_bytes(config)
+            return nb[0] if len(nb) == 1 else None
+        only = self.__dict__.get("_only")
+        if only is None:
+            only = self._only = {}  # state -> its one live class; -1: none, -2: several
+        c = -1
+        for s in (config,) if self.is_regular else [st[-1] for st in config[0]]:
+            k = only.get(s)
+            if k is None:
+                live = np.flatnonzero(self.table[s] >= 0)
+                k = only[s] = int(live[0]) if len(live) == 1 else -1 if not len(live) else -2
+            if k == -2 or (k >= 0 and c >= 0 and k != c):
+                return None
+            if k >= 0:
+                c = k
+        if c < 0:
+            return None
+        spelled = self._by_class()[c]
+        return spelled[0] if len(spelled) == 1 else None
+
+    def _by_class(self) -> tuple[tuple[int, ...], ...]:
+        """The bytes of each class, in increasing order."""
         by_class = self.__dict__.get("_class_bytes")
         if by_class is None:
             groups: list[list[int]] = [[] for _ in range(self.table.shape[1])]
             for b, c in enumerate(self.cls_list):
                 groups[c].append(b)
             by_class = self._class_bytes = tuple(map(tuple, groups))
-        if len(live) == 1:
-            return list(by_class[next(iter(live))])
-        return sorted(b for c in live for b in by_class[c])
+        return by_class
 
     # ------------------------------------------------------------------ whole inputs
 
