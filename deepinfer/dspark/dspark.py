@@ -33,6 +33,7 @@ from .verify import Verifier
 
 DEVICE_SLOPE = {"cpu": 0.2, "cuda": 0.005}
 PREFERRED_SIZE = 4096  # forced tokens whose model-preferred replacement is remembered
+RETIRED_MOST = 1024  # finished requests' state kept for a forward to free it behind (``_forget``)
 
 
 @dataclass
@@ -125,6 +126,9 @@ class DSpark:
         self.verify_fn = kernels.verify  # backend "auto": Triton on CUDA, torch reference on CPU
         self._requests: dict[int, _Request] = {}
         self._indexed: dict[int, NgramIndex] = {}  # prompts indexed ahead, by request id (``index_prompts``)
+        # requests' state dropped by ``_forget``, freed behind the next forward (an n-gram index
+        # of a long prompt is thousands of tuples: about 50 µs to free)
+        self._retired: list = []
         self._overall = RequestStats()  # every request's observations: the prior of new ones
         self._preferred: dict[int, int] = {}  # first forced token -> the model's token instead
         self._cost: CostModel | None = None
@@ -163,6 +167,7 @@ class DSpark:
         prefill's launch, where the host waits for the device; the index is the one the first
         lookup would build. Indexes of requests no longer running are dropped."""
         ids = {s.request_id for s in running}
+        self._retired.clear()  # (behind the prefill's forward)
         done = self._indexed
         for rid in [r for r in done if r not in ids]:
             del done[rid]
@@ -366,6 +371,7 @@ class DSpark:
             v = self._verifier = self.verifier_class(vocab_size, device)
         pending = v.start_masks(seqs, drafts, T, masks)  # every position's rows, while the forward runs
         logits = forward(seqs, drafts, T, graphs=self.config.cuda_graphs, ragged=plan.ragged)  # [B, T, V]
+        self._retired.clear()  # finished requests' indexes freed while the device runs
         t_wait = time.perf_counter()
         bitmask, constrained = v.bitmask(pending)  # [B, T, W] on the device, or None
         self.stats.mask_wait_seconds += time.perf_counter() - t_wait
@@ -453,10 +459,14 @@ class DSpark:
         return r
 
     def _forget(self, running_ids: frozenset[int]) -> None:
-        """Drop the statistics (and prompts indexed ahead) of requests that are no longer running."""
+        """Drop the statistics (and prompts indexed ahead) of requests that are no longer
+        running; they are freed behind the next forward (``step``, ``index_prompts``)."""
+        retired = self._retired
+        if len(retired) > RETIRED_MOST:
+            retired.clear()
         if len(self._requests) > len(running_ids):
             for rid in [r for r in self._requests if r not in running_ids]:
-                del self._requests[rid]
+                retired.append(self._requests.pop(rid))
         if self._indexed:
             for rid in [r for r in self._indexed if r not in running_ids]:
-                del self._indexed[rid]
+                retired.append(self._indexed.pop(rid))

@@ -270,6 +270,32 @@ def test_prompts_indexed_behind_the_prefill(tiny, monkeypatch, ahead):
     assert not tiny.dspark._indexed  # every one taken
 
 
+def test_finished_requests_are_freed_behind_the_next_forward(tiny, monkeypatch):
+    """A request that finished leaves DSpark's state at the next drafting step, and that state
+    (its n-gram index: thousands of tuples for a long prompt) is freed after the verify
+    forward's launch, not before it."""
+    prompts = [[1, 5, 9, 5, 9] * 4, [1, 7, 7, 7] * 4]
+    params = [
+        SamplingParams(temperature=0, max_tokens=3, regex=TINY_REGEX),
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, speculative=True),
+    ]
+    at_launch, after = [], []
+    step = DSpark.step
+
+    def spy(self, plan, masks, *, forward, **kw):
+        def launch(*a, **k):
+            at_launch.append(len(self._retired))
+            return forward(*a, **k)
+
+        done = step(self, plan, masks, forward=launch, **kw)
+        after.append(len(self._retired))
+        return done
+
+    monkeypatch.setattr(DSpark, "step", spy)
+    _tiny_run(tiny, {"schedule": "fixed"}, params, prompts)
+    assert max(at_launch) == 1 and set(after) == {0}  # the first request's, freed behind a forward
+
+
 def test_index_prompts_skips_and_forgets():
     """``index_prompts`` indexes only computed prompts of requests that speculate and have no
     index, and drops the indexes of requests no longer running."""
@@ -290,7 +316,9 @@ def test_index_prompts_skips_and_forgets():
     d.index_prompts([a, b])
     assert set(d._indexed) == {1, 2} and d._indexed[1] is first  # 4 gone; 1 not indexed again
     d._forget(frozenset({2}))
-    assert set(d._indexed) == {2}
+    assert set(d._indexed) == {2} and d._retired == [first]  # freed behind the next forward
+    d.index_prompts([b])
+    assert d._retired == []
 
 
 @pytest.mark.parametrize("inline", [False, True], ids=["mask-thread", "inline"])
