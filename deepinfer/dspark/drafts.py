@@ -78,8 +78,7 @@ class NgramIndex:
         """(up to k tokens that followed the longest earlier occurrence of the suffix of
         ``tokens + context``, the length of that suffix); ``tokens`` is indexed, ``context``
         (the drafts so far) is not. ([], 0) when nothing matches."""
-        if self.indexed < len(tokens):
-            self._extend(tokens, len(tokens))  # every end but len(tokens) itself
+        self.extend(tokens)  # every end but len(tokens) itself
         tail = (tokens[-self.n_max :] + (context or []))[-self.n_max :]
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
             e = self.index[n].get(tuple(tail[-n:]))
