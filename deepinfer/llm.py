@@ -26,6 +26,7 @@ from .block_pool import BlockPool
 from .config import ModelConfig
 from .detokenizer import IncrementalDetokenizer
 from .dspark import DSpark
+from .kernels.int4_weights import torch_layout_problem
 from .loader import load_model
 from .loader.gguf_blocks import GGUFMatrix
 from .model_runner import DETERMINISTIC_CHUNK, ModelRunner
@@ -75,9 +76,11 @@ def _resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtyp
 def _resolve_quantization(q, device: torch.device, dtype: torch.dtype, asked, deterministic: bool,
                           ranks: int) -> str | None:  # fmt: skip
     """The quantization asked for, checked: "auto" is "gguf" on the CPU where the activations are
-    bfloat16 (the int4 kernel's) and the model runs in one process, else None."""
+    bfloat16 (the int4 kernel's), torch's int4 kernel reads the planes' layout and the model runs
+    in one process, else None."""
     if q == "auto":
-        return "gguf" if device.type == "cpu" and dtype == torch.bfloat16 and ranks == 1 else None
+        ok = device.type == "cpu" and dtype == torch.bfloat16 and ranks == 1
+        return "gguf" if ok and torch_layout_problem() is None else None
     if q is None:
         return None
     if q not in ("int8", "gguf"):
@@ -212,6 +215,9 @@ class LLM:
                 raise ValueError(f"quantization='gguf' keeps a GGUF file's Q4_0, Q4_1 and Q8_0 matrices in "
                                  f"their blocks; {loaded.source!r} has none")  # fmt: skip
             quantization, self.dtype = None, _resolve_dtype(dtype, self.device)
+        why = torch_layout_problem() if quantization == "gguf" else None  # ("auto" checked it)
+        if why:
+            raise ValueError(f"quantization='gguf' cannot run on this CPU: {why}; use quantization=None")
         # what the matrices are kept as: None (dtype), "int8", "gguf" (the file's blocks, int4 planes)
         self.quantization = quantization
         self.config: ModelConfig = loaded.config

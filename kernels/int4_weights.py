@@ -26,6 +26,7 @@ rounds once to the activations' dtype.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -70,6 +71,23 @@ def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     N, K = q.shape
     t = q.to(torch.uint8).view(N // TILE, 2, TILE // 2, K)
     return torch.bitwise_or(t[:, 0], t[:, 1] << 4).transpose(1, 2).contiguous().view(N, K // 2)
+
+
+@functools.cache
+def torch_layout_problem() -> str | None:
+    """Why torch's int4 CPU kernel, as torch dispatches it on this CPU, cannot read the planes,
+    or None when it can. torch packs for the kernel it will run: its AVX-512 kernel reads rows in
+    tiles of 64 (`pack_nibbles`'s layout, which the GGUF loader and the C kernel read too), its
+    AVX2 kernel tiles of 32 and its plain one pairs of rows. One probe of torch's converter, once
+    a process."""
+    q = (torch.arange(TILE)[:, None] * 7 + torch.arange(2 * GROUP)[None] * 3) % 16
+    theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    if theirs.dtype == torch.uint8 and torch.equal(pack_nibbles(q), theirs):
+        return None
+    return (
+        f"torch's int4 CPU kernel here (its {torch.backends.cpu.get_cpu_capability()} build) packs "
+        f"rows in another layout than the int4 planes' (tiles of {TILE} rows, its AVX-512 kernel's)"
+    )
 
 
 def check_shape(K: int, N: int) -> str | None:
@@ -159,7 +177,8 @@ def int4_rows(w: Int4Weight, index: torch.Tensor) -> torch.Tensor:
 
 
 def int4_matmul(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
-    """x [..., K] bfloat16 @ w -> [..., N] bfloat16: one kernel call, over x repeated once a plane."""
+    """x [..., K] bfloat16 @ w -> [..., N] bfloat16: one kernel call, over x repeated once a plane.
+    Only where `torch_layout_problem` is None (the model's quantization is resolved by it)."""
     if x.shape[-1] != w.k or x.dtype != torch.bfloat16:  # (one test: a decode step calls this ~120 times)
         if x.shape[-1] != w.k:
             raise ValueError(f"x has {x.shape[-1]} features, the int4 matrix takes {w.k}")

@@ -418,6 +418,9 @@ def int4_llm(embedded_gguf_path):
     llm = LLM(None, device="cpu", seed=0)
     if quantized._GEMV.fn is None or decode_attention_c.STATE.attention_rows is None:
         pytest.skip("the C kernels are not built (./build.sh install builds them with cc)")
+    if llm.quantization != "gguf":
+        pytest.skip(f"the CPU default here is {llm.dtype} without int4 planes (no native bf16, or "
+                    "torch's int4 kernel reads another layout)")  # fmt: skip
     return llm
 
 

@@ -111,6 +111,9 @@ def test_error_on_the_embedded_models_matrices_is_small():
     from deepinfer import LLM
 
     llm = LLM()
+    if llm.quantization != "gguf":
+        pytest.skip(f"the CPU default here keeps no int4 planes ({llm.dtype}: no native bf16, or "
+                    f"torch's int4 kernel reads another layout)")  # fmt: skip
     model = llm.model
     layer = model.layers[0]
     g = torch.Generator().manual_seed(4)
