@@ -26,6 +26,7 @@ from .block_pool import BlockPool
 from .config import ModelConfig
 from .detokenizer import IncrementalDetokenizer
 from .dspark import DSpark
+from .kernels import int4_gemv
 from .kernels.int4_weights import torch_layout_problem
 from .loader import load_model
 from .loader.gguf_blocks import GGUFMatrix
@@ -75,12 +76,16 @@ def _resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtyp
 
 def _resolve_quantization(q, device: torch.device, dtype: torch.dtype, asked, deterministic: bool,
                           ranks: int) -> str | None:  # fmt: skip
-    """The quantization asked for, checked: "auto" is "gguf" on the CPU where the activations are
-    bfloat16 (the int4 kernel's), torch's int4 kernel reads the planes' layout and the model runs
-    in one process, else None."""
+    """The quantization asked for, checked. "auto" is "gguf" on the CPU in one process where the
+    int4 planes run: where the activations are bfloat16 (CPUs with native bf16) and torch's int4
+    kernel reads the planes; or, where it reads another layout (AVX2 CPUs), through the C kernel
+    of every row when its build is loaded and no dtype other than bfloat16 was asked for."""
     if q == "auto":
-        ok = device.type == "cpu" and dtype == torch.bfloat16 and ranks == 1
-        return "gguf" if ok and torch_layout_problem() is None else None
+        if device.type != "cpu" or ranks != 1:
+            return None
+        if torch_layout_problem() is None:
+            return "gguf" if dtype == torch.bfloat16 else None
+        return "gguf" if asked in ("auto", "bfloat16", torch.bfloat16) and int4_gemv.available() else None
     if q is None:
         return None
     if q not in ("int8", "gguf"):
@@ -105,7 +110,8 @@ class LLM:
         None for the embedded SmolLM2-135M-Instruct; a .gguf path; a local Hugging Face folder;
         or a hub repo id (downloaded with huggingface_hub, which honours HF_HUB_OFFLINE).
     dtype : "auto", "float32", "bfloat16", "float16" or torch.dtype
-        "auto" is bfloat16 on CUDA and on CPUs with native bf16, else float32.
+        "auto" is bfloat16 on CUDA and on CPUs with native bf16, else float32; bfloat16 too
+        where ``quantization`` resolves to "gguf" (its int4 kernels' activations).
     device : "auto", "cpu", "cuda", ...
     max_num_seqs : int
         Most sequences running together.
@@ -125,11 +131,14 @@ class LLM:
         calls); outputs are the same with or without it.
     seed : int or None
         Draws the seeds of requests that give none.
-    quantization : None or "int8"
-        "int8": every dense matrix kept as int8 with one scale per output column, multiplied by
-        bfloat16 activations in torch's packed int8 CPU kernel (CPU only; a decode step reads
-        half the bytes of bfloat16). Outputs differ from bfloat16 weights by the rounding of
-        each weight to 1 of 255 levels of its column's range (docs/models.md).
+    quantization : "auto", "gguf", "int8" or None
+        "gguf": a GGUF file's Q4_0, Q4_1 and Q8_0 matrices kept as int4 planes, bfloat16
+        activations (CPU only). "auto" (the default) is "gguf" on the CPU where those kernels run
+        (docs/models.md, "Quantized weights on the CPU"), else None. "int8": every dense
+        matrix kept as int8 with one scale per output column, multiplied by bfloat16
+        activations in torch's packed int8 CPU kernel (CPU only; a decode step reads half the
+        bytes of bfloat16). Outputs differ from bfloat16 weights by the rounding of each weight
+        to 1 of 255 levels of its column's range (docs/models.md).
     deterministic : bool
         Batch-invariant forward: a request (prompt + seed) gets bit-identical logits and tokens
         alone, in any batch and at any batch position (on CUDA, prefill and decode through
@@ -215,9 +224,11 @@ class LLM:
                 raise ValueError(f"quantization='gguf' keeps a GGUF file's Q4_0, Q4_1 and Q8_0 matrices in "
                                  f"their blocks; {loaded.source!r} has none")  # fmt: skip
             quantization, self.dtype = None, _resolve_dtype(dtype, self.device)
-        why = torch_layout_problem() if quantization == "gguf" else None  # ("auto" checked it)
-        if why:
-            raise ValueError(f"quantization='gguf' cannot run on this CPU: {why}; use quantization=None")
+        why = torch_layout_problem() if quantization == "gguf" and not int4_gemv.available() else None
+        if why:  # ("auto" checked it)
+            raise ValueError(f"quantization='gguf' cannot run on this CPU: {why}, and the C kernel that "
+                             f"would take every row is not loaded ({int4_gemv.STATE.why}); use "
+                             "quantization=None")  # fmt: skip
         # what the matrices are kept as: None (dtype), "int8", "gguf" (the file's blocks, int4 planes)
         self.quantization = quantization
         self.config: ModelConfig = loaded.config

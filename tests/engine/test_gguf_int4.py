@@ -137,7 +137,7 @@ def test_cpu_default_keeps_the_files_blocks(default_llm):
 def test_cpu_default_is_close_to_the_dequantized_model(default_llm, embedded_gguf_path):
     """The same prompts through the int4 planes and through the weights dequantized to bfloat16:
     the next-token distributions agree to rounding; greedy text agrees on most prompts."""
-    dense = LLM(None, device="cpu", seed=0, quantization=None, kv_cache_memory=32 << 20)
+    dense = LLM(None, device="cpu", seed=0, quantization=None, dtype="bfloat16", kv_cache_memory=32 << 20)
     assert dense.quantization is None and not isinstance(dense.model.lm_head, Int4Weight)
     prompts = ["The capital of France is", "def fib(n):", "1, 2, 3, 4,", "Water boils at"]
     ids = [default_llm.tokenizer.encode(p) for p in prompts]
@@ -165,25 +165,52 @@ def test_gguf_quantization_refuses_what_it_cannot_run(tiny_folder, monkeypatch_s
     assert llm.quantization is None
 
 
-def test_gguf_quantization_needs_torchs_layout(embedded_gguf_path):
-    """Where torch dispatches an int4 kernel of another layout (here its plain build, forced by
-    ATEN_CPU_CAPABILITY; an AVX2-only CPU gets its AVX2 one), the planes would be read wrongly:
-    "auto" keeps the weights dense, and "gguf" asked for is refused, naming why."""
-    code = (
+def _under_torchs_plain_build(code: str, **env) -> str:
+    """Run ``code`` in a process where torch dispatches its plain CPU kernels (forced by
+    ATEN_CPU_CAPABILITY, so any x86 machine runs it); its stdout."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", **env}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_where_torch_reads_another_layout_the_c_kernel_takes_every_row(embedded_gguf_path):
+    """torch's plain (or AVX2) build packs int4 in another layout than the planes': the CPU
+    default then runs the planes through the C kernel, every row, and answers as the dense model
+    does. Without the C kernel, "auto" keeps the weights dense and "gguf" asked for is refused,
+    naming why."""
+    from deepinfer.kernels import int4_gemv
+
+    if not int4_gemv.available():
+        pytest.skip(f"the C kernels are not built ({int4_gemv.STATE.why})")
+    out = _under_torchs_plain_build(
         "import torch\n"
         "from deepinfer import LLM\n"
+        "llm = LLM(None, device='cpu', kv_cache_memory=8 << 20)\n"
+        "dense = LLM(None, device='cpu', quantization=None, dtype='float32', kv_cache_memory=8 << 20)\n"
+        "ids = [llm.tokenizer.encode('The capital of France is')]\n"
+        "x, y = (m.model.logits(ids)[0][-1].float() for m in (llm, dense))\n"
+        "tv = float((torch.softmax(x, -1) - torch.softmax(y, -1)).abs().sum())\n"
+        "print(llm.quantization, llm.dtype)\n"
+        "top = [llm.tokenizer.decode([int(v.argmax())]) for v in (x, y)]\n"
+        "print(tv, *top, sep='|')\n"
+    )
+    assert out.splitlines()[0] == "gguf torch.bfloat16", out
+    tv, top, dense_top = out.splitlines()[1].split("|")
+    assert float(tv) < 0.15 and top == dense_top == " Paris", out  # (read wrongly: garbage)
+    out = _under_torchs_plain_build(
+        "from deepinfer import LLM\n"
         "llm = LLM(None, device='cpu', dtype='bfloat16', kv_cache_memory=8 << 20)\n"
-        "assert llm.quantization is None and not hasattr(llm.model.lm_head, 'packed'), llm.quantization\n"
+        "print(llm.quantization)\n"
         "try:\n"
         "    LLM(None, device='cpu', dtype='bfloat16', quantization='gguf')\n"
         "except ValueError as e:\n"
-        "    print(e)\n"
+        "    print(e)\n",
+        DEEPINFER_INT4_GEMV="0",
     )
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.splitlines()[0] == "None", out
     why = "quantization='gguf' cannot run on this CPU: torch's int4 CPU kernel here (its DEFAULT build)"
-    assert why in out.stdout, out.stdout
+    assert why in out and "DEEPINFER_INT4_GEMV=0" in out, out
 
 
 def test_load_model_keeps_blocks_only_when_asked(embedded_gguf_path):

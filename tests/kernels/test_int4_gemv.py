@@ -21,6 +21,7 @@ from deepinfer.kernels.int4_weights import (
     dequantize_int4,
     int4_matmul,
     int4_rows,
+    torch_layout_problem,
 )
 
 from .test_int4_weights import _weight
@@ -93,14 +94,29 @@ def test_a_rows_bits_do_not_depend_on_its_batch_or_the_threads():
     assert torch.equal(G.int4_gemv(xs[1:3], w), alone[1:3])
 
 
-def test_matmul_takes_the_gemv_for_a_few_rows_only():
+@pytest.mark.parametrize("torch_reads", [True, False], ids=["torch-layout", "other-layout"])
+def test_matmul_takes_the_gemv_for_a_few_rows_only(torch_reads, monkeypatch):
+    """Where torch's int4 kernel reads the planes, a few rows take the C kernel and more rows
+    torch's; where it reads another layout (its AVX2 build: the case is set here so that every
+    machine runs it), every row takes the C kernel, `matmul_torch` too."""
+    if torch_reads and not quantized.torch_reads_planes():
+        pytest.skip(str(torch_layout_problem()))
+    monkeypatch.setattr(quantized, "_TORCH_READS", [torch_reads])
     g = torch.Generator().manual_seed(3)
     w = _weight(576, 192, 2, g)
     few = torch.randn(1, quantized.GEMV_ROWS, 576, generator=g).bfloat16()
     assert torch.equal(quantized.matmul(few, w), G.int4_gemv(few, w))
-    assert torch.equal(quantized.matmul_torch(few, w), int4_matmul(few, w))
     many = torch.randn(quantized.GEMV_ROWS + 1, 576, generator=g).bfloat16()
-    assert torch.equal(quantized.matmul(many, w), int4_matmul(many, w))
+    if torch_reads:
+        assert torch.equal(quantized.matmul_torch(few, w), int4_matmul(few, w))
+        assert torch.equal(quantized.matmul(many, w), int4_matmul(many, w))
+    else:
+        assert torch.equal(quantized.matmul_torch(few, w), G.int4_gemv(few, w))
+        odd = many.t().contiguous().t()  # (not contiguous: copied for the C kernel)
+        for mm in (quantized.matmul, quantized.matmul_torch):
+            assert torch.equal(mm(odd, w), G.int4_gemv(many, w))
+        with pytest.raises(ValueError, match="bfloat16 activations"):
+            quantized.matmul(many.float(), w)
     assert torch.equal(quantized.matmul(few[0, :, :64].contiguous(), torch.ones(64, 8).bfloat16()),
                        few[0, :, :64] @ torch.ones(64, 8).bfloat16())  # fmt: skip
 
@@ -142,7 +158,11 @@ def test_build_is_loaded_only_whole(tmp_path, monkeypatch):
         assert not G.load(str(tmp_path)) and G.STATE.why == f"{G.ENV}=0"
         x = torch.randn(1, 64).bfloat16()
         w = _weight(64, 64, 1, torch.Generator().manual_seed(5))
-        assert torch.equal(quantized.matmul(x, w), int4_matmul(x, w))  # torch's kernel then
+        if quantized.torch_reads_planes():
+            assert torch.equal(quantized.matmul(x, w), int4_matmul(x, w))  # torch's kernel then
+        else:  # nothing here reads the planes: said, not computed wrongly
+            with pytest.raises(RuntimeError, match=f"need the C kernel here \\({G.ENV}=0\\)"):
+                quantized.matmul(x, w)
     finally:
         vars(G.STATE).update(state)
 
