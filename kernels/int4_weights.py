@@ -176,13 +176,20 @@ def int4_rows(w: Int4Weight, index: torch.Tensor) -> torch.Tensor:
     return _planes_sum(_unpack(w, index)).t()
 
 
+def check_activations(x: torch.Tensor, w: Int4Weight) -> None:
+    """Raise a ValueError naming what is wrong where ``x`` cannot multiply ``w``: its number of
+    features, or a dtype other than bfloat16 (the int4 kernels' activations)."""
+    if x.shape[-1] != w.k:
+        raise ValueError(f"x has {x.shape[-1]} features, the int4 matrix takes {w.k}")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"the int4 matmul takes bfloat16 activations, got {x.dtype}")
+
+
 def int4_matmul(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """x [..., K] bfloat16 @ w -> [..., N] bfloat16: one kernel call, over x repeated once a plane.
     Only where `torch_layout_problem` is None (the model's quantization is resolved by it)."""
     if x.shape[-1] != w.k or x.dtype != torch.bfloat16:  # (one test: a decode step calls this ~120 times)
-        if x.shape[-1] != w.k:
-            raise ValueError(f"x has {x.shape[-1]} features, the int4 matrix takes {w.k}")
-        raise ValueError(f"the int4 matmul takes bfloat16 activations, got {x.dtype}")
+        check_activations(x, w)
     x2 = x if x.dim() == 2 else x.reshape(-1, w.k)
     if 2 * w.packed.shape[1] != w.k:  # two or more planes
         x2 = x2.repeat(1, 2 * w.packed.shape[1] // w.k)

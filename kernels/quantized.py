@@ -16,21 +16,16 @@ from __future__ import annotations
 import torch
 
 from . import int4_gemv
-from .int4_weights import Int4Weight, int4_matmul, torch_layout_problem
+from .int4_weights import Int4Weight, check_activations, int4_matmul, torch_layout_problem
 from .int8_weights import Int8Weight, int8_matmul
 
 _GEMV = int4_gemv.STATE
 GEMV_ROWS = 4  # at most this many rows take the C kernel (measured: bench_cpu, kernels/int4_gemv.py)
 
 
-_TORCH_READS: list[bool] = []  # torch_layout_problem() is None, once asked
-
-
 def torch_reads_planes() -> bool:
     """Whether torch's int4 kernel reads the planes here (else every row takes the C kernel)."""
-    if not _TORCH_READS:
-        _TORCH_READS.append(torch_layout_problem() is None)
-    return _TORCH_READS[0]
+    return torch_layout_problem() is None
 
 
 def _c_only(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
@@ -38,10 +33,7 @@ def _c_only(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     if _GEMV.fn is None:
         raise RuntimeError(f"the int4 planes need the C kernel here ({int4_gemv.STATE.why}): "
                            f"{torch_layout_problem()}")  # fmt: skip
-    if x.shape[-1] != w.k:
-        raise ValueError(f"x has {x.shape[-1]} features, the int4 matrix takes {w.k}")
-    if x.dtype != torch.bfloat16:
-        raise ValueError(f"the int4 matmul takes bfloat16 activations, got {x.dtype}")
+    check_activations(x, w)
     return int4_gemv.int4_gemv(x.contiguous(), w)
 
 

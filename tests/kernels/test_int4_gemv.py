@@ -101,7 +101,7 @@ def test_matmul_takes_the_gemv_for_a_few_rows_only(torch_reads, monkeypatch):
     machine runs it), every row takes the C kernel, `matmul_torch` too."""
     if torch_reads and not quantized.torch_reads_planes():
         pytest.skip(str(torch_layout_problem()))
-    monkeypatch.setattr(quantized, "_TORCH_READS", [torch_reads])
+    monkeypatch.setattr(quantized, "torch_reads_planes", lambda: torch_reads)
     g = torch.Generator().manual_seed(3)
     w = _weight(576, 192, 2, g)
     few = torch.randn(1, quantized.GEMV_ROWS, 576, generator=g).bfloat16()
