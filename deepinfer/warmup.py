@@ -15,6 +15,11 @@ benchmark's result and the policy's measurements alike.
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from . import kernels
@@ -60,34 +65,93 @@ SAMPLE_KINDS = {  # kind -> (temperature, top_k, top_p, min_p) of a row that nee
 }
 
 
-def compile_sampling(vocab_size: int, device: torch.device) -> None:
-    """Run the fused sampler once in each kind x mask variant it compiles (float32 logits, as
-    the forward returns them)."""
+def sampling_calls(vocab_size: int, device: torch.device) -> list[Callable[[], object]]:
+    """One call of the fused sampler in each kind x mask variant it compiles (float32 logits,
+    as the forward returns them); each call builds its own inputs, so calls may run at once."""
     B, W = 2, (vocab_size + 31) // 32
-    logits = torch.zeros(B, vocab_size, device=device)
-    mask = torch.full((B, W), -1, dtype=torch.int32, device=device)
-    ints = torch.zeros(B, dtype=torch.int64, device=device)
-    some = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def call(kind: str, t: float, k: int, p: float, mp: float, bound: int | None, masked: str):
+        logits = torch.zeros(B, vocab_size, device=device)
+        ints = torch.zeros(B, dtype=torch.int64, device=device)
+        mask = torch.full((B, W), -1, dtype=torch.int32, device=device) if masked != "none" else None
+        some = torch.zeros(1, dtype=torch.int64, device=device) if masked == "some" else None
+        return kernels.sample(logits, bitmask=mask, indices=some, temperature=t, top_k=k, top_p=p,
+                              min_p=mp, seed=ints, step=ints, validate=False, kinds=kind,
+                              top_k_bound=bound)  # fmt: skip
+
+    calls = []
     for kind, (t, k, p, mp) in SAMPLE_KINDS.items():
         # top-k rows gather topk_small_max groups where the rows' largest top_k is that or less,
         # else topk_max: both variants
         for bound in (k, 1 << 30) if k else (None,):
-            for bitmask, indices in ((None, None), (mask, None), (mask, some)):
-                kernels.sample(logits, bitmask=bitmask, indices=indices, temperature=t, top_k=k, top_p=p,
-                               min_p=mp, seed=ints, step=ints, validate=False, kinds=kind,
-                               top_k_bound=bound)  # fmt: skip
+            for masked in ("none", "all", "some"):
+                calls.append(functools.partial(call, kind, t, k, p, mp, bound, masked))
+    return calls
 
 
-def compile_verify(vocab_size: int, device: torch.device) -> None:
-    """Run the verify kernel once in each of its compiled variants."""
+def verify_calls(vocab_size: int, device: torch.device) -> list[Callable[[], object]]:
+    """One call of the verify kernel in each of its compiled variants."""
     B, T, W = 2, 2, (vocab_size + 31) // 32
-    logits = torch.zeros(B, T, vocab_size, device=device)
-    ints = torch.zeros(B, dtype=torch.int64, device=device)
-    mask = torch.full((B, T, W), -1, dtype=torch.int32, device=device)
-    args = dict(num_drafts=ints + 1, temperature=torch.ones(B, device=device), top_k=ints,
-                top_p=torch.ones(B, device=device), min_p=torch.zeros(B, device=device), seed=ints, step=ints,
-                validate=False)  # fmt: skip
-    drafts = torch.zeros(B, T - 1, dtype=torch.int64, device=device)
-    some = torch.zeros(1, dtype=torch.int64, device=device)
-    for bitmask, indices in ((None, None), (mask, None), (mask, some)):
-        kernels.verify(logits, drafts, bitmask=bitmask, indices=indices, **args)
+
+    def call(masked: str):
+        logits = torch.zeros(B, T, vocab_size, device=device)
+        ints = torch.zeros(B, dtype=torch.int64, device=device)
+        mask = torch.full((B, T, W), -1, dtype=torch.int32, device=device) if masked != "none" else None
+        some = torch.zeros(1, dtype=torch.int64, device=device) if masked == "some" else None
+        drafts = torch.zeros(B, T - 1, dtype=torch.int64, device=device)
+        return kernels.verify(logits, drafts, bitmask=mask, indices=some, num_drafts=ints + 1,
+                              temperature=torch.ones(B, device=device), top_k=ints,
+                              top_p=torch.ones(B, device=device), min_p=torch.zeros(B, device=device),
+                              seed=ints, step=ints, validate=False)  # fmt: skip
+
+    return [functools.partial(call, masked) for masked in ("none", "all", "some")]
+
+
+def compile_workers() -> int:
+    """Threads that compile kernel variants at once: ``DEEPINFER_COMPILE_THREADS``, else one a
+    CPU core this process may use, at most 32 (Triton's LLVM and ptxas stages run without the
+    GIL, so the variants' compiles overlap)."""
+    raw = os.environ.get("DEEPINFER_COMPILE_THREADS", "")
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"DEEPINFER_COMPILE_THREADS must be a whole number, not {raw!r}") from None
+        if n < 1:
+            raise ValueError(f"DEEPINFER_COMPILE_THREADS must be at least 1, not {n}")
+        return n
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(32, cores))
+
+
+def run_calls(calls: list[Callable[[], object]], device: torch.device, workers: int | None = None) -> None:
+    """Run ``calls`` (each compiles what it launches on first use) on ``workers`` threads
+    (default :func:`compile_workers`), then wait for the device; the first error a call
+    raises is raised. Kernels already compiled (in this process, or in Triton's cache on
+    disk) cost a launch. Off CUDA the calls run one after another: nothing is compiled
+    there (interpreted Triton, or torch)."""
+    workers = compile_workers() if workers is None else workers
+    if workers <= 1 or len(calls) <= 1 or device.type != "cuda":
+        for c in calls:
+            c()
+    else:
+
+        def run(c):
+            with torch.cuda.device(device):
+                return c()
+
+        with ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="deepinfer-compile") as pool:
+            for f in [pool.submit(run, c) for c in calls]:
+                f.result()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def compile_sampling(vocab_size: int, device: torch.device, workers: int | None = None) -> None:
+    """Compile the fused sampler's variants (:func:`sampling_calls`) on ``workers`` threads."""
+    run_calls(sampling_calls(vocab_size, device), device, workers)
+
+
+def compile_verify(vocab_size: int, device: torch.device, workers: int | None = None) -> None:
+    """Compile the verify kernel's variants (:func:`verify_calls`) on ``workers`` threads."""
+    run_calls(verify_calls(vocab_size, device), device, workers)

@@ -1,15 +1,77 @@
-"""Warm-up at construction (CUDA): no step compiles a sampling kernel mid-run."""
+"""Warm-up at construction (CUDA): no step compiles a sampling kernel mid-run, and the
+variants compile on threads at once."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+
 import pytest
+import torch
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.warmup import SAMPLE_KINDS
-
-pytestmark = pytest.mark.gpu
+from deepinfer.warmup import SAMPLE_KINDS, compile_workers, run_calls
 
 
+def test_compile_workers_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("DEEPINFER_COMPILE_THREADS", "3")
+    assert compile_workers() == 3
+    monkeypatch.delenv("DEEPINFER_COMPILE_THREADS")
+    assert 1 <= compile_workers() <= 32
+    for bad, said in (("many", "whole number, not 'many'"), ("0", "at least 1, not 0")):
+        monkeypatch.setenv("DEEPINFER_COMPILE_THREADS", bad)
+        with pytest.raises(ValueError, match=f"DEEPINFER_COMPILE_THREADS must be .*{said}"):
+            compile_workers()
+
+
+def test_run_calls_runs_each_call_once_and_raises_a_calls_error():
+    """Off CUDA the calls run in order on this thread (nothing is compiled there)."""
+    seen = []
+
+    def call(i):
+        seen.append((i, threading.current_thread() is threading.main_thread()))
+        if i == 2:
+            raise RuntimeError("variant 2 failed")
+
+    calls = [lambda i=i: call(i) for i in range(4)]
+    run_calls(calls[:2] + calls[3:], torch.device("cpu"), workers=8)
+    assert seen == [(0, True), (1, True), (3, True)]
+    with pytest.raises(RuntimeError, match="variant 2 failed"):
+        run_calls(calls, torch.device("cpu"), workers=8)
+
+
+_THREADED = """
+import os, sys, tempfile
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # nothing compiled yet
+import torch
+from deepinfer.warmup import run_calls, sampling_calls, verify_calls
+dev = torch.device("cuda")
+calls = sampling_calls(1000, dev) + verify_calls(1000, dev)
+got = []
+run_calls([lambda c=c: got.append(c()) for c in calls], dev, workers=4)
+again = [c() for c in calls]  # compiled now: the kernels the threads built, launched again
+assert len(got) == len(calls)
+key = lambda out: [t.tolist() if isinstance(t, torch.Tensor) else t for t in out]
+assert sorted(map(str, map(key, got))) == sorted(map(str, map(key, again)))
+print("ok", len(calls))
+"""
+
+
+@pytest.mark.gpu
+def test_variants_compile_on_threads_in_a_fresh_cache():
+    """Every variant compiles on four threads at once with an empty Triton cache, and the
+    kernels they built give the same outputs when launched again."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    out = subprocess.run(
+        [sys.executable, "-c", _THREADED], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[0] == "ok"
+
+
+@pytest.mark.gpu
 def test_no_sampling_kernel_compiles_after_construction(tiny_folder, monkeypatch_session):
     from triton import knobs
 
@@ -33,6 +95,7 @@ def test_no_sampling_kernel_compiles_after_construction(tiny_folder, monkeypatch
     assert [c for c in compiled if ".sample" in c] == []
 
 
+@pytest.mark.gpu
 def test_step_times_cover_every_graph_a_verify_step_may_replay(tiny_folder, monkeypatch_session, caplog):
     """Warm-up times the decode graph at every row count, those past the largest batch too (a
     ragged verify step replays them), and each verify width at every batch bucket; it logs
