@@ -16,7 +16,9 @@ benchmark's result and the policy's measurements alike.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -140,11 +142,33 @@ def run_calls(calls: list[Callable[[], object]], device: torch.device, workers: 
             with torch.cuda.device(device):
                 return c()
 
+        with torch.cuda.device(device):
+            _bind_kernels()
         with ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="deepinfer-compile") as pool:
             for f in [pool.submit(run, c) for c in calls]:
                 f.result()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _bind_kernels() -> None:
+    """Make every loaded Triton kernel's caches for the current device before threads launch
+    them. Triton makes them on a kernel's first launch on a device (a ``defaultdict``
+    entry); two threads launching it first at once would each make their own, and the one
+    dropped takes the variants compiled into it with it (the next launch of those would look
+    them up again, mid-run)."""
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    package = kernels.__name__
+    for sub in ("sample_triton", "verify_triton"):  # (imported on first use otherwise)
+        importlib.import_module(f"{package}.{sub}")
+    index = driver.active.get_current_device()
+    for name, module in list(sys.modules.items()):
+        if module is not None and name.startswith(package + "."):
+            for value in list(vars(module).values()):
+                if isinstance(value, JITFunction) and hasattr(value, "device_caches"):
+                    value.device_caches[index]  # noqa: B018 - made now, on this thread
 
 
 def compile_sampling(vocab_size: int, device: torch.device, workers: int | None = None) -> None:
