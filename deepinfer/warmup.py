@@ -110,18 +110,8 @@ def verify_calls(vocab_size: int, device: torch.device) -> list[Callable[[], obj
 
 
 def compile_workers() -> int:
-    """Threads that compile kernel variants at once: ``DEEPINFER_COMPILE_THREADS``, else one a
-    CPU core this process may use, at most 32 (Triton's LLVM and ptxas stages run without the
-    GIL, so the variants' compiles overlap)."""
-    raw = os.environ.get("DEEPINFER_COMPILE_THREADS", "")
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"DEEPINFER_COMPILE_THREADS must be a whole number, not {raw!r}") from None
-        if n < 1:
-            raise ValueError(f"DEEPINFER_COMPILE_THREADS must be at least 1, not {n}")
-        return n
+    """Threads that compile kernel variants at once: one a CPU core this process may use, at
+    most 32 (Triton's LLVM and ptxas stages run without the GIL, so the compiles overlap)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(32, cores))
 

@@ -12,18 +12,7 @@ import pytest
 import torch
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.warmup import SAMPLE_KINDS, compile_workers, run_calls
-
-
-def test_compile_workers_reads_the_environment(monkeypatch):
-    monkeypatch.setenv("DEEPINFER_COMPILE_THREADS", "3")
-    assert compile_workers() == 3
-    monkeypatch.delenv("DEEPINFER_COMPILE_THREADS")
-    assert 1 <= compile_workers() <= 32
-    for bad, said in (("many", "whole number, not 'many'"), ("0", "at least 1, not 0")):
-        monkeypatch.setenv("DEEPINFER_COMPILE_THREADS", bad)
-        with pytest.raises(ValueError, match=f"DEEPINFER_COMPILE_THREADS must be .*{said}"):
-            compile_workers()
+from deepinfer.warmup import SAMPLE_KINDS, run_calls
 
 
 def test_run_calls_runs_each_call_once_and_raises_a_calls_error():
