@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -27,6 +28,8 @@ import torch
 from . import kernels
 from .cuda_graphs import Tile, batch_buckets, kv_bucket, t_bucket
 from .model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
 
 
 def verify_widths(max_drafts: int) -> tuple[int, ...]:
@@ -118,10 +121,11 @@ def compile_workers() -> int:
 
 def run_calls(calls: list[Callable[[], object]], device: torch.device, workers: int | None = None) -> None:
     """Run ``calls`` (each compiles what it launches on first use) on ``workers`` threads
-    (default :func:`compile_workers`), then wait for the device; the first error a call
-    raises is raised. Kernels already compiled (in this process, or in Triton's cache on
-    disk) cost a launch. Off CUDA the calls run one after another: nothing is compiled
-    there (interpreted Triton, or torch)."""
+    (default :func:`compile_workers`), then wait for the device. Where a call fails on a
+    thread, every call runs again one after another, and an error then is raised. Kernels
+    already compiled (in this process, or in Triton's cache on disk) cost a launch. Off CUDA
+    the calls run one after another: nothing is compiled there (interpreted Triton, or
+    torch)."""
     workers = compile_workers() if workers is None else workers
     if workers <= 1 or len(calls) <= 1 or device.type != "cuda":
         for c in calls:
@@ -134,9 +138,15 @@ def run_calls(calls: list[Callable[[], object]], device: torch.device, workers: 
 
         with torch.cuda.device(device):
             _bind_kernels()
-        with ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="deepinfer-compile") as pool:
-            for f in [pool.submit(run, c) for c in calls]:
-                f.result()
+        try:
+            with ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="deepinfer-compile") as pool:
+                for f in [pool.submit(run, c) for c in calls]:
+                    f.result()
+        except Exception as e:  # noqa: BLE001 - the calls again, one after another, raise what is real
+            log.warning("compiling %d kernel variants on %d threads failed (%s: %s); compiling them one "
+                        "after another", len(calls), workers, type(e).__name__, e)  # fmt: skip
+            for c in calls:
+                c()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -61,6 +61,34 @@ def test_variants_compile_on_threads_in_a_fresh_cache():
 
 
 @pytest.mark.gpu
+def test_a_call_failing_on_a_thread_runs_again_in_turn(caplog):
+    """A call that fails on a thread (here its first time only) makes every call run again
+    one after another, with a warning; one that fails in turn too raises."""
+    import logging
+
+    tries = {i: 0 for i in range(6)}
+
+    def call(i):
+        tries[i] += 1
+        if i == 3 and tries[i] == 1:
+            raise RuntimeError("variant 3 failed once")
+
+    dev = torch.device("cuda")
+    with caplog.at_level(logging.WARNING, logger="deepinfer"):
+        run_calls([lambda i=i: call(i) for i in tries], dev, workers=3)
+    assert tries == {0: 2, 1: 2, 2: 2, 3: 2, 4: 2, 5: 2}
+    assert (
+        "compiling 6 kernel variants on 3 threads failed (RuntimeError: variant 3 failed once)" in caplog.text
+    )
+
+    def broken():
+        raise RuntimeError("variant broken")
+
+    with pytest.raises(RuntimeError, match="variant broken"):
+        run_calls([broken, lambda: None], dev, workers=2)
+
+
+@pytest.mark.gpu
 def test_no_sampling_kernel_compiles_after_construction(tiny_folder, monkeypatch_session):
     from triton import knobs
 
