@@ -536,7 +536,7 @@ class LLM:
         sampler's and the verify kernel's variants and time every step shape on the device
         (DSpark's cost model starts from these). Construction calls it; returns the number
         captured (0 off CUDA, and when everything is captured already)."""
-        from .warmup import compile_sampling, compile_verify, time_steps, verify_widths
+        from .warmup import run_calls, sampling_calls, time_steps, verify_calls, verify_widths
 
         if not self.runner.cuda_graphs:
             return 0
@@ -550,9 +550,9 @@ class LLM:
         if n:
             log.info("captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t0)
             t0 = time.perf_counter()
-            compile_sampling(self.config.vocab_size, self.device)
-            if widths:
-                compile_verify(self.config.vocab_size, self.device)
+            V = self.config.vocab_size
+            calls = sampling_calls(V, self.device) + (verify_calls(V, self.device) if widths else [])
+            run_calls(calls, self.device)  # one pool: the verifier's variants beside the sampler's
             log.info("compiled the sampler's%s variants in %.1f s", " and verifier's" if widths else "",
                      time.perf_counter() - t0)  # fmt: skip
             t0 = time.perf_counter()

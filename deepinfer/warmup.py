@@ -169,13 +169,3 @@ def _bind_kernels() -> None:
             for value in list(vars(module).values()):
                 if isinstance(value, JITFunction) and hasattr(value, "device_caches"):
                     value.device_caches[index]  # noqa: B018 - made now, on this thread
-
-
-def compile_sampling(vocab_size: int, device: torch.device, workers: int | None = None) -> None:
-    """Compile the fused sampler's variants (:func:`sampling_calls`) on ``workers`` threads."""
-    run_calls(sampling_calls(vocab_size, device), device, workers)
-
-
-def compile_verify(vocab_size: int, device: torch.device, workers: int | None = None) -> None:
-    """Compile the verify kernel's variants (:func:`verify_calls`) on ``workers`` threads."""
-    run_calls(verify_calls(vocab_size, device), device, workers)
